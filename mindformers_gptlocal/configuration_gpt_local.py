@@ -1,0 +1,226 @@
+"""GPTLocalConfig: the one config of a GPT-2-family model, in Hugging Face style.
+
+Field names follow MindFormers' mcore vocabulary (``num_hidden_layers``,
+``layernorm_epsilon``, ``hidden_dropout`` ...) so that the same YAML
+``model_config`` section feeds both this config and MindFormers'
+``TransformerConfig``. GPT-2's own names (``n_layer``, ``n_embd`` ...) are
+accepted as aliases. Unknown keys are refused with the closest known key.
+"""
+import difflib
+import functools
+
+from mindformers.models.configuration_utils import PretrainedConfig
+from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
+
+from .errors import ConfigError
+
+ACTIVATIONS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh", "gelu_fast")
+DTYPES = ("float32", "float16", "bfloat16")
+
+# GPT-2 (Hugging Face) names -> our names.
+GPT2_ALIASES = {
+    "n_layer": "num_hidden_layers", "num_layers": "num_hidden_layers",
+    "n_head": "num_attention_heads", "num_heads": "num_attention_heads",
+    "n_embd": "hidden_size", "n_inner": "intermediate_size", "ffn_hidden_size": "intermediate_size",
+    "n_positions": "max_position_embeddings", "layer_norm_epsilon": "layernorm_epsilon",
+    "activation_function": "hidden_act", "resid_pdrop": "hidden_dropout", "attn_pdrop": "attention_dropout",
+    "param_init_type": "params_dtype",
+}
+
+# Keys that MindFormers itself puts into model_config while building a model
+# (parallel/moe/dataset settings, trainer bookkeeping). Accepted and ignored
+# where they do not concern a dense GPT.
+MINDFORMERS_INJECTED = {
+    "parallel_config", "moe_config", "dataset_config", "calculate_per_token_loss", "batch_size",
+    "pretrained_model_dir", "checkpoint_name_or_path", "type", "auto_register", "use_past",
+    "is_dynamic", "block_size", "num_blocks", "pet_config", "quantization_config", "quantization",
+    "monitor_config", "input_sliced_sig", "qkv_concat", "print_separate_loss", "disable_lazy_inline",
+    "use_legacy", "generation_config", "return_extra_loss", "embd_pdrop", "summary_type",
+    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+    "n_ctx", "use_cache", "scale_attn_weights",
+}
+
+
+class DictConfig(dict):
+    """A dict that serialises like MindFormers' parallel config objects (``to_dict``)."""
+
+    def to_dict(self):
+        return dict(self)
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError as err:
+            raise AttributeError(key) from err
+
+
+def _accept_gpt2_names(init):
+    """Let ``__init__`` take GPT-2 names (n_layer, n_embd ...) for our fields."""
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        for alias, name in GPT2_ALIASES.items():
+            if alias not in kwargs:
+                continue
+            value = kwargs.pop(alias)
+            if name in kwargs and kwargs[name] != value:
+                raise ConfigError(f"model_config sets {name} twice with different values "
+                                  f"({name}={kwargs[name]!r} and {alias}={value!r}); keep one.")
+            kwargs[name] = value
+        return init(self, *args, **kwargs)
+    return wrapper
+
+
+@MindFormerRegister.register(MindFormerModuleType.CONFIG, legacy=False, search_names="gpt_local")
+class GPTLocalConfig(PretrainedConfig):
+    """Configuration of a GPT-2-family causal LM (learned positions, pre-LN, biases, tied head)."""
+
+    model_type = "gpt_local"
+
+    @_accept_gpt2_names
+    def __init__(self,
+                 vocab_size=50257,
+                 hidden_size=768,
+                 num_hidden_layers=12,
+                 num_attention_heads=12,
+                 intermediate_size=None,
+                 max_position_embeddings=1024,
+                 seq_length=1024,
+                 layernorm_epsilon=1e-5,
+                 hidden_act="gelu_new",
+                 hidden_dropout=0.1,
+                 attention_dropout=0.1,
+                 embedding_dropout=None,
+                 initializer_range=0.02,
+                 tie_word_embeddings=True,
+                 params_dtype="float32",
+                 compute_dtype="float32",
+                 layernorm_compute_dtype="float32",
+                 softmax_compute_dtype="float32",
+                 use_flash_attention=False,
+                 scale_attn_by_inverse_layer_idx=False,
+                 reorder_and_upcast_attn=False,
+                 ignore_token_id=-100,
+                 bos_token_id=50256,
+                 eos_token_id=50256,
+                 pad_token_id=50256,
+                 **kwargs):
+        parallel_config = kwargs.pop("parallel_config", None)
+        if parallel_config is not None:
+            self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
+                else parallel_config
+        embd_pdrop = kwargs.pop("embd_pdrop", None)
+        _reject_unknown(kwargs)
+        for key in MINDFORMERS_INJECTED:
+            kwargs.pop(key, None)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size if intermediate_size else 4 * hidden_size
+        self.max_position_embeddings = max_position_embeddings
+        self.seq_length = seq_length
+        self.layernorm_epsilon = float(layernorm_epsilon)
+        self.hidden_act = hidden_act
+        self.hidden_dropout = float(hidden_dropout)
+        self.attention_dropout = float(attention_dropout)
+        if embedding_dropout is None:
+            embedding_dropout = hidden_dropout if embd_pdrop is None else embd_pdrop
+        self.embedding_dropout = float(embedding_dropout)
+        self.initializer_range = float(initializer_range)
+        self.params_dtype = params_dtype
+        self.compute_dtype = compute_dtype
+        self.layernorm_compute_dtype = layernorm_compute_dtype
+        self.softmax_compute_dtype = softmax_compute_dtype
+        self.use_flash_attention = bool(use_flash_attention)
+        self.scale_attn_by_inverse_layer_idx = bool(scale_attn_by_inverse_layer_idx)
+        self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
+        self.ignore_token_id = ignore_token_id
+        kwargs.pop("architectures", None)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                         architectures=["GPTLocalForCausalLM"], **kwargs)
+        self.validate()
+
+    @property
+    def head_dim(self):
+        return self.hidden_size // self.num_attention_heads
+
+    def validate(self):
+        """Refuse shapes and settings the model cannot build, naming the key and the fix."""
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "seq_length"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model_config.{key} must be a positive integer, got {value!r}.")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"model_config.hidden_size ({self.hidden_size}) must be divisible by "
+                f"model_config.num_attention_heads ({self.num_attention_heads}); choose a head count "
+                f"that divides it, e.g. {_divisor_near(self.hidden_size, self.num_attention_heads)}.")
+        if self.seq_length > self.max_position_embeddings:
+            raise ConfigError(
+                f"model_config.seq_length ({self.seq_length}) is larger than "
+                f"model_config.max_position_embeddings ({self.max_position_embeddings}): GPT-2 has learned "
+                f"positions only up to max_position_embeddings. Lower seq_length or raise "
+                f"max_position_embeddings.")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"model_config.hidden_act {self.hidden_act!r} is not supported; "
+                              f"use one of {', '.join(ACTIVATIONS)}.")
+        for key in ("params_dtype", "compute_dtype", "layernorm_compute_dtype", "softmax_compute_dtype"):
+            if str(getattr(self, key)) not in DTYPES:
+                raise ConfigError(f"model_config.{key} {getattr(self, key)!r} is not a dtype; "
+                                  f"use one of {', '.join(DTYPES)}.")
+        for key in ("hidden_dropout", "attention_dropout", "embedding_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"model_config.{key} must be in [0, 1), got {getattr(self, key)}.")
+        if self.reorder_and_upcast_attn:
+            raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
+                              "the attention numerics); set it to False.")
+
+    def to_gpt2_dict(self):
+        """The Hugging Face GPT2Config fields this config corresponds to."""
+        return {
+            "vocab_size": self.vocab_size, "n_embd": self.hidden_size, "n_layer": self.num_hidden_layers,
+            "n_head": self.num_attention_heads, "n_inner": self.intermediate_size,
+            "n_positions": self.max_position_embeddings, "layer_norm_epsilon": self.layernorm_epsilon,
+            "activation_function": self.hidden_act, "resid_pdrop": self.hidden_dropout,
+            "attn_pdrop": self.attention_dropout, "embd_pdrop": self.embedding_dropout,
+            "initializer_range": self.initializer_range, "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
+        }
+
+
+_KNOWN = None
+
+
+def known_keys():
+    """Every key a gpt_local model_config may hold."""
+    global _KNOWN  # pylint: disable=global-statement
+    if _KNOWN is None:
+        import inspect
+        own = set(inspect.signature(GPTLocalConfig.__init__).parameters) - {"self", "kwargs"}
+        base = set(PretrainedConfig().to_dict())
+        _KNOWN = own | base | set(GPT2_ALIASES) | MINDFORMERS_INJECTED | {
+            "model_type", "architectures", "transformers_version", "mindformers_version",
+            "_name_or_path", "position_embedding_type", "normalization", "add_bias_linear",
+            "gated_linear_unit", "offset", "recompute", "pipeline_stage"}
+    return _KNOWN
+
+
+def _reject_unknown(kwargs):
+    # MoE keys arrive flattened from moe_config; a dense GPT ignores them.
+    from mindformers.modules.transformer.moe import MoEConfig
+    moe_keys = set(MoEConfig().__dict__) | {"expert_num", "num_experts_chosen"}
+    unknown = [k for k in kwargs if k not in known_keys() and k not in moe_keys]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, sorted(known_keys()), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"model_config.{key} is not a gpt_local config key.{hint} "
+                          f"Remove or rename it (known keys: see GPTLocalConfig).")
+
+
+def _divisor_near(number, target):
+    divisors = [d for d in range(1, number + 1) if number % d == 0]
+    return min(divisors, key=lambda d: abs(d - target))

@@ -1,0 +1,1 @@
+"""Data preparation: tokenizers and the two dataset formats MindFormers reads."""

@@ -1,0 +1,239 @@
+"""``gptlocal prepare-data``: text files, a folder or JSONL -> tokenizer + MindRecord + Megatron .bin/.idx.
+
+Everything is written under ``<out>.partial-<pid>`` and renamed into place at the
+end, so a failed or interrupted run leaves no half-written output behind.
+"""
+import glob
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import time
+
+import numpy as np
+
+from ..errors import DataError
+from .tokenizer import EOD_TOKEN, build_tokenizer, save_model_dir
+
+TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".jsonl", ".json")
+
+
+def stdlib_sources(max_bytes=None):
+    """The running Python's own standard-library ``.py`` files: a corpus every machine has."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = sorted(glob.glob(os.path.join(root, "*.py")) + glob.glob(os.path.join(root, "*", "*.py")))
+    files = [f for f in files if "site-packages" not in f and "test" not in os.path.relpath(f, root).split(os.sep)[0]]
+    return _limit(files, max_bytes)
+
+
+def _limit(files, max_bytes):
+    if not max_bytes:
+        return files
+    chosen, total = [], 0
+    for path in files:
+        size = os.path.getsize(path)
+        if total + size > max_bytes and chosen:
+            break
+        chosen.append(path)
+        total += size
+    return chosen
+
+
+def collect_files(inputs):
+    """Expand files and folders into a sorted list of text files."""
+    files = []
+    for item in inputs:
+        if os.path.isdir(item):
+            for root, _, names in os.walk(item):
+                files += [os.path.join(root, n) for n in names if n.endswith(TEXT_SUFFIXES)]
+        elif os.path.isfile(item):
+            files.append(item)
+        else:
+            raise DataError(f"--input {item}: no such file or folder. Give a text file, a folder of text files "
+                            f"or a .jsonl file.")
+    if not files:
+        raise DataError(f"--input {' '.join(inputs)}: no text files found (looked for {', '.join(TEXT_SUFFIXES)}).")
+    return sorted(files)
+
+
+def iter_documents(files, jsonl_key="text"):
+    """Yield one document string per text file, or per JSONL line (its ``jsonl_key`` field)."""
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            if path.endswith(".jsonl"):
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise DataError(f"{path}:{number}: not valid JSON ({err.msg}).") from err
+                    if jsonl_key not in record:
+                        raise DataError(f"{path}:{number}: no '{jsonl_key}' field; pass --jsonl-key with the "
+                                        f"field that holds the text (fields here: {', '.join(record)}).")
+                    yield str(record[jsonl_key])
+            else:
+                text = handle.read()
+                if text.strip():
+                    yield text
+
+
+class Progress:
+    """One status line on stderr, at most every half second."""
+
+    def __init__(self, total, label):
+        self.total, self.label, self.last, self.start = total, label, 0.0, time.time()
+
+    def update(self, done, extra=""):
+        now = time.time()
+        if now - self.last < 0.5 and done < self.total:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        sys.stderr.write(f"\r{self.label}: {done}/{self.total} {extra} ({rate:.0f}/s)   ")
+        if done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def tokenize_documents(tokenizer, documents, total):
+    """List of token-id arrays, one per document, each ending with the end-of-document token."""
+    eod = tokenizer.token_to_id(EOD_TOKEN)
+    progress = Progress(total, "tokenize")
+    out, batch = [], []
+    tokens = 0
+
+    def flush():
+        nonlocal tokens
+        for enc in tokenizer.encode_batch(batch):
+            out.append(np.asarray(enc.ids + [eod], dtype=np.int32))
+            tokens += len(enc.ids) + 1
+        batch.clear()
+        progress.update(len(out), f"docs, {tokens} tokens")
+
+    for doc in documents:
+        batch.append(doc)
+        if len(batch) == 64:
+            flush()
+    if batch:
+        flush()
+    return out
+
+
+def pack_samples(docs, seq_length):
+    """Concatenate documents and cut windows of seq_length + 1 tokens (input and shifted labels)."""
+    stream = np.concatenate(docs) if docs else np.zeros((0,), np.int32)
+    count = (len(stream) - 1) // seq_length
+    if count < 1:
+        raise DataError(f"the corpus has {len(stream)} tokens, fewer than seq_length + 1 = {seq_length + 1}; "
+                        f"give more text or a smaller --seq-length.")
+    return np.stack([stream[i * seq_length: i * seq_length + seq_length + 1] for i in range(count)])
+
+
+def write_mindrecord(path, windows):
+    """MindRecord with MindFormers' causal-LM columns: input_ids, labels, loss_mask, position_ids."""
+    from mindspore.mindrecord import FileWriter
+    seq = windows.shape[1] - 1
+    writer = FileWriter(path, shard_num=1, overwrite=True)
+    writer.set_page_size(1 << 22)
+    writer.add_schema({name: {"type": "int32", "shape": [-1]}
+                       for name in ("input_ids", "labels", "loss_mask", "position_ids")}, "gpt_local")
+    positions = np.arange(seq, dtype=np.int32)
+    ones = np.ones(seq, dtype=np.int32)
+    rows = [{"input_ids": w[:-1], "labels": w[1:], "loss_mask": ones, "position_ids": positions} for w in windows]
+    for start in range(0, len(rows), 1024):
+        writer.write_raw_data(rows[start:start + 1024])
+    writer.commit()
+
+
+def write_megatron(prefix, docs):
+    """Megatron ``.bin/.idx`` (one document per entry) with MindFormers' own IndexedDatasetBuilder."""
+    from mindformers.dataset.blended_datasets.indexed_dataset import IndexedDatasetBuilder
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    for doc in docs:
+        builder.add_document(doc, [len(doc)])
+    builder.finalize(prefix + ".idx")
+
+
+def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_path=None, vocab=None,
+            merges=None, jsonl_key="text", eval_fraction=0.05, max_bytes=None, overwrite=False,
+            model_config=None):
+    """Build the tokenizer, tokenize, and write both dataset formats plus a model directory.
+
+    Returns a summary dict (also written to ``<out>/meta.json``).
+    """
+    out = os.path.abspath(out)
+    if os.path.exists(out) and os.listdir(out) and not overwrite:
+        raise DataError(f"--out {out} already holds files; pass --overwrite to replace it or choose another "
+                        f"folder.")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"--out {out}: cannot write in {parent}; choose a writable folder.")
+    files = stdlib_sources(max_bytes) if not inputs else _limit(collect_files(inputs), max_bytes)
+    staging = f"{out}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        summary = _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab, merges,
+                                jsonl_key, eval_fraction, model_config)
+        _replace_dir(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    summary = _absolute_paths(summary, staging, out)
+    with open(os.path.join(out, "meta.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
+    return summary
+
+
+def _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab, merges, jsonl_key,
+                  eval_fraction, model_config):
+    started = time.time()
+    tokenizer = build_tokenizer(lambda: iter_documents(files, jsonl_key), vocab_size, tokenizer_path, vocab, merges)
+    docs = tokenize_documents(tokenizer, iter_documents(files, jsonl_key), _count_documents(files))
+    if not docs:
+        raise DataError("the input holds no documents (every file is empty).")
+    n_eval = max(1, int(len(docs) * eval_fraction)) if len(docs) > 1 and eval_fraction > 0 else 0
+    train_docs, eval_docs = docs[n_eval:], docs[:n_eval]
+    train = pack_samples(train_docs, seq_length)
+    write_mindrecord(os.path.join(staging, "train.mindrecord"), train)
+    summary = {"files": len(files), "documents": len(docs), "tokens": int(sum(len(d) for d in docs)),
+               "vocab_size": tokenizer.get_vocab_size(), "eod_token_id": tokenizer.token_to_id(EOD_TOKEN),
+               "seq_length": seq_length, "train_samples": int(len(train)),
+               "train_mindrecord": os.path.join(staging, "train.mindrecord"),
+               "megatron_prefix": os.path.join(staging, "megatron", "train_text_document"),
+               "model_dir": os.path.join(staging, "model")}
+    if eval_docs:
+        try:
+            evals = pack_samples(eval_docs, seq_length)
+            write_mindrecord(os.path.join(staging, "eval.mindrecord"), evals)
+            summary["eval_samples"] = int(len(evals))
+            summary["eval_mindrecord"] = os.path.join(staging, "eval.mindrecord")
+        except DataError:
+            pass  # too little held-out text for one window; eval falls back to the train file
+    os.makedirs(os.path.join(staging, "megatron"))
+    write_megatron(summary["megatron_prefix"], train_docs)
+    save_model_dir(os.path.join(staging, "model"), tokenizer, seq_length, model_config)
+    summary["seconds"] = round(time.time() - started, 1)
+    return summary
+
+
+def _count_documents(files):
+    return sum(1 for _ in files)
+
+
+def _replace_dir(staging, out):
+    """Move staging into out; an old out is kept until the new one is in place."""
+    backup = None
+    if os.path.exists(out):
+        backup = f"{out}.old-{os.getpid()}"
+        os.replace(out, backup)
+    os.replace(staging, out)
+    if backup:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def _absolute_paths(summary, staging, out):
+    return {k: (v.replace(staging, out) if isinstance(v, str) else v) for k, v in summary.items()}

@@ -1,0 +1,82 @@
+"""ParallelAttention: GPT-2 causal self-attention with one fused QKV projection.
+
+The fused QKV weight is laid out head-major, [heads, (q, k, v), head_dim] along
+its output axis, so a column split over ``model_parallel`` hands every rank whole
+heads of Q, K and V; the output projection is then row-parallel.
+"""
+import math
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+
+from .layers import Linear, residual_init_std, to_mstype
+
+MASK_VALUE = -1.0e9
+
+
+def causal_bias(seq_length):
+    """Additive causal mask [1, 1, S, S]: 0 where a token may attend, MASK_VALUE above the diagonal."""
+    upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=1)
+    return Tensor((upper * MASK_VALUE)[None, None], ms.float32)
+
+
+class ParallelAttention(nn.Cell):
+    """Causal multi-head self-attention of one layer.
+
+    ``layer_number`` counts from 1; it matters only for GPT-2's optional
+    ``scale_attn_by_inverse_layer_idx``. ``use_flash_attention`` selects Ascend's
+    fused kernel; it is decided at build time, never inside ``construct``.
+    """
+
+    def __init__(self, config, layer_number, use_flash_attention=False):
+        super().__init__()
+        params_dtype = to_mstype(config.params_dtype)
+        self.compute_dtype = to_mstype(config.compute_dtype)
+        self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.hidden_size = config.hidden_size
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if config.scale_attn_by_inverse_layer_idx:
+            scale /= float(layer_number)
+        self.scale = scale
+        self.linear_qkv = Linear(config.hidden_size, 3 * config.hidden_size, config.initializer_range,
+                                 params_dtype, self.compute_dtype)
+        self.linear_proj = Linear(config.hidden_size, config.hidden_size, residual_init_std(config),
+                                  params_dtype, self.compute_dtype)
+        self.attention_dropout = nn.Dropout(p=config.attention_dropout)
+        self.use_flash_attention = use_flash_attention
+        self.transpose = ops.Transpose()
+        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
+        self.pv_matmul = ops.BatchMatMul()
+        self.softmax = ops.Softmax(axis=-1)
+        self.add_mask = ops.Add()
+        self.cast = ops.Cast()
+        if use_flash_attention:
+            self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
+                head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
+                input_layout="BNSD", sparse_mode=0)
+
+    def construct(self, hidden, attention_bias):
+        """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash)."""
+        batch, seq, _ = hidden.shape
+        qkv = self.linear_qkv(hidden)
+        qkv = ops.reshape(qkv, (batch, seq, self.num_heads, 3, self.head_dim))
+        qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
+        query, key, value = qkv[0], qkv[1], qkv[2]
+        if self.use_flash_attention:
+            context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
+        else:
+            context = self._core_attention(query, key, value, attention_bias)
+        context = self.transpose(context, (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, seq, self.hidden_size))
+        return self.linear_proj(context)
+
+    def _core_attention(self, query, key, value, attention_bias):
+        scores = self.qk_matmul(query, key)
+        scores = self.cast(scores, self.softmax_dtype) * self.scale
+        scores = self.add_mask(scores, self.cast(attention_bias, self.softmax_dtype))
+        probs = self.softmax(scores)
+        probs = self.attention_dropout(self.cast(probs, self.compute_dtype))
+        return self.pv_matmul(probs, value)

@@ -1,0 +1,35 @@
+"""GPTLocalBlock: one decoder layer as a standalone Cell.
+
+LayerNorm -> ParallelAttention -> residual -> LayerNorm -> ParallelFeedForward -> residual.
+Where the layer runs (pipeline stage) and whether it recomputes are set on the
+Cell when it is built (see ``placement.py``), never decided in ``construct``.
+"""
+from mindspore import nn, ops
+
+from .attention import ParallelAttention
+from .feedforward import ParallelFeedForward
+from .layers import LayerNorm, to_mstype
+
+
+class GPTLocalBlock(nn.Cell):
+    """A pre-LayerNorm GPT-2 decoder layer. ``layer_number`` counts from 1."""
+
+    def __init__(self, config, layer_number, use_flash_attention=False):
+        super().__init__()
+        params_dtype = to_mstype(config.params_dtype)
+        ln_dtype = to_mstype(config.layernorm_compute_dtype)
+        self.layer_number = layer_number
+        self.input_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, params_dtype, ln_dtype)
+        self.attention = ParallelAttention(config, layer_number, use_flash_attention)
+        self.post_attention_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, params_dtype,
+                                                  ln_dtype)
+        self.mlp = ParallelFeedForward(config)
+        self.hidden_dropout = nn.Dropout(p=config.hidden_dropout)
+        self.add = ops.Add()
+
+    def construct(self, hidden, attention_bias):
+        dtype = hidden.dtype
+        attn = self.attention(self.input_layernorm(hidden), attention_bias)
+        hidden = self.add(hidden, ops.cast(self.hidden_dropout(attn), dtype))
+        mlp = self.mlp(self.post_attention_layernorm(hidden))
+        return self.add(hidden, ops.cast(self.hidden_dropout(mlp), dtype))

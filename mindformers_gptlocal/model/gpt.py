@@ -1,0 +1,188 @@
+"""GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (tied head + loss).
+
+Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
+expect; eval with labels returns ``(logits, labels, mask)`` laid out for
+MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
+"""
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor, Parameter
+from mindspore.common.initializer import initializer, Normal
+
+from mindformers.models.modeling_utils import PreTrainedModel
+from mindformers.parallel_core.utils.model_mixin import ModelMixin, TrainModelMixin
+from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
+
+from ..configuration_gpt_local import GPTLocalConfig
+from .attention import causal_bias
+from .block import GPTLocalBlock
+from .layers import LayerNorm, to_mstype
+from .placement import placement_from_config
+
+
+def use_flash_attention(config):
+    """Ascend's fused kernel when asked for and on Ascend; matmul + softmax everywhere else."""
+    return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend"
+
+
+class GPTLocalEmbedding(nn.Cell):
+    """Token + learned absolute position embeddings, then dropout."""
+
+    def __init__(self, config):
+        super().__init__()
+        params_dtype = to_mstype(config.params_dtype)
+        self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
+                                                     (config.vocab_size, config.hidden_size), params_dtype),
+                                         name="word_embeddings.weight")
+        self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
+                                                         (config.max_position_embeddings, config.hidden_size),
+                                                         params_dtype), name="position_embeddings.weight")
+        self.gather = ops.Gather()
+        self.dropout = nn.Dropout(p=config.embedding_dropout)
+        self.compute_dtype = to_mstype(config.compute_dtype)
+
+    def construct(self, input_ids, position_ids):
+        words = self.gather(self.word_embeddings, input_ids, 0)
+        positions = self.gather(self.position_embeddings, position_ids, 0)
+        return self.dropout(ops.cast(words + positions, self.compute_dtype))
+
+
+class GPTLocalModel(nn.Cell):
+    """The decoder stack. Each layer is a GPTLocalBlock whose stage and recompute are set here, once."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        stage_ids, full_recompute, selective = placement_from_config(config)
+        flash = use_flash_attention(config)
+        self.embedding = GPTLocalEmbedding(config)
+        blocks = []
+        for index in range(config.num_hidden_layers):
+            block = GPTLocalBlock(config, index + 1, flash)
+            _place(block, stage_ids[index], full_recompute[index], selective)
+            blocks.append(block)
+        self.layers = nn.CellList(blocks)
+        self.final_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon,
+                                         to_mstype(config.params_dtype), to_mstype(config.layernorm_compute_dtype))
+        last_stage = stage_ids[-1]
+        if last_stage > 0:
+            self.embedding.pipeline_stage = 0
+            self.final_layernorm.pipeline_stage = last_stage
+        self.causal_bias = causal_bias(config.max_position_embeddings)
+        self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
+        self.use_flash = flash
+        self.stage_ids = stage_ids
+
+    def construct(self, input_ids, position_ids, attention_bias=None):
+        seq = input_ids.shape[1]
+        if attention_bias is None:
+            if self.use_flash:
+                attention_bias = self.flash_mask[:seq, :seq]
+            else:
+                attention_bias = self.causal_bias[:, :, :seq, :seq]
+        hidden = self.embedding(input_ids, position_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_bias)
+        return self.final_layernorm(hidden)
+
+
+def _place(block, stage, recompute, selective):
+    if stage > 0:
+        block.pipeline_stage = stage
+    if recompute:
+        block.recompute()
+    elif selective:
+        block.attention.softmax.recompute()
+        block.attention.attention_dropout.recompute()
+        block.mlp.activation.recompute()
+
+
+class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
+    """Ties GPTLocalConfig to the model for MindFormers' loading utilities."""
+
+    config_class = GPTLocalConfig
+    base_model_prefix = "gpt_local"
+
+
+@MindFormerRegister.register(MindFormerModuleType.MODELS, legacy=False)
+class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
+    """GPT-2 causal LM with its output head tied to the token embedding."""
+
+    def __init__(self, config: GPTLocalConfig):
+        super().__init__(config)
+        self.config = config
+        self.model = GPTLocalModel(config)
+        self.transformer_config = None
+        self.compute_dtype = to_mstype(config.compute_dtype)
+        self.head_matmul = ops.MatMul(transpose_b=True)
+        self.log_softmax = ops.LogSoftmax(axis=-1)
+        self.gather_d = ops.GatherD()
+        self.ignore_token_id = config.ignore_token_id
+        self.vocab_size = config.vocab_size
+        self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
+
+    # --- MindFormers mcore interface -------------------------------------------------------------
+    def get_gpt_transformer_config(self):
+        if self.transformer_config is None:
+            from ..transformer_config import to_transformer_config
+            self.transformer_config = to_transformer_config(self.config)
+        return self.transformer_config
+
+    def get_model_parameters(self):
+        return set(self.trainable_params())
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        return {"input_ids": Tensor(np.asarray(input_ids, np.int32))}
+
+    def prepare_inputs_for_predict_layout(self, input_ids, **kwargs):
+        return Tensor(np.asarray(input_ids, np.int32)), None, None, None
+
+    # --- forward ---------------------------------------------------------------------------------
+    def logits(self, hidden):
+        """Tied head: hidden [B, S, H] -> fp32 logits [B*S, V]."""
+        batch, seq, width = hidden.shape
+        hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
+        weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
+        return ops.cast(self.head_matmul(hidden, weight), ms.float32)
+
+    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
+        """input_ids [B, S]. With ``labels`` None in training, input_ids holds S+1 tokens and is shifted."""
+        if labels is None and self.training:
+            labels = input_ids[:, 1:]
+            input_ids = input_ids[:, :-1]
+        batch, seq = input_ids.shape
+        if position_ids is None:
+            position_ids = ops.broadcast_to(self.position_ids[:, :seq], (batch, seq))
+        hidden = self.model(input_ids, position_ids, attention_mask)
+        logits = self.logits(hidden)
+        if not self.training:
+            logits = ops.reshape(logits, (batch, seq, self.vocab_size))
+            if labels is None:
+                return logits
+            return self._perplexity_layout(logits, labels, loss_mask)
+        loss = self.lm_loss(logits, labels, loss_mask)
+        zero = ops.zeros((), ms.float32)
+        return loss, zero, zero
+
+    def lm_loss(self, logits, labels, loss_mask):
+        """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
+        labels = ops.reshape(labels, (-1,))
+        keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
+        if loss_mask is not None:
+            keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
+        safe_labels = ops.maximum(labels, 0)
+        log_probs = self.log_softmax(logits)
+        picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
+        nll = -ops.reshape(picked, (-1,))
+        return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
+
+    def _perplexity_layout(self, logits, labels, loss_mask):
+        """PerplexityMetric scores logits[:, t] against labels[:, t + 1]; our labels are already
+        shifted, so pad one position on each to keep every token."""
+        if loss_mask is None:
+            loss_mask = ops.ones_like(labels)
+        mask = ops.cast(loss_mask, ms.int32) * ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.int32)
+        logits = ops.concat((logits, logits[:, -1:]), axis=1)
+        labels = ops.concat((labels[:, :1], ops.maximum(labels, 0)), axis=1)
+        mask = ops.concat((mask[:, :1], mask), axis=1)
+        return logits, labels, mask

@@ -1,0 +1,85 @@
+"""The small building Cells of the GPT block: Linear, LayerNorm, activation.
+
+Each holds its primitive ops as attributes so that a sharding strategy can be
+attached to them (``linear.matmul.shard(...)``) when the model is built for
+semi-auto parallel; on one device the ops run unsharded.
+"""
+import math
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter
+from mindspore.common.initializer import initializer, Normal, Zero, One
+
+DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def to_mstype(name):
+    """'float32' -> mindspore.float32 (MindSpore dtypes pass through)."""
+    return DTYPE[name] if isinstance(name, str) else name
+
+
+class Linear(nn.Cell):
+    """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
+
+    The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
+    """
+
+    def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(initializer(Normal(sigma=init_std), (out_features, in_features), params_dtype),
+                                name="weight")
+        self.has_bias = has_bias
+        if has_bias:
+            self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
+            self.bias_add = ops.Add()
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.cast = ops.Cast()
+
+    def construct(self, x):
+        shape = x.shape
+        x = ops.reshape(self.cast(x, self.compute_dtype), (-1, shape[-1]))
+        y = self.matmul(x, self.cast(self.weight, self.compute_dtype))
+        if self.has_bias:
+            y = self.bias_add(y, self.cast(self.bias, self.compute_dtype))
+        return ops.reshape(y, shape[:-1] + (self.out_features,))
+
+
+class LayerNorm(nn.Cell):
+    """LayerNorm over the last axis, computed in ``compute_dtype``, returned in the input's dtype."""
+
+    def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (hidden_size,), params_dtype), name="weight")
+        self.bias = Parameter(initializer(Zero(), (hidden_size,), params_dtype), name="bias")
+        self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
+        self.compute_dtype = compute_dtype
+        self.cast = ops.Cast()
+
+    def construct(self, x):
+        dtype = x.dtype
+        y, _, _ = self.layer_norm(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype),
+                                  self.cast(self.bias, self.compute_dtype))
+        return self.cast(y, dtype)
+
+
+class Activation(nn.Cell):
+    """GPT-2's activations by their Hugging Face names."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.approximate = "none" if name == "gelu" else "tanh"
+        self.is_relu = name == "relu"
+        self.relu = ops.ReLU()
+
+    def construct(self, x):
+        if self.is_relu:
+            return self.relu(x)
+        return ops.gelu(x, approximate=self.approximate)
+
+
+def residual_init_std(config):
+    """GPT-2 scales output projections that feed the residual stream by 1/sqrt(2 * layers)."""
+    return config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)

@@ -1,0 +1,48 @@
+"""Register gpt_local whenever ``mindformers`` is imported, with no flag or YAML change.
+
+A ``.pth`` file installed next to the package runs ``install()`` at interpreter
+start. It only adds a meta-path finder (no heavy import): when ``mindformers``
+finishes importing, the finder imports ``mindformers_gptlocal``, whose import
+registers the config, model, wrappers and tokenizer. Set
+``GPTLOCAL_NO_AUTOREGISTER=1`` to switch it off.
+"""
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+TARGET = "mindformers"
+PLUGIN = "mindformers_gptlocal"
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Wraps the loader of ``mindformers`` so the plugin is imported right after it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        original = spec.loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            if PLUGIN not in sys.modules:
+                importlib.import_module(PLUGIN)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install():
+    """Called from the .pth file at interpreter start."""
+    if os.environ.get("GPTLOCAL_NO_AUTOREGISTER") == "1" or TARGET in sys.modules:
+        return
+    if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())
