@@ -7,6 +7,9 @@ from .configuration_gpt_local import GPTLocalConfig
 from .model import GPTLocalForCausalLM
 from .wrapper import GPTLocalTrainOneStepCell
 from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
+from . import callbacks, tokenizer_registry, compat
+
+compat.install()
 
 __version__ = "0.1.0"
 

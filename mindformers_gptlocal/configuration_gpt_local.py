@@ -141,6 +141,28 @@ class GPTLocalConfig(PretrainedConfig):
                          architectures=["GPTLocalForCausalLM"], **kwargs)
         self.validate()
 
+    @classmethod
+    def from_model_dir(cls, model_dir, **overrides):
+        """Config from ``model_dir/config.json`` (a gpt_local config), with keyword overrides."""
+        import json
+        import os
+        path = os.path.join(model_dir, "config.json")
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path} does not exist; a model directory needs config.json (write one with "
+                              f"`gptlocal prepare-data` or `model.save_pretrained`).")
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+        model_type = values.pop("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            raise ConfigError(f"{path} is a '{model_type}' config, not gpt_local; for Hugging Face GPT-2 run "
+                              f"`gptlocal convert hf2ms` first.")
+        for key in ("architectures", "transformers_version", "mindformers_version", "_name_or_path",
+                    "checkpoint_name_or_path", "pretrained_model_dir", "tokenizer_class", "is_encoder_decoder",
+                    "is_sample_acceleration", "quantization_config", "quantization", "torch_dtype", "dtype"):
+            values.pop(key, None)
+        values.update(overrides)
+        return cls(**values)
+
     @property
     def head_dim(self):
         return self.hidden_size // self.num_attention_heads

@@ -97,6 +97,11 @@ def _place(block, stage, recompute, selective):
         block.mlp.activation.recompute()
 
 
+def _argmax(logits, axis=-1):
+    """Greedy pick with the Argmax primitive, which has kernels on CPU, GPU and Ascend."""
+    return ops.Argmax(axis=axis, output_type=ms.int32)(logits)
+
+
 class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
     """Ties GPTLocalConfig to the model for MindFormers' loading utilities."""
 
@@ -120,6 +125,8 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
+        # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
+        self.argmax = _argmax
 
     # --- MindFormers mcore interface -------------------------------------------------------------
     def get_gpt_transformer_config(self):
@@ -136,6 +143,28 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
 
     def prepare_inputs_for_predict_layout(self, input_ids, **kwargs):
         return Tensor(np.asarray(input_ids, np.int32)), None, None, None
+
+    # --- weights ---------------------------------------------------------------------------------
+    def load_weights(self, path):
+        """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder."""
+        from ..checkpoint import load_weights
+        return load_weights(self, path)
+
+    @classmethod
+    def from_pretrained(cls, model_dir, **overrides):
+        """Build from ``model_dir/config.json`` and load ``model_dir``'s safetensors weights if present."""
+        config = GPTLocalConfig.from_model_dir(model_dir, **overrides)
+        model = cls(config)
+        from ..checkpoint import WEIGHTS_NAME
+        import os
+        if os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):
+            model.load_weights(model_dir)
+        return model
+
+    def save_pretrained(self, save_directory, tokenizer_dir=None, **kwargs):
+        """Write config.json + model.safetensors (+ tokenizer files) to ``save_directory``."""
+        from ..checkpoint import save_model_dir
+        return save_model_dir(self, save_directory, tokenizer_dir)
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):

@@ -1,0 +1,59 @@
+"""``gptlocal``: prepare-data, run (the run_mindformer.py drop-in), quickstart."""
+import argparse
+import json
+import sys
+
+
+def _prepare_data(argv):
+    parser = argparse.ArgumentParser(prog="gptlocal prepare-data",
+                                     description="Text files, a folder or JSONL -> tokenizer, MindRecord and "
+                                                 "Megatron .bin/.idx. With no --input: the Python standard library.")
+    parser.add_argument("--input", nargs="*", help="text files, folders or .jsonl (default: Python's stdlib sources)")
+    parser.add_argument("--out", default="data/gptlocal", help="output folder (default: data/gptlocal)")
+    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--vocab-size", type=int, default=8192, help="size of a newly trained BPE")
+    parser.add_argument("--tokenizer", help="an existing tokenizer.json to use instead of training one")
+    parser.add_argument("--vocab", help="GPT-2 vocab.json (with --merges)")
+    parser.add_argument("--merges", help="GPT-2 merges.txt (with --vocab)")
+    parser.add_argument("--jsonl-key", default="text", help="JSONL field holding the text (default: text)")
+    parser.add_argument("--eval-fraction", type=float, default=0.05, help="share of documents held out for eval")
+    parser.add_argument("--max-bytes", type=int, help="stop adding files past this many bytes")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    args = parser.parse_args(argv)
+    from .data.prepare import prepare
+    summary = prepare(inputs=args.input, out=args.out, seq_length=args.seq_length, vocab_size=args.vocab_size,
+                      tokenizer_path=args.tokenizer, vocab=args.vocab, merges=args.merges, jsonl_key=args.jsonl_key,
+                      eval_fraction=args.eval_fraction, max_bytes=args.max_bytes, overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _run(argv):
+    from .launcher import main as launch
+    return launch(argv)
+
+
+def _quickstart(argv):
+    from .quickstart import main as quickstart
+    return quickstart(argv)
+
+
+COMMANDS = {"prepare-data": _prepare_data, "run": _run, "quickstart": _quickstart}
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: gptlocal {" + ",".join(COMMANDS) + "} [options]  (gptlocal COMMAND --help for each)",
+              file=sys.stderr)
+        return 2
+    from .errors import GPTLocalError
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except GPTLocalError as err:
+        print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Checks run before anything is built or compiled, each failing with one clear error.
+
+They cover what otherwise surfaces as a deep MindSpore traceback minutes later:
+a YAML on the legacy path, bad model keys, missing data, token ids the
+embedding cannot hold, sequence lengths that disagree, a checkpoint folder
+single-card MindFormers will not load, an unwritable output folder.
+"""
+import os
+
+import numpy as np
+
+from .errors import ConfigError, DataError
+
+MODEL_TYPE = "gpt_local"
+SCAN_ROWS = 20000
+
+
+def is_gpt_local(config):
+    model = config.get("model") or {}
+    model_config = model.get("model_config") or {}
+    return model_config.get("model_type") == MODEL_TYPE
+
+
+def ensure_mcore(config, log=print):
+    """gpt_local lives on MindFormers' mcore path; a YAML without ``use_legacy: False`` is switched to it."""
+    if is_gpt_local(config) and config.get("use_legacy", True) is not False:
+        config.use_legacy = False
+        log("[gpt_local] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
+            "(add `use_legacy: False` to the YAML to silence this).")
+
+
+def model_config_of(config):
+    """GPTLocalConfig from the YAML's model_config: validates names, types and shapes."""
+    from .configuration_gpt_local import GPTLocalConfig
+    values = {k: v for k, v in dict(config.model.model_config).items()
+              if k not in ("model_type", "architectures", "auto_register")}
+    values = {k: (v.to_dict() if hasattr(v, "to_dict") and not isinstance(v, dict) else v) for k, v in values.items()}
+    return GPTLocalConfig(**_plain(values))
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def dataset_files(section, key_prefix):
+    """(kind, path, yaml key) of the data a dataset section reads."""
+    loader = section.get("data_loader") or {}
+    kind = loader.get("type")
+    if kind == "MindDataset":
+        return [("mindrecord", loader.get("dataset_dir"), f"{key_prefix}.data_loader.dataset_dir")]
+    if kind == "BlendedMegatronDatasetDataLoader":
+        paths = (loader.get("config") or {}).get("data_path") or []
+        prefixes = [p for i, p in enumerate(paths) if i % 2 == 1] if len(paths) > 1 else list(paths)
+        return [("megatron", p, f"{key_prefix}.data_loader.config.data_path") for p in prefixes]
+    return []
+
+
+def check_mindrecord(path, key, vocab_size, seq_length):
+    if not path or not os.path.isfile(path):
+        raise DataError(f"{key}: {path!r} does not exist. Run `gptlocal prepare-data --out DIR` and point "
+                        f"{key} at DIR/train.mindrecord (or pass --train_dataset_dir).")
+    from mindspore.mindrecord import FileReader
+    try:
+        reader = FileReader(path)
+    except Exception as err:  # MindRecord raises RuntimeError/MRMOpenError variants
+        raise DataError(f"{key}: {path} is not a readable MindRecord file ({err}).") from err
+    try:
+        rows = 0
+        for row in reader.get_next():
+            rows += 1
+            ids = np.asarray(row.get("input_ids", []))
+            labels = np.asarray(row.get("labels", ids))
+            if "input_ids" not in row:
+                raise DataError(f"{key}: {path} has no 'input_ids' column (columns: {', '.join(row)}); write it "
+                                f"with `gptlocal prepare-data`.")
+            _check_ids(np.concatenate([ids.ravel(), labels.ravel()[labels.ravel() >= 0]]), vocab_size, key, path)
+            if ids.size != seq_length:
+                raise DataError(f"{key}: {path} holds sequences of {ids.size} tokens but model_config.seq_length "
+                                f"is {seq_length}; prepare the data with --seq-length {seq_length} or set "
+                                f"seq_length: {ids.size}.")
+            if rows >= SCAN_ROWS:
+                break
+        if rows == 0:
+            raise DataError(f"{key}: {path} holds no samples; prepare more text.")
+    finally:
+        reader.close()
+
+
+def check_megatron(prefix, key, vocab_size):
+    for suffix in (".bin", ".idx"):
+        if not os.path.isfile(prefix + suffix):
+            raise DataError(f"{key}: {prefix + suffix} does not exist; give the prefix of a Megatron "
+                            f".bin/.idx pair (without the suffix), as written by `gptlocal prepare-data`.")
+    from mindformers.dataset.blended_datasets.indexed_dataset import _IndexReader
+    dtype = _IndexReader(prefix + ".idx", multimodal=False).dtype
+    tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
+    if tokens.size == 0:
+        raise DataError(f"{key}: {prefix}.bin is empty; prepare more text.")
+    _check_ids(tokens, vocab_size, key, prefix + ".bin")
+
+
+def _check_ids(ids, vocab_size, key, path):
+    if ids.size and (ids.max() >= vocab_size or ids.min() < 0):
+        bad = int(ids.max()) if ids.max() >= vocab_size else int(ids.min())
+        raise DataError(f"{key}: {path} holds token id {bad}, outside model_config.vocab_size ({vocab_size}). "
+                        f"Set vocab_size to at least {int(ids.max()) + 1} or re-tokenize with the model's tokenizer.")
+
+
+def check_data(config, model_config):
+    sections = {"train": ["train_dataset"], "finetune": ["train_dataset"], "eval": ["eval_dataset"]}
+    names = list(sections.get(config.run_mode, []))
+    if config.run_mode in ("train", "finetune") and config.get("do_eval"):
+        names.append("eval_dataset")
+    for name in names:
+        section = config.get(name)
+        if not section:
+            raise ConfigError(f"run_mode {config.run_mode} needs a '{name}' section in the YAML.")
+        for kind, path, key in dataset_files(section, name):
+            if kind == "mindrecord":
+                check_mindrecord(path, key, model_config.vocab_size, model_config.seq_length)
+            else:
+                check_megatron(path, key, model_config.vocab_size)
+
+
+def resolve_checkpoint(config):
+    """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
+    path = config.get("load_checkpoint")
+    if not path or config.get("use_parallel"):
+        return
+    from .checkpoint import resolve_weights_file
+    config.load_checkpoint = resolve_weights_file(path)
+
+
+def check_output_dir(config):
+    out = os.path.abspath(config.get("output_dir") or "./output")
+    probe = out
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"output_dir {out} is not writable; set output_dir (or --output_dir) to a folder you "
+                          f"can write.")
+
+
+def preflight(config, log=print):
+    """All checks for a gpt_local run; other models pass through untouched."""
+    if not is_gpt_local(config):
+        return
+    ensure_mcore(config, log)
+    model_config = model_config_of(config)
+    check_output_dir(config)
+    check_data(config, model_config)
+    resolve_checkpoint(config)
+    if config.run_mode == "predict" and config.get("pretrained_model_dir"):
+        tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")
+        if not os.path.isfile(tokenizer):
+            raise DataError(f"pretrained_model_dir: {tokenizer} does not exist; predict loads the tokenizer from "
+                            f"there (write it with `gptlocal prepare-data`).")

@@ -1,0 +1,10 @@
+"""MindFormers' run_mindformer.py flags for pip users (the mindformers wheel ships no launcher).
+
+    python run_scripts/run_mindformer.py --config model_configs/pretrain_gpt_local_tiny_cpu.yaml --run_mode train
+"""
+import sys
+
+from mindformers_gptlocal.launcher import main
+
+if __name__ == "__main__":
+    sys.exit(main())
