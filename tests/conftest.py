@@ -1,0 +1,69 @@
+"""Shared fixtures: a small prepared corpus and a tiny model config, made once per session."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mindformers_gptlocal import yaml_io
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "model_configs")
+TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, seq_length=64, hidden_dropout=0.0, attention_dropout=0.0,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """prepare-data output for ~150 KB of stdlib sources: seq 64, a 512-token BPE."""
+    from mindformers_gptlocal.data.prepare import prepare
+    out = tmp_path_factory.mktemp("corpus") / "data"
+    return prepare(out=str(out), seq_length=64, vocab_size=512, max_bytes=150_000, eval_fraction=0.1)
+
+
+@pytest.fixture
+def tiny_config():
+    from mindformers_gptlocal import GPTLocalConfig
+    return GPTLocalConfig(**TINY)
+
+
+def tiny_yaml(tmp_path, name="pretrain_gpt_local_tiny_cpu.yaml", corpus=None, **changes):
+    """A model_configs YAML shrunk to the tiny model and pointed at ``corpus``; ``changes`` are dotted keys."""
+    config = yaml_io.load_yaml(os.path.join(CONFIGS, name))
+    config["model"]["model_config"].update(TINY)
+    config["output_dir"] = str(tmp_path / "output")
+    if corpus:
+        for section in ("train_dataset", "eval_dataset"):
+            if section in config and config[section]["data_loader"]["type"] == "MindDataset":
+                key = "train_mindrecord" if section == "train_dataset" else "eval_mindrecord"
+                config[section]["data_loader"]["dataset_dir"] = corpus[key]
+        if "pretrained_model_dir" in config:
+            config["pretrained_model_dir"] = corpus["model_dir"]
+        for callback in config.get("callbacks", []):
+            if callback["type"] == "GPTLocalSaveModelDir":
+                callback["tokenizer_dir"] = corpus["model_dir"]
+    for dotted, value in changes.items():
+        node = config
+        parts = dotted.split("__")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    for section in ("train_dataset", "eval_dataset"):
+        if f"{section}_task" in config and section in config:
+            config[f"{section}_task"]["dataset_config"] = config[section]
+    return yaml_io.dump_yaml(config, str(tmp_path / "run.yaml"))
+
+
+def run_launcher(args, cwd, env=None, timeout=600):
+    """``gptlocal run ARGS`` in a subprocess; returns (exit code, combined output)."""
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def step_losses(output):
+    """Losses from GPTLocalThroughputMonitor lines, in step order."""
+    return [float(x) for x in re.findall(r"\[gpt_local\] step \d+/\d+\s+loss ([0-9.]+)", output)]

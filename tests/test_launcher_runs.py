@@ -1,0 +1,107 @@
+"""Every run_mode through the launcher (MindFormers' Trainer), in subprocesses, on the tiny model."""
+import json
+import os
+import re
+
+import pytest
+
+from conftest import REPO, run_launcher, step_losses, tiny_yaml
+
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """Train the tiny model for STEPS steps on the MindRecord data; returns (output text, model dir)."""
+    tmp = tmp_path_factory.mktemp("train")
+    yaml_path = tiny_yaml(tmp, corpus=corpus, train_dataset__data_loader__num_samples=STEPS * 4,
+                          lr_schedule__learning_rate=3e-3)
+    _set_print_every_step(yaml_path)
+    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp))
+    assert code == 0, out[-3000:]
+    return out, os.path.join(str(tmp), "output", "model")
+
+
+def _set_print_every_step(yaml_path):
+    from mindformers_gptlocal import yaml_io
+    config = yaml_io.load_yaml(yaml_path)
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalThroughputMonitor":
+            callback["per_print_times"] = 1
+    yaml_io.dump_yaml(config, yaml_path)
+
+
+def test_train_loss_decreases_and_writes_model_dir(trained):
+    out, model_dir = trained
+    losses = step_losses(out)
+    assert len(losses) == STEPS
+    assert sum(losses[-5:]) / 5 < losses[0] - 0.5, losses
+    assert re.search(r"tokens/s", out)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert os.path.isfile(os.path.join(model_dir, name)), name
+    assert json.load(open(os.path.join(model_dir, "config.json")))["model_type"] == "gpt_local"
+
+
+def test_eval_reports_perplexity_lower_than_untrained(trained, corpus, tmp_path):
+    _, model_dir = trained
+    yaml_path = tiny_yaml(tmp_path, "eval_gpt_local_tiny_cpu.yaml", corpus=corpus)
+    code, untrained = run_launcher(["--config", yaml_path], cwd=str(tmp_path))
+    assert code == 0, untrained[-3000:]
+    code, after = run_launcher(["--config", yaml_path, "--load_checkpoint", model_dir], cwd=str(tmp_path))
+    assert code == 0, after[-3000:]
+    ppl = [float(re.search(r"'PPL': ([0-9.]+)", text).group(1)) for text in (untrained, after)]
+    assert ppl[0] > 400  # random init over a 512-token vocabulary
+    assert ppl[1] < 0.7 * ppl[0], ppl
+
+
+def test_predict_returns_text(trained, corpus, tmp_path):
+    _, model_dir = trained
+    yaml_path = tiny_yaml(tmp_path, "predict_gpt_local_tiny_cpu.yaml", corpus=corpus,
+                          pretrained_model_dir=model_dir, generation_config__max_new_tokens=8)
+    code, out = run_launcher(["--config", yaml_path, "--load_checkpoint", model_dir,
+                              "--predict_data", "def main(", "--predict_batch_size", "1"], cwd=str(tmp_path))
+    assert code == 0, out[-3000:]
+    texts = [json.loads(t) for t in re.findall(r"\[gpt_local\] generated: (.*)", out)]
+    assert len(texts) == 1 and texts[0].startswith("def main(") and len(texts[0]) > len("def main(")
+
+
+def test_train_from_megatron_bin_idx(corpus, tmp_path):
+    prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
+    yaml_path = tiny_yaml(tmp_path, "pretrain_gpt_local_tiny_cpu_megatron.yaml", corpus=corpus,
+                          train_dataset__data_loader__sizes=[24, 0, 0],
+                          train_dataset__data_loader__config__seq_length=64,
+                          train_dataset__data_loader__config__data_path=["1", prefix])
+    _set_print_every_step(yaml_path)
+    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp_path))
+    assert code == 0, out[-3000:]
+    assert len(step_losses(out)) == 6
+
+
+def test_register_path_route_without_autoregistration(corpus, tmp_path):
+    """MindFormers' documented route: --register_path + model_config.auto_register, the plugin not preloaded."""
+    yaml_path = tiny_yaml(tmp_path, corpus=corpus, train_dataset__data_loader__num_samples=8,
+                          model__model_config__auto_register="gpt_local.GPTLocalConfig",
+                          runner_wrapper__type="GPTLocalTrainOneStepCell")
+    script = tmp_path / "run_like_mindformers.py"
+    # The body of MindFormers' run_mindformer.py (r1.8.0) for this route: REGISTER_PATH, config, context, Trainer.
+    script.write_text(
+        "import os, sys\n"
+        "os.environ['REGISTER_PATH'] = sys.argv[2]; sys.path.append(sys.argv[2])\n"
+        "from mindformers.tools.register import MindFormerConfig\n"
+        "from mindformers.core.context import build_context\n"
+        "from mindformers.trainer import Trainer\n"
+        "from mindformers.utils.file_utils import set_output_path\n"
+        "assert 'mindformers_gptlocal' not in sys.modules, 'plugin was preloaded'\n"
+        "config = MindFormerConfig(sys.argv[1])\n"
+        "set_output_path(config.output_dir)\n"
+        "build_context(config)\n"
+        "Trainer(config).train()\n"
+        "print('TRAINED', 'mindformers_gptlocal' in sys.modules)\n")
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, str(script), yaml_path, os.path.join(REPO, "run_scripts", "register")],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, GPTLOCAL_NO_AUTOREGISTER="1"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "TRAINED True" in out
