@@ -10,6 +10,7 @@ from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
 from . import callbacks, tokenizer_registry, compat
 
 compat.install()
+compat.register_auto_classes()
 
 __version__ = "0.1.0"
 

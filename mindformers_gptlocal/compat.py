@@ -33,3 +33,12 @@ def install():
     for module in (mindformers, mindformers.core, mindformers.core.context):
         if getattr(module, "build_context", None) is original:
             module.build_context = wrapped
+
+
+def register_auto_classes():
+    """MindFormers' AutoConfig / AutoModelForCausalLM resolve model_type gpt_local to our classes."""
+    from mindformers import AutoConfig, AutoModelForCausalLM
+    from .configuration_gpt_local import GPTLocalConfig
+    from .model import GPTLocalForCausalLM
+    AutoConfig.register(GPTLocalConfig.model_type, GPTLocalConfig, exist_ok=True)
+    AutoModelForCausalLM.register(GPTLocalConfig, GPTLocalForCausalLM, exist_ok=True)

@@ -226,15 +226,17 @@ def known_keys():
         _KNOWN = own | base | set(GPT2_ALIASES) | MINDFORMERS_INJECTED | {
             "model_type", "architectures", "transformers_version", "mindformers_version",
             "_name_or_path", "position_embedding_type", "normalization", "add_bias_linear",
-            "gated_linear_unit", "offset", "recompute", "pipeline_stage"}
+            "gated_linear_unit", "offset", "recompute", "pipeline_stage", "name_or_path"}
     return _KNOWN
 
 
 def _reject_unknown(kwargs):
     # MoE keys arrive flattened from moe_config; a dense GPT ignores them.
+    import inspect
     from mindformers.modules.transformer.moe import MoEConfig
-    moe_keys = set(MoEConfig().__dict__) | {"expert_num", "num_experts_chosen"}
-    unknown = [k for k in kwargs if k not in known_keys() and k not in moe_keys]
+    moe_keys = set(inspect.signature(MoEConfig.__init__).parameters) | set(MoEConfig().__dict__)
+    # underscore keys are loader bookkeeping (_commit_hash, _from_auto ...), not model settings
+    unknown = [k for k in kwargs if k not in known_keys() and k not in moe_keys and not k.startswith("_")]
     if unknown:
         key = unknown[0]
         close = difflib.get_close_matches(key, sorted(known_keys()), n=1)

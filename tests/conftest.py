@@ -56,9 +56,15 @@ def tiny_yaml(tmp_path, name="pretrain_gpt_local_tiny_cpu.yaml", corpus=None, **
     return yaml_io.dump_yaml(config, str(tmp_path / "run.yaml"))
 
 
+def source_env(**extra):
+    """Environment for subprocesses that import this working tree, not an older installed copy."""
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def run_launcher(args, cwd, env=None, timeout=600):
     """``gptlocal run ARGS`` in a subprocess; returns (exit code, combined output)."""
-    full_env = dict(os.environ, **(env or {}))
+    full_env = source_env(**(env or {}))
     proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args], cwd=cwd,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import REPO, run_launcher, step_losses, tiny_yaml
+from conftest import REPO, run_launcher, source_env, step_losses, tiny_yaml
 
 STEPS = 40
 
@@ -101,7 +101,7 @@ def test_register_path_route_without_autoregistration(corpus, tmp_path):
     import sys
     proc = subprocess.run([sys.executable, str(script), yaml_path, os.path.join(REPO, "run_scripts", "register")],
                           cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, GPTLOCAL_NO_AUTOREGISTER="1"))
+                          env=source_env(GPTLOCAL_NO_AUTOREGISTER="1"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "TRAINED True" in out

@@ -64,10 +64,8 @@ class GPTLocalModel(nn.Cell):
         self.layers = nn.CellList(blocks)
         self.final_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon,
                                          to_mstype(config.params_dtype), to_mstype(config.layernorm_compute_dtype))
-        last_stage = stage_ids[-1]
-        if last_stage > 0:
-            self.embedding.pipeline_stage = 0
-            self.final_layernorm.pipeline_stage = last_stage
+        self.embedding.pipeline_stage = 0
+        self.final_layernorm.pipeline_stage = stage_ids[-1]
         self.causal_bias = causal_bias(config.max_position_embeddings)
         self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
         self.use_flash = flash
@@ -87,8 +85,9 @@ class GPTLocalModel(nn.Cell):
 
 
 def _place(block, stage, recompute, selective):
-    if stage > 0:
-        block.pipeline_stage = stage
+    """Bind a block to its pipeline stage and recompute choice, once, at build time."""
+    block.pipeline_stage = stage
+    block.recompute_mode = "full" if recompute else ("selective" if selective else "none")
     if recompute:
         block.recompute()
     elif selective:

@@ -1,0 +1,65 @@
+"""gpt_local is found through MindFormers' own registries, AutoConfig, and the import hook."""
+import subprocess
+import sys
+
+from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
+
+import mindformers_gptlocal
+from conftest import TINY, source_env
+
+CHECK = ("import mindformers, sys\n"
+         "from mindformers.tools.register import MindFormerRegister as R\n"
+         "print('LOADED', 'mindformers_gptlocal' in sys.modules, 'mcore_GPTLocalForCausalLM' in R.registry['models'])\n")
+
+
+def test_registered_in_mindformers_registries():
+    registry = MindFormerRegister.registry
+    assert registry[MindFormerModuleType.CONFIG]["mcore_GPTLocalConfig"] is mindformers_gptlocal.GPTLocalConfig
+    assert registry[MindFormerModuleType.MODELS]["mcore_GPTLocalForCausalLM"] is mindformers_gptlocal.GPTLocalForCausalLM
+    for kind, name in ((MindFormerModuleType.WRAPPER, "GPTLocalTrainOneStepCell"),
+                       (MindFormerModuleType.WRAPPER, "GPTLocalPipelineWithLossScaleCell"),
+                       (MindFormerModuleType.CALLBACK, "GPTLocalThroughputMonitor"),
+                       (MindFormerModuleType.CALLBACK, "GPTLocalSaveModelDir"),
+                       (MindFormerModuleType.TOKENIZER, "GPTLocalTokenizer")):
+        assert name in registry[kind], name
+
+
+def test_mcore_selection_by_model_type_and_architectures():
+    """With use_legacy False, MindFormers builds config and model from model_type and architectures."""
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.core.context.build_context import MFContextOperator
+    MFContextOperator(MindFormerConfig(use_legacy=False))
+    try:
+        cfg = dict(TINY, model_type="gpt_local", architectures=["GPTLocalForCausalLM"])
+        config = MindFormerRegister.get_instance_from_cfg(dict(cfg), MindFormerModuleType.CONFIG)
+        model = MindFormerRegister.get_instance_from_cfg(config.to_dict(), MindFormerModuleType.MODELS,
+                                                         default_args={"config": config})
+    finally:
+        MFContextOperator.reset_instance()
+    assert isinstance(config, mindformers_gptlocal.GPTLocalConfig)
+    assert isinstance(model, mindformers_gptlocal.GPTLocalForCausalLM)
+
+
+def test_autoconfig_loads_model_dir(tmp_path, tiny_config):
+    from mindformers import AutoConfig
+    from mindformers_gptlocal import GPTLocalForCausalLM
+    GPTLocalForCausalLM(tiny_config).save_pretrained(str(tmp_path))
+    config = AutoConfig.from_pretrained(str(tmp_path))
+    assert isinstance(config, mindformers_gptlocal.GPTLocalConfig)
+    assert config.hidden_size == tiny_config.hidden_size
+
+
+def test_importing_mindformers_registers_the_plugin():
+    """The installed .pth hook imports the plugin right after mindformers; the env switch turns it off."""
+    on = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=source_env())
+    off = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True,
+                         env=source_env(GPTLOCAL_NO_AUTOREGISTER="1"))
+    assert "LOADED True True" in on.stdout, on.stdout + on.stderr
+    assert "LOADED False False" in off.stdout, off.stdout + off.stderr
+
+
+def test_python_start_stays_light():
+    """The hook must not import mindformers (or anything heavy) at interpreter start."""
+    out = subprocess.run([sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if 'mindformers' in m "
+                          "or 'mindspore' in m))"], capture_output=True, text=True, env=source_env())
+    assert out.stdout.strip() == "['mindformers_gptlocal_autoregister']", out.stdout + out.stderr

@@ -1,0 +1,63 @@
+"""GPTLocalTrainOneStepCell on CPU: it trains, clips, and skips the update when gradients overflow."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
+
+
+@pytest.fixture
+def mcore_context():
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.core.context.build_context import MFContextOperator
+    MFContextOperator(MindFormerConfig(use_legacy=False))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    MFContextOperator.reset_instance()
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 512, (2, 33)).astype(np.int32)
+    return (Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:]), Tensor(np.ones((2, 32), np.int32)),
+            Tensor(np.tile(np.arange(32, dtype=np.int32), (2, 1))))
+
+
+def _step_cell(tiny_config, scale_sense):
+    model = GPTLocalForCausalLM(tiny_config)
+    optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-2)
+    cell = GPTLocalTrainOneStepCell(model, optimizer, use_clip_grad=True, max_grad_norm=1.0, scale_sense=scale_sense)
+    cell.set_train(True)
+    return model, cell
+
+
+def test_steps_update_weights_and_lower_loss(tiny_config, mcore_context):
+    model, cell = _step_cell(tiny_config, 1.0)
+    before = model.model.layers[0].mlp.linear_fc1.weight.asnumpy().copy()
+    losses = []
+    for _ in range(8):
+        loss, overflow, _, _, global_norm = cell(*_batch())
+        losses.append(float(loss))
+        assert not bool(overflow) and np.isfinite(float(global_norm))
+    assert losses[-1] < losses[0] - 0.5
+    assert not np.array_equal(before, model.model.layers[0].mlp.linear_fc1.weight.asnumpy())
+
+
+def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_context):
+    manager = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 127, scale_factor=2, scale_window=2)
+    model, cell = _step_cell(tiny_config, manager)
+    before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+    _, overflow, _, _, _ = cell(*_batch())  # loss x 2^127 overflows fp32 gradients
+    assert bool(overflow)
+    assert float(cell.scale_sense.asnumpy()) == 2.0 ** 126  # backed off by scale_factor
+    for p in model.trainable_params():
+        np.testing.assert_array_equal(before[p.name], p.asnumpy())  # update skipped
+    scales = []
+    for _ in range(20):
+        _, overflow, _, _, _ = cell(*_batch())
+        scales.append(float(cell.scale_sense.asnumpy()))
+        if not bool(overflow):
+            break
+    assert not bool(overflow) and scales[-1] < 2.0 ** 127  # scale came down until steps went through
