@@ -62,8 +62,11 @@ class GPTLocalThroughputMonitor(Callback):
 
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalSaveModelDir(Callback):
-    """At the end of training, writes ``<output_dir>/<subdir>``: config.json, model.safetensors and the
-    tokenizer files of ``tokenizer_dir``: a directory ``from_pretrained``, eval and predict load directly."""
+    """At the end of training, rank 0 writes ``<output_dir>/<subdir>``: config.json, model.safetensors and
+    the tokenizer files of ``tokenizer_dir``: a directory ``from_pretrained``, eval and predict load directly.
+
+    Single-card and data-parallel runs only: under pipeline or tensor parallel a rank holds a slice.
+    """
 
     def __init__(self, subdir="model", tokenizer_dir=None):
         super().__init__()
@@ -71,7 +74,10 @@ class GPTLocalSaveModelDir(Callback):
         self.tokenizer_dir = tokenizer_dir
 
     def on_train_end(self, run_context):
+        from mindformers.tools.utils import get_real_rank
         from .checkpoint import save_model_dir
+        if get_real_rank() != 0:
+            return  # data-parallel ranks hold the same weights; one writer avoids a race
         network = run_context.original_args().train_network
         model = _find_causal_lm(network)
         out = os.path.join(get_output_root_path(), self.subdir)
