@@ -59,6 +59,12 @@ class GPTLocalThroughputMonitor(Callback):
             self.window_start = time.time()
             self.window_steps = 0
 
+    def on_train_end(self, run_context):
+        import resource
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.stream.write(f"[gpt_local] training done, peak RSS {peak_mb:,.0f} MB\n")
+        self.stream.flush()
+
 
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalSaveModelDir(Callback):
