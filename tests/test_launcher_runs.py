@@ -105,3 +105,17 @@ def test_register_path_route_without_autoregistration(corpus, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "TRAINED True" in out
+
+
+def test_finetune_starts_from_loaded_weights(trained, corpus, tmp_path):
+    """run_mode finetune with load_checkpoint = a model directory: the first loss is the trained model's,
+    not a fresh model's (ln 512 = 6.24)."""
+    out, model_dir = trained
+    trained_last = step_losses(out)[-1]
+    yaml_path = tiny_yaml(tmp_path, "finetune_gpt_local_tiny_cpu.yaml", corpus=corpus,
+                          train_dataset__data_loader__num_samples=8)
+    _set_print_every_step(yaml_path)
+    code, text = run_launcher(["--config", yaml_path, "--load_checkpoint", model_dir], cwd=str(tmp_path))
+    assert code == 0, text[-3000:]
+    first = step_losses(text)[0]
+    assert first < 6.0 and abs(first - trained_last) < 0.6, (first, trained_last)
