@@ -1,4 +1,4 @@
-"""``gptlocal``: prepare-data, run (the run_mindformer.py drop-in), quickstart."""
+"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), run (the run_mindformer.py drop-in), quickstart."""
 import argparse
 import json
 import sys
@@ -28,6 +28,28 @@ def _prepare_data(argv):
     return 0
 
 
+def _convert(argv):
+    parser = argparse.ArgumentParser(prog="gptlocal convert",
+                                     description="Hugging Face GPT-2 <-> gpt_local model directories, exact.")
+    sub = parser.add_subparsers(dest="direction", required=True)
+    hf2ms = sub.add_parser("hf2ms", help="HF GPT-2 directory -> gpt_local directory")
+    hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin)")
+    hf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
+    hf2ms.add_argument("--allow-pickle", action="store_true",
+                       help="load pytorch_model.bin with full pickle (only for files you trust)")
+    ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF GPT-2 directory")
+    ms2hf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
+    ms2hf.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    from . import convert
+    if args.direction == "hf2ms":
+        summary = convert.hf_to_ms(args.hf_dir, args.out, allow_pickle=args.allow_pickle)
+    else:
+        summary = convert.ms_to_hf(args.ms_dir, args.out)
+    print(f"wrote {summary['tensors']} tensors to {args.out}")
+    return 0
+
+
 def _run(argv):
     from .launcher import main as launch
     return launch(argv)
@@ -38,7 +60,7 @@ def _quickstart(argv):
     return quickstart(argv)
 
 
-COMMANDS = {"prepare-data": _prepare_data, "run": _run, "quickstart": _quickstart}
+COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "run": _run, "quickstart": _quickstart}
 
 
 def main(argv=None):
