@@ -217,13 +217,9 @@ class TensorSource:
             raise CheckpointError(f"{directory}: no weights found (looked for {', '.join(HF_WEIGHT_FILES)}).")
 
     def _add_safetensors(self, path):
-        from safetensors import safe_open
-        try:
-            handle = safe_open(path, framework="numpy")
-        except Exception as err:  # a damaged header raises several types
-            raise CheckpointError(f"{path} is not a readable safetensors file ({err}).") from err
-        for name in handle.keys():
-            self.files[name] = (handle, name)
+        reader = SafetensorsReader(path)
+        for name in reader.names():
+            self.files[name] = (reader, name)
 
     def _add_pickle(self, path, allow_pickle):
         try:
@@ -244,14 +240,57 @@ class TensorSource:
         return list(self.files)
 
     def shape(self, name):
-        handle, ref = self.files[name]
-        if handle is None:
-            return tuple(ref.shape)
-        return tuple(handle.get_slice(ref).get_shape())
+        reader, ref = self.files[name]
+        return tuple(ref.shape) if reader is None else reader.shape(ref)
 
     def get(self, name):
-        handle, ref = self.files[name]
-        return ref if handle is None else handle.get_tensor(ref)
+        reader, ref = self.files[name]
+        return ref if reader is None else reader.get(ref)
+
+
+class SafetensorsReader:
+    """Reads one tensor at a time with plain file reads (no mmap), so the source file's pages never
+    count against this process's memory: peak RSS stays near the largest tensor, not the file."""
+
+    DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64, "I64": np.int64,
+              "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            with open(path, "rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                if length > os.path.getsize(path) - 8:
+                    raise ValueError("header longer than the file")
+                self.header = json.loads(handle.read(length))
+            self.data_start = 8 + length
+        except (OSError, ValueError, struct.error) as err:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated.") from err
+        self.header.pop("__metadata__", None)
+        end = max((info["data_offsets"][1] for info in self.header.values()), default=0)
+        if self.data_start + end > os.path.getsize(path):
+            raise CheckpointError(f"{path} is truncated: its header describes {self.data_start + end} bytes, the "
+                                  f"file has {os.path.getsize(path)}.")
+
+    def names(self):
+        return list(self.header)
+
+    def shape(self, name):
+        return tuple(self.header[name]["shape"])
+
+    def get(self, name):
+        info = self.header[name]
+        start, stop = info["data_offsets"]
+        with open(self.path, "rb") as handle:
+            handle.seek(self.data_start + start)
+            raw = handle.read(stop - start)
+        if info["dtype"] == "BF16":  # widen bfloat16 to float32 exactly
+            bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(info["shape"])
+        dtype = self.DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{self.path}: tensor '{name}' has dtype {info['dtype']}, which is not supported.")
+        return np.frombuffer(raw, dtype=dtype).reshape(info["shape"]).copy()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,34 +426,30 @@ def ms_to_hf(ms_dir, out):
         raise CheckpointError(f"{ms_dir}/config.json has model_type {local.get('model_type')!r}, not gpt_local.")
     from .checkpoint import resolve_weights_file
     weights = resolve_weights_file(ms_dir)
-    from safetensors import safe_open
-    try:
-        handle = safe_open(weights, framework="numpy")
-    except Exception as err:
-        raise CheckpointError(f"{weights} is not a readable safetensors file ({err}).") from err
+    reader = SafetensorsReader(weights)
     local.setdefault("intermediate_size", 4 * local["hidden_size"])
     local.setdefault("max_position_embeddings", 1024)
     expected = expected_local_shapes(local)
     heads = local["num_attention_heads"]
-    missing = sorted(set(expected) - set(handle.keys()))
+    missing = sorted(set(expected) - set(reader.names()))
     if missing:
         raise CheckpointError(f"{weights} lacks '{missing[0]}' (and {len(missing) - 1} more); not a gpt_local "
                               f"model of this config.")
     plan = []
     for name, shape in expected.items():
-        actual = tuple(handle.get_slice(name).get_shape())
+        actual = reader.shape(name)
         if actual != shape:
             raise CheckpointError(f"tensor '{name}' has shape {actual}; config.json implies {shape}.")
         hf_name, kind = local_to_hf_name(name)
         hf_shape = tuple(reversed(shape)) if kind in ("transpose", "qkv_weight") else shape
         plan.append((hf_name, hf_shape, np.float32,
-                     lambda n=name, k=kind: local_to_hf_tensor(handle.get_tensor(n).astype(np.float32), k, heads)))
+                     lambda n=name, k=kind: local_to_hf_tensor(reader.get(n).astype(np.float32), k, heads)))
     plan.sort(key=lambda item: item[0])
 
     def build(staging):
         write_safetensors_streamed(os.path.join(staging, "model.safetensors"), plan, {"format": "pt"})
-        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle_:
-            json.dump(local_to_gpt2_config(local), handle_, indent=2)
+        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
+            json.dump(local_to_gpt2_config(local), handle, indent=2)
         _copy_tokenizer(ms_dir, staging, local["max_position_embeddings"])
         return {"tensors": len(plan)}
     return _staged(out, build)
