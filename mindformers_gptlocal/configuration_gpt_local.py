@@ -97,6 +97,7 @@ class GPTLocalConfig(PretrainedConfig):
                  layernorm_compute_dtype="float32",
                  softmax_compute_dtype="float32",
                  use_flash_attention=False,
+                 max_batch_size=8,
                  scale_attn_by_inverse_layer_idx=False,
                  reorder_and_upcast_attn=False,
                  ignore_token_id=-100,
@@ -132,6 +133,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.layernorm_compute_dtype = layernorm_compute_dtype
         self.softmax_compute_dtype = softmax_compute_dtype
         self.use_flash_attention = bool(use_flash_attention)
+        self.max_batch_size = max_batch_size
         self.scale_attn_by_inverse_layer_idx = bool(scale_attn_by_inverse_layer_idx)
         self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
         self.ignore_token_id = ignore_token_id
@@ -170,7 +172,7 @@ class GPTLocalConfig(PretrainedConfig):
     def validate(self):
         """Refuse shapes and settings the model cannot build, naming the key and the fix."""
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings", "seq_length"):
+                    "intermediate_size", "max_position_embeddings", "seq_length", "max_batch_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model_config.{key} must be a positive integer, got {value!r}.")

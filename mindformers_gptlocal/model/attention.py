@@ -53,16 +53,26 @@ class ParallelAttention(nn.Cell):
         self.softmax = ops.Softmax(axis=-1)
         self.add_mask = ops.Add()
         self.cast = ops.Cast()
+        self.scatter_update = ops.ScatterNdUpdate()
         if use_flash_attention:
             self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
                 head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
                 input_layout="BNSD", sparse_mode=0)
 
-    def construct(self, hidden, attention_bias):
-        """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash)."""
+    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None):
+        """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
+
+        With a KV cache (``key_cache``/``value_cache``: this layer's [B, L, H] Parameters), the new
+        keys and values are written in place at ``write_index`` [B, S, 2] = (batch, position) pairs,
+        attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
+        cache holds the present keys and values afterwards.
+        """
         batch, seq, _ = hidden.shape
         qkv = self.linear_qkv(hidden)
         qkv = ops.reshape(qkv, (batch, seq, self.num_heads, 3, self.head_dim))
+        if key_cache is not None:
+            return self.linear_proj(self._cached_attention(qkv, attention_bias, key_cache, value_cache,
+                                                           write_index))
         qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
         query, key, value = qkv[0], qkv[1], qkv[2]
         if self.use_flash_attention:
@@ -72,6 +82,22 @@ class ParallelAttention(nn.Cell):
         context = self.transpose(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
         return self.linear_proj(context)
+
+    def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index):
+        """Write this step's K/V into the caches in place, then attend over every cached position."""
+        batch, seq = qkv.shape[0], qkv.shape[1]
+        query = self.transpose(qkv[:, :, :, 0], (0, 2, 1, 3))  # [B, N, S, D]
+        new_key = ops.reshape(qkv[:, :, :, 1], (batch, seq, self.hidden_size))
+        new_value = ops.reshape(qkv[:, :, :, 2], (batch, seq, self.hidden_size))
+        key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, new_key))
+        value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, new_value))
+        length = key_cache.shape[1]
+        key = self.transpose(ops.reshape(key_cache, (batch, length, self.num_heads, self.head_dim)), (0, 2, 1, 3))
+        value = self.transpose(ops.reshape(value_cache, (batch, length, self.num_heads, self.head_dim)),
+                               (0, 2, 1, 3))
+        context = self._core_attention(query, key, value, attention_bias)
+        context = self.transpose(context, (0, 2, 1, 3))
+        return ops.reshape(context, (batch, seq, self.hidden_size))
 
     def _core_attention(self, query, key, value, attention_bias):
         scores = self.qk_matmul(query, key)

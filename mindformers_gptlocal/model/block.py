@@ -27,9 +27,10 @@ class GPTLocalBlock(nn.Cell):
         self.hidden_dropout = nn.Dropout(p=config.hidden_dropout)
         self.add = ops.Add()
 
-    def construct(self, hidden, attention_bias):
+    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None):
+        """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention)."""
         dtype = hidden.dtype
-        attn = self.attention(self.input_layernorm(hidden), attention_bias)
+        attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index)
         hidden = self.add(hidden, ops.cast(self.hidden_dropout(attn), dtype))
         mlp = self.mlp(self.post_attention_layernorm(hidden))
         return self.add(hidden, ops.cast(self.hidden_dropout(mlp), dtype))

@@ -96,6 +96,27 @@ def _place(block, stage, recompute, selective):
         block.mlp.activation.recompute()
 
 
+def _as_prompts(input_ids, pad_token_id):
+    """A list of token lists from a list, a batch, or a numpy/Tensor block; trailing padding removed."""
+    if hasattr(input_ids, "asnumpy"):
+        input_ids = input_ids.asnumpy()
+    if isinstance(input_ids, np.ndarray):
+        input_ids = input_ids.tolist()
+    if input_ids and not isinstance(input_ids[0], (list, tuple)):
+        input_ids = [input_ids]
+    rows = [list(row) for row in input_ids]
+    if pad_token_id is not None and len(rows) > 1:
+        rows = [_strip_right(row, pad_token_id) for row in rows]
+    return rows
+
+
+def _strip_right(row, pad):
+    end = len(row)
+    while end > 1 and row[end - 1] == pad:
+        end -= 1
+    return row[:end]
+
+
 def _argmax(logits, axis=-1):
     """Greedy pick with the Argmax primitive, which has kernels on CPU, GPU and Ascend."""
     return ops.Argmax(axis=axis, output_type=ms.int32)(logits)
@@ -164,6 +185,32 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         """Write config.json + model.safetensors (+ tokenizer files) to ``save_directory``."""
         from ..checkpoint import save_model_dir
         return save_model_dir(self, save_directory, tokenizer_dir)
+
+    # --- generation --------------------------------------------------------------------------------
+    def generate(self, input_ids, generation_config=None, streamer=None, seed=None, **kwargs):
+        """MindFormers-style generate with the explicit KV cache, on every backend.
+
+        ``input_ids``: a token list or a batch of lists (right padding with ``pad_token_id`` is
+        stripped). Options as MindFormers' GenerationConfig (max_new_tokens, do_sample, temperature,
+        top_k, top_p, repetition_penalty, eos_token_id, use_past ...), from ``generation_config``,
+        else the model's, overridden by keywords. Returns token lists, or GenerateOutput(sequences=...)
+        with ``return_dict_in_generate=True`` (what MindFormers' predict pipeline asks for).
+        """
+        from ..generation import generate_ids, resolve_options
+        base = generation_config if generation_config is not None else getattr(self, "generation_config", None)
+        options = resolve_options(base, seed=seed, **kwargs)
+        prompts = _as_prompts(input_ids, options["pad_token_id"])
+        sequences = generate_ids(self, prompts, options)
+        if streamer is not None:
+            streamer.put(np.asarray(sequences[0]))
+            streamer.end()
+        return_dict = kwargs.get("return_dict_in_generate")
+        if return_dict is None and base is not None:
+            return_dict = getattr(base, "return_dict_in_generate", False)
+        if return_dict:
+            from mindformers.generation.utils import GenerateOutput
+            return GenerateOutput(sequences=sequences, scores=None, logits=None)
+        return sequences
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):

@@ -1,0 +1,51 @@
+"""Choosing the next token from logits, with MindFormers' GenerationConfig options and their
+Hugging Face meanings: greedy, sampling (temperature, top-k, top-p), repetition penalty.
+
+Runs on the host in numpy: logits of one step are [batch, vocab], small next to the model.
+"""
+import numpy as np
+
+
+def apply_repetition_penalty(logits, histories, penalty):
+    """HF semantics: a seen token's logit is divided by penalty if positive, multiplied if negative."""
+    if penalty == 1.0:
+        return logits
+    logits = logits.copy()
+    for row, seen in enumerate(histories):
+        tokens = np.unique(np.asarray(seen, np.int64))
+        values = logits[row, tokens]
+        logits[row, tokens] = np.where(values > 0, values / penalty, values * penalty)
+    return logits
+
+
+def _top_k(logits, k):
+    if not k or k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def _top_p(logits, p):
+    if p is None or p >= 1.0:
+        return logits
+    order = np.argsort(-logits, axis=-1)
+    sorted_logits = np.take_along_axis(logits, order, axis=-1)
+    probs = np.exp(sorted_logits - sorted_logits[:, :1])
+    probs /= probs.sum(axis=-1, keepdims=True)
+    cumulative = np.cumsum(probs, axis=-1)
+    drop_sorted = cumulative - probs > p  # keep the smallest prefix whose mass reaches p (always >= 1 token)
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, -np.inf, logits)
+
+
+def next_tokens(logits, histories, options, rng):
+    """Pick one token per row. ``options``: do_sample, temperature, top_k, top_p, repetition_penalty."""
+    logits = apply_repetition_penalty(logits.astype(np.float64), histories, options["repetition_penalty"])
+    if not options["do_sample"]:
+        return logits.argmax(axis=-1)
+    logits = logits / max(options["temperature"], 1e-6)
+    logits = _top_p(_top_k(logits, options["top_k"]), options["top_p"])
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
