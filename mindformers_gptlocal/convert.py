@@ -81,33 +81,39 @@ def local_to_gpt2_config(local):
 
 # ---------------------------------------------------------------------------------------------
 # tensor name and layout maps
+# (HF name, gpt_local name, layout change); one table serves both directions
+FIXED_NAMES = [("wte.weight", "model.embedding.word_embeddings", "copy"),
+               ("wpe.weight", "model.embedding.position_embeddings", "copy"),
+               ("ln_f.weight", "model.final_layernorm.weight", "copy"),
+               ("ln_f.bias", "model.final_layernorm.bias", "copy")]
+LAYER_NAMES = [("ln_1.weight", "input_layernorm.weight", "copy"), ("ln_1.bias", "input_layernorm.bias", "copy"),
+               ("ln_2.weight", "post_attention_layernorm.weight", "copy"),
+               ("ln_2.bias", "post_attention_layernorm.bias", "copy"),
+               ("attn.c_attn.weight", "attention.linear_qkv.weight", "qkv_weight"),
+               ("attn.c_attn.bias", "attention.linear_qkv.bias", "qkv_bias"),
+               ("attn.c_proj.weight", "attention.linear_proj.weight", "transpose"),
+               ("attn.c_proj.bias", "attention.linear_proj.bias", "copy"),
+               ("mlp.c_fc.weight", "mlp.linear_fc1.weight", "transpose"),
+               ("mlp.c_fc.bias", "mlp.linear_fc1.bias", "copy"),
+               ("mlp.c_proj.weight", "mlp.linear_fc2.weight", "transpose"),
+               ("mlp.c_proj.bias", "mlp.linear_fc2.bias", "copy")]
+
+
 def hf_to_local_name(name, n_layer):
     """HF GPT-2 tensor name -> (gpt_local name, kind) or None for buffers to drop."""
     if name.startswith("transformer."):
         name = name[len("transformer."):]
     if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":
         return None
-    fixed = {"wte.weight": "model.embedding.word_embeddings", "wpe.weight": "model.embedding.position_embeddings",
-             "ln_f.weight": "model.final_layernorm.weight", "ln_f.bias": "model.final_layernorm.bias"}
+    fixed = {hf: (local, kind) for hf, local, kind in FIXED_NAMES}
     if name in fixed:
-        return fixed[name], "copy"
+        return fixed[name]
     parts = name.split(".")
     if parts[0] != "h" or len(parts) < 4 or not parts[1].isdigit() or int(parts[1]) >= n_layer:
         raise CheckpointError(f"tensor '{name}' is not part of a GPT-2 model of {n_layer} layers; this does not "
                               f"look like a GPT-2 checkpoint (expected transformer.h.N.*, wte, wpe, ln_f).")
     layer, rest = parts[1], ".".join(parts[2:])
-    table = {
-        "ln_1.weight": ("input_layernorm.weight", "copy"), "ln_1.bias": ("input_layernorm.bias", "copy"),
-        "ln_2.weight": ("post_attention_layernorm.weight", "copy"),
-        "ln_2.bias": ("post_attention_layernorm.bias", "copy"),
-        "attn.c_attn.weight": ("attention.linear_qkv.weight", "qkv_weight"),
-        "attn.c_attn.bias": ("attention.linear_qkv.bias", "qkv_bias"),
-        "attn.c_proj.weight": ("attention.linear_proj.weight", "transpose"),
-        "attn.c_proj.bias": ("attention.linear_proj.bias", "copy"),
-        "mlp.c_fc.weight": ("mlp.linear_fc1.weight", "transpose"), "mlp.c_fc.bias": ("mlp.linear_fc1.bias", "copy"),
-        "mlp.c_proj.weight": ("mlp.linear_fc2.weight", "transpose"),
-        "mlp.c_proj.bias": ("mlp.linear_fc2.bias", "copy"),
-    }
+    table = {hf: (local, kind) for hf, local, kind in LAYER_NAMES}
     if rest not in table:
         raise CheckpointError(f"tensor '{name}' is not a GPT-2 tensor (unknown '{rest}' in layer {layer}).")
     local, kind = table[rest]
@@ -116,32 +122,16 @@ def hf_to_local_name(name, n_layer):
 
 def local_to_hf_name(name):
     """gpt_local name -> (HF name, kind), the inverse of hf_to_local_name."""
-    fixed = {"model.embedding.word_embeddings": "transformer.wte.weight",
-             "model.embedding.position_embeddings": "transformer.wpe.weight",
-             "model.final_layernorm.weight": "transformer.ln_f.weight",
-             "model.final_layernorm.bias": "transformer.ln_f.bias"}
+    fixed = {local: ("transformer." + hf, kind) for hf, local, kind in FIXED_NAMES}
     if name in fixed:
-        return fixed[name], "copy"
+        return fixed[name]
     parts = name.split(".")
-    if parts[:2] != ["model", "layers"]:
-        raise CheckpointError(f"tensor '{name}' is not a gpt_local model tensor.")
-    layer, rest = parts[2], ".".join(parts[3:])
-    table = {
-        "input_layernorm.weight": ("ln_1.weight", "copy"), "input_layernorm.bias": ("ln_1.bias", "copy"),
-        "post_attention_layernorm.weight": ("ln_2.weight", "copy"),
-        "post_attention_layernorm.bias": ("ln_2.bias", "copy"),
-        "attention.linear_qkv.weight": ("attn.c_attn.weight", "qkv_weight"),
-        "attention.linear_qkv.bias": ("attn.c_attn.bias", "qkv_bias"),
-        "attention.linear_proj.weight": ("attn.c_proj.weight", "transpose"),
-        "attention.linear_proj.bias": ("attn.c_proj.bias", "copy"),
-        "mlp.linear_fc1.weight": ("mlp.c_fc.weight", "transpose"), "mlp.linear_fc1.bias": ("mlp.c_fc.bias", "copy"),
-        "mlp.linear_fc2.weight": ("mlp.c_proj.weight", "transpose"),
-        "mlp.linear_fc2.bias": ("mlp.c_proj.bias", "copy"),
-    }
-    if rest not in table:
+    table = {local: (hf, kind) for hf, local, kind in LAYER_NAMES}
+    rest = ".".join(parts[3:])
+    if parts[:2] != ["model", "layers"] or rest not in table:
         raise CheckpointError(f"tensor '{name}' is not a gpt_local model tensor.")
     hf, kind = table[rest]
-    return f"transformer.h.{layer}.{hf}", kind
+    return f"transformer.h.{parts[2]}.{hf}", kind
 
 
 def hf_to_local_tensor(array, kind, heads):
@@ -178,15 +168,12 @@ def expected_local_shapes(local):
     inner = local["intermediate_size"]
     shapes = {"model.embedding.word_embeddings": (v, h), "model.embedding.position_embeddings": (p, h),
               "model.final_layernorm.weight": (h,), "model.final_layernorm.bias": (h,)}
+    per_layer = {"attention.linear_qkv.weight": (3 * h, h), "attention.linear_qkv.bias": (3 * h,),
+                 "attention.linear_proj.weight": (h, h), "mlp.linear_fc1.weight": (inner, h),
+                 "mlp.linear_fc1.bias": (inner,), "mlp.linear_fc2.weight": (h, inner)}
     for i in range(local["num_hidden_layers"]):
-        prefix = f"model.layers.{i}."
-        shapes.update({prefix + "input_layernorm.weight": (h,), prefix + "input_layernorm.bias": (h,),
-                       prefix + "post_attention_layernorm.weight": (h,),
-                       prefix + "post_attention_layernorm.bias": (h,),
-                       prefix + "attention.linear_qkv.weight": (3 * h, h), prefix + "attention.linear_qkv.bias": (3 * h,),
-                       prefix + "attention.linear_proj.weight": (h, h), prefix + "attention.linear_proj.bias": (h,),
-                       prefix + "mlp.linear_fc1.weight": (inner, h), prefix + "mlp.linear_fc1.bias": (inner,),
-                       prefix + "mlp.linear_fc2.weight": (h, inner), prefix + "mlp.linear_fc2.bias": (h,)})
+        for _, name, _ in LAYER_NAMES:
+            shapes[f"model.layers.{i}.{name}"] = per_layer.get(name, (h,))
     return shapes
 
 

@@ -107,6 +107,8 @@ def main(argv=None):
     predict_cfg = load_yaml("predict_gpt_local_tiny_cpu.yaml")
     predict_cfg["output_dir"] = os.path.join(work, "predict")
     predict_cfg["pretrained_model_dir"] = model_dir
+    predict_cfg["generation_config"].update(max_new_tokens=48, do_sample=True, top_k=40, top_p=0.95,
+                                            temperature=0.8, repetition_penalty=1.1)
     predict_yaml = write_yaml(predict_cfg, os.path.join(work, "predict.yaml"))
     launch(predict_yaml, os.path.join(work, "predict.log"),
            ["--load_checkpoint", model_dir, "--predict_data", args.prompt])

@@ -3,6 +3,8 @@
 Options are MindFormers' GenerationConfig names: max_new_tokens / max_length, do_sample,
 temperature, top_k, top_p, repetition_penalty, eos_token_id, pad_token_id, use_past (cache on/off).
 """
+import time
+
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
@@ -11,6 +13,7 @@ from ..errors import ConfigError, DataError
 from .decoding import next_tokens
 from .kv_cache import CachedDecoder, prefill_inputs, run_step
 
+CACHE_BUCKET = 64
 DEFAULTS = {"max_new_tokens": None, "max_length": None, "do_sample": False, "temperature": 1.0, "top_k": 0,
             "top_p": 1.0, "repetition_penalty": 1.0, "eos_token_id": None, "pad_token_id": None,
             "use_past": True, "seed": None}
@@ -69,14 +72,25 @@ def generate_ids(model, prompts, options):
         model.set_train(was_training)
 
 
+def cache_length(needed, limit, bucket=CACHE_BUCKET):
+    """Cache rows to allocate: ``needed`` rounded up to a bucket (so nearby lengths share one compiled
+    graph), capped at max_position_embeddings."""
+    return min(limit, -(-needed // bucket) * bucket)
+
+
 def _cached(model, prompts, max_new, options, rng, pad):
     batch = len(prompts)
-    max_length = max(len(p) for p in prompts) + max_new
-    decoder = cached_decoder(model, batch, max_length)
+    needed = max(len(p) for p in prompts) + max_new
+    decoder = cached_decoder(model, batch, cache_length(needed, model.config.max_position_embeddings))
+    started = time.perf_counter()
     ids, positions, lengths = prefill_inputs(prompts, batch, pad)
     logits = run_step(decoder, ids, positions, lengths - 1)
-    return _loop(prompts, max_new, options, rng, logits,
-                 lambda tokens, cursor: run_step(decoder, tokens[:, None], cursor[:, None], np.zeros(batch)))
+    prefilled = time.perf_counter()
+    outputs = _loop(prompts, max_new, options, rng, logits,
+                    lambda tokens, cursor: run_step(decoder, tokens[:, None], cursor[:, None], np.zeros(batch)))
+    model.last_generate_timing = {"prefill_s": prefilled - started, "decode_s": time.perf_counter() - prefilled,
+                                  "new_tokens": max(len(o) for o in outputs) - max(len(p) for p in prompts)}
+    return outputs
 
 
 def _recompute(model, prompts, max_new, options, rng, pad):

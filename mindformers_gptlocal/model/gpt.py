@@ -96,6 +96,12 @@ def _place(block, stage, recompute, selective):
         block.mlp.activation.recompute()
 
 
+def _config_dict(config):
+    if config is None:
+        return {}
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
 def _as_prompts(input_ids, pad_token_id):
     """A list of token lists from a list, a batch, or a numpy/Tensor block; trailing padding removed."""
     if hasattr(input_ids, "asnumpy"):
@@ -197,7 +203,9 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         with ``return_dict_in_generate=True`` (what MindFormers' predict pipeline asks for).
         """
         from ..generation import generate_ids, resolve_options
-        base = generation_config if generation_config is not None else getattr(self, "generation_config", None)
+        base = generation_config
+        if base is None:  # the model's default: its use_past=False means MindFormers' paged cache, not ours
+            base = {k: v for k, v in _config_dict(getattr(self, "generation_config", None)).items() if k != "use_past"}
         options = resolve_options(base, seed=seed, **kwargs)
         prompts = _as_prompts(input_ids, options["pad_token_id"])
         sequences = generate_ids(self, prompts, options)
