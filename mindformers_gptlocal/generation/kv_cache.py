@@ -1,6 +1,6 @@
 """CachedDecoder: runs a GPTLocalForCausalLM with one fixed-size KV cache per layer.
 
-The caches are Parameters [batch, max_length, hidden] owned here (not by the model, so they
+The caches are head-major Parameters [batch, heads, max_length, head_dim] owned here (not by the model, so they
 never reach a checkpoint) and passed to each GPTLocalBlock, which writes the step's keys and
 values in place with ScatterNdUpdate. Prompts are right-padded to one length P; sequence b's
 token at position p is written at cache row p, so every sequence keeps its own positions and
@@ -25,7 +25,8 @@ class CachedDecoder(nn.Cell):
         self.max_length = max_length
         self.num_layers = config.num_hidden_layers
         dtype = causal_lm.compute_dtype
-        shape = (batch_size, max_length, config.hidden_size)
+        self.num_heads = config.num_attention_heads
+        shape = (batch_size, self.num_heads, max_length, config.hidden_size // self.num_heads)
         self.key_caches = ms.ParameterTuple(
             [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.key.{i}", requires_grad=False)
              for i in range(self.num_layers)])
@@ -35,7 +36,7 @@ class CachedDecoder(nn.Cell):
         self.gather_d = ops.GatherD()
 
     def construct(self, input_ids, position_ids, write_index, attention_bias, last_index):
-        """input_ids/position_ids [B, S]; write_index [B, S, 2]; attention_bias [B, 1, S, L];
+        """input_ids/position_ids [B, S]; write_index [B, N, S, 3]; attention_bias [B, 1, S, L];
         last_index [B]: which of the S positions' logits to return."""
         model = self.lm.model
         hidden = model.embedding(input_ids, position_ids)
@@ -59,10 +60,13 @@ def prefill_inputs(prompts, batch_size, pad_id):
     return ids, positions, lengths
 
 
-def write_index(positions):
-    """(batch, position) pairs [B, S, 2] for ScatterNdUpdate."""
-    batch = np.broadcast_to(np.arange(positions.shape[0], dtype=np.int32)[:, None], positions.shape)
-    return np.stack([batch, positions], axis=-1).astype(np.int32)
+def write_index(positions, num_heads):
+    """(batch, head, position) triples [B, N, S, 3] for ScatterNdUpdate into [B, N, L, D] caches."""
+    batch, seq = positions.shape
+    b = np.broadcast_to(np.arange(batch, dtype=np.int32)[:, None, None], (batch, num_heads, seq))
+    n = np.broadcast_to(np.arange(num_heads, dtype=np.int32)[None, :, None], (batch, num_heads, seq))
+    p = np.broadcast_to(positions[:, None, :], (batch, num_heads, seq))
+    return np.stack([b, n, p], axis=-1).astype(np.int32)
 
 
 def attention_bias(query_positions, max_length):
@@ -75,7 +79,7 @@ def attention_bias(query_positions, max_length):
 def run_step(decoder, ids, positions, last_index):
     """One compiled call: returns next-token logits [B, V] as numpy float32."""
     logits = decoder(Tensor(ids, ms.int32), Tensor(positions, ms.int32),
-                     Tensor(write_index(positions), ms.int32),
+                     Tensor(write_index(positions, decoder.num_heads), ms.int32),
                      Tensor(attention_bias(positions, decoder.max_length), ms.float32),
                      Tensor(np.asarray(last_index, np.int32), ms.int32))
     return logits.asnumpy()

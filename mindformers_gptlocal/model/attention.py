@@ -62,8 +62,8 @@ class ParallelAttention(nn.Cell):
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
 
-        With a KV cache (``key_cache``/``value_cache``: this layer's [B, L, H] Parameters), the new
-        keys and values are written in place at ``write_index`` [B, S, 2] = (batch, position) pairs,
+        With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
+        keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position),
         attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
         cache holds the present keys and values afterwards.
         """
@@ -84,18 +84,14 @@ class ParallelAttention(nn.Cell):
         return self.linear_proj(context)
 
     def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index):
-        """Write this step's K/V into the caches in place, then attend over every cached position."""
+        """Write this step's K/V into the head-major caches [B, N, L, D] in place, then attend over
+        every cached row; the caches are read as they are stored, with no per-step transpose."""
         batch, seq = qkv.shape[0], qkv.shape[1]
-        query = self.transpose(qkv[:, :, :, 0], (0, 2, 1, 3))  # [B, N, S, D]
-        new_key = ops.reshape(qkv[:, :, :, 1], (batch, seq, self.hidden_size))
-        new_value = ops.reshape(qkv[:, :, :, 2], (batch, seq, self.hidden_size))
+        qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
+        query, new_key, new_value = qkv[0], qkv[1], qkv[2]
         key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, new_key))
         value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, new_value))
-        length = key_cache.shape[1]
-        key = self.transpose(ops.reshape(key_cache, (batch, length, self.num_heads, self.head_dim)), (0, 2, 1, 3))
-        value = self.transpose(ops.reshape(value_cache, (batch, length, self.num_heads, self.head_dim)),
-                               (0, 2, 1, 3))
-        context = self._core_attention(query, key, value, attention_bias)
+        context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.transpose(context, (0, 2, 1, 3))
         return ops.reshape(context, (batch, seq, self.hidden_size))
 
