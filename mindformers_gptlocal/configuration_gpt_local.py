@@ -37,7 +37,7 @@ MINDFORMERS_INJECTED = {
     "monitor_config", "input_sliced_sig", "qkv_concat", "print_separate_loss", "disable_lazy_inline",
     "use_legacy", "generation_config", "return_extra_loss", "embd_pdrop", "summary_type",
     "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
-    "n_ctx", "use_cache", "scale_attn_weights",
+    "n_ctx", "use_cache",
 }
 
 
@@ -100,6 +100,7 @@ class GPTLocalConfig(PretrainedConfig):
                  max_batch_size=8,
                  scale_attn_by_inverse_layer_idx=False,
                  reorder_and_upcast_attn=False,
+                 scale_attn_weights=True,
                  ignore_token_id=-100,
                  bos_token_id=50256,
                  eos_token_id=50256,
@@ -136,6 +137,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.max_batch_size = max_batch_size
         self.scale_attn_by_inverse_layer_idx = bool(scale_attn_by_inverse_layer_idx)
         self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
+        self.scale_attn_weights = bool(scale_attn_weights)
         self.ignore_token_id = ignore_token_id
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
@@ -197,6 +199,9 @@ class GPTLocalConfig(PretrainedConfig):
         for key in ("hidden_dropout", "attention_dropout", "embedding_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"model_config.{key} must be in [0, 1), got {getattr(self, key)}.")
+        if not self.scale_attn_weights:
+            raise ConfigError("model_config.scale_attn_weights=False (no 1/sqrt(head_dim) scaling) is not "
+                              "supported; remove it or set it to True.")
         if self.reorder_and_upcast_attn:
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")

@@ -29,6 +29,7 @@ def test_seq_length_beyond_positions():
     ("hidden_act", "swish", "hidden_act 'swish' is not supported"),
     ("compute_dtype", "fp8", "compute_dtype 'fp8' is not a dtype"),
     ("reorder_and_upcast_attn", True, "reorder_and_upcast_attn=True is not supported"),
+    ("scale_attn_weights", False, "scale_attn_weights=False .* is not supported"),
 ])
 def test_wrong_values(key, value, pattern):
     with pytest.raises(ConfigError, match=pattern):
