@@ -84,6 +84,11 @@ class GPTLocalSaveModelDir(Callback):
         from .checkpoint import save_model_dir
         if get_real_rank() != 0:
             return  # data-parallel ranks hold the same weights; one writer avoids a race
+        import mindspore as ms
+        if ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel"):
+            print("[gpt_local] GPTLocalSaveModelDir skipped: under tensor/pipeline parallel each rank holds a "
+                  "slice; use the CheckpointMonitor output and MindFormers' checkpoint merge.", flush=True)
+            return
         network = run_context.original_args().train_network
         model = _find_causal_lm(network)
         out = os.path.join(get_output_root_path(), self.subdir)

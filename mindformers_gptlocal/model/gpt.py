@@ -33,10 +33,10 @@ class GPTLocalEmbedding(nn.Cell):
         params_dtype = to_mstype(config.params_dtype)
         self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                      (config.vocab_size, config.hidden_size), params_dtype),
-                                         name="word_embeddings.weight")
+                                         name="word_embeddings")
         self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                          (config.max_position_embeddings, config.hidden_size),
-                                                         params_dtype), name="position_embeddings.weight")
+                                                         params_dtype), name="position_embeddings")
         self.gather = ops.Gather()
         self.dropout = nn.Dropout(p=config.embedding_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
@@ -66,8 +66,10 @@ class GPTLocalModel(nn.Cell):
                                          to_mstype(config.params_dtype), to_mstype(config.layernorm_compute_dtype))
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
-        self.causal_bias = causal_bias(config.max_position_embeddings)
-        self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
+        if flash:  # FlashAttentionScore takes a uint8 mask, 1 = masked
+            self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
+        else:
+            self.causal_bias = causal_bias(config.max_position_embeddings)
         self.use_flash = flash
         self.stage_ids = stage_ids
 
