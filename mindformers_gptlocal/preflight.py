@@ -61,8 +61,9 @@ def dataset_files(section, key_prefix):
 
 def check_mindrecord(path, key, vocab_size, seq_length):
     if not path or not os.path.isfile(path):
+        split = "eval" if key.startswith("eval") else "train"
         raise DataError(f"{key}: {path!r} does not exist. Run `gptlocal prepare-data --out DIR` and point "
-                        f"{key} at DIR/train.mindrecord (or pass --train_dataset_dir).")
+                        f"{key} at DIR/{split}.mindrecord (or pass --{split}_dataset_dir).")
     from mindspore.mindrecord import FileReader
     try:
         reader = FileReader(path)

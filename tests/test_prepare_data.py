@@ -97,3 +97,12 @@ def test_cli_default_corpus_is_stdlib(tmp_path):
                              capture_output=True, text=True, env=source_env(), timeout=300)
     assert missing.returncode == 2 and "nope: no such file or folder" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_held_out_documents_fill_at_least_one_window():
+    from mindformers_gptlocal.data.prepare import split_documents
+    docs = [np.arange(n) for n in (5, 5, 40, 300)]
+    train, held = split_documents(docs, eval_fraction=0.05, seq_length=32)
+    assert [len(d) for d in held] == [5, 5, 40] and [len(d) for d in train] == [300]
+    train, held = split_documents([np.arange(10), np.arange(10)], eval_fraction=0.5, seq_length=32)
+    assert held == [] and len(train) == 2  # too little text: nothing held out

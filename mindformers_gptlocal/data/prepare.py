@@ -195,8 +195,7 @@ def _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab,
     docs = tokenize_documents(tokenizer, iter_documents(files, jsonl_key), _count_documents(files))
     if not docs:
         raise DataError("the input holds no documents (every file is empty).")
-    n_eval = max(1, int(len(docs) * eval_fraction)) if len(docs) > 1 and eval_fraction > 0 else 0
-    train_docs, eval_docs = docs[n_eval:], docs[:n_eval]
+    train_docs, eval_docs = split_documents(docs, eval_fraction, seq_length)
     train = pack_samples(train_docs, seq_length)
     write_mindrecord(os.path.join(staging, "train.mindrecord"), train)
     summary = {"files": len(files), "documents": len(docs), "tokens": int(sum(len(d) for d in docs)),
@@ -206,18 +205,29 @@ def _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab,
                "megatron_prefix": os.path.join(staging, "megatron", "train_text_document"),
                "model_dir": os.path.join(staging, "model")}
     if eval_docs:
-        try:
-            evals = pack_samples(eval_docs, seq_length)
-            write_mindrecord(os.path.join(staging, "eval.mindrecord"), evals)
-            summary["eval_samples"] = int(len(evals))
-            summary["eval_mindrecord"] = os.path.join(staging, "eval.mindrecord")
-        except DataError:
-            pass  # too little held-out text for one window; eval falls back to the train file
+        evals = pack_samples(eval_docs, seq_length)
+        write_mindrecord(os.path.join(staging, "eval.mindrecord"), evals)
+        summary["eval_samples"] = int(len(evals))
+        summary["eval_mindrecord"] = os.path.join(staging, "eval.mindrecord")
     os.makedirs(os.path.join(staging, "megatron"))
     write_megatron(summary["megatron_prefix"], train_docs)
     save_model_dir(os.path.join(staging, "model"), tokenizer, seq_length, model_config)
     summary["seconds"] = round(time.time() - started, 1)
     return summary
+
+
+def split_documents(docs, eval_fraction, seq_length):
+    """Hold out the first documents for eval: at least ``eval_fraction`` of them, and enough for one
+    window of seq_length + 1 tokens, as long as the rest still fill a training window."""
+    if eval_fraction <= 0 or len(docs) < 2:
+        return docs, []
+    n_eval = max(1, int(len(docs) * eval_fraction))
+    while sum(len(d) for d in docs[:n_eval]) <= seq_length and n_eval < len(docs) - 1:
+        n_eval += 1
+    held, rest = docs[:n_eval], docs[n_eval:]
+    if sum(len(d) for d in held) <= seq_length or sum(len(d) for d in rest) <= seq_length:
+        return docs, []  # too little text to hold any out; eval falls back to the train file
+    return rest, held
 
 
 def _count_documents(files):
