@@ -15,6 +15,7 @@ PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8, 1], [300, 301, 302, 303, 304, 305, 306
 @pytest.fixture(scope="module")
 def model():
     ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)  # fixed weights: exact-equality checks stay away from chance argmax ties
     yield GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
