@@ -24,7 +24,7 @@ GPT2_ALIASES = {
     "n_embd": "hidden_size", "n_inner": "intermediate_size", "ffn_hidden_size": "intermediate_size",
     "n_positions": "max_position_embeddings", "layer_norm_epsilon": "layernorm_epsilon",
     "activation_function": "hidden_act", "resid_pdrop": "hidden_dropout", "attn_pdrop": "attention_dropout",
-    "param_init_type": "params_dtype",
+    "embd_pdrop": "embedding_dropout", "param_init_type": "params_dtype",
 }
 
 # Keys that MindFormers itself puts into model_config while building a model
@@ -35,7 +35,7 @@ MINDFORMERS_INJECTED = {
     "pretrained_model_dir", "checkpoint_name_or_path", "type", "auto_register", "use_past",
     "is_dynamic", "block_size", "num_blocks", "pet_config", "quantization_config", "quantization",
     "monitor_config", "input_sliced_sig", "qkv_concat", "print_separate_loss", "disable_lazy_inline",
-    "use_legacy", "generation_config", "return_extra_loss", "embd_pdrop", "summary_type",
+    "use_legacy", "generation_config", "return_extra_loss", "summary_type",
     "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
     "n_ctx", "use_cache",
 }
@@ -110,7 +110,6 @@ class GPTLocalConfig(PretrainedConfig):
         if parallel_config is not None:
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
                 else parallel_config
-        embd_pdrop = kwargs.pop("embd_pdrop", None)
         _reject_unknown(kwargs)
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
@@ -126,7 +125,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.hidden_dropout = float(hidden_dropout)
         self.attention_dropout = float(attention_dropout)
         if embedding_dropout is None:
-            embedding_dropout = hidden_dropout if embd_pdrop is None else embd_pdrop
+            embedding_dropout = hidden_dropout
         self.embedding_dropout = float(embedding_dropout)
         self.initializer_range = float(initializer_range)
         self.params_dtype = params_dtype
@@ -205,19 +204,6 @@ class GPTLocalConfig(PretrainedConfig):
         if self.reorder_and_upcast_attn:
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
-
-    def to_gpt2_dict(self):
-        """The Hugging Face GPT2Config fields this config corresponds to."""
-        return {
-            "vocab_size": self.vocab_size, "n_embd": self.hidden_size, "n_layer": self.num_hidden_layers,
-            "n_head": self.num_attention_heads, "n_inner": self.intermediate_size,
-            "n_positions": self.max_position_embeddings, "layer_norm_epsilon": self.layernorm_epsilon,
-            "activation_function": self.hidden_act, "resid_pdrop": self.hidden_dropout,
-            "attn_pdrop": self.attention_dropout, "embd_pdrop": self.embedding_dropout,
-            "initializer_range": self.initializer_range, "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
-        }
 
 
 _KNOWN = None

@@ -15,6 +15,7 @@ import struct
 import numpy as np
 
 from .errors import CheckpointError
+from .staging import write_folder
 
 GPT2_TYPES = ("gpt2",)
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -309,29 +310,6 @@ def write_safetensors_streamed(path, plan, metadata=None):
 
 
 # ---------------------------------------------------------------------------------------------
-def _staged(out, build):
-    """Run build(staging_dir), then move staging into ``out``; on any failure remove staging."""
-    out = os.path.abspath(out)
-    if os.path.exists(out) and os.listdir(out):
-        raise CheckpointError(f"--out {out} already holds files; choose an empty or new folder.")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-        raise CheckpointError(f"--out {out}: cannot write in {parent}.")
-    staging = f"{out}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    try:
-        result = build(staging)
-        if os.path.exists(out):
-            os.rmdir(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return result
-
-
 def _read_json(path, what):
     if not os.path.isfile(path):
         raise CheckpointError(f"{path} does not exist; {what} needs it.")
@@ -376,7 +354,7 @@ def hf_to_ms(hf_dir, out, allow_pickle=False):
             json.dump(local, handle, indent=2)
         _copy_tokenizer(hf_dir, staging, local["max_position_embeddings"])
         return {"tensors": len(plan), "config": local}
-    return _staged(out, build)
+    return write_folder(out, build, CheckpointError)
 
 
 def _check_tied_head(source, hf_dir):
@@ -439,4 +417,4 @@ def ms_to_hf(ms_dir, out):
             json.dump(local_to_gpt2_config(local), handle, indent=2)
         _copy_tokenizer(ms_dir, staging, local["max_position_embeddings"])
         return {"tensors": len(plan)}
-    return _staged(out, build)
+    return write_folder(out, build, CheckpointError)

@@ -31,10 +31,6 @@ def load_yaml(name):
     return yaml_io.load_yaml(config_path(name))
 
 
-def write_yaml(config, path):
-    return yaml_io.dump_yaml(config, path)
-
-
 def launch(yaml_path, log_path, extra=()):
     """``gptlocal run --config yaml`` in a subprocess; our lines go to the console, everything to log_path."""
     command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path, *extra]
@@ -85,13 +81,13 @@ def main(argv=None):
     for callback in train_cfg["callbacks"]:
         if callback["type"] == "GPTLocalSaveModelDir":
             callback["tokenizer_dir"] = summary["model_dir"]
-    train_yaml = write_yaml(train_cfg, os.path.join(work, "train.yaml"))
+    train_yaml = yaml_io.dump_yaml(train_cfg, os.path.join(work, "train.yaml"))
 
     eval_cfg = load_yaml("eval_gpt_local_tiny_cpu.yaml")
     eval_cfg["output_dir"] = os.path.join(work, "eval")
     eval_cfg["eval_dataset"]["data_loader"]["dataset_dir"] = eval_file
     eval_cfg["eval_dataset_task"]["dataset_config"] = eval_cfg["eval_dataset"]
-    eval_yaml = write_yaml(eval_cfg, os.path.join(work, "eval.yaml"))
+    eval_yaml = yaml_io.dump_yaml(eval_cfg, os.path.join(work, "eval.yaml"))
 
     print("== 2/5 eval perplexity before training (random init)", flush=True)
     before = perplexity(launch(eval_yaml, os.path.join(work, "eval_before.log")))
@@ -109,7 +105,7 @@ def main(argv=None):
     predict_cfg["pretrained_model_dir"] = model_dir
     predict_cfg["generation_config"].update(max_new_tokens=48, do_sample=True, top_k=40, top_p=0.95,
                                             temperature=0.8, repetition_penalty=1.1)
-    predict_yaml = write_yaml(predict_cfg, os.path.join(work, "predict.yaml"))
+    predict_yaml = yaml_io.dump_yaml(predict_cfg, os.path.join(work, "predict.yaml"))
     launch(predict_yaml, os.path.join(work, "predict.log"),
            ["--load_checkpoint", model_dir, "--predict_data", args.prompt])
     sample = _read_sample(os.path.join(work, "predict.log"))

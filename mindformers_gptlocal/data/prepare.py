@@ -6,7 +6,6 @@ end, so a failed or interrupted run leaves no half-written output behind.
 import glob
 import json
 import os
-import shutil
 import sys
 import sysconfig
 import time
@@ -14,6 +13,7 @@ import time
 import numpy as np
 
 from ..errors import DataError
+from ..staging import write_folder
 from .tokenizer import EOD_TOKEN, build_tokenizer, save_model_dir
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".jsonl", ".json")
@@ -164,24 +164,11 @@ def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_
     Returns a summary dict (also written to ``<out>/meta.json``).
     """
     out = os.path.abspath(out)
-    if os.path.exists(out) and os.listdir(out) and not overwrite:
-        raise DataError(f"--out {out} already holds files; pass --overwrite to replace it or choose another "
-                        f"folder.")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-        raise DataError(f"--out {out}: cannot write in {parent}; choose a writable folder.")
     files = stdlib_sources(max_bytes) if not inputs else _limit(collect_files(inputs), max_bytes)
     staging = f"{out}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    try:
-        summary = _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab, merges,
-                                jsonl_key, eval_fraction, model_config)
-        _replace_dir(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    summary = write_folder(out, lambda folder: _prepare_into(folder, files, seq_length, vocab_size, tokenizer_path,
+                                                             vocab, merges, jsonl_key, eval_fraction, model_config),
+                           DataError, overwrite=overwrite, overwrite_flag="--overwrite")
     summary = _absolute_paths(summary, staging, out)
     with open(os.path.join(out, "meta.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
@@ -231,18 +218,15 @@ def split_documents(docs, eval_fraction, seq_length):
 
 
 def _count_documents(files):
-    return sum(1 for _ in files)
-
-
-def _replace_dir(staging, out):
-    """Move staging into out; an old out is kept until the new one is in place."""
-    backup = None
-    if os.path.exists(out):
-        backup = f"{out}.old-{os.getpid()}"
-        os.replace(out, backup)
-    os.replace(staging, out)
-    if backup:
-        shutil.rmtree(backup, ignore_errors=True)
+    """How many documents iter_documents will yield (a JSONL file holds one per non-empty line)."""
+    count = 0
+    for path in files:
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                count += sum(1 for line in handle if line.strip())
+        else:
+            count += 1
+    return count
 
 
 def _absolute_paths(summary, staging, out):
