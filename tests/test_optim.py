@@ -4,7 +4,10 @@ import mindspore as ms
 from mindspore import nn, Tensor, Parameter
 
 from mindformers.core.optim import AdamW
+from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.optim import GPTLocalAdamW
+
+from conftest import run_launcher, step_losses, tiny_yaml
 
 
 class TwoParams(nn.Cell):
@@ -42,3 +45,23 @@ def test_fused_adamw_follows_mindformers_adamw_step_by_step():
     for a, b in zip(fused.exp_avg_sq, plain.exp_avg_sq):
         assert a.name == b.name  # same state names: checkpoints carry over
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-12)
+
+
+def test_training_loss_curve_unchanged_through_the_trainer(corpus, tmp_path):
+    """20 steps through MindFormers' trainer: the fused optimizer gives the plain AdamW's losses."""
+    curves = {}
+    for optimizer in ("AdamW", "GPTLocalAdamW"):
+        run_dir = tmp_path / optimizer
+        run_dir.mkdir()
+        path = tiny_yaml(run_dir, corpus=corpus, train_dataset__data_loader__num_samples=80,
+                         lr_schedule__learning_rate=3e-3, optimizer__type=optimizer)
+        config = yaml_io.load_yaml(path)
+        config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
+        yaml_io.dump_yaml(config, path)
+        code, out = run_launcher(["--config", path], cwd=str(run_dir))
+        assert code == 0, out[-3000:]
+        curves[optimizer] = np.array(step_losses(out))
+    plain, fused = curves["AdamW"], curves["GPTLocalAdamW"]
+    assert len(plain) == 20 and plain[-1] < plain[0] - 0.5
+    print("max relative loss difference over 20 steps:", float(np.max(np.abs(fused / plain - 1))))
+    np.testing.assert_allclose(fused, plain, rtol=1e-4, atol=0)
