@@ -126,6 +126,7 @@ def test_block_parts_reassemble_to_the_unsharded_block(mp):
     out, dx, grads = value_and_grads(shell, ParameterTuple([p for _, _, p in used]), x, probe, bias)
 
     errors = {"output": np.abs(out - ref_out).max(), "input grad": np.abs(dx - ref_dx).max()}
+    relative = {}
     np.testing.assert_allclose(out, ref_out, atol=RTOL * np.abs(ref_out).max())
     np.testing.assert_allclose(dx, ref_dx, atol=RTOL * np.abs(ref_dx).max())
     for name, ref in zip(names, ref_grads):
@@ -135,10 +136,12 @@ def test_block_parts_reassemble_to_the_unsharded_block(mp):
         np.testing.assert_allclose(merged, ref, atol=RTOL * np.abs(ref).max(), err_msg=name)
         assert np.abs(ref).max() > 1e-4, f"{name} has no gradient to compare"
         errors[name] = np.abs(merged - ref).max()
+        relative[name] = errors[name] / np.abs(ref).max()
     worst = max(errors, key=errors.get)
     print(f"\nmodel_parallel={mp}: max abs error {errors[worst]:.2e} ({worst}); output "
           f"{errors['output']:.2e} (values up to {np.abs(ref_out).max():.1f}), input grad {errors['input grad']:.2e}, "
-          f"over {len(names)} parameter gradients")
+          f"over {len(names)} parameter gradients; worst relative to the gradient's largest entry "
+          f"{max(relative.values()):.2e}")
 
 
 class VocabParallelLM(nn.Cell):
