@@ -9,7 +9,7 @@
   names ops or Cells by dotted path inside a block (each segment a regex, as MindFormers'
   ``LayerSetting``), e.g. ``["attention.softmax", "mlp.activation"]``; a dict maps a path to
   True or to per-stage layer counts like ``recompute``.
-- ``select_comm_recompute``: same forms; marks primitives with ``recompute_comm_op`` so the
+- ``select_comm_recompute``: same forms (on layers not fully recomputed); marks primitives with ``recompute_comm_op`` so the
   communication MindSpore inserts next to them (the sequence-parallel all-gather before each
   LayerNorm by default) is recomputed instead of kept.
 - ``select_recompute_exclude`` / ``select_comm_recompute_exclude`` are not supported (refused).
@@ -55,9 +55,14 @@ def _patterns_per_layer(value, defaults, stage_ids, key):
                       f"['attention.softmax']) or a dict of path -> True/per-stage counts, got {value!r}.")
 
 
-def _matches(cell, pattern):
-    """(name, object) pairs at a dotted regex path inside ``cell``: child Cells and Primitives."""
-    first, _, rest = pattern.partition(".")
+def _segments(pattern):
+    """MindFormers' form ``mlp\\.activation`` (regex segments joined by an escaped dot) or a plain ``mlp.activation``."""
+    return pattern.split(r"\.") if r"\." in pattern else pattern.split(".")
+
+
+def _matches(cell, segments):
+    """(name, object) pairs at a path of regex segments inside ``cell``: child Cells and Primitives."""
+    first, rest = segments[0], segments[1:]
     found = []
     children = dict(cell.name_cells())
     if rest:
@@ -75,7 +80,7 @@ def _matches(cell, pattern):
 
 
 def _select(block, pattern, comm, key):
-    hits = _matches(block, pattern)
+    hits = _matches(block, _segments(pattern))
     if not hits:
         raise ConfigError(f"recompute_config.{key} names '{pattern}', which matches nothing in a GPTLocalBlock; "
                           f"use dotted paths such as {', '.join(DEFAULT_SELECT + DEFAULT_COMM)}.")
@@ -109,12 +114,12 @@ class RecomputePlan:
 
     def apply(self, block, index):
         """Set layer ``index``'s recompute on ``block``; returns 'full', 'selective' or 'none'."""
+        if self.full[index]:  # as MindFormers' LayerSetting: select options apply only to other layers
+            block.recompute(**self.cell_keywords)
+            return "full"
         for pattern, layers in self.comm:
             if layers[index]:
                 _select(block, pattern, True, "select_comm_recompute")
-        if self.full[index]:
-            block.recompute(**self.cell_keywords)
-            return "full"
         chosen = [pattern for pattern, layers in self.select if layers[index]]
         for pattern in chosen:
             _select(block, pattern, False, "select_recompute")
