@@ -1,4 +1,5 @@
-"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), run (the run_mindformer.py drop-in), quickstart."""
+"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
+run (the run_mindformer.py drop-in), quickstart."""
 import argparse
 import json
 import sys
@@ -50,6 +51,31 @@ def _convert(argv):
     return 0
 
 
+def _ckpt(argv):
+    parser = argparse.ArgumentParser(prog="gptlocal ckpt",
+                                     description="Split a full gpt_local checkpoint into per-rank shards for a "
+                                                 "(data, model, pipeline) parallel strategy, or merge them back.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    split = sub.add_parser("split", help="full .safetensors -> DIR/rank_*/ + DIR/strategy.json")
+    split.add_argument("--ckpt", required=True, help="full gpt_local .safetensors (e.g. output/model/model.safetensors)")
+    split.add_argument("--config", required=True, help="run YAML: model.model_config + parallel_config")
+    split.add_argument("--out", required=True, help="new folder for the rank shards")
+    split.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    merge = sub.add_parser("merge", help="DIR/rank_*/ -> one full .safetensors")
+    merge.add_argument("--dir", required=True, help="a folder written by `gptlocal ckpt split`")
+    merge.add_argument("--out", required=True, help="the full .safetensors file to write")
+    args = parser.parse_args(argv)
+    from . import dist_checkpoint
+    if args.action == "split":
+        config = dist_checkpoint.config_from_yaml(args.config)
+        summary = dist_checkpoint.split_checkpoint(args.ckpt, config, args.out, overwrite=args.overwrite)
+        print(f"wrote {summary['tensors']} tensors as {summary['ranks']} rank shards to {summary['out']}")
+    else:
+        summary = dist_checkpoint.merge_checkpoint(args.dir, args.out)
+        print(f"merged {summary['ranks']} rank shards into {summary['tensors']} tensors: {summary['out']}")
+    return 0
+
+
 def _run(argv):
     from .launcher import main as launch
     return launch(argv)
@@ -60,7 +86,7 @@ def _quickstart(argv):
     return quickstart(argv)
 
 
-COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "run": _run, "quickstart": _quickstart}
+COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "ckpt": _ckpt, "run": _run, "quickstart": _quickstart}
 
 
 def main(argv=None):

@@ -1,4 +1,5 @@
-"""Run gpt_local's pre-flight checks inside MindFormers' own ``run_mindformer.py`` too.
+"""Run gpt_local's pre-flight checks inside MindFormers' own ``run_mindformer.py`` too, and keep a
+gpt_local runner_wrapper when MindFormers' trainer swaps wrappers for pipeline parallel.
 
 ``run_mindformer.py`` calls ``build_context(config)`` before it builds anything.
 At registration we wrap that function (no MindFormers file is edited) so a
@@ -22,6 +23,27 @@ def _with_preflight(build_context):
     return wrapper
 
 
+GPTLOCAL_WRAPPERS = ("GPTLocalTrainOneStepCell", "GPTLocalPipelineWithLossScaleCell")
+
+
+def _keeping_gptlocal_wrapper(reset):
+    """MindFormers' trainer replaces any runner_wrapper with MFPipelineWithLossScaleCell under pipeline
+    parallel or gradient accumulation (base_trainer ``_reset_wrapper_for_pipeline_parallel`` /
+    ``_reset_wrapper_for_grad_accu``). Ours is that class with a backend-neutral overflow check, so a
+    YAML that chose a gpt_local wrapper gets GPTLocalPipelineWithLossScaleCell instead (same
+    micro_batch_num and calculate_per_token_loss the trainer sets); other wrappers are untouched."""
+    @functools.wraps(reset)
+    def wrapper(self, *args, **kwargs):
+        wrapper_config = getattr(self.config, "runner_wrapper", None)
+        chosen = getattr(wrapper_config, "type", None) if wrapper_config is not None else None
+        result = reset(self, *args, **kwargs)
+        if chosen in GPTLOCAL_WRAPPERS:
+            self.config.runner_wrapper.type = "GPTLocalPipelineWithLossScaleCell"
+        return result
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
 def install():
     import mindformers
     import mindformers.core
@@ -33,6 +55,11 @@ def install():
     for module in (mindformers, mindformers.core, mindformers.core.context):
         if getattr(module, "build_context", None) is original:
             module.build_context = wrapped
+    from mindformers.trainer.base_trainer import BaseTrainer
+    for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
+        reset = getattr(BaseTrainer, name, None)
+        if reset is not None and not getattr(reset, "gptlocal_wrapped", False):
+            setattr(BaseTrainer, name, _keeping_gptlocal_wrapper(reset))
 
 
 def register_auto_classes():

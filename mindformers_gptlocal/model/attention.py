@@ -10,6 +10,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
+from ..errors import ConfigError
 from .layers import Linear, residual_init_std, to_mstype
 
 MASK_VALUE = -1.0e9
@@ -27,27 +28,37 @@ class ParallelAttention(nn.Cell):
     ``layer_number`` counts from 1; it matters only for GPT-2's optional
     ``scale_attn_by_inverse_layer_idx``. ``use_flash_attention`` selects Ascend's
     fused kernel; it is decided at build time, never inside ``construct``.
+    ``tp_size`` > 1 builds one tensor-parallel rank's part, Megatron-style: heads / tp_size
+    local heads, and ``linear_proj`` returns its partial sum without the bias (the bias is
+    added after the all-reduce). Used by the CPU proofs; a parallel build keeps tp_size 1
+    and lets the ``shard`` strategies (``sharding.py``) split the full Cell.
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False):
+    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1):
         super().__init__()
+        if config.num_attention_heads % tp_size:
+            raise ConfigError(f"model_config.num_attention_heads ({config.num_attention_heads}) is not divisible "
+                              f"by parallel_config.model_parallel ({tp_size}); choose a model_parallel that "
+                              f"divides the head count.")
         params_dtype = to_mstype(config.params_dtype)
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
-        self.num_heads = config.num_attention_heads
+        self.num_heads = config.num_attention_heads // tp_size
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.hidden_size = config.hidden_size
+        self.hidden_size = self.num_heads * self.head_dim  # this rank's width of the context
         scale = 1.0 / math.sqrt(self.head_dim)
         if config.scale_attn_by_inverse_layer_idx:
             scale /= float(layer_number)
         self.scale = scale
-        self.linear_qkv = Linear(config.hidden_size, 3 * config.hidden_size, config.initializer_range,
+        self.linear_qkv = Linear(config.hidden_size, 3 * self.hidden_size, config.initializer_range,
                                  params_dtype, self.compute_dtype)
-        self.linear_proj = Linear(config.hidden_size, config.hidden_size, residual_init_std(config),
-                                  params_dtype, self.compute_dtype)
+        self.linear_proj = Linear(self.hidden_size, config.hidden_size, residual_init_std(config),
+                                  params_dtype, self.compute_dtype, skip_bias_add=tp_size > 1)
         self.attention_dropout = nn.Dropout(p=config.attention_dropout)
         self.use_flash_attention = use_flash_attention
-        self.transpose = ops.Transpose()
+        self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
+        self.merge_heads = ops.Transpose()  # context [B, N, S, D] -> [B, S, N, D]
+        self.scale_mul = ops.Mul()
         self.qk_matmul = ops.BatchMatMul(transpose_b=True)
         self.pv_matmul = ops.BatchMatMul()
         self.softmax = ops.Softmax(axis=-1)
@@ -79,7 +90,7 @@ class ParallelAttention(nn.Cell):
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
         else:
             context = self._core_attention(query, key, value, attention_bias)
-        context = self.transpose(context, (0, 2, 1, 3))
+        context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
         return self.linear_proj(context)
 
@@ -92,12 +103,12 @@ class ParallelAttention(nn.Cell):
         key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, new_key))
         value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, new_value))
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
-        context = self.transpose(context, (0, 2, 1, 3))
+        context = self.merge_heads(context, (0, 2, 1, 3))
         return ops.reshape(context, (batch, seq, self.hidden_size))
 
     def _core_attention(self, query, key, value, attention_bias):
         scores = self.qk_matmul(query, key)
-        scores = self.cast(scores, self.softmax_dtype) * self.scale
+        scores = self.scale_mul(self.cast(scores, self.softmax_dtype), self.scale)
         scores = self.add_mask(scores, self.cast(attention_bias, self.softmax_dtype))
         probs = self.softmax(scores)
         probs = self.attention_dropout(self.cast(probs, self.compute_dtype))

@@ -12,18 +12,23 @@ from .layers import LayerNorm, to_mstype
 
 
 class GPTLocalBlock(nn.Cell):
-    """A pre-LayerNorm GPT-2 decoder layer. ``layer_number`` counts from 1."""
+    """A pre-LayerNorm GPT-2 decoder layer. ``layer_number`` counts from 1.
 
-    def __init__(self, config, layer_number, use_flash_attention=False):
+    ``tp_size`` > 1 makes ``attention`` and ``mlp`` one tensor-parallel rank's parts (local heads
+    and intermediate columns); such a block is not run whole: ``construct`` needs the all-reduce
+    after each part, which the CPU proofs apply between the parts (tests/test_tensor_parallel.py).
+    """
+
+    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1):
         super().__init__()
         params_dtype = to_mstype(config.params_dtype)
         ln_dtype = to_mstype(config.layernorm_compute_dtype)
         self.layer_number = layer_number
         self.input_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, params_dtype, ln_dtype)
-        self.attention = ParallelAttention(config, layer_number, use_flash_attention)
+        self.attention = ParallelAttention(config, layer_number, use_flash_attention, tp_size)
         self.post_attention_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, params_dtype,
                                                   ln_dtype)
-        self.mlp = ParallelFeedForward(config)
+        self.mlp = ParallelFeedForward(config, tp_size)
         self.hidden_dropout = nn.Dropout(p=config.hidden_dropout)
         self.add = ops.Add()
 

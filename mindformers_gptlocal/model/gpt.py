@@ -18,6 +18,8 @@ from .attention import causal_bias
 from .block import GPTLocalBlock
 from .layers import LayerNorm, to_mstype
 from .placement import placement_from_config
+from .recompute import RecomputePlan
+from .sharding import apply_sharding, is_parallel_build
 
 
 def use_flash_attention(config):
@@ -38,28 +40,40 @@ class GPTLocalEmbedding(nn.Cell):
                                                          (config.max_position_embeddings, config.hidden_size),
                                                          params_dtype), name="position_embeddings")
         self.gather = ops.Gather()
+        self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
         self.dropout = nn.Dropout(p=config.embedding_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
 
     def construct(self, input_ids, position_ids):
         words = self.gather(self.word_embeddings, input_ids, 0)
-        positions = self.gather(self.position_embeddings, position_ids, 0)
+        positions = self.position_gather(self.position_embeddings, position_ids, 0)
         return self.dropout(ops.cast(words + positions, self.compute_dtype))
 
 
 class GPTLocalModel(nn.Cell):
-    """The decoder stack. Each layer is a GPTLocalBlock whose stage and recompute are set here, once."""
+    """The decoder stack. Each layer is a GPTLocalBlock whose stage and recompute are set here, once.
+
+    Placement: the embedding on stage 0, each block on its stage (placement.py), the final norm
+    (and, in GPTLocalForCausalLM, the head) on the last. The token embedding is used on stage 0
+    (lookup) and on the last stage (tied head); no copy is made here. MindSpore's pipeline pass
+    (PipelineTransformer::HandleSharedParameter) makes the lowest stage that reads a shared
+    Parameter its owner: the owner Sends its slice of the table to the later stage, which Receives
+    it in place of its own copy; the backward of that Receive sends the head's gradient back and
+    the owner adds it to the lookup's gradient, so only stage 0's table is updated.
+    """
 
     def __init__(self, config):
         super().__init__()
         self.config = config
-        stage_ids, full_recompute, selective = placement_from_config(config)
+        stage_ids, _, _ = placement_from_config(config)
+        recompute = RecomputePlan(config, stage_ids)
         flash = use_flash_attention(config)
         self.embedding = GPTLocalEmbedding(config)
         blocks = []
         for index in range(config.num_hidden_layers):
             block = GPTLocalBlock(config, index + 1, flash)
-            _place(block, stage_ids[index], full_recompute[index], selective)
+            block.pipeline_stage = stage_ids[index]
+            block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)
         self.layers = nn.CellList(blocks)
         self.final_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon,
@@ -84,18 +98,6 @@ class GPTLocalModel(nn.Cell):
         for layer in self.layers:
             hidden = layer(hidden, attention_bias)
         return self.final_layernorm(hidden)
-
-
-def _place(block, stage, recompute, selective):
-    """Bind a block to its pipeline stage and recompute choice, once, at build time."""
-    block.pipeline_stage = stage
-    block.recompute_mode = "full" if recompute else ("selective" if selective else "none")
-    if recompute:
-        block.recompute()
-    elif selective:
-        block.attention.softmax.recompute()
-        block.attention.attention_dropout.recompute()
-        block.mlp.activation.recompute()
 
 
 def _config_dict(config):
@@ -155,6 +157,7 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
+        self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
 
     # --- MindFormers mcore interface -------------------------------------------------------------
     def get_gpt_transformer_config(self):

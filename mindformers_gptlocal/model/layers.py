@@ -22,9 +22,12 @@ class Linear(nn.Cell):
     """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
+    ``skip_bias_add`` is for one rank's part of a row-parallel Linear (see ``sharding.py``):
+    the bias belongs after the sum over ranks, so the part returns the bare matmul.
     """
 
-    def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True):
+    def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
+                 skip_bias_add=False):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
@@ -34,6 +37,7 @@ class Linear(nn.Cell):
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
             self.bias_add = ops.Add()
+        self.skip_bias_add = skip_bias_add
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
@@ -42,7 +46,7 @@ class Linear(nn.Cell):
         shape = x.shape
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, shape[-1]))
         y = self.matmul(x, self.cast(self.weight, self.compute_dtype))
-        if self.has_bias:
+        if self.has_bias and not self.skip_bias_add:
             y = self.bias_add(y, self.cast(self.bias, self.compute_dtype))
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
@@ -66,18 +70,25 @@ class LayerNorm(nn.Cell):
 
 
 class Activation(nn.Cell):
-    """GPT-2's activations by their Hugging Face names."""
+    """GPT-2's activations by their Hugging Face names.
+
+    The tanh GeLU is held as the GeLU primitive (what ``ops.gelu(approximate='tanh')`` calls)
+    so that it can carry a shard strategy; the exact erf form stays functional.
+    """
 
     def __init__(self, name):
         super().__init__()
         self.approximate = "none" if name == "gelu" else "tanh"
         self.is_relu = name == "relu"
         self.relu = ops.ReLU()
+        self.gelu = ops.GeLU()
 
     def construct(self, x):
         if self.is_relu:
             return self.relu(x)
-        return ops.gelu(x, approximate=self.approximate)
+        if self.approximate == "tanh":
+            return self.gelu(x)
+        return ops.gelu(x, approximate="none")
 
 
 def residual_init_std(config):

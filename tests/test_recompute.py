@@ -1,0 +1,44 @@
+"""recompute_config -> what each block recomputes, set once at build time (MindFormers 1.8.0 key names)."""
+import pytest
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.errors import ConfigError
+from conftest import TINY
+
+
+def build(**recompute):
+    config = GPTLocalConfig(**dict(TINY, num_hidden_layers=4),
+                            parallel_config={"pipeline_stage": 2, "recompute": recompute})
+    return GPTLocalForCausalLM(config).model.layers
+
+
+def test_select_recompute_list_and_comm_recompute():
+    layers = build(recompute=[1, 0], select_recompute=["attention.softmax", r"mlp\.activation"],
+                   select_comm_recompute=True, mp_comm_recompute=False)
+    assert [b.recompute_mode for b in layers] == ["full", "selective", "selective", "selective"]
+    assert layers[0]._has_config_recompute and not layers[1]._has_config_recompute
+    assert layers[1].attention.softmax.attrs.get("recompute") is True
+    assert layers[1].mlp.activation._has_config_recompute
+    assert layers[1].attention.attention_dropout._has_config_recompute is False  # not listed
+    for block in layers[1:]:  # comm recompute marks the LayerNorm primitives of the layers not fully recomputed
+        assert block.input_layernorm.layer_norm.attrs.get("recompute_comm_op") is True
+        assert block.post_attention_layernorm.layer_norm.attrs.get("recompute_comm_op") is True
+    # the fully recomputed layer got mp_comm_recompute=False through Cell.recompute
+    assert layers[0].input_layernorm.layer_norm.attrs.get("recompute_comm_op") is False
+
+
+def test_select_recompute_true_and_per_stage_dict():
+    layers = build(select_recompute=True)
+    assert [b.recompute_mode for b in layers] == ["selective"] * 4
+    assert layers[0].attention.attention_dropout._has_config_recompute
+    layers = build(select_recompute={"attention.softmax": [1, 0]})  # first layer of stage 0 only
+    assert [b.recompute_mode for b in layers] == ["selective", "none", "none", "none"]
+
+
+def test_bad_recompute_settings_are_refused_by_name():
+    with pytest.raises(ConfigError, match="attention.softmaxx"):
+        build(select_recompute=["attention.softmaxx"])
+    with pytest.raises(ConfigError, match="select_recompute_exclude"):
+        build(select_recompute_exclude=["attention.softmax"])
+    with pytest.raises(ConfigError, match="is a Cell"):
+        build(select_comm_recompute=["mlp.activation"])

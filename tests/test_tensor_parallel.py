@@ -1,0 +1,244 @@
+"""Tensor parallel, proved on CPU without a parallel compile (which CPU refuses).
+
+For model_parallel 2 and 4: every weight of a real GPTLocalBlock is sliced per rank by the declared
+strategy (model/sharding.py), loaded into that rank's real Cells (GPTLocalBlock with tp_size: local
+heads and intermediate columns), and the ranks are joined by the collectives the layout implies:
+the row-parallel partial outputs are summed (all-reduce) and then get their bias; the replicated
+input of a column-parallel part receives the sum of the parts' input gradients (the all-reduce in
+the backward, done by autodiff on the shared input); column-parallel outputs and gradients are
+concatenated (all-gather). Output and every gradient must equal the unsharded block's.
+"""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.model import GPTLocalBlock
+from mindformers_gptlocal.model.attention import causal_bias
+from mindformers_gptlocal.model.sharding import (block_rules, model_rules, param_layouts, rank_slice, merge_slices,
+                                                 split_axis, apply_sharding, concrete, resolve)
+
+SEQ, BATCH = 8, 2
+SMALL = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
+             max_position_embeddings=16, seq_length=16, hidden_dropout=0.0, attention_dropout=0.0,
+             bos_token_id=0, eos_token_id=0, pad_token_id=0)
+ATOL = 2e-5  # absolute, for values of order 1
+RTOL = 1e-5  # fp32 sums over a few hundred terms; gradients are compared relative to their largest entry
+
+
+@pytest.fixture(autouse=True, scope="module")
+def pynative():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def randomised(cell, seed):
+    """Random values in every parameter (LayerNorm ones and zero biases would hide layout mistakes)."""
+    rng = np.random.default_rng(seed)
+    for _, param in cell.parameters_and_names():
+        param.set_data(Tensor(rng.normal(0, 0.3, param.shape).astype(np.float32)))
+    return cell
+
+
+def params_by_path(cell):
+    return dict(cell.parameters_and_names())
+
+
+class AllReduceParts(nn.Cell):
+    """Stands in for a row-parallel sub-Cell across mp ranks: each rank's part runs on the same
+    (replicated) input, the partial outputs are summed (the all-reduce), then the bias is added."""
+
+    def __init__(self, parts, bias):
+        super().__init__()
+        self.parts = nn.CellList(parts)
+        self.bias = bias
+
+    def construct(self, hidden, *args):
+        total = self.parts[0](hidden, *args)
+        for part in self.parts[1:]:
+            total = total + part(hidden, *args)
+        return total + self.bias
+
+
+def rank_blocks(config, full, mp):
+    """mp real rank blocks holding the slices the strategy assigns them (shapes must match exactly)."""
+    layouts = param_layouts(block_rules())
+    full_params = {name: p.asnumpy() for name, p in params_by_path(full).items()}
+    assert set(layouts) == set(full_params), "every block parameter has a declared layout"
+    parts = []
+    for rank in range(mp):
+        part = GPTLocalBlock(config, 1, tp_size=mp)
+        for name, param in params_by_path(part).items():
+            piece = rank_slice(full_params[name], layouts[name], rank, mp)
+            assert piece.shape == tuple(param.shape), f"{name}: strategy gives {piece.shape}, rank Cell has {param.shape}"
+            param.set_data(Tensor(np.ascontiguousarray(piece)))
+        parts.append(part)
+    return parts, layouts
+
+
+def joined(parts):
+    """Rank 0's block, its attention and MLP replaced by all ranks' parts joined by the all-reduce:
+    the real GPTLocalBlock.construct then runs the replicated LayerNorms and residuals."""
+    attention = [p.attention for p in parts]
+    mlp = [p.mlp for p in parts]
+    shell = parts[0]
+    shell.attention = AllReduceParts(attention, attention[0].linear_proj.bias)
+    shell.mlp = AllReduceParts(mlp, mlp[0].linear_fc2.bias)
+    return shell
+
+
+def value_and_grads(block, weights, x, probe, bias):
+    def loss(hidden):
+        return (block(hidden, bias) * probe).sum()
+    out = block(x, bias)
+    _, (dx, dweights) = ms.value_and_grad(loss, grad_position=0, weights=weights)(x)
+    return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dweights]
+
+
+@pytest.mark.parametrize("mp", [2, 4])
+def test_block_parts_reassemble_to_the_unsharded_block(mp):
+    config = GPTLocalConfig(**SMALL)
+    ms.set_seed(0)
+    full = randomised(GPTLocalBlock(config, 1), seed=mp)
+    rng = np.random.default_rng(10 + mp)
+    x = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
+    probe = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
+    bias = causal_bias(SEQ)
+    full_params = params_by_path(full)
+    names = sorted(full_params)
+    ref_out, ref_dx, ref_grads = value_and_grads(full, ParameterTuple([full_params[n] for n in names]), x, probe, bias)
+
+    parts, layouts = rank_blocks(config, full, mp)
+    # column-parallel outputs: the ranks' QKV columns, concatenated (all-gather), are the full QKV output
+    qkv = np.concatenate([p.attention.linear_qkv(x).asnumpy() for p in parts], axis=-1)
+    np.testing.assert_allclose(qkv, full.attention.linear_qkv(x).asnumpy(), atol=ATOL)
+    # every rank's local Cells: heads / mp, intermediate / mp
+    assert all(p.attention.num_heads == SMALL["num_attention_heads"] // mp for p in parts)
+
+    rank_params = [params_by_path(p) for p in parts]
+    shell = joined(parts)
+    used = []  # (full name, rank, Parameter) for every parameter the joined block reads
+    for name in names:
+        if split_axis(layouts[name]) is None:
+            used.append((name, 0, rank_params[0][name]))  # replicated: rank 0's copy stands for every rank's
+        else:
+            used += [(name, rank, rank_params[rank][name]) for rank in range(mp)]
+    out, dx, grads = value_and_grads(shell, ParameterTuple([p for _, _, p in used]), x, probe, bias)
+
+    errors = {"output": np.abs(out - ref_out).max(), "input grad": np.abs(dx - ref_dx).max()}
+    relative = {}
+    np.testing.assert_allclose(out, ref_out, atol=RTOL * np.abs(ref_out).max())
+    np.testing.assert_allclose(dx, ref_dx, atol=RTOL * np.abs(ref_dx).max())
+    for name, ref in zip(names, ref_grads):
+        pieces = [g for (n, _, _), g in zip(used, grads) if n == name]
+        merged = merge_slices(pieces, layouts[name])  # column/row pieces gathered along their split axis
+        assert merged.shape == ref.shape, name
+        np.testing.assert_allclose(merged, ref, atol=RTOL * np.abs(ref).max(), err_msg=name)
+        assert np.abs(ref).max() > 1e-4, f"{name} has no gradient to compare"
+        errors[name] = np.abs(merged - ref).max()
+        relative[name] = errors[name] / np.abs(ref).max()
+    worst = max(errors, key=errors.get)
+    print(f"\nmodel_parallel={mp}: max abs error {errors[worst]:.2e} ({worst}); output "
+          f"{errors['output']:.2e} (values up to {np.abs(ref_out).max():.1f}), input grad {errors['input grad']:.2e}, "
+          f"over {len(names)} parameter gradients; worst relative to the gradient's largest entry "
+          f"{max(relative.values()):.2e}")
+
+
+class VocabParallelLM(nn.Cell):
+    """The model with vocab_emb_dp False across mp ranks: each rank holds a row block of the table.
+    Lookup = sum over ranks of the masked local lookups (what MindSpore's Gather with a row-split
+    table does); tied head = each rank's logit columns, concatenated (the all-gather before the
+    (dp, 1) cross-entropy); the loss is the model's own lm_loss."""
+
+    def __init__(self, model, layout, mp):
+        super().__init__()
+        self.lm = model
+        table = model.model.embedding.word_embeddings.asnumpy()
+        self.tables = ParameterTuple([Parameter(Tensor(np.ascontiguousarray(rank_slice(table, layout, r, mp))),
+                                                name=f"rank{r}_table") for r in range(mp)])
+        self.rows = table.shape[0] // mp
+
+    def construct(self, ids, positions, labels):
+        embedding = self.lm.model.embedding
+        words = None
+        for rank, table in enumerate(self.tables):
+            local = ids - rank * self.rows
+            inside = ops.cast(ops.logical_and(local >= 0, local < self.rows), ms.float32)
+            rows = embedding.gather(table, ops.clip(local, 0, self.rows - 1), 0) * ops.expand_dims(inside, -1)
+            words = rows if words is None else words + rows
+        hidden = embedding.dropout(words + embedding.position_gather(embedding.position_embeddings, positions, 0))
+        bias = self.lm.model.causal_bias[:, :, :ids.shape[1], :ids.shape[1]]
+        for layer in self.lm.model.layers:
+            hidden = layer(hidden, bias)
+        hidden = ops.reshape(self.lm.model.final_layernorm(hidden), (-1, hidden.shape[-1]))
+        logits = ops.concat([self.lm.head_matmul(hidden, table) for table in self.tables], axis=1)
+        return self.lm.lm_loss(logits, labels, None)
+
+
+class LossOnly(nn.Cell):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def construct(self, ids, positions, labels):
+        return self.model(ids, labels, None, positions)[0]
+
+
+@pytest.mark.parametrize("mp", [2, 4])
+def test_vocab_parallel_embedding_head_and_loss(mp):
+    config = GPTLocalConfig(**dict(SMALL, num_hidden_layers=1), parallel_config={"vocab_emb_dp": False})
+    ms.set_seed(0)
+    model = randomised(GPTLocalForCausalLM(config), seed=20 + mp)
+    model.set_train(True)
+    layout = param_layouts(model_rules(config))["model.embedding.word_embeddings"]
+    assert split_axis(layout) == 0  # vocab rows over mp
+    rng = np.random.default_rng(mp)
+    ids = Tensor(rng.integers(0, SMALL["vocab_size"], (BATCH, SEQ)), ms.int32)
+    labels = Tensor(rng.integers(0, SMALL["vocab_size"], (BATCH, SEQ)), ms.int32)
+    positions = Tensor(np.tile(np.arange(SEQ), (BATCH, 1)), ms.int32)
+    table = model.model.embedding.word_embeddings
+    full = LossOnly(model)
+    ref_loss, ref_grad = ms.value_and_grad(full, None, weights=ParameterTuple([table]))(ids, positions, labels)
+    world = VocabParallelLM(model, layout, mp)
+    loss, grads = ms.value_and_grad(world, None, weights=world.tables)(ids, positions, labels)
+    merged = merge_slices([g.asnumpy() for g in grads], layout)
+    err = max(abs(loss.asnumpy() - ref_loss.asnumpy()), np.abs(merged - ref_grad[0].asnumpy()).max())
+    print(f"\nvocab parallel mp={mp}: loss {loss.asnumpy():.6f} vs {ref_loss.asnumpy():.6f}, max abs error {err:.2e}")
+    np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), atol=ATOL)
+    np.testing.assert_allclose(merged, ref_grad[0].asnumpy(), atol=ATOL)
+
+
+def test_strategies_are_set_from_the_rules_only_for_a_parallel_build():
+    config = GPTLocalConfig(**SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4,
+                                                      "use_seq_parallel": True, "vocab_emb_dp": False})
+    model = GPTLocalForCausalLM(config)
+    assert model.sharding == {}  # stand-alone: nothing sharded, graph unchanged
+    assert model.model.layers[0].attention.linear_qkv.matmul.attrs.get("in_strategy") is None
+    applied = apply_sharding(model, config)
+    rules = model_rules(config)
+    for rule in rules:
+        op = resolve(model, rule.op)
+        if op is None:
+            assert rule.optional or rule.op.endswith((".relu", ".gelu"))
+            continue
+        assert op.attrs["in_strategy"] == concrete(rule.strategy, 2, 4) == applied[rule.op]
+    layer = model.model.layers[1]
+    assert layer.attention.linear_qkv.matmul.attrs["in_strategy"] == ((2, 1), (4, 1))
+    assert layer.attention.linear_qkv.bias_add.attrs["in_strategy"] == ((2, 4), (4,))
+    assert layer.mlp.linear_fc2.matmul.attrs["in_strategy"] == ((2, 4), (1, 4))
+    assert layer.mlp.linear_fc2.bias_add.attrs["in_strategy"] == ((2, 1), (1,))
+    assert layer.attention.softmax.attrs["in_strategy"] == ((2, 4, 1, 1),)
+    assert layer.input_layernorm.layer_norm.attrs["in_strategy"] == ((2, 4, 1), (1,), (1,))  # sequence split
+    assert model.model.embedding.gather.attrs["in_strategy"] == ((4, 1), (2, 1))
+    assert model.head_matmul.attrs["in_strategy"] == ((2, 1), (4, 1))
+    # every parameter of the model has exactly one declared layout
+    assert set(param_layouts(rules)) == {p.name for p in model.get_parameters()}
+
+
+def test_model_parallel_that_splits_a_head_is_refused():
+    from mindformers_gptlocal.errors import ConfigError
+    config = GPTLocalConfig(**SMALL, parallel_config={"model_parallel": 3})
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        apply_sharding(GPTLocalForCausalLM(config), config)
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        GPTLocalBlock(config, 1, tp_size=3)
