@@ -156,3 +156,18 @@ def test_loading_weights_of_another_size_is_refused(tiny_config, tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 20)
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         GPTLocalForCausalLM(tiny_config).load_weights(str(tmp_path / "bad.safetensors"))
+
+
+def test_cpu_tanh_gelu_equals_the_gelu_kernel_forward_and_backward():
+    """On CPU the tanh GeLU is composed from sigmoid (8x faster there); it is the GeLU kernel's function."""
+    from mindspore import ops
+    from mindformers_gptlocal.model.layers import Activation
+    activation = Activation("gelu_new")
+    assert activation.composed_tanh_gelu  # this suite runs on CPU
+    x = ms.Tensor(np.random.default_rng(0).standard_normal((4, 8, 96)).astype(np.float32) * 4)
+    sens = ms.Tensor(np.random.default_rng(1).standard_normal((4, 8, 96)).astype(np.float32))
+    kernel = ops.GeLU()
+    np.testing.assert_allclose(activation(x).asnumpy(), kernel(x).asnumpy(), rtol=0, atol=2e-6)
+    ours = ops.GradOperation(sens_param=True)(activation)(x, sens).asnumpy()
+    reference = ops.GradOperation(sens_param=True)(lambda t: kernel(t))(x, sens).asnumpy()
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-5)
