@@ -14,15 +14,7 @@ import mindspore.common.dtype as mstype
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
 
-_non_finite = ops.MultitypeFuncGraph("_non_finite")
-
-
-@_non_finite.register("Tensor")
-def _count_non_finite(grad):
-    """1.0 when the gradient holds a NaN or Inf, else 0.0."""
-    all_finite = ops.ReduceAll()(ops.IsFinite()(grad))
-    return 1.0 - ops.cast(all_finite, mstype.float32)
-
+from .grad_checks import non_finite, GPTLocalClipGradNorm
 
 class IsFiniteOverflowMixin:
     """Overflow = some gradient is not finite; used on CPU and GPU."""
@@ -30,11 +22,13 @@ class IsFiniteOverflowMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_isfinite_check = ms.get_context("device_target") != "Ascend"
+        if getattr(self, "use_clip_grad", False):
+            self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]))
 
     def get_overflow_status(self, status, compute_output):
         if not self.use_isfinite_check:
             return super().get_overflow_status(status, compute_output)
-        return self._get_distributed_overflow_status_on_infnan_mode(_non_finite, compute_output)
+        return self._get_distributed_overflow_status_on_infnan_mode(non_finite, compute_output)
 
 
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)
