@@ -1,4 +1,5 @@
-"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), run (the run_mindformer.py drop-in), quickstart."""
+"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), run (the run_mindformer.py drop-in), quickstart,
+plan (layout check and per-device memory, before any compile)."""
 import argparse
 import json
 import sys
@@ -55,12 +56,18 @@ def _run(argv):
     return launch(argv)
 
 
+def _plan(argv):
+    from .planner import main as plan
+    return plan(argv)
+
+
 def _quickstart(argv):
     from .quickstart import main as quickstart
     return quickstart(argv)
 
 
-COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "run": _run, "quickstart": _quickstart}
+COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "run": _run, "quickstart": _quickstart,
+            "plan": _plan}
 
 
 def main(argv=None):
