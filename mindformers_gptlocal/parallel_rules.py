@@ -7,12 +7,20 @@ It returns ALL problems, one line each naming the YAML key and a fix; callers ra
 ``ConfigError`` with them (``raise_if_bad``). Pure arithmetic, no MindSpore.
 
 Batch semantics are MindFormers 1.8's (``BaseTrainer._check_global_batch_size_for_auto_parallel``):
-``runner_config.batch_size`` is the batch of one data-parallel replica for one micro-batch, so
-the global batch is ``batch_size * data_parallel * micro_batch_num`` (pipeline) or
-``batch_size * data_parallel * gradient_accumulation_steps`` (no pipeline).
+``runner_config.batch_size`` is the batch of one data-parallel replica for one micro-batch, and
+with ``full_batch`` the global batch is ``batch_size * data_parallel * micro_batch_num`` (pipeline)
+or ``batch_size * data_parallel * gradient_accumulation_steps``. A global batch built that way is
+divisible by data_parallel by construction, so the batch rule that can fail in practice is a
+non-positive or non-integer ``batch_size`` (and micro_batch_num < pipeline_stage); there is no
+separate divisibility check. MindFormers resets micro_batch_num to 1
+without pipeline, so that is not an error.
 """
+import os
+
 from .errors import ConfigError
 from .model.placement import layers_per_stage, _get
+
+SHARDING_MODES = ("semi_auto_parallel", "auto_parallel", 1, 2, "1", "2")
 
 
 def layout_of(parallel_config):
@@ -46,13 +54,12 @@ def _divisors(number, limit):
     return [d for d in range(1, min(number, limit) + 1) if number % d == 0]
 
 
-def check_parallel_layout(model_config, parallel_config, devices=None, batch_size=None, full_batch=None,
-                          offset=None, dataset_batch_size=None):
+def check_parallel_layout(model_config, parallel_config, devices=None, batch_size=None, offset=None):
     """Every layout problem of ``model_config`` (dict or config object) under ``parallel_config``.
 
     ``devices``: the card count the run will have (None: not known, the product is not checked).
-    ``batch_size``: runner_config.batch_size; ``dataset_batch_size``: train_dataset.batch_size.
-    ``full_batch``: parallel.full_batch. ``offset``: the pipeline offset (model_config or parallel_config).
+    ``batch_size``: runner_config.batch_size.
+    ``offset``: the pipeline offset (model_config or parallel_config).
     Returns a list of strings, empty when the layout is sound.
     """
     problems = []
@@ -98,20 +105,10 @@ def check_parallel_layout(model_config, parallel_config, devices=None, batch_siz
         problems.append(f"parallel_config.micro_batch_num ({micro}) is smaller than parallel_config.pipeline_stage "
                         f"({pp}): the pipeline needs at least one micro-batch per stage in flight. Set "
                         f"micro_batch_num to {pp} or more (4 * pipeline_stage keeps the bubble small).")
-    if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            problems.append(f"runner_config.batch_size must be a positive integer, got {batch_size!r}.")
-        elif dataset_batch_size is not None and dataset_batch_size != batch_size:
-            problems.append(f"train_dataset.batch_size ({dataset_batch_size}) differs from runner_config.batch_size "
-                            f"({batch_size}); MindFormers batches by runner_config.batch_size. Set both to the same "
-                            f"value.")
-        elif full_batch and pp == 1 and dataset_batch_size is not None and dataset_batch_size % 1:
-            pass  # unreachable: kept simple, see global_batch below
-    if full_batch and batch_size is not None and isinstance(batch_size, int) and batch_size >= 1:
-        global_batch = global_batch_size(batch_size, dp, micro if pp > 1 else 1)
-        if global_batch % dp:
-            problems.append(f"the global batch ({global_batch}) is not divisible by parallel_config.data_parallel "
-                            f"({dp}) with parallel.full_batch True; change runner_config.batch_size.")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        problems.append(f"runner_config.batch_size must be a positive integer, got {batch_size!r}; it is the "
+                        f"batch of one data-parallel replica and one micro-batch.")
     if devices is not None and dp * mp * pp != devices:
         problems.append(f"parallel_config.data_parallel * model_parallel * pipeline_stage = {dp} * {mp} * {pp} = "
                         f"{dp * mp * pp}, but the run has {devices} device(s). Make the product equal the device "
@@ -123,6 +120,33 @@ def check_parallel_layout(model_config, parallel_config, devices=None, batch_siz
 def global_batch_size(batch_size, dp, micro_batch_num=1, accumulation=1):
     """Samples per optimizer step across the cluster, MindFormers 1.8's formula."""
     return batch_size * dp * micro_batch_num * accumulation
+
+
+def build_device_count():
+    """Cards of a running job when its layout must multiply to them (semi-auto/auto parallel with
+    communication initialised), else None. In MindFormers' plain data-parallel mode the trainer
+    resets data_parallel/model_parallel to 1 and replicates over all ranks, so there is no product
+    to check."""
+    import mindspore as ms
+    if ms.get_auto_parallel_context("parallel_mode") not in SHARDING_MODES[:2]:
+        return None
+    try:
+        from mindspore.communication import get_group_size
+        return get_group_size()
+    except (RuntimeError, ValueError):
+        return None
+
+
+def launch_device_count(config):
+    """Cards of a job about to start (pre-flight): 1 without use_parallel; msrun's MS_WORKER_NUM for
+    semi-auto/auto parallel; otherwise None (not checked, see ``build_device_count``)."""
+    if not _get(config, "use_parallel", False):
+        return 1
+    mode = _get(_get(config, "parallel", {}) or {}, "parallel_mode", 0)
+    workers = os.environ.get("MS_WORKER_NUM")
+    if mode in SHARDING_MODES and workers and workers.isdigit():
+        return int(workers)
+    return None
 
 
 def raise_if_bad(problems, where="the parallel layout"):
@@ -140,10 +164,7 @@ def check_yaml_layout(config, devices=None):
     model_config = dict(_get(_get(config, "model", {}), "model_config", {}) or {})
     parallel_config = _get(config, "parallel_config", {}) or {}
     runner = _get(config, "runner_config", {}) or {}
-    dataset = _get(config, "train_dataset", {}) or {}
-    parallel = _get(config, "parallel", {}) or {}
     if devices is None and not _get(config, "use_parallel", False):
         devices = 1
     return check_parallel_layout(model_config, parallel_config, devices=devices,
-                                 batch_size=_get(runner, "batch_size"), full_batch=bool(_get(parallel, "full_batch")),
-                                 dataset_batch_size=_get(dataset, "batch_size"))
+                                 batch_size=_get(runner, "batch_size"))
