@@ -74,7 +74,8 @@ def plan(config, devices=None):
     result.update(shape=s, batch_size=batch, devices=dp * t * pp, device_target=target,
                   global_batch_size=global_batch_size(batch, dp, micro if pp > 1 else 1),
                   parallel_optimizer=parallel_optimizer, vocab_parallel=vocab_parallel, stages=stages,
-                  communication=communication(s, layout, batch, stages, recompute), notes=_notes(s, pp))
+                  communication=communication(s, layout, batch, stages, recompute, vocab_parallel),
+                  notes=_notes(s, pp, _get(config, "run_mode", "train")))
     peak = max(st["total_bytes"] for st in stages)
     result["peak_device_bytes"] = peak
     if target in CARD_MEMORY:
@@ -88,7 +89,7 @@ def plan(config, devices=None):
     return result
 
 
-def communication(s, layout, batch, stages, recompute):
+def communication(s, layout, batch, stages, recompute, vocab_parallel=False):
     """Bytes each device sends per optimizer step, by kind (ring algorithms).
 
     Tensor parallel: per layer and micro-batch, 2 all-reduces in the forward (after the attention
@@ -110,7 +111,7 @@ def communication(s, layout, batch, stages, recompute):
         if t > 1:
             full = st["layers"] if mode == "full" else (mode if isinstance(mode, int) else 0)
             tp_ops = 4 * st["layers"] + 2 * full
-            if layout["seq_parallel"] is False and not layout["vocab_emb_dp"]:
+            if vocab_parallel:
                 tp_ops += 2 * ((st["stage"] == 0) + (st["stage"] == pp - 1))
         tp_bytes = tp_ops * micro_batches * 2 * (t - 1) / t * message
         pp_bytes = micro_batches * message * ((st["stage"] < pp - 1) + (st["stage"] > 0))
@@ -125,8 +126,11 @@ def communication(s, layout, batch, stages, recompute):
     return per_stage
 
 
-def _notes(s, pp):
+def _notes(s, pp, run_mode):
     notes = []
+    if run_mode not in ("train", "finetune"):
+        notes.append(f"run_mode is {run_mode}: the figures are those of a training step with this layout "
+                     f"(an {run_mode} run keeps no gradients, optimizer state or saved activations).")
     if s["tied"] and pp > 1:
         notes.append("tied head: the last stage holds a copy of the token embedding (MindSpore keeps a copy of "
                      "a parameter shared across stages on each stage using it; their gradients are all-reduced); "

@@ -18,16 +18,23 @@ from mindformers_gptlocal.planner import plan
 from mindformers_gptlocal.preflight import check_layout
 from conftest import CONFIGS, TINY, run_launcher, tiny_yaml
 
-MULTI_CARD = sorted(p for p in glob.glob(os.path.join(CONFIGS, "*_*p.yaml"))
-                    if re.search(r"_(\d+)p\.yaml$", p) and not p.endswith("_1p.yaml"))
+ASCEND = sorted(p for p in glob.glob(os.path.join(CONFIGS, "*.yaml"))
+                if yaml_io.load_yaml(p)["context"]["device_target"] == "Ascend")
 
 
 def _cards(path):
     return int(re.search(r"_(\d+)p\.yaml$", path).group(1))
 
 
-@pytest.mark.parametrize("path", MULTI_CARD, ids=os.path.basename)
-def test_multi_card_config_plans_and_fits_the_card(path, capsys):
+def test_every_multi_card_layout_is_covered():
+    cards = sorted({_cards(p) for p in ASCEND})
+    assert cards == [1, 8, 64]
+    assert {"pretrain_gpt2_medium_mp8_8p.yaml", "pretrain_gpt2_small_dp2mp2pp2_8p.yaml",
+            "pretrain_gpt3_6.7b_64p.yaml"} <= {os.path.basename(p) for p in ASCEND}
+
+
+@pytest.mark.parametrize("path", ASCEND, ids=os.path.basename)
+def test_ascend_config_plans_and_fits_the_card(path, capsys):
     result = plan(yaml_io.load_yaml(path), devices=_cards(path))
     assert result["problems"] == []
     assert result["device_target"] == "Ascend" and result["card_bytes"] == 64 * 2 ** 30
@@ -36,6 +43,17 @@ def test_multi_card_config_plans_and_fits_the_card(path, capsys):
     assert cli_main(["plan", "--config", path, "--devices", str(_cards(path))]) == 0
     out = capsys.readouterr().out
     assert "fits" in out and "Ascend 910B, 64 GB" in out
+
+
+def test_a_layout_that_does_not_fit_fails(tmp_path, capsys):
+    config = yaml_io.load_yaml(os.path.join(CONFIGS, "pretrain_gpt2_xl_1p.yaml"))
+    config["runner_config"]["batch_size"] = 64
+    config["recompute_config"]["recompute"] = False
+    result = plan(config)
+    assert result["problems"] == [] and result["fits"] is False
+    path = yaml_io.dump_yaml(config, str(tmp_path / "big.yaml"))
+    assert cli_main(["plan", "--config", path]) == 2
+    assert "exceeds the Ascend 910B, 64 GB card" in capsys.readouterr().err
 
 
 def test_plan_json_is_one_object_and_counts_the_6_7b_model(capsys):
