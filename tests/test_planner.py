@@ -142,10 +142,14 @@ def _bad_tiny():
                                                    micro_batch_num=1)
 
 
-def test_building_the_model_with_a_bad_layout_raises_the_same_lines():
+@pytest.mark.parametrize("as_object", [False, True], ids=["dict", "TransformerOpParallelConfig"])
+def test_building_the_model_with_a_bad_layout_raises_the_same_lines(as_object):
     model_values, parallel = _bad_tiny()
     expected = check_parallel_layout(model_values, parallel)
     assert len(expected) == 3  # heads 4, hidden 64 and intermediate 256 are not divisible by 3
+    if as_object:  # what MindFormers' trainer hands the model config
+        from mindformers.modules.transformer.transformer import TransformerOpParallelConfig
+        parallel = TransformerOpParallelConfig(**parallel)
     with pytest.raises(ConfigError) as err:
         GPTLocalForCausalLM(GPTLocalConfig(**model_values, parallel_config=parallel))
     assert all(line in str(err.value) for line in expected)
