@@ -4,7 +4,8 @@
 is built), by pre-flight (``gptlocal run``) and when the model config is built inside
 MindFormers (``run_mindformer.py``), so every entry point stops with the same lines.
 It returns ALL problems, one line each naming the YAML key and a fix; callers raise
-``ConfigError`` with them (``raise_if_bad``). Pure arithmetic, no MindSpore.
+``ConfigError`` with them (``raise_if_bad``). The rules are arithmetic on the config values; only
+``build_device_count`` (used at model build) asks MindSpore for the running job's size.
 
 Batch semantics are MindFormers 1.8's (``BaseTrainer._check_global_batch_size_for_auto_parallel``):
 ``runner_config.batch_size`` is the batch of one data-parallel replica for one micro-batch, and
@@ -12,8 +13,8 @@ with ``full_batch`` the global batch is ``batch_size * data_parallel * micro_bat
 or ``batch_size * data_parallel * gradient_accumulation_steps``. A global batch built that way is
 divisible by data_parallel by construction, so the batch rule that can fail in practice is a
 non-positive or non-integer ``batch_size`` (and micro_batch_num < pipeline_stage); there is no
-separate divisibility check. MindFormers resets micro_batch_num to 1
-without pipeline, so that is not an error.
+separate divisibility check. MindFormers resets micro_batch_num to 1 without pipeline, so that
+is not an error.
 """
 import os
 
