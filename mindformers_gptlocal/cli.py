@@ -1,5 +1,5 @@
 """``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
-run (the run_mindformer.py drop-in), quickstart."""
+run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile)."""
 import argparse
 import json
 import sys
@@ -81,12 +81,18 @@ def _run(argv):
     return launch(argv)
 
 
+def _plan(argv):
+    from .planner import main as plan
+    return plan(argv)
+
+
 def _quickstart(argv):
     from .quickstart import main as quickstart
     return quickstart(argv)
 
 
-COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "ckpt": _ckpt, "run": _run, "quickstart": _quickstart}
+COMMANDS = {"prepare-data": _prepare_data, "convert": _convert, "ckpt": _ckpt, "run": _run, "quickstart": _quickstart,
+            "plan": _plan}
 
 
 def main(argv=None):

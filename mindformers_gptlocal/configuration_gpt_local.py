@@ -111,6 +111,7 @@ class GPTLocalConfig(PretrainedConfig):
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
                 else parallel_config
         _reject_unknown(kwargs)
+        layout_batch_size = kwargs.get("batch_size")
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
         self.vocab_size = vocab_size
@@ -143,6 +144,8 @@ class GPTLocalConfig(PretrainedConfig):
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                          architectures=["GPTLocalForCausalLM"], **kwargs)
         self.validate()
+        if parallel_config is not None:
+            self.validate_layout(layout_batch_size)
 
     @classmethod
     def from_model_dir(cls, model_dir, **overrides):
@@ -204,6 +207,14 @@ class GPTLocalConfig(PretrainedConfig):
         if self.reorder_and_upcast_attn:
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
+
+    def validate_layout(self, batch_size=None):
+        """The parallel layout rules of ``parallel_rules`` (the ones ``gptlocal plan`` applies) on this
+        config and the parallel_config MindFormers hands in, so a bad layout stops at model build."""
+        from .parallel_rules import check_parallel_layout, raise_if_bad, build_device_count
+        problems = check_parallel_layout(self, self.parallel_config, devices=build_device_count(),
+                                         batch_size=batch_size)
+        raise_if_bad(problems)
 
 
 _KNOWN = None

@@ -146,12 +146,19 @@ def check_output_dir(config):
                           f"can write.")
 
 
+def check_layout(config):
+    """The parallel layout rules ``gptlocal plan`` applies, on the run's YAML."""
+    from .parallel_rules import check_yaml_layout, launch_device_count, raise_if_bad
+    raise_if_bad(check_yaml_layout(config, launch_device_count(config)))
+
+
 def preflight(config, log=print):
     """All checks for a gpt_local run; other models pass through untouched."""
     if not is_gpt_local(config):
         return
     ensure_mcore(config, log)
     model_config = model_config_of(config)
+    check_layout(config)
     check_output_dir(config)
     check_data(config, model_config)
     resolve_checkpoint(config)

@@ -1,6 +1,7 @@
 """Every YAML in model_configs/ parses, holds a valid gpt_local model, and has a consistent layout."""
 import glob
 import os
+import re
 
 import pytest
 from mindformers.tools.register import MindFormerConfig
@@ -29,8 +30,9 @@ def test_config_is_valid(path):
     assert sum(layers_per_stage(model_config.num_hidden_layers, stages)) == model_config.num_hidden_layers
     assert model_config.num_attention_heads % parallel.get("model_parallel", 1) == 0
     devices = parallel.get("data_parallel", 1) * parallel.get("model_parallel", 1) * stages
-    if path.endswith("_8p.yaml"):
-        assert devices == 8 and config["use_parallel"] is True
+    cards = re.search(r"_(\d+)p\.yaml$", path)
+    if cards and cards.group(1) != "1":
+        assert devices == int(cards.group(1)) and config["use_parallel"] is True
     elif path.endswith("_dp2.yaml"):
         assert devices == 2
     else:

@@ -1,0 +1,190 @@
+"""Per-device parameter counts, training memory and communication of a gpt_local layout: arithmetic only.
+
+Everything here follows what ``model/gpt.py`` builds (fused QKV with bias, output projection,
+fc1/fc2 with biases, two LayerNorms a layer, learned positions, tied head) and how the model
+splits under tensor parallel ``t`` = model_parallel: QKV and fc1 are column-parallel (weight and
+bias split), the output projection and fc2 row-parallel (weight split, bias whole), LayerNorms
+whole; the token embedding splits its vocabulary only when ``vocab_emb_dp`` is False.
+
+Memory terms (bytes per device), each the state that lives through a training step:
+
+* weights: parameters in ``params_dtype``.
+* gradients: one per parameter, in ``params_dtype`` (MindSpore's grads take the parameter dtype).
+* optimizer: MindFormers' AdamW keeps two fp32 moments (``adam_m``, ``adam_v``) per parameter,
+  whatever the parameter dtype. It keeps no separate fp32 master copy: with fp32 parameters the
+  weights are the master; with bf16/fp16 ones it updates in fp32 on the fly and casts back. With
+  ``parallel.enable_parallel_optimizer`` the moments are split over the data-parallel ranks.
+* activations: what the backward pass needs from one micro-batch (``activation_bytes``), times the
+  micro-batches in flight on that stage under 1F1B (stages - stage index, at most micro_batch_num).
+  Full recompute keeps only each layer's input, plus one layer's activations being recomputed.
+
+On Ascend these analytic numbers are the estimate (plus the runtime's workspace, which
+``max_device_memory`` caps); they are not measured on a card here. On CPU the measured peak RSS
+of a MindFormers training run holds much more; ``cpu_peak_rss`` adds a measured runtime term and
+two measured factors (below).
+"""
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ADAM_MOMENT_BYTES = 8  # two fp32 moments
+
+# CPU (device_target CPU) terms, measured with MindSpore 2.7.2 + MindFormers 1.8.0 through
+# `gptlocal run` (GPTLocalTrainOneStepCell with grad clipping, AdamW, graph mode, 3 steps) on the
+# 2-core x86 machine of the field notes, fitted by least squares to the peak RSS of six shapes
+# (MB measured -> fitted): 2 layers x 64 wide, vocab 512, batch 4x256 (1009 -> 1111); tiny 4 x 256,
+# vocab 8192, batch 4x256 (1725 -> 1775) and 8x256 (2225 -> 2197); GPT-2 small, batch 2x256
+# (9205 -> 9389), 1x256 (8466 -> 8632) and with vocab 8192 (7434 -> 6960).
+# RUNTIME_OVERHEAD_CPU: what is there with (almost) no model: the Python process with MindSpore and
+#   MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU memory pool.
+# CPU_STATE_FACTOR: peak RSS grows by 3.6x the analytic weights + grads + moments (57 bytes per
+#   fp32 parameter, not 16). Where the rest lives is not itemised here; likely contributors are
+#   host copies of parameters next to the graph's buffers, and the clip/overflow/AdamW update of
+#   every parameter running as one graph whose fp32 temporaries are alive together.
+# CPU_ACTIVATION_FACTOR: peak RSS grows by 2.0x the analytic saved activations, because the CPU
+#   graph also keeps forward outputs the backward does not need (pre-softmax scores, bias adds,
+#   reshapes) and the backward's own temporaries.
+RUNTIME_OVERHEAD_CPU = 1050 * 2 ** 20
+CPU_STATE_FACTOR = 3.6
+CPU_ACTIVATION_FACTOR = 2.0
+
+
+def shape_of(model_config):
+    """The sizes the arithmetic needs, with GPTLocalConfig's defaults for absent keys."""
+    get = model_config.get
+    hidden = get("hidden_size", get("n_embd", 768))
+    return dict(
+        vocab=get("vocab_size", 50257), hidden=hidden,
+        layers=get("num_hidden_layers", get("n_layer", 12)), heads=get("num_attention_heads", get("n_head", 12)),
+        inter=get("intermediate_size", get("n_inner")) or 4 * hidden,
+        positions=get("max_position_embeddings", get("n_positions", 1024)), seq=get("seq_length", 1024),
+        params_dtype=str(get("params_dtype", "float32")), compute_dtype=str(get("compute_dtype", "float32")),
+        ln_dtype=str(get("layernorm_compute_dtype", "float32")),
+        softmax_dtype=str(get("softmax_compute_dtype", "float32")),
+        hidden_dropout=float(get("hidden_dropout", 0.1)), attention_dropout=float(get("attention_dropout", 0.1)),
+        tied=bool(get("tie_word_embeddings", True)), flash=bool(get("use_flash_attention", False)))
+
+
+def layer_params(s, t=1):
+    """Parameters of one decoder layer held by one tensor-parallel rank."""
+    h, i = s["hidden"], s["inter"]
+    qkv = 3 * h * h // t + 3 * h // t
+    proj = h * h // t + h
+    fc1 = i * h // t + i // t
+    fc2 = h * i // t + h
+    norms = 4 * h
+    return qkv + proj + fc1 + fc2 + norms
+
+
+def embedding_params(s, t=1, vocab_parallel=False):
+    """(token embedding, position embedding) parameters on one rank."""
+    words = s["vocab"] * s["hidden"] // (t if vocab_parallel else 1)
+    return words, s["positions"] * s["hidden"]
+
+
+def stage_params(s, layer_counts, t=1, vocab_parallel=False):
+    """Per stage: dict of parameter counts by part. The tied head: with one stage the head reuses the
+    embedding (counted once); with several, the last stage holds its own copy of the token
+    embedding (MindSpore gives a parameter shared across stages a copy on each stage that uses it
+    and keeps the copies equal by all-reducing their gradients), so it is counted there again."""
+    words, positions = embedding_params(s, t, vocab_parallel)
+    stages = []
+    last = len(layer_counts) - 1
+    for index, count in enumerate(layer_counts):
+        parts = {"layers": count * layer_params(s, t)}
+        if index == 0:
+            parts["embedding"] = words + positions
+        if index == last:
+            parts["final_norm"] = 2 * s["hidden"]
+            if last > 0 and s["tied"]:
+                parts["head_copy"] = words
+        if not s["tied"] and index == last:
+            parts["head"] = words
+        stages.append(parts)
+    return stages
+
+
+def layer_activation_bytes(s, batch, t=1, seq_parallel=False, recompute="none", flash=False):
+    """Bytes one layer keeps from one micro-batch of ``batch`` sequences for the backward pass.
+
+    Counted from ``GPTLocalBlock.construct``: the LayerNorm inputs (in layernorm dtype) and outputs,
+    the QKV projection's input and its Q, K, V, the softmax output (softmax dtype) and its cast to
+    the compute dtype when they differ, dropout masks when dropout > 0, the attention context, the
+    fc1 output and the activation's output. Under tensor parallel the head/MLP parts are 1/t;
+    sequence parallel also splits the LayerNorm/residual parts. ``flash`` (Ascend's fused attention)
+    keeps no [seq, seq] scores, only two fp32 softmax statistics per query. ``recompute``: 'full' keeps only the
+    layer input; 'selective' drops what MindFormers-style selective recompute rebuilds (the
+    softmax-to-compute cast, the attention-dropout output and mask, the activation output).
+    """
+    c, ln, sm = BYTES[s["compute_dtype"]], BYTES[s["ln_dtype"]], BYTES[s["softmax_dtype"]]
+    tokens = batch * s["seq"]
+    h, i, a = s["hidden"], s["inter"], s["heads"]
+    split = t if seq_parallel else 1
+    if recompute == "full":
+        return tokens * h * c // split
+    scores = batch * a * s["seq"] * s["seq"] // t
+    norm_part = tokens * h * (2 * ln + 2 * c) // split          # two LayerNorms: input and output
+    attn = tokens * h * (3 * c + c) // t                          # Q, K, V and the context
+    mlp = tokens * i * c // t                                     # fc1 output (activation input)
+    if recompute != "selective":
+        mlp += tokens * i * c // t                                # activation output (fc2 input)
+    drop = 2 * tokens * h // split if s["hidden_dropout"] > 0 else 0   # two residual dropout masks
+    if flash:
+        attn += batch * a * s["seq"] * 8 // t                     # softmax max and sum, fp32
+    else:
+        attn += scores * sm                                       # softmax output
+        if recompute != "selective" and sm != c:
+            attn += scores * c                                    # probs cast to compute dtype
+        if recompute != "selective" and s["attention_dropout"] > 0:
+            attn += scores * (1 + c)                              # mask and dropped probs
+    return norm_part + attn + mlp + drop
+
+
+def head_activation_bytes(s, batch, t=1, vocab_parallel=False):
+    """Bytes of the tied head and loss for one micro-batch: the final LayerNorm's input/output,
+    and four fp32 [tokens, vocab] buffers alive at the start of the backward pass: the logits, the
+    log-softmax output kept for its backward, the dense gradient GatherD scatters into, and the
+    gradient of the logits (the head's ``ops.cast(..., float32)`` makes all of them fp32)."""
+    tokens = batch * s["seq"]
+    vocab = s["vocab"] // (t if vocab_parallel else 1)
+    norm = tokens * s["hidden"] * (BYTES[s["ln_dtype"]] + BYTES[s["compute_dtype"]])
+    return norm + 4 * tokens * vocab * 4
+
+
+def embedding_activation_bytes(s, batch):
+    """The embedding output (words + positions, in the compute dtype) for one micro-batch."""
+    return batch * s["seq"] * s["hidden"] * BYTES[s["compute_dtype"]]
+
+
+def stage_activation_bytes(s, batch, layers, first, last, t=1, seq_parallel=False, recompute="none",
+                           vocab_parallel=False, flash=False):
+    """Activations of one micro-batch on a stage holding ``layers`` layers.
+
+    ``recompute``: 'none', 'selective', 'full', or an int = layers of this stage recomputed in full.
+    With full recompute the layer being recomputed in backward holds its full activations once.
+    """
+    if isinstance(recompute, bool):
+        recompute = "full" if recompute else "none"
+    full_layers = layers if recompute == "full" else (recompute if isinstance(recompute, int) else 0)
+    full_layers = min(full_layers, layers)
+    rest_mode = "selective" if recompute == "selective" else "none"
+    total = full_layers * layer_activation_bytes(s, batch, t, seq_parallel, "full", flash)
+    total += (layers - full_layers) * layer_activation_bytes(s, batch, t, seq_parallel, rest_mode, flash)
+    if full_layers:
+        total += layer_activation_bytes(s, batch, t, seq_parallel, "none", flash)
+    if first:
+        total += embedding_activation_bytes(s, batch)
+    if last:
+        total += head_activation_bytes(s, batch, t, vocab_parallel)
+    return total
+
+
+def in_flight_micro_batches(stage, stages, micro_batch_num):
+    """1F1B: stage k holds forward activations of (stages - k) micro-batches at its peak."""
+    return max(1, min(stages - stage, micro_batch_num))
+
+
+def cpu_peak_rss(state_bytes, activation_bytes):
+    """Peak RSS of a single-process CPU training run: runtime + factor * states + factor * activations.
+
+    ``state_bytes``: weights + gradients + optimizer moments; ``activation_bytes``: one step's
+    activations. The terms and their measured factors are described at the top of this module.
+    """
+    return RUNTIME_OVERHEAD_CPU + CPU_STATE_FACTOR * state_bytes + CPU_ACTIVATION_FACTOR * activation_bytes
