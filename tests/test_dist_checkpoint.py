@@ -35,6 +35,7 @@ def full_ckpt(tmp_path_factory):
 
 
 def run_yaml(tmp_path, **parallel):
+    parallel.setdefault("micro_batch_num", 2 * parallel.get("pipeline_stage", 1))  # a pipeline run needs >= stages
     config = {"model": {"model_config": dict(SMALL, model_type="gpt_local", architectures=["GPTLocalForCausalLM"])},
               "parallel_config": parallel}
     return yaml_io.dump_yaml(config, str(tmp_path / "run.yaml"))

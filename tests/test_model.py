@@ -126,7 +126,8 @@ def test_stage_assignment_and_recompute_rules():
 
 def test_blocks_carry_stage_and_recompute_from_config():
     config = GPTLocalConfig(**dict(TINY, num_hidden_layers=4),
-                            parallel_config={"pipeline_stage": 2, "recompute": {"recompute": [1, 0]}})
+                            parallel_config={"pipeline_stage": 2, "micro_batch_num": 2,
+                                             "recompute": {"recompute": [1, 0]}})
     model = GPTLocalForCausalLM(config)
     assert model.model.stage_ids == [0, 0, 1, 1]
     assert [block.pipeline_stage for block in model.model.layers] == [0, 0, 1, 1]

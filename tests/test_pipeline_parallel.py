@@ -101,7 +101,7 @@ def run_pipeline(model, ids, labels, positions):
 
 @pytest.mark.parametrize("offset,layers", [(0, [1, 2]), ([1, 0], [2, 1])])
 def test_stages_run_in_turn_equal_the_full_model(offset, layers):
-    config = GPTLocalConfig(**SMALL, parallel_config={"pipeline_stage": 2, "offset": offset})
+    config = GPTLocalConfig(**SMALL, parallel_config={"pipeline_stage": 2, "micro_batch_num": 2, "offset": offset})
     ms.set_seed(0)
     model = GPTLocalForCausalLM(config)
     rng = np.random.default_rng(1)

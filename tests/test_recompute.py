@@ -8,7 +8,7 @@ from conftest import TINY
 
 def build(**recompute):
     config = GPTLocalConfig(**dict(TINY, num_hidden_layers=4),
-                            parallel_config={"pipeline_stage": 2, "recompute": recompute})
+                            parallel_config={"pipeline_stage": 2, "micro_batch_num": 2, "recompute": recompute})
     return GPTLocalForCausalLM(config).model.layers
 
 

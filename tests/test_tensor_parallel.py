@@ -16,7 +16,7 @@ from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import causal_bias
-from mindformers_gptlocal.model.sharding import (block_rules, model_rules, param_layouts, rank_slice, merge_slices,
+from mindformers_gptlocal.model.sharding import (check_divisible, block_rules, model_rules, param_layouts, rank_slice, merge_slices,
                                                  split_axis, apply_sharding, concrete, resolve)
 
 SEQ, BATCH = 8, 2
@@ -237,8 +237,10 @@ def test_strategies_are_set_from_the_rules_only_for_a_parallel_build():
 
 def test_model_parallel_that_splits_a_head_is_refused():
     from mindformers_gptlocal.errors import ConfigError
-    config = GPTLocalConfig(**SMALL, parallel_config={"model_parallel": 3})
+    with pytest.raises(ConfigError, match="num_attention_heads"):  # the config refuses the layout at build
+        GPTLocalConfig(**SMALL, parallel_config={"model_parallel": 3})
+    config = GPTLocalConfig(**SMALL)
     with pytest.raises(ConfigError, match="num_attention_heads"):
-        apply_sharding(GPTLocalForCausalLM(config), config)
+        check_divisible(config, 3)
     with pytest.raises(ConfigError, match="num_attention_heads"):
         GPTLocalBlock(config, 1, tp_size=3)

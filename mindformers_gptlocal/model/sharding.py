@@ -171,16 +171,11 @@ def merge_slices(pieces, layout):
 
 
 def check_divisible(config, mp):
-    """Refuse a model_parallel that does not split the model into whole heads / columns / rows."""
+    """Refuse a model_parallel that does not split the model into whole heads / columns / rows:
+    the divisibility rules of ``parallel_rules`` (the ones ``gptlocal plan`` applies) for this ``mp``."""
+    from ..parallel_rules import check_parallel_layout, raise_if_bad
     _, _, _, vocab_emb_dp = parallel_sizes(config)
-    checks = [("num_attention_heads", config.num_attention_heads), ("intermediate_size", config.intermediate_size)]
-    if not vocab_emb_dp:
-        checks.append(("vocab_size", config.vocab_size))
-    for key, value in checks:
-        if value % mp:
-            hint = " or set parallel_config.vocab_emb_dp: True" if key == "vocab_size" else ""
-            raise ConfigError(f"model_config.{key} ({value}) is not divisible by parallel_config.model_parallel "
-                              f"({mp}); choose a model_parallel that divides it{hint}.")
+    raise_if_bad(check_parallel_layout(config, {"model_parallel": mp, "vocab_emb_dp": vocab_emb_dp}))
 
 
 def resolve(cell, path):
