@@ -83,6 +83,7 @@ def block_rules(seq_parallel=False):
         _norm("input_layernorm", act),
         *_column("attention.linear_qkv"),
         OpRule("attention.transpose", ((DP, 1, MP, 1, 1),)),  # [B, S, N, 3, D]: whole heads per rank
+        OpRule("attention.split_qkv", ((1, DP, MP, 1, 1),)),  # [3, B, N, S, D] -> q, k, v
         OpRule("attention.qk_matmul", (heads, heads)),
         OpRule("attention.scale_mul", (heads, ())),
         OpRule("attention.add_mask", (heads, (1, 1, 1, 1))),
