@@ -10,7 +10,7 @@ Memory terms (bytes per device), each the state that lives through a training st
 
 * weights: parameters in ``params_dtype``.
 * gradients: one per parameter, in ``params_dtype`` (MindSpore's grads take the parameter dtype).
-* optimizer: MindFormers' AdamW keeps two fp32 moments (``adam_m``, ``adam_v``) per parameter,
+* optimizer: MindFormers' AdamW (and GPTLocalAdamW, its fused form) keeps two fp32 moments (``adam_m``, ``adam_v``) per parameter,
   whatever the parameter dtype. It keeps no separate fp32 master copy: with fp32 parameters the
   weights are the master; with bf16/fp16 ones it updates in fp32 on the fly and casts back. With
   ``parallel.enable_parallel_optimizer`` the moments are split over the data-parallel ranks.
@@ -21,29 +21,53 @@ Memory terms (bytes per device), each the state that lives through a training st
 On Ascend these analytic numbers are the estimate (plus the runtime's workspace, which
 ``max_device_memory`` caps); they are not measured on a card here. On CPU the measured peak RSS
 of a MindFormers training run holds much more; ``cpu_peak_rss`` adds a measured runtime term and
-two measured factors (below).
+measured factors (below), the state one per optimizer type.
 """
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ADAM_MOMENT_BYTES = 8  # two fp32 moments
 
 # CPU (device_target CPU) terms, measured with MindSpore 2.7.2 + MindFormers 1.8.0 through
-# `gptlocal run` (GPTLocalTrainOneStepCell with grad clipping, AdamW, graph mode, 3 steps) on the
-# 2-core x86 machine of the field notes, fitted by least squares to the peak RSS of six shapes
-# (MB measured -> fitted): 2 layers x 64 wide, vocab 512, batch 4x256 (1009 -> 1111); tiny 4 x 256,
-# vocab 8192, batch 4x256 (1725 -> 1775) and 8x256 (2225 -> 2197); GPT-2 small, batch 2x256
-# (9205 -> 9389), 1x256 (8466 -> 8632) and with vocab 8192 (7434 -> 6960).
-# RUNTIME_OVERHEAD_CPU: what is there with (almost) no model: the Python process with MindSpore and
-#   MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU memory pool.
-# CPU_STATE_FACTOR: peak RSS grows by 3.6x the analytic weights + grads + moments (57 bytes per
-#   fp32 parameter, not 16). Where the rest lives is not itemised here; likely contributors are
-#   host copies of parameters next to the graph's buffers, and the clip/overflow/AdamW update of
-#   every parameter running as one graph whose fp32 temporaries are alive together.
-# CPU_ACTIVATION_FACTOR: peak RSS grows by 2.0x the analytic saved activations, because the CPU
-#   graph also keeps forward outputs the backward does not need (pre-softmax scores, bias adds,
-#   reshapes) and the backward's own temporaries.
-RUNTIME_OVERHEAD_CPU = 1050 * 2 ** 20
-CPU_STATE_FACTOR = 3.6
-CPU_ACTIVATION_FACTOR = 2.0
+# `gptlocal run` (GPTLocalTrainOneStepCell with grad clipping, graph mode, fp32, seq 256, 3 steps)
+# on the 2-core x86 machine of the field notes; `benchmarks/cpu_rss_fit.py` runs them (the runs are
+# in benchmarks/cpu_rss_runs.jsonl) and fits
+#   peak RSS = RUNTIME_OVERHEAD_CPU + CPU_STATE_FACTOR[optimizer.type] * (weights + grads + moments)
+#              + CPU_ACTIVATION_FACTOR * (activations - head) + CPU_HEAD_FACTOR * head activations
+# by least squares to 13 runs, 7 shapes with GPTLocalAdamW and 6 with AdamW; the held-out shape
+# (GPT-2 small with vocab 8192, batch 2x256) is in neither fit. Peak RSS, MB measured -> fitted
+# (GPTLocalAdamW | AdamW), "fitted" being cpu_peak_rss with the rounded constants below:
+#   2 layers x 64 wide, vocab 512, batch 4x256       991 -> 1035     | 1011 -> 1040
+#   tiny (4 x 256, vocab 8192), batch 4x256         1577 -> 1590     | 1770 -> 1764
+#   tiny, batch 8x256                               2149 -> 2153     | 2327 -> 2326
+#   tiny with vocab 50257, batch 4x256              2461 -> 2410     | 2966 -> 2935
+#   GPT-2 small (124M), batch 2x256                 5314 -> 5377     | 9238 -> 9440
+#   GPT-2 small, batch 1x256                        4204 -> 4211     | 8489 -> 8274
+#   GPT-2 small with vocab 8192, batch 4x256        6605 -> 6524     |   (not run)
+#   held out: GPT-2 small, vocab 8192, batch 2x256  4768 -> 4511 (0.946) | 7708 -> 7519 (0.976)
+# Repeated GPTLocalAdamW runs differ by about 1%: GPT-2 small batch 2x256 5314, 5278, 5291; batch
+# 1x256 4204, 4215; tiny batch 4x256 1577, 1592.
+# One term per line below; the factors multiply this module's analytic byte counts.
+# RUNTIME_OVERHEAD_CPU (937 MB): what is there with (almost) no model: the Python process with
+#   MindSpore and MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU
+#   memory pool.
+# CPU_STATE_FACTOR, per ``optimizer.type``: weights + grads + two fp32 moments are 16 bytes per fp32
+#   parameter. GPTLocalAdamW (optim.py, one in-place kernel per parameter) holds them about once
+#   (1.11x, 18 bytes per parameter). MindFormers' AdamW writes the update as ~10 element-wise ops per
+#   parameter, each with a parameter-sized fp32 temporary; its peak holds 3.25x (52 bytes per
+#   parameter; the first fit, before the fused GeLU and two-stage grad checks, gave 3.6x). An
+#   optimizer not measured here gets AdamW's factor (``cpu_state_factor``), the conservative one.
+# CPU_ACTIVATION_FACTOR (5.39x): the layers' and the embedding's saved activations
+#   (``layer_activation_bytes``, ``embedding_activation_bytes``) grow peak RSS by 5.4x their analytic
+#   count. Not itemised here; likely contributors: forward outputs the CPU graph keeps although the
+#   backward does not need them (pre-softmax scores, bias adds, the intermediates of the tanh GeLU
+#   composed from sigmoid) and the backward's own temporaries.
+# CPU_HEAD_FACTOR (0.97x): the head's four fp32 [tokens, vocab] buffers (``head_activation_bytes``)
+#   are there about once. One activation factor for both fits the same runs only to within 26%
+#   (tiny with vocab 50257: 1.26; GPT-2 small with vocab 8192, batch 4: 0.76), hence two terms.
+RUNTIME_OVERHEAD_CPU = 937 * 2 ** 20
+CPU_STATE_FACTOR = {"GPTLocalAdamW": 1.11, "AdamW": 3.25}
+CPU_CONSERVATIVE_OPTIMIZER = "AdamW"
+CPU_ACTIVATION_FACTOR = 5.39
+CPU_HEAD_FACTOR = 0.97
 
 
 def shape_of(model_config):
@@ -181,10 +205,24 @@ def in_flight_micro_batches(stage, stages, micro_batch_num):
     return max(1, min(stages - stage, micro_batch_num))
 
 
-def cpu_peak_rss(state_bytes, activation_bytes):
-    """Peak RSS of a single-process CPU training run: runtime + factor * states + factor * activations.
+def cpu_state_factor(optimizer_type):
+    """(factor, optimizer whose measured factor it is) for ``optimizer.type``; an optimizer not measured
+    here gets the AdamW factor, the larger one."""
+    name = str(optimizer_type or "")
+    if name in CPU_STATE_FACTOR:
+        return CPU_STATE_FACTOR[name], name
+    return CPU_STATE_FACTOR[CPU_CONSERVATIVE_OPTIMIZER], CPU_CONSERVATIVE_OPTIMIZER
+
+
+def cpu_peak_rss(state_bytes, activation_bytes, head_bytes, optimizer_type="GPTLocalAdamW"):
+    """Peak RSS of a single-process CPU training run:
+    runtime + state factor * states + activation factor * (activations - head) + head factor * head.
 
     ``state_bytes``: weights + gradients + optimizer moments; ``activation_bytes``: one step's
-    activations. The terms and their measured factors are described at the top of this module.
+    activations, of which ``head_bytes`` are the head's (``head_activation_bytes``);
+    ``optimizer_type``: the YAML's ``optimizer.type`` (see ``cpu_state_factor``). The terms and their
+    measured factors are described at the top of this module.
     """
-    return RUNTIME_OVERHEAD_CPU + CPU_STATE_FACTOR * state_bytes + CPU_ACTIVATION_FACTOR * activation_bytes
+    state_factor = cpu_state_factor(optimizer_type)[0]
+    return (RUNTIME_OVERHEAD_CPU + state_factor * state_bytes
+            + CPU_ACTIVATION_FACTOR * (activation_bytes - head_bytes) + CPU_HEAD_FACTOR * head_bytes)

@@ -84,8 +84,17 @@ def plan(config, devices=None):
         result["fits"] = peak <= CARD_MEMORY[target]
     if target == "CPU" and dp * t * pp == 1:
         st = stages[0]
+        optimizer = _get(_get(config, "optimizer", {}) or {}, "type", None)
+        factor, measured_as = mem.cpu_state_factor(optimizer)
+        result["cpu_optimizer"] = {"type": optimizer, "state_factor": factor, "factor_of": measured_as,
+                                   "measured": measured_as == optimizer}
+        if measured_as != optimizer:
+            result["notes"].append(f"optimizer.type {optimizer!r} has no measured CPU memory factor: the CPU peak RSS "
+                                   f"estimate uses {measured_as}'s ({factor}x the weights, grads and moments), the "
+                                   f"conservative one")
         result["cpu_peak_rss_bytes"] = mem.cpu_peak_rss(
-            st["weights_bytes"] + st["grads_bytes"] + st["optimizer_bytes"], st["activation_bytes"])
+            st["weights_bytes"] + st["grads_bytes"] + st["optimizer_bytes"], st["activation_bytes"],
+            mem.head_activation_bytes(s, batch), optimizer)
     return result
 
 
@@ -179,8 +188,9 @@ def format_plan(result, path=""):
                      f"({result['card_bytes'] / GIB:.0f} GiB): {verdict} (model state and activations; the "
                      f"runtime's workspace comes on top)")
     if "cpu_peak_rss_bytes" in result:
+        opt = result["cpu_optimizer"]
         lines.append(f"CPU single process: expected peak RSS {result['cpu_peak_rss_bytes'] / 2 ** 20:,.0f} MB "
-                     f"(runtime + measured CPU factors, see memory_estimate.py)")
+                     f"(runtime + measured CPU factors for optimizer {opt['type']}, see memory_estimate.py)")
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 
