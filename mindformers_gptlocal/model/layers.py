@@ -70,14 +70,36 @@ class LayerNorm(nn.Cell):
         return self.cast(y, dtype)
 
 
+class TanhGeLU(nn.Cell):
+    """GPT-2's tanh GeLU as x * sigmoid(2c(x + 0.044715 x^3)), c = sqrt(2/pi), with its own backward.
+
+    For CPU, where MindSpore's GeLU kernel is slow (measured on [512, 3072]: 33 ms forward against
+    4 ms for this form; `python benchmarks/reduce_kernels.py`). The hand-written backward keeps only
+    ``x`` for the backward pass (autodiff of the composed form would keep x^3, the sigmoid and its
+    argument: ~25 MB a layer for GPT-2 small at batch 2 x 256) and recomputes the sigmoid there.
+    Its error against float64 is the kernel's.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+
+    def construct(self, x):
+        return x * self.sigmoid(TANH_GELU_SCALE * (x + 0.044715 * x * x * x))
+
+    def bprop(self, x, out, dout):
+        square = x * x
+        gate = self.sigmoid(TANH_GELU_SCALE * (x + 0.044715 * square * x))
+        slope = gate + x * gate * (1.0 - gate) * (TANH_GELU_SCALE * (1.0 + 3.0 * 0.044715 * square))
+        return (dout * slope,)
+
+
 class Activation(nn.Cell):
     """GPT-2's activations by their Hugging Face names.
 
     The tanh GeLU is held as the GeLU primitive (what ``ops.gelu(approximate='tanh')`` calls) so
-    that it can carry a shard strategy. On CPU that kernel is slow (measured on [512, 3072]: 33 ms
-    forward, against 4 ms for the same function written as x * sigmoid(2c(x + 0.044715 x^3)),
-    c = sqrt(2/pi), whose error against float64 is the kernel's); there, and only there, the
-    composed form is used, decided at build time. The exact erf form stays functional.
+    that it can carry a shard strategy; on CPU, and only there, it is ``TanhGeLU`` instead (decided
+    at build time). The exact erf form stays functional.
     """
 
     def __init__(self, name):
@@ -87,14 +109,14 @@ class Activation(nn.Cell):
         self.relu = ops.ReLU()
         self.gelu = ops.GeLU()
         self.composed_tanh_gelu = ms.get_context("device_target") == "CPU"
-        self.sigmoid = ops.Sigmoid()
+        self.tanh_gelu = TanhGeLU()
 
     def construct(self, x):
         if self.is_relu:
             return self.relu(x)
         if self.approximate == "tanh":
             if self.composed_tanh_gelu:
-                return x * self.sigmoid(TANH_GELU_SCALE * (x + 0.044715 * x * x * x))
+                return self.tanh_gelu(x)
             return self.gelu(x)
         return ops.gelu(x, approximate="none")
 
