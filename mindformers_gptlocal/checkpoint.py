@@ -21,7 +21,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "generation_config.json")
 
 
-def _step_of(path):
+def step_of(path):
+    """(epoch, step) from a name like prefix_rank_0-1_20.safetensors, for ordering."""
     numbers = re.findall(r"(\d+)", os.path.basename(path))
     return tuple(int(n) for n in numbers[-2:]) if numbers else (0,)
 
@@ -39,11 +40,12 @@ def resolve_weights_file(path):
         return direct
     candidates = []
     for pattern in ("*.safetensors", "rank_0/*.safetensors", "checkpoint/rank_0/*.safetensors"):
-        candidates += glob.glob(os.path.join(path, pattern))
+        candidates += [p for p in glob.glob(os.path.join(path, pattern))
+                       if not os.path.basename(p).startswith("partial-")]  # unfinished writes
     if not candidates:
         raise CheckpointError(f"load_checkpoint {path}: no .safetensors file inside (looked for {WEIGHTS_NAME}, "
                               f"*.safetensors and rank_0/*.safetensors).")
-    return max(candidates, key=lambda p: (_step_of(p), os.path.getmtime(p)))
+    return max(candidates, key=lambda p: (step_of(p), os.path.getmtime(p)))
 
 
 def read_safetensors(path):

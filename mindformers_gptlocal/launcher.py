@@ -140,6 +140,10 @@ def run(config):
     from mindformers.core.context import build_context
     from mindformers.trainer import Trainer
     from mindformers.utils.file_utils import set_output_path
+    from .preflight import preflight
+    from .compat import mark_checked
+    preflight(config)  # before set_output_path, which creates folders: a refused run writes nothing
+    mark_checked(config)
     set_output_path(config.output_dir)
     build_context(config)
     metrics = _metrics(config)

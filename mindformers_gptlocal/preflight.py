@@ -127,13 +127,60 @@ def check_data(config, model_config):
                 check_megatron(path, key, model_config.vocab_size)
 
 
-def resolve_checkpoint(config):
+def resolve_checkpoint(config, log=print):
     """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
+    if config.get("resume_training") and config.run_mode in ("train", "finetune") and not config.get("use_parallel"):
+        resolve_resume(config, log)
+        return
     path = config.get("load_checkpoint")
     if not path or config.get("use_parallel"):
         return
     from .checkpoint import resolve_weights_file
     config.load_checkpoint = resolve_weights_file(path)
+
+
+def resolve_resume(config, log=print):
+    """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
+    hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
+    from .resume import find_resume_checkpoint
+    wanted = config.resume_training if isinstance(config.resume_training, str) else None
+    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    path, info = find_resume_checkpoint(path, wanted, log)
+    log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
+    config.load_checkpoint = path
+    config.resume_training = True
+    step = int(info["step_num"])
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalThroughputMonitor":
+            callback["initial_step"] = step
+        if callback.get("type") == "GPTLocalCheckpointMonitor":
+            callback["append_info"] = [{"epoch_num": int(info.get("epoch_num", 0)), "step_num": step,
+                                        "global_step": step, "loss_scale": info.get("loss_scale", 1)}]
+
+
+def honor_stop_step(config):
+    """MindFormers 1.8.0 reads ``runner_config.stop_step`` but never adds the callback that stops: add it.
+    It counts the steps of this run (a resumed run counts from its first new step)."""
+    stop = (config.get("runner_config") or {}).get("stop_step")
+    callbacks = config.get("callbacks") or []
+    if isinstance(stop, int) and stop > 0 and not any(c.get("type") == "TrainCallBack" for c in callbacks):
+        config.callbacks = list(callbacks) + [{"type": "TrainCallBack", "stop_step": stop}]
+
+
+def configure_checkpoint_monitor(config):
+    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling)."""
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalCheckpointMonitor" and callback.get("global_batch_size") is None:
+            callback["global_batch_size"] = global_batch_size(config)
+
+
+def global_batch_size(config):
+    """As MindFormers computes it: batch x data parallel x micro batches (pipeline) x accumulation."""
+    runner = config.get("runner_config") or {}
+    parallel = config.get("parallel_config") or {}
+    micro = parallel.get("micro_batch_num", 1) if parallel.get("pipeline_stage", 1) > 1 else 1
+    return (int(runner.get("batch_size", 1)) * int(parallel.get("data_parallel", 1)) * int(micro)
+            * int(runner.get("gradient_accumulation_steps", 1) or 1))
 
 
 def check_output_dir(config):
@@ -154,7 +201,9 @@ def preflight(config, log=print):
     model_config = model_config_of(config)
     check_output_dir(config)
     check_data(config, model_config)
-    resolve_checkpoint(config)
+    resolve_checkpoint(config, log)
+    configure_checkpoint_monitor(config)
+    honor_stop_step(config)
     if config.run_mode == "predict" and config.get("pretrained_model_dir"):
         tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")
         if not os.path.isfile(tokenizer):
