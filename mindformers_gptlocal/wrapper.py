@@ -5,7 +5,8 @@ overflow from Ascend/GPU float-status kernels that CPU lacks ("Unsupported op
 [NPUGetFloatStatusV2] on CPU"). These subclasses keep everything else (gradient
 clipping, static or dynamic loss scale, skipping the update on overflow, grad
 accumulation and pipeline micro-batches) and, off Ascend, decide overflow with
-an ``isfinite`` reduction over the gradients, all-reduced across data-parallel ranks.
+an ``isfinite`` reduction over the gradients (and their squared norms), all-reduced across
+data-parallel ranks. An overflowing step is skipped: weights and optimizer state stay as they were.
 """
 import mindspore as ms
 from mindspore import ops
@@ -19,8 +20,12 @@ _non_finite = ops.MultitypeFuncGraph("_non_finite")
 
 @_non_finite.register("Tensor")
 def _count_non_finite(grad):
-    """1.0 when the gradient holds a NaN or Inf, else 0.0."""
-    all_finite = ops.ReduceAll()(ops.IsFinite()(grad))
+    """1.0 when the gradient holds a NaN or Inf, or is so large that its squared norm overflows fp32, else 0.0.
+
+    The second case matters with ``use_clip_grad``: an infinite global norm makes the clip factor 0, and the
+    optimizer would then take a step on zeroed gradients instead of skipping the batch."""
+    grad = ops.cast(grad, mstype.float32)
+    all_finite = ops.logical_and(ops.ReduceAll()(ops.IsFinite()(grad)), ops.IsFinite()(ops.ReduceSum()(grad * grad)))
     return 1.0 - ops.cast(all_finite, mstype.float32)
 
 
