@@ -106,7 +106,13 @@ def load_config(argv=None):
         os.environ["REGISTER_PATH"] = os.path.abspath(args.register_path)
         if os.environ["REGISTER_PATH"] not in sys.path:
             sys.path.append(os.environ["REGISTER_PATH"])
-    config = MindFormerConfig(os.path.abspath(args.config), **({"run_mode": args.run_mode} if args.run_mode else {}))
+    try:
+        config = MindFormerConfig(os.path.abspath(args.config),
+                                  **({"run_mode": args.run_mode} if args.run_mode else {}))
+    except Exception as err:  # YAML syntax, a missing base_config, a top level that is not a mapping
+        raise ConfigError(f"--config {args.config} cannot be read as a MindFormers YAML "
+                          f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}); fix the "
+                          f"place it names.") from err
     for flag, key in DIRECT.items():
         value = getattr(args, flag)
         if value is not None:

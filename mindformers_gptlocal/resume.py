@@ -8,32 +8,13 @@ CheckpointMonitor), the newest file whose safetensors header says it is whole. T
 and truncated files are skipped with a note, never resumed from.
 """
 import glob
-import json
 import os
-import struct
 
 from . import ckpt_manifest
-from .checkpoint import step_of
+from .checkpoint import safetensors_problem, step_of
 from .errors import CheckpointError
 
 RESUME_KEYS = ("step_num", "epoch_num", "global_batch_size", "loss_scale")
-
-
-def safetensors_problem(path):
-    """None when the safetensors header is readable and its tensors end exactly at the file's end."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if length > size - 8:
-                return "header runs past the end of the file (truncated)"
-            header = json.loads(handle.read(length))
-    except (OSError, struct.error, ValueError, UnicodeDecodeError) as err:
-        return f"unreadable header ({err.__class__.__name__})"
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
-    if 8 + length + max(ends, default=0) != size:
-        return f"{size} bytes but the header describes {8 + length + max(ends, default=0)} (truncated or padded)"
-    return None
 
 
 def resume_info(path):
