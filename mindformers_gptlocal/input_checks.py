@@ -19,6 +19,13 @@ def check_structure(config):
     if not isinstance(model, dict) or not isinstance(model.get("model_config"), dict):
         raise ConfigError("model.model_config must be a mapping of model keys (model_type: gpt_local, "
                           "hidden_size: ..., ...); check the YAML's indentation under model:.")
+    model_config = model["model_config"]
+    if model_config.get("model_type") != "gpt_local":
+        raise ConfigError(f"model.model_config.model_type is {model_config.get('model_type')!r}; set it to "
+                          f"gpt_local (architectures names GPTLocalForCausalLM).")
+    if model_config.get("architectures") not in (["GPTLocalForCausalLM"], "GPTLocalForCausalLM"):
+        raise ConfigError(f"model.model_config.architectures is {model_config.get('architectures')!r}; set it "
+                          f"to [\"GPTLocalForCausalLM\"].")
     for section in ("runner_config", "train_dataset", "eval_dataset", "parallel_config", "runner_wrapper",
                     "lr_schedule", "optimizer", "context"):
         if config.get(section) is not None and not isinstance(config.get(section), dict):
@@ -30,14 +37,34 @@ def check_structure(config):
                           "GPTLocalThroughputMonitor).")
     runner = config.get("runner_config") or {}
     for key in ("batch_size", "epochs", "gradient_accumulation_steps"):
-        _positive_int(runner.get(key), f"runner_config.{key}")
+        _positive_int(runner, key, "runner_config")
     for section in ("train_dataset", "eval_dataset"):
-        _positive_int((config.get(section) or {}).get("batch_size"), f"{section}.batch_size")
+        _positive_int(config.get(section) or {}, "batch_size", section)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = model_config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"model.model_config.{key} must be a token id (an integer >= 0), got {value!r}.")
 
 
-def _positive_int(value, key):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
+def check_device(config):
+    """The device MindFormers will use (its default is Ascend when context.device_target is unset) must exist."""
+    target = (config.get("context") or {}).get("device_target") or "Ascend"
+    if target not in ("CPU", "GPU", "Ascend"):
+        raise ConfigError(f"context.device_target {target!r} is not one of CPU, GPU, Ascend.")
+    import mindspore as ms
+    if not ms.hal.is_available(target):
+        unset = "" if (config.get("context") or {}).get("device_target") else " (unset: MindFormers defaults to Ascend)"
+        raise ConfigError(f"context.device_target is {target}{unset}, but this MindSpore has no usable {target} "
+                          f"backend; set context.device_target (or --device_target) to CPU or install the "
+                          f"{target} software.")
+
+
+def _positive_int(section, key, name):
+    """A key that is present must hold a positive integer (a YAML `key:` with no value is None)."""
+    if key in section:
+        value = section[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name}.{key} must be a positive integer, got {value!r}.")
 
 
 def check_output_dir(config):

@@ -148,6 +148,7 @@ def run(config):
     from mindformers.utils.file_utils import set_output_path
     from .preflight import preflight
     from .compat import mark_checked
+    check_model_section(config)
     preflight(config)  # before set_output_path, which creates folders: a refused run writes nothing
     mark_checked(config)
     set_output_path(config.output_dir)
@@ -161,6 +162,15 @@ def run(config):
         return {name: metric.eval() for name, metric in (metrics or {}).items()}
     return trainer.predict(predict_checkpoint=config.load_checkpoint, input_data=config.input_data,
                            batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
+
+
+def check_model_section(config):
+    """A YAML without a model section (a cut or mis-indented file) would run MindFormers' defaults."""
+    from .errors import ConfigError
+    model = config.get("model")
+    if not isinstance(model, dict) or not model.get("model_config"):
+        raise ConfigError("the YAML has no model.model_config section; start from a file in model_configs/ "
+                          "(model_type: gpt_local).")
 
 
 def _metrics(config):

@@ -14,16 +14,21 @@ import numpy as np
 
 from .errors import ConfigError, DataError
 from .input_checks import (check_enough_rows, check_megatron_pair, check_mindrecord_schema, check_output_dir,
-                           check_safetensors_only, check_structure, check_tokenizers)
+                           check_device, check_safetensors_only, check_structure,
+                           check_tokenizers)
 
 MODEL_TYPE = "gpt_local"
+ARCHITECTURE = "GPTLocalForCausalLM"
 SCAN_ROWS = 20000
 
 
 def is_gpt_local(config):
+    """model_type gpt_local, or our architecture name next to a mistyped model_type."""
     model = config.get("model") or {}
     model_config = model.get("model_config") if isinstance(model, dict) else None
-    return isinstance(model_config, dict) and model_config.get("model_type") == MODEL_TYPE
+    if not isinstance(model_config, dict):
+        return False
+    return model_config.get("model_type") == MODEL_TYPE or ARCHITECTURE in str(model_config.get("architectures"))
 
 
 def ensure_mcore(config, log=print):
@@ -206,6 +211,7 @@ def preflight(config, log=print):
         return
     ensure_mcore(config, log)
     check_structure(config)
+    check_device(config)
     model_config = model_config_of(config)
     check_output_dir(config)
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
