@@ -1,12 +1,10 @@
 """Exact resume: N steps, stop, ``--resume_training True``; steps N+1..2N equal an uninterrupted run bit for bit.
 
-Covers shuffled MindRecord with a fixed loss scale, and Megatron .bin/.idx with a dynamic loss scale
-that rises during the run (its scale and step counter must resume too). Single card, fp32 on CPU.
+Covers shuffled MindRecord with a fixed loss scale (saved by MindFormers' stock CheckpointMonitor), and
+Megatron .bin/.idx with a dynamic loss scale that rises during the run (its scale and step counter must
+resume too; saved by GPTLocalCheckpointMonitor). Single card, fp32 on CPU.
 """
-import json
 import os
-
-import pytest
 
 from mindformers_gptlocal import yaml_io
 from conftest import run_launcher, step_losses, tiny_yaml
@@ -14,8 +12,9 @@ from conftest import run_launcher, step_losses, tiny_yaml
 N = 4
 
 
-def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", **changes):
-    """A tiny run printing every step and saving a checkpoint every step (keeping 2)."""
+def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
+               **changes):
+    """A tiny run printing every step and saving a checkpoint every step (keeping 2) with ``monitor``."""
     tmp_path.mkdir(exist_ok=True)
     yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
     config = yaml_io.load_yaml(yaml_path)
@@ -23,18 +22,18 @@ def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", **chan
         if callback["type"] == "GPTLocalThroughputMonitor":
             callback["per_print_times"] = 1
         if callback["type"] == "GPTLocalCheckpointMonitor":
-            callback.update(save_checkpoint_steps=1, keep_checkpoint_max=2)
+            callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=2)
     return yaml_io.dump_yaml(config, yaml_path)
 
 
-def assert_exact_resume(tmp_path, corpus, name, **changes):
+def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonitor", **changes):
     full = write_yaml(tmp_path / "full", corpus, name, **changes)
     code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
     assert code == 0, out[-3000:]
     reference = step_losses(out)
     assert len(reference) == 2 * N, out[-3000:]
 
-    part = write_yaml(tmp_path / "part", corpus, name, **changes)
+    part = write_yaml(tmp_path / "part", corpus, name, monitor, **changes)
     code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(N)], cwd=str(tmp_path / "part"))
     assert code == 0, first[-3000:]
     assert step_losses(first) == reference[:N]
@@ -45,9 +44,12 @@ def assert_exact_resume(tmp_path, corpus, name, **changes):
     return out, second
 
 
-def test_resume_mindrecord_shuffled_is_exact(tmp_path, corpus):
-    assert_exact_resume(tmp_path, corpus, "pretrain_gpt_local_tiny_cpu.yaml",
+def test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout(tmp_path, corpus):
+    """The interrupted run saves with MindFormers' own CheckpointMonitor (checkpoint/rank_0/, which single-card
+    MindFormers refuses to resume from): the pre-flight resolves it to the newest whole file."""
+    assert_exact_resume(tmp_path, corpus, "pretrain_gpt_local_tiny_cpu.yaml", monitor="CheckpointMonitor",
                         train_dataset__data_loader__num_samples=8 * N, lr_schedule__warmup_ratio=0.3)
+    assert os.path.isdir(tmp_path / "part" / "output" / "checkpoint" / "rank_0")
 
 
 def test_resume_megatron_dynamic_loss_scale_is_exact(tmp_path, corpus):
