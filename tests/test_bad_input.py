@@ -165,8 +165,11 @@ def test_mindrecord_wrong_schema(tmp_path, corpus):
     assert "lacks column(s) ['labels', 'loss_mask', 'position_ids']" in line
 
 
-def test_dataset_smaller_than_a_batch(tmp_path, corpus):
+def test_empty_dataset_or_smaller_than_a_batch(tmp_path, corpus):
     from mindformers_gptlocal.data.prepare import write_mindrecord
+    path = str(tmp_path / "empty.mindrecord")
+    write_mindrecord(path, np.ones((0, 65), np.int32))
+    assert "holds no samples" in _preflight_error(tmp_path, corpus, train_dataset__data_loader__dataset_dir=path)
     path = str(tmp_path / "tiny.mindrecord")
     write_mindrecord(path, np.ones((2, 65), np.int32))
     assert "holds 2 sample(s), fewer than one batch (4)" in \
