@@ -218,3 +218,12 @@ def test_launcher_prints_one_clean_line_for_bad_yaml(tmp_path):
     errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out[-2000:]
     assert "cannot be read as a MindFormers YAML" in errors[0]
+
+
+def test_megatron_token_ids_beyond_vocab(tmp_path, corpus):
+    from mindformers_gptlocal.data.prepare import write_megatron
+    prefix = str(tmp_path / "big")
+    write_megatron(prefix, [np.arange(500, 700, dtype=np.int32)])  # vocab is 512
+    line = _preflight_error(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu_megatron.yaml",
+                            train_dataset__data_loader__config__data_path=["1", prefix])
+    assert "holds token id 699, outside model_config.vocab_size (512)" in line
