@@ -7,7 +7,6 @@ pair cancels in the loss normaliser, so the loss stays finite but the gradients 
 larger: their squared norm overflows fp32, or the scaled gradients overflow outright).
 """
 import numpy as np
-import pytest
 from safetensors.numpy import load_file
 
 from mindformers_gptlocal import yaml_io
