@@ -7,7 +7,7 @@ from .configuration_gpt_local import GPTLocalConfig
 from .model import GPTLocalForCausalLM
 from .wrapper import GPTLocalTrainOneStepCell
 from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
-from . import callbacks, metrics, optim, tokenizer_registry, compat
+from . import callbacks, checkpoint_monitor, metrics, optim, tokenizer_registry, compat
 
 compat.install()
 compat.register_auto_classes()

@@ -18,20 +18,32 @@ def _loss_value(outputs):
     return float(np.mean(loss.asnumpy()))
 
 
+def _overflow_and_scale(outputs):
+    """(overflow flag, loss scale) from the wrapper's (loss, overflow, scale, ...) outputs."""
+    if not isinstance(outputs, (tuple, list)) or len(outputs) < 3:
+        return False, None
+    return bool(np.asarray(outputs[1].asnumpy()).any()), float(np.asarray(outputs[2].asnumpy()).ravel()[0])
+
+
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalThroughputMonitor(Callback):
     """Prints step, loss, tokens/s and step time every ``per_print_times`` steps (first step includes compile).
 
-    Tokens per step are read from the train dataset's batch shape unless given.
+    Tokens per step are read from the train dataset's batch shape unless given. Steps the wrapper
+    skipped because the loss or gradients were not finite are counted (``skipped N``), and loss-scale
+    changes are logged, from the wrapper's (loss, overflow, scale) outputs.
     """
 
-    def __init__(self, per_print_times=10, tokens_per_step=None, stream=None):
+    def __init__(self, per_print_times=10, tokens_per_step=None, stream=None, initial_step=0):
         super().__init__()
         self.tokens_per_step = tokens_per_step
         self.per_print_times = int(per_print_times)
         self.stream = stream or sys.stdout
+        self.initial_step = int(initial_step)  # set by the pre-flight check on a resumed run
         self.window_start = None
         self.window_steps = 0
+        self.skipped = 0
+        self.last_scale = None
         self.history = []
 
     def on_train_begin(self, run_context):
@@ -45,16 +57,27 @@ class GPTLocalThroughputMonitor(Callback):
 
     def on_train_step_end(self, run_context):
         params = run_context.original_args()
-        step = params.cur_step_num
+        step = params.cur_step_num + self.initial_step
         self.window_steps += 1
         loss = _loss_value(params.net_outputs)
         self.history.append(loss)
-        if step == 1 or step % self.per_print_times == 0 or step == params.batch_num * params.epoch_num:
+        overflow, scale = _overflow_and_scale(params.net_outputs)
+        if overflow:
+            self.skipped += 1
+            self.stream.write(f"[gpt_local] step {step}: loss or gradients not finite (loss {loss!r}); update "
+                              f"skipped, weights unchanged ({self.skipped} skipped so far)\n")
+        if scale is not None and self.last_scale is not None and scale != self.last_scale:
+            change = "backed off" if scale < self.last_scale else "raised"
+            self.stream.write(f"[gpt_local] step {step}: loss scale {change} {self.last_scale:g} -> {scale:g}\n")
+        self.last_scale = scale
+        total = max(params.batch_num * params.epoch_num, step)
+        if step == 1 or step % self.per_print_times == 0 or step == total:
             seconds = time.time() - self.window_start
             rate = self.tokens_per_step * self.window_steps / max(seconds, 1e-9)
-            total = params.batch_num * params.epoch_num
-            self.stream.write(f"[gpt_local] step {step}/{total}  loss {loss:.4f}  {rate:,.0f} tokens/s  "
-                              f"{1000 * seconds / self.window_steps:.0f} ms/step\n")
+            # repr: the exact float, so runs can be compared bit for bit (resume tests do)
+            self.stream.write(f"[gpt_local] step {step}/{total}  loss {loss!r}  {rate:,.0f} tokens/s  "
+                              f"{1000 * seconds / self.window_steps:.0f} ms/step  skipped {self.skipped}"
+                              f"{'' if scale is None else f'  scale {scale:g}'}\n")
             self.stream.flush()
             self.window_start = time.time()
             self.window_steps = 0

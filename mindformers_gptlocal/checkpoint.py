@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import struct
 
 import numpy as np
 import mindspore as ms
@@ -21,7 +22,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "generation_config.json")
 
 
-def _step_of(path):
+def step_of(path):
+    """(epoch, step) from a name like prefix_rank_0-1_20.safetensors, for ordering."""
     numbers = re.findall(r"(\d+)", os.path.basename(path))
     return tuple(int(n) for n in numbers[-2:]) if numbers else (0,)
 
@@ -39,11 +41,66 @@ def resolve_weights_file(path):
         return direct
     candidates = []
     for pattern in ("*.safetensors", "rank_0/*.safetensors", "checkpoint/rank_0/*.safetensors"):
-        candidates += glob.glob(os.path.join(path, pattern))
+        candidates += [p for p in glob.glob(os.path.join(path, pattern))
+                       if not os.path.basename(p).startswith("partial-")]  # unfinished writes
     if not candidates:
         raise CheckpointError(f"load_checkpoint {path}: no .safetensors file inside (looked for {WEIGHTS_NAME}, "
                               f"*.safetensors and rank_0/*.safetensors).")
-    return max(candidates, key=lambda p: (_step_of(p), os.path.getmtime(p)))
+    return max(candidates, key=lambda p: (step_of(p), os.path.getmtime(p)))
+
+
+def safetensors_problem(path):
+    """None when the safetensors header is readable and its tensors end exactly at the file's end (no data read)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size - 8:
+                return "header runs past the end of the file (truncated or not safetensors)"
+            header = json.loads(handle.read(length))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (OSError, struct.error, ValueError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as err:
+        return f"unreadable safetensors header ({err.__class__.__name__})"
+    if 8 + length + max(ends, default=0) != size:
+        return f"{size} bytes but the header describes {8 + length + max(ends, default=0)} (truncated or padded)"
+    return None
+
+
+def tensor_shapes(path):
+    """name -> shape from a safetensors header; CheckpointError naming the file if it is damaged."""
+    problem = safetensors_problem(path)
+    if problem:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {problem}. Use an earlier checkpoint "
+                              f"or re-export it.")
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def check_matches_config(path, config):
+    """Refuse, before anything is built, a checkpoint of another architecture or size than ``config``."""
+    shapes = tensor_shapes(path)
+    hidden = config.hidden_size
+    expected = {"model.embedding.word_embeddings": (config.vocab_size, hidden),
+                "model.embedding.position_embeddings": (config.max_position_embeddings, hidden),
+                "model.layers.0.attention.linear_qkv.weight": (3 * hidden, hidden),
+                "model.layers.0.mlp.linear_fc1.weight": (config.intermediate_size, hidden)}
+    if "model.embedding.word_embeddings" not in shapes:
+        raise CheckpointError(f"load_checkpoint {path} is not a gpt_local checkpoint (no "
+                              f"model.embedding.word_embeddings; it holds e.g. {sorted(shapes)[:3]}). Convert "
+                              f"Hugging Face GPT-2 weights with `gptlocal convert hf2ms`.")
+    for name, shape in expected.items():
+        if name in shapes and shapes[name] != shape:
+            raise CheckpointError(f"load_checkpoint {path}: tensor '{name}' has shape {shapes[name]} but "
+                                  f"model_config implies {shape}; the checkpoint is of another size. Make "
+                                  f"model_config match the checkpoint (vocab_size, hidden_size, "
+                                  f"max_position_embeddings, intermediate_size).")
+    layers = {int(m.group(1)) for m in (re.match(r"model\.layers\.(\d+)\.", k) for k in shapes) if m}
+    if layers and max(layers) + 1 != config.num_hidden_layers:
+        raise CheckpointError(f"load_checkpoint {path} has {max(layers) + 1} layers but model_config."
+                              f"num_hidden_layers is {config.num_hidden_layers}; set num_hidden_layers: "
+                              f"{max(layers) + 1} or use a matching checkpoint.")
 
 
 def read_safetensors(path):

@@ -11,6 +11,11 @@ import functools
 _CHECKED = set()
 
 
+def mark_checked(config):
+    """The launcher ran the pre-flight already; do not run it twice."""
+    _CHECKED.add(id(config))
+
+
 def _with_preflight(build_context):
     @functools.wraps(build_context)
     def wrapper(config, *args, **kwargs):

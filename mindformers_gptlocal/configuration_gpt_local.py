@@ -121,14 +121,14 @@ class GPTLocalConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size if intermediate_size else 4 * hidden_size
         self.max_position_embeddings = max_position_embeddings
         self.seq_length = seq_length
-        self.layernorm_epsilon = float(layernorm_epsilon)
+        self.layernorm_epsilon = _number("layernorm_epsilon", layernorm_epsilon)
         self.hidden_act = hidden_act
-        self.hidden_dropout = float(hidden_dropout)
-        self.attention_dropout = float(attention_dropout)
+        self.hidden_dropout = _number("hidden_dropout", hidden_dropout)
+        self.attention_dropout = _number("attention_dropout", attention_dropout)
         if embedding_dropout is None:
             embedding_dropout = hidden_dropout
-        self.embedding_dropout = float(embedding_dropout)
-        self.initializer_range = float(initializer_range)
+        self.embedding_dropout = _number("embedding_dropout", embedding_dropout)
+        self.initializer_range = _number("initializer_range", initializer_range)
         self.params_dtype = params_dtype
         self.compute_dtype = compute_dtype
         self.layernorm_compute_dtype = layernorm_compute_dtype
@@ -218,6 +218,16 @@ class GPTLocalConfig(PretrainedConfig):
 
 
 _KNOWN = None
+
+
+def _number(key, value):
+    """float(value), or a ConfigError naming the key (YAML may hand strings such as '1e-5', which are fine)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"model_config.{key} must be a number, got {value!r}.") from None
 
 
 def known_keys():

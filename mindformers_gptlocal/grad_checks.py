@@ -31,8 +31,12 @@ square_sum = ops.MultitypeFuncGraph("gptlocal_square_sum")
 
 @non_finite.register("Tensor")
 def _non_finite(grad):
-    """1.0 when ``grad`` holds a NaN or Inf (its sum then is not finite), else 0.0."""
-    return 1.0 - F.cast(_is_finite(sum_all(grad)), mstype.float32)
+    """1.0 when ``grad`` holds a NaN or Inf, or is so large that its squared norm overflows fp32, else 0.0.
+
+    One test covers both: the sum of squares is not finite exactly then. The second case matters with
+    ``use_clip_grad``: an infinite global norm makes the clip factor 0, and the optimizer would step on
+    zeroed gradients instead of skipping the batch."""
+    return 1.0 - F.cast(_is_finite(sum_all(F.square(grad))), mstype.float32)
 
 
 @square_sum.register("Tensor")

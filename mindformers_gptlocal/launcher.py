@@ -106,7 +106,13 @@ def load_config(argv=None):
         os.environ["REGISTER_PATH"] = os.path.abspath(args.register_path)
         if os.environ["REGISTER_PATH"] not in sys.path:
             sys.path.append(os.environ["REGISTER_PATH"])
-    config = MindFormerConfig(os.path.abspath(args.config), **({"run_mode": args.run_mode} if args.run_mode else {}))
+    try:
+        config = MindFormerConfig(os.path.abspath(args.config),
+                                  **({"run_mode": args.run_mode} if args.run_mode else {}))
+    except Exception as err:  # YAML syntax, a missing base_config, a top level that is not a mapping
+        raise ConfigError(f"--config {args.config} cannot be read as a MindFormers YAML "
+                          f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}); fix the "
+                          f"place it names.") from err
     for flag, key in DIRECT.items():
         value = getattr(args, flag)
         if value is not None:
@@ -140,6 +146,11 @@ def run(config):
     from mindformers.core.context import build_context
     from mindformers.trainer import Trainer
     from mindformers.utils.file_utils import set_output_path
+    from .preflight import preflight
+    from .compat import mark_checked
+    check_model_section(config)
+    preflight(config)  # before set_output_path, which creates folders: a refused run writes nothing
+    mark_checked(config)
     set_output_path(config.output_dir)
     build_context(config)
     metrics = _metrics(config)
@@ -151,6 +162,15 @@ def run(config):
         return {name: metric.eval() for name, metric in (metrics or {}).items()}
     return trainer.predict(predict_checkpoint=config.load_checkpoint, input_data=config.input_data,
                            batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
+
+
+def check_model_section(config):
+    """A YAML without a model section (a cut or mis-indented file) would run MindFormers' defaults."""
+    from .errors import ConfigError
+    model = config.get("model")
+    if not isinstance(model, dict) or not model.get("model_config"):
+        raise ConfigError("the YAML has no model.model_config section; start from a file in model_configs/ "
+                          "(model_type: gpt_local).")
 
 
 def _metrics(config):

@@ -1,24 +1,34 @@
 """Checks run before anything is built or compiled, each failing with one clear error.
 
 They cover what otherwise surfaces as a deep MindSpore traceback minutes later:
-a YAML on the legacy path, bad model keys, missing data, token ids the
-embedding cannot hold, sequence lengths that disagree, a checkpoint folder
-single-card MindFormers will not load, an unwritable output folder.
+a YAML on the legacy path, bad model keys or types, missing, empty or
+mis-shaped data, token ids the embedding cannot hold, sequence lengths that
+disagree, a tokenizer larger than the vocabulary, a checkpoint of another size,
+a damaged or pickle-based checkpoint, a checkpoint folder single-card
+MindFormers will not load, resume without a checkpoint, an unwritable output
+folder. More checks live in ``input_checks.py``.
 """
 import os
 
 import numpy as np
 
 from .errors import ConfigError, DataError
+from .input_checks import (check_enough_rows, check_megatron_pair, check_mindrecord_schema, check_output_dir,
+                           check_device, check_safetensors_only, check_structure,
+                           check_tokenizers)
 
 MODEL_TYPE = "gpt_local"
+ARCHITECTURE = "GPTLocalForCausalLM"
 SCAN_ROWS = 20000
 
 
 def is_gpt_local(config):
+    """model_type gpt_local, or our architecture name next to a mistyped model_type."""
     model = config.get("model") or {}
-    model_config = model.get("model_config") or {}
-    return model_config.get("model_type") == MODEL_TYPE
+    model_config = model.get("model_config") if isinstance(model, dict) else None
+    if not isinstance(model_config, dict):
+        return False
+    return model_config.get("model_type") == MODEL_TYPE or ARCHITECTURE in str(model_config.get("architectures"))
 
 
 def ensure_mcore(config, log=print):
@@ -59,8 +69,8 @@ def dataset_files(section, key_prefix):
     return []
 
 
-def check_mindrecord(path, key, vocab_size, seq_length):
-    if not path or not os.path.isfile(path):
+def check_mindrecord(path, key, vocab_size, seq_length, columns=None, batch_size=None):
+    if not path or not isinstance(path, str) or not os.path.isfile(path):
         split = "eval" if key.startswith("eval") else "train"
         raise DataError(f"{key}: {path!r} does not exist. Run `gptlocal prepare-data --out DIR` and point "
                         f"{key} at DIR/{split}.mindrecord (or pass --{split}_dataset_dir).")
@@ -70,6 +80,7 @@ def check_mindrecord(path, key, vocab_size, seq_length):
     except Exception as err:  # MindRecord raises RuntimeError/MRMOpenError variants
         raise DataError(f"{key}: {path} is not a readable MindRecord file ({err}).") from err
     try:
+        check_mindrecord_schema(reader, path, key, columns or ("input_ids",))
         rows = 0
         for row in reader.get_next():
             rows += 1
@@ -87,17 +98,22 @@ def check_mindrecord(path, key, vocab_size, seq_length):
                 break
         if rows == 0:
             raise DataError(f"{key}: {path} holds no samples; prepare more text.")
+        check_enough_rows(rows, batch_size, path, key)
+    except DataError:
+        raise
+    except Exception as err:  # a damaged page surfaces while reading rows
+        raise DataError(f"{key}: {path} could not be read ({err.__class__.__name__}: {err}); re-run "
+                        f"`gptlocal prepare-data`.") from err
     finally:
         reader.close()
 
 
 def check_megatron(prefix, key, vocab_size):
     for suffix in (".bin", ".idx"):
-        if not os.path.isfile(prefix + suffix):
+        if not isinstance(prefix, str) or not os.path.isfile(prefix + suffix):
             raise DataError(f"{key}: {prefix + suffix} does not exist; give the prefix of a Megatron "
                             f".bin/.idx pair (without the suffix), as written by `gptlocal prepare-data`.")
-    from mindformers.dataset.blended_datasets.indexed_dataset import _IndexReader
-    dtype = _IndexReader(prefix + ".idx", multimodal=False).dtype
+    dtype = check_megatron_pair(prefix, key)
     tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
     if tokens.size == 0:
         raise DataError(f"{key}: {prefix}.bin is empty; prepare more text.")
@@ -122,28 +138,71 @@ def check_data(config, model_config):
             raise ConfigError(f"run_mode {config.run_mode} needs a '{name}' section in the YAML.")
         for kind, path, key in dataset_files(section, name):
             if kind == "mindrecord":
-                check_mindrecord(path, key, model_config.vocab_size, model_config.seq_length)
+                columns = section.get("input_columns") or ["input_ids"]
+                batch_size = section.get("batch_size") or (config.get("runner_config") or {}).get("batch_size")
+                if section.get("data_loader", {}).get("num_samples"):  # the loader reads only that many
+                    batch_size = None
+                check_mindrecord(path, key, model_config.vocab_size, model_config.seq_length, columns,
+                                 batch_size if section.get("drop_remainder", True) else None)
             else:
                 check_megatron(path, key, model_config.vocab_size)
 
 
-def resolve_checkpoint(config):
+def resolve_checkpoint(config, log=print):
     """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
+    if config.get("resume_training") and config.run_mode in ("train", "finetune") and not config.get("use_parallel"):
+        resolve_resume(config, log)
+        return
     path = config.get("load_checkpoint")
     if not path or config.get("use_parallel"):
         return
     from .checkpoint import resolve_weights_file
     config.load_checkpoint = resolve_weights_file(path)
+    check_safetensors_only(config.load_checkpoint)
 
 
-def check_output_dir(config):
-    out = os.path.abspath(config.get("output_dir") or "./output")
-    probe = out
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK):
-        raise ConfigError(f"output_dir {out} is not writable; set output_dir (or --output_dir) to a folder you "
-                          f"can write.")
+def resolve_resume(config, log=print):
+    """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
+    hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
+    from .resume import find_resume_checkpoint
+    wanted = config.resume_training if isinstance(config.resume_training, str) else None
+    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    path, info = find_resume_checkpoint(path, wanted, log)
+    log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
+    config.load_checkpoint = path
+    config.resume_training = True
+    step = int(info["step_num"])
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalThroughputMonitor":
+            callback["initial_step"] = step
+        if callback.get("type") == "GPTLocalCheckpointMonitor":
+            callback["append_info"] = [{"epoch_num": int(info.get("epoch_num", 0)), "step_num": step,
+                                        "global_step": step, "loss_scale": info.get("loss_scale", 1)}]
+
+
+def honor_stop_step(config):
+    """MindFormers 1.8.0 reads ``runner_config.stop_step`` but never adds the callback that stops: add it.
+    It counts the steps of this run (a resumed run counts from its first new step)."""
+    stop = (config.get("runner_config") or {}).get("stop_step")
+    callbacks = config.get("callbacks") or []
+    if isinstance(stop, int) and stop > 0 and not any(c.get("type") == "TrainCallBack" for c in callbacks):
+        config.callbacks = list(callbacks) + [{"type": "TrainCallBack", "stop_step": stop}]
+
+
+def configure_checkpoint_monitor(config):
+    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling)."""
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalCheckpointMonitor" and callback.get("global_batch_size") is None:
+            callback["global_batch_size"] = global_batch_size(config)
+
+
+def global_batch_size(config):
+    """As MindFormers computes it: batch x data parallel x micro batches (pipeline) x accumulation."""
+    runner = config.get("runner_config") or {}
+    parallel = config.get("parallel_config") or {}
+    micro = parallel.get("micro_batch_num", 1) if parallel.get("pipeline_stage", 1) > 1 else 1
+    return (int(runner.get("batch_size", 1)) * int(parallel.get("data_parallel", 1)) * int(micro)
+            * int(runner.get("gradient_accumulation_steps", 1) or 1))
 
 
 def check_layout(config):
@@ -157,11 +216,19 @@ def preflight(config, log=print):
     if not is_gpt_local(config):
         return
     ensure_mcore(config, log)
+    check_structure(config)
+    check_device(config)
     model_config = model_config_of(config)
     check_layout(config)
     check_output_dir(config)
+    check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_data(config, model_config)
-    resolve_checkpoint(config)
+    resolve_checkpoint(config, log)
+    if config.get("load_checkpoint") and not config.get("use_parallel"):
+        from .checkpoint import check_matches_config
+        check_matches_config(config.load_checkpoint, model_config)
+    configure_checkpoint_monitor(config)
+    honor_stop_step(config)
     if config.run_mode == "predict" and config.get("pretrained_model_dir"):
         tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")
         if not os.path.isfile(tokenizer):

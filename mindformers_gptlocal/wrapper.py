@@ -5,16 +5,16 @@ overflow from Ascend/GPU float-status kernels that CPU lacks ("Unsupported op
 [NPUGetFloatStatusV2] on CPU"). These subclasses keep everything else (gradient
 clipping, static or dynamic loss scale, skipping the update on overflow, grad
 accumulation and pipeline micro-batches) and, off Ascend, decide overflow with
-an ``isfinite`` reduction over the gradients, all-reduced across data-parallel ranks.
+an ``isfinite`` reduction over the gradients (and their squared norms), all-reduced across
+data-parallel ranks. An overflowing step is skipped: weights and optimizer state stay as they were.
 """
 import mindspore as ms
-from mindspore import ops
-import mindspore.common.dtype as mstype
 
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
 
 from .grad_checks import non_finite, GPTLocalClipGradNorm
+
 
 class IsFiniteOverflowMixin:
     """Overflow = some gradient is not finite; used on CPU and GPU."""

@@ -72,4 +72,4 @@ def run_launcher(args, cwd, env=None, timeout=600):
 
 def step_losses(output):
     """Losses from GPTLocalThroughputMonitor lines, in step order."""
-    return [float(x) for x in re.findall(r"\[gpt_local\] step \d+/\d+\s+loss ([0-9.]+)", output)]
+    return [float(x) for x in re.findall(r"\[gpt_local\] step \d+/\d+\s+loss (\S+)", output)]

@@ -52,6 +52,12 @@ def _launch_error(tmp_path, corpus, *extra, **changes):
     return errors[0]
 
 
+def test_launcher_wrong_type(tmp_path, corpus):
+    line = _launch_error(tmp_path, corpus, model__model_config__num_hidden_layers="four")
+    assert "model_config.num_hidden_layers must be a positive integer, got 'four'" in line
+    assert not os.path.exists(tmp_path / "output" / "checkpoint")
+
+
 def test_launcher_unknown_key(tmp_path, corpus):
     line = _launch_error(tmp_path, corpus, model__model_config__hiden_size=64)
     assert "model_config.hiden_size" in line and "hidden_size" in line
@@ -83,3 +89,141 @@ def test_legacy_yaml_is_switched_to_mcore(tmp_path, corpus):
     assert code == 0, out[-2000:]
     assert "using use_legacy: False" in out
     assert os.path.isfile(tmp_path / "output" / "model" / "model.safetensors")
+
+
+# --- more bad input, checked in-process (the launcher's own pre-flight, no subprocess) ----------------------
+
+def _preflight_error(tmp_path, corpus, *args, name="pretrain_gpt_local_tiny_cpu.yaml", **changes):
+    """Run the launcher's config loading and pre-flight in this process; return the GPTLocalError's text."""
+    from mindformers_gptlocal.errors import GPTLocalError
+    from mindformers_gptlocal.launcher import load_config
+    from mindformers_gptlocal.preflight import preflight
+    yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
+    with pytest.raises(GPTLocalError) as caught:
+        preflight(load_config(["--config", yaml_path, *args]), log=lambda _: None)
+    assert not os.path.exists(tmp_path / "output"), "a refused run wrote into output_dir"
+    return str(caught.value)
+
+
+def test_wrong_types(tmp_path, corpus):
+    assert "model_config.num_hidden_layers must be a positive integer, got 'four'" in \
+        _preflight_error(tmp_path, corpus, model__model_config__num_hidden_layers="four")
+    assert "model_config.seq_length must be a positive integer, got 64.5" in \
+        _preflight_error(tmp_path, corpus, model__model_config__seq_length=64.5)
+    assert "model_config.hidden_dropout must be a number" in \
+        _preflight_error(tmp_path, corpus, model__model_config__hidden_dropout="high")
+    assert "runner_config.batch_size must be a positive integer" in \
+        _preflight_error(tmp_path, corpus, runner_config__batch_size="4x")
+
+
+def _fake_checkpoint(path, **shapes):
+    from safetensors.numpy import save_file
+    save_file({name: np.zeros(shape, np.float32) for name, shape in shapes.items()}, str(path))
+    return str(path)
+
+
+def test_checkpoint_of_another_size_or_architecture(tmp_path, corpus):
+    bigger = _fake_checkpoint(tmp_path / "big.safetensors", **{
+        "model.embedding.word_embeddings": (512, 128), "model.embedding.position_embeddings": (64, 128)})
+    line = _preflight_error(tmp_path, corpus, "--load_checkpoint", bigger, run_mode="finetune")
+    assert "model.embedding.word_embeddings" in line and "(512, 128)" in line and "another size" in line
+    deeper = _fake_checkpoint(tmp_path / "deep.safetensors", **{
+        "model.embedding.word_embeddings": (512, 64), "model.layers.3.mlp.linear_fc1.bias": (256,)})
+    assert "has 4 layers but model_config.num_hidden_layers is 2" in \
+        _preflight_error(tmp_path, corpus, "--load_checkpoint", deeper, run_mode="finetune")
+    hf = _fake_checkpoint(tmp_path / "hf.safetensors", **{"wte.weight": (512, 64), "wpe.weight": (64, 64)})
+    assert "not a gpt_local checkpoint" in _preflight_error(tmp_path, corpus, "--load_checkpoint", hf,
+                                                           run_mode="finetune")
+
+
+def test_truncated_or_corrupt_safetensors(tmp_path, corpus):
+    path = _fake_checkpoint(tmp_path / "w.safetensors", **{"model.embedding.word_embeddings": (512, 64)})
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) - 100)
+    assert "truncated" in _preflight_error(tmp_path, corpus, "--load_checkpoint", path, run_mode="finetune")
+    with open(path, "wb") as handle:
+        handle.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+    assert "unreadable safetensors header" in _preflight_error(tmp_path, corpus, "--load_checkpoint", path,
+                                                              run_mode="finetune")
+
+
+def test_pickle_checkpoint_is_refused(tmp_path, corpus):
+    path = tmp_path / "pytorch_model.bin"
+    path.write_bytes(b"\x80\x04not really a pickle")
+    line = _preflight_error(tmp_path, corpus, "--load_checkpoint", str(path), run_mode="finetune")
+    assert "pickle-based" in line and "--allow-pickle" in line
+
+
+def test_mindrecord_wrong_schema(tmp_path, corpus):
+    from mindspore.mindrecord import FileWriter
+    path = str(tmp_path / "text.mindrecord")
+    writer = FileWriter(path, shard_num=1, overwrite=True)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "no_labels")
+    writer.write_raw_data([{"input_ids": np.arange(64, dtype=np.int32)} for _ in range(8)])
+    writer.commit()
+    line = _preflight_error(tmp_path, corpus, train_dataset__data_loader__dataset_dir=path)
+    assert "lacks column(s) ['labels', 'loss_mask', 'position_ids']" in line
+
+
+def test_empty_dataset_or_smaller_than_a_batch(tmp_path, corpus):
+    from mindformers_gptlocal.data.prepare import write_mindrecord
+    path = str(tmp_path / "empty.mindrecord")
+    write_mindrecord(path, np.ones((0, 65), np.int32))
+    assert "holds no samples" in _preflight_error(tmp_path, corpus, train_dataset__data_loader__dataset_dir=path)
+    path = str(tmp_path / "tiny.mindrecord")
+    write_mindrecord(path, np.ones((2, 65), np.int32))
+    assert "holds 2 sample(s), fewer than one batch (4)" in \
+        _preflight_error(tmp_path, corpus, train_dataset__data_loader__dataset_dir=path)
+
+
+def _megatron_copy(corpus, tmp_path):
+    import shutil
+    source = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
+    prefix = str(tmp_path / "doc")
+    for suffix in (".bin", ".idx"):
+        shutil.copyfile(source + suffix, prefix + suffix)
+    return prefix
+
+
+def test_megatron_truncated_bin_and_foreign_idx(tmp_path, corpus):
+    prefix = _megatron_copy(corpus, tmp_path)
+    changes = dict(name="pretrain_gpt_local_tiny_cpu_megatron.yaml",
+                   train_dataset__data_loader__config__data_path=["1", prefix])
+    with open(prefix + ".bin", "r+b") as handle:
+        handle.truncate(os.path.getsize(prefix + ".bin") - 10)
+    assert "does not belong together or one is truncated" in _preflight_error(tmp_path, corpus, **changes)
+    with open(prefix + ".idx", "wb") as handle:
+        handle.write(b"NOT AN INDEX" * 10)
+    assert "is not a Megatron index" in _preflight_error(tmp_path, corpus, **changes)
+
+
+def test_tokenizer_larger_than_vocab(tmp_path, corpus):
+    line = _preflight_error(tmp_path, corpus, model__model_config__vocab_size=300)
+    assert "tokenizer.json has 512 token ids but model_config.vocab_size is 300" in line
+
+
+def test_unwritable_output_dir(tmp_path, corpus):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    line = _preflight_error(tmp_path, corpus, "--output_dir", str(blocker / "out"))
+    assert "cannot be created" in line and "is a file" in line
+    assert "is not writable" in _preflight_error(tmp_path, corpus, "--output_dir", "/proc/gptlocal-out")
+    assert blocker.read_text() == "x"
+
+
+def test_launcher_prints_one_clean_line_for_bad_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  model_config:\n    model_type: gpt_local\n   hidden_size: [\n")
+    code, out = run_launcher(["--config", str(bad)], cwd=str(tmp_path))
+    errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in out, out[-2000:]
+    assert "cannot be read as a MindFormers YAML" in errors[0]
+
+
+def test_megatron_token_ids_beyond_vocab(tmp_path, corpus):
+    from mindformers_gptlocal.data.prepare import write_megatron
+    prefix = str(tmp_path / "big")
+    write_megatron(prefix, [np.arange(500, 700, dtype=np.int32)])  # vocab is 512
+    line = _preflight_error(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu_megatron.yaml",
+                            train_dataset__data_loader__config__data_path=["1", prefix])
+    assert "holds token id 699, outside model_config.vocab_size (512)" in line

@@ -1,4 +1,4 @@
-"""The fast gradient reductions give MindFormers' clipping and catch every NaN/Inf."""
+"""The fast gradient reductions give MindFormers' clipping and catch every NaN/Inf and norm overflow."""
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -44,5 +44,7 @@ def test_non_finite_flags_nan_and_inf_anywhere():
             grads[which][index] = bad
             got = [float(f.asnumpy()) for f in flags(tuple(Tensor(g) for g in grads))]
             assert got == [float(i == which) for i in range(3)], (bad, which, got)
+    huge = (Tensor(np.full((4, 4), 1e20, np.float32)),)  # finite, but its squared norm overflows fp32
+    assert float(flags(huge)[0].asnumpy()) == 1.0
     half = (Tensor(np.full((1000, 64), 60000.0, np.float16)),)  # the fp16 sum would overflow; fp32 does not
     assert float(flags(half)[0].asnumpy()) == 0.0

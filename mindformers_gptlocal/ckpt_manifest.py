@@ -1,0 +1,73 @@
+"""A manifest of complete training checkpoints, so resume never picks a half-written file.
+
+``GPTLocalCheckpointMonitor`` writes each checkpoint to a temporary name, fsyncs it, renames
+it into place and only then records it here with its size and SHA-256. The manifest itself
+is replaced atomically, so after a crash at any moment it lists only files that were whole.
+"""
+import hashlib
+import json
+import os
+
+MANIFEST = "manifest.json"
+PARTIAL_PREFIX = "partial-"
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_path(path):
+    """Flush a file or directory entry to disk (rename is durable only once its folder is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(directory):
+    """Entries [{file, step, bytes, sha256}], oldest first; [] when absent or unreadable."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            entries = json.load(handle).get("checkpoints", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [e for e in entries if isinstance(e, dict) and {"file", "step", "bytes", "sha256"} <= set(e)]
+
+
+def write_manifest(directory, entries):
+    """Replace the manifest atomically: temp file, fsync, rename, fsync the folder."""
+    path = os.path.join(directory, MANIFEST)
+    tmp = os.path.join(directory, f"{PARTIAL_PREFIX}{os.getpid()}-{MANIFEST}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump({"checkpoints": entries}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_path(directory)
+
+
+def record(directory, file_path, step):
+    """Add a complete, already renamed checkpoint; drop entries whose files were rotated away."""
+    entry = {"file": os.path.basename(file_path), "step": int(step), "bytes": os.path.getsize(file_path),
+             "sha256": sha256_of(file_path)}
+    entries = [e for e in read_manifest(directory)
+               if e["file"] != entry["file"] and os.path.isfile(os.path.join(directory, e["file"]))]
+    write_manifest(directory, entries + [entry])
+
+
+def verify(directory, entry):
+    """None when the entry's file is whole, else why not."""
+    path = os.path.join(directory, entry["file"])
+    if not os.path.isfile(path):
+        return "file is gone"
+    if os.path.getsize(path) != entry["bytes"]:
+        return f"size {os.path.getsize(path)} != recorded {entry['bytes']}"
+    if sha256_of(path) != entry["sha256"]:
+        return "checksum differs from the manifest"
+    return None

@@ -1,0 +1,73 @@
+"""Exact resume: N steps, stop, ``--resume_training True``; steps N+1..2N equal an uninterrupted run bit for bit.
+
+Covers shuffled MindRecord with a fixed loss scale (saved by MindFormers' stock CheckpointMonitor), and
+Megatron .bin/.idx with a dynamic loss scale that rises during the run (its scale and step counter must
+resume too; saved by GPTLocalCheckpointMonitor). Single card, fp32 on CPU.
+"""
+import os
+
+from mindformers_gptlocal import yaml_io
+from conftest import run_launcher, step_losses, tiny_yaml
+
+N = 4
+
+
+def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
+               **changes):
+    """A tiny run printing every step and saving a checkpoint every step (keeping 2) with ``monitor``."""
+    tmp_path.mkdir(exist_ok=True)
+    yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
+    config = yaml_io.load_yaml(yaml_path)
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalThroughputMonitor":
+            callback["per_print_times"] = 1
+        if callback["type"] == "GPTLocalCheckpointMonitor":
+            callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=2)
+    return yaml_io.dump_yaml(config, yaml_path)
+
+
+def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonitor", **changes):
+    full = write_yaml(tmp_path / "full", corpus, name, **changes)
+    code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
+    assert code == 0, out[-3000:]
+    reference = step_losses(out)
+    assert len(reference) == 2 * N, out[-3000:]
+
+    part = write_yaml(tmp_path / "part", corpus, name, monitor, **changes)
+    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(N)], cwd=str(tmp_path / "part"))
+    assert code == 0, first[-3000:]
+    assert step_losses(first) == reference[:N]
+    code, second = run_launcher(["--config", part, "--resume_training", "True"], cwd=str(tmp_path / "part"))
+    assert code == 0, second[-3000:]
+    assert f"(step {N})" in second, second[-3000:]
+    assert step_losses(second) == reference[N:], (step_losses(second), reference)
+    return out, second
+
+
+def test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout(tmp_path, corpus):
+    """The interrupted run saves with MindFormers' own CheckpointMonitor (checkpoint/rank_0/, which single-card
+    MindFormers refuses to resume from): the pre-flight resolves it to the newest whole file."""
+    assert_exact_resume(tmp_path, corpus, "pretrain_gpt_local_tiny_cpu.yaml", monitor="CheckpointMonitor",
+                        train_dataset__data_loader__num_samples=8 * N, lr_schedule__warmup_ratio=0.3)
+    assert os.path.isdir(tmp_path / "part" / "output" / "checkpoint" / "rank_0")
+
+
+def test_resume_megatron_dynamic_loss_scale_is_exact(tmp_path, corpus):
+    prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
+    scale = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096, "scale_factor": 2, "scale_window": 3}
+    full, resumed = assert_exact_resume(
+        tmp_path, corpus, "pretrain_gpt_local_tiny_cpu_megatron.yaml",
+        train_dataset__data_loader__sizes=[8 * N, 0, 0], train_dataset__data_loader__config__seq_length=64,
+        train_dataset__data_loader__config__data_path=["1", prefix], runner_wrapper__scale_sense=scale)
+    assert "loss scale raised 4096 -> 8192" in full
+    assert "step 6: loss scale raised 8192 -> 16384" in full
+    assert "step 6: loss scale raised 8192 -> 16384" in resumed  # scale and window count carried over the stop
+
+
+def test_resume_without_checkpoint_is_one_clear_error(tmp_path, corpus):
+    yaml_path = write_yaml(tmp_path, corpus)
+    (tmp_path / "cwd").mkdir()  # MindFormers' config parser opens its log under ./output/log of the cwd
+    code, out = run_launcher(["--config", yaml_path, "--resume_training", "True"], cwd=str(tmp_path / "cwd"))
+    assert code == 2, out[-3000:]
+    assert "resume_training: no complete checkpoint" in out and "Traceback" not in out
+    assert not os.path.exists(tmp_path / "output")  # nothing written to output_dir
