@@ -16,10 +16,15 @@ _reduce_sum = ops.ReduceSum()
 _is_finite = ops.IsFinite()
 
 
-def sum_all(x):
-    """Sum of every element, last axis first (one fast pass), in fp32."""
+def fp32(x):
+    """``x`` in float32 (fp16 squares overflow at 256)."""
     if x.dtype != mstype.float32:
-        x = F.cast(x, mstype.float32)
+        return F.cast(x, mstype.float32)
+    return x
+
+
+def sum_all(x):
+    """Sum of every element, last axis first (one fast pass)."""
     if len(x.shape) > 1:
         x = _reduce_sum(x, -1)
     return _reduce_sum(x)
@@ -36,13 +41,13 @@ def _non_finite(grad):
     One test covers both: the sum of squares is not finite exactly then. The second case matters with
     ``use_clip_grad``: an infinite global norm makes the clip factor 0, and the optimizer would step on
     zeroed gradients instead of skipping the batch."""
-    return 1.0 - F.cast(_is_finite(sum_all(F.square(grad))), mstype.float32)
+    return 1.0 - F.cast(_is_finite(sum_all(F.square(fp32(grad)))), mstype.float32)
 
 
 @square_sum.register("Tensor")
 def _square_sum(grad):
     """Sum of squares as a [1] tensor, the shape MindFormers' ClipGradNorm adds up."""
-    return ops.expand_dims(sum_all(F.square(grad)), 0)
+    return ops.expand_dims(sum_all(F.square(fp32(grad))), 0)
 
 
 class GPTLocalClipGradNorm(ClipGradNorm):
