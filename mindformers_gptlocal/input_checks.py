@@ -57,6 +57,11 @@ def check_device(config):
         raise ConfigError(f"context.device_target is {target}{unset}, but this MindSpore has no usable {target} "
                           f"backend; set context.device_target (or --device_target) to CPU or install the "
                           f"{target} software.")
+    optimizer = config.get("optimizer") or {}
+    if target == "CPU" and optimizer.get("use_fused"):
+        raise ConfigError(f"optimizer.use_fused: True selects MindFormers' FusedAdamW, whose AdamW kernel does not "
+                          f"exist on CPU. Set optimizer.type: GPTLocalAdamW (the same update, fused, on every "
+                          f"backend) and remove use_fused.")
 
 
 def _positive_int(section, key, name):

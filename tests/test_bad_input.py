@@ -227,3 +227,9 @@ def test_megatron_token_ids_beyond_vocab(tmp_path, corpus):
     line = _preflight_error(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu_megatron.yaml",
                             train_dataset__data_loader__config__data_path=["1", prefix])
     assert "holds token id 699, outside model_config.vocab_size (512)" in line
+
+
+def test_fused_mindformers_adamw_on_cpu_points_to_gptlocal_adamw(tmp_path, corpus):
+    """MindFormers' use_fused AdamW has no CPU kernel; refused before compile, with the replacement named."""
+    message = _preflight_error(tmp_path, corpus, optimizer__type="AdamW", optimizer__use_fused=True)
+    assert "optimizer.use_fused" in message and "GPTLocalAdamW" in message
