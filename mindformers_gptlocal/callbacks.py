@@ -18,6 +18,20 @@ def _loss_value(outputs):
     return float(np.mean(loss.asnumpy()))
 
 
+def peak_rss_mb():
+    """This process's own peak RSS: VmHWM from /proc, which exec resets. ``ru_maxrss`` is no good for a
+    launched process: Linux carries the parent's peak RSS at fork into the child's ru_maxrss."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _overflow_and_scale(outputs):
     """(overflow flag, loss scale) from the wrapper's (loss, overflow, scale, ...) outputs."""
     if not isinstance(outputs, (tuple, list)) or len(outputs) < 3:
@@ -83,8 +97,7 @@ class GPTLocalThroughputMonitor(Callback):
             self.window_steps = 0
 
     def on_train_end(self, run_context):
-        import resource
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak_mb = peak_rss_mb()
         self.stream.write(f"[gpt_local] training done, peak RSS {peak_mb:,.0f} MB\n")
         self.stream.flush()
 
