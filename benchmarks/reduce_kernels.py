@@ -52,7 +52,7 @@ def finite_kernel(x):
 
 
 def finite_two_stage(x):
-    return ops.IsFinite()(sum_all(x))
+    return ops.IsFinite()(sum_all(x * x))
 
 
 def gelu_kernel(x):
@@ -71,7 +71,7 @@ def main():
         ("sum of squares, [50257, 768]", "ReduceSum(x*x, all axes)", square_sum_kernel,
          "last axis, then the rest", square_sum_two_stage, grad),
         ("finite check, [50257, 768]", "ReduceAll(IsFinite(x))", finite_kernel,
-         "IsFinite(two-stage sum)", finite_two_stage, grad),
+         "IsFinite(two-stage sum of x*x)", finite_two_stage, grad),
         ("tanh GeLU, [512, 3072]", "GeLU kernel", gelu_kernel,
          "x*sigmoid(2c(x+0.044715x^3))", gelu_composed, act),
     ]
