@@ -13,6 +13,7 @@ import mindspore as ms
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
 
+from .cpu_kernels import replace_slow_cpu_kernels
 from .grad_checks import non_finite, GPTLocalClipGradNorm
 
 
@@ -22,7 +23,7 @@ class IsFiniteOverflowMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_isfinite_check = ms.get_context("device_target") != "Ascend"
-        if getattr(self, "use_clip_grad", False):
+        if getattr(self, "use_clip_grad", False) and replace_slow_cpu_kernels():
             self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]))
 
     def get_overflow_status(self, status, compute_output):

@@ -48,20 +48,29 @@ def test_fused_adamw_follows_mindformers_adamw_step_by_step():
 
 
 def test_training_loss_curve_unchanged_through_the_trainer(corpus, tmp_path):
-    """20 steps through MindFormers' trainer: the fused optimizer gives the plain AdamW's losses."""
+    """20 steps through MindFormers' trainer: the CPU fast path (GPTLocalAdamW, TanhGeLU, two-stage
+    clipping) gives the plain path's losses (MindFormers' AdamW and ClipGradNorm, the GeLU kernel)."""
     curves = {}
-    for optimizer in ("AdamW", "GPTLocalAdamW"):
-        run_dir = tmp_path / optimizer
+    for name, optimizer, env in (("plain", "AdamW", {"GPTLOCAL_PLAIN_KERNELS": "1"}), ("fast", "GPTLocalAdamW", {})):
+        run_dir = tmp_path / name
         run_dir.mkdir()
         path = tiny_yaml(run_dir, corpus=corpus, train_dataset__data_loader__num_samples=80,
                          lr_schedule__learning_rate=3e-3, optimizer__type=optimizer)
         config = yaml_io.load_yaml(path)
         config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
         yaml_io.dump_yaml(config, path)
-        code, out = run_launcher(["--config", path], cwd=str(run_dir))
+        code, out = run_launcher(["--config", path], cwd=str(run_dir), env=env)
         assert code == 0, out[-3000:]
-        curves[optimizer] = np.array(step_losses(out))
-    plain, fused = curves["AdamW"], curves["GPTLocalAdamW"]
+        curves[name] = np.array(step_losses(out))
+    plain, fast = curves["plain"], curves["fast"]
     assert len(plain) == 20 and plain[-1] < plain[0] - 0.5
-    print("max relative loss difference over 20 steps:", float(np.max(np.abs(fused / plain - 1))))
-    np.testing.assert_allclose(fused, plain, rtol=1e-4, atol=0)
+    print("max relative loss difference over 20 steps:", float(np.max(np.abs(fast / plain - 1))))
+    np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=0)
+
+
+def test_plain_kernels_switch(monkeypatch):
+    """GPTLOCAL_PLAIN_KERNELS=1 keeps MindSpore's GeLU kernel (and MindFormers' clipping) on CPU."""
+    from mindformers_gptlocal.model.layers import Activation
+    assert Activation("gelu_new").composed_tanh_gelu
+    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
+    assert not Activation("gelu_new").composed_tanh_gelu

@@ -10,6 +10,8 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
+from ..cpu_kernels import replace_slow_cpu_kernels
+
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -99,7 +101,7 @@ class Activation(nn.Cell):
 
     The tanh GeLU is held as the GeLU primitive (what ``ops.gelu(approximate='tanh')`` calls) so
     that it can carry a shard strategy; on CPU, and only there, it is ``TanhGeLU`` instead (decided
-    at build time). The exact erf form stays functional.
+    at build time; ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the kernel). The exact erf form stays functional.
     """
 
     def __init__(self, name):
@@ -108,7 +110,7 @@ class Activation(nn.Cell):
         self.is_relu = name == "relu"
         self.relu = ops.ReLU()
         self.gelu = ops.GeLU()
-        self.composed_tanh_gelu = ms.get_context("device_target") == "CPU"
+        self.composed_tanh_gelu = replace_slow_cpu_kernels()
         self.tanh_gelu = TanhGeLU()
 
     def construct(self, x):
