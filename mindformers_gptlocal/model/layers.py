@@ -72,7 +72,7 @@ class LayerNorm(nn.Cell):
         return self.cast(y, dtype)
 
 
-def composed_tanh_gelu(x, sigmoid):
+def tanh_gelu_by_sigmoid(x, sigmoid):
     """0.5 x (1 + tanh(c(x + 0.044715 x^3))) written as x * sigmoid(2c(...)), c = sqrt(2/pi)."""
     return x * sigmoid(TANH_GELU_SCALE * (x + 0.044715 * x * x * x))
 
@@ -92,7 +92,7 @@ class TanhGeLU(nn.Cell):
         self.sigmoid = ops.Sigmoid()
 
     def construct(self, x):
-        return composed_tanh_gelu(x, self.sigmoid)
+        return tanh_gelu_by_sigmoid(x, self.sigmoid)
 
     def bprop(self, x, out, dout):
         square = x * x
@@ -128,7 +128,7 @@ class Activation(nn.Cell):
             if self.composed_tanh_gelu:
                 if self.training:
                     return self.tanh_gelu(x)
-                return composed_tanh_gelu(x, self.tanh_gelu.sigmoid)
+                return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
             return self.gelu(x)
         return ops.gelu(x, approximate="none")
 
