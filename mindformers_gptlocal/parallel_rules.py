@@ -19,7 +19,7 @@ is not an error.
 import os
 
 from .errors import ConfigError
-from .model.placement import layers_per_stage, _get
+from .model.placement import layers_per_stage, config_value
 
 SHARDING_MODES = ("semi_auto_parallel", "auto_parallel", 1, 2, "1", "2")
 
@@ -27,11 +27,12 @@ SHARDING_MODES = ("semi_auto_parallel", "auto_parallel", 1, 2, "1", "2")
 def layout_of(parallel_config):
     """(dp, mp, pp, micro_batch_num, use_seq_parallel, vocab_emb_dp) from a parallel_config dict/object."""
     def num(key, default=1):
-        value = _get(parallel_config, key, default)
+        value = config_value(parallel_config, key, default)
         return default if value is None else value
     return dict(dp=num("data_parallel"), mp=num("model_parallel"), pp=num("pipeline_stage"),
-                micro=num("micro_batch_num"), seq_parallel=bool(_get(parallel_config, "use_seq_parallel", False)),
-                vocab_emb_dp=bool(_get(parallel_config, "vocab_emb_dp", True)))
+                micro=num("micro_batch_num"),
+                seq_parallel=bool(config_value(parallel_config, "use_seq_parallel", False)),
+                vocab_emb_dp=bool(config_value(parallel_config, "vocab_emb_dp", True)))
 
 
 def _positive_ints(layout, problems):
@@ -68,13 +69,13 @@ def check_parallel_layout(model_config, parallel_config, devices=None, batch_siz
     if not _positive_ints(layout, problems):
         return problems
     dp, mp, pp, micro = layout["dp"], layout["mp"], layout["pp"], layout["micro"]
-    heads = _get(model_config, "num_attention_heads")
-    hidden = _get(model_config, "hidden_size")
-    inter = _get(model_config, "intermediate_size") or (4 * hidden if isinstance(hidden, int) else None)
-    vocab = _get(model_config, "vocab_size")
-    layers = _get(model_config, "num_hidden_layers")
-    seq = _get(model_config, "seq_length")
-    max_pos = _get(model_config, "max_position_embeddings")
+    heads = config_value(model_config, "num_attention_heads")
+    hidden = config_value(model_config, "hidden_size")
+    inter = config_value(model_config, "intermediate_size") or (4 * hidden if isinstance(hidden, int) else None)
+    vocab = config_value(model_config, "vocab_size")
+    layers = config_value(model_config, "num_hidden_layers")
+    seq = config_value(model_config, "seq_length")
+    max_pos = config_value(model_config, "max_position_embeddings")
 
     if mp > 1:
         _divisible(problems, "num_attention_heads", heads, mp, "tensor parallel gives every rank whole heads")
@@ -91,9 +92,9 @@ def check_parallel_layout(model_config, parallel_config, devices=None, batch_siz
                             f"{mp} or set use_seq_parallel: False.")
     if isinstance(layers, int):
         if offset is None:
-            offset = _get(model_config, "offset", None)
+            offset = config_value(model_config, "offset", None)
         if offset is None:
-            offset = _get(parallel_config, "offset", 0)
+            offset = config_value(parallel_config, "offset", 0)
         try:
             layers_per_stage(layers, pp, offset)
         except ConfigError as err:
@@ -141,9 +142,9 @@ def build_device_count():
 def launch_device_count(config):
     """Cards of a job about to start (pre-flight): 1 without use_parallel; msrun's MS_WORKER_NUM for
     semi-auto/auto parallel; otherwise None (not checked, see ``build_device_count``)."""
-    if not _get(config, "use_parallel", False):
+    if not config_value(config, "use_parallel", False):
         return 1
-    mode = _get(_get(config, "parallel", {}) or {}, "parallel_mode", 0)
+    mode = config_value(config_value(config, "parallel", {}) or {}, "parallel_mode", 0)
     workers = os.environ.get("MS_WORKER_NUM")
     if mode in SHARDING_MODES and workers and workers.isdigit():
         return int(workers)
@@ -162,10 +163,10 @@ def check_yaml_layout(config, devices=None):
 
     ``devices``: explicit card count; else 1 when ``use_parallel`` is False, else unknown.
     """
-    model_config = dict(_get(_get(config, "model", {}), "model_config", {}) or {})
-    parallel_config = _get(config, "parallel_config", {}) or {}
-    runner = _get(config, "runner_config", {}) or {}
-    if devices is None and not _get(config, "use_parallel", False):
+    model_config = dict(config_value(config_value(config, "model", {}), "model_config", {}) or {})
+    parallel_config = config_value(config, "parallel_config", {}) or {}
+    runner = config_value(config, "runner_config", {}) or {}
+    if devices is None and not config_value(config, "use_parallel", False):
         devices = 1
     return check_parallel_layout(model_config, parallel_config, devices=devices,
-                                 batch_size=_get(runner, "batch_size"))
+                                 batch_size=config_value(runner, "batch_size"))

@@ -6,7 +6,7 @@ build and pre-flight call), stage sizes come from ``model.placement`` (the rule 
 the byte counts from ``memory_estimate``. Prints a table, or one JSON object with ``--json``.
 """
 from . import memory_estimate as mem
-from .model.placement import layers_per_stage, recompute_layers, stage_of_layers, _get
+from .model.placement import layers_per_stage, recompute_layers, stage_of_layers, config_value
 from .parallel_rules import check_yaml_layout, layout_of, global_batch_size
 
 GIB = 2 ** 30
@@ -16,9 +16,9 @@ CARD_NAME = {"Ascend": "Ascend 910B, 64 GB"}
 
 def _recompute_of(config, stage_ids):
     """Per stage: 'none', 'selective', 'full' or a count of fully recomputed layers (placement's rule)."""
-    recompute_cfg = _get(config, "recompute_config", {}) or {}
-    full = recompute_layers(_get(recompute_cfg, "recompute", False), stage_ids)
-    selective = bool(_get(recompute_cfg, "select_recompute", False))
+    recompute_cfg = config_value(config, "recompute_config", {}) or {}
+    full = recompute_layers(config_value(recompute_cfg, "recompute", False), stage_ids)
+    selective = bool(config_value(recompute_cfg, "select_recompute", False))
     modes = []
     for stage in range(max(stage_ids) + 1):
         flags = [f for f, sid in zip(full, stage_ids) if sid == stage]
@@ -34,8 +34,8 @@ def _recompute_of(config, stage_ids):
 def plan(config, devices=None):
     """The plan of a loaded YAML dict: {'problems': [...], 'layout': ..., 'stages': [...], ...}."""
     problems = check_yaml_layout(config, devices)
-    model_config = dict(_get(_get(config, "model", {}), "model_config", {}) or {})
-    parallel_config = _get(config, "parallel_config", {}) or {}
+    model_config = dict(config_value(config_value(config, "model", {}), "model_config", {}) or {})
+    parallel_config = config_value(config, "parallel_config", {}) or {}
     layout = layout_of(parallel_config)
     result = {"problems": problems, "layout": layout}
     if problems:
@@ -43,14 +43,14 @@ def plan(config, devices=None):
     s = mem.shape_of(model_config)
     dp, t, pp, micro = layout["dp"], layout["mp"], layout["pp"], layout["micro"]
     vocab_parallel = not layout["vocab_emb_dp"] and t > 1
-    parallel = _get(config, "parallel", {}) or {}
-    parallel_optimizer = bool(_get(parallel, "enable_parallel_optimizer", False)) and dp > 1
-    batch = int(_get(_get(config, "runner_config", {}), "batch_size", 1) or 1)
-    offset = model_config.get("offset", _get(parallel_config, "offset", 0))
+    parallel = config_value(config, "parallel", {}) or {}
+    parallel_optimizer = bool(config_value(parallel, "enable_parallel_optimizer", False)) and dp > 1
+    batch = int(config_value(config_value(config, "runner_config", {}), "batch_size", 1) or 1)
+    offset = model_config.get("offset", config_value(parallel_config, "offset", 0))
     counts = layers_per_stage(s["layers"], pp, offset)
     stage_ids = stage_of_layers(s["layers"], pp, offset)
     recompute = _recompute_of(config, stage_ids)
-    target = str(_get(_get(config, "context", {}), "device_target", "Ascend"))
+    target = str(config_value(config_value(config, "context", {}), "device_target", "Ascend"))
     pbytes = mem.BYTES[s["params_dtype"]]
     flash = s["flash"] and target == "Ascend"   # the model uses the fused kernel only on Ascend
     stages = []
@@ -75,7 +75,7 @@ def plan(config, devices=None):
                   global_batch_size=global_batch_size(batch, dp, micro if pp > 1 else 1),
                   parallel_optimizer=parallel_optimizer, vocab_parallel=vocab_parallel, stages=stages,
                   communication=communication(s, layout, batch, stages, recompute, vocab_parallel),
-                  notes=_notes(s, pp, _get(config, "run_mode", "train")))
+                  notes=_notes(s, pp, config_value(config, "run_mode", "train")))
     peak = max(st["total_bytes"] for st in stages)
     result["peak_device_bytes"] = peak
     if target in CARD_MEMORY:
@@ -84,7 +84,7 @@ def plan(config, devices=None):
         result["fits"] = peak <= CARD_MEMORY[target]
     if target == "CPU" and dp * t * pp == 1:
         st = stages[0]
-        optimizer = _get(_get(config, "optimizer", {}) or {}, "type", None)
+        optimizer = config_value(config_value(config, "optimizer", {}) or {}, "type", None)
         factor, measured_as = mem.cpu_state_factor(optimizer)
         result["cpu_optimizer"] = {"type": optimizer, "state_factor": factor, "factor_of": measured_as,
                                    "measured": measured_as == optimizer}

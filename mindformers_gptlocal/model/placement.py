@@ -5,7 +5,8 @@ Pure Python over the YAML values, so the planner and the model share one rule.
 from ..errors import ConfigError
 
 
-def _get(obj, key, default=None):
+def config_value(obj, key, default=None):
+    """``key`` of a dict, a config object or MindFormers' parallel config (None: ``default``)."""
     if obj is None:
         return default
     if isinstance(obj, dict):
@@ -89,12 +90,12 @@ def recompute_layers(recompute, stage_ids):
 def placement_from_config(config):
     """(stage of each layer, full recompute per layer, selective recompute flag) from a GPTLocalConfig."""
     parallel = getattr(config, "parallel_config", None)
-    stages = int(_get(parallel, "pipeline_stage", 1) or 1)
+    stages = int(config_value(parallel, "pipeline_stage", 1) or 1)
     offset = getattr(config, "offset", None)
     if offset is None:
-        offset = _get(parallel, "offset", 0)
+        offset = config_value(parallel, "offset", 0)
     stage_ids = stage_of_layers(config.num_hidden_layers, stages, offset)
-    recompute_cfg = _get(parallel, "recompute", None)
-    full = recompute_layers(_get(recompute_cfg, "recompute", False), stage_ids)
-    selective = bool(_get(recompute_cfg, "select_recompute", False))
+    recompute_cfg = config_value(parallel, "recompute", None)
+    full = recompute_layers(config_value(recompute_cfg, "recompute", False), stage_ids)
+    selective = bool(config_value(recompute_cfg, "select_recompute", False))
     return stage_ids, full, selective

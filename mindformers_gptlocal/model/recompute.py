@@ -21,24 +21,16 @@ from mindspore import nn
 from mindspore.ops import Primitive
 
 from ..errors import ConfigError
-from .placement import recompute_layers
+from .placement import config_value, recompute_layers
 
 DEFAULT_SELECT = ("attention.softmax", "attention.attention_dropout", "mlp.activation")
 DEFAULT_COMM = ("input_layernorm.layer_norm", "post_attention_layernorm.layer_norm")
 CELL_KEYWORDS = ("mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation")
 
 
-def _get(obj, key, default=None):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
 def recompute_config(config):
     """The recompute section as placement.py finds it: ``parallel_config.recompute``."""
-    return _get(getattr(config, "parallel_config", None), "recompute", None)
+    return config_value(getattr(config, "parallel_config", None), "recompute", None)
 
 
 def _patterns_per_layer(value, defaults, stage_ids, key):
@@ -102,15 +94,16 @@ class RecomputePlan:
     def __init__(self, config, stage_ids):
         section = recompute_config(config)
         for key in ("select_recompute_exclude", "select_comm_recompute_exclude"):
-            if _get(section, key, False):
+            if config_value(section, key, False):
                 raise ConfigError(f"recompute_config.{key} is not supported by gpt_local; remove it and list the "
                                   f"ops to recompute in select_recompute instead.")
-        self.full = recompute_layers(_get(section, "recompute", False), stage_ids)
-        self.select = _patterns_per_layer(_get(section, "select_recompute", False), DEFAULT_SELECT, stage_ids,
+        self.full = recompute_layers(config_value(section, "recompute", False), stage_ids)
+        self.select = _patterns_per_layer(config_value(section, "select_recompute", False), DEFAULT_SELECT, stage_ids,
                                           "select_recompute")
-        self.comm = _patterns_per_layer(_get(section, "select_comm_recompute", False), DEFAULT_COMM, stage_ids,
+        self.comm = _patterns_per_layer(config_value(section, "select_comm_recompute", False), DEFAULT_COMM, stage_ids,
                                         "select_comm_recompute")
-        self.cell_keywords = {k: bool(_get(section, k)) for k in CELL_KEYWORDS if _get(section, k) is not None}
+        self.cell_keywords = {k: bool(config_value(section, k)) for k in CELL_KEYWORDS
+                              if config_value(section, k) is not None}
 
     def apply(self, block, index):
         """Set layer ``index``'s recompute on ``block``; returns 'full', 'selective' or 'none'."""

@@ -33,6 +33,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..errors import ConfigError
+from .placement import config_value
 
 DP, MP = "dp", "mp"
 PARALLEL_MODES = ("semi_auto_parallel", "auto_parallel")
@@ -43,21 +44,14 @@ OpRule.__doc__ = ("op: attribute path of a Primitive; strategy: per input, per a
                   "params: {input index: Parameter path}; optional: the op exists only in some builds.")
 
 
-def _get(obj, key, default=None):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
 def parallel_sizes(config):
     """(dp, mp, use_seq_parallel, vocab_emb_dp) from ``config.parallel_config`` (where placement.py reads it)."""
     parallel = getattr(config, "parallel_config", None)
-    dp = _get(parallel, "data_parallel", None) or _get(parallel, "data_parallel_size", None) or 1
-    mp = _get(parallel, "model_parallel", None) or _get(parallel, "tensor_model_parallel_size", None) or 1
-    seq = bool(_get(parallel, "use_seq_parallel", False) or _get(parallel, "sequence_parallel", False))
-    vocab_emb_dp = _get(parallel, "vocab_emb_dp", True)
+    dp = config_value(parallel, "data_parallel", None) or config_value(parallel, "data_parallel_size", None) or 1
+    mp = (config_value(parallel, "model_parallel", None) or config_value(parallel, "tensor_model_parallel_size", None)
+          or 1)
+    seq = bool(config_value(parallel, "use_seq_parallel", False) or config_value(parallel, "sequence_parallel", False))
+    vocab_emb_dp = config_value(parallel, "vocab_emb_dp", True)
     return int(dp), int(mp), seq, True if vocab_emb_dp is None else bool(vocab_emb_dp)
 
 
