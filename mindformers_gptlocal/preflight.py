@@ -197,12 +197,13 @@ def configure_checkpoint_monitor(config):
 
 
 def global_batch_size(config):
-    """As MindFormers computes it: batch x data parallel x micro batches (pipeline) x accumulation."""
+    """``parallel_rules.global_batch_size`` (MindFormers' formula) on the run YAML's values."""
+    from .parallel_rules import global_batch_size as formula
     runner = config.get("runner_config") or {}
     parallel = config.get("parallel_config") or {}
     micro = parallel.get("micro_batch_num", 1) if parallel.get("pipeline_stage", 1) > 1 else 1
-    return (int(runner.get("batch_size", 1)) * int(parallel.get("data_parallel", 1)) * int(micro)
-            * int(runner.get("gradient_accumulation_steps", 1) or 1))
+    return formula(int(runner.get("batch_size", 1)), int(parallel.get("data_parallel", 1)), int(micro),
+                   int(runner.get("gradient_accumulation_steps", 1) or 1))
 
 
 def check_layout(config):
