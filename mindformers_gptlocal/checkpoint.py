@@ -49,32 +49,46 @@ def resolve_weights_file(path):
     return max(candidates, key=lambda p: (step_of(p), os.path.getmtime(p)))
 
 
+class HeaderPastEnd(ValueError):
+    """The 8-byte header length points past the end of the file."""
+
+
+def read_header(path):
+    """(header length, header dict) of a safetensors file, reading only the header. HeaderPastEnd,
+    another ValueError, OSError or struct.error when the file cannot be one."""
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        if length > os.path.getsize(path) - 8:
+            raise HeaderPastEnd("header runs past the end of the file (truncated or not safetensors)")
+        return length, json.loads(handle.read(length))
+
+
+def _inspect(path):
+    """(problem or None, header or None): the header is readable and its tensors end exactly at the file's end."""
+    try:
+        length, header = read_header(path)
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except HeaderPastEnd as err:
+        return str(err), None
+    except (OSError, struct.error, ValueError, TypeError, KeyError, AttributeError) as err:
+        return f"unreadable safetensors header ({err.__class__.__name__})", None
+    size = os.path.getsize(path)
+    if 8 + length + max(ends, default=0) != size:
+        return f"{size} bytes but the header describes {8 + length + max(ends, default=0)} (truncated or padded)", None
+    return None, header
+
+
 def safetensors_problem(path):
     """None when the safetensors header is readable and its tensors end exactly at the file's end (no data read)."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if length > size - 8:
-                return "header runs past the end of the file (truncated or not safetensors)"
-            header = json.loads(handle.read(length))
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    except (OSError, struct.error, ValueError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as err:
-        return f"unreadable safetensors header ({err.__class__.__name__})"
-    if 8 + length + max(ends, default=0) != size:
-        return f"{size} bytes but the header describes {8 + length + max(ends, default=0)} (truncated or padded)"
-    return None
+    return _inspect(path)[0]
 
 
 def tensor_shapes(path):
     """name -> shape from a safetensors header; CheckpointError naming the file if it is damaged."""
-    problem = safetensors_problem(path)
+    problem, header = _inspect(path)
     if problem:
         raise CheckpointError(f"{path} is not a readable safetensors file: {problem}. Use an earlier checkpoint "
                               f"or re-export it.")
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 

@@ -14,6 +14,7 @@ import struct
 
 import numpy as np
 
+from .checkpoint import read_header
 from .errors import CheckpointError
 from .staging import write_folder
 
@@ -246,11 +247,7 @@ class SafetensorsReader:
     def __init__(self, path):
         self.path = path
         try:
-            with open(path, "rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                if length > os.path.getsize(path) - 8:
-                    raise ValueError("header longer than the file")
-                self.header = json.loads(handle.read(length))
+            length, self.header = read_header(path)
             self.data_start = 8 + length
         except (OSError, ValueError, struct.error) as err:
             raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated.") from err
