@@ -1,10 +1,10 @@
 """Register gpt_local whenever ``mindformers`` is imported, with no flag or YAML change.
 
-A ``.pth`` file installed next to the package runs ``install()`` at interpreter
-start. It only adds a meta-path finder (no heavy import): when ``mindformers``
-finishes importing, the finder imports ``mindformers_gptlocal``, whose import
-registers the config, model, wrappers and tokenizer. Set
-``GPTLOCAL_NO_AUTOREGISTER=1`` to switch it off.
+A ``.pth`` file installed next to the package (also by ``pip install -e .``) runs ``install()`` at
+interpreter start; ``import mindformers_gptlocal`` runs it too. It only adds a meta-path finder (no
+heavy import): when ``mindformers`` finishes importing, the finder calls
+``mindformers_gptlocal.registration.register()``, which registers the config, model, wrappers,
+callbacks and tokenizer. Set ``GPTLOCAL_NO_AUTOREGISTER=1`` to switch it off.
 """
 import importlib
 import importlib.abc
@@ -13,7 +13,7 @@ import os
 import sys
 
 TARGET = "mindformers"
-PLUGIN = "mindformers_gptlocal"
+REGISTRATION = "mindformers_gptlocal.registration"
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
@@ -33,8 +33,7 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             original(module)
-            if PLUGIN not in sys.modules:
-                importlib.import_module(PLUGIN)
+            importlib.import_module(REGISTRATION).register()
 
         spec.loader.exec_module = exec_module
         return spec

@@ -40,7 +40,7 @@ def main():
     del torch
     size_mb = os.path.getsize(os.path.join(hf_dir, "model.safetensors")) / 2 ** 20
     gptlocal = [sys.executable, "-m", "mindformers_gptlocal.cli"]
-    baseline = child_peak([sys.executable, "-c", "import mindformers_gptlocal.convert, safetensors, numpy"])
+    baseline = child_peak([sys.executable, "-c", "import mindformers_gptlocal.checkpoint.hf_gpt2, safetensors, numpy"])
     to_ms = child_peak(gptlocal + ["convert", "hf2ms", "--hf-dir", hf_dir, "--out", os.path.join(work, "ms")])
     to_hf = child_peak(gptlocal + ["convert", "ms2hf", "--ms-dir", os.path.join(work, "ms"),
                                    "--out", os.path.join(work, "back")])

@@ -52,7 +52,7 @@ def base_config(name):
 
 
 def head_bytes(name):
-    from mindformers_gptlocal import memory_estimate as mem
+    from mindformers_gptlocal.plan import memory as mem
     s = mem.shape_of(dict(base_config(name)["model"]["model_config"]))
     return mem.head_activation_bytes(s, SHAPES[name][1])
 
@@ -74,7 +74,7 @@ def run_yaml(name, optimizer, steps, corpus, workdir):
 def terms(path):
     """(state bytes, activation bytes, planner estimate) of a run YAML."""
     from mindformers_gptlocal import yaml_io
-    from mindformers_gptlocal.planner import plan
+    from mindformers_gptlocal.plan.report import plan
     result = plan(yaml_io.load_yaml(path))
     st = result["stages"][0]
     return (st["weights_bytes"] + st["grads_bytes"] + st["optimizer_bytes"], st["activation_bytes"],

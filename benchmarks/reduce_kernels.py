@@ -13,7 +13,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mindformers_gptlocal.grad_checks import sum_all  # noqa: E402
+from mindformers_gptlocal.training.grad_checks import sum_all  # noqa: E402
 
 
 class Fn(nn.Cell):

@@ -1,18 +1,43 @@
 """mindformers-gptlocal: GPT-2-family causal LMs for MindFormers' mcore path (``model_type: gpt_local``).
 
-Importing this package registers the config, model, CPU-safe train wrapper and
-tokenizer with MindFormers' registries.
+Importing this package is light: it loads neither MindSpore nor MindFormers. MindFormers learns of
+gpt_local (``registration.register``) as soon as it is imported itself (the installed ``.pth`` hook,
+or the same hook installed here), or right away if it is already loaded. The heavy names below are
+loaded on first use.
 """
-from .configuration_gpt_local import GPTLocalConfig
-from .model import GPTLocalForCausalLM
-from .wrapper import GPTLocalTrainOneStepCell
-from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
-from . import callbacks, checkpoint_monitor, metrics, optim, tokenizer_registry, compat
+import importlib
+import sys
 
-compat.install()
-compat.register_auto_classes()
+from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
 
 __version__ = "0.1.0"
 
+_LAZY = {"GPTLocalConfig": ".model.config", "GPTLocalForCausalLM": ".model.gpt",
+         "GPTLocalTrainOneStepCell": ".training.wrapper"}
+
 __all__ = ["GPTLocalConfig", "GPTLocalForCausalLM", "GPTLocalTrainOneStepCell", "GPTLocalError",
            "ConfigError", "DataError", "CheckpointError"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from .registration import register
+        register()
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _register_with_mindformers():
+    """Register now if MindFormers is loaded; otherwise when it is (the .pth hook's finder)."""
+    if "mindformers" in sys.modules:
+        from .registration import register
+        register()
+        return
+    try:
+        import mindformers_gptlocal_autoregister as hook
+    except ImportError:  # a source tree without the hook module on sys.path: register on first heavy use
+        return
+    hook.install()
+
+
+_register_with_mindformers()

@@ -4,7 +4,7 @@
 """
 import sys
 
-from mindformers_gptlocal.launcher import main
+from mindformers_gptlocal.cli.launcher import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ import pytest
 from mindformers.tools.register import MindFormerConfig
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, yaml_io
-from mindformers_gptlocal.model.placement import layers_per_stage
+from mindformers_gptlocal.parallel.layout import layers_per_stage
 from conftest import CONFIGS
 
 YAMLS = sorted(glob.glob(os.path.join(CONFIGS, "*.yaml")))

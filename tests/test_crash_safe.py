@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from mindformers_gptlocal import ckpt_manifest
+from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from mindformers_gptlocal.errors import CheckpointError
-from mindformers_gptlocal.resume import find_resume_checkpoint, resume_info
+from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint, resume_info
 from conftest import run_launcher, source_env, step_losses
 from test_resume import write_yaml
 

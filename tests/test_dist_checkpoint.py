@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, yaml_io
-from mindformers_gptlocal.checkpoint import save_weights, read_safetensors
+from mindformers_gptlocal.model.weights import save_weights
+from mindformers_gptlocal.safetensors_io import read_safetensors
 from mindformers_gptlocal.cli import main
-from mindformers_gptlocal.dist_checkpoint import SHARD_NAME, merge_checkpoint
+from mindformers_gptlocal.checkpoint.distributed import SHARD_NAME, merge_checkpoint
 from mindformers_gptlocal.errors import CheckpointError
 from mindformers_gptlocal.model import GPTLocalBlock
 

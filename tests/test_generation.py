@@ -5,7 +5,7 @@ import torch
 import mindspore as ms
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.convert import hf_to_ms
+from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
 from mindformers_gptlocal.errors import ConfigError, DataError
 from conftest import TINY
 

@@ -4,7 +4,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindformers.core.clip_grad import ClipGradNorm
-from mindformers_gptlocal.grad_checks import GPTLocalClipGradNorm, non_finite
+from mindformers_gptlocal.training.grad_checks import GPTLocalClipGradNorm, non_finite
 
 
 def _grads(scale):

@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalForCausalLM
-from mindformers_gptlocal.convert import hf_to_ms, ms_to_hf
+from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms, ms_to_hf
 from mindformers_gptlocal.errors import CheckpointError
 from conftest import source_env
 

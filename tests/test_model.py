@@ -8,7 +8,7 @@ from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.model import GPTLocalBlock, ParallelAttention, ParallelFeedForward
-from mindformers_gptlocal.model.placement import layers_per_stage, recompute_layers, stage_of_layers
+from mindformers_gptlocal.parallel.layout import layers_per_stage, recompute_layers, stage_of_layers
 from mindformers_gptlocal.errors import ConfigError, CheckpointError
 from conftest import TINY
 

@@ -5,7 +5,7 @@ from mindspore import nn, Tensor, Parameter
 
 from mindformers.core.optim import AdamW
 from mindformers_gptlocal import yaml_io
-from mindformers_gptlocal.optim import GPTLocalAdamW
+from mindformers_gptlocal.training.optim import GPTLocalAdamW
 
 from conftest import run_launcher, step_losses, tiny_yaml
 

@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, ParameterTuple
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.model.placement import stage_of_layers
+from mindformers_gptlocal.parallel.layout import stage_of_layers
 
 SEQ, BATCH = 8, 4
 SMALL = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=3,

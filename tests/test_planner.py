@@ -12,10 +12,10 @@ import pytest
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, yaml_io
 from mindformers_gptlocal.cli import main as cli_main
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal import memory_estimate as mem
-from mindformers_gptlocal.parallel_rules import check_parallel_layout, check_yaml_layout
-from mindformers_gptlocal.planner import plan
-from mindformers_gptlocal.preflight import check_layout
+from mindformers_gptlocal.plan import memory as mem
+from mindformers_gptlocal.parallel.rules import check_parallel_layout, check_yaml_layout
+from mindformers_gptlocal.plan.report import plan
+from mindformers_gptlocal.preflight.checks import check_layout
 from conftest import CONFIGS, TINY, run_launcher, tiny_yaml
 
 ASCEND = sorted(p for p in glob.glob(os.path.join(CONFIGS, "*.yaml"))
@@ -234,5 +234,5 @@ def test_cpu_estimate_uses_the_adamw_factor_for_adamw_and_unknown_optimizers(opt
     assert note == ([] if optimizer == "AdamW" else
                     [f"optimizer.type 'Lamb' has no measured CPU memory factor: the CPU peak RSS estimate uses "
                      f"AdamW's ({mem.CPU_STATE_FACTOR['AdamW']}x the weights, grads and moments), the conservative one"])
-    from mindformers_gptlocal.planner import format_plan
+    from mindformers_gptlocal.plan.report import format_plan
     assert f"for optimizer {optimizer}" in format_plan(result)

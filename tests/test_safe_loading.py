@@ -31,8 +31,8 @@ def _evil(path, marker):
 
 
 def test_training_routes_refuse_a_pickle_checkpoint(tmp_path, corpus):
-    from mindformers_gptlocal.launcher import load_config
-    from mindformers_gptlocal.preflight import preflight
+    from mindformers_gptlocal.cli.launcher import load_config
+    from mindformers_gptlocal.preflight.checks import preflight
     marker = tmp_path / "pwned"
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -49,8 +49,8 @@ def test_training_routes_refuse_a_pickle_checkpoint(tmp_path, corpus):
 
 
 def test_weights_reader_refuses_a_pickle(tmp_path):
-    from mindformers_gptlocal.checkpoint import read_safetensors
-    from mindformers_gptlocal.resume import resume_info
+    from mindformers_gptlocal.safetensors_io import read_safetensors
+    from mindformers_gptlocal.checkpoint.resume import resume_info
     marker = tmp_path / "pwned"
     path = _evil(tmp_path / "model.safetensors", marker)
     with pytest.raises(CheckpointError):
@@ -61,7 +61,7 @@ def test_weights_reader_refuses_a_pickle(tmp_path):
 
 
 def test_convert_needs_allow_pickle_for_a_pickle(tmp_path):
-    from mindformers_gptlocal.convert import hf_to_ms
+    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
     marker = tmp_path / "pwned"
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -74,7 +74,7 @@ def test_convert_needs_allow_pickle_for_a_pickle(tmp_path):
 
 
 def test_source_has_no_unguarded_unpickling():
-    """Audit: the only unpickling call is convert.py's torch.load, weights-only unless --allow-pickle."""
+    """Audit: the only unpickling call is the HF converter's torch.load, weights-only unless --allow-pickle."""
     package = os.path.join(REPO, "mindformers_gptlocal")
     found = []
     for root, _, files in os.walk(package):
@@ -84,6 +84,6 @@ def test_source_has_no_unguarded_unpickling():
                 for pattern in (r"pickle\.loads?\(", r"allow_pickle\s*=\s*True", r"torch\.load\(", r"dill\.",
                                 r"joblib\.load", r"trust_remote_code\s*=\s*True"):
                     found += [(name, m.group(0)) for m in re.finditer(pattern, text)]
-    assert found == [("convert.py", "torch.load(")], found
-    text = open(os.path.join(package, "convert.py"), encoding="utf-8").read()
+    assert found == [("hf_gpt2.py", "torch.load(")], found
+    text = open(os.path.join(package, "checkpoint", "hf_gpt2.py"), encoding="utf-8").read()
     assert "weights_only=not allow_pickle" in text

@@ -16,7 +16,7 @@ from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import causal_bias
-from mindformers_gptlocal.model.sharding import (check_divisible, block_rules, model_rules, param_layouts, rank_slice, merge_slices,
+from mindformers_gptlocal.parallel.sharding import (check_divisible, block_rules, model_rules, param_layouts, rank_slice, merge_slices,
                                                  split_axis, apply_sharding, concrete, resolve)
 
 SEQ, BATCH = 8, 2

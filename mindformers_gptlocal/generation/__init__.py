@@ -1,4 +1,7 @@
-"""Text generation with an explicit per-layer KV cache, on every backend."""
-from .generate import generate_ids, resolve_options
+"""Text generation: sampling (``sampling.py``), the decode loop (``loop.py``) and the ``generate`` method
+causal LMs mix in (``mixin.py``). Imports nothing from ``model/``: it uses only the interface a causal
+LM offers (``config``, ``kv_cache(batch, length)``, calling the model on token ids)."""
+from .loop import resolve_options
+from .mixin import GenerationMixin
 
-__all__ = ["generate_ids", "resolve_options"]
+__all__ = ["GenerationMixin", "resolve_options"]

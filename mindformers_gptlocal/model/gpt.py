@@ -3,7 +3,11 @@
 Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
 expect; eval with labels returns ``(logits, labels, mask)`` laid out for
 MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
+Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``).
+The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
 """
+import os
+
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
@@ -13,13 +17,15 @@ from mindformers.models.modeling_utils import PreTrainedModel
 from mindformers.parallel_core.utils.model_mixin import ModelMixin, TrainModelMixin
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
-from ..configuration_gpt_local import GPTLocalConfig
+from ..generation import GenerationMixin
+from ..parallel.recompute import RecomputePlan
+from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import causal_bias
 from .block import GPTLocalBlock
+from .config import GPTLocalConfig
+from .kv_cache import KVCache, cache_length
 from .layers import LayerNorm, to_mstype
-from .placement import placement_from_config
-from .recompute import RecomputePlan
-from .sharding import apply_sharding, is_parallel_build
+from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
 def use_flash_attention(config):
@@ -53,7 +59,7 @@ class GPTLocalEmbedding(nn.Cell):
 class GPTLocalModel(nn.Cell):
     """The decoder stack. Each layer is a GPTLocalBlock whose stage and recompute are set here, once.
 
-    Placement: the embedding on stage 0, each block on its stage (placement.py), the final norm
+    Placement: the embedding on stage 0, each block on its stage (``Layout.stage_of_layers``), the final norm
     (and, in GPTLocalForCausalLM, the head) on the last. The token embedding is used on stage 0
     (lookup) and on the last stage (tied head); no copy is made here. MindSpore's pipeline pass
     (PipelineTransformer::HandleSharedParameter) makes the lowest stage that reads a shared
@@ -62,11 +68,12 @@ class GPTLocalModel(nn.Cell):
     the owner adds it to the lookup's gradient, so only stage 0's table is updated.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, layout=None):
         super().__init__()
         self.config = config
-        stage_ids, _, _ = placement_from_config(config)
-        recompute = RecomputePlan(config, stage_ids)
+        layout = config.layout if layout is None else layout
+        stage_ids = layout.stage_of_layers(config.num_hidden_layers)
+        recompute = RecomputePlan(layout, config.num_hidden_layers)
         flash = use_flash_attention(config)
         self.embedding = GPTLocalEmbedding(config)
         blocks = []
@@ -86,8 +93,15 @@ class GPTLocalModel(nn.Cell):
             self.causal_bias = causal_bias(config.max_position_embeddings)
         self.use_flash = flash
         self.stage_ids = stage_ids
+        self.num_layers = config.num_hidden_layers
 
-    def construct(self, input_ids, position_ids, attention_bias=None):
+    def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
+                  write_index=None):
+        """input_ids/position_ids [B, S] -> hidden [B, S, H]. The causal mask is built here unless given.
+
+        Decoding (``kv_cache.py``) passes per-layer caches (``key_caches``/``value_caches``: tuples of
+        [B, N, L, D] Parameters), ``write_index`` [B, N, S, 3] and an ``attention_bias`` over the L
+        cached rows; each layer writes its keys and values there (see ParallelAttention)."""
         seq = input_ids.shape[1]
         if attention_bias is None:
             if self.use_flash:
@@ -95,36 +109,14 @@ class GPTLocalModel(nn.Cell):
             else:
                 attention_bias = self.causal_bias[:, :, :seq, :seq]
         hidden = self.embedding(input_ids, position_ids)
-        for layer in self.layers:
-            hidden = layer(hidden, attention_bias)
+        if key_caches is None:
+            for layer in self.layers:
+                hidden = layer(hidden, attention_bias)
+        else:
+            for index in range(self.num_layers):
+                hidden = self.layers[index](hidden, attention_bias, key_caches[index], value_caches[index],
+                                            write_index)
         return self.final_layernorm(hidden)
-
-
-def _config_dict(config):
-    if config is None:
-        return {}
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
-
-
-def _as_prompts(input_ids, pad_token_id):
-    """A list of token lists from a list, a batch, or a numpy/Tensor block; trailing padding removed."""
-    if hasattr(input_ids, "asnumpy"):
-        input_ids = input_ids.asnumpy()
-    if isinstance(input_ids, np.ndarray):
-        input_ids = input_ids.tolist()
-    if input_ids and not isinstance(input_ids[0], (list, tuple)):
-        input_ids = [input_ids]
-    rows = [list(row) for row in input_ids]
-    if pad_token_id is not None and len(rows) > 1:
-        rows = [_strip_right(row, pad_token_id) for row in rows]
-    return rows
-
-
-def _strip_right(row, pad):
-    end = len(row)
-    while end > 1 and row[end - 1] == pad:
-        end -= 1
-    return row[:end]
 
 
 def _argmax(logits, axis=-1):
@@ -140,13 +132,16 @@ class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
 
 
 @MindFormerRegister.register(MindFormerModuleType.MODELS, legacy=False)
-class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
-    """GPT-2 causal LM with its output head tied to the token embedding."""
+class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedModel):
+    """GPT-2 causal LM with its output head tied to the token embedding; ``generate`` from GenerationMixin."""
+
+    KV_CACHES_KEPT = 4  # cache shapes kept compiled at once
 
     def __init__(self, config: GPTLocalConfig):
         super().__init__(config)
         self.config = config
-        self.model = GPTLocalModel(config)
+        layout = config.layout
+        self.model = GPTLocalModel(config, layout)
         self.transformer_config = None
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.head_matmul = ops.MatMul(transpose_b=True)
@@ -157,12 +152,13 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
-        self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
+        self.sharding = apply_sharding(self, layout) if is_parallel_build() else {}
+        self._kv_caches = {}
 
     # --- MindFormers mcore interface -------------------------------------------------------------
     def get_gpt_transformer_config(self):
         if self.transformer_config is None:
-            from ..transformer_config import to_transformer_config
+            from .transformer_config import to_transformer_config
             self.transformer_config = to_transformer_config(self.config)
         return self.transformer_config
 
@@ -178,52 +174,30 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
         """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder."""
-        from ..checkpoint import load_weights
         return load_weights(self, path)
 
     @classmethod
     def from_pretrained(cls, model_dir, **overrides):
         """Build from ``model_dir/config.json`` and load ``model_dir``'s safetensors weights if present."""
-        config = GPTLocalConfig.from_model_dir(model_dir, **overrides)
-        model = cls(config)
-        from ..checkpoint import WEIGHTS_NAME
-        import os
+        model = cls(GPTLocalConfig.from_model_dir(model_dir, **overrides))
         if os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):
             model.load_weights(model_dir)
         return model
 
     def save_pretrained(self, save_directory, tokenizer_dir=None, **kwargs):
         """Write config.json + model.safetensors (+ tokenizer files) to ``save_directory``."""
-        from ..checkpoint import save_model_dir
         return save_model_dir(self, save_directory, tokenizer_dir)
 
-    # --- generation --------------------------------------------------------------------------------
-    def generate(self, input_ids, generation_config=None, streamer=None, seed=None, **kwargs):
-        """MindFormers-style generate with the explicit KV cache, on every backend.
-
-        ``input_ids``: a token list or a batch of lists (right padding with ``pad_token_id`` is
-        stripped). Options as MindFormers' GenerationConfig (max_new_tokens, do_sample, temperature,
-        top_k, top_p, repetition_penalty, eos_token_id, use_past ...), from ``generation_config``,
-        else the model's, overridden by keywords. Returns token lists, or GenerateOutput(sequences=...)
-        with ``return_dict_in_generate=True`` (what MindFormers' predict pipeline asks for).
-        """
-        from ..generation import generate_ids, resolve_options
-        base = generation_config
-        if base is None:  # the model's default: its use_past=False means MindFormers' paged cache, not ours
-            base = {k: v for k, v in _config_dict(getattr(self, "generation_config", None)).items() if k != "use_past"}
-        options = resolve_options(base, seed=seed, **kwargs)
-        prompts = _as_prompts(input_ids, options["pad_token_id"])
-        sequences = generate_ids(self, prompts, options)
-        if streamer is not None:
-            streamer.put(np.asarray(sequences[0]))
-            streamer.end()
-        return_dict = kwargs.get("return_dict_in_generate")
-        if return_dict is None and base is not None:
-            return_dict = getattr(base, "return_dict_in_generate", False)
-        if return_dict:
-            from mindformers.generation.utils import GenerateOutput
-            return GenerateOutput(sequences=sequences, scores=None, logits=None)
-        return sequences
+    # --- KV cache ----------------------------------------------------------------------------------
+    def kv_cache(self, batch_size, needed_length):
+        """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up to a
+        bucket), built once per shape and kept (the last few shapes) so no call recompiles."""
+        key = (batch_size, cache_length(needed_length, self.config.max_position_embeddings))
+        if key not in self._kv_caches:
+            while len(self._kv_caches) >= self.KV_CACHES_KEPT:
+                self._kv_caches.pop(next(iter(self._kv_caches)))
+            self._kv_caches[key] = KVCache(self, *key)
+        return self._kv_caches[key]
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):
@@ -232,6 +206,12 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
         weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
         return ops.cast(self.head_matmul(hidden, weight), ms.float32)
+
+    def last_logits(self, hidden, last_index):
+        """Logits [B, V] of one position per sequence: hidden [B, S, H], last_index [B]."""
+        batch, _, width = hidden.shape
+        index = ops.broadcast_to(ops.reshape(last_index, (batch, 1, 1)), (batch, 1, width))
+        return self.logits(self.gather_d(hidden, 1, index))
 
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
         """input_ids [B, S]. With ``labels`` None in training, input_ids holds S+1 tokens and is shifted."""
@@ -274,3 +254,12 @@ class GPTLocalForCausalLM(TrainModelMixin, GPTLocalPreTrainedModel):
         labels = ops.concat((labels[:, :1], ops.maximum(labels, 0)), axis=1)
         mask = ops.concat((mask[:, :1], mask), axis=1)
         return logits, labels, mask
+
+
+def _register_auto_class():
+    """MindFormers' AutoModelForCausalLM resolves a GPTLocalConfig to this class."""
+    from mindformers import AutoModelForCausalLM
+    AutoModelForCausalLM.register(GPTLocalConfig, GPTLocalForCausalLM, exist_ok=True)
+
+
+_register_auto_class()

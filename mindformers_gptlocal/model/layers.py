@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from ..cpu_kernels import replace_slow_cpu_kernels
+from .cpu_kernels import replace_slow_cpu_kernels
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}

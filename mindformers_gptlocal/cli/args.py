@@ -1,0 +1,156 @@
+"""Every ``gptlocal`` subcommand's arguments, in one place. Building a parser imports nothing heavy
+(``run``'s value converters load MindFormers' own only when a value is converted)."""
+import argparse
+
+COMMANDS = {
+    "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
+    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact",
+    "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
+    "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
+    "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
+    "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
+}
+
+
+def main_parser():
+    """``gptlocal --help``: the subcommands (each one parses its own arguments)."""
+    parser = argparse.ArgumentParser(prog="gptlocal", description="GPT-2-family models on MindFormers "
+                                                                  "(model_type: gpt_local).",
+                                     epilog="gptlocal COMMAND --help shows a command's options.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, text in COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def prepare_data_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal prepare-data",
+                                     description="Text files, a folder or JSONL -> tokenizer, MindRecord and "
+                                                 "Megatron .bin/.idx. With no --input: the Python standard library.")
+    parser.add_argument("--input", nargs="*", help="text files, folders or .jsonl (default: Python's stdlib sources)")
+    parser.add_argument("--out", default="data/gptlocal", help="output folder (default: data/gptlocal)")
+    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--vocab-size", type=int, default=8192, help="size of a newly trained BPE")
+    parser.add_argument("--tokenizer", help="an existing tokenizer.json to use instead of training one")
+    parser.add_argument("--vocab", help="GPT-2 vocab.json (with --merges)")
+    parser.add_argument("--merges", help="GPT-2 merges.txt (with --vocab)")
+    parser.add_argument("--jsonl-key", default="text", help="JSONL field holding the text (default: text)")
+    parser.add_argument("--eval-fraction", type=float, default=0.05, help="share of documents held out for eval")
+    parser.add_argument("--max-bytes", type=int, help="stop adding files past this many bytes")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    return parser
+
+
+def convert_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal convert",
+                                     description="Hugging Face GPT-2 <-> gpt_local model directories, exact.")
+    sub = parser.add_subparsers(dest="direction", required=True)
+    hf2ms = sub.add_parser("hf2ms", help="HF GPT-2 directory -> gpt_local directory")
+    hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin)")
+    hf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
+    hf2ms.add_argument("--allow-pickle", action="store_true",
+                       help="load pytorch_model.bin with full pickle (only for files you trust)")
+    ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF GPT-2 directory")
+    ms2hf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
+    ms2hf.add_argument("--out", required=True)
+    return parser
+
+
+def ckpt_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal ckpt",
+                                     description="Split a full gpt_local checkpoint into per-rank shards for a "
+                                                 "(data, model, pipeline) parallel strategy, or merge them back.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    split = sub.add_parser("split", help="full .safetensors -> DIR/rank_*/ + DIR/strategy.json")
+    split.add_argument("--ckpt", required=True, help="full gpt_local .safetensors (e.g. output/model/model.safetensors)")
+    split.add_argument("--config", required=True, help="run YAML: model.model_config + parallel_config")
+    split.add_argument("--out", required=True, help="new folder for the rank shards")
+    split.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    merge = sub.add_parser("merge", help="DIR/rank_*/ -> one full .safetensors")
+    merge.add_argument("--dir", required=True, help="a folder written by `gptlocal ckpt split`")
+    merge.add_argument("--out", required=True, help="the full .safetensors file to write")
+    return parser
+
+
+def plan_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal plan",
+                                     description="Check a YAML's parallel layout and estimate per-device memory and "
+                                                 "communication, without devices or compiling.")
+    parser.add_argument("--config", required=True, help="run YAML (base_config is merged)")
+    parser.add_argument("--devices", type=int, help="cards the run will have (default: 1 when use_parallel is "
+                                                    "False, else dp*mp*pp)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def quickstart_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal quickstart",
+                                     description="The whole product on one CPU, with no download.")
+    parser.add_argument("--workdir", default="runs/quickstart", help="where data, YAMLs and outputs go")
+    parser.add_argument("--steps", type=int, default=240, help="training steps (batch 4 x 256 tokens)")
+    parser.add_argument("--max-bytes", type=int, default=3_000_000, help="corpus size from the stdlib")
+    parser.add_argument("--prompt", default="def main(", help="prompt for the generated sample")
+    return parser
+
+
+def _str2bool(value):
+    from mindformers.tools.utils import str2bool
+    return str2bool(value)
+
+
+def _str2bool_or_str(value):
+    from mindformers.tools.utils import str2bool_or_str
+    return str2bool_or_str(value)
+
+
+class _Options(argparse.Action):
+    """``--options KEY=VALUE ...`` with MindFormers' own parsing (ActionDict), loaded when used."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from mindformers.tools.register import ActionDict
+        ActionDict(self.option_strings, self.dest, nargs=self.nargs)(parser, namespace, values, option_string)
+
+
+def run_parser():
+    """The flags of MindFormers r1.8.0 ``run_mindformer.py`` (plus ``--key value`` config overrides)."""
+    parser = argparse.ArgumentParser(prog="gptlocal run",
+                                     description="Run a MindFormers YAML (train/finetune/eval/predict).")
+    add = parser.add_argument
+    add("--config", required=True, help="YAML config file")
+    add("--mode", type=int, help="0 graph, 1 pynative")
+    add("--device_id", type=int)
+    add("--device_target", type=str, help="CPU, GPU or Ascend")
+    add("--run_mode", type=str, help="train, finetune, eval or predict")
+    add("--do_eval", type=_str2bool)
+    add("--train_dataset_dir", type=str)
+    add("--eval_dataset_dir", type=str)
+    add("--predict_data", type=str, nargs="+")
+    add("--modal_type", type=str, nargs="+")
+    add("--predict_batch_size", type=int)
+    add("--adapter_id", type=str, nargs="+")
+    add("--load_checkpoint", type=str)
+    add("--src_strategy_path_or_dir", type=str)
+    add("--auto_trans_ckpt", type=_str2bool)
+    add("--transform_process_num", type=int)
+    add("--only_save_strategy", type=_str2bool)
+    add("--resume_training", type=_str2bool_or_str)
+    add("--strategy_load_checkpoint", type=str)
+    add("--remote_save_url", type=str)
+    add("--seed", type=int)
+    add("--use_parallel", type=_str2bool)
+    add("--profile", type=_str2bool)
+    add("--options", nargs="+", action=_Options, help="key=value overrides merged into the config")
+    add("--epochs", type=int)
+    add("--batch_size", type=int)
+    add("--gradient_accumulation_steps", type=int)
+    add("--sink_mode", type=_str2bool)
+    add("--num_samples", type=int)
+    add("--output_dir", type=str)
+    add("--register_path", type=str)
+    add("--do_sample", type=_str2bool)
+    add("--trust_remote_code", type=_str2bool)
+    return parser
+
+
+PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
+           "plan": plan_parser, "quickstart": quickstart_parser}

@@ -1,0 +1,96 @@
+"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
+run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile).
+
+Arguments are defined in ``args.py``; each command imports only what its work needs (``plan``,
+``convert`` and ``--help`` load neither MindSpore nor MindFormers).
+"""
+import json
+import sys
+
+from ..errors import ConfigError, GPTLocalError
+from . import args as cli_args
+
+
+def prepare_data(argv):
+    options = cli_args.prepare_data_parser().parse_args(argv)
+    from ..data.prepare import prepare
+    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length,
+                      vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
+                      merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
+                      max_bytes=options.max_bytes, overwrite=options.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def convert(argv):
+    options = cli_args.convert_parser().parse_args(argv)
+    from ..checkpoint import hf_gpt2
+    if options.direction == "hf2ms":
+        summary = hf_gpt2.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
+    else:
+        summary = hf_gpt2.ms_to_hf(options.ms_dir, options.out)
+    print(f"wrote {summary['tensors']} tensors to {options.out}")
+    return 0
+
+
+def ckpt(argv):
+    options = cli_args.ckpt_parser().parse_args(argv)
+    from ..checkpoint import distributed
+    if options.action == "split":
+        config = distributed.config_from_yaml(options.config)
+        summary = distributed.split_checkpoint(options.ckpt, config, options.out, overwrite=options.overwrite)
+        print(f"wrote {summary['tensors']} tensors as {summary['ranks']} rank shards to {summary['out']}")
+    else:
+        summary = distributed.merge_checkpoint(options.dir, options.out)
+        print(f"merged {summary['ranks']} rank shards into {summary['tensors']} tensors: {summary['out']}")
+    return 0
+
+
+def run(argv):
+    from .launcher import main as launch
+    return launch(argv)
+
+
+def plan(argv):
+    options = cli_args.plan_parser().parse_args(argv)
+    from .. import yaml_io
+    from ..parallel.rules import raise_if_bad
+    from ..plan.report import format_plan, plan as make_plan
+    result = make_plan(yaml_io.load_yaml(options.config), options.devices)
+    if options.json:
+        print(json.dumps(result))
+        return 2 if result["problems"] else 0
+    if result["problems"]:
+        raise_if_bad(result["problems"], where=options.config)
+    print(format_plan(result, options.config))
+    if result.get("fits") is False:
+        raise ConfigError(f"{options.config}: the peak per-device estimate exceeds the {result['card']} card; lower "
+                          f"runner_config.batch_size, enable recompute_config.recompute, or add model/pipeline "
+                          f"parallel.")
+    return 0
+
+
+def quickstart(argv):
+    options = cli_args.quickstart_parser().parse_args(argv)
+    from .quickstart import main as run_quickstart
+    return run_quickstart(options)
+
+
+COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
+            "plan": plan}
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        cli_args.main_parser().print_help()
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: gptlocal {" + ",".join(COMMANDS) + "} [options]  (gptlocal COMMAND --help for each)",
+              file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except GPTLocalError as err:
+        print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,73 @@
+"""The decode loop: prompts in, token ids out, over any step function that gives next-token logits.
+
+Options are MindFormers' GenerationConfig names: max_new_tokens / max_length, do_sample,
+temperature, top_k, top_p, repetition_penalty, eos_token_id, pad_token_id, use_past (cache on/off),
+seed. Nothing here knows the model: ``GenerationMixin`` (``mixin.py``) hands in its cache's steps.
+"""
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from .sampling import next_tokens
+
+DEFAULTS = {"max_new_tokens": None, "max_length": None, "do_sample": False, "temperature": 1.0, "top_k": 0,
+            "top_p": 1.0, "repetition_penalty": 1.0, "eos_token_id": None, "pad_token_id": None,
+            "use_past": True, "seed": None}
+
+
+def resolve_options(base=None, **overrides):
+    """DEFAULTS <- a GenerationConfig / dict <- keyword overrides (None values do not override)."""
+    options = dict(DEFAULTS)
+    if base is not None:
+        items = base.to_dict() if hasattr(base, "to_dict") else dict(base)
+        options.update({k: v for k, v in items.items() if k in DEFAULTS and v is not None})
+    options.update({k: v for k, v in overrides.items() if k in DEFAULTS and v is not None})
+    eos = options["eos_token_id"]
+    options["eos_token_id"] = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    options["top_k"] = int(options["top_k"] or 0)
+    return options
+
+
+def new_token_budget(prompts, options):
+    """max_new_tokens, or what max_length leaves after the longest prompt (at least 1), or 32."""
+    if options["max_new_tokens"] is not None:
+        return options["max_new_tokens"]
+    longest = max((len(p) for p in prompts), default=0)
+    return max(options["max_length"] - longest, 1) if options["max_length"] else 32
+
+
+def check_prompts(prompts, vocab_size, max_positions, max_new_tokens, max_batch_size):
+    """One clear error for each prompt batch the cache cannot serve."""
+    if len(prompts) == 0 or any(len(p) == 0 for p in prompts):
+        raise DataError("generate: a prompt is empty; give at least one token per prompt.")
+    if len(prompts) > max_batch_size:
+        raise ConfigError(f"generate: {len(prompts)} prompts exceed the configured batch size {max_batch_size} "
+                          f"(model_config.max_batch_size); split the prompts or raise max_batch_size.")
+    for row, prompt in enumerate(prompts):
+        bad = [t for t in prompt if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise DataError(f"generate: prompt {row} holds token id {bad[0]}, outside the vocabulary "
+                            f"(vocab_size {vocab_size}); encode it with the model's tokenizer.")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > max_positions:
+        raise DataError(f"generate: a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+                        f"KV cache of max_position_embeddings={max_positions} positions; shorten "
+                        f"the prompt or lower max_new_tokens.")
+
+
+def decode_loop(prompts, max_new, options, rng, logits, step):
+    """Pick, append, stop at EOS or after max_new tokens. ``logits``: [B, V] after each prompt;
+    ``step(tokens, positions)`` places one token per sequence at ``positions`` and returns the next logits."""
+    outputs = [list(p) for p in prompts]
+    done = np.zeros(len(prompts), bool)
+    cursor = np.array([len(p) for p in prompts], np.int32)
+    for produced in range(max_new):
+        tokens = next_tokens(logits, outputs, options, rng)
+        for row, token in enumerate(tokens):
+            if not done[row]:
+                outputs[row].append(int(token))
+                done[row] = int(token) in options["eos_token_id"]
+        if done.all() or produced == max_new - 1:
+            break
+        logits = step(np.asarray(tokens, np.int32), cursor)
+        cursor = cursor + 1
+    return outputs

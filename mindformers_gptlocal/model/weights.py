@@ -1,0 +1,102 @@
+"""Model weights in and out: load a safetensors file into a model (strict on names and shapes), refuse a
+checkpoint of another size before anything is built, and write model directories
+(config.json + model.safetensors + tokenizer files) that ``from_pretrained`` reads.
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+import mindspore as ms
+
+from ..errors import CheckpointError
+from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic_write, read_safetensors,
+                              resolve_weights_file, tensor_shapes, write_json)
+from ..parallel.layout import Layout
+from .params import WORD_EMBEDDINGS, layer_of, parameter_table
+
+__all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
+
+
+def check_matches_config(path, config):
+    """Refuse, before anything is built, a checkpoint of another architecture or size than ``config``:
+    every tensor of the parameter table that the file holds must have the table's shape."""
+    shapes = tensor_shapes(path)
+    if WORD_EMBEDDINGS not in shapes:
+        raise CheckpointError(f"load_checkpoint {path} is not a gpt_local checkpoint (no "
+                              f"{WORD_EMBEDDINGS}; it holds e.g. {sorted(shapes)[:3]}). Convert "
+                              f"Hugging Face GPT-2 weights with `gptlocal convert hf2ms`.")
+    for name, spec in parameter_table(config, Layout()).items():
+        if name in shapes and shapes[name] != spec.shape:
+            raise CheckpointError(f"load_checkpoint {path}: tensor '{name}' has shape {shapes[name]} but "
+                                  f"model_config implies {spec.shape}; the checkpoint is of another size. Make "
+                                  f"model_config match the checkpoint (vocab_size, hidden_size, "
+                                  f"max_position_embeddings, intermediate_size).")
+    layers = {layer_of(name) for name in shapes} - {None}
+    if layers and max(layers) + 1 != config.num_hidden_layers:
+        raise CheckpointError(f"load_checkpoint {path} has {max(layers) + 1} layers but model_config."
+                              f"num_hidden_layers is {config.num_hidden_layers}; set num_hidden_layers: "
+                              f"{max(layers) + 1} or use a matching checkpoint.")
+
+
+def model_state(tensors, model):
+    """Keep the model's own parameters from a checkpoint (drops optimizer state), checking names and shapes."""
+    params = {p.name: p for p in model.get_parameters()}
+    missing = [name for name in params if name not in tensors]
+    if missing:
+        foreign = sorted(tensors)[:3]
+        raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
+                              f"'{missing[0]}'; it holds e.g. {foreign}. It is not a gpt_local checkpoint of "
+                              f"this architecture (convert Hugging Face weights with `gptlocal convert hf2ms`).")
+    state = {}
+    for name, param in params.items():
+        array = tensors[name]
+        if tuple(array.shape) != tuple(param.shape):
+            raise CheckpointError(f"tensor '{name}' has shape {tuple(array.shape)} in the checkpoint but "
+                                  f"{tuple(param.shape)} in the model; the checkpoint is of another size. Make "
+                                  f"model_config match the checkpoint's config.json.")
+        state[name] = array
+    return state
+
+
+def load_weights(model, path):
+    """Load a safetensors checkpoint into ``model`` (strict on names and shapes). Returns the file used."""
+    path = resolve_weights_file(path)
+    state = model_state(read_safetensors(path), model)
+    params = {p.name: p for p in model.get_parameters()}
+    for name, array in state.items():
+        params[name].set_data(ms.Tensor(array, params[name].dtype))
+    return path
+
+
+def save_weights(model, path):
+    """All model parameters to one safetensors file, written atomically."""
+    from safetensors.numpy import save_file
+    tensors = {p.name: np.ascontiguousarray(p.asnumpy()) for p in model.get_parameters()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "gpt_local"}))
+
+
+def save_model_dir(model, out_dir, tokenizer_dir=None):
+    """config.json + model.safetensors (+ tokenizer files copied from ``tokenizer_dir``)."""
+    os.makedirs(out_dir, exist_ok=True)
+    if not os.access(out_dir, os.W_OK):
+        raise CheckpointError(f"cannot write to {out_dir}; choose a writable output_dir.")
+    save_weights(model, os.path.join(out_dir, WEIGHTS_NAME))
+    config = model.config.to_dict()
+    config.pop("parallel_config", None)
+    config = {k: v for k, v in config.items() if _json_ok(v)}
+    atomic_write(os.path.join(out_dir, CONFIG_NAME), lambda tmp: write_json(tmp, config))
+    if tokenizer_dir and os.path.abspath(tokenizer_dir) != os.path.abspath(out_dir):
+        for name in TOKENIZER_FILES:
+            source = os.path.join(tokenizer_dir, name)
+            if os.path.isfile(source):
+                shutil.copyfile(source, os.path.join(out_dir, name))
+    return out_dir
+
+
+def _json_ok(value):
+    try:
+        json.dumps(value)
+        return True
+    except TypeError:
+        return False

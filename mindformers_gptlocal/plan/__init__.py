@@ -1,0 +1,1 @@
+"""`gptlocal plan`: per-device memory and communication of a run YAML, arithmetic only (no MindSpore)."""

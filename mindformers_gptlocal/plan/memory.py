@@ -1,0 +1,233 @@
+"""Per-device parameter counts, training memory and communication of a gpt_local layout: arithmetic only.
+
+Parameter counts come from the parameter table (``model/params.py``: every weight's shape and how
+it splits under tensor parallel ``t`` = model_parallel: QKV and fc1 column-parallel, weight and bias
+split; the output projection and fc2 row-parallel, weight split, bias whole; LayerNorms whole; the
+token embedding's vocabulary split only when ``vocab_emb_dp`` is False). Activations follow what
+``model/gpt.py`` computes.
+
+Memory terms (bytes per device), each the state that lives through a training step:
+
+* weights: parameters in ``params_dtype``.
+* gradients: one per parameter, in ``params_dtype`` (MindSpore's grads take the parameter dtype).
+* optimizer: MindFormers' AdamW (and GPTLocalAdamW, its fused form) keeps two fp32 moments (``adam_m``, ``adam_v``) per parameter,
+  whatever the parameter dtype. It keeps no separate fp32 master copy: with fp32 parameters the
+  weights are the master; with bf16/fp16 ones it updates in fp32 on the fly and casts back. With
+  ``parallel.enable_parallel_optimizer`` the moments are split over the data-parallel ranks.
+* activations: what the backward pass needs from one micro-batch (``activation_bytes``), times the
+  micro-batches in flight on that stage under 1F1B (stages - stage index, at most micro_batch_num).
+  Full recompute keeps only each layer's input, plus one layer's activations being recomputed.
+
+On Ascend these analytic numbers are the estimate (plus the runtime's workspace, which
+``max_device_memory`` caps); they are not measured on a card here. On CPU the measured peak RSS
+of a MindFormers training run holds much more; ``cpu_peak_rss`` adds a measured runtime term and
+measured factors (below), the state one per optimizer type.
+"""
+from ..model.params import POSITION_EMBEDDINGS, WORD_EMBEDDINGS, dims, layer_of, table_of_dims
+from ..parallel.layout import Layout
+
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ADAM_MOMENT_BYTES = 8  # two fp32 moments
+
+# CPU (device_target CPU) terms, measured with MindSpore 2.7.2 + MindFormers 1.8.0 through
+# `gptlocal run` (GPTLocalTrainOneStepCell with grad clipping, graph mode, fp32, seq 256, 3 steps)
+# on the 2-core x86 machine of the field notes; `benchmarks/cpu_rss_fit.py` runs them (the runs are
+# in benchmarks/cpu_rss_runs.jsonl; peak RSS = the run's own VmHWM) and fits
+#   peak RSS = RUNTIME_OVERHEAD_CPU + CPU_STATE_FACTOR[optimizer.type] * (weights + grads + moments)
+#              + CPU_ACTIVATION_FACTOR * (activations - head) + CPU_HEAD_FACTOR * head activations
+# by least squares to 13 runs, 7 shapes with GPTLocalAdamW and 6 with AdamW; the held-out shape
+# (GPT-2 small with vocab 8192, batch 2x256) is in neither fit. Peak RSS, MB measured -> fitted
+# (GPTLocalAdamW | AdamW), from `python benchmarks/cpu_rss_fit.py fit benchmarks/cpu_rss_runs.jsonl
+# --held-out small_v8192`:
+#   2 layers x 64 wide, vocab 512, batch 4x256       983 -> 1026     |  999 -> 1031
+#   tiny (4 x 256, vocab 8192), batch 4x256         1544 -> 1545     | 1726 -> 1729
+#   tiny, batch 8x256                               2051 -> 2065     | 2238 -> 2249
+#   tiny with vocab 50257, batch 4x256              2410 -> 2384     | 3005 -> 2939
+#   GPT-2 small (124M), batch 2x256                 4986 -> 5137     | 9274 -> 9430
+#   GPT-2 small, batch 1x256                        4149 -> 4070     | 8510 -> 8362
+#   GPT-2 small with vocab 8192, batch 4x256        6170 -> 6076     |   (not run)
+#   held out: GPT-2 small, vocab 8192, batch 2x256  4230 -> 4271 (1.010) | 7433 -> 7449 (1.002)
+# An earlier fit (before the CPU GeLU with its own backward and the two-stage gradient checks, and with
+# ru_maxrss, which counts a parent's RSS at fork) gave GPTLocalAdamW 1.11x, AdamW 3.25x, activations
+# 5.39x; repeated runs differ by about 1%.
+# One term per line below; the factors multiply this module's analytic byte counts.
+# RUNTIME_OVERHEAD_CPU (937 MB): what is there with (almost) no model: the Python process with
+#   MindSpore and MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU
+#   memory pool.
+# CPU_STATE_FACTOR, per ``optimizer.type``: weights + grads + two fp32 moments are 16 bytes per fp32
+#   parameter. GPTLocalAdamW (optim.py, one in-place kernel per parameter) holds them about once
+#   (1.09x, 17 bytes per parameter). MindFormers' AdamW writes the update as ~10 element-wise ops per
+#   parameter, each with a parameter-sized fp32 temporary; its peak holds 3.35x (54 bytes per
+#   parameter). An
+#   optimizer not measured here gets AdamW's factor (``cpu_state_factor``), the conservative one.
+# CPU_ACTIVATION_FACTOR (4.81x): the layers' and the embedding's saved activations
+#   (``layer_activation_bytes``, ``embedding_activation_bytes``) grow peak RSS by 4.8x their analytic
+#   count. Not itemised here; likely contributors: forward outputs the CPU graph keeps although the
+#   backward does not need them (pre-softmax scores, bias adds, reshapes) and the backward's own
+#   temporaries.
+# CPU_HEAD_FACTOR (1.0x): the head's four fp32 [tokens, vocab] buffers (``head_activation_bytes``)
+#   are there about once. One activation factor for both fits the same runs only to within 26%
+#   (tiny with vocab 50257: 1.26; GPT-2 small with vocab 8192, batch 4: 0.76), hence two terms.
+RUNTIME_OVERHEAD_CPU = 937 * 2 ** 20
+CPU_STATE_FACTOR = {"GPTLocalAdamW": 1.09, "AdamW": 3.35}
+CPU_CONSERVATIVE_OPTIMIZER = "AdamW"
+CPU_ACTIVATION_FACTOR = 4.81
+CPU_HEAD_FACTOR = 1.0
+
+
+def shape_of(model_config):
+    """The sizes the arithmetic needs (``params.dims``, GPTLocalConfig's defaults for absent keys) and dtypes."""
+    get = model_config.get
+    s = dims(model_config)
+    s.update(
+        seq=get("seq_length", 1024),
+        params_dtype=str(get("params_dtype", "float32")), compute_dtype=str(get("compute_dtype", "float32")),
+        ln_dtype=str(get("layernorm_compute_dtype", "float32")),
+        softmax_dtype=str(get("softmax_compute_dtype", "float32")),
+        hidden_dropout=float(get("hidden_dropout", 0.1)), attention_dropout=float(get("attention_dropout", 0.1)),
+        tied=bool(get("tie_word_embeddings", True)), flash=bool(get("use_flash_attention", False)))
+    return s
+
+
+def _one_layer_table(s, t, vocab_parallel):
+    """The parameter table of a one-layer model of these sizes under model_parallel ``t``."""
+    return table_of_dims(dict(s, layers=1), Layout(mp=t, vocab_emb_dp=not vocab_parallel))
+
+
+def layer_params(s, t=1):
+    """Parameters of one decoder layer held by one tensor-parallel rank."""
+    return sum(spec.rank_size(t) for name, spec in _one_layer_table(s, t, False).items()
+               if layer_of(name) is not None)
+
+
+def embedding_params(s, t=1, vocab_parallel=False):
+    """(token embedding, position embedding) parameters on one rank."""
+    table = _one_layer_table(s, t, vocab_parallel)
+    return table[WORD_EMBEDDINGS].rank_size(t), table[POSITION_EMBEDDINGS].rank_size(t)
+
+
+def stage_params(s, layer_counts, t=1, vocab_parallel=False):
+    """Per stage: dict of parameter counts by part. The tied head: with one stage the head reuses the
+    embedding (counted once); with several, the last stage holds its own copy of the token
+    embedding (MindSpore gives a parameter shared across stages a copy on each stage that uses it
+    and keeps the copies equal by all-reducing their gradients), so it is counted there again."""
+    words, positions = embedding_params(s, t, vocab_parallel)
+    final_norm = sum(spec.rank_size(t) for name, spec in _one_layer_table(s, t, vocab_parallel).items()
+                     if name.startswith("model.final_layernorm."))
+    stages = []
+    last = len(layer_counts) - 1
+    for index, count in enumerate(layer_counts):
+        parts = {"layers": count * layer_params(s, t)}
+        if index == 0:
+            parts["embedding"] = words + positions
+        if index == last:
+            parts["final_norm"] = final_norm
+            if last > 0 and s["tied"]:
+                parts["head_copy"] = words
+        if not s["tied"] and index == last:
+            parts["head"] = words
+        stages.append(parts)
+    return stages
+
+
+def layer_activation_bytes(s, batch, t=1, seq_parallel=False, recompute="none", flash=False):
+    """Bytes one layer keeps from one micro-batch of ``batch`` sequences for the backward pass.
+
+    Counted from ``GPTLocalBlock.construct``: the LayerNorm inputs (in layernorm dtype) and outputs,
+    the QKV projection's input and its Q, K, V, the softmax output (softmax dtype) and its cast to
+    the compute dtype when they differ, dropout masks when dropout > 0, the attention context, the
+    fc1 output and the activation's output. Under tensor parallel the head/MLP parts are 1/t;
+    sequence parallel also splits the LayerNorm/residual parts. ``flash`` (Ascend's fused attention)
+    keeps no [seq, seq] scores, only two fp32 softmax statistics per query. ``recompute``: 'full' keeps only the
+    layer input; 'selective' drops what MindFormers-style selective recompute rebuilds (the
+    softmax-to-compute cast, the attention-dropout output and mask, the activation output).
+    """
+    c, ln, sm = BYTES[s["compute_dtype"]], BYTES[s["ln_dtype"]], BYTES[s["softmax_dtype"]]
+    tokens = batch * s["seq"]
+    h, i, a = s["hidden"], s["inter"], s["heads"]
+    split = t if seq_parallel else 1
+    if recompute == "full":
+        return tokens * h * c // split
+    scores = batch * a * s["seq"] * s["seq"] // t
+    norm_part = tokens * h * (2 * ln + 2 * c) // split          # two LayerNorms: input and output
+    attn = tokens * h * (3 * c + c) // t                          # Q, K, V and the context
+    mlp = tokens * i * c // t                                     # fc1 output (activation input)
+    if recompute != "selective":
+        mlp += tokens * i * c // t                                # activation output (fc2 input)
+    drop = 2 * tokens * h // split if s["hidden_dropout"] > 0 else 0   # two residual dropout masks
+    if flash:
+        attn += batch * a * s["seq"] * 8 // t                     # softmax max and sum, fp32
+    else:
+        attn += scores * sm                                       # softmax output
+        if recompute != "selective" and sm != c:
+            attn += scores * c                                    # probs cast to compute dtype
+        if recompute != "selective" and s["attention_dropout"] > 0:
+            attn += scores * (1 + c)                              # mask and dropped probs
+    return norm_part + attn + mlp + drop
+
+
+def head_activation_bytes(s, batch, t=1, vocab_parallel=False):
+    """Bytes of the tied head and loss for one micro-batch: the final LayerNorm's input/output,
+    and four fp32 [tokens, vocab] buffers alive at the start of the backward pass: the logits, the
+    log-softmax output kept for its backward, the dense gradient GatherD scatters into, and the
+    gradient of the logits (the head's ``ops.cast(..., float32)`` makes all of them fp32)."""
+    tokens = batch * s["seq"]
+    vocab = s["vocab"] // (t if vocab_parallel else 1)
+    norm = tokens * s["hidden"] * (BYTES[s["ln_dtype"]] + BYTES[s["compute_dtype"]])
+    return norm + 4 * tokens * vocab * 4
+
+
+def embedding_activation_bytes(s, batch):
+    """The embedding output (words + positions, in the compute dtype) for one micro-batch."""
+    return batch * s["seq"] * s["hidden"] * BYTES[s["compute_dtype"]]
+
+
+def stage_activation_bytes(s, batch, layers, first, last, t=1, seq_parallel=False, recompute="none",
+                           vocab_parallel=False, flash=False):
+    """Activations of one micro-batch on a stage holding ``layers`` layers.
+
+    ``recompute``: 'none', 'selective', 'full', or an int = layers of this stage recomputed in full.
+    With full recompute the layer being recomputed in backward holds its full activations once.
+    """
+    if isinstance(recompute, bool):
+        recompute = "full" if recompute else "none"
+    full_layers = layers if recompute == "full" else (recompute if isinstance(recompute, int) else 0)
+    full_layers = min(full_layers, layers)
+    rest_mode = "selective" if recompute == "selective" else "none"
+    total = full_layers * layer_activation_bytes(s, batch, t, seq_parallel, "full", flash)
+    total += (layers - full_layers) * layer_activation_bytes(s, batch, t, seq_parallel, rest_mode, flash)
+    if full_layers:
+        total += layer_activation_bytes(s, batch, t, seq_parallel, "none", flash)
+    if first:
+        total += embedding_activation_bytes(s, batch)
+    if last:
+        total += head_activation_bytes(s, batch, t, vocab_parallel)
+    return total
+
+
+def in_flight_micro_batches(stage, stages, micro_batch_num):
+    """1F1B: stage k holds forward activations of (stages - k) micro-batches at its peak."""
+    return max(1, min(stages - stage, micro_batch_num))
+
+
+def cpu_state_factor(optimizer_type):
+    """(factor, optimizer whose measured factor it is) for ``optimizer.type``; an optimizer not measured
+    here gets the AdamW factor, the larger one."""
+    name = str(optimizer_type or "")
+    if name in CPU_STATE_FACTOR:
+        return CPU_STATE_FACTOR[name], name
+    return CPU_STATE_FACTOR[CPU_CONSERVATIVE_OPTIMIZER], CPU_CONSERVATIVE_OPTIMIZER
+
+
+def cpu_peak_rss(state_bytes, activation_bytes, head_bytes, optimizer_type="GPTLocalAdamW"):
+    """Peak RSS of a single-process CPU training run:
+    runtime + state factor * states + activation factor * (activations - head) + head factor * head.
+
+    ``state_bytes``: weights + gradients + optimizer moments; ``activation_bytes``: one step's
+    activations, of which ``head_bytes`` are the head's (``head_activation_bytes``);
+    ``optimizer_type``: the YAML's ``optimizer.type`` (see ``cpu_state_factor``). The terms and their
+    measured factors are described at the top of this module.
+    """
+    state_factor = cpu_state_factor(optimizer_type)[0]
+    return (RUNTIME_OVERHEAD_CPU + state_factor * state_bytes
+            + CPU_ACTIVATION_FACTOR * (activation_bytes - head_bytes) + CPU_HEAD_FACTOR * head_bytes)

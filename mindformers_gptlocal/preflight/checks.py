@@ -1,0 +1,237 @@
+"""Checks run before anything is built or compiled, each failing with one clear error.
+
+They cover what otherwise surfaces as a deep MindSpore traceback minutes later:
+a YAML on the legacy path, bad model keys or types, missing, empty or
+mis-shaped data, token ids the embedding cannot hold, sequence lengths that
+disagree, a tokenizer larger than the vocabulary, a checkpoint of another size,
+a damaged or pickle-based checkpoint, a checkpoint folder single-card
+MindFormers will not load, resume without a checkpoint, an unwritable output
+folder. More checks live in ``inputs.py``.
+"""
+import os
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from ..parallel.layout import Layout
+from ..parallel.rules import check_yaml_layout, global_batch_size as batch_formula, launch_device_count, raise_if_bad
+from ..safetensors_io import resolve_weights_file
+from .inputs import (check_enough_rows, check_megatron_pair, check_mindrecord_schema, check_output_dir,
+                           check_device, check_safetensors_only, check_structure,
+                           check_tokenizers)
+
+MODEL_TYPE = "gpt_local"
+ARCHITECTURE = "GPTLocalForCausalLM"
+SCAN_ROWS = 20000
+
+
+def is_gpt_local(config):
+    """model_type gpt_local, or our architecture name next to a mistyped model_type."""
+    model = config.get("model") or {}
+    model_config = model.get("model_config") if isinstance(model, dict) else None
+    if not isinstance(model_config, dict):
+        return False
+    return model_config.get("model_type") == MODEL_TYPE or ARCHITECTURE in str(model_config.get("architectures"))
+
+
+def ensure_mcore(config, log=print):
+    """gpt_local lives on MindFormers' mcore path; a YAML without ``use_legacy: False`` is switched to it."""
+    if is_gpt_local(config) and config.get("use_legacy", True) is not False:
+        config.use_legacy = False
+        log("[gpt_local] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
+            "(add `use_legacy: False` to the YAML to silence this).")
+
+
+def model_config_of(config):
+    """GPTLocalConfig from the YAML's model_config: validates names, types and shapes."""
+    from ..model.config import GPTLocalConfig  # MindFormers' PretrainedConfig
+    values = {k: v for k, v in dict(config.model.model_config).items()
+              if k not in ("model_type", "architectures", "auto_register")}
+    values = {k: (v.to_dict() if hasattr(v, "to_dict") and not isinstance(v, dict) else v) for k, v in values.items()}
+    return GPTLocalConfig(**_plain(values))
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def dataset_files(section, key_prefix):
+    """(kind, path, yaml key) of the data a dataset section reads."""
+    loader = section.get("data_loader") or {}
+    kind = loader.get("type")
+    if kind == "MindDataset":
+        return [("mindrecord", loader.get("dataset_dir"), f"{key_prefix}.data_loader.dataset_dir")]
+    if kind == "BlendedMegatronDatasetDataLoader":
+        paths = (loader.get("config") or {}).get("data_path") or []
+        prefixes = [p for i, p in enumerate(paths) if i % 2 == 1] if len(paths) > 1 else list(paths)
+        return [("megatron", p, f"{key_prefix}.data_loader.config.data_path") for p in prefixes]
+    return []
+
+
+def check_mindrecord(path, key, vocab_size, seq_length, columns=None, batch_size=None):
+    if not path or not isinstance(path, str) or not os.path.isfile(path):
+        split = "eval" if key.startswith("eval") else "train"
+        raise DataError(f"{key}: {path!r} does not exist. Run `gptlocal prepare-data --out DIR` and point "
+                        f"{key} at DIR/{split}.mindrecord (or pass --{split}_dataset_dir).")
+    from mindspore.mindrecord import FileReader
+    try:
+        reader = FileReader(path)
+    except Exception as err:  # MindRecord raises RuntimeError/MRMOpenError variants
+        raise DataError(f"{key}: {path} is not a readable MindRecord file ({err}).") from err
+    try:
+        check_mindrecord_schema(reader, path, key, columns or ("input_ids",))
+        rows = 0
+        for row in reader.get_next():
+            rows += 1
+            ids = np.asarray(row.get("input_ids", []))
+            labels = np.asarray(row.get("labels", ids))
+            if "input_ids" not in row:
+                raise DataError(f"{key}: {path} has no 'input_ids' column (columns: {', '.join(row)}); write it "
+                                f"with `gptlocal prepare-data`.")
+            _check_ids(np.concatenate([ids.ravel(), labels.ravel()[labels.ravel() >= 0]]), vocab_size, key, path)
+            if ids.size != seq_length:
+                raise DataError(f"{key}: {path} holds sequences of {ids.size} tokens but model_config.seq_length "
+                                f"is {seq_length}; prepare the data with --seq-length {seq_length} or set "
+                                f"seq_length: {ids.size}.")
+            if rows >= SCAN_ROWS:
+                break
+        if rows == 0:
+            raise DataError(f"{key}: {path} holds no samples; prepare more text.")
+        check_enough_rows(rows, batch_size, path, key)
+    except DataError:
+        raise
+    except Exception as err:  # a damaged page surfaces while reading rows
+        raise DataError(f"{key}: {path} could not be read ({err.__class__.__name__}: {err}); re-run "
+                        f"`gptlocal prepare-data`.") from err
+    finally:
+        reader.close()
+
+
+def check_megatron(prefix, key, vocab_size):
+    for suffix in (".bin", ".idx"):
+        if not isinstance(prefix, str) or not os.path.isfile(prefix + suffix):
+            raise DataError(f"{key}: {prefix + suffix} does not exist; give the prefix of a Megatron "
+                            f".bin/.idx pair (without the suffix), as written by `gptlocal prepare-data`.")
+    dtype = check_megatron_pair(prefix, key)
+    tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
+    if tokens.size == 0:
+        raise DataError(f"{key}: {prefix}.bin is empty; prepare more text.")
+    _check_ids(tokens, vocab_size, key, prefix + ".bin")
+
+
+def _check_ids(ids, vocab_size, key, path):
+    if ids.size and (ids.max() >= vocab_size or ids.min() < 0):
+        bad = int(ids.max()) if ids.max() >= vocab_size else int(ids.min())
+        raise DataError(f"{key}: {path} holds token id {bad}, outside model_config.vocab_size ({vocab_size}). "
+                        f"Set vocab_size to at least {int(ids.max()) + 1} or re-tokenize with the model's tokenizer.")
+
+
+def check_data(config, model_config):
+    sections = {"train": ["train_dataset"], "finetune": ["train_dataset"], "eval": ["eval_dataset"]}
+    names = list(sections.get(config.run_mode, []))
+    if config.run_mode in ("train", "finetune") and config.get("do_eval"):
+        names.append("eval_dataset")
+    for name in names:
+        section = config.get(name)
+        if not section:
+            raise ConfigError(f"run_mode {config.run_mode} needs a '{name}' section in the YAML.")
+        for kind, path, key in dataset_files(section, name):
+            if kind == "mindrecord":
+                columns = section.get("input_columns") or ["input_ids"]
+                batch_size = section.get("batch_size") or (config.get("runner_config") or {}).get("batch_size")
+                if section.get("data_loader", {}).get("num_samples"):  # the loader reads only that many
+                    batch_size = None
+                check_mindrecord(path, key, model_config.vocab_size, model_config.seq_length, columns,
+                                 batch_size if section.get("drop_remainder", True) else None)
+            else:
+                check_megatron(path, key, model_config.vocab_size)
+
+
+def resolve_checkpoint(config, log=print):
+    """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
+    if config.get("resume_training") and config.run_mode in ("train", "finetune") and not config.get("use_parallel"):
+        resolve_resume(config, log)
+        return
+    path = config.get("load_checkpoint")
+    if not path or config.get("use_parallel"):
+        return
+    config.load_checkpoint = resolve_weights_file(path)
+    check_safetensors_only(config.load_checkpoint)
+
+
+def resolve_resume(config, log=print):
+    """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
+    hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
+    from ..checkpoint.resume import find_resume_checkpoint
+    wanted = config.resume_training if isinstance(config.resume_training, str) else None
+    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    path, info = find_resume_checkpoint(path, wanted, log)
+    log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
+    config.load_checkpoint = path
+    config.resume_training = True
+    step = int(info["step_num"])
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalThroughputMonitor":
+            callback["initial_step"] = step
+        if callback.get("type") == "GPTLocalCheckpointMonitor":
+            callback["append_info"] = [{"epoch_num": int(info.get("epoch_num", 0)), "step_num": step,
+                                        "global_step": step, "loss_scale": info.get("loss_scale", 1)}]
+
+
+def honor_stop_step(config):
+    """MindFormers 1.8.0 reads ``runner_config.stop_step`` but never adds the callback that stops: add it.
+    It counts the steps of this run (a resumed run counts from its first new step)."""
+    stop = (config.get("runner_config") or {}).get("stop_step")
+    callbacks = config.get("callbacks") or []
+    if isinstance(stop, int) and stop > 0 and not any(c.get("type") == "TrainCallBack" for c in callbacks):
+        config.callbacks = list(callbacks) + [{"type": "TrainCallBack", "stop_step": stop}]
+
+
+def configure_checkpoint_monitor(config):
+    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling)."""
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalCheckpointMonitor" and callback.get("global_batch_size") is None:
+            callback["global_batch_size"] = global_batch_size(config)
+
+
+def global_batch_size(config):
+    """``parallel/rules.global_batch_size`` (MindFormers' formula) on the run YAML's values."""
+    runner = config.get("runner_config") or {}
+    layout = Layout.of_run_yaml(config)
+    micro = layout.micro if layout.pp > 1 else 1
+    return batch_formula(int(runner.get("batch_size", 1)), int(layout.dp), int(micro),
+                         int(runner.get("gradient_accumulation_steps", 1) or 1))
+
+
+def check_layout(config):
+    """The parallel layout rules ``gptlocal plan`` applies, on the run's YAML."""
+    raise_if_bad(check_yaml_layout(config, launch_device_count(config)))
+
+
+def preflight(config, log=print):
+    """All checks for a gpt_local run; other models pass through untouched."""
+    if not is_gpt_local(config):
+        return
+    ensure_mcore(config, log)
+    check_structure(config)
+    check_device(config)
+    model_config = model_config_of(config)
+    check_layout(config)
+    check_output_dir(config)
+    check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
+    check_data(config, model_config)
+    resolve_checkpoint(config, log)
+    if config.get("load_checkpoint") and not config.get("use_parallel"):
+        from ..model.weights import check_matches_config  # MindSpore: only for a run that loads weights
+        check_matches_config(config.load_checkpoint, model_config)
+    configure_checkpoint_monitor(config)
+    honor_stop_step(config)
+    if config.run_mode == "predict" and config.get("pretrained_model_dir"):
+        tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")
+        if not os.path.isfile(tokenizer):
+            raise DataError(f"pretrained_model_dir: {tokenizer} does not exist; predict loads the tokenizer from "
+                            f"there (write it with `gptlocal prepare-data`).")

@@ -1,0 +1,169 @@
+"""More pre-flight checks on user input: YAML structure and numbers, the output folder, data schemas,
+tokenizers and checkpoint files. Each raises one GPTLocalError naming the key or file and the fix, and
+none writes anything (a refused run leaves the output folder as it was).
+"""
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from ..errors import CheckpointError, ConfigError, DataError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".npy", ".npz")
+
+
+def check_structure(config):
+    """Sections that must be mappings and runner numbers that must be positive integers."""
+    model = config.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("model_config"), dict):
+        raise ConfigError("model.model_config must be a mapping of model keys (model_type: gpt_local, "
+                          "hidden_size: ..., ...); check the YAML's indentation under model:.")
+    model_config = model["model_config"]
+    if model_config.get("model_type") != "gpt_local":
+        raise ConfigError(f"model.model_config.model_type is {model_config.get('model_type')!r}; set it to "
+                          f"gpt_local (architectures names GPTLocalForCausalLM).")
+    if model_config.get("architectures") not in (["GPTLocalForCausalLM"], "GPTLocalForCausalLM"):
+        raise ConfigError(f"model.model_config.architectures is {model_config.get('architectures')!r}; set it "
+                          f"to [\"GPTLocalForCausalLM\"].")
+    for section in ("runner_config", "train_dataset", "eval_dataset", "parallel_config", "runner_wrapper",
+                    "lr_schedule", "optimizer", "context"):
+        if config.get(section) is not None and not isinstance(config.get(section), dict):
+            raise ConfigError(f"{section} must be a mapping, got {config.get(section)!r}; check the YAML.")
+    if config.get("callbacks") is not None and (not isinstance(config.callbacks, list) or
+                                                 not all(isinstance(c, dict) and c.get("type") for c in
+                                                         config.callbacks)):
+        raise ConfigError("callbacks must be a list of mappings, each with a type: (e.g. - type: "
+                          "GPTLocalThroughputMonitor).")
+    runner = config.get("runner_config") or {}
+    for key in ("batch_size", "epochs", "gradient_accumulation_steps"):
+        _positive_int(runner, key, "runner_config")
+    for section in ("train_dataset", "eval_dataset"):
+        _positive_int(config.get(section) or {}, "batch_size", section)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = model_config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"model.model_config.{key} must be a token id (an integer >= 0), got {value!r}.")
+
+
+def check_device(config):
+    """The device MindFormers will use (its default is Ascend when context.device_target is unset) must exist."""
+    target = (config.get("context") or {}).get("device_target") or "Ascend"
+    if target not in ("CPU", "GPU", "Ascend"):
+        raise ConfigError(f"context.device_target {target!r} is not one of CPU, GPU, Ascend.")
+    import mindspore as ms
+    if not ms.hal.is_available(target):
+        unset = "" if (config.get("context") or {}).get("device_target") else " (unset: MindFormers defaults to Ascend)"
+        raise ConfigError(f"context.device_target is {target}{unset}, but this MindSpore has no usable {target} "
+                          f"backend; set context.device_target (or --device_target) to CPU or install the "
+                          f"{target} software.")
+    optimizer = config.get("optimizer") or {}
+    if target == "CPU" and optimizer.get("use_fused"):
+        raise ConfigError(f"optimizer.use_fused: True selects MindFormers' FusedAdamW, whose AdamW kernel does not "
+                          f"exist on CPU. Set optimizer.type: GPTLocalAdamW (the same update, fused, on every "
+                          f"backend) and remove use_fused.")
+
+
+def _positive_int(section, key, name):
+    """A key that is present must hold a positive integer (a YAML `key:` with no value is None)."""
+    if key in section:
+        value = section[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name}.{key} must be a positive integer, got {value!r}.")
+
+
+def check_output_dir(config):
+    """Probe by creating and removing a temp entry where output_dir would go: works for root too."""
+    out = os.path.abspath(str(config.get("output_dir") or "./output"))
+    probe = out
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"output_dir {out} cannot be created: {probe} is a file, not a folder; set output_dir "
+                          f"(or --output_dir) to a folder you can write.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".gptlocal-probe-", dir=probe))
+    except OSError as err:
+        raise ConfigError(f"output_dir {out} is not writable ({err.strerror} in {probe}); set output_dir (or "
+                          f"--output_dir) to a folder you can write.") from err
+
+
+def check_mindrecord_schema(reader, path, key, columns):
+    """Every column the YAML feeds the model is present, token columns hold integers."""
+    schema = reader.schema() if hasattr(reader, "schema") else {}
+    fields = schema.get("schema", schema) if isinstance(schema, dict) else {}
+    missing = [c for c in columns if c not in fields]
+    if fields and missing:
+        raise DataError(f"{key}: {path} lacks column(s) {missing} (it has {sorted(fields)}); the YAML's "
+                        f"input_columns need them. Write the data with `gptlocal prepare-data`.")
+    for column in ("input_ids", "labels", "position_ids"):
+        kind = (fields.get(column) or {}).get("type")
+        if kind and not kind.startswith("int"):
+            raise DataError(f"{key}: {path} column '{column}' holds {kind}, not integers; token ids must be "
+                            f"int32/int64. Write the data with `gptlocal prepare-data`.")
+
+
+def check_enough_rows(rows, batch_size, path, key):
+    if batch_size and rows < batch_size:
+        raise DataError(f"{key}: {path} holds {rows} sample(s), fewer than one batch ({batch_size}), so training "
+                        f"would run no step; prepare more text or lower batch_size.")
+
+
+def check_megatron_pair(prefix, key):
+    """The .idx parses as a Megatron index and the .bin is exactly as long as the index says."""
+    from mindformers.dataset.blended_datasets.indexed_dataset import _IndexReader
+    try:
+        index = _IndexReader(prefix + ".idx", multimodal=False)
+        dtype, sizes, pointers = index.dtype, index.sequence_lengths, index.sequence_pointers
+    except Exception as err:  # the reader asserts on its magic header and raises struct/numpy errors
+        raise DataError(f"{key}: {prefix}.idx is not a Megatron index ({err.__class__.__name__}: {err}); "
+                        f"write the pair with `gptlocal prepare-data`.") from err
+    if len(sizes) == 0:
+        raise DataError(f"{key}: {prefix}.idx lists no documents; prepare more text.")
+    expected = int(pointers[-1]) + int(sizes[-1]) * np.dtype(dtype).itemsize
+    actual = os.path.getsize(prefix + ".bin")
+    if actual != expected:
+        raise DataError(f"{key}: {prefix}.bin has {actual} bytes but {prefix}.idx describes {expected}; the pair "
+                        f"does not belong together or one is truncated. Re-run `gptlocal prepare-data`.")
+    return dtype
+
+
+def tokenizer_size(path):
+    """1 + the largest token id of a tokenizer.json (plain JSON, no code executed)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        vocab = (data.get("model") or {}).get("vocab") or {}
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+        ids += [t.get("id", 0) for t in data.get("added_tokens") or []]
+        return max(int(i) for i in ids) + 1
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{path} is not a readable tokenizer.json ({err.__class__.__name__}: {err}); write it "
+                        f"with `gptlocal prepare-data` or `gptlocal convert hf2ms`.") from err
+
+
+def check_tokenizers(config, model_config):
+    """A tokenizer the run reads or copies must not produce ids the embedding cannot hold."""
+    places = []
+    if config.run_mode.startswith("predict") and config.get("pretrained_model_dir"):
+        places.append(("pretrained_model_dir", config.pretrained_model_dir))
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalSaveModelDir" and callback.get("tokenizer_dir"):
+            places.append(("callbacks.GPTLocalSaveModelDir.tokenizer_dir", callback["tokenizer_dir"]))
+    for key, folder in places:
+        path = os.path.join(str(folder), "tokenizer.json")
+        if not os.path.isfile(path):
+            continue  # predict's own check names a missing tokenizer; the save callback copies what exists
+        size = tokenizer_size(path)
+        if size > model_config.vocab_size:
+            raise DataError(f"{key}: {path} has {size} token ids but model_config.vocab_size is "
+                            f"{model_config.vocab_size}; set vocab_size: {size} or use the tokenizer the data "
+                            f"and model were made with.")
+
+
+def check_safetensors_only(path, key="load_checkpoint"):
+    """Weights load from safetensors only: pickle-based formats can run code when loaded."""
+    if path and os.path.isfile(path) and path.lower().endswith(PICKLE_SUFFIXES):
+        raise CheckpointError(f"{key} {path} is a pickle-based file; gpt_local loads safetensors only, because "
+                              f"unpickling a file can run arbitrary code. Convert it once with `gptlocal convert "
+                              f"hf2ms --allow-pickle` if you trust it.")

@@ -1,0 +1,95 @@
+"""What makes MindFormers know gpt_local: ``register()``, run once per process.
+
+It is called by the ``.pth`` hook right after ``import mindformers`` (``mindformers_gptlocal_autoregister``),
+by ``import mindformers_gptlocal`` when MindFormers is already loaded, and before the first heavy
+name (``GPTLocalForCausalLM`` ...) is handed out. It
+
+1. imports the modules whose classes carry MindFormers' register decorators (config, model,
+   train wrappers, optimizer, callbacks, metric, checkpoint monitor, tokenizer); the config and
+   the model also register themselves with AutoConfig / AutoModelForCausalLM where they are defined;
+2. wraps MindFormers' ``build_context`` so a gpt_local YAML gets our pre-flight checks (and the
+   switch to the mcore path) inside MindFormers' own ``run_mindformer.py`` too;
+3. keeps a gpt_local runner_wrapper when MindFormers' trainer swaps wrappers for pipeline
+   parallel or gradient accumulation.
+
+No MindFormers file is edited; other models pass through untouched.
+"""
+import functools
+import importlib
+
+from .preflight.checks import preflight
+
+# modules whose classes MindFormers finds by name (YAML ``type:`` / ``model_type``)
+REGISTERED_MODULES = ("training.wrapper", "training.optim", "training.callbacks", "training.metrics",
+                      "checkpoint.monitor", "data.mindformers_tokenizer", "model.config", "model.gpt")
+_STATE = {"done": False}
+
+_CHECKED = set()
+
+
+def mark_checked(config):
+    """The launcher ran the pre-flight already; do not run it twice."""
+    _CHECKED.add(id(config))
+
+
+def _with_preflight(build_context):
+    @functools.wraps(build_context)
+    def wrapper(config, *args, **kwargs):
+        if id(config) not in _CHECKED:
+            preflight(config)
+            _CHECKED.add(id(config))
+        return build_context(config, *args, **kwargs)
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
+GPTLOCAL_WRAPPERS = ("GPTLocalTrainOneStepCell", "GPTLocalPipelineWithLossScaleCell")
+
+
+def _keeping_gptlocal_wrapper(reset):
+    """MindFormers' trainer replaces any runner_wrapper with MFPipelineWithLossScaleCell under pipeline
+    parallel or gradient accumulation (base_trainer ``_reset_wrapper_for_pipeline_parallel`` /
+    ``_reset_wrapper_for_grad_accu``). Ours is that class with a backend-neutral overflow check, so a
+    YAML that chose a gpt_local wrapper gets GPTLocalPipelineWithLossScaleCell instead (same
+    micro_batch_num and calculate_per_token_loss the trainer sets); other wrappers are untouched."""
+    @functools.wraps(reset)
+    def wrapper(self, *args, **kwargs):
+        wrapper_config = getattr(self.config, "runner_wrapper", None)
+        chosen = getattr(wrapper_config, "type", None) if wrapper_config is not None else None
+        result = reset(self, *args, **kwargs)
+        if chosen in GPTLOCAL_WRAPPERS:
+            self.config.runner_wrapper.type = "GPTLocalPipelineWithLossScaleCell"
+        return result
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
+def register():
+    """Register gpt_local with MindFormers (idempotent). Imports MindFormers if it is not loaded yet."""
+    if _STATE["done"]:
+        return
+    _STATE["done"] = True
+    import mindformers  # noqa: F401  (with the .pth hook installed, this may re-enter register(): it returns)
+    for name in REGISTERED_MODULES:
+        # a module of ours may be importing right now (it imported mindformers first, which fired the hook):
+        # import_module then returns it half-built, and its decorators run when it finishes
+        importlib.import_module(f"{__package__}.{name}")
+    _patch_mindformers()
+
+
+def _patch_mindformers():
+    import mindformers
+    import mindformers.core
+    import mindformers.core.context
+    original = mindformers.core.context.build_context
+    if getattr(original, "gptlocal_wrapped", False):
+        return
+    wrapped = _with_preflight(original)
+    for module in (mindformers, mindformers.core, mindformers.core.context):
+        if getattr(module, "build_context", None) is original:
+            module.build_context = wrapped
+    from mindformers.trainer.base_trainer import BaseTrainer
+    for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
+        reset = getattr(BaseTrainer, name, None)
+        if reset is not None and not getattr(reset, "gptlocal_wrapped", False):
+            setattr(BaseTrainer, name, _keeping_gptlocal_wrapper(reset))

@@ -1,0 +1,1 @@
+"""Training on MindFormers: train-step wrappers, optimizer, gradient checks, callbacks, metric."""

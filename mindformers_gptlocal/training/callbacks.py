@@ -1,0 +1,142 @@
+"""Training callbacks registered with MindFormers: tokens/s progress, and a model directory at the end.
+
+Use them from a YAML ``callbacks:`` list by ``type``.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+from mindspore.train.callback import Callback
+
+from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
+from mindformers.tools.utils import get_output_root_path
+
+from ..model.weights import save_model_dir
+
+
+def _loss_value(outputs):
+    loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    return float(np.mean(loss.asnumpy()))
+
+
+def peak_rss_mb():
+    """This process's own peak RSS: VmHWM from /proc, which exec resets. ``ru_maxrss`` is no good for a
+    launched process: Linux carries the parent's peak RSS at fork into the child's ru_maxrss."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _overflow_and_scale(outputs):
+    """(overflow flag, loss scale) from the wrapper's (loss, overflow, scale, ...) outputs."""
+    if not isinstance(outputs, (tuple, list)) or len(outputs) < 3:
+        return False, None
+    return bool(np.asarray(outputs[1].asnumpy()).any()), float(np.asarray(outputs[2].asnumpy()).ravel()[0])
+
+
+@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
+class GPTLocalThroughputMonitor(Callback):
+    """Prints step, loss, tokens/s and step time every ``per_print_times`` steps (first step includes compile).
+
+    Tokens per step are read from the train dataset's batch shape unless given. Steps the wrapper
+    skipped because the loss or gradients were not finite are counted (``skipped N``), and loss-scale
+    changes are logged, from the wrapper's (loss, overflow, scale) outputs.
+    """
+
+    def __init__(self, per_print_times=10, tokens_per_step=None, stream=None, initial_step=0):
+        super().__init__()
+        self.tokens_per_step = tokens_per_step
+        self.per_print_times = int(per_print_times)
+        self.stream = stream or sys.stdout
+        self.initial_step = int(initial_step)  # set by the pre-flight check on a resumed run
+        self.window_start = None
+        self.window_steps = 0
+        self.skipped = 0
+        self.last_scale = None
+        self.history = []
+
+    def on_train_begin(self, run_context):
+        if self.tokens_per_step is None:
+            dataset = run_context.original_args().train_dataset
+            self.tokens_per_step = int(np.prod(dataset.output_shapes()[0])) if dataset is not None else 0
+
+    def on_train_step_begin(self, run_context):
+        if self.window_start is None:
+            self.window_start = time.time()
+
+    def on_train_step_end(self, run_context):
+        params = run_context.original_args()
+        step = params.cur_step_num + self.initial_step
+        self.window_steps += 1
+        loss = _loss_value(params.net_outputs)
+        self.history.append(loss)
+        overflow, scale = _overflow_and_scale(params.net_outputs)
+        if overflow:
+            self.skipped += 1
+            self.stream.write(f"[gpt_local] step {step}: loss or gradients not finite (loss {loss!r}); update "
+                              f"skipped, weights unchanged ({self.skipped} skipped so far)\n")
+        if scale is not None and self.last_scale is not None and scale != self.last_scale:
+            change = "backed off" if scale < self.last_scale else "raised"
+            self.stream.write(f"[gpt_local] step {step}: loss scale {change} {self.last_scale:g} -> {scale:g}\n")
+        self.last_scale = scale
+        total = max(params.batch_num * params.epoch_num, step)
+        if step == 1 or step % self.per_print_times == 0 or step == total:
+            seconds = time.time() - self.window_start
+            rate = self.tokens_per_step * self.window_steps / max(seconds, 1e-9)
+            # repr: the exact float, so runs can be compared bit for bit (resume tests do)
+            self.stream.write(f"[gpt_local] step {step}/{total}  loss {loss!r}  {rate:,.0f} tokens/s  "
+                              f"{1000 * seconds / self.window_steps:.0f} ms/step  skipped {self.skipped}"
+                              f"{'' if scale is None else f'  scale {scale:g}'}\n")
+            self.stream.flush()
+            self.window_start = time.time()
+            self.window_steps = 0
+
+    def on_train_end(self, run_context):
+        peak_mb = peak_rss_mb()
+        self.stream.write(f"[gpt_local] training done, peak RSS {peak_mb:,.0f} MB\n")
+        self.stream.flush()
+
+
+@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
+class GPTLocalSaveModelDir(Callback):
+    """At the end of training, rank 0 writes ``<output_dir>/<subdir>``: config.json, model.safetensors and
+    the tokenizer files of ``tokenizer_dir``: a directory ``from_pretrained``, eval and predict load directly.
+
+    Single-card and data-parallel runs only: under pipeline or tensor parallel a rank holds a slice.
+    """
+
+    def __init__(self, subdir="model", tokenizer_dir=None):
+        super().__init__()
+        self.subdir = subdir
+        self.tokenizer_dir = tokenizer_dir
+
+    def on_train_end(self, run_context):
+        from mindformers.tools.utils import get_real_rank
+        if get_real_rank() != 0:
+            return  # data-parallel ranks hold the same weights; one writer avoids a race
+        import mindspore as ms
+        if ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel"):
+            print("[gpt_local] GPTLocalSaveModelDir skipped: under tensor/pipeline parallel each rank holds a "
+                  "slice; use the CheckpointMonitor output and MindFormers' checkpoint merge.", flush=True)
+            return
+        network = run_context.original_args().train_network
+        model = _find_causal_lm(network)
+        out = os.path.join(get_output_root_path(), self.subdir)
+        save_model_dir(model, out, self.tokenizer_dir)
+        print(f"[gpt_local] model directory written: {out}", flush=True)
+
+
+def _find_causal_lm(network):
+    # imported here, not at the top: registration imports this module before model.gpt (see registration.py)
+    from ..model.gpt import GPTLocalForCausalLM
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, GPTLocalForCausalLM):
+            return cell
+    raise RuntimeError("no GPTLocalForCausalLM inside the train network")
