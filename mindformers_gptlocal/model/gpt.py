@@ -25,6 +25,7 @@ from .block import GPTLocalBlock
 from .config import GPTLocalConfig
 from .kv_cache import KVCache, cache_length
 from .layers import LayerNorm, to_mstype
+from .transformer_config import to_transformer_config
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -158,7 +159,6 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
     # --- MindFormers mcore interface -------------------------------------------------------------
     def get_gpt_transformer_config(self):
         if self.transformer_config is None:
-            from .transformer_config import to_transformer_config
             self.transformer_config = to_transformer_config(self.config)
         return self.transformer_config
 

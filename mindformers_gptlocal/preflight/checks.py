@@ -12,7 +12,9 @@ import os
 
 import numpy as np
 
+from ..checkpoint.resume import find_resume_checkpoint
 from ..errors import ConfigError, DataError
+from ..model.weights import check_matches_config
 from ..parallel.layout import Layout
 from ..parallel.rules import check_yaml_layout, global_batch_size as batch_formula, launch_device_count, raise_if_bad
 from ..safetensors_io import resolve_weights_file
@@ -44,7 +46,8 @@ def ensure_mcore(config, log=print):
 
 def model_config_of(config):
     """GPTLocalConfig from the YAML's model_config: validates names, types and shapes."""
-    from ..model.config import GPTLocalConfig  # MindFormers' PretrainedConfig
+    # imported here, not at the top: registration imports this module before model.config (see registration.py)
+    from ..model.config import GPTLocalConfig
     values = {k: v for k, v in dict(config.model.model_config).items()
               if k not in ("model_type", "architectures", "auto_register")}
     values = {k: (v.to_dict() if hasattr(v, "to_dict") and not isinstance(v, dict) else v) for k, v in values.items()}
@@ -166,7 +169,6 @@ def resolve_checkpoint(config, log=print):
 def resolve_resume(config, log=print):
     """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
     hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
-    from ..checkpoint.resume import find_resume_checkpoint
     wanted = config.resume_training if isinstance(config.resume_training, str) else None
     path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
     path, info = find_resume_checkpoint(path, wanted, log)
@@ -226,7 +228,6 @@ def preflight(config, log=print):
     check_data(config, model_config)
     resolve_checkpoint(config, log)
     if config.get("load_checkpoint") and not config.get("use_parallel"):
-        from ..model.weights import check_matches_config  # MindSpore: only for a run that loads weights
         check_matches_config(config.load_checkpoint, model_config)
     configure_checkpoint_monitor(config)
     honor_stop_step(config)
