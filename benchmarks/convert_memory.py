@@ -8,11 +8,9 @@ its own process; its peak RSS is read from the OS (ru_maxrss of the child).
 """
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 SIZES = {"small": (768, 12, 12), "medium": (1024, 24, 16), "large": (1280, 36, 20)}
 

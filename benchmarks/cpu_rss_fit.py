@@ -1,10 +1,10 @@
-"""Measure the peak RSS of short CPU training runs and fit ``memory_estimate``'s CPU terms.
+"""Measure the peak RSS of short CPU training runs and fit ``plan/memory.py``'s CPU terms.
 
     python benchmarks/cpu_rss_fit.py measure --optimizer GPTLocalAdamW --out rss.jsonl   # all shapes
     python benchmarks/cpu_rss_fit.py measure --optimizer AdamW --shapes tiny_b4 small_b2 --out rss.jsonl
     python benchmarks/cpu_rss_fit.py fit rss.jsonl --held-out small_v8192
     python benchmarks/cpu_rss_fit.py fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192   # the runs
-        # behind memory_estimate's CPU constants
+        # behind plan/memory.py's CPU constants
 
 Each run is `gptlocal run` on model_configs/pretrain_gpt_local_tiny_cpu.yaml resized to the shape
 (the same setup as tests/test_planner.py: 256-token windows from `prepare-data`, no shuffle,
@@ -13,7 +13,7 @@ the peak RSS is the `[gpt_local] training done, peak RSS N MB` line (VmHWM). ``f
 peak = runtime + state_factor[optimizer] * (weights+grads+moments)
        + activation_factor * (activations - head) + head_factor * head activations
 by least squares (runtime and activation factors shared, one state factor per optimizer type), the
-byte counts being memory_estimate's; rows named by --held-out (shape, or shape:optimizer) are left
+byte counts being plan/memory.py's; rows named by --held-out (shape, or shape:optimizer) are left
 out of the fit and reported with their ratio.
 """
 import argparse

@@ -1,5 +1,4 @@
 """Generation with the explicit KV cache: equal to recomputation, equal to transformers, bad input."""
-import numpy as np
 import pytest
 import torch
 import mindspore as ms

@@ -6,7 +6,6 @@ batch 2 see, at every step, exactly the 4 samples a single process with batch 4 
 workers' losses must follow the single-process loss curve step by step.
 """
 import os
-import re
 import socket
 import subprocess
 

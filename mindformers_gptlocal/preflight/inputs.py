@@ -59,9 +59,9 @@ def check_device(config):
                           f"{target} software.")
     optimizer = config.get("optimizer") or {}
     if target == "CPU" and optimizer.get("use_fused"):
-        raise ConfigError(f"optimizer.use_fused: True selects MindFormers' FusedAdamW, whose AdamW kernel does not "
-                          f"exist on CPU. Set optimizer.type: GPTLocalAdamW (the same update, fused, on every "
-                          f"backend) and remove use_fused.")
+        raise ConfigError("optimizer.use_fused: True selects MindFormers' FusedAdamW, whose AdamW kernel does not "
+                          "exist on CPU. Set optimizer.type: GPTLocalAdamW (the same update, fused, on every "
+                          "backend) and remove use_fused.")
 
 
 def _positive_int(section, key, name):
