@@ -9,6 +9,10 @@ import pytest
 from mindformers_gptlocal import yaml_io
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# MindFormers builds its Megatron C++ helper with `make`, calling the `python3` found on PATH; put this
+# interpreter's folder first, so it builds however the suite is started (e.g. `.venv/bin/python -m pytest`
+# without activating the venv, when PATH's python3 lacks pybind11). Subprocesses inherit it.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 CONFIGS = os.path.join(REPO, "model_configs")
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=64, seq_length=64, hidden_dropout=0.0, attention_dropout=0.0,

@@ -125,3 +125,25 @@ def test_truncated_and_temp_files_are_never_resumed(killed_run, tmp_path):
     assert os.path.basename(path) == previous["file"]
     with pytest.raises(CheckpointError, match="truncated"):
         resume_info(os.path.join(copy, newest["file"]))
+
+
+def test_a_flipped_byte_of_the_same_length_is_a_checksum_mismatch(killed_run, tmp_path):
+    """Bit rot keeps the file's length: only the SHA-256 in the manifest can tell, and resume must take the
+    previous entry instead."""
+    _, _, ckpt_dir, _ = killed_run
+    copy = str(tmp_path / "ckpt")
+    shutil.copytree(ckpt_dir, copy)
+    entries = ckpt_manifest.read_manifest(copy)
+    newest, previous = entries[-1], entries[-2]
+    path = os.path.join(copy, newest["file"])
+    with open(path, "r+b") as handle:
+        handle.seek(newest["bytes"] - 3)  # inside the last tensor's data: the header stays valid
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    assert os.path.getsize(path) == newest["bytes"]
+    assert ckpt_manifest.verify(copy, newest) == "checksum differs from the manifest"
+    notes = []
+    found, info = find_resume_checkpoint(copy, log=notes.append)
+    assert os.path.basename(found) == previous["file"] and info["step_num"] == previous["step"]
+    assert any(newest["file"] in n and "checksum" in n for n in notes), notes

@@ -1,4 +1,5 @@
 """Generation with the explicit KV cache: equal to recomputation, equal to transformers, bad input."""
+import numpy as np
 import pytest
 import torch
 import mindspore as ms
@@ -76,3 +77,49 @@ def test_returns_mindformers_generate_output(model):
 def test_bad_input(model, prompts, kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
         model.generate(prompts, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def hf_and_ours(tmp_path_factory):
+    """A random HF GPT-2 (non-trivial biases and norms) and the same weights as gpt_local, in graph mode."""
+    from test_hf_interop import save_hf
+    ms.set_context(mode=ms.GRAPH_MODE)
+    path = tmp_path_factory.mktemp("values")
+    hf = save_hf(path / "hf", seed=3, vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    hf_to_ms(str(path / "hf"), str(path / "ms"))
+    ours = GPTLocalForCausalLM.from_pretrained(str(path / "ms"))
+    ours.set_train(False)
+    yield hf, ours
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.mark.parametrize("prompts", [[[5, 17, 42, 7, 99]], [[5, 17, 42, 7, 99, 3, 11], [8], [250, 1, 2, 3]]],
+                         ids=["single", "ragged"])
+def test_every_cached_step_has_the_logits_of_the_full_forward_and_of_transformers(hf_and_ours, prompts):
+    """Logits, not greedy tokens: after the prefill and after each of 6 decode steps, each sequence's
+    next-token logits equal (fp32) our own uncached forward over the whole sequence and transformers'.
+    The decoded tokens are random, so every cache row and position is exercised."""
+    hf, ours = hf_and_ours
+    steps, width = 6, 64
+    cache = ours.kv_cache(len(prompts), max(len(p) for p in prompts) + steps)
+    logits = cache.prefill(prompts)
+    sequences = [list(p) for p in prompts]
+    rng = np.random.default_rng(0)
+    for step in range(steps + 1):
+        block = np.zeros((len(sequences), width), np.int32)  # right padding: causal attention never sees it
+        for row, seq in enumerate(sequences):
+            block[row, :len(seq)] = seq
+        full = ours(ms.Tensor(block, ms.int32)).asnumpy()
+        for row, seq in enumerate(sequences):
+            with torch.no_grad():
+                reference = hf(torch.tensor([seq])).logits[0, -1].numpy()
+            np.testing.assert_allclose(logits[row], full[row, len(seq) - 1], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"step {step}, row {row}: cache vs full forward")
+            np.testing.assert_allclose(logits[row], reference, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"step {step}, row {row}: cache vs transformers")
+        if step == steps:
+            break
+        tokens = rng.integers(0, 300, len(sequences))
+        logits = cache.decode(tokens, [len(seq) for seq in sequences])
+        for seq, token in zip(sequences, tokens):
+            seq.append(int(token))

@@ -1,11 +1,12 @@
 """gpt_local is found through MindFormers' own registries, AutoConfig, and the import hook."""
+import os
 import subprocess
 import sys
 
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
 import mindformers_gptlocal
-from conftest import TINY, source_env
+from conftest import REPO, TINY, source_env
 
 CHECK = ("import mindformers, sys\n"
          "from mindformers.tools.register import MindFormerRegister as R\n"
@@ -63,3 +64,15 @@ def test_python_start_stays_light():
     out = subprocess.run([sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if 'mindformers' in m "
                           "or 'mindspore' in m))"], capture_output=True, text=True, env=source_env())
     assert out.stdout.strip() == "['mindformers_gptlocal_autoregister']", out.stdout + out.stderr
+
+
+def test_planning_and_conversion_load_neither_mindspore_nor_mindformers():
+    """`gptlocal plan`, `gptlocal convert` and `--help` are arithmetic and file work: their modules stay light."""
+    code = ("import sys, mindformers_gptlocal, mindformers_gptlocal.cli.main, mindformers_gptlocal.plan.report, "
+            "mindformers_gptlocal.checkpoint.hf_gpt2, mindformers_gptlocal.model.params\n"
+            "from mindformers_gptlocal.cli.main import main\n"
+            "main(['plan', '--config', sys.argv[1]])\n"
+            "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'mindspore', 'mindformers', 'torch'}))\n")
+    plan_yaml = os.path.join(REPO, "model_configs", "pretrain_gpt2_small_dp2mp2pp2_8p.yaml")
+    out = subprocess.run([sys.executable, "-c", code, plan_yaml], capture_output=True, text=True, env=source_env())
+    assert "HEAVY []" in out.stdout and "fits" in out.stdout, out.stdout + out.stderr

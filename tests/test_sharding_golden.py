@@ -1,0 +1,81 @@
+"""A golden table of the concrete `shard` strategy of every op at data_parallel 2, model_parallel 4 (also
+with sequence parallel and with the vocabulary split), each entry justified by the op's math: the rules
+in parallel/sharding.py are compared with what they should be, not only with themselves."""
+import pytest
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.parallel.sharding import apply_sharding
+from test_tensor_parallel import SMALL
+
+
+# The concrete `shard` strategy of every op at data_parallel 2, model_parallel 4, written out by hand.
+# Shapes: hidden [B, S, H]; linear inputs are flattened to [B*S, in]; weights are [out, in] (MatMul
+# transpose_b); attention works on [B, N heads, S, head_dim]. One tuple per input, one entry per axis.
+GOLDEN_DP2_MP4 = {
+    # token table [V, H] whole on every rank (vocab_emb_dp True); ids [B, S] split over the batch
+    "model.embedding.gather": ((1, 1), (2, 1)),
+    "model.embedding.position_gather": ((1, 1), (2, 1)),
+    "model.embedding.dropout.dropout": ((2, 1, 1),),               # element-wise on [B, S, H]: batch only
+    "input_layernorm.layer_norm": ((2, 1, 1), (1,), (1,)),        # normalises over H: H must stay whole
+    # column parallel: each rank computes its rows of W (out features) = whole heads of q, k, v
+    "attention.linear_qkv.matmul": ((2, 1), (4, 1)),
+    "attention.linear_qkv.bias_add": ((2, 4), (4,)),               # the bias follows the output columns
+    # [B, S, N, 3, D] -> [3, B, N, S, D]: the heads axis (2) carries the mp split, never S or D
+    "attention.transpose": ((2, 1, 4, 1, 1),),
+    "attention.split_qkv": ((1, 2, 4, 1, 1),),                     # unstack q/k/v: axis 0 must stay whole
+    # scores, softmax and context are per head: batch over dp, heads over mp; S and D whole (a row's
+    # softmax needs all its keys)
+    "attention.qk_matmul": ((2, 4, 1, 1), (2, 4, 1, 1)),
+    "attention.scale_mul": ((2, 4, 1, 1), ()),
+    "attention.add_mask": ((2, 4, 1, 1), (1, 1, 1, 1)),           # the [1, 1, S, S] mask is broadcast whole
+    "attention.softmax": ((2, 4, 1, 1),),
+    "attention.attention_dropout.dropout": ((2, 4, 1, 1),),
+    "attention.pv_matmul": ((2, 4, 1, 1), (2, 4, 1, 1)),
+    "attention.merge_heads": ((2, 4, 1, 1),),                      # [B, N, S, D] -> [B, S, N, D]
+    # row parallel: each rank holds its heads' columns of W; the partial sums are all-reduced, then the
+    # bias is added once, after the reduction
+    "attention.linear_proj.matmul": ((2, 4), (1, 4)),
+    "attention.linear_proj.bias_add": ((2, 1), (1,)),
+    "post_attention_layernorm.layer_norm": ((2, 1, 1), (1,), (1,)),
+    "mlp.linear_fc1.matmul": ((2, 1), (4, 1)),                     # column parallel over the ffn width
+    "mlp.linear_fc1.bias_add": ((2, 4), (4,)),
+    "mlp.activation.gelu": ((2, 1, 4),),                           # element-wise on the ffn columns it holds
+    "mlp.activation.relu": ((2, 1, 4),),
+    "mlp.linear_fc2.matmul": ((2, 4), (1, 4)),                     # row parallel back to H
+    "mlp.linear_fc2.bias_add": ((2, 1), (1,)),
+    "hidden_dropout.dropout": ((2, 1, 1),),
+    "add": ((2, 1, 1), (2, 1, 1)),                                 # residual adds: batch only
+    "model.final_layernorm.layer_norm": ((2, 1, 1), (1,), (1,)),
+    "head_matmul": ((2, 1), (1, 1)),                               # tied head, the table whole
+    "log_softmax": ((2, 1),),                                      # over the vocabulary: V whole
+    "gather_d": ((2, 1), (2, 1)),
+}
+# With use_seq_parallel, what is element-wise over [B, S, H] (norms, dropout, residual adds) also splits S
+# over mp; MindSpore all-gathers S before the column-parallel matmuls and reduce-scatters after the row ones.
+SEQUENCE_PARALLEL = {"model.embedding.dropout.dropout": ((2, 4, 1),),
+                     "input_layernorm.layer_norm": ((2, 4, 1), (1,), (1,)),
+                     "post_attention_layernorm.layer_norm": ((2, 4, 1), (1,), (1,)),
+                     "hidden_dropout.dropout": ((2, 4, 1),), "add": ((2, 4, 1), (2, 4, 1)),
+                     "model.final_layernorm.layer_norm": ((2, 4, 1), (1,), (1,))}
+# vocab_emb_dp False: the table's rows (the vocabulary) split over mp for the lookup and the tied head
+VOCAB_PARALLEL = {"model.embedding.gather": ((4, 1), (2, 1)), "head_matmul": ((2, 1), (4, 1))}
+
+
+def _split(table):
+    """(ops of the model outside the layers, ops of one layer relative to it)."""
+    top = {op: st for op, st in table.items() if op.startswith("model.") or op in ("head_matmul", "log_softmax",
+                                                                                "gather_d")}
+    return top, {op: st for op, st in table.items() if op not in top}
+
+
+@pytest.mark.parametrize("extra,changes", [({}, {}), ({"use_seq_parallel": True}, SEQUENCE_PARALLEL),
+                                           ({"vocab_emb_dp": False}, VOCAB_PARALLEL)],
+                         ids=["plain", "sequence parallel", "vocab parallel"])
+def test_every_op_strategy_equals_the_golden_table(extra, changes):
+    config = GPTLocalConfig(**SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4, **extra})
+    applied = apply_sharding(GPTLocalForCausalLM(config), config)
+    top, layer = _split(dict(GOLDEN_DP2_MP4, **changes))
+    assert {op: st for op, st in applied.items() if not op.startswith("model.layers.")} == top
+    for index in range(SMALL["num_hidden_layers"]):
+        prefix = f"model.layers.{index}."
+        assert {op[len(prefix):]: st for op, st in applied.items() if op.startswith(prefix)} == layer, index

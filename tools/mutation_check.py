@@ -1,0 +1,210 @@
+"""Break the code on purpose and check the tests notice: realistic one-line mutations, each run against the
+tests that cover its code. Run it before a release (not in CI; ~15-25 minutes on 2 cores):
+
+    python tools/mutation_check.py                  # all mutations, prints caught / missed
+    python tools/mutation_check.py --only wrapper   # the mutations whose name contains "wrapper"
+    python tools/mutation_check.py --list
+
+Each mutation replaces one exact snippet of a source file in a scratch copy of the repository (the
+working tree is never touched) and runs ``python -m pytest -x`` on its tests there. Caught: the tests
+fail. Missed: they pass. A snippet that is not found exactly once is reported as stale, so the list
+keeps up with the code. Own code rather than mutmut: mutmut mutates every line and runs the whole suite
+per mutant (hours here); these are the bugs a person would write, each with its few relevant tests.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import namedtuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = "mindformers_gptlocal/"
+
+Mutation = namedtuple("Mutation", "name path old new tests")
+
+PLANNER_TESTS = ["tests/test_plan_values.py", "tests/test_planner.py", "-k", "not cpu_estimate_is_within"]
+MUTATIONS = [
+    # model
+    Mutation("attention scaled by 1/head_dim", PKG + "model/attention.py",
+             "scale = 1.0 / math.sqrt(self.head_dim)", "scale = 1.0 / self.head_dim",
+             ["tests/test_generation.py"]),
+    Mutation("causal mask lets a token see the next one", PKG + "model/attention.py",
+             "upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=1)",
+             "upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=2)",
+             ["tests/test_model.py"]),
+    Mutation("attention residual dropped", PKG + "model/block.py",
+             "hidden = self.add(hidden, ops.cast(self.hidden_dropout(attn), dtype))",
+             "hidden = ops.cast(self.hidden_dropout(attn), dtype)", ["tests/test_generation.py"]),
+    Mutation("final LayerNorm skipped", PKG + "model/gpt.py", "return self.final_layernorm(hidden)",
+             "return hidden", ["tests/test_generation.py"]),
+    Mutation("position embeddings ignored", PKG + "model/gpt.py",
+             "return self.dropout(ops.cast(words + positions, self.compute_dtype))",
+             "return self.dropout(ops.cast(words, self.compute_dtype))", ["tests/test_generation.py"]),
+    Mutation("residual projections not scaled at init", PKG + "model/layers.py",
+             "return config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)",
+             "return config.initializer_range", ["tests/test_model.py"]),
+    Mutation("loss_mask ignored", PKG + "model/gpt.py",
+             "keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)", "keep = keep",
+             ["tests/test_model.py"]),
+    Mutation("CPU GeLU backward loses the cubic term", PKG + "model/layers.py",
+             "(TANH_GELU_SCALE * (1.0 + 3.0 * 0.044715 * square))", "(TANH_GELU_SCALE * (1.0 + 0.044715 * square))",
+             ["tests/test_model.py"]),
+    # KV cache and generation
+    Mutation("cached decode sees the next cache row", PKG + "model/kv_cache.py",
+             "allowed = keys <= query_positions[:, :, None]", "allowed = keys <= query_positions[:, :, None] + 1",
+             ["tests/test_generation.py"]),
+    Mutation("decode writes over the previous cache row", PKG + "model/kv_cache.py",
+             "np.asarray(positions, np.int32)[:, None],", "np.asarray(positions, np.int32)[:, None] - 1,",
+             ["tests/test_generation.py"]),
+    Mutation("top-p keeps one token too few", PKG + "generation/sampling.py",
+             "drop_sorted = cumulative - probs > p", "drop_sorted = cumulative > p", ["tests/test_generation.py"]),
+    Mutation("repetition penalty rewards repeats", PKG + "generation/sampling.py",
+             "np.where(values > 0, values / penalty, values * penalty)",
+             "np.where(values > 0, values * penalty, values / penalty)", ["tests/test_generation.py"]),
+    # conversion
+    Mutation("HF c_proj not transposed", PKG + "checkpoint/hf_gpt2.py",
+             '("attn.c_proj.weight", "attention.linear_proj.weight", "transpose")',
+             '("attn.c_proj.weight", "attention.linear_proj.weight", "copy")', ["tests/test_hf_interop.py"]),
+    Mutation("HF fused QKV not reordered head-major", PKG + "checkpoint/hf_gpt2.py",
+             "return np.ascontiguousarray(array.T.reshape(3, heads, dim, hidden).transpose(1, 0, 2, 3)",
+             "return np.ascontiguousarray(array.T.reshape(3, heads, dim, hidden).transpose(0, 1, 2, 3)",
+             ["tests/test_hf_interop.py"]),
+    # sharding and placement
+    Mutation("attention transpose split over the sequence", PKG + "parallel/sharding.py",
+             'OpRule("attention.transpose", ((DP, 1, MP, 1, 1),))', 'OpRule("attention.transpose", ((DP, MP, 1, 1, 1),))',
+             ["tests/test_sharding_golden.py", "tests/test_tensor_parallel.py"]),
+    Mutation("row-parallel bias split over mp", PKG + "parallel/sharding.py",
+             'OpRule(f"{linear}.bias_add", ((DP, 1), (1,)), {1: f"{linear}.bias"})',
+             'OpRule(f"{linear}.bias_add", ((DP, MP), (MP,)), {1: f"{linear}.bias"})',
+             ["tests/test_sharding_golden.py", "tests/test_tensor_parallel.py"]),
+    Mutation("tied head ignores the vocab split", PKG + "parallel/sharding.py",
+             'OpRule("head_matmul", ((DP, 1), table), {1: word})', 'OpRule("head_matmul", ((DP, 1), (1, 1)), {1: word})',
+             ["tests/test_sharding_golden.py", "tests/test_tensor_parallel.py"]),
+    Mutation("pipeline remainder layers go to the first stage", PKG + "parallel/layout.py",
+             "order = list(range(1, stages)) + [0]", "order = list(range(stages))",
+             ["tests/test_model.py", "tests/test_params.py"]),
+    Mutation("recompute counts one layer too many per stage", PKG + "parallel/layout.py",
+             "chosen.append(index < per_stage[stage])", "chosen.append(index <= per_stage[stage])",
+             ["tests/test_model.py", "tests/test_recompute.py"]),
+    Mutation("parallel_config.offset wins over model_config.offset", PKG + "parallel/layout.py",
+             'offset = config_value(model_config, "offset", None)\n    if offset is None:\n'
+             '        offset = config_value(parallel_config, "offset", None)',
+             'offset = config_value(parallel_config, "offset", None)\n    if offset is None:\n'
+             '        offset = config_value(model_config, "offset", None)', ["tests/test_params.py"]),
+    Mutation("tied token table only on the first stage", PKG + "model/params.py",
+             "shapes = {WORD_EMBEDDINGS: ((d[\"vocab\"], d[\"hidden\"]), sorted({0, last})),",
+             "shapes = {WORD_EMBEDDINGS: ((d[\"vocab\"], d[\"hidden\"]), [0]),",
+             ["tests/test_params.py", "tests/test_dist_checkpoint.py"]),
+    Mutation("rank numbering with dp innermost", PKG + "checkpoint/distributed.py",
+             "return stage * self.dp * self.mp + dp_index * self.mp + mp_index",
+             "return stage * self.dp * self.mp + mp_index * self.dp + dp_index", ["tests/test_dist_checkpoint.py"]),
+    # training
+    Mutation("wrapper ignores max_grad_norm", PKG + "training/wrapper.py",
+             "GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]))",
+             "GPTLocalClipGradNorm(max_norm=1.0)", ["tests/test_wrapper.py"]),
+    Mutation("overflow check never fires", PKG + "training/grad_checks.py",
+             "return 1.0 - F.cast(_is_finite(sum_all(F.square(fp32(grad)))), mstype.float32)",
+             "return 0.0 * F.cast(_is_finite(sum_all(F.square(fp32(grad)))), mstype.float32)",
+             ["tests/test_wrapper.py", "tests/test_grad_checks.py"]),
+    Mutation("gradient norm without the square root", PKG + "training/grad_checks.py",
+             "global_norm = F.sqrt(F.addn(self.hyper_map(square_sum, x)))",
+             "global_norm = F.addn(self.hyper_map(square_sum, x))", ["tests/test_grad_checks.py", "tests/test_wrapper.py"]),
+    Mutation("AdamW without bias correction of the step", PKG + "training/optim.py",
+             "kernel(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,",
+             "kernel(param, exp_avg, exp_avg_sq, lr, beta1, beta2,", ["tests/test_optim.py", "-k", "step_by_step"]),
+    Mutation("AdamW weight decay not rescaled", PKG + "training/optim.py",
+             "weight_decay * correction1 / root_correction2,", "weight_decay,",
+             ["tests/test_optim.py", "-k", "step_by_step"]),
+    Mutation("perplexity scores logits against the same position", PKG + "training/metrics.py",
+             "target = labels[row, 1:]", "target = labels[row, :-1]", ["tests/test_metrics.py"]),
+    # checkpoints and resume
+    Mutation("manifest compares sizes only", PKG + "checkpoint/manifest.py",
+             'if sha256_of(path) != entry["sha256"]:', "if False:", ["tests/test_crash_safe.py"]),
+    Mutation("resume takes the oldest checkpoint", PKG + "checkpoint/resume.py",
+             'for entry in sorted(entries, key=lambda e: e["step"], reverse=True):',
+             'for entry in sorted(entries, key=lambda e: e["step"]):', ["tests/test_crash_safe.py"]),
+    # planner
+    Mutation("1F1B holds one micro-batch fewer", PKG + "plan/memory.py",
+             "return max(1, min(stages - stage, micro_batch_num))",
+             "return max(1, min(stages - stage - 1, micro_batch_num))", PLANNER_TESTS),
+    Mutation("Adam moments split over dp without the parallel optimizer", PKG + "plan/report.py",
+             "optimizer = params * mem.ADAM_MOMENT_BYTES / (dp if parallel_optimizer else 1)",
+             "optimizer = params * mem.ADAM_MOMENT_BYTES / dp", PLANNER_TESTS),
+    Mutation("activations forget the softmax output", PKG + "plan/memory.py",
+             "attn += scores * sm                                       # softmax output",
+             "attn += 0", PLANNER_TESTS),
+]
+
+
+def scratch_copy():
+    """The tracked and new files of the repository in a temporary folder (no .venv, no build output)."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    root = tempfile.mkdtemp(prefix="gptlocal-mutants-")
+    for name in filter(None, files):
+        source = os.path.join(REPO, name)
+        if os.path.isfile(source) and not os.path.islink(source):
+            os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+            shutil.copy2(source, os.path.join(root, name))
+    os.symlink("../model_configs", os.path.join(root, PKG, "model_configs"))
+    return root
+
+
+def run(mutation, root, timeout):
+    """'caught', 'missed' or 'stale', and seconds."""
+    path = os.path.join(root, mutation.path)
+    with open(path, encoding="utf-8") as handle:
+        original = handle.read()
+    if original.count(mutation.old) != 1:
+        return "stale", 0.0
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(original.replace(mutation.old, mutation.new))
+    started = time.time()
+    try:
+        env = dict(os.environ, PYTHONPATH=root, GLOG_v="3",
+                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        verdict = "missed" if proc.returncode == 0 else "caught"
+        if proc.returncode in (4, 5):  # usage error / no tests collected: the mutation proves nothing
+            verdict = "stale"
+    except subprocess.TimeoutExpired:
+        verdict = "caught"  # a hang is a failure a user would notice
+    finally:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(original)
+    return verdict, time.time() - started
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="run the mutations whose name contains this text")
+    parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutation")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or args.only in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:60} {m.path:45} {' '.join(m.tests)}")
+        return 0
+    root = scratch_copy()
+    counts = {"caught": 0, "missed": 0, "stale": 0}
+    try:
+        for index, mutation in enumerate(chosen, 1):
+            verdict, seconds = run(mutation, root, args.timeout)
+            counts[verdict] += 1
+            print(f"[{index:2}/{len(chosen)}] {verdict.upper():6} {seconds:6.0f} s  {mutation.name}  "
+                  f"({mutation.path})", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    judged = counts["caught"] + counts["missed"]
+    rate = 100.0 * counts["caught"] / judged if judged else 0.0
+    print(f"{counts['caught']} caught, {counts['missed']} missed, {counts['stale']} stale: {rate:.0f}% caught")
+    return 1 if counts["missed"] or counts["stale"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
