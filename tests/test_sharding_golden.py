@@ -79,3 +79,16 @@ def test_every_op_strategy_equals_the_golden_table(extra, changes):
     for index in range(SMALL["num_hidden_layers"]):
         prefix = f"model.layers.{index}."
         assert {op[len(prefix):]: st for op, st in applied.items() if op.startswith(prefix)} == layer, index
+
+
+def test_a_parallel_build_applies_the_golden_strategies(monkeypatch):
+    """The model's own call (made only under semi-auto/auto parallel, which CPU cannot compile) sets them."""
+    import mindformers_gptlocal.model.gpt as gpt
+    monkeypatch.setattr(gpt, "is_parallel_build", lambda: True)
+    config = GPTLocalConfig(**SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4})
+    model = GPTLocalForCausalLM(config)
+    top, layer = _split(GOLDEN_DP2_MP4)
+    assert {op: st for op, st in model.sharding.items() if not op.startswith("model.layers.")} == top
+    assert {op[len("model.layers.1."):]: st for op, st in model.sharding.items()
+            if op.startswith("model.layers.1.")} == layer
+    assert model.model.layers[1].attention.transpose.attrs["in_strategy"] == ((2, 1, 4, 1, 1),)

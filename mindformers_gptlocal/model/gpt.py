@@ -153,7 +153,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
-        self.sharding = apply_sharding(self, layout) if is_parallel_build() else {}
+        self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
         self._kv_caches = {}
 
     # --- MindFormers mcore interface -------------------------------------------------------------

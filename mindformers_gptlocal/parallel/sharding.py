@@ -188,7 +188,8 @@ def is_parallel_build():
 
 
 def apply_sharding(model, config):
-    """Set every rule's strategy on ``model``'s primitives; returns {op path: concrete strategy}."""
+    """Set every rule's strategy on ``model``'s primitives; returns {op path: concrete strategy}. ``config``:
+    the model's GPTLocalConfig (its sizes and its ``layout``)."""
     layout = layout_of(config)
     check_divisible(config, layout.mp)
     applied = {}
