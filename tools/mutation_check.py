@@ -7,7 +7,8 @@ tests that cover its code. Run it before a release (not in CI; ~15-25 minutes on
 
 Each mutation replaces one exact snippet of a source file in a scratch copy of the repository (the
 working tree is never touched) and runs ``python -m pytest -x`` on its tests there. Caught: the tests
-fail. Missed: they pass. A snippet that is not found exactly once is reported as stale, so the list
+fail. Missed: they pass. First every test selection runs once unmutated and must pass (a broken copy
+would otherwise count every mutation as caught). A snippet that is not found exactly once is reported as stale, so the list
 keeps up with the code. Own code rather than mutmut: mutmut mutates every line and runs the whole suite
 per mutant (hours here); these are the bugs a person would write, each with its few relevant tests.
 """
@@ -60,10 +61,10 @@ MUTATIONS = [
              "np.asarray(positions, np.int32)[:, None],", "np.asarray(positions, np.int32)[:, None] - 1,",
              ["tests/test_generation.py"]),
     Mutation("top-p keeps one token too few", PKG + "generation/sampling.py",
-             "drop_sorted = cumulative - probs > p", "drop_sorted = cumulative > p", ["tests/test_generation.py"]),
+             "drop_sorted = cumulative - probs > p", "drop_sorted = cumulative > p", ["tests/test_sampling.py"]),
     Mutation("repetition penalty rewards repeats", PKG + "generation/sampling.py",
              "np.where(values > 0, values / penalty, values * penalty)",
-             "np.where(values > 0, values * penalty, values / penalty)", ["tests/test_generation.py"]),
+             "np.where(values > 0, values * penalty, values / penalty)", ["tests/test_sampling.py"]),
     # conversion
     Mutation("HF c_proj not transposed", PKG + "checkpoint/hf_gpt2.py",
              '("attn.c_proj.weight", "attention.linear_proj.weight", "transpose")',
@@ -153,6 +154,28 @@ def scratch_copy():
     return root
 
 
+def pytest(tests, root, timeout):
+    """Exit code of ``pytest -x`` on ``tests`` in the scratch copy (124 on a timeout)."""
+    env = dict(os.environ, PYTHONPATH=root, GLOG_v="3",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    try:
+        return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return 124
+
+
+def baseline(mutations, root, timeout):
+    """Each distinct test selection must pass on the unmutated copy, or no verdict means anything."""
+    failing = []
+    for tests in dict.fromkeys(tuple(m.tests) for m in mutations):
+        code = pytest(list(tests), root, timeout)
+        print(f"baseline {'ok' if code == 0 else f'FAILS ({code})'}: {' '.join(tests)}", flush=True)
+        if code != 0:
+            failing.append(tests)
+    return failing
+
+
 def run(mutation, root, timeout):
     """'caught', 'missed' or 'stale', and seconds."""
     path = os.path.join(root, mutation.path)
@@ -164,18 +187,11 @@ def run(mutation, root, timeout):
         handle.write(original.replace(mutation.old, mutation.new))
     started = time.time()
     try:
-        env = dict(os.environ, PYTHONPATH=root, GLOG_v="3",
-                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
-        verdict = "missed" if proc.returncode == 0 else "caught"
-        if proc.returncode in (4, 5):  # usage error / no tests collected: the mutation proves nothing
-            verdict = "stale"
-    except subprocess.TimeoutExpired:
-        verdict = "caught"  # a hang is a failure a user would notice
+        code = pytest(mutation.tests, root, timeout)  # a timeout (a hang) counts as caught: a user would notice
     finally:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(original)
+    verdict = "stale" if code in (4, 5) else "missed" if code == 0 else "caught"  # 4/5: no tests ran
     return verdict, time.time() - started
 
 
@@ -184,6 +200,8 @@ def main(argv=None):
     parser.add_argument("--only", help="run the mutations whose name contains this text")
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutation")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the first pass that runs each test selection unmutated (must pass)")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or args.only in m.name]
     if args.list:
@@ -193,6 +211,9 @@ def main(argv=None):
     root = scratch_copy()
     counts = {"caught": 0, "missed": 0, "stale": 0}
     try:
+        if not args.no_baseline and baseline(chosen, root, args.timeout):
+            print("the tests fail without any mutation: fix them first")
+            return 2
         for index, mutation in enumerate(chosen, 1):
             verdict, seconds = run(mutation, root, args.timeout)
             counts[verdict] += 1
