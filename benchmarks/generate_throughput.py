@@ -101,7 +101,9 @@ def main():
             rows.append(row)
             print(f"{shape} batch {batch}: ours {row['ours_rate']:.1f} tok/s, HF {row['hf_rate']:.1f} tok/s",
                   flush=True)
-    print(f"\n{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32, {os.cpu_count()} CPUs")
+    print(f"\n{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32, {os.cpu_count()} CPUs; threads: torch "
+          f"{torch.get_num_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} (both sides share "
+          f"this process; issue #15 moves them to pinned workers)")
     print(f"{'shape':6} {'batch':>5} {'ours TTFT s':>11} {'HF TTFT s':>9} {'ours tok/s':>10} {'HF tok/s':>8} "
           f"{'ours/HF':>7} {'cache/no-cache':>14} {'first call s':>12}")
     for r in rows:
