@@ -2,7 +2,7 @@
 
 LayerNorm -> ParallelAttention -> residual -> LayerNorm -> ParallelFeedForward -> residual.
 Where the layer runs (pipeline stage) and whether it recomputes are set on the
-Cell when it is built (see ``placement.py``), never decided in ``construct``.
+Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), never decided in ``construct``.
 """
 from mindspore import nn, ops
 
