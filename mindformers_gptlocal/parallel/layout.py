@@ -83,7 +83,8 @@ class Layout:
 
     @classmethod
     def read(cls, parallel_config=None, recompute_config=None, offset=None):
-        """The one reader of a ``parallel_config`` section (dict or MindFormers object)."""
+        """The one reader of a ``parallel_config`` section (dict or MindFormers object); ``offset`` given
+        wins over ``parallel_config.offset``."""
         parallel = plain(parallel_config)
         if recompute_config is None:
             recompute_config = parallel.get("recompute")
@@ -96,7 +97,7 @@ class Layout:
                    pp=_read(parallel, "pipeline_stage", 1), micro=_read(parallel, "micro_batch_num", 1),
                    seq_parallel=bool(_read(parallel, "use_seq_parallel", False)),
                    vocab_emb_dp=True if vocab_emb_dp is None else bool(vocab_emb_dp),
-                   offset=resolve_offset(None, parallel) if offset is None else resolve_offset({"offset": offset}),
+                   offset=resolve_offset({"offset": offset}, parallel),
                    recompute=recompute)
 
     @classmethod
@@ -116,10 +117,6 @@ class Layout:
         return cls.read(parallel, recompute if recompute is not None else {},
                         offset=resolve_offset(model_config, parallel))
 
-    @property
-    def devices(self):
-        return self.dp * self.mp * self.pp
-
     def summary(self):
         """The layout as ``gptlocal plan --json`` reports it."""
         return dict(dp=self.dp, mp=self.mp, pp=self.pp, micro=self.micro, seq_parallel=self.seq_parallel,
@@ -130,10 +127,6 @@ class Layout:
 
     def stage_of_layers(self, num_layers):
         return stage_of_layers(num_layers, self.pp, self.offset)
-
-    def full_recompute(self, num_layers):
-        """Per layer: recomputed in full (``recompute_config.recompute``)."""
-        return recompute_layers(self.recompute.get("recompute", False), self.stage_of_layers(num_layers))
 
     @property
     def selective_recompute(self):

@@ -89,21 +89,19 @@ def shape_of(model_config):
     return s
 
 
-def _one_layer_table(s, t, vocab_parallel):
-    """The parameter table of a one-layer model of these sizes under model_parallel ``t``."""
-    return table_of_dims(dict(s, layers=1), Layout(mp=t, vocab_emb_dp=not vocab_parallel))
+def _rank_sizes(s, t, vocab_parallel):
+    """Parameters one tensor-parallel rank holds, by part, from the parameter table of a one-layer model of
+    these sizes: one layer, the token table, the position table, the final norm."""
+    table = table_of_dims(dict(s, layers=1), Layout(mp=t, vocab_emb_dp=not vocab_parallel))
+    return dict(layer=sum(spec.rank_size(t) for name, spec in table.items() if layer_of(name) is not None),
+                words=table[WORD_EMBEDDINGS].rank_size(t), positions=table[POSITION_EMBEDDINGS].rank_size(t),
+                final_norm=sum(spec.rank_size(t) for name, spec in table.items()
+                               if name.startswith("model.final_layernorm.")))
 
 
 def layer_params(s, t=1):
     """Parameters of one decoder layer held by one tensor-parallel rank."""
-    return sum(spec.rank_size(t) for name, spec in _one_layer_table(s, t, False).items()
-               if layer_of(name) is not None)
-
-
-def embedding_params(s, t=1, vocab_parallel=False):
-    """(token embedding, position embedding) parameters on one rank."""
-    table = _one_layer_table(s, t, vocab_parallel)
-    return table[WORD_EMBEDDINGS].rank_size(t), table[POSITION_EMBEDDINGS].rank_size(t)
+    return _rank_sizes(s, t, False)["layer"]
 
 
 def stage_params(s, layer_counts, t=1, vocab_parallel=False):
@@ -111,21 +109,19 @@ def stage_params(s, layer_counts, t=1, vocab_parallel=False):
     embedding (counted once); with several, the last stage holds its own copy of the token
     embedding (MindSpore gives a parameter shared across stages a copy on each stage that uses it
     and keeps the copies equal by all-reducing their gradients), so it is counted there again."""
-    words, positions = embedding_params(s, t, vocab_parallel)
-    final_norm = sum(spec.rank_size(t) for name, spec in _one_layer_table(s, t, vocab_parallel).items()
-                     if name.startswith("model.final_layernorm."))
+    sizes = _rank_sizes(s, t, vocab_parallel)
     stages = []
     last = len(layer_counts) - 1
     for index, count in enumerate(layer_counts):
-        parts = {"layers": count * layer_params(s, t)}
+        parts = {"layers": count * sizes["layer"]}
         if index == 0:
-            parts["embedding"] = words + positions
+            parts["embedding"] = sizes["words"] + sizes["positions"]
         if index == last:
-            parts["final_norm"] = final_norm
+            parts["final_norm"] = sizes["final_norm"]
             if last > 0 and s["tied"]:
-                parts["head_copy"] = words
+                parts["head_copy"] = sizes["words"]
         if not s["tied"] and index == last:
-            parts["head"] = words
+            parts["head"] = sizes["words"]
         stages.append(parts)
     return stages
 
