@@ -9,6 +9,7 @@ COMMANDS = {
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
     "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
+    "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
 }
 
 
@@ -152,5 +153,26 @@ def run_parser():
     return parser
 
 
+def serve_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal serve",
+                                     description="Serve a gpt_local model directory over an OpenAI-compatible HTTP "
+                                                 "API (needs the [serve] extra: pip install "
+                                                 "'mindformers-gptlocal[serve]').")
+    parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
+                                                       "tokenizer.json)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (cache slots)")
+    parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 429")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context (prompt + new tokens) per request; default max_position_embeddings")
+    parser.add_argument("--prompt-buckets", default=None,
+                        help="comma-separated prompt widths to compile (default: 16, 32, 64, ... up to the context)")
+    parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
+    parser.add_argument("--device_target", "--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
-           "plan": plan_parser, "quickstart": quickstart_parser}
+           "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser}

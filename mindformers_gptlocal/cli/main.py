@@ -76,8 +76,20 @@ def quickstart(argv):
     return run_quickstart(options)
 
 
+def serve(argv):
+    options = cli_args.serve_parser().parse_args(argv)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"gptlocal serve needs the [serve] extra ({err}); pip install "
+                          f"'mindformers-gptlocal[serve]'.") from err
+    from ..serve.app import serve as run_server
+    return run_server(options)
+
+
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan}
+            "plan": plan, "serve": serve}
 
 
 def main(argv=None):

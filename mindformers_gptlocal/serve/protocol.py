@@ -1,0 +1,157 @@
+"""OpenAI request bodies -> what the engine needs, with one 400 per bad field (``RequestError.param`` names it).
+
+Hand-written rather than pydantic models: FastAPI answers pydantic failures with its own 422 body, and the
+OpenAI clients expect 400 + ``{"error": {"message", "type", "param", "code"}}``; the checks that matter
+(context length, vocabulary, the served name) need the loaded model anyway.
+
+Chat prompts: the model directory's ``tokenizer_config.json`` ``chat_template`` (Hugging Face's Jinja
+convention, rendered in a sandbox) when present, else ``PLAIN_CHAT_TEMPLATE``::
+
+    System: ...\\nUser: ...\\nAssistant: ...\\nAssistant:
+
+with ``"\\nUser:"`` added to the stop strings so a reply ends before the model writes the next user turn.
+"""
+import numbers
+
+PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
+                       "{% if add_generation_prompt %}Assistant:{% endif %}")
+PLAIN_CHAT_STOP = "\nUser:"
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+UNSUPPORTED = {"best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None,
+               "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "tools": None}
+
+
+class RequestError(ValueError):
+    """A bad request field: ``param`` names it, ``code`` is OpenAI-style (or None)."""
+
+    def __init__(self, message, param=None, code=None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(body, key, default, low, high, low_open=False):
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise RequestError(f"'{key}' must be a number, got {value!r}.", key)
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise RequestError(f"'{key}' must be in {bracket}{low}, {high}], got {value}.", key)
+    return float(value)
+
+
+def render_chat(messages, template):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return env.from_string(template or PLAIN_CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True,
+                                                                       bos_token="", eos_token="")
+    except Exception as err:  # a template error is the request's problem only if the messages caused it
+        raise RequestError(f"the chat template failed on these messages: {err}", "messages") from err
+
+
+def _chat_prompt(body, template):
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {role, content} objects.", "messages")
+    clean = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "developer"):
+            raise RequestError(f"messages[{i}] needs a 'role' of system, developer, user or assistant.",
+                               f"messages[{i}].role")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content")
+            content = "".join(p.get("text", "") for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string.", f"messages[{i}].content")
+        clean.append({"role": message["role"], "content": content})
+    return render_chat(clean, template)
+
+
+def _completion_prompt(body):
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        return [int(t) for t in prompt]
+    if isinstance(prompt, list):
+        raise RequestError("'prompt' must be one string or one list of token ids (one prompt per request).",
+                           "prompt")
+    raise RequestError(f"'prompt' must be a string or a list of token ids, got {type(prompt).__name__}.", "prompt")
+
+
+def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, max_model_len, eos_token_id):
+    """A checked request: prompt ids, max_tokens, sampling options, stop strings, stream flags."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object.")
+    model = body.get("model")
+    if model != model_name:
+        raise RequestError(f"model {model!r} is not served here; this server serves {model_name!r} "
+                           f"(GET /v1/models).", "model", "model_not_found")
+    n = body.get("n", 1)
+    if n != 1:
+        raise RequestError(f"'n' must be 1 (one choice per request), got {n!r}.", "n")
+    for key, default in UNSUPPORTED.items():
+        value = body.get(key)
+        if value is not None and value != default:
+            raise RequestError(f"'{key}' is not supported by gptlocal serve; leave it out.", key)
+    field = "messages" if chat else "prompt"
+    stop = body.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
+        raise RequestError("'stop' must be a string or a list of up to 4 strings.", "stop")
+    if chat:
+        text = _chat_prompt(body, chat_template)
+        if not chat_template:
+            stop = stop + [PLAIN_CHAT_STOP]
+    else:
+        text = _completion_prompt(body)
+    if isinstance(text, str):
+        if tokenizer is None:
+            raise RequestError(f"the model directory has no tokenizer.json, so '{field}' must be token ids.", field)
+        ids = tokenizer.encode(text).ids
+    else:
+        ids = text
+    if not ids:
+        raise RequestError(f"'{field}' is empty; give at least one token.", field)
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"'{field}' holds token id {bad[0]}, outside the vocabulary (vocab_size {vocab_size}).",
+                           field, "invalid_token_id")
+    if len(ids) >= max_model_len:
+        raise RequestError(f"'{field}' has {len(ids)} tokens; this server's context is {max_model_len} tokens "
+                           f"(prompt + max_tokens), so the prompt may have at most {max_model_len - 1}.",
+                           field, "context_length_exceeded")
+    room = max_model_len - len(ids)
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key)
+    if max_tokens is None:
+        max_tokens = room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise RequestError(f"'{key}' must be a positive integer, got {max_tokens!r}.", key)
+    if max_tokens > room:
+        raise RequestError(f"'{key}' is {max_tokens}, but the prompt has {len(ids)} tokens and the context is "
+                           f"{max_model_len}: at most {room} new tokens fit.", key, "context_length_exceeded")
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise RequestError(f"'seed' must be a non-negative integer, got {seed!r}.", "seed")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be true or false.", "stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise RequestError("'stream_options' must be an object.", "stream_options")
+    eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [] if eos_token_id is None else [eos_token_id]
+    return {"prompt": ids, "max_tokens": int(max_tokens), "temperature": _number(body, "temperature", 1.0, 0, 2),
+            "top_p": _number(body, "top_p", 1.0, 0, 1, low_open=True), "seed": seed, "stop": stop, "eos": eos,
+            "stream": stream, "include_usage": bool(stream_options.get("include_usage")),
+            "return_token_ids": bool(body.get("return_token_ids"))}

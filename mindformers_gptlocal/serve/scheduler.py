@@ -1,0 +1,287 @@
+"""The serving engine: one worker thread owns the model and its KV cache and runs continuous batching.
+
+The cache (``model/kv_cache.py``) has ``max_batch_size`` slots of ``max_model_len`` rows. Every scheduler
+iteration is ONE compiled call:
+
+* a decode step ([B, 1] tokens) when no request is waiting for a free slot: each busy slot places its
+  last sampled token at its own position; or
+* a refill step ([B, W] tokens, W the prompt-width bucket) when requests wait and slots are free: the new
+  prompts are written into their slots' rows 0..n-1 (right padding writes rows that later tokens
+  overwrite before anyone attends to them), and in the SAME call every busy slot places its last sampled
+  token at its position c (column 0; columns j > 0 write the same token at rows c+j, capped at the last
+  row: rows beyond c are overwritten by that slot's own later decode steps before they are read). So
+  running requests never pause when others join.
+
+This works because ``KVCache.step`` takes per-row positions and writes each row's keys/values only at
+(row, position) -- a slot's rows are never touched by another slot's prompt. Compiled shapes are fixed:
+batch = max_batch_size, cache = max_model_len, widths = the prompt buckets; all are compiled by
+``warm_up`` before the server reports ready.
+
+Sampling per request reuses ``generation/sampling.next_tokens`` with the request's own options and its
+own ``numpy.random.default_rng(seed)``, so a seeded request draws exactly what ``model.generate`` with
+that seed draws for the same prompt.
+"""
+import collections
+import itertools
+import logging
+import threading
+import time
+
+import numpy as np
+
+from ..generation.sampling import next_tokens
+
+log = logging.getLogger("gptlocal.serve")
+
+
+class QueueFull(Exception):
+    """More requests wait for a slot than --max-queue allows."""
+
+
+class EngineNotReady(Exception):
+    """The model is still loading or warming up (or failed to)."""
+
+
+class Request:
+    """One generation: prompt token ids and options in; events out through ``emit`` (thread-safe callable).
+
+    Events: ("token", text_delta, token_id) per generated token, then ("done", finish_reason, usage dict).
+    Set ``cancelled`` (any thread) to free its slot at the next step boundary.
+    """
+    _ids = itertools.count(1)
+
+    def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, seed=None, stop=(), eos=()):
+        self.id = next(self._ids)
+        self.prompt = [int(t) for t in prompt]
+        self.max_tokens = int(max_tokens)
+        self.emit = emit
+        self.options = {"do_sample": temperature > 0, "temperature": float(temperature) if temperature > 0 else 1.0,
+                        "top_k": 0, "top_p": float(top_p), "repetition_penalty": 1.0}
+        self.rng = np.random.default_rng(seed)
+        self.stop = [s for s in stop if s]
+        self.eos = set(eos)
+        self.tokens = []
+        self.sent_text = ""
+        self.cancelled = False
+        self.arrived = time.perf_counter()
+
+
+class _Slot:
+    __slots__ = ("request", "token", "cursor")
+
+    def __init__(self):
+        self.request, self.token, self.cursor = None, 0, 0
+
+
+def width_buckets(max_model_len, smallest=16, given=None):
+    """Prompt widths compiled: ``given`` (sorted, capped) or powers of two from ``smallest``, always ending
+    at max_model_len."""
+    if given:
+        widths = sorted({min(int(w), max_model_len) for w in given})
+    else:
+        widths, w = [], smallest
+        while w < max_model_len:
+            widths.append(w)
+            w *= 2
+    if not widths or widths[-1] != max_model_len:
+        widths.append(max_model_len)
+    return widths
+
+
+class Engine:
+    """Loads the model in its own thread, warms every compiled shape up, then serves ``submit``-ted requests."""
+
+    def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
+                 prompt_buckets=None, tokenizer=None):
+        self.model_dir = model_dir
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.requested_len = max_model_len
+        self.device_target = device_target
+        self.prompt_buckets = prompt_buckets
+        self.tokenizer = tokenizer
+        self.ready = threading.Event()
+        self.failed = None
+        self.config = None
+        self.max_model_len = None
+        self.widths = []
+        self.warmup_seconds = None
+        self.stats = collections.Counter()
+        self._pending = collections.deque()
+        self._cond = threading.Condition()
+        self._slots = [_Slot() for _ in range(max_batch_size)]
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="gptlocal-engine", daemon=True)
+
+    # --- public, any thread -------------------------------------------------------------------------
+    def start(self):
+        self._thread.start()
+
+    def stop(self, timeout=10):
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def submit(self, request):
+        if not self.ready.is_set():
+            raise EngineNotReady(self.failed or "the model is loading")
+        with self._cond:
+            if len(self._pending) >= self.max_queue:
+                self.stats["rejected"] += 1
+                raise QueueFull(f"{len(self._pending)} requests already wait for a slot (--max-queue "
+                                f"{self.max_queue})")
+            self._pending.append(request)
+            self.stats["accepted"] += 1
+            self._cond.notify()
+
+    def snapshot(self):
+        with self._cond:
+            return {"active": sum(s.request is not None for s in self._slots), "queued": len(self._pending),
+                    **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled")}}
+
+    # --- worker thread ------------------------------------------------------------------------------
+    def _run(self):
+        try:
+            self._load()
+            self.warm_up()
+        except Exception as err:  # reported by /health and every request; the thread ends
+            self.failed = f"{type(err).__name__}: {err}"
+            log.exception("gptlocal serve: loading failed")
+            return
+        self.ready.set()
+        while True:
+            with self._cond:
+                while not self._stopping and not self._pending and not any(s.request for s in self._slots):
+                    self._cond.wait(0.5)
+                if self._stopping:
+                    return
+            self.step()
+
+    def _load(self):
+        import mindspore as ms
+        from ..model.gpt import GPTLocalForCausalLM
+        ms.set_context(mode=ms.GRAPH_MODE, device_target=self.device_target)
+        start = time.perf_counter()
+        self.model = GPTLocalForCausalLM.from_pretrained(self.model_dir, max_batch_size=self.max_batch_size)
+        self.model.set_train(False)
+        self.config = self.model.config
+        limit = self.config.max_position_embeddings
+        self.max_model_len = min(self.requested_len or limit, limit)
+        self.cache = self.model.kv_cache(self.max_batch_size, self.max_model_len)
+        self.max_model_len = self.cache.max_length
+        self.widths = width_buckets(self.max_model_len, given=self.prompt_buckets)
+        log.info("gptlocal serve: loaded %s in %.1f s (vocab %d, context %d)", self.model_dir,
+                 time.perf_counter() - start, self.config.vocab_size, self.max_model_len)
+
+    def warm_up(self):
+        """Compile every shape a request can meet: one refill call per prompt width and the decode call."""
+        start = time.perf_counter()
+        batch = self.max_batch_size
+        for width in self.widths:
+            self.cache.step(np.zeros((batch, width), np.int32), np.tile(np.arange(width, dtype=np.int32), (batch, 1)),
+                            np.zeros(batch, np.int32))
+        self.cache.step(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), np.zeros(batch, np.int32))
+        self.warmup_seconds = time.perf_counter() - start
+        log.info("gptlocal serve: buckets batch=%d cache_length=%d prompt_widths=%s decode_width=1; warm-up "
+                 "(%d compiled calls) %.1f s", batch, self.max_model_len, self.widths, len(self.widths) + 1,
+                 self.warmup_seconds)
+
+    def _admit(self):
+        """Move waiting requests into free slots; drop cancelled ones."""
+        admitted = []
+        with self._cond:
+            for index, slot in enumerate(self._slots):
+                if slot.request is not None and slot.request.cancelled:
+                    self.stats["cancelled"] += 1
+                    slot.request = None
+                if slot.request is None:
+                    while self._pending and self._pending[0].cancelled:
+                        self._pending.popleft()
+                        self.stats["cancelled"] += 1
+                    if self._pending:
+                        slot.request = self._pending.popleft()
+                        admitted.append(index)
+        return admitted
+
+    def step(self):
+        """One scheduler iteration = one compiled call (see the module docstring)."""
+        admitted = self._admit()
+        busy = [i for i, s in enumerate(self._slots) if s.request is not None and i not in admitted]
+        batch, last_row = self.max_batch_size, self.max_model_len - 1
+        if admitted:
+            width = next(w for w in self.widths if w >= max(len(self._slots[i].request.prompt) for i in admitted))
+            ids = np.zeros((batch, width), np.int32)
+            positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
+            last = np.zeros(batch, np.int32)
+            for i in admitted:
+                prompt = self._slots[i].request.prompt
+                ids[i, :len(prompt)] = prompt
+                last[i] = len(prompt) - 1
+            for i in busy:
+                slot = self._slots[i]
+                ids[i] = slot.token
+                positions[i] = np.minimum(slot.cursor + np.arange(width), last_row)
+        else:
+            ids = np.zeros((batch, 1), np.int32)
+            positions = np.zeros((batch, 1), np.int32)
+            last = np.zeros(batch, np.int32)
+            for i in busy:
+                ids[i, 0] = self._slots[i].token
+                positions[i, 0] = self._slots[i].cursor
+        logits = self.cache.step(ids, positions, last)
+        self.stats["steps"] += 1
+        for i in busy:
+            self._slots[i].cursor += 1
+        for i in admitted:
+            self._slots[i].cursor = len(self._slots[i].request.prompt)
+        for i in busy + admitted:
+            self._advance(i, logits[i:i + 1])
+
+    def _advance(self, index, logits):
+        slot = self._slots[index]
+        request = slot.request
+        if request.cancelled:
+            return
+        token = int(next_tokens(logits, [request.prompt + request.tokens], request.options, request.rng)[0])
+        request.tokens.append(token)
+        slot.token = token
+        finish = None
+        if token in request.eos:
+            finish = "stop"
+            text = self._text(request.tokens[:-1])
+        else:
+            text = self._text(request.tokens)
+            cut = min((p for p in (text.find(s) for s in request.stop) if p >= 0), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+            elif len(request.tokens) >= request.max_tokens or slot.cursor + 1 >= self.max_model_len:
+                finish = "length"
+        safe = text if finish else self._settled(text, request.stop)
+        delta = ""
+        if safe.startswith(request.sent_text):
+            delta, request.sent_text = safe[len(request.sent_text):], safe
+        request.emit(("token", delta, token))
+        if finish:
+            usage = {"prompt_tokens": len(request.prompt), "completion_tokens": len(request.tokens),
+                     "total_tokens": len(request.prompt) + len(request.tokens)}
+            request.emit(("done", finish, usage))
+            with self._cond:
+                self.stats["completed"] += 1
+                self.stats["completion_tokens"] += len(request.tokens)
+                slot.request = None
+
+    def _text(self, tokens):
+        return self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+
+    @staticmethod
+    def _settled(text, stops):
+        """What can be sent now: no half-decoded character at the end, no tail that may start a stop string."""
+        text = text.rstrip("\ufffd")
+        hold = 0
+        for stop in stops:
+            for k in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:k]):
+                    hold = max(hold, k)
+                    break
+        return text[:len(text) - hold] if hold else text
