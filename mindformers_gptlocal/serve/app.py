@@ -6,7 +6,7 @@ The HTTP side is async; every model call runs on the engine's one worker thread 
 model from one thread). Bad input is a 400 with OpenAI's error body ``{"error": {"message", "type",
 "param", "code"}}`` naming the field; a full queue is a 429 with ``Retry-After``.
 
-Extension (as vLLM's): ``"return_token_ids": true`` adds ``prompt_token_ids`` and each choice's
+Extensions (as vLLM's): ``top_k`` (default 0: off, as OpenAI has none); ``"return_token_ids": true`` adds ``prompt_token_ids`` and each choice's
 ``token_ids`` (the generated ids, EOS included when it ended the text).
 """
 import asyncio
@@ -90,7 +90,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
         request = Request(spec["prompt"], spec["max_tokens"], lambda event: loop.call_soon_threadsafe(
-            queue.put_nowait, event), temperature=spec["temperature"], top_p=spec["top_p"], seed=spec["seed"],
+            queue.put_nowait, event), temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"], seed=spec["seed"],
             stop=spec["stop"], eos=spec["eos"])
         try:
             engine.submit(request)

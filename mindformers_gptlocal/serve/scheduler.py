@@ -50,13 +50,13 @@ class Request:
     """
     _ids = itertools.count(1)
 
-    def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, seed=None, stop=(), eos=()):
+    def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=(), eos=()):
         self.id = next(self._ids)
         self.prompt = [int(t) for t in prompt]
         self.max_tokens = int(max_tokens)
         self.emit = emit
         self.options = {"do_sample": temperature > 0, "temperature": float(temperature) if temperature > 0 else 1.0,
-                        "top_k": 0, "top_p": float(top_p), "repetition_penalty": 1.0}
+                        "top_k": int(top_k), "top_p": float(top_p), "repetition_penalty": 1.0}
         self.rng = np.random.default_rng(seed)
         self.stop = [s for s in stop if s]
         self.eos = set(eos)
@@ -138,7 +138,7 @@ class Engine:
     def snapshot(self):
         with self._cond:
             return {"active": sum(s.request is not None for s in self._slots), "queued": len(self._pending),
-                    **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled")}}
+                    **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled", "steps")}}
 
     # --- worker thread ------------------------------------------------------------------------------
     def _run(self):

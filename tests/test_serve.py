@@ -1,0 +1,300 @@
+"""`gptlocal serve` through the official `openai` client on 127.0.0.1: tokens equal `model.generate`
+(alone and sharing a batch), sampling options, stop/usage/streaming, bad input, disconnects, load.
+
+The server runs as a subprocess on a free port; every wait is bounded (no test can hang)."""
+import asyncio
+import glob
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from conftest import TINY, source_env  # noqa: E402
+
+CONTEXT = 128
+MODEL = "tiny-serve"
+START_TIMEOUT = 300
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny gpt_local directory with a 512-token BPE trained on a few stdlib files (seconds)."""
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    from mindformers_gptlocal.data.tokenizer import save_model_dir, train_bpe
+    out = str(tmp_path_factory.mktemp("serve") / MODEL)
+    files = sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "*.py")))[:40]
+    tokenizer = train_bpe((open(f, encoding="utf-8", errors="ignore").read() for f in files), 512)
+    save_model_dir(out, tokenizer, CONTEXT)
+    ms.set_seed(0)  # fixed weights: exact-equality checks stay away from chance argmax ties
+    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=CONTEXT, seq_length=CONTEXT))
+                        ).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve_log") / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", model_dir,
+                             "--port", str(port), "--max-batch-size", "8", "--max-queue", "24",
+                             "--prompt-buckets", "16,128", "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT, env=source_env(GLOG_v="3"))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT
+    try:
+        while True:
+            assert proc.poll() is None, f"server exited: {open(log_path).read()[-3000:]}"
+            assert time.monotonic() < deadline, f"server not ready in {START_TIMEOUT} s: {open(log_path).read()[-3000:]}"
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+        log.close()
+    print(open(log_path).read()[-2000:])
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """model.generate on the same directory, in this process (greedy/sampled, EOS = the model's)."""
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalForCausalLM
+    ms.set_context(mode=ms.GRAPH_MODE)
+    model = GPTLocalForCausalLM.from_pretrained(model_dir)
+
+    def generate(prompts, max_new, **options):
+        out = model.generate(prompts, max_new_tokens=max_new, eos_token_id=model.config.eos_token_id, **options)
+        return [seq[len(p):] for seq, p in zip(out, prompts)]
+    yield generate
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def client(base, **kwargs):
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60, **kwargs)
+
+
+def aclient(base):
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def health(base):
+    return httpx.get(base + "/health", timeout=10).json()
+
+
+PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8, 1], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310], [77],
+           [400, 2, 2, 9], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28], [250, 251], [6, 60]]
+
+
+def greedy_ids(resp):
+    return resp.choices[0].model_extra["token_ids"]
+
+
+def test_models_and_health(server):
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    state = health(server)
+    assert state["status"] == "ready" and state["prompt_widths"] == [16, 128] and state["max_model_len"] == CONTEXT
+
+
+def test_greedy_equals_generate_alone_and_in_a_full_batch(server, reference):
+    """The target joins while 7 others decode (a refill step fused with their decode steps) and still gets
+    exactly model.generate's tokens; so do the 7."""
+    expected = reference(PROMPTS, 40, do_sample=False)
+    api = client(server)
+    alone = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                                   extra_body={"return_token_ids": True})
+    assert greedy_ids(alone) == expected[0][:24]
+    assert alone.usage.prompt_tokens == len(PROMPTS[0]) and alone.usage.completion_tokens == len(expected[0][:24])
+
+    before = health(server)
+    results, started = {}, threading.Event()
+
+    def other(i):
+        stream = api.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=40, temperature=0, stream=True,
+                                        extra_body={"return_token_ids": True})
+        ids = []
+        for chunk in stream:
+            ids += chunk.choices[0].model_extra.get("token_ids") or []
+            if len(ids) >= 3:
+                started.set()
+        results[i] = ids
+
+    threads = [threading.Thread(target=other, args=(i,)) for i in range(1, 8)]
+    for t in threads:
+        t.start()
+    assert started.wait(60), "the other requests did not start decoding"
+    target = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    for t in threads:
+        t.join(120)
+    assert greedy_ids(target) == expected[0][:24]
+    for i in range(1, 8):
+        assert results[i] == expected[i], f"request {i}"
+    after = health(server)
+    tokens = 24 + sum(len(expected[i]) for i in range(1, 8))
+    assert after["steps"] - before["steps"] < tokens / 3  # decode steps were shared, not one per token
+
+
+def test_sampling_options_equal_generate_with_the_same_seed(server, reference):
+    api = client(server)
+    for temperature, top_p, top_k in ((0.8, 0.9, 0), (1.3, 1.0, 0), (1.0, 1.0, 20)):
+        got = api.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=temperature,
+                                     top_p=top_p, seed=123, extra_body={"return_token_ids": True, "top_k": top_k})
+        want = reference([PROMPTS[2]], 16, do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k,
+                         seed=123)[0]
+        assert greedy_ids(got) == want
+    other = api.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=1.0, seed=124,
+                                   extra_body={"return_token_ids": True, "top_k": 20})
+    assert greedy_ids(other) != want
+
+
+def test_text_stop_usage_stream_and_chat(server, model_dir, reference):
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    api = client(server)
+    prompt = "def main(args):\n    return"
+    ids = tokenizer.encode(prompt).ids
+    expected = reference([ids], 30, do_sample=False)[0]
+    full = api.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0)
+    text = tokenizer.decode([t for t in expected if t != 0])
+    assert full.choices[0].text == text
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (len(ids), len(expected))
+    assert full.choices[0].finish_reason == ("stop" if expected[-1] == 0 else "length")
+
+    streamed = api.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stream=True,
+                                      stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == len(expected)
+
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    cut = api.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stop=[stop, "@@@"])
+    assert cut.choices[0].text == text[:text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens < len(expected)
+
+    chat_prompt = "User: hello\nAssistant:"  # the plain template (no chat_template in tokenizer_config.json)
+    chat_ids = tokenizer.encode(chat_prompt).ids
+    want = reference([chat_ids], 12, do_sample=False)[0]
+    chat = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=12,
+                                       temperature=0)
+    want_text = tokenizer.decode([t for t in want if t != 0])
+    want_text = want_text.split("\nUser:")[0]
+    assert chat.choices[0].message.content == want_text
+    assert chat.usage.prompt_tokens == len(chat_ids)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(prompt=list(range(1, CONTEXT + 1)), max_tokens=1), "prompt"),
+    (dict(prompt=[1, 2, 3], max_tokens=0), "max_tokens"),
+    (dict(prompt=[1, 2, 3], max_tokens=CONTEXT), "max_tokens"),
+    (dict(prompt=[1, 2, 512], max_tokens=4), "prompt"),
+    (dict(prompt=[1, 2, 3], max_tokens=4, model="gpt-4"), "model"),
+    (dict(prompt=[1, 2, 3], max_tokens=4, temperature=5), "temperature"),
+], ids=["prompt-too-long", "max_tokens-0", "max_tokens-too-many", "token-beyond-vocab", "unknown-model",
+        "temperature"])
+def test_bad_input_is_a_400_naming_the_field(server, kwargs, param):
+    kwargs = dict(dict(model=MODEL), **kwargs)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(server).completions.create(**kwargs)
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert caught.value.body["type"] == "invalid_request_error"
+
+
+def test_malformed_json_is_a_400(server):
+    # the openai client cannot send malformed JSON; httpx (its transport) does
+    resp = httpx.post(server + "/v1/completions", content=b'{"model": "tiny", "prompt": ', timeout=10,
+                      headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "body"
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    before = health(server)
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", server + "/v1/completions",
+                         json={"model": MODEL, "prompt": [5, 6], "max_tokens": CONTEXT - 2, "temperature": 0,
+                               "stream": True, "return_token_ids": True}) as resp:
+            seen = 0
+            for line in resp.iter_lines():
+                seen += line.startswith("data:")
+                if seen >= 2:
+                    break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = health(server)
+        if state["active"] == 0 and state["cancelled"] > before["cancelled"]:
+            break
+        time.sleep(0.2)
+    assert state["active"] == 0 and state["cancelled"] == before["cancelled"] + 1
+    assert state["completed"] == before["completed"]
+
+
+def test_load_then_a_burst_beyond_the_queue(server, reference):
+    """32 clients x 4 requests: every one completes with its own prompt's tokens, none lost or duplicated.
+    Then 120 at once with room for 32 (8 slots + 24 queued): the rest get 429 + Retry-After, the server
+    stays up and every accepted request is right."""
+    expected = reference(PROMPTS, 24, do_sample=False)
+
+    async def one(api, k, max_tokens):
+        prompt = k % len(PROMPTS)
+        resp = await api.completions.create(model=MODEL, prompt=PROMPTS[prompt], max_tokens=max_tokens, temperature=0,
+                                            extra_body={"return_token_ids": True})
+        return prompt, resp
+
+    async def load():
+        api = aclient(server)
+
+        async def client_loop(c):
+            return [await one(api, c * 4 + r, 8) for r in range(4)]
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(client_loop(c) for c in range(32))), 240)
+        finally:
+            await api.close()
+
+    results = [r for per_client in asyncio.run(load()) for r in per_client]
+    assert len(results) == 128 and len({resp.id for _, resp in results}) == 128
+    for prompt, resp in results:
+        assert greedy_ids(resp) == expected[prompt][:8]
+
+    async def burst():
+        api = aclient(server)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(api, k, 24) for k in range(120)),
+                                                         return_exceptions=True), 240)
+        finally:
+            await api.close()
+
+    outcomes = asyncio.run(burst())
+    done = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+    assert len(done) + len(refused) == 120, [o for o in outcomes if isinstance(o, BaseException)][:3]
+    assert refused and all(int(r.response.headers["retry-after"]) >= 1 for r in refused)
+    assert len({resp.id for _, resp in done}) == len(done) >= 32
+    for prompt, resp in done:
+        assert greedy_ids(resp) == expected[prompt]
+    state = health(server)
+    assert state["status"] == "ready" and state["active"] == 0 and state["queued"] == 0
