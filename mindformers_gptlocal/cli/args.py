@@ -168,6 +168,8 @@ def serve_parser():
                         help="context (prompt + new tokens) per request; default max_position_embeddings")
     parser.add_argument("--prompt-buckets", default=None,
                         help="comma-separated prompt widths to compile (default: 16, 32, 64, ... up to the context)")
+    parser.add_argument("--batch-buckets", default=None,
+                        help="comma-separated batch sizes to compile (default: 1, 4, 16, ... up to --max-batch-size)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
     parser.add_argument("--device_target", "--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -105,6 +105,10 @@ class ParallelAttention(nn.Cell):
         query, new_key, new_value = self.split_qkv(qkv)
         key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, new_key))
         value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, new_value))
+        if batch != key_cache.shape[0]:  # fewer rows than cache slots (serving): read the rows' own slots
+            slots = write_index[:, 0, 0, 0]
+            key_cache = ops.gather(key_cache, slots, 0)
+            value_cache = ops.gather(value_cache, slots, 0)
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.merge_heads(context, (0, 2, 1, 3))
         return ops.reshape(context, (batch, seq, self.hidden_size))

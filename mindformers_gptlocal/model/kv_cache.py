@@ -50,10 +50,12 @@ class KVCache(nn.Cell):
                                write_index)
         return self.lm.last_logits(hidden, last_index)
 
-    def step(self, ids, positions, last_index):
-        """One compiled call on host arrays: next-token logits [B, V] as numpy float32."""
+    def step(self, ids, positions, last_index, slots=None):
+        """One compiled call on host arrays: next-token logits [B, V] as numpy float32. ``slots``: the
+        cache slot of each of the b <= batch_size rows (default row i = slot i); b < batch_size reads only
+        those slots (a server decoding some of its slots, each batch size its own compiled graph)."""
         logits = self(Tensor(ids, ms.int32), Tensor(positions, ms.int32),
-                      Tensor(write_index(positions, self.num_heads), ms.int32),
+                      Tensor(write_index(positions, self.num_heads, slots), ms.int32),
                       Tensor(attention_bias(positions, self.max_length), ms.float32),
                       Tensor(np.asarray(last_index, np.int32), ms.int32))
         return logits.asnumpy()
@@ -80,10 +82,12 @@ def prefill_inputs(prompts, batch_size, pad_id):
     return ids, positions, lengths
 
 
-def write_index(positions, num_heads):
-    """(batch, head, position) triples [B, N, S, 3] for ScatterNdUpdate into [B, N, L, D] caches."""
+def write_index(positions, num_heads, slots=None):
+    """(slot, head, position) triples [B, N, S, 3] for ScatterNdUpdate into [B, N, L, D] caches; slot = row
+    unless ``slots`` says otherwise."""
     batch, seq = positions.shape
-    b = np.broadcast_to(np.arange(batch, dtype=np.int32)[:, None, None], (batch, num_heads, seq))
+    rows = np.arange(batch, dtype=np.int32) if slots is None else np.asarray(slots, np.int32)
+    b = np.broadcast_to(rows[:, None, None], (batch, num_heads, seq))
     n = np.broadcast_to(np.arange(num_heads, dtype=np.int32)[None, :, None], (batch, num_heads, seq))
     p = np.broadcast_to(positions[:, None, :], (batch, num_heads, seq))
     return np.stack([b, n, p], axis=-1).astype(np.int32)

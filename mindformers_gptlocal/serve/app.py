@@ -6,8 +6,9 @@ The HTTP side is async; every model call runs on the engine's one worker thread 
 model from one thread). Bad input is a 400 with OpenAI's error body ``{"error": {"message", "type",
 "param", "code"}}`` naming the field; a full queue is a 429 with ``Retry-After``.
 
-Extensions (as vLLM's): ``top_k`` (default 0: off, as OpenAI has none); ``"return_token_ids": true`` adds ``prompt_token_ids`` and each choice's
-``token_ids`` (the generated ids, EOS included when it ended the text).
+Extensions (as vLLM's): ``top_k`` (default 0: off, as OpenAI has none); ``ignore_eos``;
+``"return_token_ids": true`` adds ``prompt_token_ids`` and each choice's ``token_ids`` (the generated ids,
+EOS included when it ended the text).
 """
 import asyncio
 import json
@@ -57,6 +58,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
         if not engine.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
         return {"status": "ready", "model": model_name, "max_batch_size": engine.max_batch_size,
+                "batch_sizes": engine.batches,
                 "max_model_len": engine.max_model_len, "prompt_widths": engine.widths,
                 "warmup_seconds": round(engine.warmup_seconds, 2), **engine.snapshot()}
 
@@ -217,10 +219,11 @@ def serve(options):
     if tokenizer is None:
         log.warning("gptlocal serve: %s has no tokenizer.json: prompts must be token ids, texts come back empty",
                     model_dir)
-    buckets = [int(w) for w in options.prompt_buckets.split(",")] if options.prompt_buckets else None
+    widths = [int(w) for w in options.prompt_buckets.split(",")] if options.prompt_buckets else None
+    batches = [int(b) for b in options.batch_buckets.split(",")] if options.batch_buckets else None
     engine = Engine(model_dir, max_batch_size=options.max_batch_size, max_queue=options.max_queue,
                     max_model_len=options.max_model_len, device_target=options.device_target,
-                    prompt_buckets=buckets, tokenizer=tokenizer)
+                    prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches)
     engine.start()
     name = options.served_model_name or os.path.basename(os.path.normpath(model_dir))
     app = create_app(engine, name, tokenizer, template)

@@ -156,6 +156,8 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
     if not _is_int(top_k) or top_k < -1:
         raise RequestError(f"'top_k' must be a non-negative integer (0 or -1: off), got {top_k!r}.", "top_k")
     eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [] if eos_token_id is None else [eos_token_id]
+    if body.get("ignore_eos"):
+        eos = []
     return {"prompt": ids, "max_tokens": int(max_tokens), "temperature": _number(body, "temperature", 1.0, 0, 2),
             "top_p": _number(body, "top_p", 1.0, 0, 1, low_open=True), "top_k": max(int(top_k), 0), "seed": seed, "stop": stop, "eos": eos,
             "stream": stream, "include_usage": bool(stream_options.get("include_usage")),

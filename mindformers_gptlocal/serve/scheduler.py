@@ -88,17 +88,32 @@ def width_buckets(max_model_len, smallest=16, given=None):
     return widths
 
 
+def batch_sizes(max_batch_size, given=None):
+    """Batch sizes compiled: ``given`` (sorted, capped) or 1, 4, 16, ... always ending at max_batch_size."""
+    if given:
+        sizes = sorted({min(int(b), max_batch_size) for b in given if int(b) >= 1})
+    else:
+        sizes, b = [], 1
+        while b < max_batch_size:
+            sizes.append(b)
+            b *= 4
+    if not sizes or sizes[-1] != max_batch_size:
+        sizes.append(max_batch_size)
+    return sizes
+
+
 class Engine:
     """Loads the model in its own thread, warms every compiled shape up, then serves ``submit``-ted requests."""
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
-                 prompt_buckets=None, tokenizer=None):
+                 prompt_buckets=None, tokenizer=None, batch_buckets=None):
         self.model_dir = model_dir
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.requested_len = max_model_len
         self.device_target = device_target
         self.prompt_buckets = prompt_buckets
+        self.batches = batch_sizes(max_batch_size, batch_buckets)
         self.tokenizer = tokenizer
         self.ready = threading.Event()
         self.failed = None
@@ -175,17 +190,19 @@ class Engine:
                  time.perf_counter() - start, self.config.vocab_size, self.max_model_len)
 
     def warm_up(self):
-        """Compile every shape a request can meet: one refill call per prompt width and the decode call."""
+        """Compile every shape a request can meet: per batch bucket, one refill call per prompt width and the
+        decode call (writes land in idle slots only)."""
         start = time.perf_counter()
-        batch = self.max_batch_size
-        for width in self.widths:
-            self.cache.step(np.zeros((batch, width), np.int32), np.tile(np.arange(width, dtype=np.int32), (batch, 1)),
-                            np.zeros(batch, np.int32))
-        self.cache.step(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), np.zeros(batch, np.int32))
+        for batch in self.batches:
+            slots = None if batch == self.max_batch_size else list(range(batch))
+            for width in self.widths + [1]:
+                self.cache.step(np.zeros((batch, width), np.int32),
+                                np.tile(np.arange(width, dtype=np.int32), (batch, 1)), np.zeros(batch, np.int32),
+                                slots)
         self.warmup_seconds = time.perf_counter() - start
-        log.info("gptlocal serve: buckets batch=%d cache_length=%d prompt_widths=%s decode_width=1; warm-up "
-                 "(%d compiled calls) %.1f s", batch, self.max_model_len, self.widths, len(self.widths) + 1,
-                 self.warmup_seconds)
+        log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1; warm-up "
+                 "(%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
+                 len(self.batches) * (len(self.widths) + 1), self.warmup_seconds)
 
     def _admit(self):
         """Move waiting requests into free slots; drop cancelled ones."""
@@ -205,38 +222,46 @@ class Engine:
         return admitted
 
     def step(self):
-        """One scheduler iteration = one compiled call (see the module docstring)."""
+        """One scheduler iteration = one compiled call (see the module docstring) over the smallest batch
+        bucket that holds every busy slot."""
         admitted = self._admit()
         busy = [i for i, s in enumerate(self._slots) if s.request is not None and i not in admitted]
-        batch, last_row = self.max_batch_size, self.max_model_len - 1
+        used = sorted(busy + admitted)
+        batch = next(b for b in self.batches if b >= len(used))
+        if batch == self.max_batch_size:
+            rows = list(range(batch))
+        else:  # pad rows go to distinct idle slots, whose rows are rewritten by their next prefill
+            idle = [i for i, s in enumerate(self._slots) if s.request is None]
+            rows = sorted(used + idle[:batch - len(used)])
+        row_of = {slot: r for r, slot in enumerate(rows)}
+        last_row = self.max_model_len - 1
+        last = np.zeros(batch, np.int32)
         if admitted:
             width = next(w for w in self.widths if w >= max(len(self._slots[i].request.prompt) for i in admitted))
             ids = np.zeros((batch, width), np.int32)
             positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
-            last = np.zeros(batch, np.int32)
             for i in admitted:
                 prompt = self._slots[i].request.prompt
-                ids[i, :len(prompt)] = prompt
-                last[i] = len(prompt) - 1
+                ids[row_of[i], :len(prompt)] = prompt
+                last[row_of[i]] = len(prompt) - 1
             for i in busy:
                 slot = self._slots[i]
-                ids[i] = slot.token
-                positions[i] = np.minimum(slot.cursor + np.arange(width), last_row)
+                ids[row_of[i]] = slot.token
+                positions[row_of[i]] = np.minimum(slot.cursor + np.arange(width), last_row)
         else:
             ids = np.zeros((batch, 1), np.int32)
             positions = np.zeros((batch, 1), np.int32)
-            last = np.zeros(batch, np.int32)
             for i in busy:
-                ids[i, 0] = self._slots[i].token
-                positions[i, 0] = self._slots[i].cursor
-        logits = self.cache.step(ids, positions, last)
+                ids[row_of[i], 0] = self._slots[i].token
+                positions[row_of[i], 0] = self._slots[i].cursor
+        logits = self.cache.step(ids, positions, last, None if batch == self.max_batch_size else rows)
         self.stats["steps"] += 1
         for i in busy:
             self._slots[i].cursor += 1
         for i in admitted:
             self._slots[i].cursor = len(self._slots[i].request.prompt)
         for i in busy + admitted:
-            self._advance(i, logits[i:i + 1])
+            self._advance(i, logits[row_of[i]:row_of[i] + 1])
 
     def _advance(self, index, logits):
         slot = self._slots[index]

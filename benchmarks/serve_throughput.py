@@ -1,0 +1,221 @@
+"""Serving throughput and latency: `gptlocal serve` (continuous batching) against Hugging Face
+`transformers` served the simplest honest way (one process, one `generate` call per request, requests
+taken one at a time), same random GPT-2 weights, same prompts, same machine, same run.
+
+    python benchmarks/serve_throughput.py                          # tiny and GPT-2 small, 1/4/16 clients
+    python benchmarks/serve_throughput.py --shapes tiny --clients 1,16 --new 16 --threads 2
+
+For each shape a random HF GPT-2 is saved and converted with `gptlocal convert hf2ms`. Each server is a
+subprocess started with an explicit environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS =
+--threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, so nothing is inherited) and
+prints the thread counts it runs with. Clients send 32-token random prompts, greedy, `ignore_eos` (HF:
+`min_new_tokens`), --new tokens each, through the OpenAI completions API (httpx). Per level: total
+tokens/s = generated tokens / wall time; latency = each request's end-to-end seconds (p50, p99). Each
+server gets one warm-up request per level before timing; ours compiles every shape at start-up.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
+          "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
+PROMPT = 32
+
+
+def thread_env(threads):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
+               GLOG_v="3")
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[key] = str(threads)
+    return env
+
+
+def report_threads(side):
+    counts = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    if side == "hf":
+        import torch
+        counts["torch.get_num_threads"] = torch.get_num_threads()
+    print(f"[{side} server] threads: {json.dumps(counts)}", flush=True)
+
+
+def ours_server(model_dir, port, batch, threads):
+    report_threads("ours")
+    from mindformers_gptlocal.cli.main import main
+    return main(["serve", "--model", model_dir, "--port", str(port), "--max-batch-size", str(batch),
+                 "--max-model-len", "256", "--prompt-buckets", str(PROMPT), "--served-model-name", "bench",
+                 "--log-level", "warning"])
+
+
+def hf_server(model_dir, port, threads):
+    """One generate call per request, one request at a time (a lock), on `threads` torch threads."""
+    import asyncio
+    import torch
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from transformers import GPT2LMHeadModel
+    torch.set_num_threads(threads)
+    report_threads("hf")
+    model = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    app, lock = FastAPI(), asyncio.Lock()
+
+    def generate(ids, new):
+        with torch.no_grad():
+            tensor = torch.tensor([ids])
+            out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=new,
+                                 min_new_tokens=new, do_sample=False, pad_token_id=0)
+        return out[0, len(ids):].tolist()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ready"}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        async with lock:
+            tokens = await asyncio.to_thread(generate, body["prompt"], body["max_tokens"])
+        return {"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(tokens),
+                          "total_tokens": len(body["prompt"]) + len(tokens)}}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(args, threads, timeout=900):
+    import httpx
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args, "--port", str(port)],
+                            env=thread_env(threads))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server {args} exited with {proc.returncode}")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return proc, base, time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server {args} not ready in {timeout} s")
+
+
+def load(base, clients, per_client, new, vocab, seed):
+    """`clients` threads, each sending `per_client` requests in turn; (tokens/s, latencies, tokens)."""
+    import httpx
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(0, vocab, (clients, per_client, PROMPT)).tolist()
+    latencies, tokens, errors = [], [0], []
+    guard = threading.Lock()
+
+    def client(c):
+        with httpx.Client(timeout=600) as http:
+            for r in range(per_client):
+                start = time.perf_counter()
+                resp = http.post(base + "/v1/completions", json={
+                    "model": "bench", "prompt": prompts[c][r], "max_tokens": new, "temperature": 0,
+                    "ignore_eos": True})
+                elapsed = time.perf_counter() - start
+                with guard:
+                    if resp.status_code != 200:
+                        errors.append(resp.text)
+                        continue
+                    latencies.append(elapsed)
+                    tokens[0] += resp.json()["usage"]["completion_tokens"]
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[:2]}")
+    assert tokens[0] == clients * per_client * new, tokens
+    return tokens[0] / wall, latencies
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="tiny,small")
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--requests", type=int, default=16, help="requests per level (at least one per client)")
+    parser.add_argument("--new", type=int, default=64, help="new tokens per request")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per server process")
+    parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument("--sides", default="ours,hf")
+    parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
+    parser.add_argument("--hf-server", metavar="DIR")
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+    if args.ours_server:
+        return ours_server(args.ours_server[0], args.port, int(args.ours_server[1]), args.threads)
+    if args.hf_server:
+        return hf_server(args.hf_server, args.port, args.threads)
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
+    torch.manual_seed(0)
+    work = tempfile.mkdtemp(prefix="gptlocal-serve-")
+    levels = [int(c) for c in args.clients.split(",")]
+    rows = []
+    for shape in args.shapes.split(","):
+        hf_dir, ms_dir = os.path.join(work, shape), os.path.join(work, shape + "_ms")
+        GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(hf_dir)
+        hf_to_ms(hf_dir, ms_dir)
+        for side in args.sides.split(","):
+            server_args = (["--ours-server", ms_dir, str(args.max_batch_size)] if side == "ours"
+                           else ["--hf-server", hf_dir])
+            proc, base, ready_s = start(server_args + ["--threads", str(args.threads)], args.threads)
+            print(f"{shape} {side}: ready in {ready_s:.1f} s", flush=True)
+            try:
+                for clients in levels:
+                    per_client = max(1, args.requests // clients)
+                    load(base, 1, 1, 4, SHAPES[shape]["vocab_size"], seed=99)  # warm-up
+                    rate, lat = load(base, clients, per_client, args.new, SHAPES[shape]["vocab_size"], seed=clients)
+                    rows.append(dict(shape=shape, side=side, clients=clients, requests=clients * per_client,
+                                     rate=rate, p50=float(np.percentile(lat, 50)), p99=float(np.percentile(lat, 99))))
+                    print(f"{shape} {side} {clients:2d} clients: {rate:7.1f} tok/s  p50 {rows[-1]['p50']:.2f} s  "
+                          f"p99 {rows[-1]['p99']:.2f} s", flush=True)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    print(f"\n{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32, {os.cpu_count()} CPUs, "
+          f"{args.threads} threads per server; ours: --max-batch-size {args.max_batch_size}; HF: one generate "
+          f"per request, one at a time")
+    print(f"| shape | server | clients | requests | tokens/s | p50 latency s | p99 latency s | vs own 1-client |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        single = next((x["rate"] for x in rows if x["shape"] == r["shape"] and x["side"] == r["side"]
+                       and x["clients"] == 1), None)
+        ratio = f"{r['rate'] / single:.2f}x" if single else "-"
+        print(f"| {r['shape']} | {'gptlocal serve' if r['side'] == 'ours' else 'HF generate'} | {r['clients']} | "
+              f"{r['requests']} | {r['rate']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
