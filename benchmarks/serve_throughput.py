@@ -207,7 +207,7 @@ def main():
     print(f"\n{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32, {os.cpu_count()} CPUs, "
           f"{args.threads} threads per server; ours: --max-batch-size {args.max_batch_size}; HF: one generate "
           f"per request, one at a time")
-    print(f"| shape | server | clients | requests | tokens/s | p50 latency s | p99 latency s | vs own 1-client |")
+    print("| shape | server | clients | requests | tokens/s | p50 latency s | p99 latency s | vs own 1-client |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         single = next((x["rate"] for x in rows if x["shape"] == r["shape"] and x["side"] == r["side"]

@@ -12,7 +12,6 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -60,7 +59,8 @@ def server(model_dir, tmp_path_factory):
     try:
         while True:
             assert proc.poll() is None, f"server exited: {open(log_path).read()[-3000:]}"
-            assert time.monotonic() < deadline, f"server not ready in {START_TIMEOUT} s: {open(log_path).read()[-3000:]}"
+            assert time.monotonic() < deadline, \
+                f"server not ready in {START_TIMEOUT} s: {open(log_path).read()[-3000:]}"
             try:
                 if httpx.get(base + "/health", timeout=2).status_code == 200:
                     break
@@ -299,3 +299,9 @@ def test_load_then_a_burst_beyond_the_queue(server, reference):
         assert greedy_ids(resp) == expected[prompt]
     state = health(server)
     assert state["status"] == "ready" and state["active"] == 0 and state["queued"] == 0
+
+
+def test_a_missing_model_directory_is_one_clear_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=source_env(GLOG_v="3"))
+    assert proc.returncode == 2 and "has no config.json" in proc.stderr, proc.stderr[-2000:]

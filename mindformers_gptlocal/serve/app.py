@@ -91,9 +91,10 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
             return error_response(400, str(err), param=err.param, code=err.code)
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
-        request = Request(spec["prompt"], spec["max_tokens"], lambda event: loop.call_soon_threadsafe(
-            queue.put_nowait, event), temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"], seed=spec["seed"],
-            stop=spec["stop"], eos=spec["eos"])
+        request = Request(spec["prompt"], spec["max_tokens"],
+                          lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+                          temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"],
+                          seed=spec["seed"], stop=spec["stop"], eos=spec["eos"])
         try:
             engine.submit(request)
         except QueueFull as err:

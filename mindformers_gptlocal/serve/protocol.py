@@ -159,6 +159,7 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
     if body.get("ignore_eos"):
         eos = []
     return {"prompt": ids, "max_tokens": int(max_tokens), "temperature": _number(body, "temperature", 1.0, 0, 2),
-            "top_p": _number(body, "top_p", 1.0, 0, 1, low_open=True), "top_k": max(int(top_k), 0), "seed": seed, "stop": stop, "eos": eos,
+            "top_p": _number(body, "top_p", 1.0, 0, 1, low_open=True), "top_k": max(int(top_k), 0), "seed": seed,
+            "stop": stop, "eos": eos,
             "stream": stream, "include_usage": bool(stream_options.get("include_usage")),
             "return_token_ids": bool(body.get("return_token_ids"))}
