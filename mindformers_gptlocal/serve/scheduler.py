@@ -13,9 +13,12 @@ iteration is ONE compiled call:
   running requests never pause when others join.
 
 This works because ``KVCache.step`` takes per-row positions and writes each row's keys/values only at
-(row, position) -- a slot's rows are never touched by another slot's prompt. Compiled shapes are fixed:
-batch = max_batch_size, cache = max_model_len, widths = the prompt buckets; all are compiled by
-``warm_up`` before the server reports ready.
+(slot, position) -- a slot's rows are never touched by another slot's prompt. A call covers the smallest
+batch bucket b that holds every busy slot: with b < max_batch_size the rows name their slots
+(``KVCache.step(..., slots=)``; pad rows use distinct idle slots) and attention reads only those slots.
+Compiled shapes: the batch buckets x (the prompt-width buckets + the decode width 1), one cache length
+(max_model_len); ``warm_up`` compiles them all before the server reports ready. One cache length because a
+sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
 
 Sampling per request reuses ``generation/sampling.next_tokens`` with the request's own options and its
 own ``numpy.random.default_rng(seed)``, so a seeded request draws exactly what ``model.generate`` with
@@ -32,6 +35,7 @@ import numpy as np
 from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
+WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
 
 
 class QueueFull(Exception):
@@ -190,15 +194,26 @@ class Engine:
                  time.perf_counter() - start, self.config.vocab_size, self.max_model_len)
 
     def warm_up(self):
-        """Compile every shape a request can meet: per batch bucket, one refill call per prompt width and the
-        decode call (writes land in idle slots only)."""
+        """Compile every shape a request can meet: per batch bucket, one refill graph per prompt width and the
+        decode graph. Shapes of up to WARM_RUN_TOKENS tokens also run once (writes land in idle slots);
+        larger ones are compiled only (running a 16 x 1024 prefill of GPT-2 small takes minutes on a CPU)."""
+        import mindspore as ms
+        from ..model.kv_cache import attention_bias, write_index
         start = time.perf_counter()
+        cache = self.cache
         for batch in self.batches:
             slots = None if batch == self.max_batch_size else list(range(batch))
             for width in self.widths + [1]:
-                self.cache.step(np.zeros((batch, width), np.int32),
-                                np.tile(np.arange(width, dtype=np.int32), (batch, 1)), np.zeros(batch, np.int32),
-                                slots)
+                ids = np.zeros((batch, width), np.int32)
+                positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
+                last = np.zeros(batch, np.int32)
+                if batch * width <= WARM_RUN_TOKENS:
+                    cache.step(ids, positions, last, slots)
+                else:
+                    cache.compile(ms.Tensor(ids, ms.int32), ms.Tensor(positions, ms.int32),
+                                  ms.Tensor(write_index(positions, cache.num_heads, slots), ms.int32),
+                                  ms.Tensor(attention_bias(positions, cache.max_length), ms.float32),
+                                  ms.Tensor(last, ms.int32))
         self.warmup_seconds = time.perf_counter() - start
         log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1; warm-up "
                  "(%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
