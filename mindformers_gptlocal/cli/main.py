@@ -76,8 +76,15 @@ def quickstart(argv):
     return run_quickstart(options)
 
 
+def evaluate(argv):
+    options = cli_args.eval_parser().parse_args(argv)
+    from ..evaluation.run import run_eval
+    return run_eval(options)
+
+
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
             "plan": plan}
+COMMANDS["eval"] = evaluate
 
 
 def main(argv=None):
