@@ -106,7 +106,7 @@ class GPTLocalLM(TemplateLM):
     def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
                  seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph", **kwargs):
         super().__init__()
-        unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code"))
+        unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code", "max_batch_size"))
         if unknown:
             raise ConfigError(f"gptlocal model args: unknown '{unknown[0]}'; known: pretrained, batch_size, "
                               f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id.")
