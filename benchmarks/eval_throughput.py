@@ -7,8 +7,8 @@
 Each measurement is its own worker process started with an explicit env (OMP_NUM_THREADS, MKL_NUM_THREADS,
 OPENBLAS_NUM_THREADS = --threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, which
 children would inherit otherwise); every worker prints the thread counts it runs with. The worker evaluates
-the task once with --warmup documents (compiles our graphs; warms torch), then times lm_eval.simple_evaluate
-on --limit documents. Sides alternate ABAB (ours, hf, ours, hf, ...) for --rounds rounds per task; the table
+the task once on the same --limit documents (compiles our graphs for those shapes; warms torch), then times
+lm_eval.simple_evaluate on them again. Sides alternate ABAB (ours, hf, ours, hf, ...) for --rounds rounds per task; the table
 gives requests/s medians and min-max. Tasks: gl_choice (multiple choice, 4 loglikelihood requests a
 document) and gl_until (generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py.
 """
@@ -74,8 +74,8 @@ def worker(args):
     expected = str(args.threads)
     if any(str(v) != expected for v in threads.values()):
         raise SystemExit(f"worker threads {threads} differ from --threads {args.threads}")
-    lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.warmup,
-                            log_samples=False)
+    lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
+                            log_samples=False)  # warm-up on the same documents: compile / caches, untimed
     start = time.perf_counter()
     out = lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
                                   log_samples=True)
@@ -87,7 +87,7 @@ def worker(args):
 
 def measure(args, side, task):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--task", task, "--work", args.work,
-           "--threads", str(args.threads), "--limit", str(args.limit), "--warmup", str(args.warmup),
+           "--threads", str(args.threads), "--limit", str(args.limit),
            "--batch-size", str(args.batch_size)]
     proc = subprocess.run(cmd, env=thread_env(args.threads), capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -105,7 +105,6 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=int, default=16, help="documents timed per task")
-    parser.add_argument("--warmup", type=int, default=4, help="documents evaluated first, untimed")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--work", help="reuse a set-up folder (default: a new temporary one)")
