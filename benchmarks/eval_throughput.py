@@ -130,11 +130,10 @@ def main():
     print(f"{'task':28} {'ours req/s (min-max)':>24} {'hf req/s (min-max)':>24} {'ours/hf':>8}")
     for task in args.tasks.split(","):
         ours, hf = rates[("ours", task)], rates[("hf", task)]
-        print(f"{task + ' (' + TASKS.get(task, '') + ')':28} "
-              f"{statistics.median(ours):8.2f} ({min(ours):.2f}-{max(ours):.2f})".rjust(24) + " "
-              + f"{statistics.median(hf):8.2f} ({min(hf):.2f}-{max(hf):.2f})".rjust(24)
-              + f" {statistics.median(ours) / statistics.median(hf):7.2f}x")
-
+        ours_cell = f"{statistics.median(ours):.2f} ({min(ours):.2f}-{max(ours):.2f})"
+        hf_cell = f"{statistics.median(hf):.2f} ({min(hf):.2f}-{max(hf):.2f})"
+        label = f"{task} ({TASKS.get(task, '')})"
+        print(f"{label:28} {ours_cell:>24} {hf_cell:>24} {statistics.median(ours) / statistics.median(hf):7.2f}x")
 
 if __name__ == "__main__":
     main()
