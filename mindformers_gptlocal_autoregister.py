@@ -4,7 +4,9 @@ A ``.pth`` file installed next to the package (also by ``pip install -e .``) run
 interpreter start; ``import mindformers_gptlocal`` runs it too. It only adds a meta-path finder (no
 heavy import): when ``mindformers`` finishes importing, the finder calls
 ``mindformers_gptlocal.registration.register()``, which registers the config, model, wrappers,
-callbacks and tokenizer. Set ``GPTLOCAL_NO_AUTOREGISTER=1`` to switch it off.
+callbacks and tokenizer. A second finder does the same for ``lm_eval`` (lm-evaluation-harness): when
+it finishes importing, ``mindformers_gptlocal.evaluation.harness`` registers the ``gptlocal`` model, so
+``lm_eval --model gptlocal`` works. Set ``GPTLOCAL_NO_AUTOREGISTER=1`` to switch both off.
 """
 import importlib
 import importlib.abc
@@ -14,13 +16,20 @@ import sys
 
 TARGET = "mindformers"
 REGISTRATION = "mindformers_gptlocal.registration"
+HARNESS_TARGET = "lm_eval"
+HARNESS = "mindformers_gptlocal.evaluation.harness"
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     """Wraps the loader of ``mindformers`` so the plugin is imported right after it."""
 
+    target = TARGET
+
+    def after(self):
+        importlib.import_module(REGISTRATION).register()
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != TARGET:
+        if fullname != self.target:
             return None
         sys.meta_path.remove(self)
         try:
@@ -33,15 +42,46 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             original(module)
-            importlib.import_module(REGISTRATION).register()
+            self.after()
 
         spec.loader.exec_module = exec_module
         return spec
 
 
+class _RegisterHarnessAfterImport(_RegisterAfterImport):
+    """Wraps the loader of ``lm_eval`` so the ``gptlocal`` lm-eval model is registered right after it."""
+
+    target = HARNESS_TARGET
+
+    def after(self):
+        register_harness()
+
+
+def register_harness():
+    """Register ``gptlocal`` with lm-eval as a lazy "module:Class" entry (nothing heavy is imported until a
+    run asks for it). Never breaks ``import lm_eval``: on an lm-eval without lazy entries the harness
+    module is imported instead, and a failure there only leaves ``gptlocal`` unregistered."""
+    try:
+        import lm_eval.models  # noqa: F401  lm-eval's own models first: it fills only an empty registry itself
+        from lm_eval.api.registry import model_registry
+        if "gptlocal" not in model_registry:
+            model_registry.register("gptlocal", target=HARNESS + ":GPTLocalLM")
+    except Exception:  # pylint: disable=broad-except
+        try:
+            importlib.import_module(HARNESS)
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
 def install():
     """Called from the .pth file at interpreter start."""
-    if os.environ.get("GPTLOCAL_NO_AUTOREGISTER") == "1" or TARGET in sys.modules:
+    if os.environ.get("GPTLOCAL_NO_AUTOREGISTER") == "1":
         return
-    if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+    if HARNESS_TARGET in sys.modules:
+        register_harness()
+    elif not any(type(f) is _RegisterHarnessAfterImport for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterHarnessAfterImport())
+    if TARGET in sys.modules:
+        return
+    if not any(type(f) is _RegisterAfterImport for f in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterImport())

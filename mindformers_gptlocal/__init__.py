@@ -28,16 +28,17 @@ def __getattr__(name):
 
 
 def _register_with_mindformers():
-    """Register now if MindFormers is loaded; otherwise when it is (the .pth hook's finder)."""
-    if "mindformers" in sys.modules:
-        from .registration import register
-        register()
-        return
+    """Register now if MindFormers is loaded; otherwise when it is (the .pth hook's finder). The same hook
+    registers the ``gptlocal`` lm-eval model now or when ``lm_eval`` is imported."""
     try:
         import mindformers_gptlocal_autoregister as hook
     except ImportError:  # a source tree without the hook module on sys.path: register on first heavy use
-        return
-    hook.install()
+        hook = None
+    if hook is not None:
+        hook.install()
+    if "mindformers" in sys.modules:
+        from .registration import register
+        register()
 
 
 _register_with_mindformers()

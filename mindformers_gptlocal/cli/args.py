@@ -10,6 +10,7 @@ COMMANDS = {
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
     "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
     "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
+    "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
 }
 
 
@@ -176,5 +177,24 @@ def serve_parser():
     return parser
 
 
+def eval_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal eval",
+                                     description="Benchmark a gpt_local model directory with lm-evaluation-harness "
+                                                 "tasks (pip install 'mindformers-gptlocal[eval]').")
+    parser.add_argument("--model", required=True, help="gpt_local model directory (config.json, model.safetensors, "
+                                                        "tokenizer files)")
+    parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. gl_choice,gl_until")
+    parser.add_argument("--num_fewshot", type=int, help="few-shot examples per request (default: each task's own)")
+    parser.add_argument("--limit", type=float, help="documents per task (a fraction if < 1)")
+    parser.add_argument("--include_path", help="folder of extra task YAMLs (local tasks)")
+    parser.add_argument("--output_path", help="write lm-eval's results JSON to this file")
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--max_length", type=int, help="context length (default: max_position_embeddings)")
+    parser.add_argument("--device_target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+    parser.add_argument("--seed", type=int, default=1234, help="seed of lm-eval and of sampled generation")
+    parser.add_argument("--log_samples", action="store_true", help="also keep every request's responses in the JSON")
+    return parser
+
+
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
-           "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser}
+           "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser}

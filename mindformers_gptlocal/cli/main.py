@@ -88,8 +88,16 @@ def serve(argv):
     return run_server(options)
 
 
+
+def evaluate(argv):
+    options = cli_args.eval_parser().parse_args(argv)
+    from ..evaluation.run import run_eval
+    return run_eval(options)
+
+
+
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan, "serve": serve}
+            "plan": plan, "serve": serve, "eval": evaluate}
 
 
 def main(argv=None):

@@ -54,9 +54,10 @@ def check_prompts(prompts, vocab_size, max_positions, max_new_tokens, max_batch_
                         f"the prompt or lower max_new_tokens.")
 
 
-def decode_loop(prompts, max_new, options, rng, logits, step):
+def decode_loop(prompts, max_new, options, rng, logits, step, stop_when=None):
     """Pick, append, stop at EOS or after max_new tokens. ``logits``: [B, V] after each prompt;
-    ``step(tokens, positions)`` places one token per sequence at ``positions`` and returns the next logits."""
+    ``step(tokens, positions)`` places one token per sequence at ``positions`` and returns the next logits.
+    ``stop_when(rows, generated)`` (optional) ends the rows it returns True for (e.g. a stop string)."""
     outputs = [list(p) for p in prompts]
     done = np.zeros(len(prompts), bool)
     cursor = np.array([len(p) for p in prompts], np.int32)
@@ -66,6 +67,10 @@ def decode_loop(prompts, max_new, options, rng, logits, step):
             if not done[row]:
                 outputs[row].append(int(token))
                 done[row] = int(token) in options["eos_token_id"]
+        if stop_when is not None and not done.all():
+            rows = np.flatnonzero(~done)
+            stopped = stop_when(rows.tolist(), [outputs[r][len(prompts[r]):] for r in rows])
+            done[rows[np.asarray(stopped, bool)]] = True
         if done.all() or produced == max_new - 1:
             break
         logits = step(np.asarray(tokens, np.int32), cursor)

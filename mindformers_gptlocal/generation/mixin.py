@@ -12,14 +12,16 @@ from .loop import check_prompts, decode_loop, new_token_budget, resolve_options
 class GenerationMixin:
     """``generate`` for a causal LM with an explicit KV cache (MindFormers' GenerationConfig options)."""
 
-    def generate(self, input_ids, generation_config=None, streamer=None, seed=None, **kwargs):
+    def generate(self, input_ids, generation_config=None, streamer=None, seed=None, stop_when=None, **kwargs):
         """Token lists (prompt + generated, stopping after EOS) for a token list or a batch of lists.
 
         ``input_ids``: right padding with ``pad_token_id`` is stripped. Options as MindFormers'
         GenerationConfig (max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
         eos_token_id, use_past ...), from ``generation_config``, else the model's, overridden by
         keywords. ``use_past=False`` recomputes the whole sequence per token (the reference for
-        tests). Returns token lists, or GenerateOutput(sequences=...) with
+        tests). ``stop_when(rows, generated)``: called after each new token with the row indices still
+        running and their generated tokens so far; the rows it returns True for stop (e.g. a stop
+        string). Returns token lists, or GenerateOutput(sequences=...) with
         ``return_dict_in_generate=True`` (what MindFormers' predict pipeline asks for).
         """
         base = generation_config
@@ -36,7 +38,7 @@ class GenerationMixin:
         self.set_train(False)
         try:
             decode = _cached if options["use_past"] else _recompute
-            sequences = decode(self, prompts, max_new, options, rng)
+            sequences = decode(self, prompts, max_new, options, rng, stop_when)
         finally:
             self.set_train(was_training)
         if streamer is not None:
@@ -51,13 +53,13 @@ class GenerationMixin:
         return sequences
 
 
-def _cached(model, prompts, max_new, options, rng):
+def _cached(model, prompts, max_new, options, rng, stop_when=None):
     cache = model.kv_cache(len(prompts), max(len(p) for p in prompts) + max_new)
     logits = cache.prefill(prompts)
-    return decode_loop(prompts, max_new, options, rng, logits, cache.decode)
+    return decode_loop(prompts, max_new, options, rng, logits, cache.decode, stop_when)
 
 
-def _recompute(model, prompts, max_new, options, rng, pad=0):
+def _recompute(model, prompts, max_new, options, rng, stop_when=None, pad=0):
     """No cache: the whole (right-padded, fixed-width) sequence every step."""
     import mindspore as ms
     width = max(len(p) for p in prompts) + max_new
@@ -74,7 +76,8 @@ def _recompute(model, prompts, max_new, options, rng, pad=0):
         for row, token in enumerate(tokens):
             sequences[row].append(int(token))
         return logits_at(positions + 1)
-    return decode_loop(prompts, max_new, options, rng, logits_at(np.array([len(p) for p in prompts])), step)
+    return decode_loop(prompts, max_new, options, rng, logits_at(np.array([len(p) for p in prompts])), step,
+                       stop_when)
 
 
 def _config_dict(config):

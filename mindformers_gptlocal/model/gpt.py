@@ -17,6 +17,7 @@ from mindformers.models.modeling_utils import PreTrainedModel
 from mindformers.parallel_core.utils.model_mixin import ModelMixin, TrainModelMixin
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
+from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..parallel.sharding import apply_sharding, is_parallel_build
@@ -170,6 +171,15 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
 
     def prepare_inputs_for_predict_layout(self, input_ids, **kwargs):
         return Tensor(np.asarray(input_ids, np.int32)), None, None, None
+
+    def set_dynamic_inputs(self, **kwargs):
+        """Refused with one clear error: MindFormers' ``toolkit/benchmarks/eval_with_harness.py`` (and its
+        model runner) call this first and then expect ``model(input_ids=...)[0]`` to be the logits; gpt_local
+        returns the logits tensor itself and compiles one graph per shape bucket instead."""
+        raise ConfigError("gpt_local does not run under MindFormers' eval_with_harness.py / model runner "
+                          "(they need dynamic-shape inputs and model(...)[0] as the logits); evaluate with "
+                          "`gptlocal eval --model DIR --tasks ...` or `lm_eval --model gptlocal "
+                          "--model_args pretrained=DIR`.")
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):

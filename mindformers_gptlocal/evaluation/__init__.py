@@ -1,0 +1,1 @@
+"""Benchmark evaluation: gpt_local as an lm-evaluation-harness model (``harness.py``, name ``gptlocal``)."""

@@ -1,0 +1,303 @@
+"""gpt_local as an lm-evaluation-harness model, registered as ``gptlocal``.
+
+    lm_eval --model gptlocal --model_args pretrained=DIR,batch_size=8 --tasks ...
+    lm_eval.simple_evaluate(model=GPTLocalLM(pretrained=DIR), tasks=[...])
+    gptlocal eval --model DIR --tasks T1,T2
+
+It answers lm-eval's three request types the way lm-eval's own Hugging Face backend (``HFLM``) does,
+so results on weights exported with ``gptlocal convert ms2hf`` are the same: the same tokenizer
+(``AutoTokenizer`` of the model directory, HFLM's own encode/decode methods), the same request order
+and batching (lm-eval's ``Collator``), the same left truncation to ``max_length`` and the same
+one-token-continuation sharing. What differs is the model: gpt_local's forward pass (fp32 logits,
+log-softmax and the pick of each target token on the device, so only [B, S] numbers come back) and
+its KV-cached ``generate`` for ``generate_until``.
+"""
+import copy
+import os
+import sys
+import time
+
+import numpy as np
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import Collator, configure_pad_token, handle_stop_sequences, normalize_gen_kwargs
+
+from ..errors import ConfigError, DataError
+
+DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
+GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+
+
+def length_bucket(length, limit):
+    """Padded width for a batch of ``length`` tokens: 16, 24, 32, 48, 64, 96, ... capped at ``limit`` (one
+    compiled graph per bucket instead of one per length; right padding does not change a causal LM's output)."""
+    width = 16
+    while width < length:
+        width = width * 3 // 2 if width & (width - 1) == 0 else width * 4 // 3
+    return min(width, limit)
+
+
+class Progress:
+    """``[gptlocal eval] loglikelihood 120/400 requests, 3,456 tokens/s`` on stderr, at most every few seconds."""
+
+    def __init__(self, what, total, every=10.0, enabled=True):
+        self.what, self.total, self.every, self.enabled = what, total, every, enabled and total > 0
+        self.done = self.tokens = 0
+        self.start = self.last = time.perf_counter()
+
+    def update(self, requests, tokens):
+        self.done += requests
+        self.tokens += tokens
+        now = time.perf_counter()
+        if self.enabled and (now - self.last >= self.every or self.done >= self.total):
+            self.last = now
+            rate = self.tokens / max(now - self.start, 1e-9)
+            print(f"[gptlocal eval] {self.what} {self.done}/{self.total} requests, {rate:,.0f} tokens/s, "
+                  f"{now - self.start:.1f} s", file=sys.stderr, flush=True)
+
+
+def _scorer(lm):
+    """A Cell: ids [B, S], targets [B, S], last [B] -> (log p(target) [B, S], greedy ids [B, S],
+    log-probs at position ``last`` [B, V]) -- log-softmax in fp32 on the device, as HFLM does in torch."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    class Scorer(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+            self.log_softmax = ops.LogSoftmax(axis=-1)
+            self.gather_d = ops.GatherD()
+            self.argmax = ops.Argmax(axis=-1, output_type=ms.int32)
+
+        def construct(self, input_ids, targets, last_index):
+            log_probs = self.log_softmax(self.lm(input_ids))
+            batch, _, vocab = log_probs.shape
+            picked = ops.squeeze(self.gather_d(log_probs, 2, ops.expand_dims(targets, -1)), -1)
+            index = ops.broadcast_to(ops.reshape(last_index, (batch, 1, 1)), (batch, 1, vocab))
+            last = ops.reshape(self.gather_d(log_probs, 1, index), (batch, vocab))
+            return picked, self.argmax(log_probs), last
+    scorer = Scorer()
+    scorer.set_train(False)
+    return scorer
+
+
+@register_model("gptlocal")
+class GPTLocalLM(TemplateLM):
+    """lm-eval model over a gpt_local model directory (config.json + model.safetensors + tokenizer files).
+
+    Model args: ``pretrained`` (the directory), ``batch_size`` (default 8), ``max_length`` (default the
+    model's max_position_embeddings, as HFLM reads n_positions), ``device_target`` (CPU/GPU/Ascend),
+    ``max_gen_toks`` (default 256, as HFLM), ``seed`` (sampling in generate_until), ``add_bos_token``,
+    ``prefix_token_id``, ``progress`` (stderr progress lines, default on).
+    """
+
+    backend = "causal"
+    # HFLM's own tokenizer handling, so every request is tokenized exactly as lm-eval's hf model does it
+    tok_encode = HFLM.tok_encode
+    tok_batch_encode = HFLM.tok_batch_encode
+    tok_decode = HFLM.tok_decode
+    eot_token_id = HFLM.eot_token_id
+    prefix_token_id = HFLM.prefix_token_id
+    think_end_token = None
+
+    def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
+                 seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph", **kwargs):
+        super().__init__()
+        unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code", "max_batch_size"))
+        if unknown:
+            raise ConfigError(f"gptlocal model args: unknown '{unknown[0]}'; known: pretrained, batch_size, "
+                              f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id.")
+        if not pretrained or not os.path.isfile(os.path.join(str(pretrained), "config.json")):
+            raise ConfigError(f"gptlocal model args: pretrained={pretrained!r} is not a model directory with "
+                              f"config.json (give pretrained=DIR, e.g. output/model or a `gptlocal convert "
+                              f"hf2ms` folder).")
+        if str(device_target) not in DEVICE_TARGETS:
+            raise ConfigError(f"gptlocal model args: device_target={device_target!r}; use one of "
+                              f"{', '.join(DEVICE_TARGETS)}.")
+        try:
+            self.batch_size = int(batch_size)
+        except (TypeError, ValueError):
+            raise ConfigError(f"gptlocal model args: batch_size={batch_size!r} must be a whole number "
+                              f"('auto' is not supported).") from None
+        if self.batch_size < 1:
+            raise ConfigError(f"gptlocal model args: batch_size={batch_size} must be at least 1.")
+        import mindspore as ms
+        from transformers import AutoTokenizer
+        from ..model.gpt import GPTLocalForCausalLM
+        ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
+        self.pretrained = str(pretrained)
+        self.model = GPTLocalForCausalLM.from_pretrained(self.pretrained,
+                                                         max_batch_size=max(self.batch_size, 8))
+        self.model.set_train(False)
+        self.config = self.model.config
+        self._max_length = int(max_length) if max_length else int(self.config.max_position_embeddings)
+        if self._max_length > self.config.max_position_embeddings:
+            raise ConfigError(f"gptlocal model args: max_length={max_length} exceeds the model's "
+                              f"max_position_embeddings={self.config.max_position_embeddings}.")
+        self._max_gen_toks = int(max_gen_toks)
+        self.seed = None if seed is None else int(seed)
+        self.tokenizer = configure_pad_token(AutoTokenizer.from_pretrained(self.pretrained))
+        self.add_bos_token = None if add_bos_token is None else bool(add_bos_token)
+        self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
+        self.progress = str(progress).lower() not in ("0", "false", "no")
+        self._scorer = _scorer(self.model)
+        self._generate_calls = 0
+
+    @property
+    def max_length(self):
+        return self._max_length
+
+    @property
+    def max_gen_toks(self):
+        return self._max_gen_toks
+
+    @property
+    def tokenizer_name(self):
+        return self.tokenizer.name_or_path.replace("/", "__")
+
+    def get_model_info(self):
+        return {"model_num_parameters": int(sum(p.size for p in self.model.get_parameters())),
+                "model_dtype": str(self.config.compute_dtype)}
+
+    # --- loglikelihood -----------------------------------------------------------------------------
+    def _score(self, rows):
+        """One compiled call for up to batch_size token rows: per row (target log-probs, greedy ids,
+        log-probs at its last position), with row r's target at position t = rows[r][t + 1]."""
+        import mindspore as ms
+        width = length_bucket(max(len(r) for r in rows) - 1, self.max_length)
+        ids = np.zeros((self.batch_size, width), np.int32)
+        targets = np.zeros((self.batch_size, width), np.int32)
+        last = np.zeros(self.batch_size, np.int32)
+        for i, row in enumerate(rows):
+            ids[i, :len(row) - 1] = row[:-1]
+            targets[i, :len(row) - 1] = row[1:]
+            last[i] = len(row) - 2
+        picked, greedy, last_probs = self._scorer(ms.Tensor(ids), ms.Tensor(targets), ms.Tensor(last))
+        return picked.asnumpy(), greedy.asnumpy(), last_probs.asnumpy()
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+        import torch  # lm-eval's Collator hands the shared scores around as a tensor
+
+        def _collate(req):
+            toks = req[1] + req[2]
+            return -len(toks), tuple(toks)
+
+        def _lookup_one_token_cont(req):
+            return req[-2] + req[-1][:-1]
+
+        re_ord = Collator(requests, sort_fn=_collate, group_by="contexts", group_fn=_lookup_one_token_cont)
+        progress = Progress("loglikelihood", len(requests), enabled=self.progress and not disable_tqdm)
+        res = []
+        placeholder = torch.zeros(1, 1, 1)
+        for chunk in re_ord.get_batched(n=self.batch_size):
+            rows = []
+            for _, context_enc, continuation_enc in chunk:
+                if not context_enc or not continuation_enc:
+                    raise DataError("gptlocal eval: a loglikelihood request has an empty context or continuation.")
+                if len(continuation_enc) > self.max_length:
+                    raise DataError(f"gptlocal eval: a continuation of {len(continuation_enc)} tokens exceeds "
+                                    f"max_length={self.max_length}.")
+                rows.append((context_enc + continuation_enc)[-(self.max_length + 1):])  # left truncation, as HFLM
+            picked, greedy, last_probs = self._score(rows)
+            for i, ((request_str, ctx_tokens, cont_toks), row) in enumerate(zip(chunk, rows)):
+                end = len(row) - 1  # scored positions: [end - contlen, end)
+                start = end - len(cont_toks)
+                head = float(picked[i, start:end - 1].astype(np.float64).sum())
+                head_greedy = bool(np.array_equal(greedy[i, start:end - 1], cont_toks[:-1]))
+                for request_str_, cont_, _ in re_ord.get_cache(req_str=request_str, cxt_toks=ctx_tokens,
+                                                                cont_toks=cont_toks, logits=placeholder):
+                    answer = (head + float(last_probs[i, cont_[-1]]),
+                              head_greedy and int(greedy[i, end - 1]) == cont_[-1])
+                    res.append(answer)
+                    if request_str_ is not None:
+                        self.cache_hook.add_partial("loglikelihood", request_str_, answer)
+                    progress.update(1, len(row) - 1)
+        return re_ord.get_original(res)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        """HFLM's rolling windows (context_len 1, prefix token first), all requests' windows batched."""
+        windows, owners = [], []
+        for index, (string,) in enumerate(req.args for req in requests):
+            for window in map(lm_utils.make_disjoint_window,
+                              lm_utils.get_rolling_token_windows(token_list=self.tok_encode(string),
+                                                                 prefix_token=self.prefix_token_id,
+                                                                 max_seq_len=self.max_length, context_len=1)):
+                windows.append((None,) + window)
+                owners.append(index)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm) if windows else []
+        totals = [0.0] * len(requests)
+        for owner, (logprob, _) in zip(owners, scores):
+            totals[owner] += logprob
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # --- generate_until ------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm=False):
+        def _collate(req):
+            toks = self.tok_encode(req[0])
+            return -len(toks), req[0]
+
+        re_ords = Collator([req.args for req in requests], sort_fn=_collate, group_by="gen_kwargs",
+                           group_fn=lambda x: x[1])
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        progress = Progress("generate_until", len(requests), enabled=self.progress and not disable_tqdm)
+        res = []
+        for chunk in re_ords.get_batched(n=self.batch_size):
+            contexts, all_gen_kwargs = zip(*chunk)
+            gen_kwargs = all_gen_kwargs[0]
+            if not isinstance(gen_kwargs, dict):
+                raise DataError(f"gptlocal eval: generation kwargs must be a dict, got {gen_kwargs!r}.")
+            kwargs = normalize_gen_kwargs(copy.deepcopy(gen_kwargs), self.max_gen_toks)
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+            max_gen_toks = int(kwargs.pop("max_gen_toks"))
+            max_ctx_len = self.max_length - max_gen_toks
+            if max_ctx_len <= 0:
+                raise ConfigError(f"gptlocal eval: max_gen_toks={max_gen_toks} leaves no room for a prompt in "
+                                  f"max_length={self.max_length}; lower max_gen_toks.")
+            options = self._generation_options(kwargs)
+            # HFLM left-pads the batch and cuts it to the last max_ctx_len columns: the same as cutting each
+            # row to its last max_ctx_len tokens; gpt_local's generate takes the ragged rows as they are.
+            context_enc, attn_masks = self.tok_batch_encode(list(contexts), left_truncate_len=max_ctx_len)
+            prompts = [[int(t) for t, keep in zip(ids, mask) if keep]
+                       for ids, mask in zip(context_enc.tolist(), attn_masks.tolist())]
+            if not all(prompts):
+                raise DataError("gptlocal eval: a generate_until context encodes to no tokens.")
+            stops = [term for term in until if term]
+
+            def stop_when(rows, generated):
+                return [any(term in self.tok_decode(tokens) for term in stops) for tokens in generated]
+            self._generate_calls += 1
+            seed = None if self.seed is None else self.seed + self._generate_calls
+            sequences = self.model.generate(prompts, generation_config={}, max_new_tokens=max_gen_toks,
+                                            eos_token_id=self.config.eos_token_id, seed=seed,
+                                            stop_when=stop_when if stops else None, **options)
+            for prompt, sequence, context in zip(prompts, sequences, contexts):
+                text = self.tok_decode(sequence[len(prompt):])
+                for term in stops:
+                    text = text.split(term)[0]
+                res.append(text)
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+                progress.update(1, len(sequence) - len(prompt))
+        return re_ords.get_original(res)
+
+    @staticmethod
+    def _generation_options(kwargs):
+        """lm-eval gen_kwargs -> gpt_local generate options (greedy unless do_sample with a temperature > 0)."""
+        unknown = sorted(k for k in kwargs if k not in GEN_OPTIONS)
+        if unknown:
+            raise ConfigError(f"gptlocal eval: generation option '{unknown[0]}' is not supported; supported: "
+                              f"{', '.join(sorted(GEN_OPTIONS))}, until, max_gen_toks.")
+        options = dict(kwargs)
+        temperature = float(options.pop("temperature", 0.0) or 0.0)
+        do_sample = bool(options.pop("do_sample", False)) and temperature > 0.0
+        options["do_sample"] = do_sample
+        if do_sample:
+            options["temperature"] = temperature
+        else:
+            options.pop("top_k", None)
+            options.pop("top_p", None)
+        return options

@@ -1,0 +1,61 @@
+"""``gptlocal eval``: lm-eval's ``simple_evaluate`` over a gpt_local model directory, its results table on
+stdout and its results JSON written atomically (lm-eval's own CLI route is ``lm_eval --model gptlocal``)."""
+import json
+import os
+import time
+
+from ..errors import ConfigError
+from ..safetensors_io import atomic_write
+
+
+def _lm_eval():
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+        from lm_eval.utils import handle_non_serializable, make_table
+    except ImportError as err:
+        raise ConfigError(f"gptlocal eval needs lm-evaluation-harness ({err}); install it with "
+                          f"pip install 'mindformers-gptlocal[eval]'.") from None
+    return lm_eval, TaskManager, handle_non_serializable, make_table
+
+
+def run_eval(options):
+    """Evaluate ``options.model`` on ``options.tasks``; print the table, write ``options.output_path``."""
+    lm_eval, TaskManager, handle_non_serializable, make_table = _lm_eval()
+    if options.include_path and not os.path.isdir(options.include_path):
+        raise ConfigError(f"--include_path {options.include_path} is not a folder of task YAMLs.")
+    if options.output_path and os.path.isdir(options.output_path):
+        raise ConfigError(f"--output_path {options.output_path} is a folder; give a file name, e.g. results.json.")
+    manager = TaskManager(include_path=options.include_path)
+    tasks = [t.strip() for t in options.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    if not tasks or unknown:
+        raise ConfigError(f"--tasks: unknown task '{(unknown or [''])[0]}'; name lm-eval tasks (lm_eval ls tasks) "
+                          f"or add --include_path DIR holding the task YAML.")
+    from .harness import GPTLocalLM
+    model = GPTLocalLM(pretrained=options.model, batch_size=options.batch_size, max_length=options.max_length,
+                       device_target=options.device_target, seed=options.seed)
+    limit = None if options.limit is None else (int(options.limit) if options.limit >= 1 else options.limit)
+    start = time.perf_counter()
+    results = lm_eval.simple_evaluate(model=model, tasks=tasks, num_fewshot=options.num_fewshot, limit=limit,
+                                      task_manager=manager, log_samples=options.log_samples,
+                                      random_seed=options.seed, numpy_random_seed=options.seed,
+                                      torch_random_seed=options.seed, fewshot_random_seed=options.seed)
+    results["config"]["model"] = "gptlocal"
+    results["config"]["model_args"] = f"pretrained={options.model},batch_size={options.batch_size}"
+    print(f"gptlocal ({options.model}), limit: {limit}, num_fewshot: {options.num_fewshot}, "
+          f"batch_size: {options.batch_size}, {time.perf_counter() - start:.1f} s")
+    print(make_table(results))
+    if "groups" in results:
+        print(make_table(results, "groups"))
+    if options.output_path:
+        text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+        folder = os.path.dirname(os.path.abspath(options.output_path))
+        os.makedirs(folder, exist_ok=True)
+
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        atomic_write(options.output_path, write)
+        print(f"wrote {options.output_path}")
+    return 0

@@ -1,0 +1,193 @@
+"""gpt_local through lm-evaluation-harness equals lm-eval's own `hf` backend on the `gptlocal convert ms2hf`
+export: per-request log-likelihoods, acc / acc_norm / exact_match, rolling perplexity, generated text;
+contexts longer than max_length; offline local tasks (benchmarks/eval_tasks.py)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+torch = pytest.importorskip("torch")
+
+from conftest import REPO, source_env  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from eval_tasks import write_tasks  # noqa: E402
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+TASKS = ["gl_choice", "gl_long", "gl_rolling", "gl_until"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    saved = {k: os.environ.get(k) for k in OFFLINE}
+    os.environ.update(OFFLINE)
+    import mindspore as ms
+    mode = ms.get_context("mode")
+    yield
+    ms.set_context(mode=mode)  # the harness compiles in graph mode; leave the session as it was
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def task_manager(tmp_path_factory):
+    from lm_eval.tasks import TaskManager
+    folder = tmp_path_factory.mktemp("tasks")
+    write_tasks(str(folder))
+    return TaskManager(include_path=str(folder)), str(folder)
+
+
+def export_pair(root, tokenizer_dir, seed=0, sharpen=8.0, **shape):
+    """A random GPT-2 (sharpened, so choices differ clearly) -> gpt_local dir -> `ms2hf` export (the reference)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms, ms_to_hf
+    torch.manual_seed(seed)
+    hf = GPT2LMHeadModel(GPT2Config(bos_token_id=0, eos_token_id=0, **shape)).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "wte" in name:
+                param.mul_(sharpen)
+            elif "ln_" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    hf.save_pretrained(str(root / "hf0"))
+    del hf
+    for name in os.listdir(tokenizer_dir):
+        if name != "config.json":
+            shutil.copyfile(os.path.join(tokenizer_dir, name), str(root / "hf0" / name))
+    hf_to_ms(str(root / "hf0"), str(root / "ms"))
+    ms_to_hf(str(root / "ms"), str(root / "ref"))
+    shutil.rmtree(str(root / "hf0"))
+    return str(root / "ms"), str(root / "ref")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, corpus):
+    return export_pair(tmp_path_factory.mktemp("tiny"), corpus["model_dir"], vocab_size=512, n_positions=64,
+                       n_embd=64, n_layer=2, n_head=4)
+
+
+def evaluate_both(ms_dir, ref_dir, task_manager, tasks, limit, batch_size=4, max_length=None):
+    from mindformers_gptlocal.evaluation.harness import GPTLocalLM
+    extra = f",max_length={max_length}" if max_length else ""
+    ours = lm_eval.simple_evaluate(model=GPTLocalLM(pretrained=ms_dir, batch_size=batch_size, max_length=max_length),
+                                   tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+    ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={ref_dir},batch_size={batch_size},device=cpu,"
+                                                         f"dtype=float32{extra}",
+                                  tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+    return ours, ref
+
+
+def assert_same_results(ours, ref, tasks):
+    worst = 0.0
+    for task in tasks:
+        mine, theirs = ours["samples"][task], ref["samples"][task]
+        assert [s["doc_id"] for s in mine] == [s["doc_id"] for s in theirs] and mine
+        for a, b in zip(mine, theirs):
+            if task == "gl_until":
+                assert a["resps"] == b["resps"], (a["resps"], b["resps"])
+                assert a["exact_match"] == b["exact_match"]
+                continue
+            for ra, rb in zip(a["resps"], b["resps"]):
+                if task == "gl_rolling":
+                    worst = max(worst, abs(ra[0] - rb[0]))
+                    # a document's summed log-likelihood: 1e-4 absolute, or 1e-6 relative for long sums
+                    assert abs(ra[0] - rb[0]) <= max(1e-4, 1e-6 * abs(rb[0])), (ra, rb)
+                else:
+                    (la, ga), (lb, gb) = ra[0], rb[0]
+                    worst = max(worst, abs(la - lb))
+                    assert abs(la - lb) <= 1e-4 and ga == gb, (task, a["doc_id"], ra, rb)
+            for metric in ("acc", "acc_norm"):
+                if metric in b:
+                    assert a[metric] == b[metric], (task, a["doc_id"], metric)
+        for key, value in ref["results"][task].items():
+            if "stderr" in key or not isinstance(value, float):
+                continue
+            if "perplexity" in key or "bits_per_byte" in key:
+                assert abs(ours["results"][task][key] - value) <= 1e-5 * abs(value), (task, key)
+            elif key.split(",")[0] in ("acc", "acc_norm", "exact_match"):
+                assert ours["results"][task][key] == value, (task, key)
+    return worst
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tiny, task_manager):
+    return evaluate_both(tiny[0], tiny[1], task_manager[0], TASKS, limit=8)
+
+
+def test_tiny_model_equals_hf_backend(tiny, tiny_runs):
+    ours, ref = tiny_runs
+    worst = assert_same_results(ours, ref, TASKS)
+    print(f"max |loglikelihood diff| {worst:.2e}")
+    texts = [s["resps"][0][0] for s in ours["samples"]["gl_until"]]
+    assert any(texts) and not any("\n" in t for t in texts)  # generated something, cut at the stop string
+    # the gl_long contexts are longer than the model's 64 positions: the left-truncation path ran
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+    assert min(len(tok.encode(s["arguments"][0][0])) for s in ours["samples"]["gl_long"]) > 64
+
+
+def test_short_max_length_truncates_like_hf(tiny, task_manager):
+    """max_length=24: rolling windows, left-truncated loglikelihood and generate_until prompts (24 - 8 tokens)."""
+    ms_dir, ref_dir = tiny
+    tasks = ["gl_choice", "gl_rolling", "gl_until"]
+    ours, ref = evaluate_both(ms_dir, ref_dir, task_manager[0], tasks, limit=6, batch_size=3, max_length=24)
+    assert ours["samples"]["gl_until"] and ref["results"]["gl_rolling"]
+    assert_same_results(ours, ref, tasks)
+
+
+def test_gpt2_small_shape_equals_hf_backend(tmp_path, corpus, task_manager):
+    ms_dir, ref_dir = export_pair(tmp_path, corpus["model_dir"], sharpen=2.0, vocab_size=50257, n_positions=1024,
+                                  n_embd=768, n_layer=12, n_head=12)
+    tasks = ["gl_choice", "gl_rolling", "gl_until"]  # a handful of requests: 4 choices, 1 document, 1 generation
+    ours, ref = evaluate_both(ms_dir, ref_dir, task_manager[0], tasks, limit=1, batch_size=4)
+    worst = assert_same_results(ours, ref, tasks)
+    print(f"GPT-2 small shape: max |loglikelihood diff| {worst:.2e}")
+
+
+def test_sampling_is_seeded_and_stops(tiny):
+    from lm_eval.api.instance import Instance
+    from mindformers_gptlocal.evaluation.harness import GPTLocalLM
+    kwargs = {"until": ["("], "do_sample": True, "temperature": 1.5, "top_k": 50, "max_gen_toks": 12}
+    requests = [Instance("generate_until", {}, (f"def f{i}(x):\n    return", dict(kwargs)), i) for i in range(5)]
+    lm = GPTLocalLM(pretrained=tiny[0], batch_size=4, progress=False)
+
+    def run(seed):
+        lm.seed, lm._generate_calls = seed, 0
+        return lm.generate_until(requests)
+    first, again, other = run(3), run(3), run(4)
+    assert first == again and first != other
+    assert not any("(" in text for text in first + other)
+    with pytest.raises(Exception, match="gptlocal eval"):  # MindFormers' eval_with_harness.py route is refused
+        lm.model.set_dynamic_inputs()
+
+
+def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_path, capsys):
+    from mindformers_gptlocal.cli.main import main
+    out = tmp_path / "results.json"
+    assert main(["eval", "--model", tiny[0], "--tasks", "gl_choice", "--include_path", task_manager[1],
+                 "--limit", "8", "--batch_size", "4", "--output_path", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "|gl_choice|" in printed and "acc_norm" in printed
+    results, ref = json.loads(out.read_text())["results"], tiny_runs[1]["results"]  # hf, same 8 documents
+    assert results["gl_choice"]["acc,none"] == ref["gl_choice"]["acc,none"]
+    assert results["gl_choice"]["acc_norm,none"] == ref["gl_choice"]["acc_norm,none"]
+    assert main(["eval", "--model", tiny[0], "--tasks", "no_such_task", "--include_path", task_manager[1]]) == 2
+    assert "unknown task 'no_such_task'" in capsys.readouterr().err
+    assert main(["eval", "--model", str(tmp_path / "missing"), "--tasks", "gl_choice",
+                 "--include_path", task_manager[1]]) == 2
+    assert "not a model directory" in capsys.readouterr().err
+
+
+def test_lm_eval_finds_gptlocal_by_name_and_import_stays_light():
+    code = ("import sys, mindformers_gptlocal; heavy = [m for m in ('torch', 'mindspore') if m in sys.modules]; "
+            "import lm_eval; from lm_eval.api.registry import get_model; "
+            "print(heavy, get_model('gptlocal').__name__, get_model('hf').__name__)")
+    out = subprocess.run([sys.executable, "-c", code], env=source_env(), capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "[] GPTLocalLM HFLM", out.stdout + out.stderr
