@@ -9,6 +9,7 @@ COMMANDS = {
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
     "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
+    "lora": "merge a pet_config run's LoRA adapters into the base weights",
 }
 
 
@@ -53,6 +54,23 @@ def convert_parser():
     ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF GPT-2 directory")
     ms2hf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
     ms2hf.add_argument("--out", required=True)
+    ms2hf.add_argument("--lora-only", action="store_true",
+                       help="write only the LoRA adapters of a pet_config run, as a Hugging Face PEFT adapter "
+                            "(adapter_config.json + adapter_model.safetensors)")
+    return parser
+
+
+def lora_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal lora", description="LoRA adapters of a pet_config run.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    merge = sub.add_parser("merge", help="fold adapters into the base weights: a plain model directory")
+    merge.add_argument("--base", required=True, help="the base model directory the run finetuned")
+    merge.add_argument("--adapter", required=True,
+                       help="the run's model directory (output/model), checkpoint folder or .safetensors file")
+    merge.add_argument("--out", required=True, help="new folder for the merged model directory")
+    merge.add_argument("--lora-alpha", type=float,
+                       help="LoRA alpha (default: the run's pet_config, found beside --adapter)")
+    merge.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     return parser
 
 
@@ -153,4 +171,4 @@ def run_parser():
 
 
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
-           "plan": plan_parser, "quickstart": quickstart_parser}
+           "plan": plan_parser, "quickstart": quickstart_parser, "lora": lora_parser}

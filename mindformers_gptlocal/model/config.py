@@ -15,6 +15,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
+from .lora_config import read_pet_config
 from .params import ACTIVATIONS, GPT2_ALIASES
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -103,6 +104,7 @@ class GPTLocalConfig(PretrainedConfig):
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
                 else parallel_config
         _reject_unknown(kwargs)
+        pet_config = kwargs.pop("pet_config", None)  # LoRA (model/lora_config.py); checked in validate()
         layout_batch_size = kwargs.get("batch_size")
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
@@ -131,6 +133,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
         self.scale_attn_weights = bool(scale_attn_weights)
         self.ignore_token_id = ignore_token_id
+        self.pet_config = _plain_pet_config(pet_config)
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -199,6 +202,11 @@ class GPTLocalConfig(PretrainedConfig):
         if self.reorder_and_upcast_attn:
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
+        self.lora_spec()
+
+    def lora_spec(self):
+        """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one."""
+        return read_pet_config(getattr(self, "pet_config", None), self.num_hidden_layers)
 
     @property
     def layout(self):
@@ -212,6 +220,15 @@ class GPTLocalConfig(PretrainedConfig):
 
 
 _KNOWN = None
+
+
+def _plain_pet_config(pet_config):
+    """pet_config as a plain dict (MindFormers hands a DictConfig/LoraConfig; dtypes become their names)."""
+    if not pet_config:
+        return None
+    items = pet_config.items() if hasattr(pet_config, "items") else vars(pet_config).items()
+    return {k: (v if v is None or isinstance(v, (str, int, float, bool, list, tuple)) else str(v))
+            for k, v in items}
 
 
 def _number(key, value):

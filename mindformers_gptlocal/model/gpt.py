@@ -153,6 +153,10 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
+        self.lora = config.lora_spec()  # pet_config: LoRA adapters, before the strategies are set
+        if self.lora is not None:
+            from .lora import add_lora
+            add_lora(self, self.lora)
         self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
         self._kv_caches = {}
 

@@ -13,6 +13,7 @@ from ..errors import CheckpointError
 from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic_write, read_safetensors,
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
+from .lora_config import is_lora_name
 from .params import WORD_EMBEDDINGS, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
@@ -42,7 +43,8 @@ def check_matches_config(path, config):
 def model_state(tensors, model):
     """Keep the model's own parameters from a checkpoint (drops optimizer state), checking names and shapes."""
     params = {p.name: p for p in model.get_parameters()}
-    missing = [name for name in params if name not in tensors]
+    # a LoRA model (pet_config) loads its base weights; adapters absent from the file keep their init
+    missing = [name for name in params if name not in tensors and not is_lora_name(name)]
     if missing:
         foreign = sorted(tensors)[:3]
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
@@ -50,6 +52,8 @@ def model_state(tensors, model):
                               f"this architecture (convert Hugging Face weights with `gptlocal convert hf2ms`).")
     state = {}
     for name, param in params.items():
+        if name not in tensors:
+            continue
         array = tensors[name]
         if tuple(array.shape) != tuple(param.shape):
             raise CheckpointError(f"tensor '{name}' has shape {tuple(array.shape)} in the checkpoint but "
