@@ -15,8 +15,8 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
-from .lora_config import read_pet_config
-from .params import ACTIVATIONS, GPT2_ALIASES
+from .lora_config import check_trainable, read_pet_config
+from .params import ACTIVATIONS, GPT2_ALIASES, parameter_table
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -206,7 +206,10 @@ class GPTLocalConfig(PretrainedConfig):
 
     def lora_spec(self):
         """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one."""
-        return read_pet_config(getattr(self, "pet_config", None), self.num_hidden_layers)
+        spec = read_pet_config(getattr(self, "pet_config", None), self.num_hidden_layers)
+        if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
+            check_trainable(spec, list(parameter_table(self, Layout())))
+        return spec
 
     @property
     def layout(self):
