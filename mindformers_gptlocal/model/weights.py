@@ -50,6 +50,11 @@ def model_state(tensors, model):
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
                               f"'{missing[0]}'; it holds e.g. {foreign}. It is not a gpt_local checkpoint of "
                               f"this architecture (convert Hugging Face weights with `gptlocal convert hf2ms`).")
+    adapters = [name for name in tensors if is_lora_name(name) and name.startswith("model.")]
+    if adapters and not any(is_lora_name(name) for name in params):
+        raise CheckpointError(f"checkpoint holds LoRA adapters (e.g. '{adapters[0]}') but the model has none, so "
+                              f"they would be ignored; fold them in first (`gptlocal lora merge --base BASE_DIR "
+                              f"--adapter THIS --out MERGED`) or build the model with the run's pet_config.")
     state = {}
     for name, param in params.items():
         if name not in tensors:
