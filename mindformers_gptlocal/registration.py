@@ -5,8 +5,9 @@ by ``import mindformers_gptlocal`` when MindFormers is already loaded, and befor
 name (``GPTLocalForCausalLM`` ...) is handed out. It
 
 1. imports the modules whose classes carry MindFormers' register decorators (config, model,
-   train wrappers, optimizer, callbacks, metric, checkpoint monitor, tokenizer, instruction data handler); the config and
-   the model also register themselves with AutoConfig / AutoModelForCausalLM where they are defined;
+   train wrappers, optimizer, callbacks, metric, checkpoint monitor, tokenizer, instruction data handler);
+   the config and the model also register themselves with AutoConfig / AutoModelForCausalLM where they
+   are defined; the handler is also set on ``mindformers.dataset.handler``, where HFDataLoader looks;
 2. wraps MindFormers' ``build_context`` so a gpt_local YAML gets our pre-flight checks (and the
    switch to the mcore path) inside MindFormers' own ``run_mindformer.py`` too;
 3. keeps a gpt_local runner_wrapper when MindFormers' trainer swaps wrappers for pipeline
