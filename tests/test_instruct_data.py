@@ -119,6 +119,22 @@ def test_too_long_truncates_the_prompt_or_refuses(byte_tokenizer, tmp_path):
     assert not os.path.exists(tmp_path / "e") and not os.path.exists(tmp_path / "r")  # nothing half-written
 
 
+def test_cli_flags_and_one_line_error(byte_tokenizer, tmp_path, capsys):
+    from mindformers_gptlocal.cli.main import main
+    path = byte_tokenizer[0]
+    data = _write(tmp_path / "a.jsonl", [{"instruction": "Hi", "output": "Yo"}, {"instruction": "Hey", "output": "No"}])
+    assert main(["prepare-data", "--format", "alpaca", "--input", data, "--tokenizer", path, "--seq-length", "400",
+                 "--eval-fraction", "0", "--no-pack", "--out", str(tmp_path / "one")]) == 0
+    assert json.loads(capsys.readouterr().out)["train_samples"] == 2  # --no-pack: one record a row
+    assert main(["prepare-data", "--format", "alpaca", "--input", data, "--tokenizer", path, "--seq-length", "400",
+                 "--eval-fraction", "0", "--out", str(tmp_path / "packed")]) == 0
+    assert json.loads(capsys.readouterr().out)["train_samples"] == 1
+    assert main(["prepare-data", "--format", "alpaca", "--input", data, "--tokenizer", path, "--seq-length", "64",
+                 "--too-long", "error", "--out", str(tmp_path / "err")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a.jsonl:1: the record has" in err[0]
+
+
 @pytest.mark.parametrize("fmt, lines, where, message", [
     ("alpaca", [{"instruction": "a", "output": "b"}, "", "{not json"], ":3:", "not valid JSON"),
     ("alpaca", [{"instruction": "a", "output": "b"}, {"instruction": "a", "output": ""}], ":2:", "'output' is missing"),
