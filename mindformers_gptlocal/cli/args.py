@@ -39,6 +39,15 @@ def prepare_data_parser():
     parser.add_argument("--eval-fraction", type=float, default=0.05, help="share of documents held out for eval")
     parser.add_argument("--max-bytes", type=int, help="stop adding files past this many bytes")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    parser.add_argument("--format", default="text", choices=("text", "alpaca", "chat"),
+                        help="text (default); alpaca: .json/.jsonl records {instruction, input, output}; chat: "
+                             "records {messages: [{role, content}]}. Instruction formats write MindRecord with "
+                             "the prompt masked out of the loss")
+    parser.add_argument("--too-long", default="truncate", choices=("truncate", "error"),
+                        help="an instruction record longer than --seq-length: drop tokens from the start of its "
+                             "prompt (default) or stop with its file and line")
+    parser.add_argument("--no-pack", dest="pack", action="store_false",
+                        help="one instruction record a row (default: pack several a row, with actual_seq_len)")
     return parser
 
 

@@ -18,7 +18,8 @@ def prepare_data(argv):
     summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length,
                       vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
                       merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
-                      max_bytes=options.max_bytes, overwrite=options.overwrite)
+                      max_bytes=options.max_bytes, overwrite=options.overwrite, fmt=options.format,
+                      too_long=options.too_long, pack=options.pack)
     print(json.dumps(summary, indent=2))
     return 0
 

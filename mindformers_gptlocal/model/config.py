@@ -31,6 +31,9 @@ MINDFORMERS_INJECTED = {
     "use_legacy", "generation_config", "return_extra_loss", "summary_type",
     "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
     "n_ctx", "use_cache",
+    # set by MindFormers' trainer for packed data (create_compressed_eod_mask); the model reads actual_seq_len
+    # whenever the data has it
+    "use_eod_attn_mask_compression",
 }
 
 
