@@ -2,6 +2,7 @@
 library, the held-out response-only loss of a model, and its answers to held-out prompts.
 
     python run_scripts/sft_example.py data --out DIR                 # DIR/train.jsonl, DIR/heldout.jsonl
+    python run_scripts/sft_example.py yaml --base MODEL_DIR --data TRAIN.mindrecord --out-dir OUT --path RUN.yaml
     python run_scripts/sft_example.py loss --model MODEL_DIR --data ROWS.mindrecord
     python run_scripts/sft_example.py answer --model MODEL_DIR --records DIR/heldout.jsonl --count 3
 
@@ -66,7 +67,7 @@ def records():
             if not 4 <= len(answer.split()) <= 40 or len(signature) > 120 or answer in seen:
                 continue
             seen.add(answer)
-            yield {"instruction": f"What does the Python function {name}.{attr}{signature} do?", "input": "",
+            yield {"instruction": f"What does {name}.{attr}{signature} do in Python?", "input": "",
                    "output": answer}
 
 
@@ -81,6 +82,34 @@ def make_data(out, heldout, seed=0):
                 handle.write(json.dumps(row) + "\n")
     print(f"{len(rows)} instruction records from {len(MODULES)} standard-library modules: "
           f"{len(parts['train.jsonl'])} train, {len(parts['heldout.jsonl'])} held out -> {out}")
+
+
+def write_yaml(base, data, out_dir, epochs, path):
+    """model_configs/finetune_gpt_local_tiny_sft_lora_cpu.yaml pointed at the base model, the data and out_dir,
+    its model sizes taken from the base model's config.json (the quickstart's tiny model or a converted GPT-2)."""
+    from mindformers_gptlocal import yaml_io
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = yaml_io.load_yaml(os.path.join(repo, "model_configs", "finetune_gpt_local_tiny_sft_lora_cpu.yaml"))
+    with open(os.path.join(base, "config.json"), encoding="utf-8") as handle:
+        sizes = json.load(handle)
+    model_config = config["model"]["model_config"]
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in sizes:
+            model_config[key] = sizes[key]
+    model_config["seq_length"] = int(os.environ.get("SEQ", 256))
+    config["load_checkpoint"] = os.path.abspath(base)
+    config["output_dir"] = os.path.abspath(out_dir)
+    config["runner_config"]["epochs"] = epochs
+    config["train_dataset"]["data_loader"]["dataset_dir"] = os.path.abspath(data)
+    config["train_dataset_task"]["dataset_config"] = config["train_dataset"]
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalSaveModelDir":
+            callback["tokenizer_dir"] = os.path.abspath(base)
+        if callback["type"] in ("GPTLocalThroughputMonitor", "MFLossMonitor"):
+            callback["per_print_times"] = 20
+    yaml_io.dump_yaml(config, path)
+    print(f"{path}: pet_config {json.dumps(model_config['pet_config'])}")
 
 
 def load(model_dir):
@@ -145,6 +174,12 @@ def main():
     loss.add_argument("--model", required=True)
     loss.add_argument("--data", required=True)
     loss.add_argument("--label", default="")
+    yaml = sub.add_parser("yaml")
+    yaml.add_argument("--base", required=True)
+    yaml.add_argument("--data", required=True)
+    yaml.add_argument("--out-dir", required=True)
+    yaml.add_argument("--epochs", type=int, default=2)
+    yaml.add_argument("--path", required=True)
     answer = sub.add_parser("answer")
     answer.add_argument("--model", required=True)
     answer.add_argument("--records", required=True)
@@ -152,6 +187,8 @@ def main():
     args = parser.parse_args()
     if args.command == "data":
         make_data(args.out, args.heldout)
+    elif args.command == "yaml":
+        write_yaml(args.base, args.data, args.out_dir, args.epochs, args.path)
     elif args.command == "loss":
         value, tokens = response_loss(args.model, args.data)
         print(f"held-out response-only loss {args.label}: {value:.4f} over {tokens} response tokens")

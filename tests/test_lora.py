@@ -11,7 +11,7 @@ from mindspore import ParameterTuple, Tensor
 from safetensors.numpy import load_file
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.errors import ConfigError
+from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import causal_bias
 from mindformers_gptlocal.model.lora import add_lora_to_block
@@ -115,6 +115,8 @@ def test_merge_equals_the_adapter_model(tuned, base_dir):
     logits = model(Tensor(tuned["ids"])).asnumpy()
     assert np.abs(base(Tensor(tuned["ids"])).asnumpy() - tuned["logits"]).max() > 0.1  # the adapters matter
     np.testing.assert_allclose(logits, tuned["logits"], atol=1e-5, rtol=0)
+    with pytest.raises(CheckpointError, match="holds LoRA adapters .* gptlocal lora merge"):
+        base.load_weights(tuned["dir"])  # not silently the base model
 
 
 def test_peft_export_loads_in_peft_with_equal_logits(tuned, base_dir):
