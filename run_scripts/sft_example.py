@@ -157,10 +157,10 @@ def answers(model_dir, records_path, count, max_new_tokens=40):
     for row in rows:
         prompt = ALPACA_PROMPT_WITHOUT_INPUT.format(instruction=row["instruction"]) + "\n"
         ids = tokenizer.encode(prompt).ids
-        out = model.generate([ids], max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-                             pad_token_id=eos)
+        out = model.generate([ids], max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.3,
+                             eos_token_id=eos, pad_token_id=eos)
         new = [t for t in list(out[0])[len(ids):] if t != eos]
-        print(f"Q: {row['instruction']}\n   model:     {tokenizer.decode(new).strip()}\n"
+        print(f"Q: {row['instruction']}\n   model (greedy, repetition penalty 1.3): {tokenizer.decode(new).strip()}\n"
               f"   reference: {row['output']}\n")
 
 
