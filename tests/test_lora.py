@@ -225,3 +225,40 @@ def test_launcher_refuses_bad_pet_config_before_compiling(tmp_path, corpus, base
     assert code == 2, out[-3000:]
     assert "matches none of gpt_local's Linears" in out and "Traceback" not in out
     assert "step 1/" not in out
+
+
+# The adapters' concrete strategies at data_parallel 2, model_parallel 4, by the math: x [B*S, in] is split
+# over the batch; a column-parallel W [out, in] is split over out: A [r, in] whole, x A^T [B*S, r] batch only,
+# B [out, r] split over out like W, so the update is (dp, mp) like the matmul it is added to; a row-parallel
+# W is split over in: x arrives (dp, mp), A split over in like W, the partial x_r A_r^T is all-reduced, B
+# whole, the update (dp, 1) like the reduced matmul.
+LORA_GOLDEN_DP2_MP4 = {
+    "attention.linear_qkv.lora_dropout.dropout": ((2, 1),),
+    "attention.linear_qkv.lora_a_matmul": ((2, 1), (1, 1)),
+    "attention.linear_qkv.lora_b_matmul": ((2, 1), (4, 1)),
+    "attention.linear_qkv.lora_mul": ((2, 4), ()),
+    "attention.linear_qkv.lora_add": ((2, 4), (2, 4)),
+    "mlp.linear_fc2.lora_dropout.dropout": ((2, 4),),
+    "mlp.linear_fc2.lora_a_matmul": ((2, 4), (1, 4)),
+    "mlp.linear_fc2.lora_b_matmul": ((2, 1), (1, 1)),
+    "mlp.linear_fc2.lora_mul": ((2, 1), ()),
+    "mlp.linear_fc2.lora_add": ((2, 1), (2, 1)),
+}
+
+
+def test_a_parallel_build_shards_the_adapters(monkeypatch):
+    """Built under semi-auto parallel (which CPU cannot compile; the model's own call is made), the
+    adapters' primitives carry the golden strategies, and the base Linears keep theirs."""
+    import mindformers_gptlocal.model.gpt as gpt
+    monkeypatch.setattr(gpt, "is_parallel_build", lambda: True)
+    config = GPTLocalConfig(**SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4},
+                            pet_config=dict(PET, target_modules=".*linear_qkv|.*linear_fc2"))
+    model = GPTLocalForCausalLM(config)
+    for index in range(SMALL["num_hidden_layers"]):
+        prefix = f"model.layers.{index}."
+        lora_ops = {op[len(prefix):]: st for op, st in model.sharding.items() if op.startswith(prefix) and "lora" in op}
+        assert lora_ops == LORA_GOLDEN_DP2_MP4, index
+        assert model.sharding[prefix + "attention.linear_qkv.matmul"] == ((2, 1), (4, 1))
+    layer = model.model.layers[1]
+    assert layer.mlp.linear_fc2.lora_a_matmul.attrs["in_strategy"] == ((2, 4), (1, 4))
+    assert layer.attention.linear_qkv.lora_b_matmul.attrs["in_strategy"] == ((2, 1), (4, 1))
