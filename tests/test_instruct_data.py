@@ -217,3 +217,26 @@ def test_hfdataloader_route_trains_as_the_prepare_data_route(corpus, tmp_path):
         losses.append(step_losses(out))
     assert len(losses[0]) == len(rows) // 4 > 0
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_preflight_names_a_bad_record_and_a_seq_length_mismatch(corpus, tmp_path):
+    """HFDataLoader + GPTLocalInstructHandler: the pre-flight reads the records itself (inside the handler
+    `datasets` has dropped the line numbers) and checks the handler's seq_length against the model's."""
+    from mindformers_gptlocal.cli.launcher import load_config
+    from mindformers_gptlocal.errors import GPTLocalError
+    from mindformers_gptlocal.preflight.checks import preflight
+    data = _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "a"},
+                                                          {"role": "assistant", "content": "b"}]},
+                                            {"messages": [{"role": "user", "content": "a"}]}])
+
+    def error(seq_length):
+        handler = [{"type": "GPTLocalInstructHandler", "format": "chat", "seq_length": seq_length, "tokenizer": {}}]
+        yaml_path = tiny_yaml(tmp_path, "finetune_gpt_local_tiny_sft_cpu.yaml", load_checkpoint="",
+                              pretrained_model_dir=corpus["model_dir"], train_dataset__data_loader__data_files=data,
+                              train_dataset__data_loader__handler=handler)
+        with pytest.raises(GPTLocalError) as caught:
+            preflight(load_config(["--config", yaml_path]), log=lambda _: None)
+        return str(caught.value)
+
+    assert "GPTLocalInstructHandler.seq_length is 256 but model_config.seq_length is 64" in error(256)
+    assert f"{data}:2: the last message must be the assistant's" in error(64)

@@ -105,6 +105,11 @@ def block_rules(seq_parallel=False, lora=()):
         OpRule("attention.attention_dropout.dropout", (heads,)),
         OpRule("attention.pv_matmul", (heads, heads)),
         OpRule("attention.flash_attention", (heads, heads, heads, (1, 1)), optional=True),
+        # packed rows on Ascend: [B, N, S, D] -> [B, S, N, D], then TND flash attention over [B*S, N, D] with
+        # the compressed mask and the document ends (MindFormers' mcore FlashAttention TND strategy)
+        OpRule("attention.varlen_merge", (heads,), optional=True),
+        OpRule("attention.flash_attention_varlen", ((DP, MP, 1), (DP, MP, 1), (DP, MP, 1), (1, 1), (DP,), (DP,)),
+               optional=True),
         OpRule("attention.merge_heads", (heads,)),
         *_row("attention.linear_proj"),
         _norm("post_attention_layernorm", act),
