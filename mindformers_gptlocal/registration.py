@@ -5,8 +5,9 @@ by ``import mindformers_gptlocal`` when MindFormers is already loaded, and befor
 name (``GPTLocalForCausalLM`` ...) is handed out. It
 
 1. imports the modules whose classes carry MindFormers' register decorators (config, model,
-   train wrappers, optimizer, callbacks, metric, checkpoint monitor, tokenizer); the config and
-   the model also register themselves with AutoConfig / AutoModelForCausalLM where they are defined;
+   train wrappers, optimizer, callbacks, metric, checkpoint monitor, tokenizer, instruction data handler);
+   the config and the model also register themselves with AutoConfig / AutoModelForCausalLM where they
+   are defined; the handler is also set on ``mindformers.dataset.handler``, where HFDataLoader looks;
 2. wraps MindFormers' ``build_context`` so a gpt_local YAML gets our pre-flight checks (and the
    switch to the mcore path) inside MindFormers' own ``run_mindformer.py`` too;
 3. keeps a gpt_local runner_wrapper when MindFormers' trainer swaps wrappers for pipeline
@@ -21,7 +22,8 @@ from .preflight.checks import preflight
 
 # modules whose classes MindFormers finds by name (YAML ``type:`` / ``model_type``)
 REGISTERED_MODULES = ("training.wrapper", "training.optim", "training.callbacks", "training.metrics",
-                      "checkpoint.monitor", "data.mindformers_tokenizer", "model.config", "model.gpt")
+                      "checkpoint.monitor", "data.mindformers_tokenizer", "data.mindformers_handler", "model.config",
+                      "model.gpt")
 _STATE = {"done": False}
 
 _CHECKED = set()
@@ -88,6 +90,10 @@ def _patch_mindformers():
     for module in (mindformers, mindformers.core, mindformers.core.context):
         if getattr(module, "build_context", None) is original:
             module.build_context = wrapped
+    # HFDataLoader looks a YAML handler's `type` up as a name in this module, not in the registry
+    import mindformers.dataset.handler as handlers
+    from .data.mindformers_handler import GPTLocalInstructHandler
+    handlers.GPTLocalInstructHandler = GPTLocalInstructHandler
     from mindformers.trainer.base_trainer import BaseTrainer
     for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
         reset = getattr(BaseTrainer, name, None)

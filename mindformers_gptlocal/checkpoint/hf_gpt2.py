@@ -378,6 +378,7 @@ def ms_to_hf(ms_dir, out):
     reader = SafetensorsReader(weights)
     local.setdefault("intermediate_size", 4 * local["hidden_size"])
     local.setdefault("max_position_embeddings", 1024)
+    lora = local.pop("pet_config", None)  # the base weights only; adapters: --lora-only or `gptlocal lora merge`
     expected = expected_local_shapes(local)
     heads = local["num_attention_heads"]
     missing = sorted(set(expected) - set(reader.names()))
@@ -400,5 +401,5 @@ def ms_to_hf(ms_dir, out):
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(local_to_gpt2_config(local), handle, indent=2)
         _copy_tokenizer(ms_dir, staging, local["max_position_embeddings"])
-        return {"tensors": len(plan)}
+        return {"tensors": len(plan), "lora_left_out": bool(lora)}
     return write_folder(out, build, CheckpointError)

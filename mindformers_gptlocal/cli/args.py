@@ -11,6 +11,7 @@ COMMANDS = {
     "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
     "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
+    "lora": "merge a pet_config run's LoRA adapters into the base weights",
 }
 
 
@@ -40,6 +41,15 @@ def prepare_data_parser():
     parser.add_argument("--eval-fraction", type=float, default=0.05, help="share of documents held out for eval")
     parser.add_argument("--max-bytes", type=int, help="stop adding files past this many bytes")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    parser.add_argument("--format", default="text", choices=("text", "alpaca", "chat"),
+                        help="text (default); alpaca: .json/.jsonl records {instruction, input, output}; chat: "
+                             "records {messages: [{role, content}]}. Instruction formats write MindRecord with "
+                             "the prompt masked out of the loss")
+    parser.add_argument("--too-long", default="truncate", choices=("truncate", "error"),
+                        help="an instruction record longer than --seq-length: drop tokens from the start of its "
+                             "prompt (default) or stop with its file and line")
+    parser.add_argument("--no-pack", dest="pack", action="store_false",
+                        help="one instruction record a row (default: pack several a row, with actual_seq_len)")
     return parser
 
 
@@ -55,6 +65,23 @@ def convert_parser():
     ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF GPT-2 directory")
     ms2hf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
     ms2hf.add_argument("--out", required=True)
+    ms2hf.add_argument("--lora-only", action="store_true",
+                       help="write only the LoRA adapters of a pet_config run, as a Hugging Face PEFT adapter "
+                            "(adapter_config.json + adapter_model.safetensors)")
+    return parser
+
+
+def lora_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal lora", description="LoRA adapters of a pet_config run.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    merge = sub.add_parser("merge", help="fold adapters into the base weights: a plain model directory")
+    merge.add_argument("--base", required=True, help="the base model directory the run finetuned")
+    merge.add_argument("--adapter", required=True,
+                       help="the run's model directory (output/model), checkpoint folder or .safetensors file")
+    merge.add_argument("--out", required=True, help="new folder for the merged model directory")
+    merge.add_argument("--lora-alpha", type=float,
+                       help="LoRA alpha (default: the run's pet_config, found beside --adapter)")
+    merge.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     return parser
 
 
@@ -197,4 +224,5 @@ def eval_parser():
 
 
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
-           "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser}
+           "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser,
+           "lora": lora_parser}

@@ -1,5 +1,6 @@
 """``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
-run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile).
+run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile),
+lora merge (fold LoRA adapters into the weights).
 
 Arguments are defined in ``args.py``; each command imports only what its work needs (``plan``,
 ``convert`` and ``--help`` load neither MindSpore nor MindFormers).
@@ -17,7 +18,8 @@ def prepare_data(argv):
     summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length,
                       vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
                       merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
-                      max_bytes=options.max_bytes, overwrite=options.overwrite)
+                      max_bytes=options.max_bytes, overwrite=options.overwrite, fmt=options.format,
+                      too_long=options.too_long, pack=options.pack)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -27,9 +29,28 @@ def convert(argv):
     from ..checkpoint import hf_gpt2
     if options.direction == "hf2ms":
         summary = hf_gpt2.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
+    elif options.lora_only:
+        from ..checkpoint import lora
+        summary = lora.to_peft(options.ms_dir, options.out)
+        print(f"wrote a PEFT LoRA adapter ({summary['tensors']} tensors, target_modules {summary['targets']}) "
+              f"to {options.out}")
+        return 0
     else:
         summary = hf_gpt2.ms_to_hf(options.ms_dir, options.out)
+        if summary.get("lora_left_out"):
+            print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
+                  f"in first (gptlocal lora merge) or export them with --lora-only.")
     print(f"wrote {summary['tensors']} tensors to {options.out}")
+    return 0
+
+
+def lora(argv):
+    options = cli_args.lora_parser().parse_args(argv)
+    from ..checkpoint.lora import merge
+    summary = merge(options.base, options.adapter, options.out, alpha=options.lora_alpha,
+                    overwrite=options.overwrite)
+    print(f"merged {summary['adapters']} LoRA adapters (rank {summary['rank']}, alpha {summary['alpha']:g}) "
+          f"into {summary['out']}")
     return 0
 
 
@@ -97,7 +118,7 @@ def evaluate(argv):
 
 
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan, "serve": serve, "eval": evaluate}
+            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora}
 
 
 def main(argv=None):

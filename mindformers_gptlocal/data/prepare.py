@@ -158,11 +158,17 @@ def write_megatron(prefix, docs):
 
 def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_path=None, vocab=None,
             merges=None, jsonl_key="text", eval_fraction=0.05, max_bytes=None, overwrite=False,
-            model_config=None):
+            model_config=None, fmt="text", too_long="truncate", pack=True):
     """Build the tokenizer, tokenize, and write both dataset formats plus a model directory.
 
+    ``fmt`` 'alpaca' or 'chat' reads instruction records instead of text (``instruct.py``): MindRecord
+    only, with the prompt masked out of the loss, ``pack``ed several records a row with ``actual_seq_len``;
+    ``too_long`` says what a record longer than seq_length gets ('truncate' the prompt, or 'error').
     Returns a summary dict (also written to ``<out>/meta.json``).
     """
+    if fmt != "text":
+        return _prepare_instruct(inputs, out, seq_length, vocab_size, tokenizer_path, vocab, merges,
+                                 eval_fraction, overwrite, model_config, fmt, too_long, pack)
     out = os.path.abspath(out)
     files = stdlib_sources(max_bytes) if not inputs else _limit(collect_files(inputs), max_bytes)
     staging = f"{out}.partial-{os.getpid()}"
@@ -200,6 +206,46 @@ def _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab,
     write_megatron(summary["megatron_prefix"], train_docs)
     save_model_dir(os.path.join(staging, "model"), tokenizer, seq_length, model_config)
     summary["seconds"] = round(time.time() - started, 1)
+    return summary
+
+
+def _prepare_instruct(inputs, out, seq_length, vocab_size, tokenizer_path, vocab, merges, eval_fraction,
+                      overwrite, model_config, fmt, too_long, pack):
+    from . import instruct
+    if fmt not in instruct.FORMATS:
+        raise DataError(f"--format {fmt}: choose text, {' or '.join(instruct.FORMATS)}.")
+    if too_long not in instruct.TOO_LONG:
+        raise DataError(f"--too-long {too_long}: choose {' or '.join(instruct.TOO_LONG)}.")
+    if not inputs:
+        raise DataError(f"--format {fmt} needs --input: .json or .jsonl files (or folders) of records.")
+    out = os.path.abspath(out)
+    files = collect_files(inputs)
+    staging = f"{out}.partial-{os.getpid()}"
+
+    def build(folder):
+        started = time.time()
+        make = instruct.alpaca_segments if fmt == "alpaca" else instruct.chat_segments
+
+        def texts():  # what a new BPE learns from when no tokenizer is given
+            for path in files:
+                for line, record in instruct.read_records(path):
+                    yield "".join(t for t, _ in make(record, f"{path}:{line}") if t)
+        tokenizer = build_tokenizer(texts, vocab_size, tokenizer_path, vocab, merges)
+        eos = tokenizer.token_to_id(EOD_TOKEN)
+        summary = instruct.prepare_instruct(folder, files, fmt, tokenizer, eos, seq_length, too_long, pack,
+                                            eval_fraction)
+        summary.update({"files": len(files), "vocab_size": tokenizer.get_vocab_size(), "eod_token_id": eos,
+                        "seq_length": seq_length, "too_long": too_long,
+                        "model_dir": os.path.join(folder, "model")})
+        save_model_dir(summary["model_dir"], tokenizer, seq_length, model_config,
+                       chat_template=instruct.CHAT_TEMPLATE)
+        summary["seconds"] = round(time.time() - started, 1)
+        return summary
+
+    summary = write_folder(out, build, DataError, overwrite=overwrite, overwrite_flag="--overwrite")
+    summary = _absolute_paths(summary, staging, out)
+    with open(os.path.join(out, "meta.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
     return summary
 
 

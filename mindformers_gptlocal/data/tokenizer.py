@@ -55,14 +55,18 @@ def build_tokenizer(documents_fn, vocab_size, tokenizer_path=None, vocab=None, m
     return tokenizer
 
 
-def save_model_dir(path, tokenizer, seq_length, model_config=None):
-    """``tokenizer.json``, ``tokenizer_config.json`` and a gpt_local ``config.json``: what predict loads."""
+def save_model_dir(path, tokenizer, seq_length, model_config=None, chat_template=None):
+    """``tokenizer.json``, ``tokenizer_config.json`` (with ``chat_template`` if given) and a gpt_local
+    ``config.json``: what predict loads."""
     os.makedirs(path, exist_ok=True)
     tokenizer.save(os.path.join(path, "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN,
+                "unk_token": EOD_TOKEN, "pad_token": EOD_TOKEN, "model_max_length": seq_length,
+                "clean_up_tokenization_spaces": False}
+    if chat_template:
+        settings["chat_template"] = chat_template
     with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN,
-                   "unk_token": EOD_TOKEN, "pad_token": EOD_TOKEN, "model_max_length": seq_length,
-                   "clean_up_tokenization_spaces": False}, handle, indent=2)
+        json.dump(settings, handle, indent=2)
     eod = tokenizer.token_to_id(EOD_TOKEN)
     config = {"model_type": "gpt_local", "architectures": ["GPTLocalForCausalLM"],
               "vocab_size": tokenizer.get_vocab_size(), "seq_length": seq_length,

@@ -72,14 +72,24 @@ class ParallelAttention(nn.Cell):
             self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
                 head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
                 input_layout="BNSD", sparse_mode=0)
+            # Packed rows (actual_seq_len): the variable-length form, as MindFormers' mcore FlashAttention
+            # runs it: tokens flattened to [B*S, N, D], cumulative document ends for q and kv, and
+            # sparse_mode 3 (causal inside each document, with the compressed 2048 x 2048 mask).
+            self.flash_attention_varlen = ops.operations.nn_ops.FlashAttentionScore(
+                head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
+                input_layout="TND", sparse_mode=3)
+            self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
 
-    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None):
+    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
+                  seq_ends=None):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
         keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position),
         attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
         cache holds the present keys and values afterwards.
+        ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch
+        ([B * docs], see ``GPTLocalModel.document_mask``); attention then never crosses a document.
         """
         batch, seq, _ = hidden.shape
         qkv = self.linear_qkv(hidden)
@@ -89,6 +99,8 @@ class ParallelAttention(nn.Cell):
                                                            write_index))
         qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
         query, key, value = self.split_qkv(qkv)
+        if self.use_flash_attention and seq_ends is not None:
+            return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends))
         if self.use_flash_attention:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
         else:
@@ -96,6 +108,16 @@ class ParallelAttention(nn.Cell):
         context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
         return self.linear_proj(context)
+
+    def _varlen_flash(self, query, key, value, attention_mask, seq_ends):
+        """Flash attention over packed rows (Ascend only, untested on CPU/GPU): [B, N, S, D] -> [B, S, H]."""
+        batch, _, seq, _ = query.shape
+        query, key, value = [ops.reshape(self.varlen_merge(x, (0, 2, 1, 3)), (batch * seq, self.num_heads,
+                                                                               self.head_dim))
+                             for x in (query, key, value)]
+        context = self.flash_attention_varlen(query, key, value, None, None, None, attention_mask, None,
+                                              seq_ends, seq_ends)[3]
+        return ops.reshape(context, (batch, seq, self.hidden_size))
 
     def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index):
         """Write this step's K/V into the head-major caches [B, N, L, D] in place, then attend over

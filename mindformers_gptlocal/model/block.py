@@ -32,10 +32,13 @@ class GPTLocalBlock(nn.Cell):
         self.hidden_dropout = nn.Dropout(p=config.hidden_dropout)
         self.add = ops.Add()
 
-    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None):
-        """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention)."""
+    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
+                  seq_ends=None):
+        """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
+        ``seq_ends``: packed rows' document ends for flash attention's variable-length form."""
         dtype = hidden.dtype
-        attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index)
+        attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index,
+                              seq_ends)
         hidden = self.add(hidden, ops.cast(self.hidden_dropout(attn), dtype))
         mlp = self.mlp(self.post_attention_layernorm(hidden))
         return self.add(hidden, ops.cast(self.hidden_dropout(mlp), dtype))

@@ -15,7 +15,8 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
-from .params import ACTIVATIONS, GPT2_ALIASES
+from .lora_config import check_trainable, read_pet_config
+from .params import ACTIVATIONS, GPT2_ALIASES, parameter_table
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -30,6 +31,9 @@ MINDFORMERS_INJECTED = {
     "use_legacy", "generation_config", "return_extra_loss", "summary_type",
     "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
     "n_ctx", "use_cache",
+    # set by MindFormers' trainer for packed data (create_compressed_eod_mask); the model reads actual_seq_len
+    # whenever the data has it
+    "use_eod_attn_mask_compression",
 }
 
 
@@ -103,6 +107,7 @@ class GPTLocalConfig(PretrainedConfig):
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
                 else parallel_config
         _reject_unknown(kwargs)
+        pet_config = kwargs.pop("pet_config", None)  # LoRA (model/lora_config.py); checked in validate()
         layout_batch_size = kwargs.get("batch_size")
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
@@ -131,6 +136,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
         self.scale_attn_weights = bool(scale_attn_weights)
         self.ignore_token_id = ignore_token_id
+        self.pet_config = _plain_pet_config(pet_config)
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -199,6 +205,14 @@ class GPTLocalConfig(PretrainedConfig):
         if self.reorder_and_upcast_attn:
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
+        self.lora_spec()
+
+    def lora_spec(self):
+        """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one."""
+        spec = read_pet_config(getattr(self, "pet_config", None), self.num_hidden_layers)
+        if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
+            check_trainable(spec, list(parameter_table(self, Layout())))
+        return spec
 
     @property
     def layout(self):
@@ -212,6 +226,15 @@ class GPTLocalConfig(PretrainedConfig):
 
 
 _KNOWN = None
+
+
+def _plain_pet_config(pet_config):
+    """pet_config as a plain dict (MindFormers hands a DictConfig/LoraConfig; dtypes become their names)."""
+    if not pet_config:
+        return None
+    items = pet_config.items() if hasattr(pet_config, "items") else vars(pet_config).items()
+    return {k: (v if v is None or isinstance(v, (str, int, float, bool, list, tuple)) else str(v))
+            for k, v in items}
 
 
 def _number(key, value):

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .attention import causal_bias
+from .attention import MASK_VALUE, causal_bias
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
 from .kv_cache import KVCache, cache_length
@@ -91,20 +91,28 @@ class GPTLocalModel(nn.Cell):
         self.final_layernorm.pipeline_stage = stage_ids[-1]
         if flash:  # FlashAttentionScore takes a uint8 mask, 1 = masked
             self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
+            self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))  # sparse_mode 3's compressed mask
         else:
             self.causal_bias = causal_bias(config.max_position_embeddings)
+        # packed rows (document_mask): token index and the causal keep-mask, sliced to the sequence length
+        self.token_index = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
+        self.causal_keep = Tensor(np.tril(np.ones((config.max_position_embeddings,) * 2, np.bool_)))
         self.use_flash = flash
         self.stage_ids = stage_ids
         self.num_layers = config.num_hidden_layers
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
-                  write_index=None):
+                  write_index=None, actual_seq_len=None):
         """input_ids/position_ids [B, S] -> hidden [B, S, H]. The causal mask is built here unless given.
 
         Decoding (``kv_cache.py``) passes per-layer caches (``key_caches``/``value_caches``: tuples of
         [B, N, L, D] Parameters), ``write_index`` [B, N, S, 3] and an ``attention_bias`` over the L
-        cached rows; each layer writes its keys and values there (see ParallelAttention)."""
+        cached rows; each layer writes its keys and values there (see ParallelAttention).
+        ``actual_seq_len`` (packed rows, see ``document_mask``) replaces position_ids and the mask."""
         seq = input_ids.shape[1]
+        seq_ends = None
+        if actual_seq_len is not None:
+            position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
             if self.use_flash:
                 attention_bias = self.flash_mask[:seq, :seq]
@@ -113,12 +121,44 @@ class GPTLocalModel(nn.Cell):
         hidden = self.embedding(input_ids, position_ids)
         if key_caches is None:
             for layer in self.layers:
-                hidden = layer(hidden, attention_bias)
+                hidden = layer(hidden, attention_bias, None, None, None, seq_ends)
         else:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, key_caches[index], value_caches[index],
                                             write_index)
         return self.final_layernorm(hidden)
+
+    def document_mask(self, actual_seq_len, batch, seq):
+        """Packed rows: several documents in one row of ``seq`` tokens, as MindFormers' PackingHandler and
+        Megatron's compressed EOD mask describe them: ``actual_seq_len`` [B, L] holds each row's cumulative
+        document ends, padded with ``seq`` (after MindFormers' batch map, row b's ends are offset by b * seq;
+        both forms are read). Returns position_ids [B, S] restarting at every document, the mask, and
+        the ends over the flattened batch for flash attention (else None).
+
+        The mask keeps token i -> j where j <= i and both lie in one document: additive [B, 1, S, S] for
+        matmul attention (CPU/GPU); for flash attention the varlen kernel takes the ends themselves.
+        All tensor arithmetic on static shapes, no control flow on values."""
+        ends = ops.reshape(ops.cast(actual_seq_len, ms.int32), (batch, -1))
+        ends = ops.floor_mod(ends - 1, seq) + 1  # row-local ends in (0, seq]
+        index = self.token_index[:, :seq]  # [1, S]
+        passed = ops.cast(ops.less_equal(ops.expand_dims(ends, 2), ops.expand_dims(index, 1)), ms.int32)
+        doc = ops.reduce_sum(passed, 1)  # [B, S]: documents ended at or before token i = its document number
+        start = ops.reduce_max(ops.expand_dims(ends, 2) * passed, 1)  # [B, S]: where token i's document starts
+        positions = ops.broadcast_to(index, (batch, seq)) - start
+        if self.use_flash:
+            offsets = ops.reshape(ops.arange(batch, dtype=ms.int32) * seq, (batch, 1))
+            return positions, self.varlen_mask, ops.reshape(ends + offsets, (-1,))
+        same = ops.equal(ops.expand_dims(doc, 2), ops.expand_dims(doc, 1))  # [B, S, S]
+        keep = ops.logical_and(same, self.causal_keep[:seq, :seq])
+        bias = ops.cast(ops.logical_not(keep), ms.float32) * MASK_VALUE
+        return positions, ops.reshape(bias, (batch, 1, seq, seq)), None
+
+    def mask_bias(self, attention_mask, batch, seq):
+        """MindFormers' ``attention_mask`` column ([B, 1, S, S] or [B, S, S], 1 = masked: Megatron's reset
+        mask, HFDataLoader's packed mask) as this model's mask: additive bias, or uint8 for flash."""
+        if self.use_flash:
+            return ops.reshape(ops.cast(attention_mask, ms.uint8), (batch, 1, seq, seq))
+        return ops.reshape(ops.cast(attention_mask, ms.float32) * MASK_VALUE, (batch, 1, seq, seq))
 
 
 def _argmax(logits, axis=-1):
@@ -154,6 +194,10 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
+        self.lora = config.lora_spec()  # pet_config: LoRA adapters, before the strategies are set
+        if self.lora is not None:
+            from .lora import add_lora
+            add_lora(self, self.lora)
         self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
         self._kv_caches = {}
 
@@ -223,15 +267,24 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         index = ops.broadcast_to(ops.reshape(last_index, (batch, 1, 1)), (batch, 1, width))
         return self.logits(self.gather_d(hidden, 1, index))
 
-    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
-        """input_ids [B, S]. With ``labels`` None in training, input_ids holds S+1 tokens and is shifted."""
+    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None,
+                  actual_seq_len=None):
+        """input_ids [B, S]. With ``labels`` None in training, input_ids holds S+1 tokens and is shifted.
+
+        Packed rows (several documents a row): ``actual_seq_len`` (cumulative document ends, MindFormers'
+        PackingHandler / compressed EOD mask) or ``attention_mask`` (MindFormers' convention, 1 = masked,
+        e.g. Megatron's reset_attention_mask) keep attention inside each document; with actual_seq_len
+        the positions restart at each document too (``GPTLocalModel.document_mask``)."""
         if labels is None and self.training:
             labels = input_ids[:, 1:]
             input_ids = input_ids[:, :-1]
         batch, seq = input_ids.shape
         if position_ids is None:
             position_ids = ops.broadcast_to(self.position_ids[:, :seq], (batch, seq))
-        hidden = self.model(input_ids, position_ids, attention_mask)
+        attention_bias = None
+        if attention_mask is not None:
+            attention_bias = self.model.mask_bias(attention_mask, batch, seq)
+        hidden = self.model(input_ids, position_ids, attention_bias, None, None, None, actual_seq_len)
         logits = self.logits(hidden)
         if not self.training:
             logits = ops.reshape(logits, (batch, seq, self.vocab_size))

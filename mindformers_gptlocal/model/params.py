@@ -13,6 +13,7 @@ from collections import namedtuple
 
 from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
+from .lora_config import lora_shapes, read_pet_config, targeted_paths
 
 # GPT-2 (Hugging Face) names -> ours; GPTLocalConfig accepts both.
 GPT2_ALIASES = {
@@ -81,10 +82,12 @@ def layer_shapes(d):
             "mlp.linear_fc2.weight": (h, i), "mlp.linear_fc2.bias": (h,)}
 
 
-def table_of_dims(d, layout=None):
-    """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device)."""
+def table_of_dims(d, layout=None, lora=None):
+    """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
+    LoraSpec (``model/lora_config.py``) whose adapters are in the table too."""
     layout = layout or Layout()
-    layouts = param_layouts(model_rules(layout, d["layers"]))
+    lora_paths = targeted_paths(lora, d["layers"]) if lora else []
+    layouts = param_layouts(model_rules(layout, d["layers"], lora_paths))
     stage_ids = layout.stage_of_layers(d["layers"])
     last = max(stage_ids)
     shapes = {WORD_EMBEDDINGS: ((d["vocab"], d["hidden"]), sorted({0, last})),
@@ -92,6 +95,10 @@ def table_of_dims(d, layout=None):
     for index in range(d["layers"]):
         for name, shape in layer_shapes(d).items():
             shapes[f"{LAYER_PREFIX}{index}.{name}"] = (shape, [stage_ids[index]])
+    for path in lora_paths:
+        weight = shapes[path + ".weight"]
+        for name, shape in lora_shapes(weight[0][1], weight[0][0], lora.rank).items():
+            shapes[f"{path}.{name}"] = (shape, weight[1])
     shapes["model.final_layernorm.weight"] = ((d["hidden"],), [last])
     shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])
     return {name: ParamSpec(shape, layouts[name], stages) for name, (shape, stages) in shapes.items()}
@@ -100,7 +107,8 @@ def table_of_dims(d, layout=None):
 def parameter_table(config, layout=None):
     """name -> ParamSpec of the model ``config`` describes (GPTLocalConfig or model_config dict);
     ``layout`` defaults to the config's own (``Layout.of_model_config``)."""
-    return table_of_dims(dims(config), layout_of(config) if layout is None else layout)
+    lora = read_pet_config(config_value(config, "pet_config", None), dims(config)["layers"])
+    return table_of_dims(dims(config), layout_of(config) if layout is None else layout, lora)
 
 
 def layer_of(name):

@@ -13,6 +13,7 @@ from ..errors import CheckpointError
 from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic_write, read_safetensors,
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
+from .lora_config import is_lora_name
 from .params import WORD_EMBEDDINGS, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
@@ -42,14 +43,22 @@ def check_matches_config(path, config):
 def model_state(tensors, model):
     """Keep the model's own parameters from a checkpoint (drops optimizer state), checking names and shapes."""
     params = {p.name: p for p in model.get_parameters()}
-    missing = [name for name in params if name not in tensors]
+    # a LoRA model (pet_config) loads its base weights; adapters absent from the file keep their init
+    missing = [name for name in params if name not in tensors and not is_lora_name(name)]
     if missing:
         foreign = sorted(tensors)[:3]
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
                               f"'{missing[0]}'; it holds e.g. {foreign}. It is not a gpt_local checkpoint of "
                               f"this architecture (convert Hugging Face weights with `gptlocal convert hf2ms`).")
+    adapters = [name for name in tensors if is_lora_name(name) and name.startswith("model.")]
+    if adapters and not any(is_lora_name(name) for name in params):
+        raise CheckpointError(f"checkpoint holds LoRA adapters (e.g. '{adapters[0]}') but the model has none, so "
+                              f"they would be ignored; fold them in first (`gptlocal lora merge --base BASE_DIR "
+                              f"--adapter THIS --out MERGED`) or build the model with the run's pet_config.")
     state = {}
     for name, param in params.items():
+        if name not in tensors:
+            continue
         array = tensors[name]
         if tuple(array.shape) != tuple(param.shape):
             raise CheckpointError(f"tensor '{name}' has shape {tuple(array.shape)} in the checkpoint but "

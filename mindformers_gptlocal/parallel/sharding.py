@@ -65,11 +65,35 @@ def _norm(name, act):
     return OpRule(f"{name}.layer_norm", (act, (1,), (1,)), {1: f"{name}.weight", 2: f"{name}.bias"})
 
 
-def block_rules(seq_parallel=False):
-    """The rules of one GPTLocalBlock, paths relative to the block."""
+def _lora(linear, split):
+    """A LoRA adapter on a Linear (model/lora.py): y += scale * B(A(dropout(x))), A [r, in], B [out, r].
+    Column-parallel (W split over out): A whole on every rank, B split over out like W, so the update
+    comes out (dp, mp) like the matmul. Row-parallel (W split over in): A split over in like W, the
+    rank's partial x_r A_r^T is summed over ranks (the all-reduce), B whole, the update (dp, 1)."""
+    if split == "column":
+        return [OpRule(f"{linear}.lora_dropout.dropout", ((DP, 1),)),
+                OpRule(f"{linear}.lora_a_matmul", ((DP, 1), (1, 1)), {1: f"{linear}.lora_a"}),
+                OpRule(f"{linear}.lora_b_matmul", ((DP, 1), (MP, 1)), {1: f"{linear}.lora_b"}),
+                OpRule(f"{linear}.lora_mul", ((DP, MP), ())),
+                OpRule(f"{linear}.lora_add", ((DP, MP), (DP, MP)))]
+    return [OpRule(f"{linear}.lora_dropout.dropout", ((DP, MP),)),
+            OpRule(f"{linear}.lora_a_matmul", ((DP, MP), (1, MP)), {1: f"{linear}.lora_a"}),
+            OpRule(f"{linear}.lora_b_matmul", ((DP, 1), (1, 1)), {1: f"{linear}.lora_b"}),
+            OpRule(f"{linear}.lora_mul", ((DP, 1), ())),
+            OpRule(f"{linear}.lora_add", ((DP, 1), (DP, 1)))]
+
+
+LINEAR_SPLITS = {"attention.linear_qkv": "column", "attention.linear_proj": "row",
+                 "mlp.linear_fc1": "column", "mlp.linear_fc2": "row"}
+
+
+def block_rules(seq_parallel=False, lora=()):
+    """The rules of one GPTLocalBlock, paths relative to the block; ``lora``: the block's Linears
+    (``attention.linear_qkv`` ...) that carry a LoRA adapter."""
     act = (DP, MP, 1) if seq_parallel else (DP, 1, 1)
     heads = (DP, MP, 1, 1)
-    return [
+    adapters = [rule for linear in LINEAR_SPLITS if linear in lora for rule in _lora(linear, LINEAR_SPLITS[linear])]
+    return adapters + [
         _norm("input_layernorm", act),
         *_column("attention.linear_qkv"),
         OpRule("attention.transpose", ((DP, 1, MP, 1, 1),)),  # [B, S, N, 3, D]: whole heads per rank
@@ -81,6 +105,11 @@ def block_rules(seq_parallel=False):
         OpRule("attention.attention_dropout.dropout", (heads,)),
         OpRule("attention.pv_matmul", (heads, heads)),
         OpRule("attention.flash_attention", (heads, heads, heads, (1, 1)), optional=True),
+        # packed rows on Ascend: [B, N, S, D] -> [B, S, N, D], then TND flash attention over [B*S, N, D] with
+        # the compressed mask and the document ends (MindFormers' mcore FlashAttention TND strategy)
+        OpRule("attention.varlen_merge", (heads,), optional=True),
+        OpRule("attention.flash_attention_varlen", ((DP, MP, 1), (DP, MP, 1), (DP, MP, 1), (1, 1), (DP,), (DP,)),
+               optional=True),
         OpRule("attention.merge_heads", (heads,)),
         *_row("attention.linear_proj"),
         _norm("post_attention_layernorm", act),
@@ -93,9 +122,10 @@ def block_rules(seq_parallel=False):
     ]
 
 
-def model_rules(config, num_layers=None):
+def model_rules(config, num_layers=None, lora_paths=()):
     """Every rule of a GPTLocalForCausalLM, paths relative to it (layers expanded). ``config``: a model
-    config, or a ``Layout`` with ``num_layers``."""
+    config, or a ``Layout`` with ``num_layers``; ``lora_paths``: full paths of the Linears with a LoRA
+    adapter (``model.layers.0.attention.linear_qkv``)."""
     layout = layout_of(config)
     if num_layers is None:
         num_layers = config.num_hidden_layers
@@ -110,7 +140,8 @@ def model_rules(config, num_layers=None):
     ]
     for index in range(num_layers):
         prefix = f"model.layers.{index}."
-        for rule in block_rules(seq):
+        lora = [path[len(prefix):] for path in lora_paths if path.startswith(prefix)]
+        for rule in block_rules(seq, lora):
             params = {i: prefix + p for i, p in (rule.params or {}).items()} or None
             rules.append(rule._replace(op=prefix + rule.op, params=params))
     rules += [
@@ -193,7 +224,8 @@ def apply_sharding(model, config):
     layout = layout_of(config)
     check_divisible(config, layout.mp)
     applied = {}
-    for rule in model_rules(config):
+    lora_paths = [name[:-len(".lora_a")] for name, _ in model.parameters_and_names() if name.endswith(".lora_a")]
+    for rule in model_rules(config, lora_paths=lora_paths):
         op = resolve(model, rule.op)
         if op is None:
             if rule.optional or rule.op.endswith((".relu", ".gelu")):

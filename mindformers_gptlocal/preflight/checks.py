@@ -18,7 +18,7 @@ from ..model.weights import check_matches_config
 from ..parallel.layout import Layout
 from ..parallel.rules import check_yaml_layout, global_batch_size as batch_formula, launch_device_count, raise_if_bad
 from ..safetensors_io import resolve_weights_file
-from .inputs import (check_enough_rows, check_megatron_pair, check_mindrecord_schema, check_output_dir,
+from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
                            check_device, check_safetensors_only, check_structure,
                            check_tokenizers)
 
@@ -152,6 +152,7 @@ def check_data(config, model_config):
                                  batch_size if section.get("drop_remainder", True) else None)
             else:
                 check_megatron(path, key, model_config.vocab_size)
+        check_instruct_records(section, name, model_config.seq_length)
 
 
 def resolve_checkpoint(config, log=print):

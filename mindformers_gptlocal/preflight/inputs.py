@@ -167,3 +167,37 @@ def check_safetensors_only(path, key="load_checkpoint"):
         raise CheckpointError(f"{key} {path} is a pickle-based file; gpt_local loads safetensors only, because "
                               f"unpickling a file can run arbitrary code. Convert it once with `gptlocal convert "
                               f"hf2ms --allow-pickle` if you trust it.")
+
+
+def check_instruct_records(section, key, seq_length):
+    """An HFDataLoader with GPTLocalInstructHandler: the handler's seq_length is the model's, and every record
+    of its local JSON/JSONL files is well-formed, so a bad one stops the run here, named by file and line
+    (inside the handler, ``datasets`` has already dropped the lines)."""
+    from ..data import instruct
+    loader = section.get("data_loader") or {}
+    handlers = loader.get("handler") or []
+    handlers = [h for h in (handlers if isinstance(handlers, list) else [handlers])
+                if isinstance(h, dict) and h.get("type") == "GPTLocalInstructHandler"]
+    if loader.get("type") != "HFDataLoader" or not handlers:
+        return
+    handler = handlers[0]
+    if handler.get("seq_length") != seq_length:
+        raise ConfigError(f"{key}.data_loader.handler GPTLocalInstructHandler.seq_length is "
+                          f"{handler.get('seq_length')} but model_config.seq_length is {seq_length}; set them equal.")
+    fmt = handler.get("format", "alpaca")
+    if fmt not in instruct.FORMATS:
+        raise ConfigError(f"{key}.data_loader.handler GPTLocalInstructHandler.format is {fmt!r}; choose "
+                          f"{' or '.join(instruct.FORMATS)}.")
+    files = loader.get("data_files")
+    files = [files] if isinstance(files, str) else list(files or []) if isinstance(files, list) else []
+    make = instruct.alpaca_segments if fmt == "alpaca" else instruct.chat_segments
+    for path in files:
+        if not os.path.isfile(path):
+            raise DataError(f"{key}.data_loader.data_files: {path} does not exist; give a local .json or .jsonl file "
+                            f"of {fmt} records.")
+        count = 0
+        for line, record in instruct.read_records(path):
+            make(record, f"{path}:{line}")
+            count += 1
+        if not count:
+            raise DataError(f"{path}: no records; give JSONL (one object a line) or a JSON array of records.")

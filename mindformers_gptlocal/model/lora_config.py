@@ -1,0 +1,143 @@
+"""LoRA settings from MindFormers' ``model_config.pet_config``, checked once, in pure Python.
+
+A MindFormers user's YAML works unchanged::
+
+    pet_config:
+      pet_type: lora
+      lora_rank: 8
+      lora_alpha: 16
+      lora_dropout: 0.05
+      target_modules: '.*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2'
+      freeze_include: ['*']
+      freeze_exclude: ['*lora*']
+
+The keys and their meaning are MindFormers' ``LoraConfig`` (mindformers/pet/pet_config.py):
+``target_modules`` is matched with ``re.match`` against a Linear's attribute name (``linear_qkv``)
+as MindFormers' ``recursive_replace_dense_cell`` does; we also accept a full match on its path
+(``model.layers.0.attention.linear_qkv``), as PEFT does, so one layer can be chosen.
+``exclude_layers`` (re.match on any attribute name along the path) skips a sub-tree;
+``freeze_include``/``freeze_exclude`` are mindpet's ``freeze_modules`` fnmatch lists (a parameter
+matched by both is left as it is, i.e. trainable). Everything here runs without MindSpore, so the
+pre-flight (through ``GPTLocalConfig.validate``), ``gptlocal plan`` and ``convert`` use it.
+"""
+import re
+from collections import namedtuple
+from fnmatch import fnmatch
+
+from ..errors import ConfigError
+from ..parallel.sharding import LINEAR_SPLITS
+
+PET_TYPES = ("lora",)
+# Our Linear Cells by path inside a block -> how tensor parallel splits their weight (column / row)
+LINEARS = LINEAR_SPLITS
+LORA_A, LORA_B = "lora_a", "lora_b"  # parameter names under the Linear; '*lora*' freeze patterns match them
+INITS = ("normal", "zeros", "zero", "ones", "heuniform", "he_uniform", "xavier_uniform", "truncatednormal")
+
+LoraSpec = namedtuple("LoraSpec", "rank alpha dropout target_modules exclude_layers freeze_include freeze_exclude "
+                                  "a_init b_init")
+
+
+def _get(pet_config, key, default=None):
+    value = pet_config.get(key, default) if hasattr(pet_config, "get") else getattr(pet_config, key, default)
+    return default if value is None else value
+
+
+def read_pet_config(pet_config, num_layers):
+    """``model_config.pet_config`` (dict or MindFormers' LoraConfig) -> LoraSpec, or None when absent.
+    Every bad value is one ConfigError naming the key and the fix."""
+    if not pet_config:
+        return None
+    pet_type = _get(pet_config, "pet_type")
+    if pet_type not in PET_TYPES:
+        raise ConfigError(f"model_config.pet_config.pet_type {pet_type!r} is not supported by gpt_local; use "
+                          f"pet_type: lora (prefix tuning and P-Tuning v2 need model hooks gpt_local does not have).")
+    rank = _get(pet_config, "lora_rank", 8)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise ConfigError(f"model_config.pet_config.lora_rank must be a positive integer, got {rank!r}.")
+    alpha = _get(pet_config, "lora_alpha", 16)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha == 0:
+        raise ConfigError(f"model_config.pet_config.lora_alpha must be a non-zero number, got {alpha!r}.")
+    dropout = _get(pet_config, "lora_dropout", 0.01)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"model_config.pet_config.lora_dropout must be in [0, 1), got {dropout!r}.")
+    target = _get(pet_config, "target_modules")
+    if not isinstance(target, str) or not target:
+        raise ConfigError("model_config.pet_config.target_modules is missing; name the Linears to adapt, e.g. "
+                          "'.*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2'.")
+    try:
+        re.compile(target)
+    except re.error as err:
+        raise ConfigError(f"model_config.pet_config.target_modules {target!r} is not a regular expression "
+                          f"({err}).") from None
+    exclude = _str_list(pet_config, "exclude_layers")
+    include, keep = _str_list(pet_config, "freeze_include"), _str_list(pet_config, "freeze_exclude")
+    if include is None and keep is None:
+        raise ConfigError("model_config.pet_config needs freeze_include/freeze_exclude (MindFormers freezes the "
+                          "base model by them); add freeze_include: ['*'] and freeze_exclude: ['*lora*'].")
+    inits = []
+    for key, default in (("lora_a_init", "heuniform"), ("lora_b_init", "zeros")):
+        value = str(_get(pet_config, key, default)).lower()
+        if value not in INITS:
+            raise ConfigError(f"model_config.pet_config.{key} {value!r} is not an initializer gpt_local knows; "
+                              f"use one of {', '.join(INITS)}.")
+        inits.append(value)
+    spec = LoraSpec(rank, float(alpha), float(dropout), target, exclude, include, keep, *inits)
+    if not targeted_paths(spec, num_layers):
+        raise ConfigError(f"model_config.pet_config.target_modules {target!r} matches none of gpt_local's Linears "
+                          f"({', '.join(n.split('.')[-1] for n in LINEARS)}; full paths like "
+                          f"model.layers.0.attention.linear_qkv); e.g. use '.*linear_qkv|.*linear_proj'.")
+    return spec
+
+
+def _str_list(pet_config, key):
+    value = _get(pet_config, key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    value = list(value)
+    if not value or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"model_config.pet_config.{key} must be a non-empty list of strings, got {value!r}.")
+    return value
+
+
+def is_target(spec, path):
+    """Whether the Linear at ``path`` (``model.layers.3.mlp.linear_fc1``) gets an adapter."""
+    parts = path.split(".")
+    if spec.exclude_layers and any(re.match(p, part) for part in parts for p in spec.exclude_layers):
+        return False
+    return bool(re.match(spec.target_modules, parts[-1]) or re.fullmatch(spec.target_modules, path))
+
+
+def targeted_paths(spec, num_layers):
+    """Full paths of the Linears that get an adapter, layer by layer (``model.layers.0.attention.linear_qkv``)."""
+    return [f"model.layers.{i}.{linear}" for i in range(num_layers) for linear in LINEARS
+            if is_target(spec, f"model.layers.{i}.{linear}")]
+
+
+def lora_shapes(in_features, out_features, rank):
+    """{lora_a: [rank, in], lora_b: [out, rank]}: PEFT's lora_A / lora_B weights."""
+    return {LORA_A: (rank, in_features), LORA_B: (out_features, rank)}
+
+
+def is_lora_name(name):
+    return name.endswith((f".{LORA_A}", f".{LORA_B}"))
+
+
+def is_frozen(spec, name):
+    """mindpet's freeze_modules on one parameter name: frozen when it matches freeze_include and not
+    freeze_exclude; matched by both, it is left trainable (as it was built)."""
+    include = any(fnmatch(name, p) for p in spec.freeze_include or [])
+    keep = any(fnmatch(name, p) for p in spec.freeze_exclude or [])
+    return include and not keep
+
+
+def check_trainable(spec, names):
+    """The trainable names under the freeze lists; one ConfigError when none is left."""
+    trainable = [n for n in names if not is_frozen(spec, n)]
+    if not trainable:
+        raise ConfigError(f"model_config.pet_config freeze_include {spec.freeze_include} / freeze_exclude "
+                          f"{spec.freeze_exclude} freeze every parameter, so nothing would train; the adapters are "
+                          f"named '*.{LORA_A}' and '*.{LORA_B}': use freeze_include: ['*'], "
+                          f"freeze_exclude: ['*lora*'].")
+    return trainable
