@@ -10,14 +10,16 @@ name (``GPTLocalForCausalLM`` ...) is handed out. It
 2. wraps MindFormers' ``build_context`` so a gpt_local YAML gets our pre-flight checks (and the
    switch to the mcore path) inside MindFormers' own ``run_mindformer.py`` too;
 3. keeps a gpt_local runner_wrapper when MindFormers' trainer swaps wrappers for pipeline
-   parallel or gradient accumulation.
+   parallel or gradient accumulation;
+4. wraps the trainer's ``check_runner_config`` so resuming a run that has no step left is one
+   clear error instead of MindSpore's "epoch must bigger than initial_epoch".
 
 No MindFormers file is edited; other models pass through untouched.
 """
 import functools
 import importlib
 
-from .preflight.checks import preflight
+from .preflight.checks import is_gpt_local, preflight
 
 # modules whose classes MindFormers finds by name (YAML ``type:`` / ``model_type``)
 REGISTERED_MODULES = ("training.wrapper", "training.optim", "training.callbacks", "training.metrics",
@@ -64,6 +66,20 @@ def _keeping_gptlocal_wrapper(reset):
     return wrapper
 
 
+def _refusing_finished_runs(check_runner_config):
+    """After MindFormers sets epochs, sink size and the resume step: a resumed gpt_local run with no step
+    left fails here, before the network is built (``checkpoint.resume.check_steps_left``)."""
+    @functools.wraps(check_runner_config)
+    def wrapper(config, dataset, *args, **kwargs):
+        result = check_runner_config(config, dataset, *args, **kwargs)
+        if is_gpt_local(config) and config.get("resume_training"):
+            from .checkpoint.resume import check_steps_left
+            check_steps_left(config.runner_config, dataset.get_dataset_size(), config.get("load_checkpoint"))
+        return result
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
 def register():
     """Register gpt_local with MindFormers (idempotent). Imports MindFormers if it is not loaded yet."""
     if _STATE["done"]:
@@ -88,6 +104,9 @@ def _patch_mindformers():
     for module in (mindformers, mindformers.core, mindformers.core.context):
         if getattr(module, "build_context", None) is original:
             module.build_context = wrapped
+    from mindformers.trainer import base_trainer
+    if not getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False):
+        base_trainer.check_runner_config = _refusing_finished_runs(base_trainer.check_runner_config)
     from mindformers.trainer.base_trainer import BaseTrainer
     for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
         reset = getattr(BaseTrainer, name, None)
