@@ -149,10 +149,12 @@ def test_sigkill_of_one_worker_during_a_save_resumes_both_ranks_at_one_step(corp
         pids = _worker_pids(yaml_path)
         assert 1 in pids, pids
         os.kill(pids[1], signal.SIGKILL)
+        killed_at = time.time()
         try:
             proc.wait(timeout=120)  # msrun notices the dead worker and stops the other one
         except subprocess.TimeoutExpired:
             pytest.fail("msrun did not stop within 120 s after a worker was killed")
+        print(f"\n[msrun kill test] msrun stopped {time.time() - killed_at:.1f} s after worker 1 was killed")
         assert proc.returncode != 0
     finally:
         if proc.poll() is None:

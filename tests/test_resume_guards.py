@@ -140,3 +140,45 @@ def test_resuming_a_finished_run_is_one_clear_line(stopped_run, tmp_path):
     assert "raise runner_config.epochs or pass a new output_dir" in out
     after = _snapshot(run / "output")
     assert {k: v for k, v in after.items() if "log" not in k} == {k: v for k, v in before.items() if "log" not in k}
+
+
+# --- many ranks: which step every rank resumes from (files made here, no training) ----------------------------
+
+def _rank_checkpoints(root, steps_per_rank, run=None):
+    """checkpoint/rank_<r>/ folders holding whole, manifest-recorded files at the given steps."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    for rank, steps in steps_per_rank.items():
+        folder = root / f"rank_{rank}"
+        folder.mkdir(parents=True)
+        for step in steps:
+            path = folder / f"gpt_local_rank_{rank}-1_{step}.safetensors"
+            save_file({"step_num": np.array(step, np.int32), "epoch_num": np.array(1, np.int32),
+                       "w": np.full(4, rank, np.float32)}, str(path))
+            ckpt_manifest.record(str(folder), str(path), step, run=run)
+
+
+def test_ranks_resume_from_the_newest_step_all_hold(tmp_path):
+    from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
+    _rank_checkpoints(tmp_path, {0: [2, 3, 4], 1: [2, 3]})  # rank 1 died before its step-4 save finished
+    notes = []
+    name, step, info = common_rank_checkpoint(str(tmp_path), 1, log=notes.append)
+    assert (name, step, info["step_num"]) == ("gpt_local_rank_1-1_3.safetensors", 3, 3)
+    assert any("rank 0 has a newer checkpoint (step 4)" in note for note in notes), notes
+
+
+def test_a_rank_without_the_step_or_its_folder_is_named(tmp_path):
+    from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
+    from mindformers_gptlocal.errors import CheckpointError
+    _rank_checkpoints(tmp_path, {0: [4], 1: [2]})
+    with pytest.raises(CheckpointError, match=r"share no complete checkpoint step \(newest per rank: \{'0': 4, "
+                                              r"'1': 2\}\)"):
+        common_rank_checkpoint(str(tmp_path), 0, log=lambda _: None)
+    with pytest.raises(CheckpointError, match="rank 1 has no complete checkpoint at step 4"):
+        common_rank_checkpoint(str(tmp_path), 0, wanted="gpt_local_rank_0-1_4.safetensors", log=lambda _: None)
+    with pytest.raises(CheckpointError, match="rank 2 has no checkpoint folder"):
+        common_rank_checkpoint(str(tmp_path), 2, log=lambda _: None)
+    # a damaged file does not count as held
+    (tmp_path / "rank_1" / "gpt_local_rank_1-1_2.safetensors").write_bytes(b"x" * 10)
+    with pytest.raises(CheckpointError, match="share no complete checkpoint step"):
+        common_rank_checkpoint(str(tmp_path), 0, log=lambda _: None)

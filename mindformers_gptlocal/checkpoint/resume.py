@@ -204,7 +204,7 @@ def common_rank_checkpoint(path, rank, wanted=None, log=print):
                 log(f"[gpt_local] resume: skipping {os.path.join(folder, entry['file'])}: {problem}")
         steps[folder] = complete
     if wanted:
-        step = step_of(wanted)
+        step = step_of(wanted)[-1]
         for folder, complete in steps.items():
             if step not in complete:
                 raise CheckpointError(f"resume_training: rank {folder.rsplit('_', 1)[1]} has no complete checkpoint "
