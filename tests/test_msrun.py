@@ -4,12 +4,20 @@ Unshuffled MindRecord shards interleave (rank r reads samples r, r + 2, ...), so
 batch 2 see, at every step, exactly the 4 samples a single process with batch 4 sees. With
 ``gradients_mean`` the averaged gradient equals the single process's, so the mean of the two
 workers' losses must follow the single-process loss curve step by step.
+
+Resume and crash safety with two processes: a run stopped at step N and resumed, and a run whose
+worker 1 is SIGKILLed (during a save, which is slowed down), both finish with each worker's losses
+equal to the uninterrupted two-process run's, bit for bit.
 """
+import glob
 import os
+import signal
 import socket
 import subprocess
+import time
 
 import numpy as np
+import pytest
 
 from conftest import REPO, run_launcher, source_env, step_losses, tiny_yaml
 from mindformers_gptlocal import yaml_io
@@ -32,24 +40,48 @@ def _yaml(tmp_path, name, corpus, per_card_batch, samples):
     for callback in config["callbacks"]:
         if callback["type"] == "GPTLocalThroughputMonitor":
             callback["per_print_times"] = 1
+        if callback["type"] == "GPTLocalCheckpointMonitor":
+            callback.update(save_checkpoint_steps=1, keep_checkpoint_max=3)
     return yaml_io.dump_yaml(config, path)
 
 
-def test_two_process_data_parallel_matches_single_process_and_exports(corpus, tmp_path):
-    dp_dir, single_dir = tmp_path / "dp2", tmp_path / "single"
-    dp_dir.mkdir()
+def _dp_yaml(folder, corpus):
+    folder.mkdir(exist_ok=True)
+    return _yaml(folder, "pretrain_gpt_local_tiny_cpu_dp2.yaml", corpus, GLOBAL_BATCH // 2, STEPS * GLOBAL_BATCH // 2)
+
+
+def _msrun_env(folder, run, **extra):
+    return source_env(MASTER_PORT=str(_free_port()), LOG_DIR=str(folder / f"msrun_log_{run}"), GLOG_v="3", **extra)
+
+
+def _worker_losses(folder, run):
+    """Each worker's step losses (worker 0, worker 1) from msrun's logs of one launch."""
+    logs = sorted(glob.glob(str(folder / f"msrun_log_{run}" / "worker_*.log")))
+    return [step_losses(open(log).read()) for log in logs]
+
+
+def _msrun(folder, yaml_path, run, *flags, **env):
+    proc = subprocess.run(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", yaml_path, *flags],
+                          cwd=str(folder), env=_msrun_env(folder, run, **env), capture_output=True, text=True,
+                          timeout=600)
+    logs = "".join(open(p).read()[-1500:] for p in glob.glob(str(folder / f"msrun_log_{run}" / "*.log")))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
+    return _worker_losses(folder, run)
+
+
+@pytest.fixture(scope="module")
+def dp_reference(corpus, tmp_path_factory):
+    """The uninterrupted two-process run: (folder, each worker's STEPS losses)."""
+    folder = tmp_path_factory.mktemp("dp2")
+    worker_losses = _msrun(folder, _dp_yaml(folder, corpus), "full")
+    assert len(worker_losses) == 2 and all(len(losses) == STEPS for losses in worker_losses), worker_losses
+    return folder, worker_losses
+
+
+def test_two_process_data_parallel_matches_single_process_and_exports(corpus, tmp_path, dp_reference):
+    dp_dir, worker_losses = dp_reference
+    single_dir = tmp_path / "single"
     single_dir.mkdir()
-    dp_yaml = _yaml(dp_dir, "pretrain_gpt_local_tiny_cpu_dp2.yaml", corpus, GLOBAL_BATCH // 2,
-                    STEPS * GLOBAL_BATCH // 2)
-    env = source_env(MASTER_PORT=str(_free_port()), LOG_DIR=str(dp_dir / "msrun_log"), GLOG_v="3")
-    proc = subprocess.run(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", dp_yaml],
-                          cwd=str(dp_dir), env=env, capture_output=True, text=True, timeout=600)
-    logs = {name: (dp_dir / "msrun_log" / name).read_text() for name in os.listdir(dp_dir / "msrun_log")
-            if name.startswith("worker_")}
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + str(list(logs))
-    assert len(logs) == 2
-    worker_losses = [step_losses(logs[name]) for name in sorted(logs)]
-    assert all(len(losses) == STEPS for losses in worker_losses), worker_losses
     assert worker_losses[0] != worker_losses[1]  # each worker really saw its own shard
 
     single_yaml = _yaml(single_dir, "pretrain_gpt_local_tiny_cpu.yaml", corpus, GLOBAL_BATCH,
@@ -67,3 +99,67 @@ def test_two_process_data_parallel_matches_single_process_and_exports(corpus, tm
     from mindformers_gptlocal import GPTLocalForCausalLM
     model = GPTLocalForCausalLM.from_pretrained(str(dp_dir / "output" / "model"))  # loads on a single card
     assert model.config.hidden_size == 64
+
+
+def test_two_process_run_stopped_and_resumed_is_exact(corpus, tmp_path, dp_reference):
+    _, reference = dp_reference
+    yaml_path = _dp_yaml(tmp_path, corpus)
+    first = _msrun(tmp_path, yaml_path, "first", "--runner_config.stop_step", str(STEPS // 2))
+    assert first == [losses[:STEPS // 2] for losses in reference]
+    second = _msrun(tmp_path, yaml_path, "second", "--resume_training", "True")
+    assert second == [losses[STEPS // 2:] for losses in reference]
+    for rank in (0, 1):
+        assert f"rank {rank} resumes from step {STEPS // 2}" in open(
+            tmp_path / "msrun_log_second" / f"worker_{rank}.log").read()
+
+
+def _worker_pids(yaml_path):
+    """{rank: pid} of the msrun workers running ``yaml_path`` (rank from the environment msrun gives them)."""
+    pids = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            environ = dict(item.split(b"=", 1) for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                           if b"=" in item)
+        except OSError:
+            continue
+        if yaml_path.encode() in cmdline and any(arg.endswith(b"run_mindformer.py") for arg in cmdline):
+            rank = environ.get(b"RANK_ID") or environ.get(b"MS_NODE_ID")
+            if rank is not None and rank.isdigit():
+                pids[int(rank)] = int(pid)
+    return pids
+
+
+def test_sigkill_of_one_worker_during_a_save_resumes_both_ranks_at_one_step(corpus, tmp_path, dp_reference):
+    from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
+    _, reference = dp_reference
+    yaml_path = _dp_yaml(tmp_path, corpus)
+    log_dir = tmp_path / "msrun_log_killed"
+    proc = subprocess.Popen(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", yaml_path],
+                            cwd=str(tmp_path), env=_msrun_env(tmp_path, "killed", GPTLOCAL_TEST_SAVE_DELAY="0.5"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:  # until worker 1 has saved twice
+            log = log_dir / "worker_1.log"
+            if log.exists() and len(step_losses(log.read_text())) >= 3:
+                break
+            time.sleep(0.2)
+        time.sleep(0.25)  # inside the next slowed-down save
+        pids = _worker_pids(yaml_path)
+        assert 1 in pids, pids
+        os.kill(pids[1], signal.SIGKILL)
+        killed_at = time.time()
+        try:
+            proc.wait(timeout=120)  # msrun notices the dead worker and stops the other one
+        except subprocess.TimeoutExpired:
+            pytest.fail("msrun did not stop within 120 s after a worker was killed")
+        print(f"\n[msrun kill test] msrun stopped {time.time() - killed_at:.1f} s after worker 1 was killed")
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    name, step, _ = common_rank_checkpoint(str(tmp_path / "output" / "checkpoint"), 0, log=print)
+    assert 1 <= step < STEPS, step
+    resumed = _msrun(tmp_path, yaml_path, "resumed", "--resume_training", "True")
+    assert resumed == [losses[step:] for losses in reference], (step, resumed, reference)

@@ -1,4 +1,5 @@
-"""Exact resume: N steps, stop, ``--resume_training True``; steps N+1..2N equal an uninterrupted run bit for bit.
+"""Exact resume: N steps, stop, ``--resume_training True``; steps N+1..2N equal an uninterrupted run bit for bit,
+with dropout on (hidden and attention 0.1: counter-based masks, model/dropout.py).
 
 Covers shuffled MindRecord with a fixed loss scale (saved by MindFormers' stock CheckpointMonitor), and
 Megatron .bin/.idx with a dynamic loss scale that rises during the run (its scale and step counter must
@@ -27,6 +28,7 @@ def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monito
 
 
 def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonitor", **changes):
+    changes = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1, **changes)
     full = write_yaml(tmp_path / "full", corpus, name, **changes)
     code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
     assert code == 0, out[-3000:]
@@ -37,6 +39,11 @@ def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonit
     code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(N)], cwd=str(tmp_path / "part"))
     assert code == 0, first[-3000:]
     assert step_losses(first) == reference[:N]
+    from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint
+    from safetensors import safe_open
+    saved, _ = find_resume_checkpoint(str(tmp_path / "part" / "output" / "checkpoint"), log=lambda _: None)
+    with safe_open(saved, framework="numpy") as handle:  # dropout was on: its counter is saved, one per step
+        assert int(handle.get_tensor("dropout_step")) == N
     code, second = run_launcher(["--config", part, "--resume_training", "True"], cwd=str(tmp_path / "part"))
     assert code == 0, second[-3000:]
     assert f"(step {N})" in second, second[-3000:]

@@ -43,7 +43,8 @@ GOLDEN_DP2_MP4 = {
     "mlp.activation.relu": ((2, 1, 4),),
     "mlp.linear_fc2.matmul": ((2, 4), (1, 4)),                     # row parallel back to H
     "mlp.linear_fc2.bias_add": ((2, 1), (1,)),
-    "hidden_dropout.dropout": ((2, 1, 1),),
+    "attention_output_dropout.dropout": ((2, 1, 1),),
+    "mlp_output_dropout.dropout": ((2, 1, 1),),
     "add": ((2, 1, 1), (2, 1, 1)),                                 # residual adds: batch only
     "model.final_layernorm.layer_norm": ((2, 1, 1), (1,), (1,)),
     "head_matmul": ((2, 1), (1, 1)),                               # tied head, the table whole
@@ -55,7 +56,8 @@ GOLDEN_DP2_MP4 = {
 SEQUENCE_PARALLEL = {"model.embedding.dropout.dropout": ((2, 4, 1),),
                      "input_layernorm.layer_norm": ((2, 4, 1), (1,), (1,)),
                      "post_attention_layernorm.layer_norm": ((2, 4, 1), (1,), (1,)),
-                     "hidden_dropout.dropout": ((2, 4, 1),), "add": ((2, 4, 1), (2, 4, 1)),
+                     "attention_output_dropout.dropout": ((2, 4, 1),),
+                     "mlp_output_dropout.dropout": ((2, 4, 1),), "add": ((2, 4, 1), (2, 4, 1)),
                      "model.final_layernorm.layer_norm": ((2, 4, 1), (1,), (1,))}
 # vocab_emb_dp False: the table's rows (the vocabulary) split over mp for the lookup and the tied head
 VOCAB_PARALLEL = {"model.embedding.gather": ((4, 1), (2, 1)), "head_matmul": ((2, 1), (4, 1))}

@@ -52,13 +52,27 @@ def write_manifest(directory, entries):
     fsync_path(directory)
 
 
-def record(directory, file_path, step):
-    """Add a complete, already renamed checkpoint; drop entries whose files were rotated away."""
+CHECKSUMS = ("sha256", "size")
+
+
+def record(directory, file_path, step, run=None, checksum="sha256"):
+    """Add a complete, already renamed checkpoint; drop entries whose files were rotated away.
+
+    ``run`` is what the run was (``checkpoint.resume.run_record``), compared on resume; ``checksum``
+    ``size`` records no digest (cheaper for very large files; truncation is still caught)."""
     entry = {"file": os.path.basename(file_path), "step": int(step), "bytes": os.path.getsize(file_path),
-             "sha256": sha256_of(file_path)}
+             "sha256": sha256_of(file_path) if checksum == "sha256" else None}
+    if run:
+        entry["run"] = run
     entries = [e for e in read_manifest(directory)
                if e["file"] != entry["file"] and os.path.isfile(os.path.join(directory, e["file"]))]
     write_manifest(directory, entries + [entry])
+
+
+def entry_of(path):
+    """The manifest entry of a checkpoint file, or None (no manifest, or the file is not listed)."""
+    name = os.path.basename(path)
+    return next((e for e in read_manifest(os.path.dirname(path)) if e["file"] == name), None)
 
 
 def verify(directory, entry):
@@ -68,6 +82,6 @@ def verify(directory, entry):
         return "file is gone"
     if os.path.getsize(path) != entry["bytes"]:
         return f"size {os.path.getsize(path)} != recorded {entry['bytes']}"
-    if sha256_of(path) != entry["sha256"]:
+    if entry["sha256"] and sha256_of(path) != entry["sha256"]:
         return "checksum differs from the manifest"
     return None

@@ -10,17 +10,30 @@ state, step and loss scale), except that a single-card run writes ``checkpoint/`
 ``rank_0`` level, because single-card MindFormers refuses to resume from a file inside ``rank_*``.
 
 On a resumed run the trainer hands the resume step only to callbacks typed exactly
-``CheckpointMonitor``; the pre-flight check passes it to this one as ``append_info``.
+``CheckpointMonitor``; the pre-flight check passes it to this one as ``append_info``, and what the
+run is (``run_record``), stored with each manifest entry so a changed YAML cannot resume silently.
+
+A save that fails for lack of space (ENOSPC, or EFBIG under a file-size limit) removes its temp
+file, leaves the earlier checkpoints and the manifest as they were, and stops the run with one
+error naming the folder and the space needed; ``on_save_error: continue`` keeps training instead
+and tries again at the next save.
 """
+import errno
 import glob
 import os
+import re
+import shutil
 import time
 
 from mindformers.core.callback.callback import CheckpointMonitor
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.tools.utils import get_real_group_size
 
+from ..errors import CheckpointError
 from . import manifest as ckpt_manifest
+
+SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+ON_SAVE_ERROR = ("stop", "continue")
 
 # Test hook: seconds to wait between writing a checkpoint's temp file and renaming it, so a
 # kill test can land inside a save. Unset in normal use.
@@ -31,7 +44,15 @@ SAVE_DELAY_ENV = "GPTLOCAL_TEST_SAVE_DELAY"
 class GPTLocalCheckpointMonitor(CheckpointMonitor):
     """CheckpointMonitor with temp-name + fsync + rename writes and a manifest of complete files."""
 
-    def __init__(self, *args, checkpoint_format="safetensors", async_save=False, **kwargs):
+    def __init__(self, *args, checkpoint_format="safetensors", async_save=False, run_record=None,
+                 checksum="sha256", on_save_error="stop", **kwargs):
+        if checksum not in ckpt_manifest.CHECKSUMS:
+            raise CheckpointError(f"GPTLocalCheckpointMonitor.checksum is {checksum!r}; use one of "
+                                  f"{', '.join(ckpt_manifest.CHECKSUMS)}.")
+        if on_save_error not in ON_SAVE_ERROR:
+            raise CheckpointError(f"GPTLocalCheckpointMonitor.on_save_error is {on_save_error!r}; use one of "
+                                  f"{', '.join(ON_SAVE_ERROR)}.")
+        self._run_record, self._checksum, self._on_save_error = run_record, checksum, on_save_error
         if async_save:
             print("[gpt_local] GPTLocalCheckpointMonitor: async_save is off (a file must be whole before it is "
                   "recorded).", flush=True)
@@ -41,6 +62,13 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
             self._directory = os.path.dirname(self._directory)
             self.meta_json = os.path.join(self._directory, "meta.json")
         self._remove_stale_partials()
+        # keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next one; here the
+        # deletion waits until the new file is whole, so a failed save never costs a good checkpoint
+        self._rotate, self._rotation_due = self._manager.remove_oldest_ckpoint_file, False
+        self._manager.remove_oldest_ckpoint_file = self._defer_rotation
+
+    def _defer_rotation(self):
+        self._rotation_due = True
 
     def _remove_stale_partials(self):
         for path in glob.glob(os.path.join(self._directory, ckpt_manifest.PARTIAL_PREFIX + "*")):
@@ -60,15 +88,72 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         self._written = cur_file
         name = os.path.basename(cur_file)
         partial = os.path.join(directory, f"{ckpt_manifest.PARTIAL_PREFIX}{os.getpid()}-{name}")
-        super().remove_redundancy(network, partial, append_dict, train_network)
-        delay = float(os.environ.get(SAVE_DELAY_ENV) or 0)
-        if delay:
-            time.sleep(delay)
-        ckpt_manifest.fsync_path(partial)
+        try:
+            super().remove_redundancy(network, partial, append_dict, train_network)
+            delay = float(os.environ.get(SAVE_DELAY_ENV) or 0)
+            if delay:
+                time.sleep(delay)
+            ckpt_manifest.fsync_path(partial)
+        except Exception as err:  # pylint: disable=broad-except  (safetensors raises its own SafetensorError)
+            if not self._out_of_space(err, partial):
+                raise
+            self._written, self._rotation_due = None, False
+            message = self._space_message(directory, name, step, err)
+            # ours, and MindSpore's own temp name for it (<partial stem>.tmp)
+            for path in glob.glob(os.path.splitext(partial)[0] + ".*"):
+                os.remove(path)
+            if self._on_save_error == "continue":
+                print(f"[gpt_local] {message}; on_save_error: continue, so training goes on and the next save "
+                      f"tries again.", flush=True)
+                return
+            raise CheckpointError(f"{message}. Free space there (or point output_dir at a larger disk) and resume "
+                                  f"with --resume_training True; or set the callback's on_save_error: continue "
+                                  f"to keep training and retry at the next save.") from err
         os.replace(partial, cur_file)
         ckpt_manifest.fsync_path(directory)
-        ckpt_manifest.record(directory, cur_file, append_dict.get("step_num", 0))
+        if self._rotation_due:
+            self._rotation_due = False
+            self._rotate()
+        ckpt_manifest.record(directory, cur_file, append_dict.get("step_num", 0), run=self._run_record,
+                             checksum=self._checksum)
+
+    @staticmethod
+    def _out_of_space(err, partial):
+        """ENOSPC/EFBIG from Python, or from the safetensors writer (SafetensorError "... (os error 28)"); for
+        any other failure a probe write in the same folder tells whether the disk is full."""
+        if isinstance(err, OSError) and err.errno:
+            return err.errno in SPACE_ERRORS
+        found = re.search(r"os error (\d+)", str(err))
+        if found:
+            return int(found.group(1)) in SPACE_ERRORS
+        probe = partial + ".probe"
+        try:
+            with open(probe, "wb") as handle:
+                handle.write(b"\0" * (1 << 20))
+                handle.flush()
+                os.fsync(handle.fileno())
+            return False
+        except OSError as probe_err:
+            return probe_err.errno in SPACE_ERRORS
+        finally:
+            if os.path.exists(probe):
+                os.remove(probe)
+
+    def _space_message(self, directory, name, step, err):
+        """The folder, what the write needed (the last complete checkpoint's size) and what is free."""
+        entries = ckpt_manifest.read_manifest(directory)
+        needed = entries[-1]["bytes"] if entries else None
+        free = shutil.disk_usage(directory).free
+        need = f"about {needed / 1e6:,.1f} MB" if needed else "the size of one checkpoint"
+        kept = f"; the previous checkpoint ({entries[-1]['file']}) and the manifest are intact" if entries else ""
+        found = re.search(r"os error (\d+)", str(err))
+        code = err.errno if isinstance(err, OSError) and err.errno else int(found.group(1)) if found else None
+        reason = os.strerror(code) if code else str(err).splitlines()[0]
+        return (f"checkpoint {name} (step {step}) could not be written to {directory}: {reason}. It needs {need}, "
+                f"{free / 1e6:,.1f} MB are free{kept}; the partial file was removed")
 
     def record_last_ckpt_to_json(self, epoch, step, ckpt_file):
-        """meta.json names the file actually written (global step in its name)."""
+        """meta.json names the file actually written (global step in its name); nothing when the save failed."""
+        if getattr(self, "_written", "") is None:
+            return
         super().record_last_ckpt_to_json(epoch, step, os.path.basename(getattr(self, "_written", ckpt_file)))

@@ -6,6 +6,11 @@ the newest *complete* file: one listed in ``manifest.json`` whose size and SHA-2
 match (``GPTLocalCheckpointMonitor``), or, in a folder without a manifest (the stock
 CheckpointMonitor), the newest file whose safetensors header says it is whole. Temp files
 and truncated files are skipped with a note, never resumed from.
+
+It also refuses resumes that would go silently wrong: a run already at its last step
+(``check_steps_left``), a YAML that changed what the run is since the checkpoint was written
+(``check_same_run`` against the ``run_record`` stored with each manifest entry), and, with many
+ranks, rank folders without a complete checkpoint at one common step (``common_rank_checkpoint``).
 """
 import glob
 import os
@@ -89,6 +94,9 @@ def find_resume_checkpoint(path, wanted=None, log=print):
                               f"checkpoint/rank_0/). Train without resume_training first, or set load_checkpoint "
                               f"to the folder or .safetensors file of the run to continue.")
     info = resume_info(found)
+    entry = ckpt_manifest.entry_of(found)
+    if entry and entry.get("run"):
+        info["run"] = entry["run"]
     return _outside_rank_folder(found, log), info
 
 
@@ -106,3 +114,115 @@ def _outside_rank_folder(path, log):
             shutil.copyfile(path, target)
         log(f"[gpt_local] resume: single-card MindFormers does not resume from inside {folder}; using {target}")
     return target
+
+
+# --- refusing resumes that would go wrong ------------------------------------------------------------------------
+
+def run_record(config, model_config, layout, global_batch_size):
+    """What a training run is, as dotted YAML keys -> values: stored with each checkpoint in the manifest and
+    compared on resume. A change of any of these makes the resumed steps differ from the run that was saved."""
+    record = {f"model.model_config.{key}": getattr(model_config, key)
+              for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "seq_length")}
+    runner = config.get("runner_config") or {}
+    record["runner_config.batch_size"] = int(runner.get("batch_size", 1))
+    record["global batch size"] = int(global_batch_size)
+    record.update({"parallel_config.data_parallel": layout.dp, "parallel_config.model_parallel": layout.mp,
+                   "parallel_config.pipeline_stage": layout.pp})
+    loader = ((config.get("train_dataset") or {}).get("data_loader")) or {}
+    record["train_dataset.data_loader.type"] = loader.get("type")
+    inner = loader.get("config") or {}
+    for key in ("dataset_dir", "data_path", "path", "data_files"):
+        where, value = (("", loader.get(key)) if loader.get(key) is not None else ("config.", inner.get(key)))
+        if value is not None:
+            record[f"train_dataset.data_loader.{where}{key}"] = _paths(value)
+    return record
+
+
+def _paths(value):
+    """Data locations compared by the file they name, so ./data and /abs/data are the same place."""
+    if isinstance(value, (list, tuple)):
+        return [_paths(v) for v in value]
+    if isinstance(value, str) and os.path.exists(value):
+        return os.path.realpath(value)
+    return value
+
+
+def check_same_run(recorded, current, checkpoint, step):
+    """CheckpointError naming every key whose value differs from the run that wrote ``checkpoint``."""
+    if not recorded:
+        return
+    changed = [(key, recorded[key], current.get(key)) for key in recorded
+               if key in current and _plain(current[key]) != _plain(recorded[key])]
+    if not changed:
+        return
+    keys = "; ".join(f"{key} is {new!r} now but was {old!r}" for key, old, new in changed)
+    raise CheckpointError(
+        f"resume_training: {keys} when {checkpoint} (step {step}) was saved. Resuming would silently continue a "
+        f"different run. Put {'it' if len(changed) == 1 else 'them'} back to the saved value"
+        f"{'' if len(changed) == 1 else 's'}, or start a new run (drop --resume_training, or use a new "
+        f"output_dir; load_checkpoint without resume_training takes the weights only).")
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def check_steps_left(runner_config, data_size, checkpoint=None):
+    """After MindFormers' ``check_runner_config``: a resumed run with no step left would end in MindSpore's
+    "epoch must bigger than initial_epoch"; say what happened instead."""
+    per_epoch = runner_config.sink_size if runner_config.sink_mode and runner_config.sink_size > 0 else data_size
+    total = int(runner_config.epochs) * int(per_epoch)
+    done = int(runner_config.initial_step or 0)
+    if done >= total:
+        where = f" ({checkpoint})" if checkpoint else ""
+        raise CheckpointError(f"training already complete at step {done} of {total}{where}; raise "
+                              f"runner_config.epochs or pass a new output_dir")
+
+
+def common_rank_checkpoint(path, rank, wanted=None, log=print):
+    """(file name for rank 0, step, info) that every rank folder ``path/rank_*`` holds complete, for a
+    many-rank resume; ``rank`` is this process's rank, whose folder must be there.
+
+    MindFormers resumes each rank from its own folder's newest file; after a worker was killed, ranks can
+    stop at different steps, and each would resume from a different one. Here all take the newest step
+    that every rank has whole (``resume_training: NAME``, which MindFormers maps to each rank's file)."""
+    folders = sorted(glob.glob(os.path.join(path, "rank_*")), key=lambda d: int(d.rsplit("_", 1)[1])
+                     if d.rsplit("_", 1)[1].isdigit() else -1)
+    own = os.path.join(path, f"rank_{rank}")
+    if not os.path.isdir(own):
+        raise CheckpointError(f"resume_training: rank {rank} has no checkpoint folder {own}; every rank needs its "
+                              f"own. Resume with the same number of processes and output_dir as the saved run.")
+    steps = {}
+    for folder in folders:
+        complete = {}
+        for entry in ckpt_manifest.read_manifest(folder):
+            problem = ckpt_manifest.verify(folder, entry)
+            if problem is None:
+                complete[entry["step"]] = entry
+            else:
+                log(f"[gpt_local] resume: skipping {os.path.join(folder, entry['file'])}: {problem}")
+        steps[folder] = complete
+    if wanted:
+        step = step_of(wanted)[-1]
+        for folder, complete in steps.items():
+            if step not in complete:
+                raise CheckpointError(f"resume_training: rank {folder.rsplit('_', 1)[1]} has no complete checkpoint "
+                                      f"at step {step} ({folder}); resume from a step every rank saved.")
+    else:
+        common = set.intersection(*(set(c) for c in steps.values())) if steps else set()
+        if not common:
+            newest = {folder.rsplit("_", 1)[1]: max(c) if c else None for folder, c in steps.items()}
+            raise CheckpointError(f"resume_training: the rank folders under {path} share no complete checkpoint "
+                                  f"step (newest per rank: {newest}); resume needs one step every rank saved. "
+                                  f"Start a new run, or copy matching checkpoints back.")
+        step = max(common)
+        for folder, complete in steps.items():
+            if max(complete) != step:
+                log(f"[gpt_local] resume: rank {folder.rsplit('_', 1)[1]} has a newer checkpoint (step "
+                    f"{max(complete)}) than all ranks share; every rank resumes from step {step}")
+    entry = steps[own][step]
+    info = resume_info(os.path.join(own, entry["file"]))
+    if entry.get("run"):
+        info["run"] = entry["run"]
+    return entry["file"], step, info

@@ -11,6 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from ..errors import ConfigError
+from .dropout import make_dropout
 from .layers import Linear, residual_init_std, to_mstype
 
 MASK_VALUE = -1.0e9
@@ -34,7 +35,7 @@ class ParallelAttention(nn.Cell):
     and lets the ``shard`` strategies (``sharding.py``) split the full Cell.
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1):
+    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1, counter_dropout=False):
         super().__init__()
         if config.num_attention_heads % tp_size:
             raise ConfigError(f"model_config.num_attention_heads ({config.num_attention_heads}) is not divisible "
@@ -54,7 +55,8 @@ class ParallelAttention(nn.Cell):
                                  params_dtype, self.compute_dtype)
         self.linear_proj = Linear(self.hidden_size, config.hidden_size, residual_init_std(config),
                                   params_dtype, self.compute_dtype, skip_bias_add=tp_size > 1)
-        self.attention_dropout = nn.Dropout(p=config.attention_dropout)
+        self.attention_dropout = make_dropout(config.attention_dropout, 3 * (layer_number - 1) + 1, config,
+                                              counter_dropout)
         self.use_flash_attention = use_flash_attention
         self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
         # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
@@ -81,7 +83,7 @@ class ParallelAttention(nn.Cell):
             self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None):
+                  seq_ends=None, dropout_step=None):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
@@ -90,6 +92,8 @@ class ParallelAttention(nn.Cell):
         cache holds the present keys and values afterwards.
         ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch
         ([B * docs], see ``GPTLocalModel.document_mask``); attention then never crosses a document.
+        ``dropout_step``: picks the attention-dropout mask (``dropout.py``; flash attention drops inside
+        its kernel, with the kernel's own random state).
         """
         batch, seq, _ = hidden.shape
         qkv = self.linear_qkv(hidden)
@@ -104,7 +108,7 @@ class ParallelAttention(nn.Cell):
         if self.use_flash_attention:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
         else:
-            context = self._core_attention(query, key, value, attention_bias)
+            context = self._core_attention(query, key, value, attention_bias, dropout_step)
         context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
         return self.linear_proj(context)
@@ -135,10 +139,10 @@ class ParallelAttention(nn.Cell):
         context = self.merge_heads(context, (0, 2, 1, 3))
         return ops.reshape(context, (batch, seq, self.hidden_size))
 
-    def _core_attention(self, query, key, value, attention_bias):
+    def _core_attention(self, query, key, value, attention_bias, dropout_step=None):
         scores = self.qk_matmul(query, key)
         scores = self.scale_mul(self.cast(scores, self.softmax_dtype), self.scale)
         scores = self.add_mask(scores, self.cast(attention_bias, self.softmax_dtype))
         probs = self.softmax(scores)
-        probs = self.attention_dropout(self.cast(probs, self.compute_dtype))
+        probs = self.attention_dropout(self.cast(probs, self.compute_dtype), dropout_step)
         return self.pv_matmul(probs, value)

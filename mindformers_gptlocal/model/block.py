@@ -7,6 +7,7 @@ Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), ne
 from mindspore import nn, ops
 
 from .attention import ParallelAttention
+from .dropout import make_dropout
 from .feedforward import ParallelFeedForward
 from .layers import LayerNorm, to_mstype
 
@@ -19,26 +20,29 @@ class GPTLocalBlock(nn.Cell):
     after each part, which the CPU proofs apply between the parts (tests/test_tensor_parallel.py).
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1):
+    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1, counter_dropout=False):
         super().__init__()
         params_dtype = to_mstype(config.params_dtype)
         ln_dtype = to_mstype(config.layernorm_compute_dtype)
         self.layer_number = layer_number
         self.input_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, params_dtype, ln_dtype)
-        self.attention = ParallelAttention(config, layer_number, use_flash_attention, tp_size)
+        self.attention = ParallelAttention(config, layer_number, use_flash_attention, tp_size, counter_dropout)
         self.post_attention_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon, params_dtype,
                                                   ln_dtype)
         self.mlp = ParallelFeedForward(config, tp_size)
-        self.hidden_dropout = nn.Dropout(p=config.hidden_dropout)
+        site = 3 * (layer_number - 1)  # dropout sites: 3 per layer (attention probs, after attention, after MLP)
+        self.attention_output_dropout = make_dropout(config.hidden_dropout, site + 2, config, counter_dropout)
+        self.mlp_output_dropout = make_dropout(config.hidden_dropout, site + 3, config, counter_dropout)
         self.add = ops.Add()
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None):
+                  seq_ends=None, dropout_step=None):
         """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
-        ``seq_ends``: packed rows' document ends for flash attention's variable-length form."""
+        ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
+        ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``)."""
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index,
-                              seq_ends)
-        hidden = self.add(hidden, ops.cast(self.hidden_dropout(attn), dtype))
+                              seq_ends, dropout_step)
+        hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))
         mlp = self.mlp(self.post_attention_layernorm(hidden))
-        return self.add(hidden, ops.cast(self.hidden_dropout(mlp), dtype))
+        return self.add(hidden, ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype))

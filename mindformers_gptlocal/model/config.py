@@ -86,6 +86,7 @@ class GPTLocalConfig(PretrainedConfig):
                  hidden_dropout=0.1,
                  attention_dropout=0.1,
                  embedding_dropout=None,
+                 dropout_seed=0,
                  initializer_range=0.02,
                  tie_word_embeddings=True,
                  params_dtype="float32",
@@ -125,6 +126,9 @@ class GPTLocalConfig(PretrainedConfig):
         if embedding_dropout is None:
             embedding_dropout = hidden_dropout
         self.embedding_dropout = _number("embedding_dropout", embedding_dropout)
+        if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or dropout_seed < 0:
+            raise ConfigError(f"model_config.dropout_seed must be a whole number >= 0, got {dropout_seed!r}.")
+        self.dropout_seed = dropout_seed
         self.initializer_range = _number("initializer_range", initializer_range)
         self.params_dtype = params_dtype
         self.compute_dtype = compute_dtype

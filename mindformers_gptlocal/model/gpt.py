@@ -24,8 +24,10 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, causal_bias
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
+from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
 from .layers import LayerNorm, to_mstype
+from .params import DROPOUT_STEP
 from .transformer_config import to_transformer_config
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
@@ -38,7 +40,7 @@ def use_flash_attention(config):
 class GPTLocalEmbedding(nn.Cell):
     """Token + learned absolute position embeddings, then dropout."""
 
-    def __init__(self, config):
+    def __init__(self, config, counter_dropout=False):
         super().__init__()
         params_dtype = to_mstype(config.params_dtype)
         self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
@@ -49,13 +51,13 @@ class GPTLocalEmbedding(nn.Cell):
                                                          params_dtype), name="position_embeddings")
         self.gather = ops.Gather()
         self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
-        self.dropout = nn.Dropout(p=config.embedding_dropout)
+        self.dropout = make_dropout(config.embedding_dropout, 0, config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
 
-    def construct(self, input_ids, position_ids):
+    def construct(self, input_ids, position_ids, dropout_step=None):
         words = self.gather(self.word_embeddings, input_ids, 0)
         positions = self.position_gather(self.position_embeddings, position_ids, 0)
-        return self.dropout(ops.cast(words + positions, self.compute_dtype))
+        return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
 
 
 class GPTLocalModel(nn.Cell):
@@ -77,10 +79,12 @@ class GPTLocalModel(nn.Cell):
         stage_ids = layout.stage_of_layers(config.num_hidden_layers)
         recompute = RecomputePlan(layout, config.num_hidden_layers)
         flash = use_flash_attention(config)
-        self.embedding = GPTLocalEmbedding(config)
+        # dropout masks from a step counter (dropout.py), so a resumed run draws the same ones
+        self.counter_dropout = counter_dropout_enabled(config)
+        self.embedding = GPTLocalEmbedding(config, self.counter_dropout)
         blocks = []
         for index in range(config.num_hidden_layers):
-            block = GPTLocalBlock(config, index + 1, flash)
+            block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout)
             block.pipeline_stage = stage_ids[index]
             block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)
@@ -102,13 +106,14 @@ class GPTLocalModel(nn.Cell):
         self.num_layers = config.num_hidden_layers
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
-                  write_index=None, actual_seq_len=None):
+                  write_index=None, actual_seq_len=None, dropout_step=None):
         """input_ids/position_ids [B, S] -> hidden [B, S, H]. The causal mask is built here unless given.
 
         Decoding (``kv_cache.py``) passes per-layer caches (``key_caches``/``value_caches``: tuples of
         [B, N, L, D] Parameters), ``write_index`` [B, N, S, 3] and an ``attention_bias`` over the L
         cached rows; each layer writes its keys and values there (see ParallelAttention).
-        ``actual_seq_len`` (packed rows, see ``document_mask``) replaces position_ids and the mask."""
+        ``actual_seq_len`` (packed rows, see ``document_mask``) replaces position_ids and the mask.
+        ``dropout_step`` (training): the forward counter that picks every dropout mask (``dropout.py``)."""
         seq = input_ids.shape[1]
         seq_ends = None
         if actual_seq_len is not None:
@@ -118,10 +123,10 @@ class GPTLocalModel(nn.Cell):
                 attention_bias = self.flash_mask[:seq, :seq]
             else:
                 attention_bias = self.causal_bias[:, :, :seq, :seq]
-        hidden = self.embedding(input_ids, position_ids)
+        hidden = self.embedding(input_ids, position_ids, dropout_step)
         if key_caches is None:
             for layer in self.layers:
-                hidden = layer(hidden, attention_bias, None, None, None, seq_ends)
+                hidden = layer(hidden, attention_bias, None, None, None, seq_ends, dropout_step)
         else:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, key_caches[index], value_caches[index],
@@ -184,6 +189,9 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.config = config
         layout = config.layout
         self.model = GPTLocalModel(config, layout)
+        if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
+            self.dropout_step = Parameter(Tensor(0, ms.int32), name=DROPOUT_STEP, requires_grad=False)
+            self.one = Tensor(1, ms.int32)
         self.transformer_config = None
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.head_matmul = ops.MatMul(transpose_b=True)
@@ -284,7 +292,10 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         attention_bias = None
         if attention_mask is not None:
             attention_bias = self.model.mask_bias(attention_mask, batch, seq)
-        hidden = self.model(input_ids, position_ids, attention_bias, None, None, None, actual_seq_len)
+        step = None
+        if self.training and self.model.counter_dropout:
+            step = self.dropout_step * 1  # read before this forward's increment below
+        hidden = self.model(input_ids, position_ids, attention_bias, None, None, None, actual_seq_len, step)
         logits = self.logits(hidden)
         if not self.training:
             logits = ops.reshape(logits, (batch, seq, self.vocab_size))
@@ -292,6 +303,8 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
                 return logits
             return self._perplexity_layout(logits, labels, loss_mask)
         loss = self.lm_loss(logits, labels, loss_mask)
+        if step is not None:
+            loss = ops.depend(loss, ops.assign_add(self.dropout_step, self.one))
         zero = ops.zeros((), ms.float32)
         return loss, zero, zero
 

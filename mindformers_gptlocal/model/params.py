@@ -34,6 +34,14 @@ SIZE_DEFAULTS = {"vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 1
 WORD_EMBEDDINGS = "model.embedding.word_embeddings"
 POSITION_EMBEDDINGS = "model.embedding.position_embeddings"
 LAYER_PREFIX = "model.layers."
+# training state held as a Parameter but not a weight (saved in training checkpoints, never in model files):
+# the forward counter of counter-based dropout (model/dropout.py)
+DROPOUT_STEP = "dropout_step"
+
+
+def is_weight(name):
+    """True for the parameters of the table; False for training state such as ``dropout_step``."""
+    return name != DROPOUT_STEP
 
 
 class ParamSpec(namedtuple("ParamSpec", "shape layout stages")):

@@ -14,7 +14,7 @@ from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
 from .lora_config import is_lora_name
-from .params import WORD_EMBEDDINGS, layer_of, parameter_table
+from .params import WORD_EMBEDDINGS, is_weight, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
 
@@ -42,7 +42,7 @@ def check_matches_config(path, config):
 
 def model_state(tensors, model):
     """Keep the model's own parameters from a checkpoint (drops optimizer state), checking names and shapes."""
-    params = {p.name: p for p in model.get_parameters()}
+    params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
     # a LoRA model (pet_config) loads its base weights; adapters absent from the file keep their init
     missing = [name for name in params if name not in tensors and not is_lora_name(name)]
     if missing:
@@ -72,7 +72,7 @@ def load_weights(model, path):
     """Load a safetensors checkpoint into ``model`` (strict on names and shapes). Returns the file used."""
     path = resolve_weights_file(path)
     state = model_state(read_safetensors(path), model)
-    params = {p.name: p for p in model.get_parameters()}
+    params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
     for name, array in state.items():
         params[name].set_data(ms.Tensor(array, params[name].dtype))
     return path
@@ -81,7 +81,8 @@ def load_weights(model, path):
 def save_weights(model, path):
     """All model parameters to one safetensors file, written atomically."""
     from safetensors.numpy import save_file
-    tensors = {p.name: np.ascontiguousarray(p.asnumpy()) for p in model.get_parameters()}
+    tensors = {p.name: np.ascontiguousarray(p.asnumpy()) for p in model.get_parameters()
+               if is_weight(p.name)}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "gpt_local"}))
 
 

@@ -117,7 +117,8 @@ def block_rules(seq_parallel=False, lora=()):
         OpRule("mlp.activation.gelu", ((DP, 1, MP),)),
         OpRule("mlp.activation.relu", ((DP, 1, MP),)),
         *_row("mlp.linear_fc2"),
-        OpRule("hidden_dropout.dropout", (act,)),
+        OpRule("attention_output_dropout.dropout", (act,)),
+        OpRule("mlp_output_dropout.dropout", (act,)),
         OpRule("add", (act, act)),
     ]
 

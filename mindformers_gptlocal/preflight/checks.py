@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from ..checkpoint.resume import find_resume_checkpoint
+from ..checkpoint.resume import check_same_run, common_rank_checkpoint, find_resume_checkpoint, run_record
 from ..errors import ConfigError, DataError
 from ..model.weights import check_matches_config
 from ..parallel.layout import Layout
@@ -155,10 +155,13 @@ def check_data(config, model_config):
         check_instruct_records(section, name, model_config.seq_length)
 
 
-def resolve_checkpoint(config, log=print):
+def resolve_checkpoint(config, model_config, log=print):
     """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
-    if config.get("resume_training") and config.run_mode in ("train", "finetune") and not config.get("use_parallel"):
-        resolve_resume(config, log)
+    if config.get("resume_training") and config.run_mode in ("train", "finetune"):
+        if config.get("use_parallel"):
+            resolve_rank_resume(config, model_config, log)
+        else:
+            resolve_resume(config, model_config, log)
         return
     path = config.get("load_checkpoint")
     if not path or config.get("use_parallel"):
@@ -167,15 +170,49 @@ def resolve_checkpoint(config, log=print):
     check_safetensors_only(config.load_checkpoint)
 
 
-def resolve_resume(config, log=print):
+def resolve_resume(config, model_config, log=print):
     """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
     hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
     wanted = config.resume_training if isinstance(config.resume_training, str) else None
     path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
     path, info = find_resume_checkpoint(path, wanted, log)
+    check_same_run(info.get("run"), this_run(config, model_config), path, info["step_num"])
     log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
     config.load_checkpoint = path
     config.resume_training = True
+    _tell_callbacks(config, info)
+
+
+def resolve_rank_resume(config, model_config, log=print):
+    """Many ranks: every rank resumes from the newest step all rank folders hold complete (named by file, so
+    MindFormers takes the same step in each rank's folder), after the same checks as one card."""
+    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    if not os.path.isdir(path) or not any(name.startswith("rank_") for name in os.listdir(path)):
+        return  # not our rank_* layout (e.g. a merged checkpoint): MindFormers' own resume handles it
+    wanted = config.resume_training if isinstance(config.resume_training, str) else None
+    name, step, info = common_rank_checkpoint(path, _this_rank(), wanted, log)
+    check_same_run(info.get("run"), this_run(config, model_config), os.path.join(path, f"rank_{_this_rank()}",
+                                                                                  name), step)
+    log(f"[gpt_local] rank {_this_rank()} resumes from step {step} ({name} in {path}/rank_*)")
+    config.load_checkpoint = path
+    config.resume_training = name
+    _tell_callbacks(config, info)
+
+
+def _this_rank():
+    """This process's rank before MindSpore's communication is initialised (msrun sets RANK_ID)."""
+    for key in ("RANK_ID", "RANK", "MS_NODE_ID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def this_run(config, model_config):
+    """``checkpoint.resume.run_record`` of this YAML."""
+    return run_record(config, model_config, Layout.of_run_yaml(config), global_batch_size(config))
+
+
+def _tell_callbacks(config, info):
     step = int(info["step_num"])
     for callback in config.get("callbacks") or []:
         if callback.get("type") == "GPTLocalThroughputMonitor":
@@ -194,11 +231,14 @@ def honor_stop_step(config):
         config.callbacks = list(callbacks) + [{"type": "TrainCallBack", "stop_step": stop}]
 
 
-def configure_checkpoint_monitor(config):
-    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling)."""
+def configure_checkpoint_monitor(config, model_config):
+    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling),
+    and what the run is, stored with each checkpoint for the resume check."""
     for callback in config.get("callbacks") or []:
-        if callback.get("type") == "GPTLocalCheckpointMonitor" and callback.get("global_batch_size") is None:
-            callback["global_batch_size"] = global_batch_size(config)
+        if callback.get("type") == "GPTLocalCheckpointMonitor":
+            if callback.get("global_batch_size") is None:
+                callback["global_batch_size"] = global_batch_size(config)
+            callback["run_record"] = this_run(config, model_config)
 
 
 def global_batch_size(config):
@@ -227,10 +267,10 @@ def preflight(config, log=print):
     check_output_dir(config)
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_data(config, model_config)
-    resolve_checkpoint(config, log)
+    resolve_checkpoint(config, model_config, log)
     if config.get("load_checkpoint") and not config.get("use_parallel"):
         check_matches_config(config.load_checkpoint, model_config)
-    configure_checkpoint_monitor(config)
+    configure_checkpoint_monitor(config, model_config)
     honor_stop_step(config)
     if config.run_mode == "predict" and config.get("pretrained_model_dir"):
         tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")

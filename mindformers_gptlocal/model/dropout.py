@@ -1,0 +1,123 @@
+"""Dropout whose masks are a function of (seed, step, site, element), so a resumed run draws the same ones.
+
+MindSpore's ``Dropout`` keeps its random state inside the kernel: it is not saved with a checkpoint, so after
+a resume the masks differ from the uninterrupted run's. MindSpore 2.7.2 has no CPU kernel for the
+generator-based ops whose state could be saved (``DropoutExt``, ``rand_like``: "Unsupported op ... on CPU").
+So the masks come from two fixed random bit tables, drawn with numpy from ``dropout_seed`` when the model
+is built (65,521 and 65,537 entries, coprime), each read cyclically from an offset that the step counter and
+the dropout site pick:
+
+    dropped[i] = B1[(i + a) % P1] XOR B2[(i + b) % P2],   a, b = functions of (step, site)
+
+for element i of the flattened tensor. Each bit is 1 with probability q, where 2q(1 - q) = p (for p > 0.5
+the XOR marks the kept elements instead). The pair of table positions repeats only after P1 * P2 (4.3e9)
+elements, and each step and site shifts the two tables by different amounts. A rolled copy of each table
+(a gather of 65k entries), tiled to the tensor's size, then one comparison: the same bits on CPU, GPU and
+Ascend, and the same mask when recompute runs a layer's forward again (the step is an input, not a state).
+The counter (``GPTLocalForCausalLM.dropout_step``) counts forward calls, so micro-batches of one step get
+different masks; it is saved in training checkpoints (not in model weights) and comes back on resume.
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from ..parallel.sharding import is_parallel_build
+
+TABLE_SIZES = (65521, 65537)
+STEP_MULTIPLIERS = (7919, 6007)  # per table: (step % P) * m < 2**31
+SITE_MULTIPLIERS = (104729, 3571)
+_TABLES = {}
+
+
+def bit_probability(p):
+    """q with 2q(1 - q) = min(p, 1 - p): two independent bits with P(1) = q differ with that probability."""
+    rate = min(p, 1.0 - p)
+    return (1.0 - np.sqrt(1.0 - 2.0 * rate)) / 2.0
+
+
+def tables(seed, p):
+    """The two bit tables (float32 0/1) for ``seed`` and rate ``p`` (shared by the sites of a model)."""
+    key = (seed, round(p, 12))
+    if key not in _TABLES:
+        rng = np.random.default_rng(seed)
+        q = bit_probability(p)
+        _TABLES[key] = tuple(Tensor((rng.random(size) < q).astype(np.float32)) for size in TABLE_SIZES)
+    return _TABLES[key]
+
+
+def keep_reference(shape, step, site, seed, p):
+    """numpy: the keep mask ``CounterDropout`` applies, for tests."""
+    rng = np.random.default_rng(seed)
+    q = bit_probability(p)
+    b1, b2 = ((rng.random(size) < q) for size in TABLE_SIZES)
+    index = np.arange(int(np.prod(shape)), dtype=np.int64)
+    (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
+    a = ((step % p1) * m1 + site * s1) % p1
+    b = ((step % p2) * m2 + site * s2) % p2
+    differ = b1[(index + a) % p1] != b2[(index + b) % p2]
+    return (differ if p > 0.5 else ~differ).reshape(shape)
+
+
+class CounterDropout(nn.Cell):
+    """Inverted dropout with probability ``p`` at dropout site ``site`` (a number unique in the model).
+
+    ``construct(x, step)``: ``step`` an int32 scalar tensor; identity when not training, when ``p`` is 0 or
+    when ``step`` is None (decided when the graph is compiled, not on tensor values)."""
+
+    def __init__(self, p, site, seed=0):
+        super().__init__()
+        self.p = float(p)
+        self.site = int(site)
+        self.keep_when_differ = self.p > 0.5
+        if 0.0 < self.p < 1.0:
+            self.bits1, self.bits2 = tables(int(seed), self.p)
+        self.range1 = Tensor(np.arange(TABLE_SIZES[0], dtype=np.int32))
+        self.range2 = Tensor(np.arange(TABLE_SIZES[1], dtype=np.int32))
+        self.gather1, self.gather2 = ops.Gather(), ops.Gather()
+        self.scale = 1.0 / (1.0 - self.p) if self.p < 1.0 else 0.0
+
+    def construct(self, x, step=None):
+        if not self.training or self.p == 0.0 or step is None:
+            return x
+        if self.p >= 1.0:
+            return x * 0.0
+        return x * ops.cast(self.keep(x, step), x.dtype) * self.scale
+
+    def keep(self, x, step):
+        """bool [x.shape]: which elements stay."""
+        (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
+        step = ops.cast(step, ms.int32)
+        a = ops.floor_mod(ops.floor_mod(step, p1) * m1 + self.site * s1, p1)
+        b = ops.floor_mod(ops.floor_mod(step, p2) * m2 + self.site * s2, p2)
+        rolled1 = self.gather1(self.bits1, ops.floor_mod(self.range1 + a, p1), 0)  # B1[(j + a) % P1]
+        rolled2 = self.gather2(self.bits2, ops.floor_mod(self.range2 + b, p2), 0)
+        size = x.size
+        bits1 = ops.tile(rolled1, ((size + p1 - 1) // p1,))[:size]
+        bits2 = ops.tile(rolled2, ((size + p2 - 1) // p2,))[:size]
+        differ = ops.not_equal(bits1, bits2)
+        keep = differ if self.keep_when_differ else ops.logical_not(differ)
+        return ops.reshape(keep, x.shape)
+
+
+class KernelDropout(nn.Dropout):
+    """MindSpore's Dropout behind the same ``(x, step)`` call; the step is ignored (its masks do not resume)."""
+
+    def construct(self, x, step=None):
+        return super().construct(x)
+
+
+def counter_dropout_enabled(config):
+    """Counter-based dropout when some dropout is on and the build is stand-alone or data parallel
+    (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
+    arithmetic would need shard strategies, and its counter would be shared across pipeline stages; there
+    MindSpore's own Dropout is kept (its masks do not resume)."""
+    rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout)
+    return any(rate > 0 for rate in rates) and not is_parallel_build()
+
+
+def make_dropout(p, site, config, counter):
+    """The dropout Cell for one site: ``CounterDropout`` when ``counter``, else MindSpore's."""
+    if counter:
+        return CounterDropout(p, site, getattr(config, "dropout_seed", 0))
+    return KernelDropout(p=p)

@@ -1,0 +1,184 @@
+"""Resumes that would go wrong are refused with one clear error, and a full disk loses nothing.
+
+One tiny run stopped at step N of 2N (saving every step) is made once; each test works on its own
+copy of it: a YAML that changed what the run is, a disk that fills up during a save (a file-size
+limit, RLIMIT_FSIZE, on the resumed process), and a run resumed after it already finished.
+"""
+import hashlib
+import os
+import resource
+import shutil
+import signal
+
+import pytest
+
+from mindformers_gptlocal import yaml_io
+from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
+from conftest import run_launcher, step_losses
+from test_resume import write_yaml
+
+N = 3
+
+
+def _snapshot(folder):
+    """name -> sha256 of every file under ``folder``."""
+    result = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                result[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
+    return result
+
+
+@pytest.fixture(scope="module")
+def stopped_run(corpus, tmp_path_factory):
+    """(folder, yaml) of a run stopped after N of its 2N steps, and its uninterrupted losses."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    yaml_path = write_yaml(tmp, corpus, train_dataset__data_loader__num_samples=8 * N)
+    code, out = run_launcher(["--config", yaml_path, "--runner_config.stop_step", str(N)], cwd=str(tmp))
+    assert code == 0, out[-3000:]
+    assert len(step_losses(out)) == N
+    return tmp
+
+
+def _copy(stopped_run, tmp_path):
+    shutil.copytree(stopped_run, tmp_path / "run")
+    config = yaml_io.load_yaml(str(tmp_path / "run" / "run.yaml"))
+    config["output_dir"] = str(tmp_path / "run" / "output")
+    yaml_io.dump_yaml(config, str(tmp_path / "run" / "run.yaml"))
+    return tmp_path / "run"
+
+
+def _resume(run, *flags, **popen):
+    return run_launcher(["--config", str(run / "run.yaml"), "--resume_training", "True", *flags], cwd=str(run),
+                        **popen)
+
+
+def test_changed_batch_size_and_data_are_refused_naming_each_key(stopped_run, tmp_path, corpus):
+    run = _copy(stopped_run, tmp_path)
+    before = _snapshot(run / "output" / "checkpoint")
+    code, out = _resume(run, "--runner_config.batch_size", "2", "--train_dataset.batch_size", "2",
+                        "--train_dataset_dir", corpus["eval_mindrecord"])
+    assert code == 2, out[-3000:]
+    assert "Traceback" not in out
+    assert "runner_config.batch_size is 2 now but was 4" in out, out[-2000:]
+    assert "train_dataset.data_loader.dataset_dir is" in out and "eval" in out
+    assert "global batch size is 2 now but was 4" in out
+    assert _snapshot(run / "output" / "checkpoint") == before
+
+
+def test_changed_model_size_is_refused_before_anything_is_built(stopped_run, tmp_path):
+    run = _copy(stopped_run, tmp_path)
+    code, out = _resume(run, "--model.model_config.num_hidden_layers", "3")
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert "model.model_config.num_hidden_layers is 3 now but was 2" in out, out[-2000:]
+
+
+def _limit_file_size(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write() instead of a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _run_limited(run, limit, *flags):
+    import subprocess
+    import sys
+    from conftest import source_env
+    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config",
+                           str(run / "run.yaml"), "--resume_training", "True", *flags], cwd=str(run),
+                          env=source_env(), capture_output=True, text=True, timeout=600,
+                          preexec_fn=_limit_file_size(limit))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly(stopped_run, tmp_path):
+    run = _copy(stopped_run, tmp_path)
+    folder = run / "output" / "checkpoint"
+    entries = ckpt_manifest.read_manifest(str(folder))
+    size = entries[-1]["bytes"]
+    before = _snapshot(folder)
+    code, out = _run_limited(run, size // 2)
+    assert code == 2, out[-3000:]
+    assert "Traceback" not in out.split("gpt_local: error:")[-1]
+    message = out.split("gpt_local: error:")[-1]
+    assert f"(step {N + 1}) could not be written to {folder}" in message, message
+    assert f"about {size / 1e6:,.1f} MB" in message and "previous checkpoint" in message
+    assert _snapshot(folder) == before  # no partial file left, manifest and files unchanged
+    # and the run resumes from that checkpoint once there is space
+    code, out = _resume(run)
+    assert code == 0, out[-3000:]
+    assert f"(step {N})" in out
+
+
+def test_full_disk_with_on_save_error_continue_trains_on(stopped_run, tmp_path):
+    run = _copy(stopped_run, tmp_path)
+    config = yaml_io.load_yaml(str(run / "run.yaml"))
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalCheckpointMonitor":
+            callback["on_save_error"] = "continue"
+    yaml_io.dump_yaml(config, str(run / "run.yaml"))
+    folder = run / "output" / "checkpoint"
+    before = _snapshot(folder)
+    code, out = _run_limited(run, ckpt_manifest.read_manifest(str(folder))[-1]["bytes"] // 2)
+    assert code == 0, out[-3000:]
+    assert len(step_losses(out)) == N  # every remaining step trained
+    assert out.count("on_save_error: continue") == N
+    assert _snapshot(folder) == before
+
+
+def test_resuming_a_finished_run_is_one_clear_line(stopped_run, tmp_path):
+    run = _copy(stopped_run, tmp_path)
+    code, out = _resume(run)
+    assert code == 0, out[-3000:]
+    before = _snapshot(run / "output")
+    code, out = _resume(run)
+    assert code == 2, out[-3000:]
+    assert "Traceback" not in out and "initial_epoch" not in out
+    assert f"training already complete at step {2 * N} of {2 * N}" in out, out[-2000:]
+    assert "raise runner_config.epochs or pass a new output_dir" in out
+    after = _snapshot(run / "output")
+    assert {k: v for k, v in after.items() if "log" not in k} == {k: v for k, v in before.items() if "log" not in k}
+
+
+# --- many ranks: which step every rank resumes from (files made here, no training) ----------------------------
+
+def _rank_checkpoints(root, steps_per_rank, run=None):
+    """checkpoint/rank_<r>/ folders holding whole, manifest-recorded files at the given steps."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    for rank, steps in steps_per_rank.items():
+        folder = root / f"rank_{rank}"
+        folder.mkdir(parents=True)
+        for step in steps:
+            path = folder / f"gpt_local_rank_{rank}-1_{step}.safetensors"
+            save_file({"step_num": np.array(step, np.int32), "epoch_num": np.array(1, np.int32),
+                       "w": np.full(4, rank, np.float32)}, str(path))
+            ckpt_manifest.record(str(folder), str(path), step, run=run)
+
+
+def test_ranks_resume_from_the_newest_step_all_hold(tmp_path):
+    from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
+    _rank_checkpoints(tmp_path, {0: [2, 3, 4], 1: [2, 3]})  # rank 1 died before its step-4 save finished
+    notes = []
+    name, step, info = common_rank_checkpoint(str(tmp_path), 1, log=notes.append)
+    assert (name, step, info["step_num"]) == ("gpt_local_rank_1-1_3.safetensors", 3, 3)
+    assert any("rank 0 has a newer checkpoint (step 4)" in note for note in notes), notes
+
+
+def test_a_rank_without_the_step_or_its_folder_is_named(tmp_path):
+    from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
+    from mindformers_gptlocal.errors import CheckpointError
+    _rank_checkpoints(tmp_path, {0: [4], 1: [2]})
+    with pytest.raises(CheckpointError, match=r"share no complete checkpoint step \(newest per rank: \{'0': 4, "
+                                              r"'1': 2\}\)"):
+        common_rank_checkpoint(str(tmp_path), 0, log=lambda _: None)
+    with pytest.raises(CheckpointError, match="rank 1 has no complete checkpoint at step 4"):
+        common_rank_checkpoint(str(tmp_path), 0, wanted="gpt_local_rank_0-1_4.safetensors", log=lambda _: None)
+    with pytest.raises(CheckpointError, match="rank 2 has no checkpoint folder"):
+        common_rank_checkpoint(str(tmp_path), 2, log=lambda _: None)
+    # a damaged file does not count as held
+    (tmp_path / "rank_1" / "gpt_local_rank_1-1_2.safetensors").write_bytes(b"x" * 10)
+    with pytest.raises(CheckpointError, match="share no complete checkpoint step"):
+        common_rank_checkpoint(str(tmp_path), 0, log=lambda _: None)
