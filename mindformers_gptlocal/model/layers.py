@@ -47,11 +47,16 @@ class Linear(nn.Cell):
 
     def construct(self, x):
         shape = x.shape
-        x = ops.reshape(self.cast(x, self.compute_dtype), (-1, shape[-1]))
+        _, y = self.dense(x)
+        return ops.reshape(y, shape[:-1] + (self.out_features,))
+
+    def dense(self, x):
+        """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it."""
+        x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
         y = self.matmul(x, self.cast(self.weight, self.compute_dtype))
         if self.has_bias and not self.skip_bias_add:
             y = self.bias_add(y, self.cast(self.bias, self.compute_dtype))
-        return ops.reshape(y, shape[:-1] + (self.out_features,))
+        return x, y
 
 
 class LayerNorm(nn.Cell):

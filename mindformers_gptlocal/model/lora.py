@@ -51,10 +51,7 @@ class LoRALinear(Linear):
 
     def construct(self, x):
         shape = x.shape
-        x = ops.reshape(self.cast(x, self.compute_dtype), (-1, shape[-1]))
-        y = self.matmul(x, self.cast(self.weight, self.compute_dtype))
-        if self.has_bias and not self.skip_bias_add:
-            y = self.bias_add(y, self.cast(self.bias, self.compute_dtype))
+        x, y = self.dense(x)
         low = self.lora_a_matmul(self.lora_dropout(x), self.cast(self.lora_a, self.compute_dtype))
         low = self.lora_b_matmul(low, self.cast(self.lora_b, self.compute_dtype))
         y = self.lora_add(y, self.lora_mul(low, self.scaling))

@@ -77,33 +77,29 @@ class _Slot:
         self.request, self.token, self.cursor = None, 0, 0
 
 
-def width_buckets(max_model_len, smallest=16, given=None):
-    """Prompt widths compiled: ``given`` (sorted, capped) or powers of two from ``smallest``, always ending
-    at max_model_len."""
+def _buckets(limit, start, factor, given=None, minimum=None):
+    """``given`` (sorted, deduplicated, capped at ``limit``, values below ``minimum`` dropped) or start,
+    start * factor, ... below ``limit``; always ending at ``limit``."""
     if given:
-        widths = sorted({min(int(w), max_model_len) for w in given})
+        values = sorted({min(int(v), limit) for v in given if minimum is None or int(v) >= minimum})
     else:
-        widths, w = [], smallest
-        while w < max_model_len:
-            widths.append(w)
-            w *= 2
-    if not widths or widths[-1] != max_model_len:
-        widths.append(max_model_len)
-    return widths
+        values, v = [], start
+        while v < limit:
+            values.append(v)
+            v *= factor
+    if not values or values[-1] != limit:
+        values.append(limit)
+    return values
+
+
+def width_buckets(max_model_len, smallest=16, given=None):
+    """Prompt widths compiled: ``given`` or powers of two from ``smallest``, always ending at max_model_len."""
+    return _buckets(max_model_len, smallest, 2, given)
 
 
 def batch_sizes(max_batch_size, given=None):
-    """Batch sizes compiled: ``given`` (sorted, capped) or 1, 4, 16, ... always ending at max_batch_size."""
-    if given:
-        sizes = sorted({min(int(b), max_batch_size) for b in given if int(b) >= 1})
-    else:
-        sizes, b = [], 1
-        while b < max_batch_size:
-            sizes.append(b)
-            b *= 4
-    if not sizes or sizes[-1] != max_batch_size:
-        sizes.append(max_batch_size)
-    return sizes
+    """Batch sizes compiled: ``given`` or 1, 4, 16, ... always ending at max_batch_size."""
+    return _buckets(max_batch_size, 1, 4, given, minimum=1)
 
 
 class Engine:
