@@ -40,6 +40,15 @@ ON_SAVE_ERROR = ("stop", "continue")
 SAVE_DELAY_ENV = "GPTLOCAL_TEST_SAVE_DELAY"
 
 
+def _errno_of(err):
+    """The OS error number of a failed write: an OSError's, or the one in the safetensors writer's
+    SafetensorError text ("... (os error 28)"); None when there is none."""
+    if isinstance(err, OSError) and err.errno:
+        return err.errno
+    found = re.search(r"os error (\d+)", str(err))
+    return int(found.group(1)) if found else None
+
+
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalCheckpointMonitor(CheckpointMonitor):
     """CheckpointMonitor with temp-name + fsync + rename writes and a manifest of complete files."""
@@ -121,11 +130,9 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
     def _out_of_space(err, partial):
         """ENOSPC/EFBIG from Python, or from the safetensors writer (SafetensorError "... (os error 28)"); for
         any other failure a probe write in the same folder tells whether the disk is full."""
-        if isinstance(err, OSError) and err.errno:
-            return err.errno in SPACE_ERRORS
-        found = re.search(r"os error (\d+)", str(err))
-        if found:
-            return int(found.group(1)) in SPACE_ERRORS
+        code = _errno_of(err)
+        if code:
+            return code in SPACE_ERRORS
         probe = partial + ".probe"
         try:
             with open(probe, "wb") as handle:
@@ -146,8 +153,7 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         free = shutil.disk_usage(directory).free
         need = f"about {needed / 1e6:,.1f} MB" if needed else "the size of one checkpoint"
         kept = f"; the previous checkpoint ({entries[-1]['file']}) and the manifest are intact" if entries else ""
-        found = re.search(r"os error (\d+)", str(err))
-        code = err.errno if isinstance(err, OSError) and err.errno else int(found.group(1)) if found else None
+        code = _errno_of(err)
         reason = os.strerror(code) if code else str(err).splitlines()[0]
         return (f"checkpoint {name} (step {step}) could not be written to {directory}: {reason}. It needs {need}, "
                 f"{free / 1e6:,.1f} MB are free{kept}; the partial file was removed")
