@@ -11,6 +11,8 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from ..errors import ConfigError
+from ..parallel.sharding import is_parallel_build
+from .blockwise_attention import BlockwiseAttention
 from .dropout import make_dropout
 from .layers import Linear, residual_init_std, to_mstype
 
@@ -28,7 +30,9 @@ class ParallelAttention(nn.Cell):
 
     ``layer_number`` counts from 1; it matters only for GPT-2's optional
     ``scale_attn_by_inverse_layer_idx``. ``use_flash_attention`` selects Ascend's
-    fused kernel; it is decided at build time, never inside ``construct``.
+    fused kernel; it is decided at build time, never inside ``construct``. Elsewhere
+    ``model_config.attention_block_size`` > 0 selects ``BlockwiseAttention`` (query blocks, scores
+    recomputed in the backward: no [B, N, S, S] tensor kept for the backward), also at build time.
     ``tp_size`` > 1 builds one tensor-parallel rank's part, Megatron-style: heads / tp_size
     local heads, and ``linear_proj`` returns its partial sum without the bias (the bias is
     added after the all-reduce). Used by the CPU proofs; a parallel build keeps tp_size 1
@@ -58,6 +62,21 @@ class ParallelAttention(nn.Cell):
         self.attention_dropout = make_dropout(config.attention_dropout, 3 * (layer_number - 1) + 1, config,
                                               counter_dropout)
         self.use_flash_attention = use_flash_attention
+        self.blockwise = None
+        block_size = getattr(config, "attention_block_size", 0)
+        if block_size and not use_flash_attention:
+            if is_parallel_build():
+                raise ConfigError("model_config.attention_block_size is for stand-alone and data-parallel "
+                                  "builds (parallel.parallel_mode 0); under semi_auto/auto parallel set it to 0 "
+                                  "(and use_flash_attention: True on Ascend).")
+            if config.attention_dropout > 0 and not counter_dropout:
+                raise ConfigError("model_config.attention_block_size needs the counter-based dropout masks "
+                                  "(model/dropout.py) when model_config.attention_dropout > 0; set "
+                                  "attention_dropout to 0 or attention_block_size to 0.")
+            self.blockwise_dropout = config.attention_dropout > 0  # then a CounterDropout (checked above)
+            self.blockwise = BlockwiseAttention(block_size, scale, self.softmax_dtype, self.compute_dtype,
+                                                self.attention_dropout.scale if self.blockwise_dropout else 1.0)
+            self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
         self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
         # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
         # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
@@ -107,11 +126,20 @@ class ParallelAttention(nn.Cell):
             return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends))
         if self.use_flash_attention:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
+        elif self.blockwise is not None:
+            context = self.blockwise(query, key, value, attention_bias, self._keep_mask(query, dropout_step))
         else:
             context = self._core_attention(query, key, value, attention_bias, dropout_step)
         context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
         return self.linear_proj(context)
+
+    def _keep_mask(self, query, dropout_step):
+        """The attention-dropout keep mask [B, N, S, S] the plain path would draw, or ``no_keep``."""
+        if not self.blockwise_dropout or not self.attention_dropout.training or dropout_step is None:
+            return self.no_keep
+        batch, heads, seq, _ = query.shape
+        return self.attention_dropout.keep_shape((batch, heads, seq, seq), dropout_step)
 
     def _varlen_flash(self, query, key, value, attention_mask, seq_ends):
         """Flash attention over packed rows (Ascend only, untested on CPU/GPU): [B, N, S, D] -> [B, S, H]."""

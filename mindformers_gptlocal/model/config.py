@@ -94,6 +94,7 @@ class GPTLocalConfig(PretrainedConfig):
                  layernorm_compute_dtype="float32",
                  softmax_compute_dtype="float32",
                  use_flash_attention=False,
+                 attention_block_size=0,
                  max_batch_size=8,
                  scale_attn_by_inverse_layer_idx=False,
                  reorder_and_upcast_attn=False,
@@ -135,6 +136,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.layernorm_compute_dtype = layernorm_compute_dtype
         self.softmax_compute_dtype = softmax_compute_dtype
         self.use_flash_attention = bool(use_flash_attention)
+        self.attention_block_size = attention_block_size
         self.max_batch_size = max_batch_size
         self.scale_attn_by_inverse_layer_idx = bool(scale_attn_by_inverse_layer_idx)
         self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
@@ -193,6 +195,10 @@ class GPTLocalConfig(PretrainedConfig):
                 f"model_config.max_position_embeddings ({self.max_position_embeddings}): GPT-2 has learned "
                 f"positions only up to max_position_embeddings. Lower seq_length or raise "
                 f"max_position_embeddings.")
+        block = self.attention_block_size
+        if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+            raise ConfigError(f"model_config.attention_block_size must be a whole number >= 0 (0: plain attention; "
+                              f"e.g. 256: memory-efficient attention over query blocks of 256 rows), got {block!r}.")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"model_config.hidden_act {self.hidden_act!r} is not supported; "
                               f"use one of {', '.join(ACTIVATIONS)}.")

@@ -86,18 +86,24 @@ class CounterDropout(nn.Cell):
 
     def keep(self, x, step):
         """bool [x.shape]: which elements stay."""
+        return self.keep_shape(x.shape, step)
+
+    def keep_shape(self, shape, step):
+        """bool mask of ``shape``: which elements of a tensor of that shape stay (``keep``)."""
         (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
         step = ops.cast(step, ms.int32)
         a = ops.floor_mod(ops.floor_mod(step, p1) * m1 + self.site * s1, p1)
         b = ops.floor_mod(ops.floor_mod(step, p2) * m2 + self.site * s2, p2)
         rolled1 = self.gather1(self.bits1, ops.floor_mod(self.range1 + a, p1), 0)  # B1[(j + a) % P1]
         rolled2 = self.gather2(self.bits2, ops.floor_mod(self.range2 + b, p2), 0)
-        size = x.size
+        size = 1
+        for dim in shape:
+            size *= dim
         bits1 = ops.tile(rolled1, ((size + p1 - 1) // p1,))[:size]
         bits2 = ops.tile(rolled2, ((size + p2 - 1) // p2,))[:size]
         differ = ops.not_equal(bits1, bits2)
         keep = differ if self.keep_when_differ else ops.logical_not(differ)
-        return ops.reshape(keep, x.shape)
+        return ops.reshape(keep, shape)
 
 
 class KernelDropout(nn.Dropout):

@@ -1,0 +1,132 @@
+"""model_config.attention_block_size: query-blocked attention with the scores recomputed in the backward
+(model/blockwise_attention.py) gives the plain path's loss and gradients (fp32, max abs diff <= 1e-5)
+with the causal mask, packed documents, counter dropout on the probabilities and recompute."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.errors import ConfigError
+from mindformers_gptlocal.model.attention import causal_bias
+from mindformers_gptlocal.model.blockwise_attention import BlockwiseAttention
+from conftest import TINY
+
+SEQ = 40  # block 16: blocks of 16, 16 and 8 rows
+
+
+@pytest.fixture
+def graph_mode():
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=mode)
+
+
+def _copy_weights(source, target):
+    values = dict(source.parameters_and_names())
+    for name, param in target.parameters_and_names():
+        param.set_data(Tensor(values[name].asnumpy()))
+
+
+def _pair(block_size=16, **changes):
+    """A plain model and a blockwise one with the same weights."""
+    values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes)
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**values))
+    blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(values, attention_block_size=block_size)))
+    _copy_weights(plain, blockwise)
+    assert blockwise.model.layers[0].attention.blockwise is not None
+    assert plain.model.layers[0].attention.blockwise is None
+    return plain, blockwise
+
+
+class _Loss(nn.Cell):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def construct(self, *inputs):
+        return self.model(*inputs)[0]
+
+
+def _loss_and_grads(model, *inputs):
+    """One training forward + backward of ``model`` (compiled with ms.jit in graph mode)."""
+    model.set_train(True)
+    weights = model.trainable_params()
+    step = ms.value_and_grad(_Loss(model), None, weights=weights)
+    if ms.get_context("mode") == ms.GRAPH_MODE:
+        step = ms.jit(step)
+    loss, grads = step(*inputs)
+    return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(weights, grads)}
+
+
+def _assert_same(plain, blockwise, *inputs):
+    loss, grads = _loss_and_grads(plain, *inputs)
+    loss_b, grads_b = _loss_and_grads(blockwise, *inputs)
+    assert abs(loss - loss_b) <= 1e-5, (loss, loss_b)
+    worst = max(float(np.abs(grads[name] - grads_b[name]).max()) for name in grads)
+    assert worst <= 1e-5, worst
+    assert max(float(np.abs(g).max()) for g in grads.values()) > 1e-3  # the gradients are not all ~0
+    return loss
+
+
+def _ids(batch=2):
+    return Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (batch, SEQ + 1)).astype(np.int32))
+
+
+def test_attention_cell_matches_autodiff_of_the_plain_formula():
+    """The Cell alone: forward and its hand-written backward (dQ, dK, dV) against MindSpore's autodiff of
+    matmul + softmax, with a causal bias and with a dropout keep mask."""
+    rng = np.random.default_rng(1)
+    q, k, v, w = (Tensor(rng.standard_normal((2, 3, SEQ, 8)).astype(np.float32)) for _ in range(4))
+    bias = causal_bias(SEQ)
+    keep = Tensor(rng.random((2, 3, SEQ, SEQ)) < 0.75)
+    scale = 1 / np.sqrt(8)
+    cell = BlockwiseAttention(16, scale, ms.float32, ms.float32, dropout_scale=1 / 0.75)
+
+    def plain(q, k, v, keep):
+        probs = ops.softmax(ops.matmul(q, k.swapaxes(-1, -2)) * scale + bias, -1)
+        if keep.ndim == 4:
+            probs = probs * ops.cast(keep, ms.float32) * (1 / 0.75)
+        return (ops.matmul(probs, v) * w).sum()
+
+    for mask in (Tensor(np.ones((1,), np.bool_)), keep):
+        want, want_grads = ms.value_and_grad(plain, (0, 1, 2))(q, k, v, mask)
+        got, got_grads = ms.value_and_grad(lambda q, k, v: (cell(q, k, v, bias, mask) * w).sum(), (0, 1, 2))(q, k, v)
+        assert abs(float(want.asnumpy()) - float(got.asnumpy())) <= 1e-4 * abs(float(want.asnumpy()))
+        for expected, actual in zip(want_grads, got_grads):
+            np.testing.assert_allclose(actual.asnumpy(), expected.asnumpy(), atol=1e-5, rtol=0)
+
+
+def test_training_loss_and_gradients_match_plain(graph_mode):
+    """Causal mask, batch 2: loss and every parameter's gradient (graph mode, as training compiles it)."""
+    _assert_same(*_pair(), _ids())
+
+
+def test_dropout_and_recompute_match_plain(graph_mode):
+    """Counter dropout on the attention probabilities (and the hidden dropouts): the blockwise path drops
+    the same elements; with every layer recomputed too."""
+    plain, blockwise = _pair(attention_dropout=0.2, hidden_dropout=0.1)
+    assert blockwise.model.counter_dropout
+    loss_dropout = _assert_same(plain, blockwise, _ids())
+    no_dropout = _pair()[0]
+    _copy_weights(plain, no_dropout)
+    assert abs(_loss_and_grads(no_dropout, _ids())[0] - loss_dropout) > 1e-3  # dropout did act
+    parallel = {"recompute": {"recompute": True}}
+    plain, blockwise = _pair(attention_dropout=0.2, parallel_config=parallel)
+    assert [layer.recompute_mode for layer in blockwise.model.layers] == ["full", "full"]
+    _assert_same(plain, blockwise, _ids())
+
+
+def test_packed_documents_match_plain(graph_mode):
+    """actual_seq_len (GPTLocalModel.document_mask): attention stays inside each document in both paths."""
+    ids = _ids()
+    ends = Tensor(np.array([[11, 18, 34, SEQ], [20, 29, SEQ, SEQ]], np.int32))
+    _assert_same(*_pair(), ids[:, :-1], ids[:, 1:], None, None, None, ends)
+
+
+def test_bad_block_size_is_refused_by_name():
+    for bad in (-1, 1.5, "64", True):
+        with pytest.raises(ConfigError, match="attention_block_size"):
+            GPTLocalConfig(**dict(TINY, attention_block_size=bad))
+    assert GPTLocalConfig(**TINY).attention_block_size == 0
