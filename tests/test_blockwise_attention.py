@@ -1,8 +1,6 @@
-"""Long-sequence memory options give the plain path's loss and gradients (fp32, max abs diff <= 1e-5):
-model_config.attention_block_size (query-blocked attention, scores recomputed in the backward,
-model/blockwise_attention.py) with the causal mask, packed documents, counter dropout on the
-probabilities and recompute; model_config.loss_chunk_size (the tied head + cross-entropy over token
-chunks, model/chunked_loss.py) with a loss_mask and ignored labels."""
+"""model_config.attention_block_size: query-blocked attention with the scores recomputed in the backward
+(model/blockwise_attention.py) gives the plain path's loss and gradients (fp32, max abs diff <= 1e-5)
+with the causal mask, packed documents, counter dropout on the probabilities and recompute."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -31,15 +29,12 @@ def _copy_weights(source, target):
         param.set_data(Tensor(values[name].asnumpy()))
 
 
-def _pair(block_size=16, option="attention_block_size", **changes):
-    """A plain model and one with ``option`` = ``block_size``, with the same weights."""
+def _pair(block_size=16, **changes):
+    """A plain model and a blockwise one with the same weights."""
     values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes)
     plain = GPTLocalForCausalLM(GPTLocalConfig(**values))
-    blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(values, **{option: block_size})))
+    blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(values, attention_block_size=block_size)))
     _copy_weights(plain, blockwise)
-    if option == "loss_chunk_size":
-        assert blockwise.chunked_loss is not None and plain.chunked_loss is None
-        return plain, blockwise
     assert blockwise.model.layers[0].attention.blockwise is not None
     assert plain.model.layers[0].attention.blockwise is None
     return plain, blockwise
@@ -130,24 +125,8 @@ def test_packed_documents_match_plain(graph_mode):
     _assert_same(*_pair(), ids[:, :-1], ids[:, 1:], None, None, None, ends)
 
 
-def test_chunked_loss_matches_plain(graph_mode):
-    """loss_chunk_size 24 over 2 x 40 tokens (chunks of 24, 24, 24, 8), with a loss_mask and ignored labels:
-    the loss and every gradient (the tied embedding's included); eval logits come from the plain head."""
-    ids = _ids()
-    labels = ids.asnumpy()[:, 1:].copy()
-    labels[0, :5] = -100
-    mask = np.ones_like(labels)
-    mask[1, 30:] = 0
-    plain, chunked = _pair(24, option="loss_chunk_size")
-    _assert_same(plain, chunked, ids[:, :-1], Tensor(labels), Tensor(mask))
-    chunked.set_train(False)
-    plain.set_train(False)
-    np.testing.assert_array_equal(chunked(ids[:, :-1]).asnumpy(), plain(ids[:, :-1]).asnumpy())
-
-
 def test_bad_block_size_is_refused_by_name():
-    for key in ("attention_block_size", "loss_chunk_size"):
-        for bad in (-1, 1.5, "64", True):
-            with pytest.raises(ConfigError, match=key):
-                GPTLocalConfig(**dict(TINY, **{key: bad}))
-        assert getattr(GPTLocalConfig(**TINY), key) == 0
+    for bad in (-1, 1.5, "64", True):
+        with pytest.raises(ConfigError, match="attention_block_size"):
+            GPTLocalConfig(**dict(TINY, attention_block_size=bad))
+    assert GPTLocalConfig(**TINY).attention_block_size == 0

@@ -95,7 +95,6 @@ class GPTLocalConfig(PretrainedConfig):
                  softmax_compute_dtype="float32",
                  use_flash_attention=False,
                  attention_block_size=0,
-                 loss_chunk_size=0,
                  max_batch_size=8,
                  scale_attn_by_inverse_layer_idx=False,
                  reorder_and_upcast_attn=False,
@@ -138,7 +137,6 @@ class GPTLocalConfig(PretrainedConfig):
         self.softmax_compute_dtype = softmax_compute_dtype
         self.use_flash_attention = bool(use_flash_attention)
         self.attention_block_size = attention_block_size
-        self.loss_chunk_size = loss_chunk_size
         self.max_batch_size = max_batch_size
         self.scale_attn_by_inverse_layer_idx = bool(scale_attn_by_inverse_layer_idx)
         self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
@@ -201,10 +199,6 @@ class GPTLocalConfig(PretrainedConfig):
         if isinstance(block, bool) or not isinstance(block, int) or block < 0:
             raise ConfigError(f"model_config.attention_block_size must be a whole number >= 0 (0: plain attention; "
                               f"e.g. 256: memory-efficient attention over query blocks of 256 rows), got {block!r}.")
-        chunk = self.loss_chunk_size
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
-            raise ConfigError(f"model_config.loss_chunk_size must be a whole number >= 0 (0: logits and loss over "
-                              f"all tokens at once; e.g. 256: over chunks of 256 tokens), got {chunk!r}.")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"model_config.hidden_act {self.hidden_act!r} is not supported; "
                               f"use one of {', '.join(ACTIVATIONS)}.")

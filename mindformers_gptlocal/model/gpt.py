@@ -23,7 +23,6 @@ from ..parallel.recompute import RecomputePlan
 from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, causal_bias
 from .block import GPTLocalBlock
-from .chunked_loss import ChunkedLoss
 from .config import GPTLocalConfig
 from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
@@ -203,12 +202,6 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
-        self.chunked_loss = None  # model_config.loss_chunk_size: the head + loss over token chunks (training)
-        if config.loss_chunk_size:
-            if is_parallel_build():
-                raise ConfigError("model_config.loss_chunk_size is for stand-alone and data-parallel builds "
-                                  "(parallel.parallel_mode 0); under semi_auto/auto parallel set it to 0.")
-            self.chunked_loss = ChunkedLoss(config.loss_chunk_size)
         self.lora = config.lora_spec()  # pet_config: LoRA adapters, before the strategies are set
         if self.lora is not None:
             from .lora import add_lora
@@ -303,41 +296,24 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         if self.training and self.model.counter_dropout:
             step = self.dropout_step * 1  # read before this forward's increment below
         hidden = self.model(input_ids, position_ids, attention_bias, None, None, None, actual_seq_len, step)
-        if self.training and self.chunked_loss is not None:
-            loss = self.chunked_lm_loss(hidden, labels, loss_mask)
-        else:
-            logits = self.logits(hidden)
-            if not self.training:
-                logits = ops.reshape(logits, (batch, seq, self.vocab_size))
-                if labels is None:
-                    return logits
-                return self._perplexity_layout(logits, labels, loss_mask)
-            loss = self.lm_loss(logits, labels, loss_mask)
+        logits = self.logits(hidden)
+        if not self.training:
+            logits = ops.reshape(logits, (batch, seq, self.vocab_size))
+            if labels is None:
+                return logits
+            return self._perplexity_layout(logits, labels, loss_mask)
+        loss = self.lm_loss(logits, labels, loss_mask)
         if step is not None:
             loss = ops.depend(loss, ops.assign_add(self.dropout_step, self.one))
         zero = ops.zeros((), ms.float32)
         return loss, zero, zero
 
-    def _loss_keep(self, labels, loss_mask):
-        """Flat labels [T] and the float keep [T]: loss_mask set and the label not ignored."""
+    def lm_loss(self, logits, labels, loss_mask):
+        """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
         labels = ops.reshape(labels, (-1,))
         keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
         if loss_mask is not None:
             keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
-        return labels, keep
-
-    def chunked_lm_loss(self, hidden, labels, loss_mask):
-        """``lm_loss`` from hidden [B, S, H] through ``ChunkedLoss`` (``model_config.loss_chunk_size``)."""
-        batch, seq, width = hidden.shape
-        labels, keep = self._loss_keep(labels, loss_mask)
-        hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
-        total = self.chunked_loss(hidden, weight, ops.maximum(labels, 0), keep)
-        return total / ops.maximum(ops.reduce_sum(keep), 1.0)
-
-    def lm_loss(self, logits, labels, loss_mask):
-        """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
-        labels, keep = self._loss_keep(labels, loss_mask)
         safe_labels = ops.maximum(labels, 0)
         log_probs = self.log_softmax(logits)
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
