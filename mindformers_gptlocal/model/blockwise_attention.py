@@ -53,11 +53,14 @@ class BlockwiseAttention(nn.Cell):
         seq = query.shape[2]
         outputs = []
         count = (seq + self.block_size - 1) // self.block_size
-        for index in range(count):  # unrolled: seq is static
+        # unrolled (seq is static); the last, widest block first, so the narrower ones after it fit in the
+        # memory it frees, and each block only after the previous one (ops.depend): MindSpore's runtime
+        # launches independent kernels as soon as their inputs are ready. Measured on CPU, both together
+        # lower one layer's fwd + bwd peak by ~10%; the explicit broadcasts in _probs matter far more.
+        for index in range(count):
             start = (count - 1 - index) * self.block_size
             end = start + self.block_size if start + self.block_size < seq else seq
-            if outputs:  # one block after the other: the runtime launches independent kernels as soon as
-                # their inputs are ready, so without this order every block's scores would exist at once
+            if outputs:
                 done = outputs[-1]
                 query, key = ops.depend(query, done), ops.depend(key, done)
                 value, bias = ops.depend(value, done), ops.depend(bias, done)
