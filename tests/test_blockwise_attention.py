@@ -15,12 +15,21 @@ from conftest import TINY
 SEQ = 40  # block 16: blocks of 16, 16 and 8 rows
 
 
+def _in_mode(mode):
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    yield
+    ms.set_context(mode=before)
+
+
 @pytest.fixture
 def graph_mode():
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=mode)
+    yield from _in_mode(ms.GRAPH_MODE)
+
+
+@pytest.fixture
+def pynative_mode():  # whatever mode an earlier test of the session left
+    yield from _in_mode(ms.PYNATIVE_MODE)
 
 
 def _copy_weights(source, target):
@@ -74,7 +83,7 @@ def _ids(batch=2):
     return Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (batch, SEQ + 1)).astype(np.int32))
 
 
-def test_attention_cell_matches_autodiff_of_the_plain_formula():
+def test_attention_cell_matches_autodiff_of_the_plain_formula(pynative_mode):
     """The Cell alone: forward and its hand-written backward (dQ, dK, dV) against MindSpore's autodiff of
     matmul + softmax, with a causal bias and with a dropout keep mask."""
     rng = np.random.default_rng(1)
