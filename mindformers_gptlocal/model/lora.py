@@ -33,6 +33,7 @@ class LoRALinear(Linear):
             self.bias = base.bias
             self.bias_add = base.bias_add
         self.skip_bias_add = base.skip_bias_add
+        self.broadcast_bias = base.broadcast_bias
         self.compute_dtype = base.compute_dtype
         self.matmul = base.matmul
         self.cast = base.cast
