@@ -139,3 +139,22 @@ def test_bad_block_size_is_refused_by_name():
         with pytest.raises(ConfigError, match="attention_block_size"):
             GPTLocalConfig(**dict(TINY, attention_block_size=bad))
     assert GPTLocalConfig(**TINY).attention_block_size == 0
+
+
+def test_linear_explicit_bias_broadcast_is_exact(pynative_mode):
+    """CPU Linear's explicit bias broadcast (less peak memory): the same output bit for bit, the same gradients."""
+    from mindformers_gptlocal.model.layers import Linear
+    rng = np.random.default_rng(2)
+    x = Tensor(rng.standard_normal((2, 5, 16)).astype(np.float32))
+    results = []
+    for broadcast in (False, True):
+        linear = Linear(16, 24, 0.02, ms.float32, ms.float32)
+        linear.broadcast_bias = broadcast
+        linear.weight.set_data(Tensor(rng.standard_normal((24, 16)).astype(np.float32)) if not results
+                               else Tensor(results[0][2]))
+        linear.bias.set_data(Tensor(np.linspace(-1, 1, 24).astype(np.float32)))
+        out, grads = ms.value_and_grad(lambda v: (linear(v) ** 2).sum(), 0, weights=linear.trainable_params())(x)
+        results.append((out.asnumpy(), [g.asnumpy() for g in grads[1]], linear.weight.asnumpy()))
+    assert results[0][0] == results[1][0]
+    for plain, explicit in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(explicit, plain, rtol=1e-6, atol=1e-6)
