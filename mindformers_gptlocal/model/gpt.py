@@ -21,12 +21,12 @@ from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .attention import MASK_VALUE, causal_bias
+from .attention import MASK_VALUE, RotaryEmbedding, causal_bias
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
 from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
-from .layers import LayerNorm, to_mstype
+from .layers import make_norm, to_mstype
 from .params import DROPOUT_STEP
 from .transformer_config import to_transformer_config
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -38,7 +38,8 @@ def use_flash_attention(config):
 
 
 class GPTLocalEmbedding(nn.Cell):
-    """Token + learned absolute position embeddings, then dropout."""
+    """Token + learned absolute position embeddings (none with rope: positions turn q and k instead),
+    then dropout."""
 
     def __init__(self, config, counter_dropout=False):
         super().__init__()
@@ -46,16 +47,20 @@ class GPTLocalEmbedding(nn.Cell):
         self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                      (config.vocab_size, config.hidden_size), params_dtype),
                                          name="word_embeddings")
-        self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
-                                                         (config.max_position_embeddings, config.hidden_size),
-                                                         params_dtype), name="position_embeddings")
+        self.learned_positions = not config.rope
+        if self.learned_positions:
+            self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
+                                                             (config.max_position_embeddings, config.hidden_size),
+                                                             params_dtype), name="position_embeddings")
+            self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
         self.gather = ops.Gather()
-        self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
         self.dropout = make_dropout(config.embedding_dropout, 0, config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
 
     def construct(self, input_ids, position_ids, dropout_step=None):
         words = self.gather(self.word_embeddings, input_ids, 0)
+        if not self.learned_positions:
+            return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)
         positions = self.position_gather(self.position_embeddings, position_ids, 0)
         return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
 
@@ -89,8 +94,8 @@ class GPTLocalModel(nn.Cell):
             block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)
         self.layers = nn.CellList(blocks)
-        self.final_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon,
-                                         to_mstype(config.params_dtype), to_mstype(config.layernorm_compute_dtype))
+        self.final_layernorm = make_norm(config)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base) if config.rope else None
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
         if flash:  # FlashAttentionScore takes a uint8 mask, 1 = masked
@@ -124,13 +129,14 @@ class GPTLocalModel(nn.Cell):
             else:
                 attention_bias = self.causal_bias[:, :, :seq, :seq]
         hidden = self.embedding(input_ids, position_ids, dropout_step)
+        rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for layer in self.layers:
-                hidden = layer(hidden, attention_bias, None, None, None, seq_ends, dropout_step)
+                hidden = layer(hidden, attention_bias, None, None, None, seq_ends, dropout_step, rotary)
         else:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, key_caches[index], value_caches[index],
-                                            write_index)
+                                            write_index, None, None, rotary)
         return self.final_layernorm(hidden)
 
     def document_mask(self, actual_seq_len, batch, seq):
@@ -166,6 +172,15 @@ class GPTLocalModel(nn.Cell):
         return ops.reshape(ops.cast(attention_mask, ms.float32) * MASK_VALUE, (batch, 1, seq, seq))
 
 
+class OutputLayer(nn.Cell):
+    """The untied output head's table [vocab, hidden] (``untie_embeddings_and_output_weights``)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = Parameter(initializer(Normal(config.initializer_range), (config.vocab_size, config.hidden_size),
+                                            to_mstype(config.params_dtype)), name="weight")
+
+
 def _argmax(logits, axis=-1):
     """Greedy pick with the Argmax primitive, which has kernels on CPU, GPU and Ascend."""
     return ops.Argmax(axis=axis, output_type=ms.int32)(logits)
@@ -189,6 +204,10 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.config = config
         layout = config.layout
         self.model = GPTLocalModel(config, layout)
+        if config.untie_embeddings_and_output_weights:  # its own head table, on the last stage
+            self.output_layer = OutputLayer(config)
+            self.output_layer.pipeline_stage = self.model.stage_ids[-1]
+        self.untied = config.untie_embeddings_and_output_weights
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
             self.dropout_step = Parameter(Tensor(0, ms.int32), name=DROPOUT_STEP, requires_grad=False)
             self.one = Tensor(1, ms.int32)
@@ -206,7 +225,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         if self.lora is not None:
             from .lora import add_lora
             add_lora(self, self.lora)
-        self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
+        self.sharding = apply_sharding(self, config, config.architecture) if is_parallel_build() else {}
         self._kv_caches = {}
 
     # --- MindFormers mcore interface -------------------------------------------------------------
@@ -263,10 +282,13 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):
-        """Tied head: hidden [B, S, H] -> fp32 logits [B*S, V]."""
+        """The head (tied to the token table, or ``output_layer``): hidden [B, S, H] -> fp32 logits [B*S, V]."""
         batch, seq, width = hidden.shape
         hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
+        if self.untied:
+            weight = ops.cast(self.output_layer.weight, self.compute_dtype)
+        else:
+            weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
         return ops.cast(self.head_matmul(hidden, weight), ms.float32)
 
     def last_logits(self, hidden, last_index):

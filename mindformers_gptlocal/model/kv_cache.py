@@ -1,6 +1,7 @@
 """The model's KV cache for decoding: one fixed-size key and value buffer per layer, and its indices.
 
-``KVCache`` holds head-major Parameters [batch, heads, max_length, head_dim] per layer (owned here,
+``KVCache`` holds head-major Parameters [batch, kv heads, max_length, head_dim] per layer (kv heads:
+``num_query_groups``, = num_attention_heads without grouped-query attention) (owned here,
 not by the model's own parameter list, so they never reach a checkpoint) and runs the model's one
 forward pass (``GPTLocalModel.construct``) with them: each ``GPTLocalBlock`` writes the step's keys
 and values in place with ScatterNdUpdate. Prompts are right-padded to one length P; sequence b's
@@ -33,8 +34,8 @@ class KVCache(nn.Cell):
         self.lm = causal_lm
         self.batch_size = batch_size
         self.max_length = max_length
-        self.num_heads = config.num_attention_heads
-        shape = (batch_size, self.num_heads, max_length, config.hidden_size // self.num_heads)
+        self.num_heads = config.num_query_groups  # key/value heads: fewer than the query heads with GQA
+        shape = (batch_size, self.num_heads, max_length, config.hidden_size // config.num_attention_heads)
         dtype = causal_lm.compute_dtype
         self.key_caches = ms.ParameterTuple(
             [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.key.{i}", requires_grad=False)
