@@ -1,0 +1,176 @@
+"""Llama-family (Llama, Qwen2) and GPT-NeoX weights in and out: logits and greedy generation equal to
+transformers (fp32, CPU), round trips bit-exact, refusals clear. One random tiny model per config, built once
+(module fixture) and shared by the tests; the configs cover GQA ratios 1, 3, 4 and 8, an odd head count,
+qkv biases, rotary_percent 0.25 and 0.5, parallel and sequential residuals, tied and untied heads."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, \
+    Qwen2ForCausalLM
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms, ms_to_hf
+from mindformers_gptlocal.errors import CheckpointError, ConfigError
+
+BASE = dict(vocab_size=300, max_position_embeddings=64, num_hidden_layers=2, initializer_range=0.1,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0)
+CONFIGS = {
+    # Llama, 8 heads over 2 key/value groups (ratio 4), untied head, a non-default rope_theta
+    "llama-gqa4-untied": (LlamaConfig, LlamaForCausalLM,
+                          dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, intermediate_size=96,
+                               tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5)),
+    # TinyLlama/SmolLM-like: one key/value head for 8 query heads (ratio 8), tied head
+    "llama-gqa8-tied": (LlamaConfig, LlamaForCausalLM,
+                        dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=1, intermediate_size=80,
+                             tie_word_embeddings=True)),
+    # plain multi-head (ratio 1) with biases everywhere (attention_bias + mlp_bias)
+    "llama-mha-bias": (LlamaConfig, LlamaForCausalLM,
+                       dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64,
+                            attention_bias=True, mlp_bias=True)),
+    # Qwen2: q/k/v biases only, an odd head count (3 heads, 1 group: ratio 3)
+    "qwen2-odd-heads": (Qwen2Config, Qwen2ForCausalLM,
+                        dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=1, intermediate_size=72,
+                             tie_word_embeddings=True)),
+    # Pythia-like: rotary on a quarter of each head, parallel residual, untied
+    "neox-pct0.25-parallel": (GPTNeoXConfig, GPTNeoXForCausalLM,
+                              dict(hidden_size=64, num_attention_heads=4, intermediate_size=128, rotary_pct=0.25,
+                                   use_parallel_residual=True, tie_word_embeddings=False)),
+    # NeoX with 5 heads, half rotary, sequential residual, tied head, tanh gelu
+    "neox-odd-sequential-tied": (GPTNeoXConfig, GPTNeoXForCausalLM,
+                                 dict(hidden_size=80, num_attention_heads=5, intermediate_size=160, rotary_pct=0.5,
+                                      use_parallel_residual=False, tie_word_embeddings=True,
+                                      hidden_act="gelu_new")),
+}
+PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8, 1], [250, 1, 2, 3, 4]]
+
+
+def make_hf(path, name, seed=0):
+    """A random HF model of CONFIGS[name], with norms and biases moved off their init so layout slips show."""
+    config_class, model_class, values = CONFIGS[name]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**BASE, **values)).eval()
+    with torch.no_grad():
+        for key, param in model.named_parameters():
+            if "norm" in key or key.endswith("bias"):
+                param.add_(0.2 * torch.randn_like(param))
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def converted(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_hf(path / "hf", request.param)
+    hf_to_ms(str(path / "hf"), str(path / "ms"))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ours = GPTLocalForCausalLM.from_pretrained(str(path / "ms"))
+    ours.set_train(False)
+    yield request.param, hf, ours, path
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_logits_and_loss_match_transformers(converted):
+    name, hf, ours, _ = converted
+    ids = np.random.default_rng(1).integers(0, BASE["vocab_size"], (2, 24))
+    with torch.no_grad():
+        out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids))
+    logits = ours(Tensor(ids, ms.int32)).asnumpy()
+    diff = np.abs(logits - out.logits.numpy()).max()
+    print(f"{name}: max |logit diff| = {diff:.3e}, logit std {out.logits.numpy().std():.3f}")
+    assert diff <= 1e-4
+    ours.set_train(True)
+    try:
+        loss = float(ours(Tensor(ids[:, :-1], ms.int32), Tensor(ids[:, 1:], ms.int32))[0])
+    finally:
+        ours.set_train(False)
+    assert abs(loss - float(out.loss)) <= 1e-5 * float(out.loss)
+
+
+def _until_eos(tokens, prompt, eos):
+    new = tokens[len(prompt):]
+    return tokens[:len(prompt) + new.index(eos) + 1] if eos in new else tokens
+
+
+def test_ragged_greedy_batch_equals_transformers_one_by_one(converted):
+    """Our ragged batch (each row its own rotary offsets in the cache) against transformers per prompt."""
+    _, hf, ours, _ = converted
+    batch = ours.generate(PROMPTS, max_new_tokens=10, do_sample=False)
+    eos = BASE["eos_token_id"]
+    for prompt, mine in zip(PROMPTS, batch):
+        with torch.no_grad():
+            reference = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0,
+                                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0].tolist()
+        assert _until_eos(mine, prompt, eos) == _until_eos(reference, prompt, eos)
+
+
+def test_round_trip_is_bit_exact_and_loads_in_transformers(converted):
+    name, hf, _, path = converted
+    ms_to_hf(str(path / "ms"), str(path / "back"))
+    original = load_file(str(path / "hf" / "model.safetensors"))
+    back = load_file(str(path / "back" / "model.safetensors"))
+    if hf.config.tie_word_embeddings:  # the tied head is written once, as the embedding
+        original = {k: v for k, v in original.items() if k not in ("lm_head.weight", "embed_out.weight")}
+    assert set(back) == set(original)
+    for key, value in original.items():
+        assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
+    model_class = CONFIGS[name][1]
+    reloaded = model_class.from_pretrained(str(path / "back")).eval()
+    ids = torch.from_numpy(np.random.default_rng(2).integers(0, BASE["vocab_size"], (1, 16)))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, hf(ids).logits)
+
+
+def test_kv_cache_stores_the_query_groups():
+    """The decode cache holds num_query_groups heads: GQA shrinks it by heads / groups."""
+    config = GPTLocalConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
+                            num_query_groups=2, max_position_embeddings=64, seq_length=64,
+                            position_embedding_type="rope", hidden_act="swiglu", normalization="RMSNorm",
+                            add_bias_linear=False)
+    cache = GPTLocalForCausalLM(config).kv_cache(2, 64)
+    assert tuple(cache.key_caches[0].shape) == (2, 2, 64, 8)  # [batch, groups, length, head_dim]
+
+
+def _hf_config(tmp_path, **values):
+    path = tmp_path / "hf"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(values))
+    return str(path)
+
+
+@pytest.mark.parametrize("values,pattern", [
+    (dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling"),
+    (dict(model_type="qwen2", use_sliding_window=True), "sliding-window"),
+    (dict(model_type="mixtral"), "model_type 'mixtral'"),
+    (dict(model_type="llama", num_local_experts=8), "mixture-of-experts"),
+    (dict(model_type="llama", hidden_act="gelu"), "silu"),
+    (dict(model_type="llama", head_dim=32), "head_dim"),
+    (dict(model_type="llama", attention_bias=True, mlp_bias=False), "mlp_bias"),
+    (dict(model_type="gpt_neox", attention_bias=False), "attention_bias"),
+])
+def test_unsupported_features_are_refused(tmp_path, values, pattern):
+    hf = dict(vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    with pytest.raises(CheckpointError, match=pattern):
+        hf_to_ms(_hf_config(tmp_path, **dict(hf, **values)), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("values,pattern", [
+    (dict(num_query_groups=3), "not divisible by model_config.num_query_groups"),
+    (dict(position_embedding_type="rope", rotary_percent=0.3), "rotary_percent"),
+    (dict(position_embedding_type="alibi"), "position_embedding_type"),
+    (dict(normalization="ScaleNorm"), "normalization"),
+    (dict(gated_linear_unit=True), "gated_linear_unit"),
+    (dict(hidden_act="silu"), "gated_linear_unit: True"),
+    (dict(rotary_base=500000.0), "position_embedding_type: rope"),
+])
+def test_impossible_combinations_are_refused(values, pattern):
+    tiny = dict(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                max_position_embeddings=64, seq_length=64)
+    with pytest.raises(ConfigError, match=pattern):
+        GPTLocalConfig(**tiny, **values)
