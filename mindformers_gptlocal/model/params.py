@@ -155,8 +155,8 @@ def table_of_dims(d, layout=None, lora=None):
     """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
     LoraSpec (``model/lora_config.py``) whose adapters are in the table too."""
     layout = layout or Layout()
-    lora_paths = targeted_paths(lora, d["layers"]) if lora else []
     arch = d.get("arch") or architecture({})
+    lora_paths = targeted_paths(lora, d["layers"], arch.gated) if lora else []
     layouts = param_layouts(model_rules(layout, d["layers"], lora_paths, arch))
     stage_ids = layout.stage_of_layers(d["layers"])
     last = max(stage_ids)
