@@ -174,3 +174,36 @@ def test_impossible_combinations_are_refused(values, pattern):
                 max_position_embeddings=64, seq_length=64)
     with pytest.raises(ConfigError, match=pattern):
         GPTLocalConfig(**tiny, **values)
+
+
+def test_llama_style_yaml_trains_on_cpu_and_exports_to_transformers(corpus, tmp_path):
+    """model_configs/pretrain_llama_style_tiny_cpu.yaml (shrunk to the tiny sizes, GQA/SwiGLU/RMSNorm/rope/untied
+    kept) trains through `gptlocal run`; its model directory exports with `convert ms2hf` to a LlamaForCausalLM
+    whose logits equal ours."""
+    from conftest import run_launcher, step_losses, tiny_yaml
+    from mindformers_gptlocal import yaml_io
+    steps = 12
+    yaml_path = tiny_yaml(tmp_path, "pretrain_llama_style_tiny_cpu.yaml", corpus=corpus,
+                          train_dataset__data_loader__num_samples=steps * 4, lr_schedule__learning_rate=3e-3)
+    config = yaml_io.load_yaml(yaml_path)
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalThroughputMonitor":
+            callback["per_print_times"] = 1
+    yaml_io.dump_yaml(config, yaml_path)
+    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp_path))
+    assert code == 0, out[-3000:]
+    losses = step_losses(out)
+    assert len(losses) == steps and sum(losses[-3:]) / 3 < losses[0] - 0.3, losses
+    model_dir = tmp_path / "output" / "model"
+    saved = json.loads((model_dir / "config.json").read_text())
+    assert (saved["num_query_groups"], saved["normalization"], saved["position_embedding_type"]) == (2, "RMSNorm", "rope")
+    ms_to_hf(str(model_dir), str(tmp_path / "hf"))
+    hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert (hf.config.num_key_value_heads, hf.config.tie_word_embeddings) == (2, False)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ours = GPTLocalForCausalLM.from_pretrained(str(model_dir))
+    ours.set_train(False)
+    ids = np.random.default_rng(3).integers(0, saved["vocab_size"], (2, 20))
+    with torch.no_grad():
+        reference = hf(torch.from_numpy(ids)).logits.numpy()
+    assert np.abs(ours(Tensor(ids, ms.int32)).asnumpy() - reference).max() <= 1e-4
