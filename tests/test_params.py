@@ -138,3 +138,19 @@ def test_kv_cache_arithmetic_shrinks_by_the_group_size():
     mha = mem.kv_cache_bytes(mem.shape_of(dict(llama_1b, num_query_groups=32)), 1, 2048)
     assert gqa == 2 * 16 * 8 * 2048 * 64 * 2 == 64 * 2 ** 20  # 64 MiB per 2048-token sequence
     assert mha == 4 * gqa
+
+
+def test_lora_on_the_gated_mlp_and_grouped_qkv():
+    """LoRA adapters on linear_gate (SwiGLU) and the group-major QKV: table == built model, B split like W."""
+    pet = dict(pet_type="lora", lora_rank=4, lora_alpha=8, target_modules=".*linear_gate|.*linear_qkv",
+               freeze_include=["*"], freeze_exclude=["*lora*"])
+    config = GPTLocalConfig(**dict(TINY, intermediate_size=96), **ARCHS["llama"], pet_config=pet)
+    model = GPTLocalForCausalLM(config)
+    table = parameter_table(config, Layout(mp=2))
+    built = {name: tuple(param.shape) for name, param in model.parameters_and_names()}
+    assert {name: spec.shape for name, spec in table.items()} == built
+    assert table["model.layers.1.mlp.linear_gate.lora_b"].shape == (96, 4)
+    assert table["model.layers.1.mlp.linear_gate.lora_b"].split_axis == 0
+    assert table["model.layers.0.attention.linear_qkv.lora_b"].shape == ((4 + 2 * 2) * 16, 4)
+    trainable = {p.name for p in model.trainable_params()}
+    assert trainable == {n for n in table if n.endswith(("lora_a", "lora_b"))}
