@@ -69,12 +69,14 @@ def _norm(name, act, rmsnorm=False):
     return [OpRule(f"{name}.layer_norm", (act, (1,), (1,)), {1: f"{name}.weight", 2: f"{name}.bias"})]
 
 
+# the fields of ``model/params.py``'s ``Architecture`` the rules read, with GPT-2's values (this module may not
+# import model/): what the rules assume when a caller gives no architecture
+GPT2_ARCH = namedtuple("GPT2Arch", "rope gated rmsnorm bias qkv_bias untied")(False, False, False, True, True, False)
+
+
 def _arch(arch):
     """The block's layer choices (``model/params.py`` ``architecture``); None: GPT-2's."""
-    if arch is not None:
-        return arch
-    from collections import namedtuple as _nt  # a GPT-2 stand-in with the fields the rules read
-    return _nt("GPT2", "rope groups gated rmsnorm bias qkv_bias untied")(False, None, False, False, True, True, False)
+    return GPT2_ARCH if arch is None else arch
 
 
 def _lora(linear, split):
