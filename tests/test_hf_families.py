@@ -207,3 +207,28 @@ def test_llama_style_yaml_trains_on_cpu_and_exports_to_transformers(corpus, tmp_
     with torch.no_grad():
         reference = hf(torch.from_numpy(ids)).logits.numpy()
     assert np.abs(ours(Tensor(ids, ms.int32)).asnumpy() - reference).max() <= 1e-4
+
+
+def test_cli_convert_picks_the_family(converted, capsys):
+    """`gptlocal convert` reads the family from config.json (hf2ms) and from the layer options (ms2hf)."""
+    from mindformers_gptlocal.cli.main import main
+    name, hf, _, path = converted
+    assert main(["convert", "hf2ms", "--hf-dir", str(path / "hf"), "--out", str(path / "cli_ms")]) == 0
+    assert main(["convert", "ms2hf", "--ms-dir", str(path / "cli_ms"), "--out", str(path / "cli_hf")]) == 0
+    assert (path / "cli_ms" / "model.safetensors").read_bytes() == (path / "ms" / "model.safetensors").read_bytes()
+    exported = json.loads((path / "cli_hf" / "config.json").read_text())
+    assert exported["architectures"] == [CONFIGS[name][1].__name__]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_transformer_config_reports_the_layer_options():
+    from mindformers_gptlocal.model.transformer_config import to_transformer_config
+    config = GPTLocalConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
+                            num_query_groups=2, max_position_embeddings=64, seq_length=64,
+                            position_embedding_type="rope", rotary_percent=0.5, rotary_base=500000.0,
+                            hidden_act="swiglu", normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=True,
+                            untie_embeddings_and_output_weights=True)
+    t = to_transformer_config(config)
+    assert (t.position_embedding_type, t.partial_rotary_factor, t.rotary_base) == ("rope", 0.5, 500000.0)
+    assert (t.num_query_groups, t.gated_linear_unit, t.hidden_act, t.normalization) == (2, True, "silu", "RMSNorm")
+    assert (t.add_bias_linear, t.add_qkv_bias, t.untie_embeddings_and_output_weights) == (False, True, True)
