@@ -13,9 +13,9 @@ Sides (each run in its own process, so its peak RSS, VmHWM, is its own):
 Every worker gets an explicit environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS =
 --threads; ``import mindspore`` sets OMP_NUM_THREADS=1 in the C environment, which children would
 inherit), checks it in its C environment before importing anything, and reports it; MindSpore's
-runtime_num_threads and torch.set_num_threads get the same number (benchmarks/_common.py). Sides alternate (A B C, C B A, ...) for
---rounds rounds; each run's tokens/s is the median over the steps after --warmup; the table gives the
-median over rounds and the min-max.
+runtime_num_threads and torch.set_num_threads get the same number (benchmarks/_common.py). Sides
+alternate (A B C, C B A, ...) for --rounds rounds; each run's tokens/s is the median over the steps
+after --warmup; the table gives the median over rounds and the min-max.
 """
 import argparse
 import json
@@ -68,7 +68,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="gptlocal-ftbench-")
     s = C.SHAPES[args.shape]
     corpus, data, _ = C.prepare_windows(workdir, s["seq"], args.threads, max_bytes=1_000_000)
-    yamls = {"ms-lora": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_lora", args.threads, PET_CONFIG),
+    yamls = {"ms-lora": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_lora", args.threads,
+                                    PET_CONFIG),
              "ms-full": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_full", args.threads)}
     commands = {"ms-lora": ["--ms-worker", yamls["ms-lora"], "--threads", str(args.threads)],
                 "ms-full": ["--ms-worker", yamls["ms-full"], "--threads", str(args.threads)],
@@ -91,7 +92,8 @@ def main():
     print("| --- | ---: | ---: | ---: |")
     for side in SIDES:
         rows = results[side]
-        print(f"| {side} | {C.spread([r['tokens_per_s'] for r in rows])} | {C.spread([r['peak_rss_mb'] for r in rows])} "
+        print(f"| {side} | {C.spread([r['tokens_per_s'] for r in rows])} | "
+              f"{C.spread([r['peak_rss_mb'] for r in rows])} "
               f"| {rows[0].get('trainable') or 'all'} |")
 
     def median(side, key):

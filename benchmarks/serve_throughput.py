@@ -208,7 +208,8 @@ def main():
         for side, found in runs.items():
             for clients in levels:
                 rows.append(dict(shape=shape, side=side, clients=clients, requests=found[0][clients]["requests"],
-                                 rates=[f[clients]["rate"] for f in found], p50=C.median([f[clients]["p50"] for f in found]),
+                                 rates=[f[clients]["rate"] for f in found],
+                                 p50=C.median([f[clients]["p50"] for f in found]),
                                  p99=C.median([f[clients]["p99"] for f in found])))
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32; ours: --max-batch-size "
