@@ -150,8 +150,11 @@ def cpu_model():
 def machine_line(threads):
     """One line naming the machine and the thread count every worker ran with."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable); every worker: "
-            f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > 0.5 * usable else ""
+    return (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), 1-min load average "
+            f"{load:.1f}; every worker: {', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the "
+            f"worker{busy}")
 
 
 # ---------------------------------------------------------------------------------------------- GEMM peaks

@@ -126,6 +126,9 @@ def main():
                   f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'compile') else '-'} | "
                   f"{C.spread([r['peak_rss_mb'] for r in runs])} | "
                   f"{100 * C.median([r['mfu'] for r in runs]):.0f}% |")
+    if any(r["mfu"] > 1.0 for _, _, results in rows.values() for runs in results.values() for r in runs):
+        print("\nWARNING: an MFU above 100%: the GEMM peak measured at the start was below what a step reached "
+              "(a busy machine at that moment?); rerun on a quiet machine.")
     print("\n'vs ours' = ours / that side (above 1: ours faster). 'compile s' = first step - median step: ours "
           "compiles the training graph in its first step, torch.compile its graphs (issue #15 target for GPT-2 "
           "small: <= 20 s).")
