@@ -121,3 +121,15 @@ def test_lean_step_equals_the_general_step_bit_for_bit(tiny_config, mcore_contex
     assert runs[True][0] == runs[False][0]
     for name, value in runs[False][1].items():
         np.testing.assert_array_equal(runs[True][1][name], value, err_msg=name)
+
+
+def test_lean_step_refuses_another_loss_scale(tiny_config, mcore_context):
+    model = GPTLocalForCausalLM(tiny_config)
+    cell = GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1), use_clip_grad=True,
+                                    scale_sense=1.0)
+    assert cell.lean_step and not cell.fold_clip  # SGD takes no clip coefficient: the clipped copy is kept
+    cell.set_sense_scale(Tensor(1.0, ms.float32))
+    with pytest.raises(ValueError, match="runner_wrapper.scale_sense"):
+        cell.set_sense_scale(Tensor(4.0, ms.float32))
+    assert not GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1),
+                                        use_clip_grad=True, scale_sense=2.0).lean_step
