@@ -1,7 +1,7 @@
 """Shape buckets: the few widths (and batch sizes) compiled, so varied prompt lengths share graphs.
 
-Pure Python, one home for both users: ``model/kv_cache.py`` (``generate``'s prefill) and ``serve/scheduler.py``
-(the server's refill steps and batch sizes).
+Pure Python, one home for every user: ``model/kv_cache.py`` (``generate``'s prefill), ``serve/scheduler.py``
+(the server's refill steps and batch sizes) and ``evaluation/harness.py`` (the scorer's widths, ``length_bucket``).
 """
 
 SMALLEST_WIDTH = 16
@@ -34,3 +34,12 @@ def bucket_of(length, widths):
         if width >= length:
             return width
     raise ValueError(f"{length} exceeds the largest bucket {widths[-1]}")
+
+
+def length_bucket(length, limit):
+    """Padded width for a batch of ``length`` tokens: 16, 24, 32, 48, 64, 96, ... capped at ``limit`` (one
+    compiled graph per bucket instead of one per length; right padding does not change a causal LM's output)."""
+    width = 16
+    while width < length:
+        width = width * 3 // 2 if width & (width - 1) == 0 else width * 4 // 3
+    return min(width, limit)
