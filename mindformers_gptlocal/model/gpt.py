@@ -272,12 +272,14 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
         """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up to a
-        bucket), built once per shape and kept (the last few shapes) so no call recompiles."""
+        bucket), built once per shape and kept (the KV_CACHES_KEPT most recently used shapes) so no call
+        recompiles."""
         key = (batch_size, cache_length(needed_length, self.config.max_position_embeddings))
         if key not in self._kv_caches:
-            while len(self._kv_caches) >= self.KV_CACHES_KEPT:
+            while len(self._kv_caches) >= self.KV_CACHES_KEPT:  # the least recently used goes
                 self._kv_caches.pop(next(iter(self._kv_caches)))
             self._kv_caches[key] = KVCache(self, *key)
+        self._kv_caches[key] = self._kv_caches.pop(key)  # now the most recently used
         return self._kv_caches[key]
 
     # --- forward ---------------------------------------------------------------------------------
