@@ -136,6 +136,28 @@ def test_kv_cache_stores_the_query_groups():
     assert tuple(cache.key_caches[0].shape) == (2, 2, 64, 8)  # [batch, groups, length, head_dim]
 
 
+def _rss_mb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+def test_a_long_context_holds_no_square_mask():
+    """max_position_embeddings 32,768 (Qwen2's): the causal mask is built per call at the sequence's
+    length, so the model holds no [32768, 32768] constant (4 GiB as float32) and its logits equal those
+    of the same weights with a 64-position context."""
+    values = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_query_groups=2,
+                  seq_length=16, position_embedding_type="rope", hidden_act="swiglu", normalization="RMSNorm",
+                  add_bias_linear=False)
+    short = GPTLocalForCausalLM(GPTLocalConfig(max_position_embeddings=64, **values))
+    before = _rss_mb()
+    long = GPTLocalForCausalLM(GPTLocalConfig(max_position_embeddings=32768, **values))
+    ms.load_param_into_net(long, {p.name: ms.Parameter(p.data.copy(), p.name) for p in short.get_parameters()})
+    ids = Tensor(np.arange(10, dtype=np.int32).reshape(1, 10) % 64)
+    short_logits, long_logits = short(ids).asnumpy(), long(ids).asnumpy()
+    assert _rss_mb() - before < 1024  # the square constants alone were 4 GiB + 1 GiB
+    np.testing.assert_array_equal(long_logits, short_logits)
+
+
 def _hf_config(tmp_path, **values):
     path = tmp_path / "hf"
     path.mkdir()

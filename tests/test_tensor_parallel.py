@@ -183,7 +183,7 @@ class VocabParallelLM(nn.Cell):
             rows = embedding.gather(table, ops.clip(local, 0, self.rows - 1), 0) * ops.expand_dims(inside, -1)
             words = rows if words is None else words + rows
         hidden = embedding.dropout(words + embedding.position_gather(embedding.position_embeddings, positions, 0))
-        bias = self.lm.model.causal_bias[:, :, :ids.shape[1], :ids.shape[1]]
+        bias = self.lm.model.causal_mask(ids.shape[1])
         for layer in self.lm.model.layers:
             hidden = layer(hidden, bias)
         hidden = ops.reshape(self.lm.model.final_layernorm(hidden), (-1, hidden.shape[-1]))

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .attention import MASK_VALUE, RotaryEmbedding, causal_bias
+from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
 from .dropout import counter_dropout_enabled, make_dropout
@@ -98,14 +98,11 @@ class GPTLocalModel(nn.Cell):
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base) if config.rope else None
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
-        if flash:  # FlashAttentionScore takes a uint8 mask, 1 = masked
-            self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
-            self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))  # sparse_mode 3's compressed mask
-        else:
-            self.causal_bias = causal_bias(config.max_position_embeddings)
-        # packed rows (document_mask): token index and the causal keep-mask, sliced to the sequence length
+        if flash:  # sparse_mode 3's compressed mask (FlashAttentionScore: uint8, 1 = masked)
+            self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+        # the causal mask is built per call from the token index (one [S, S] comparison), not kept as a
+        # [max_position_embeddings]^2 constant: a converted Qwen2 (32,768 positions) would hold 4 GiB of it
         self.token_index = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        self.causal_keep = Tensor(np.tril(np.ones((config.max_position_embeddings,) * 2, np.bool_)))
         self.use_flash = flash
         self.stage_ids = stage_ids
         self.num_layers = config.num_hidden_layers
@@ -124,10 +121,7 @@ class GPTLocalModel(nn.Cell):
         if actual_seq_len is not None:
             position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
-            if self.use_flash:
-                attention_bias = self.flash_mask[:seq, :seq]
-            else:
-                attention_bias = self.causal_bias[:, :, :seq, :seq]
+            attention_bias = self.causal_mask(seq)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
         rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
@@ -160,9 +154,22 @@ class GPTLocalModel(nn.Cell):
             offsets = ops.reshape(ops.arange(batch, dtype=ms.int32) * seq, (batch, 1))
             return positions, self.varlen_mask, ops.reshape(ends + offsets, (-1,))
         same = ops.equal(ops.expand_dims(doc, 2), ops.expand_dims(doc, 1))  # [B, S, S]
-        keep = ops.logical_and(same, self.causal_keep[:seq, :seq])
+        keep = ops.logical_and(same, self.causal_keep(seq))
         bias = ops.cast(ops.logical_not(keep), ms.float32) * MASK_VALUE
         return positions, ops.reshape(bias, (batch, 1, seq, seq)), None
+
+    def causal_keep(self, seq):
+        """[S, S] bool: query i may attend to key j where j <= i."""
+        index = self.token_index[:, :seq]  # [1, S]
+        return ops.less_equal(index, ops.reshape(index, (seq, 1)))
+
+    def causal_mask(self, seq):
+        """The causal mask of ``seq`` tokens as the attention takes it: additive [1, 1, S, S] (0 or
+        MASK_VALUE, as ``attention.causal_bias``), or uint8 [S, S] with 1 = masked for flash attention."""
+        masked = ops.logical_not(self.causal_keep(seq))
+        if self.use_flash:
+            return ops.cast(masked, ms.uint8)
+        return ops.reshape(ops.cast(masked, ms.float32) * MASK_VALUE, (1, 1, seq, seq))
 
     def mask_bias(self, attention_mask, batch, seq):
         """MindFormers' ``attention_mask`` column ([B, 1, S, S] or [B, S, S], 1 = masked: Megatron's reset
