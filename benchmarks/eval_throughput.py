@@ -6,9 +6,10 @@
 
 Each measurement is its own worker process started with an explicit env (OMP_NUM_THREADS, MKL_NUM_THREADS,
 OPENBLAS_NUM_THREADS = --threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, which
-children would inherit otherwise); every worker prints the thread counts it runs with. The worker evaluates
+children would inherit otherwise); every worker checks them in its C environment, sets torch's (and
+MindSpore's) thread count to the same, and prints them with its peak RSS (benchmarks/_common.py). The worker evaluates
 the task once on the same --limit documents (compiles our graphs for those shapes; warms torch), then times
-lm_eval.simple_evaluate on them again. Sides alternate ABAB (ours, hf, ours, hf, ...) for --rounds rounds per task; the table
+lm_eval.simple_evaluate on them again. Sides alternate (ours, hf, hf, ours, ...) for --rounds rounds per task; the table
 gives requests/s medians and min-max. Tasks: gl_choice (multiple choice, 4 loglikelihood requests a
 document) and gl_until (generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py.
 """
@@ -24,16 +25,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SHAPES = {"tiny": dict(vocab_size=512, n_positions=256, n_embd=256, n_layer=4, n_head=4),
           "small": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)}
 TASKS = {"gl_choice": "multiple choice", "gl_until": "generate_until"}
-
-
-def thread_env(threads):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
-               HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GLOG_v="3")
-    env.update({k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
-    return env
 
 
 def setup(work, shape):
@@ -58,7 +54,10 @@ def setup(work, shape):
 
 
 def worker(args):
-    import torch
+    env = C.check_threads(args.threads, f"{args.worker} eval worker")
+    threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
+    if args.worker == "ours":
+        threads["mindspore"] = C.mindspore_threads(args.threads, "ours eval worker")
     import lm_eval
     from lm_eval.tasks import TaskManager
     manager = TaskManager(include_path=os.path.join(args.work, "tasks"))
@@ -69,11 +68,6 @@ def worker(args):
         from lm_eval.api.registry import get_model
         model = get_model("hf")(pretrained=os.path.join(args.work, "ref"), batch_size=args.batch_size, device="cpu",
                                 dtype="float32")
-    threads = {"torch": torch.get_num_threads(),
-               **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
-    expected = str(args.threads)
-    if any(str(v) != expected for v in threads.values()):
-        raise SystemExit(f"worker threads {threads} differ from --threads {args.threads}")
     lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
                             log_samples=False)  # warm-up on the same documents: compile / caches, untimed
     start = time.perf_counter()
@@ -82,27 +76,28 @@ def worker(args):
     seconds = time.perf_counter() - start
     requests = sum(len(s["arguments"]) for s in out["samples"][args.task])
     print("RESULT " + json.dumps({"side": args.worker, "task": args.task, "requests": requests, "seconds": seconds,
-                                  "threads": threads}), flush=True)
+                                  "threads": threads, "peak_rss_mb": C.vm_hwm_mb()}), flush=True)
 
 
 def measure(args, side, task):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--task", task, "--work", args.work,
            "--threads", str(args.threads), "--limit", str(args.limit),
            "--batch-size", str(args.batch_size)]
-    proc = subprocess.run(cmd, env=thread_env(args.threads), capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, env=C.worker_env(args.threads), capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"{side} {task} worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     result = json.loads(lines[-1][len("RESULT "):])
     print(f"  {side:4} {task:9} {result['requests'] / result['seconds']:8.2f} requests/s "
-          f"({result['requests']} in {result['seconds']:.1f} s; threads {result['threads']})", flush=True)
+          f"({result['requests']} in {result['seconds']:.1f} s; peak RSS {result['peak_rss_mb']:.0f} MB; "
+          f"threads {result['threads']})", flush=True)
     return result["requests"] / result["seconds"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=int, default=16, help="documents timed per task")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -118,22 +113,20 @@ def main():
     if not os.path.isdir(os.path.join(args.work, "ref")):
         code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_throughput import setup; "
                 f"setup({args.work!r}, {args.shape!r})")
-        subprocess.run([sys.executable, "-c", code], env=thread_env(args.threads), check=True)
-    rates = {(side, task): [] for side in ("ours", "hf") for task in args.tasks.split(",")}
-    for round_ in range(args.rounds):
-        print(f"round {round_ + 1}/{args.rounds}", flush=True)
-        for task in args.tasks.split(","):
-            for side in ("ours", "hf"):  # ABAB
-                rates[(side, task)].append(measure(args, side, task))
-    print(f"\n{args.shape} shape, batch {args.batch_size}, {args.limit} documents timed, {args.threads} threads per "
-          f"worker, {args.rounds} ABAB rounds ({os.cpu_count()} CPUs)")
-    print(f"{'task':28} {'ours req/s (min-max)':>24} {'hf req/s (min-max)':>24} {'ours/hf':>8}")
+        subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), check=True)
+    rates = {}
+    for task in args.tasks.split(","):  # per task: ours, hf, hf, ours, ... (alternating)
+        found = C.alternate(("ours", "hf"), args.rounds, lambda side, _, task=task: measure(args, side, task))
+        rates.update({(side, task): found[side] for side in found})
+    print(f"\n{C.machine_line(args.threads)}")
+    print(f"{args.shape} shape, batch {args.batch_size}, {args.limit} documents timed, {args.rounds} rounds, sides "
+          f"alternating; requests/s median [min-max] over rounds\n")
+    print("| task | ours requests/s | lm-eval hf requests/s | ours/hf |")
+    print("| --- | ---: | ---: | ---: |")
     for task in args.tasks.split(","):
         ours, hf = rates[("ours", task)], rates[("hf", task)]
-        ours_cell = f"{statistics.median(ours):.2f} ({min(ours):.2f}-{max(ours):.2f})"
-        hf_cell = f"{statistics.median(hf):.2f} ({min(hf):.2f}-{max(hf):.2f})"
-        label = f"{task} ({TASKS.get(task, '')})"
-        print(f"{label:28} {ours_cell:>24} {hf_cell:>24} {statistics.median(ours) / statistics.median(hf):7.2f}x")
+        print(f"| {task} ({TASKS.get(task, '')}) | {C.spread(ours, '{:.2f}')} | {C.spread(hf, '{:.2f}')} | "
+              f"{statistics.median(ours) / statistics.median(hf):.2f}x |")
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,12 @@ For each shape a random HF GPT-2 is saved and converted with `gptlocal convert h
 decode tokens/s = batch x (new tokens - 1) / time after the first token. Each side gets one
 warm-up generation first (ours compiles its prefill and decode graphs there; the compile time is
 printed). Also reported: our cache against our own recomputation of the whole sequence per token.
+
+Each measurement is its own worker process, started with an explicit environment (OMP_NUM_THREADS =
+MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that it checks in its C environment before importing
+anything; torch.set_num_threads / MindSpore's runtime_num_threads get the same count, and each worker
+reports them and its peak RSS (benchmarks/_common.py). The sides run alternately (ours, HF, HF, ours, ...)
+for --rounds rounds per shape and batch; the table gives the median over rounds and [min-max].
 """
 import argparse
 import os
@@ -18,7 +24,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
@@ -61,55 +70,95 @@ def decode_rate(batch, ttft, total):
     return batch * (NEW - 1) / max(total - ttft, 1e-9)
 
 
+def setup(work, shape):
+    """A random HF GPT-2 of ``shape`` saved under work/shape, converted to ours under work/shape_ms."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(os.path.join(work, shape))
+    hf_to_ms(os.path.join(work, shape), os.path.join(work, shape + "_ms"))
+
+
+def worker(side, work, shape, batch, threads, recompute):
+    """One side's numbers for one shape and batch; prints a WORKER line."""
+    env = C.check_threads(threads, f"{side} generate worker")
+    report = {"env": env, "torch_threads": C.torch_threads(threads, f"{side} generate worker")}
+    prompts = np.random.default_rng(batch).integers(0, SHAPES[shape]["vocab_size"], (batch, PROMPT)).tolist()
+    if side == "hf":
+        from transformers import GPT2LMHeadModel
+        model = GPT2LMHeadModel.from_pretrained(os.path.join(work, shape)).eval()
+        timed_hf(model, prompts)  # warm-up
+        ttft, total = timed_hf(model, prompts)
+    else:
+        import mindspore as ms
+        report["runtime_threads"] = C.mindspore_threads(threads, "ours generate worker")
+        ms.set_context(mode=ms.GRAPH_MODE)
+        from mindformers_gptlocal import GPTLocalForCausalLM
+        model = GPTLocalForCausalLM.from_pretrained(os.path.join(work, shape + "_ms"), max_batch_size=max(8, batch))
+        start = time.perf_counter()
+        model.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
+        report["first_call_s"] = time.perf_counter() - start
+        ttft, total = timed_ours(model, prompts, True)
+        if recompute:
+            n_ttft, n_total = timed_ours(model, prompts, False)
+            report["nocache_rate"] = decode_rate(batch, n_ttft, n_total)
+    report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), peak_rss_mb=C.vm_hwm_mb())
+    C.emit(report)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="tiny,small")
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--recompute-shapes", default="tiny",
                         help="shapes that also time our no-cache path (slow: a full forward per token)")
+    parser.add_argument("--worker", choices=("ours", "hf"), help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--recompute", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import torch
-    import mindspore as ms
-    from transformers import GPT2Config, GPT2LMHeadModel
-    from mindformers_gptlocal import GPTLocalForCausalLM
-    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
-    ms.set_context(mode=ms.GRAPH_MODE)
-    torch.manual_seed(0)
+    if args.worker:
+        return worker(args.worker, args.work, args.shape, args.batch, args.threads, args.recompute)
     work = tempfile.mkdtemp(prefix="gptlocal-gen-")
+    print(C.machine_line(args.threads), flush=True)
     rows = []
     for shape in args.shapes.split(","):
-        hf = GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).eval()
-        hf.save_pretrained(os.path.join(work, shape))
-        hf_to_ms(os.path.join(work, shape), os.path.join(work, shape + "_ms"))
-        ours = GPTLocalForCausalLM.from_pretrained(os.path.join(work, shape + "_ms"), max_batch_size=8)
+        import subprocess
+        subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); "
+                        f"from generate_throughput import setup; setup({work!r}, {shape!r})"],
+                       env=C.worker_env(args.threads), check=True, capture_output=True)
         for batch in (int(b) for b in args.batches.split(",")):
-            prompts = np.random.default_rng(batch).integers(0, SHAPES[shape]["vocab_size"], (batch, PROMPT)).tolist()
-            start = time.perf_counter()
-            ours.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
-            compile_s = time.perf_counter() - start
-            print(f"{shape} batch {batch}: first call {compile_s:.1f} s", flush=True)
-            o_ttft, o_total = timed_ours(ours, prompts, True)
-            print(f"{shape} batch {batch}: ours timed", flush=True)
-            timed_hf(hf, prompts)  # warm-up
-            h_ttft, h_total = timed_hf(hf, prompts)
-            row = dict(shape=shape, batch=batch, compile=compile_s, ours_ttft=o_ttft,
-                       ours_rate=decode_rate(batch, o_ttft, o_total), hf_ttft=h_ttft,
-                       hf_rate=decode_rate(batch, h_ttft, h_total))
-            if shape in args.recompute_shapes.split(","):
-                n_ttft, n_total = timed_ours(ours, prompts, False)
-                row["nocache_rate"] = decode_rate(batch, n_ttft, n_total)
-            rows.append(row)
-            print(f"{shape} batch {batch}: ours {row['ours_rate']:.1f} tok/s, HF {row['hf_rate']:.1f} tok/s",
-                  flush=True)
-    print(f"\n{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32, {os.cpu_count()} CPUs; threads: torch "
-          f"{torch.get_num_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} (both sides share "
-          f"this process; issue #15 moves them to pinned workers)")
-    print(f"{'shape':6} {'batch':>5} {'ours TTFT s':>11} {'HF TTFT s':>9} {'ours tok/s':>10} {'HF tok/s':>8} "
-          f"{'ours/HF':>7} {'cache/no-cache':>14} {'first call s':>12}")
-    for r in rows:
-        speedup = f"{r['ours_rate'] / r['nocache_rate']:.1f}x" if "nocache_rate" in r else "-"
-        print(f"{r['shape']:6} {r['batch']:5d} {r['ours_ttft']:11.3f} {r['hf_ttft']:9.3f} {r['ours_rate']:10.1f} "
-              f"{r['hf_rate']:8.1f} {r['ours_rate'] / r['hf_rate']:6.2f}x {speedup:>14} {r['compile']:12.1f}")
+            def one(side, index, shape=shape, batch=batch):
+                extra = ["--recompute"] if side == "ours" and shape in args.recompute_shapes.split(",") else []
+                report, _ = C.run_worker(__file__, ["--worker", side, "--work", work, "--shape", shape, "--batch",
+                                                    str(batch), "--threads", str(args.threads), *extra], args.threads)
+                print(f"{shape} batch {batch} round {index + 1} {side:4}: {report['rate']:.1f} tok/s, TTFT "
+                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB, threads: C env "
+                      f"{report['env']}, torch {report['torch_threads']}"
+                      + (f", MindSpore {report['runtime_threads']}, first call {report['first_call_s']:.1f} s"
+                         if side == "ours" else ""), flush=True)
+                return report
+            runs = C.alternate(("ours", "hf"), args.rounds, one)
+            rows.append((shape, batch, runs))
+    print(f"\n{C.machine_line(args.threads)}")
+    print(f"{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32; {args.rounds} rounds, sides alternating, each "
+          f"in its own worker; median [min-max] over rounds\n")
+    print("| shape | batch | ours decode tok/s | HF decode tok/s | ours/HF | ours TTFT s | HF TTFT s | cache/no-cache "
+          "| ours first call s | peak RSS MB ours / HF |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for shape, batch, runs in rows:
+        ours, hf = runs["ours"], runs["hf"]
+        rate = C.median([r["rate"] for r in ours])
+        nocache = C.median([r.get("nocache_rate") for r in ours])
+        print(f"| {shape} | {batch} | {C.spread([r['rate'] for r in ours], '{:.1f}')} | "
+              f"{C.spread([r['rate'] for r in hf], '{:.1f}')} | {rate / C.median([r['rate'] for r in hf]):.2f}x | "
+              f"{C.median([r['ttft'] for r in ours]):.3f} | {C.median([r['ttft'] for r in hf]):.3f} | "
+              f"{f'{rate / nocache:.1f}x' if nocache else '-'} | {C.median([r['first_call_s'] for r in ours]):.1f} | "
+              f"{C.median([r['peak_rss_mb'] for r in ours]):.0f} / {C.median([r['peak_rss_mb'] for r in hf]):.0f} |")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ taken one at a time), same random GPT-2 weights, same prompts, same machine, sam
 
 For each shape a random HF GPT-2 is saved and converted with `gptlocal convert hf2ms`. Each server is a
 subprocess started with an explicit environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS =
---threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, so nothing is inherited) and
-prints the thread counts it runs with. Clients send 32-token random prompts, greedy, `ignore_eos` (HF:
+--threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, so nothing is inherited); it
+checks them in its C environment, sets torch's / MindSpore's thread count to the same and prints them
+(benchmarks/_common.py). The servers are started alternately (ours, hf, hf, ours, ...) for --rounds rounds. Clients send 32-token random prompts, greedy, `ignore_eos` (HF:
 `min_new_tokens`), --new tokens each, through the OpenAI completions API (httpx). Per level: total
 tokens/s = generated tokens / wall time; latency = each request's end-to-end seconds (p50, p99). Each
 server gets one warm-up request per level before timing; ours compiles every shape at start-up.
@@ -27,30 +28,26 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 PROMPT = 32
 
 
-def thread_env(threads):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
-               GLOG_v="3")
-    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[key] = str(threads)
-    return env
-
-
-def report_threads(side):
-    counts = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+def report_threads(side, threads):
+    """First thing in a server process: check the C environment's thread variables, set the framework's."""
+    counts = C.check_threads(threads, f"{side} server")
     if side == "hf":
-        import torch
-        counts["torch.get_num_threads"] = torch.get_num_threads()
+        counts["torch"] = C.torch_threads(threads, "hf server")
+    else:
+        counts["mindspore"] = C.mindspore_threads(threads, "ours server")
     print(f"[{side} server] threads: {json.dumps(counts)}", flush=True)
 
 
 def ours_server(model_dir, port, batch, threads):
-    report_threads("ours")
+    report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
     return main(["serve", "--model", model_dir, "--port", str(port), "--max-batch-size", str(batch),
                  "--max-model-len", "256", "--prompt-buckets", str(PROMPT), "--served-model-name", "bench",
@@ -59,13 +56,12 @@ def ours_server(model_dir, port, batch, threads):
 
 def hf_server(model_dir, port, threads):
     """One generate call per request, one request at a time (a lock), on `threads` torch threads."""
+    report_threads("hf", threads)
     import asyncio
     import torch
     import uvicorn
     from fastapi import FastAPI, Request
     from transformers import GPT2LMHeadModel
-    torch.set_num_threads(threads)
-    report_threads("hf")
     model = GPT2LMHeadModel.from_pretrained(model_dir).eval()
     app, lock = FastAPI(), asyncio.Lock()
 
@@ -102,7 +98,7 @@ def start(args, threads, timeout=900):
     import httpx
     port = free_port()
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args, "--port", str(port)],
-                            env=thread_env(threads))
+                            env=C.worker_env(threads))
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     started = time.monotonic()
@@ -161,7 +157,8 @@ def main():
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least one per client)")
     parser.add_argument("--new", type=int, default=64, help="new tokens per request")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per server process")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="threads per server process")
+    parser.add_argument("--rounds", type=int, default=3, help="server starts per side, alternating")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--sides", default="ours,hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
@@ -184,37 +181,48 @@ def main():
         hf_dir, ms_dir = os.path.join(work, shape), os.path.join(work, shape + "_ms")
         GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(hf_dir)
         hf_to_ms(hf_dir, ms_dir)
-        for side in args.sides.split(","):
+
+        def serve_round(side, index, shape=shape, hf_dir=hf_dir, ms_dir=ms_dir):
             server_args = (["--ours-server", ms_dir, str(args.max_batch_size)] if side == "ours"
                            else ["--hf-server", hf_dir])
             proc, base, ready_s = start(server_args + ["--threads", str(args.threads)], args.threads)
-            print(f"{shape} {side}: ready in {ready_s:.1f} s", flush=True)
+            print(f"{shape} {side} round {index + 1}: ready in {ready_s:.1f} s", flush=True)
+            found = {}
             try:
                 for clients in levels:
                     per_client = max(1, args.requests // clients)
                     load(base, 1, 1, 4, SHAPES[shape]["vocab_size"], seed=99)  # warm-up
                     rate, lat = load(base, clients, per_client, args.new, SHAPES[shape]["vocab_size"], seed=clients)
-                    rows.append(dict(shape=shape, side=side, clients=clients, requests=clients * per_client,
-                                     rate=rate, p50=float(np.percentile(lat, 50)), p99=float(np.percentile(lat, 99))))
-                    print(f"{shape} {side} {clients:2d} clients: {rate:7.1f} tok/s  p50 {rows[-1]['p50']:.2f} s  "
-                          f"p99 {rows[-1]['p99']:.2f} s", flush=True)
+                    found[clients] = dict(requests=clients * per_client, rate=rate,
+                                          p50=float(np.percentile(lat, 50)), p99=float(np.percentile(lat, 99)))
+                    print(f"{shape} {side} {clients:2d} clients: {rate:7.1f} tok/s  p50 {found[clients]['p50']:.2f} s  "
+                          f"p99 {found[clients]['p99']:.2f} s", flush=True)
             finally:
                 proc.terminate()
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    print(f"\n{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32, {os.cpu_count()} CPUs, "
-          f"{args.threads} threads per server; ours: --max-batch-size {args.max_batch_size}; HF: one generate "
-          f"per request, one at a time")
+            return found
+        runs = C.alternate(tuple(args.sides.split(",")), args.rounds, serve_round)
+        for side, found in runs.items():
+            for clients in levels:
+                rows.append(dict(shape=shape, side=side, clients=clients, requests=found[0][clients]["requests"],
+                                 rates=[f[clients]["rate"] for f in found],
+                                 p50=C.median([f[clients]["p50"] for f in found]),
+                                 p99=C.median([f[clients]["p99"] for f in found])))
+    print(f"\n{C.machine_line(args.threads)}")
+    print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32; ours: --max-batch-size "
+          f"{args.max_batch_size}; HF: one generate per request, one at a time; {args.rounds} server starts per side, "
+          f"alternating; tokens/s median [min-max], latencies the median of the rounds' p50/p99\n")
     print("| shape | server | clients | requests | tokens/s | p50 latency s | p99 latency s | vs own 1-client |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        single = next((x["rate"] for x in rows if x["shape"] == r["shape"] and x["side"] == r["side"]
+        single = next((C.median(x["rates"]) for x in rows if x["shape"] == r["shape"] and x["side"] == r["side"]
                        and x["clients"] == 1), None)
-        ratio = f"{r['rate'] / single:.2f}x" if single else "-"
+        ratio = f"{C.median(r['rates']) / single:.2f}x" if single else "-"
         print(f"| {r['shape']} | {'gptlocal serve' if r['side'] == 'ours' else 'HF generate'} | {r['clients']} | "
-              f"{r['requests']} | {r['rate']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
+              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -1,166 +1,141 @@
-"""Training throughput of gpt_local (MindSpore, through MindFormers' trainer) against Hugging Face
-GPT-2 on PyTorch, same shapes, same machine, same run.
+"""Training throughput and peak memory of gpt_local (MindSpore, through MindFormers' trainer) against
+Hugging Face GPT-2 on PyTorch, same shapes, same tokens, same machine, same run.
 
-    python benchmarks/train_throughput.py                 # tiny and GPT-2 small
-    python benchmarks/train_throughput.py --shapes tiny --steps 40
+    python benchmarks/train_throughput.py                            # tiny and GPT-2 small, 3 rounds
+    python benchmarks/train_throughput.py --shapes small --seq-length 1024 --batch-size 1
+    python benchmarks/train_throughput.py --shapes tiny --seq-length 2048 --torch-variants sdpa+fused
 
-Ours runs `gptlocal run` on the tiny YAML resized to each shape, reading MindRecord data that
-`prepare-data` makes from the stdlib; per-step times come from GPTLocalThroughputMonitor. PyTorch
-runs GPT2LMHeadModel with AdamW on the same token windows. Each side runs in its own process so
-peak RSS is its own. MFU uses 6*N + 12*L*H*S FLOPs per token against the fp32 GEMM peak measured
-here with torch. Medians over the steps after the first `--warmup`.
+Sides, each run in its own worker process (so VmHWM is its own peak RSS), started with an explicit
+environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that each worker
+checks in its C environment before importing anything; MindSpore's runtime_num_threads and
+torch.set_num_threads get the same count (benchmarks/_common.py):
+  ours        ``gptlocal run`` on the tiny YAML resized to the shape (GPTLocalAdamW, clip 1.0), step times
+              from GPTLocalThroughputMonitor; its first step includes the graph compile
+  eager       GPT2LMHeadModel, eager attention, AdamW (foreach)
+  sdpa+fused  GPT2LMHeadModel, scaled_dot_product_attention, AdamW(fused=True)
+  compile     sdpa+fused under torch.compile; its first step (the compile) is shown apart
+All sides: AdamW betas 0.9/0.95, eps 1e-8, weight decay 0.01 (fp32 moments for every weight), grad-norm
+clip 1.0, dropout off, tied head, fp32. The sides run alternately (A B C D, D C B A, ...) for --rounds
+rounds; tokens/s of a run = batch x seq / median step time after --warmup steps; the tables give the
+median over rounds and [min-max]. MFU = tokens/s x (6N + 12 L H S) / peak, where peak is the higher of
+the two fp32 GEMM rates measured at the start of this run (torch's MKL matmul and MindSpore's MatMul,
+2048^3, best of 7, same threads), so neither side's MFU can borrow the other's faster GEMM.
 """
 import argparse
 import json
 import os
-import re
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
-SHAPES = {
-    "tiny": dict(layers=4, hidden=256, heads=4, vocab=8192, batch=4, seq=256),
-    "small": dict(layers=12, hidden=768, heads=12, vocab=50257, batch=2, seq=256),
-}
+SIDES = ("ours",) + tuple(C.TORCH_VARIANTS)
+LABELS = {"ours": "gpt_local (MindSpore)", "eager": "HF GPT-2, eager", "sdpa+fused": "HF GPT-2, sdpa + fused AdamW",
+          "compile": "HF GPT-2, torch.compile"}
 
 
-def params_count(s):
-    h, l, v = s["hidden"], s["layers"], s["vocab"]
-    return v * h + 1024 * h + l * (12 * h * h + 13 * h) + 2 * h
+def measure(side, s, steps, corpus, windows, workdir, threads, name):
+    if side == "ours":
+        yaml_path = C.ours_yaml(s, steps, corpus, workdir, name, threads)
+        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
+        report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
+        if len(report["step_times"]) != steps:
+            raise SystemExit(f"ours: {len(report['step_times'])} step lines, expected {steps}:\n{text[-3000:]}")
+    else:
+        report, _ = C.run_worker(__file__, ["--torch-worker", json.dumps(s), "--variant", side, "--steps", str(steps),
+                                            "--data", windows, "--threads", str(threads)], threads)
+    return report
 
 
-def flops_per_token(s):
-    return 6 * params_count(s) + 12 * s["layers"] * s["hidden"] * s["seq"]
-
-
-def gemm_peak_gflops():
-    """fp32 GEMM peak of this machine (torch, 2048^3, best of 5)."""
-    import torch
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(5))
-    return 2 * 2048 ** 3 / best / 1e9
-
-
-def _timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def own_peak_rss_mb():
-    """VmHWM: this process's peak RSS (ru_maxrss would include this benchmark's RSS at fork)."""
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
-
-
-def torch_worker(shape, steps, data):
-    """Train HF GPT2LMHeadModel on the same windows; print one JSON line."""
-    import numpy as np
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(0)
-    s = SHAPES[shape]
-    config = GPT2Config(vocab_size=s["vocab"], n_positions=1024, n_embd=s["hidden"], n_layer=s["layers"],
-                        n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    windows = np.load(data)
-    times = []
-    for step in range(steps):
-        batch = torch.from_numpy(windows[(step * s["batch"]) % (len(windows) - s["batch"]):][:s["batch"]]).long()
-        start = time.perf_counter()
-        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"step_times": times, "peak_rss_mb": own_peak_rss_mb()}))
-
-
-def run_torch(shape, steps, data):
-    out = subprocess.run([sys.executable, __file__, "--torch-worker", shape, "--steps", str(steps), "--data", data],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def run_ours(shape, steps, corpus, workdir):
-    from mindformers_gptlocal import yaml_io
-    s = SHAPES[shape]
-    config = yaml_io.load_yaml(os.path.join(REPO, "model_configs", "pretrain_gpt_local_tiny_cpu.yaml"))
-    config["model"]["model_config"].update(vocab_size=s["vocab"], hidden_size=s["hidden"],
-                                           num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                                           seq_length=s["seq"], max_position_embeddings=1024)
-    config["runner_config"]["batch_size"] = s["batch"]
-    config["train_dataset"]["batch_size"] = s["batch"]
-    config["train_dataset"]["data_loader"].update(dataset_dir=corpus["train_mindrecord"], shuffle=False,
-                                                  num_samples=steps * s["batch"])
-    config["train_dataset_task"]["dataset_config"] = config["train_dataset"]
-    config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
-    config["output_dir"] = os.path.join(workdir, f"ours_{shape}")
-    path = yaml_io.dump_yaml(config, os.path.join(workdir, f"ours_{shape}.yaml"))
-    started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", path],
-                         capture_output=True, text=True, cwd=workdir,
-                         env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
-    if out.returncode:
-        raise SystemExit(out.stdout[-3000:] + out.stderr[-3000:])
-    text = out.stdout + out.stderr
-    ms = [float(x) for x in re.findall(r"\[gpt_local\] step \d+/\d+ .* ([0-9.]+) ms/step", text)]
-    rss = float(re.search(r"peak RSS ([0-9,]+) MB", text).group(1).replace(",", ""))
-    return {"step_times": [m / 1000 for m in ms], "peak_rss_mb": rss, "wall_s": time.perf_counter() - started}
-
-
-def summarise(name, result, s, warmup, peak):
-    steady = result["step_times"][warmup:] or result["step_times"]
-    step = statistics.median(steady)
+def summarise(report, s, warmup, peak):
+    step = C.steady_median(report["step_times"], warmup)
     tokens = s["batch"] * s["seq"] / step
-    return {"who": name, "tokens_per_s": tokens, "step_s": step, "first_step_s": result["step_times"][0],
-            "peak_rss_mb": result["peak_rss_mb"], "mfu": tokens * flops_per_token(s) / (peak * 1e9)}
+    first = report["step_times"][0]
+    return dict(report, tokens_per_s=tokens, step_s=step, first_step_s=first, compile_s=max(first - step, 0.0),
+                mfu=tokens * C.flops_per_token(s) / (peak * 1e9))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default="tiny,small")
-    parser.add_argument("--steps", type=int, default=0, help="steps per run (default 30 tiny, 10 small)")
+    parser.add_argument("--shapes", default="tiny,small", help=f"comma list of {sorted(C.SHAPES)}")
+    parser.add_argument("--seq-length", type=int, help="tokens per row (default 256)")
+    parser.add_argument("--batch-size", type=int, help="rows per step (default 4 tiny, 2 small)")
+    parser.add_argument("--steps", type=int, default=0, help="steps per run (default 20 tiny, 8 small)")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--torch-worker")
-    parser.add_argument("--data")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--torch-variants", default=",".join(C.TORCH_VARIANTS),
+                        help=f"comma list of {list(C.TORCH_VARIANTS)} (compile costs ~30 s a run for GPT-2 small)")
+    parser.add_argument("--json", help="also write every run's numbers here")
+    parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--gemm-worker", choices=("torch", "mindspore"), help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="sdpa+fused", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ms_worker:
+        return C.ms_train_worker(args.ms_worker, args.threads)
     if args.torch_worker:
-        return torch_worker(args.torch_worker, args.steps, args.data)
-    import numpy as np
-    from mindformers_gptlocal.data.prepare import prepare
+        return C.torch_train_worker(json.loads(args.torch_worker), args.steps, args.data, args.threads, args.variant)
+    if args.gemm_worker:
+        return C.gemm_worker(args.gemm_worker, args.threads)
+
+    variants = [v for v in args.torch_variants.split(",") if v]
+    unknown = [v for v in variants if v not in C.TORCH_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(C.TORCH_VARIANTS)}")
+    sides = ("ours", *variants)
+    shapes = {name: C.shape_with(name, args.batch_size, args.seq_length) for name in args.shapes.split(",")}
+    seq = next(iter(shapes.values()))["seq"]
     workdir = tempfile.mkdtemp(prefix="gptlocal-bench-")
-    corpus = prepare(out=os.path.join(workdir, "data"), seq_length=256, vocab_size=8192, max_bytes=1_500_000)
-    from mindspore.mindrecord import FileReader
-    reader = FileReader(corpus["train_mindrecord"])
-    windows = np.stack([np.append(r["input_ids"], r["labels"][-1]) for r in reader.get_next()])
-    reader.close()
-    data = os.path.join(workdir, "windows.npy")
-    np.save(data, windows)
-    peak = gemm_peak_gflops()
-    print(f"fp32 GEMM peak here (torch): {peak:.0f} GFLOP/s; {os.cpu_count()} CPUs")
-    rows = []
-    for shape in args.shapes.split(","):
-        s = SHAPES[shape]
-        steps = args.steps or (30 if shape == "tiny" else 10)
-        ours = summarise("gpt_local (MindSpore)", run_ours(shape, steps, corpus, workdir), s, args.warmup, peak)
-        ref = summarise("HF GPT-2 (PyTorch)", run_torch(shape, steps, data), s, args.warmup, peak)
-        rows.append((shape, s, ours, ref))
-    print(f"\n{'shape':6} {'who':24} {'tokens/s':>9} {'step s':>7} {'1st step s':>10} {'peak RSS MB':>11} {'MFU':>6}")
-    for shape, s, ours, ref in rows:
-        for r in (ours, ref):
-            print(f"{shape:6} {r['who']:24} {r['tokens_per_s']:9.0f} {r['step_s']:7.3f} {r['first_step_s']:10.2f} "
-                  f"{r['peak_rss_mb']:11.0f} {100 * r['mfu']:5.1f}%")
-        print(f"{shape:6} {'ratio ours/PyTorch':24} {ours['tokens_per_s'] / ref['tokens_per_s']:9.2f}x "
-              f"(batch {s['batch']} x {s['seq']}, {params_count(s) / 1e6:.1f}M params)")
+    corpus, windows, count = C.prepare_windows(workdir, seq, args.threads)
+    gemm = {fw: C.run_worker(__file__, ["--gemm-worker", fw, "--threads", str(args.threads)], args.threads)[0]["gflops"]
+            for fw in ("torch", "mindspore")}
+    peak = max(gemm.values())
+    print(C.machine_line(args.threads), flush=True)
+    print(f"fp32 GEMM 2048^3 here: torch {gemm['torch']:.0f} GFLOP/s, MindSpore {gemm['mindspore']:.0f} GFLOP/s; "
+          f"MFU below is against the higher, {peak:.0f}", flush=True)
+    rows = {}
+    for name, s in shapes.items():
+        steps = args.steps or (20 if name == "tiny" else 8)
+
+        def one(side, index, name=name, s=s, steps=steps):
+            report = summarise(measure(side, s, steps, corpus, windows, workdir, args.threads, f"ours_{name}_{index}"),
+                               s, args.warmup, peak)
+            print(f"{name} round {index + 1} {side:10} {report['tokens_per_s']:8.0f} tokens/s  first step "
+                  f"{report['first_step_s']:6.1f} s (compile ~{report['compile_s']:.1f} s)  peak RSS "
+                  f"{report['peak_rss_mb']:6.0f} MB  threads: C env "
+                  f"{report['env']}, runtime {report['runtime_threads']}", flush=True)
+            return report
+        rows[name] = (s, steps, C.alternate(sides, args.rounds, one))
+
+    print(f"\n{C.machine_line(args.threads)}")
+    print(f"fp32 GEMM peak (2048^3, best of 7, this run): torch {gemm['torch']:.0f} GFLOP/s, MindSpore "
+          f"{gemm['mindspore']:.0f} GFLOP/s; MFU against {peak:.0f}. {args.rounds} rounds, sides alternating; "
+          f"median [min-max] over rounds; tokens/s from the median step after {args.warmup} warm-up steps.\n")
+    print("| shape | batch x seq | side | tokens/s | vs ours | compile s | peak RSS MB | MFU |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, (s, steps, results) in rows.items():
+        ours = C.median([r["tokens_per_s"] for r in results["ours"]])
+        for side in sides:
+            runs = results[side]
+            rate = C.median([r["tokens_per_s"] for r in runs])
+            print(f"| {name} ({C.params_count(s) / 1e6:.0f}M) | {s['batch']} x {s['seq']} | {LABELS[side]} | "
+                  f"{C.spread([r['tokens_per_s'] for r in runs])} | {ours / rate:.2f}x | "
+                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'compile') else '-'} | "
+                  f"{C.spread([r['peak_rss_mb'] for r in runs])} | "
+                  f"{100 * C.median([r['mfu'] for r in runs]):.0f}% |")
+    if any(r["mfu"] > 1.0 for _, _, results in rows.values() for runs in results.values() for r in runs):
+        print("\nWARNING: an MFU above 100%: the GEMM peak measured at the start was below what a step reached "
+              "(a busy machine at that moment?); rerun on a quiet machine.")
+    print("\n'vs ours' = ours / that side (above 1: ours faster). 'compile s' = first step - median step: ours "
+          "compiles the training graph in its first step, torch.compile its graphs (issue #15 target for GPT-2 "
+          "small: <= 20 s).")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"args": vars(args), "gemm_gflops": gemm,
+                       "results": {n: {"shape": s, "runs": r} for n, (s, _, r) in rows.items()}}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -121,3 +121,31 @@ def test_split_refuses_bad_input_naming_the_key(full_ckpt, tmp_path, capsys):
     assert main(["ckpt", "split", "--ckpt", full_ckpt, "--config", other, "--out", str(tmp_path / "d")]) == 2
     assert "model.layers.4" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "d")
+
+
+def test_llama_style_split_gives_each_rank_whole_query_groups(tmp_path):
+    """GQA (4 heads, 2 groups), SwiGLU, RMSNorm, no biases, untied head: mp 2 x pp 2 shards load into the rank
+    Cells, rank mp 1 holds key/value group 1 with its two query heads, and merge is bit-identical."""
+    llama = dict(SMALL, position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu",
+                 normalization="RMSNorm", add_bias_linear=False, untie_embeddings_and_output_weights=True)
+    model = GPTLocalForCausalLM(GPTLocalConfig(**llama))
+    path = str(tmp_path / "full.safetensors")
+    save_weights(model, path)
+    config = {"model": {"model_config": dict(llama, model_type="gpt_local")},
+              "parallel_config": {"model_parallel": 2, "pipeline_stage": 2, "micro_batch_num": 2}}
+    yaml_path = yaml_io.dump_yaml(config, str(tmp_path / "run.yaml"))
+    out = str(tmp_path / "dist")
+    assert main(["ckpt", "split", "--ckpt", path, "--config", yaml_path, "--out", out]) == 0
+    full = read_safetensors(path)
+    ranks = [read_safetensors(os.path.join(out, f"rank_{i}", SHARD_NAME)) for i in range(4)]
+    qkv = "model.layers.0.attention.linear_qkv.weight"  # rows [group, (q, q, k, v), 8]: group 1 = second half
+    assert full[qkv].shape == ((4 + 2 * 2) * 8, H)
+    np.testing.assert_array_equal(ranks[1][qkv], full[qkv][4 * 8:])
+    assert "output_layer.weight" in ranks[3] and "output_layer.weight" not in ranks[1]  # untied head: last stage
+    part = GPTLocalBlock(GPTLocalConfig(**llama), 1, tp_size=2)
+    for name, param in part.parameters_and_names():
+        assert ranks[1][f"model.layers.0.{name}"].shape == tuple(param.shape), name
+    merged = str(tmp_path / "merged.safetensors")
+    assert main(["ckpt", "merge", "--dir", out, "--out", merged]) == 0
+    back = read_safetensors(merged)
+    assert sorted(back) == sorted(full) and all(np.array_equal(back[n], full[n]) for n in full)

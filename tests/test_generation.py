@@ -123,3 +123,90 @@ def test_every_cached_step_has_the_logits_of_the_full_forward_and_of_transformer
         logits = cache.decode(tokens, [len(seq) for seq in sequences])
         for seq, token in zip(sequences, tokens):
             seq.append(int(token))
+
+
+@pytest.mark.parametrize("prompts", [[[5, 17, 42, 7, 99]], [[5, 17, 42, 7, 99, 3, 11], [8], [250, 1, 2, 3]]],
+                         ids=["single", "ragged"])
+def test_greedy_steps_on_the_device_have_the_tokens_and_logits_of_one_step_decode_and_transformers(hf_and_ours,
+                                                                                                  prompts):
+    """``decode_greedy`` runs k greedy steps in one compiled call. Each step's logits equal (to 1e-5) the
+    one-step decode's on the same cache and transformers' over the whole sequence, and each picked token
+    is their argmax: the cache rows each in-graph step writes are the ones the next step reads."""
+    hf, ours = hf_and_ours
+    cache = ours.kv_cache(len(prompts), max(len(p) for p in prompts) + 20)
+    steps = cache.decode_steps
+    assert steps > 1
+    first = cache.prefill(prompts).argmax(-1)
+    cursor = np.array([len(p) for p in prompts])
+    picks, logits = cache.decode_greedy(first, cursor, with_logits=True)
+    assert picks.shape == (len(prompts), steps) and logits.shape == (len(prompts), steps, 300)
+    cache.prefill(prompts)  # the same cache again, one step a call
+    tokens = first
+    for step in range(steps):
+        single = cache.decode(tokens, cursor + step)
+        np.testing.assert_allclose(logits[:, step], single, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+        tokens = single.argmax(-1)
+        assert picks[:, step].tolist() == tokens.tolist()
+    for row, prompt in enumerate(prompts):
+        sequence = list(prompt) + [int(first[row])] + picks[row, :-1].tolist()
+        with torch.no_grad():
+            reference = hf(torch.tensor([sequence])).logits[0, len(prompt):].numpy()
+        np.testing.assert_allclose(logits[row], reference, rtol=1e-4, atol=1e-4, err_msg=f"row {row}")
+
+
+def _one_step_generate(model, prompts, max_new, **kwargs):
+    """generate's cached path with one compiled call per token (no device greedy steps): the reference."""
+    from mindformers_gptlocal.generation.loop import decode_loop, resolve_options
+    options = resolve_options(None, max_new_tokens=max_new, **kwargs)
+    cache = model.kv_cache(len(prompts), max(len(p) for p in prompts) + max_new)
+    logits = cache.prefill(prompts)
+    return decode_loop(prompts, max_new, options, np.random.default_rng(options["seed"]), logits, cache.decode,
+                       kwargs.get("stop_when"))
+
+
+@pytest.mark.parametrize("prompts,max_new,kwargs", [
+    (PROMPTS, 13, {}),  # 12 decode steps: one full chunk of 8 and a partial one
+    ([list(range(1, 51)), [7, 8]], 14, {}),  # ends at the last cache row: the discarded steps' positions clamp
+    (PROMPTS, 10, dict(eos_token_id="third")),  # rows end at EOS inside a chunk
+    (PROMPTS, 10, dict(stop_when="second")),  # a stop rule ends rows inside a chunk
+], ids=["chunks", "last-row", "eos", "stop_when"])
+def test_multi_step_greedy_generate_equals_one_step_and_recomputation(model, prompts, max_new, kwargs):
+    reference = model.generate(prompts, max_new_tokens=max_new, do_sample=False, use_past=False)
+    if kwargs.get("eos_token_id") == "third":
+        kwargs = dict(eos_token_id=reference[0][len(prompts[0]) + 2])
+    if kwargs.get("stop_when") == "second":
+        def stop(rows, generated):
+            return [len(g) >= 2 + row for row, g in zip(rows, generated)]
+        kwargs = dict(stop_when=stop)
+    if kwargs:
+        reference = model.generate(prompts, max_new_tokens=max_new, do_sample=False, use_past=False, **kwargs)
+    multi = model.generate(prompts, max_new_tokens=max_new, do_sample=False, **kwargs)
+    assert multi == _one_step_generate(model, prompts, max_new, do_sample=False, **kwargs) == reference
+    assert model.kv_cache(len(prompts), max(len(p) for p in prompts) + max_new).decode_steps == 8
+
+
+def test_bucketed_prefill_gives_the_logits_of_the_unpadded_prefill(model):
+    """Prompts right-padded to the width bucket (16 for these): the logits after each prompt's last token,
+    and the next decode step's, equal (1e-5) those of a prefill exactly as wide as the longest prompt."""
+    from mindformers_gptlocal.model.kv_cache import prefill_inputs
+    cache = model.kv_cache(len(PROMPTS), 40)
+    assert cache.widths == [16, 32, 64]
+    bucketed = cache.prefill(PROMPTS)
+    after_bucketed = cache.decode([1, 2, 3, 4], [len(p) for p in PROMPTS])
+    ids, positions, lengths = prefill_inputs(PROMPTS, cache.batch_size, 0)
+    assert ids.shape[1] == 11
+    exact = cache.step(ids, positions, lengths - 1)
+    after_exact = cache.decode([1, 2, 3, 4], [len(p) for p in PROMPTS])
+    np.testing.assert_allclose(bucketed, exact, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(after_bucketed, after_exact, rtol=1e-5, atol=1e-5)
+
+
+def test_varied_prompt_lengths_compile_one_prefill_graph_per_bucket(model):
+    """Prompt widths 1..40 through generate (one cache shape): 3 prefill graphs (widths 16, 32, 64) and one
+    greedy-steps graph, not one graph per width; the compiled graphs are MindSpore's own per-Cell record."""
+    for length in range(1, 41, 3):
+        model.generate([list(range(1, length + 1))], max_new_tokens=10, do_sample=False)
+    cache = model.kv_cache(1, 50)
+    assert cache.max_length == 64
+    assert len(cache.compile_cache) == 3  # widths 16, 32, 64
+    assert sum(len(g.compile_cache) for g in cache._greedy.values()) == 1

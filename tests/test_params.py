@@ -84,3 +84,73 @@ def test_consumers_read_the_table():
     assert mem.layer_params(s, 2) == per_layer
     full = sum(int(np.prod(spec.shape)) for spec in table.values())
     assert sum(mem.stage_params(s, [4])[0].values()) == full
+
+
+# the Llama-style and NeoX-style layer options (GQA, SwiGLU, RMSNorm, no biases, rope, untied head, parallel
+# residual): the same table, the same checks
+ARCHS = {
+    "llama": dict(position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu", normalization="RMSNorm",
+                  add_bias_linear=False, untie_embeddings_and_output_weights=True),
+    "qwen2-tied": dict(position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu",
+                       normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=True),
+    "neox": dict(position_embedding_type="rope", rotary_percent=0.25, use_parallel_residual=True,
+                 tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("parallel", [LAYOUTS["one device"], LAYOUTS["pp2 offset [1, -1], vocab split"]],
+                         ids=["one device", "pp2 mp2 vocab split"])
+def test_table_equals_the_built_model_for_every_architecture(arch, parallel):
+    from mindformers_gptlocal.model.params import OUTPUT_LAYER
+    config = GPTLocalConfig(**dict(TINY, num_hidden_layers=4, intermediate_size=96), **ARCHS[arch],
+                            parallel_config=parallel)
+    model = GPTLocalForCausalLM(config)
+    table = parameter_table(config)
+    built = {name: tuple(param.shape) for name, param in model.parameters_and_names()}
+    assert {name: spec.shape for name, spec in table.items()} == built
+    assert set(param_layouts(model_rules(config, arch=config.architecture))) == set(table)
+    last = max(model.model.stage_ids)
+    untied = config.untie_embeddings_and_output_weights
+    for name, spec in table.items():
+        if name == OUTPUT_LAYER:
+            assert spec.stages == [last] == [model.output_layer.pipeline_stage]
+        elif name == "model.embedding.word_embeddings":
+            assert spec.stages == ([0] if untied else sorted({0, last}))
+        else:
+            assert spec.stages == [_stage_of(model, name)], name
+    assert "model.embedding.position_embeddings" not in table  # rope: no learned positions
+    if arch != "neox":  # GQA: q 4 heads + k, v 2 groups each, of 16 channels
+        assert table["model.layers.0.attention.linear_qkv.weight"].shape == ((4 + 2 * 2) * 16, 64)
+        assert ("model.layers.0.attention.linear_qkv.bias" in table) == (arch == "qwen2-tied")
+        assert table["model.layers.0.mlp.linear_gate.weight"].split_axis == 0  # column parallel like fc1
+    # the planner counts what the table holds
+    s = mem.shape_of(dict(TINY, num_hidden_layers=4, intermediate_size=96, **ARCHS[arch]))
+    full = sum(int(np.prod(spec.shape)) for spec in parameter_table(config, Layout()).values())
+    assert sum(mem.stage_params(s, [4])[0].values()) == full
+
+
+def test_kv_cache_arithmetic_shrinks_by_the_group_size():
+    llama_1b = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_query_groups=8,
+                    seq_length=2048, compute_dtype="bfloat16", **{k: v for k, v in ARCHS["llama"].items()
+                                                                  if k != "num_query_groups"})
+    gqa = mem.kv_cache_bytes(mem.shape_of(llama_1b), 1, 2048)
+    mha = mem.kv_cache_bytes(mem.shape_of(dict(llama_1b, num_query_groups=32)), 1, 2048)
+    assert gqa == 2 * 16 * 8 * 2048 * 64 * 2 == 64 * 2 ** 20  # 64 MiB per 2048-token sequence
+    assert mha == 4 * gqa
+
+
+def test_lora_on_the_gated_mlp_and_grouped_qkv():
+    """LoRA adapters on linear_gate (SwiGLU) and the group-major QKV: table == built model, B split like W."""
+    pet = dict(pet_type="lora", lora_rank=4, lora_alpha=8, target_modules=".*linear_gate|.*linear_qkv",
+               freeze_include=["*"], freeze_exclude=["*lora*"])
+    config = GPTLocalConfig(**dict(TINY, intermediate_size=96), **ARCHS["llama"], pet_config=pet)
+    model = GPTLocalForCausalLM(config)
+    table = parameter_table(config, Layout(mp=2))
+    built = {name: tuple(param.shape) for name, param in model.parameters_and_names()}
+    assert {name: spec.shape for name, spec in table.items()} == built
+    assert table["model.layers.1.mlp.linear_gate.lora_b"].shape == (96, 4)
+    assert table["model.layers.1.mlp.linear_gate.lora_b"].split_axis == 0
+    assert table["model.layers.0.attention.linear_qkv.lora_b"].shape == ((4 + 2 * 2) * 16, 4)
+    trainable = {p.name for p in model.trainable_params()}
+    assert trainable == {n for n in table if n.endswith(("lora_a", "lora_b"))}

@@ -11,6 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, ParameterTuple
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.model.attention import causal_bias
 from mindformers_gptlocal.parallel.layout import stage_of_layers
 
 SEQ, BATCH = 8, 4
@@ -37,7 +38,7 @@ class FirstStage(nn.Cell):
         super().__init__()
         assert model.model.embedding.pipeline_stage == 0
         self.cells = stage_cells(model, 0)
-        self.bias = model.model.causal_bias
+        self.bias = causal_bias(SEQ)
 
     def construct(self, ids, positions):
         hidden = self.cells["model"].model.embedding(ids, positions)
@@ -53,7 +54,7 @@ class LastStage(nn.Cell):
         super().__init__()
         assert model.model.final_layernorm.pipeline_stage == 1
         self.cells = stage_cells(model, 1)
-        self.bias = model.model.causal_bias
+        self.bias = causal_bias(SEQ)
 
     def construct(self, hidden, labels):
         for block in self.cells["blocks"]:

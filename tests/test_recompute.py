@@ -1,5 +1,6 @@
 """recompute_config -> what each block recomputes, set once at build time (MindFormers 1.8.0 key names)."""
 import pytest
+from mindspore import nn
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import ConfigError
@@ -42,3 +43,52 @@ def test_bad_recompute_settings_are_refused_by_name():
         build(select_recompute_exclude=["attention.softmax"])
     with pytest.raises(ConfigError, match="is a Cell"):
         build(select_comm_recompute=["mlp.activation"])
+
+
+LLAMA = dict(position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu", normalization="RMSNorm",
+             add_bias_linear=False)
+
+
+def test_llama_style_blocks_take_the_same_recompute_settings():
+    config = GPTLocalConfig(**dict(TINY, num_hidden_layers=4), **LLAMA,
+                            parallel_config={"pipeline_stage": 2, "micro_batch_num": 2,
+                                             "recompute": {"recompute": [1, 0], "select_recompute": True,
+                                                           "select_comm_recompute": True}})
+    layers = GPTLocalForCausalLM(config).model.layers
+    assert [b.recompute_mode for b in layers] == ["full", "selective", "selective", "selective"]
+    assert layers[1].mlp.activation._has_config_recompute  # SwiGLU's silu
+    assert layers[1].input_layernorm.weight_mul.attrs.get("recompute_comm_op") is True  # RMSNorm's output op
+
+
+class _LossOnly(nn.Cell):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def construct(self, ids):
+        return self.model(ids)[0]
+
+
+def test_full_recompute_of_rope_gqa_blocks_keeps_loss_and_gradients():
+    """Graph mode: the rotary (cos, sin) tuple goes into recomputed blocks; gradients equal no recompute."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        results = []
+        for recompute in (False, True):
+            ms.set_seed(0)
+            config = GPTLocalConfig(**dict(TINY, num_hidden_layers=2), **LLAMA,
+                                    parallel_config={"recompute": {"recompute": recompute}})
+            model = GPTLocalForCausalLM(config)
+            model.set_train(True)
+            ids = Tensor(np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, 17)), ms.int32)
+            weights = model.trainable_params()
+            loss, grads = ms.value_and_grad(_LossOnly(model), None, weights)(ids)
+            results.append((float(loss), {w.name: g.asnumpy() for w, g in zip(weights, grads)}))
+        assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+        for name, grad in results[0][1].items():
+            np.testing.assert_allclose(results[1][1][name], grad, atol=1e-6, err_msg=name)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -15,7 +15,7 @@ from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.model import GPTLocalBlock
-from mindformers_gptlocal.model.attention import causal_bias
+from mindformers_gptlocal.model.attention import RotaryEmbedding, causal_bias
 from mindformers_gptlocal.parallel.sharding import (check_divisible, block_rules, model_rules, param_layouts, rank_slice, merge_slices,
                                                  split_axis, apply_sharding, concrete, resolve)
 
@@ -23,6 +23,14 @@ SEQ, BATCH = 8, 2
 SMALL = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
              max_position_embeddings=16, seq_length=16, hidden_dropout=0.0, attention_dropout=0.0,
              bos_token_id=0, eos_token_id=0, pad_token_id=0)
+# the same block with the Llama and NeoX layer options: GQA (4 heads, 2 groups: one group per rank at mp 2),
+# SwiGLU, RMSNorm, no biases, rope; and parallel residual with rotary on half of each head
+ARCHS = {
+    "gpt2": {},
+    "llama-gqa": dict(position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu",
+                      normalization="RMSNorm", add_bias_linear=False),
+    "neox": dict(position_embedding_type="rope", rotary_percent=0.5, use_parallel_residual=True, hidden_act="gelu"),
+}
 ATOL = 2e-5  # absolute, for values of order 1
 RTOL = 1e-5  # fp32 sums over a few hundred terms; gradients are compared relative to their largest entry
 
@@ -57,12 +65,14 @@ class AllReduceParts(nn.Cell):
         total = self.parts[0](hidden, *args)
         for part in self.parts[1:]:
             total = total + part(hidden, *args)
+        if self.bias is None:  # add_bias_linear False
+            return total
         return total + self.bias
 
 
 def rank_blocks(config, full, mp):
     """mp real rank blocks holding the slices the strategy assigns them (shapes must match exactly)."""
-    layouts = param_layouts(block_rules())
+    layouts = param_layouts(block_rules(arch=config.architecture))
     full_params = {name: p.asnumpy() for name, p in params_by_path(full).items()}
     assert set(layouts) == set(full_params), "every block parameter has a declared layout"
     parts = []
@@ -82,31 +92,36 @@ def joined(parts):
     attention = [p.attention for p in parts]
     mlp = [p.mlp for p in parts]
     shell = parts[0]
-    shell.attention = AllReduceParts(attention, attention[0].linear_proj.bias)
-    shell.mlp = AllReduceParts(mlp, mlp[0].linear_fc2.bias)
+    shell.attention = AllReduceParts(attention, getattr(attention[0].linear_proj, "bias", None))
+    shell.mlp = AllReduceParts(mlp, getattr(mlp[0].linear_fc2, "bias", None))
     return shell
 
 
-def value_and_grads(block, weights, x, probe, bias):
+def value_and_grads(block, weights, x, probe, bias, rotary=None):
     def loss(hidden):
-        return (block(hidden, bias) * probe).sum()
-    out = block(x, bias)
+        return (block(hidden, bias, None, None, None, None, None, rotary) * probe).sum()
+    out = block(x, bias, None, None, None, None, None, rotary)
     _, (dx, dweights) = ms.value_and_grad(loss, grad_position=0, weights=weights)(x)
     return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dweights]
 
 
-@pytest.mark.parametrize("mp", [2, 4])
-def test_block_parts_reassemble_to_the_unsharded_block(mp):
-    config = GPTLocalConfig(**SMALL)
+@pytest.mark.parametrize("mp,arch", [(2, "gpt2"), (4, "gpt2"), (2, "llama-gqa"), (2, "neox")])
+def test_block_parts_reassemble_to_the_unsharded_block(mp, arch):
+    config = GPTLocalConfig(**SMALL, **ARCHS[arch])
     ms.set_seed(0)
     full = randomised(GPTLocalBlock(config, 1), seed=mp)
     rng = np.random.default_rng(10 + mp)
     x = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
     probe = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
     bias = causal_bias(SEQ)
+    rotary = None
+    if config.rope:  # ragged offsets: row 1 starts at position 3
+        positions = Tensor(np.array([np.arange(SEQ), np.arange(SEQ) + 3]), ms.int32)
+        rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base)(positions)
     full_params = params_by_path(full)
     names = sorted(full_params)
-    ref_out, ref_dx, ref_grads = value_and_grads(full, ParameterTuple([full_params[n] for n in names]), x, probe, bias)
+    ref_out, ref_dx, ref_grads = value_and_grads(full, ParameterTuple([full_params[n] for n in names]), x, probe, bias,
+                                                 rotary)
 
     parts, layouts = rank_blocks(config, full, mp)
     # column-parallel outputs: the ranks' QKV columns, concatenated (all-gather), are the full QKV output
@@ -114,6 +129,7 @@ def test_block_parts_reassemble_to_the_unsharded_block(mp):
     np.testing.assert_allclose(qkv, full.attention.linear_qkv(x).asnumpy(), atol=ATOL)
     # every rank's local Cells: heads / mp, intermediate / mp
     assert all(p.attention.num_heads == SMALL["num_attention_heads"] // mp for p in parts)
+    assert all(p.attention.num_groups == config.num_query_groups // mp for p in parts)
 
     rank_params = [params_by_path(p) for p in parts]
     shell = joined(parts)
@@ -123,7 +139,7 @@ def test_block_parts_reassemble_to_the_unsharded_block(mp):
             used.append((name, 0, rank_params[0][name]))  # replicated: rank 0's copy stands for every rank's
         else:
             used += [(name, rank, rank_params[rank][name]) for rank in range(mp)]
-    out, dx, grads = value_and_grads(shell, ParameterTuple([p for _, _, p in used]), x, probe, bias)
+    out, dx, grads = value_and_grads(shell, ParameterTuple([p for _, _, p in used]), x, probe, bias, rotary)
 
     errors = {"output": np.abs(out - ref_out).max(), "input grad": np.abs(dx - ref_dx).max()}
     relative = {}
@@ -138,7 +154,7 @@ def test_block_parts_reassemble_to_the_unsharded_block(mp):
         errors[name] = np.abs(merged - ref).max()
         relative[name] = errors[name] / np.abs(ref).max()
     worst = max(errors, key=errors.get)
-    print(f"\nmodel_parallel={mp}: max abs error {errors[worst]:.2e} ({worst}); output "
+    print(f"\n{arch} model_parallel={mp}: max abs error {errors[worst]:.2e} ({worst}); output "
           f"{errors['output']:.2e} (values up to {np.abs(ref_out).max():.1f}), input grad {errors['input grad']:.2e}, "
           f"over {len(names)} parameter gradients; worst relative to the gradient's largest entry "
           f"{max(relative.values()):.2e}")
@@ -167,7 +183,7 @@ class VocabParallelLM(nn.Cell):
             rows = embedding.gather(table, ops.clip(local, 0, self.rows - 1), 0) * ops.expand_dims(inside, -1)
             words = rows if words is None else words + rows
         hidden = embedding.dropout(words + embedding.position_gather(embedding.position_embeddings, positions, 0))
-        bias = self.lm.model.causal_bias[:, :, :ids.shape[1], :ids.shape[1]]
+        bias = self.lm.model.causal_mask(ids.shape[1])
         for layer in self.lm.model.layers:
             hidden = layer(hidden, bias)
         hidden = ops.reshape(self.lm.model.final_layernorm(hidden), (-1, hidden.shape[-1]))
@@ -233,6 +249,33 @@ def test_strategies_are_set_from_the_rules_only_for_a_parallel_build():
     assert model.head_matmul.attrs["in_strategy"] == ((2, 1), (4, 1))
     # every parameter of the model has exactly one declared layout
     assert set(param_layouts(rules)) == {p.name for p in model.get_parameters()}
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "neox"])
+def test_strategies_cover_every_op_and_parameter_of_each_architecture(arch):
+    config = GPTLocalConfig(**SMALL, **ARCHS[arch], untie_embeddings_and_output_weights=True,
+                            parallel_config={"data_parallel": 2, "model_parallel": 2, "vocab_emb_dp": False})
+    model = GPTLocalForCausalLM(config)
+    applied = apply_sharding(model, config, config.architecture)
+    rules = model_rules(config, arch=config.architecture)
+    for rule in rules:
+        if resolve(model, rule.op) is None:
+            assert rule.optional or rule.op.endswith((".relu", ".gelu")), rule.op
+    assert set(param_layouts(rules)) == {p.name for p in model.get_parameters()}
+    assert applied["head_matmul"] == ((2, 1), (2, 1))  # the untied head's table split like the embedding's
+    if arch == "llama-gqa":
+        layer = model.model.layers[0]
+        assert layer.mlp.linear_gate.matmul.attrs["in_strategy"] == ((2, 1), (2, 1))
+        assert layer.input_layernorm.weight_mul.attrs["in_strategy"] == ((2, 1, 1), (1,))
+
+
+def test_model_parallel_that_splits_a_query_group_is_refused():
+    from mindformers_gptlocal.errors import ConfigError
+    llama = dict(SMALL, **ARCHS["llama-gqa"])
+    with pytest.raises(ConfigError, match="num_query_groups"):  # 4 heads split, but 2 groups over 4 ranks
+        GPTLocalConfig(**llama, parallel_config={"model_parallel": 4})
+    with pytest.raises(ConfigError, match="num_query_groups"):
+        GPTLocalBlock(GPTLocalConfig(**llama), 1, tp_size=4)
 
 
 def test_model_parallel_that_splits_a_head_is_refused():

@@ -96,3 +96,40 @@ def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, 
     np.testing.assert_allclose(float(global_norm), float(norm), rtol=1e-5)
     for param, start, grad in zip(params, before, clipped):
         np.testing.assert_allclose(param.asnumpy(), start - grad.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=param.name)
+
+
+def test_lean_step_equals_the_general_step_bit_for_bit(tiny_config, mcore_context):
+    """The lean step (no unscale copy, one square-sum pass, clip factor folded into GPTLocalAdamW) gives the
+    same losses, norms and weights, to the bit, as MindFormers' general step over 6 clipped steps."""
+    from mindformers_gptlocal.training.optim import GPTLocalAdamW
+    runs = {}
+    for lean in (True, False):
+        ms.set_seed(0)
+        model = GPTLocalForCausalLM(tiny_config)
+        optimizer = GPTLocalAdamW(model.trainable_params(), learning_rate=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        cell = GPTLocalTrainOneStepCell(model, optimizer, use_clip_grad=True, max_grad_norm=0.5, scale_sense=1.0,
+                                        lean_step=lean)
+        assert cell.lean_step is lean and cell.fold_clip is lean
+        cell.set_train(True)
+        trace = []
+        for step in range(6):
+            loss, overflow, _, _, norm = cell(*_batch(step % 2))
+            assert not bool(overflow)
+            trace.append((float(loss), float(norm.asnumpy().reshape(-1)[0])))
+        runs[lean] = trace, {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+    assert any(norm > 0.5 for _, norm in runs[True][0])  # some steps clipped
+    assert runs[True][0] == runs[False][0]
+    for name, value in runs[False][1].items():
+        np.testing.assert_array_equal(runs[True][1][name], value, err_msg=name)
+
+
+def test_lean_step_refuses_another_loss_scale(tiny_config, mcore_context):
+    model = GPTLocalForCausalLM(tiny_config)
+    cell = GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1), use_clip_grad=True,
+                                    scale_sense=1.0)
+    assert cell.lean_step and not cell.fold_clip  # SGD takes no clip coefficient: the clipped copy is kept
+    cell.set_sense_scale(Tensor(1.0, ms.float32))
+    with pytest.raises(ValueError, match="runner_wrapper.scale_sense"):
+        cell.set_sense_scale(Tensor(4.0, ms.float32))
+    assert not GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1),
+                                        use_clip_grad=True, scale_sense=2.0).lean_step

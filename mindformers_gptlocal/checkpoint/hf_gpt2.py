@@ -22,6 +22,7 @@ from ..safetensors_io import TOKENIZER_FILES, read_header, resolve_weights_file
 from ..staging import write_folder
 
 GPT2_TYPES = ("gpt2",)
+GPT2_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in ("silu", "swiglu"))  # the gated ones are Llama's
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -33,9 +34,9 @@ def gpt2_to_local_config(hf):
     if model_type not in GPT2_TYPES:
         raise CheckpointError(f"config.json has model_type {model_type!r}; only GPT-2 checkpoints (model_type "
                               f"'gpt2') convert to gpt_local.")
-    if hf.get("activation_function", "gelu_new") not in ACTIVATIONS:
+    if hf.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
         raise CheckpointError(f"config.json activation_function {hf['activation_function']!r} is not supported; "
-                              f"gpt_local supports {', '.join(ACTIVATIONS)}.")
+                              f"gpt_local supports {', '.join(GPT2_ACTIVATIONS)}.")
     if hf.get("scale_attn_weights", True) is False:
         raise CheckpointError("config.json has scale_attn_weights=false (no 1/sqrt(head_dim) scaling); gpt_local "
                               "always scales attention, so this checkpoint would compute different logits.")

@@ -120,6 +120,12 @@ def to_peft(ms_dir, out, alpha=None):
     """A trained model directory (config.json with pet_config + adapter tensors) -> a PEFT LoRA adapter
     folder (adapter_config.json + adapter_model.safetensors) for the GPT-2 that ``convert ms2hf`` writes."""
     local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
+    from .hf_models import family_of_local
+    family = family_of_local(local)
+    if family is not None:  # a fused QKV adapter would have to become three PEFT adapters (q/k/v_proj)
+        raise CheckpointError(f"{ms_dir} is a {family.name}-style model; --lora-only writes PEFT adapters for "
+                              f"GPT-2 models only. Fold the adapters in with `gptlocal lora merge`, then "
+                              f"`gptlocal convert ms2hf` the merged model.")
     weights, pairs = adapter_tensors(ms_dir)
     pet = local.get("pet_config") or lora_settings(ms_dir, weights)
     scaling, rank, alpha = _scaling(pet, pairs, alpha)

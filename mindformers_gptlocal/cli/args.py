@@ -55,14 +55,16 @@ def prepare_data_parser():
 
 def convert_parser():
     parser = argparse.ArgumentParser(prog="gptlocal convert",
-                                     description="Hugging Face GPT-2 <-> gpt_local model directories, exact.")
+                                     description="Hugging Face <-> gpt_local model directories, exact: GPT-2, "
+                                                 "Llama-family (Llama, Qwen2, TinyLlama, SmolLM) and GPT-NeoX "
+                                                 "(Pythia); the family is read from config.json.")
     sub = parser.add_subparsers(dest="direction", required=True)
-    hf2ms = sub.add_parser("hf2ms", help="HF GPT-2 directory -> gpt_local directory")
+    hf2ms = sub.add_parser("hf2ms", help="HF directory (GPT-2, Llama, Qwen2, GPT-NeoX) -> gpt_local directory")
     hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin)")
     hf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
     hf2ms.add_argument("--allow-pickle", action="store_true",
                        help="load pytorch_model.bin with full pickle (only for files you trust)")
-    ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF GPT-2 directory")
+    ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF directory of its family")
     ms2hf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
     ms2hf.add_argument("--out", required=True)
     ms2hf.add_argument("--lora-only", action="store_true",

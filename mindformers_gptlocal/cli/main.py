@@ -26,9 +26,9 @@ def prepare_data(argv):
 
 def convert(argv):
     options = cli_args.convert_parser().parse_args(argv)
-    from ..checkpoint import hf_gpt2
+    from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
     if options.direction == "hf2ms":
-        summary = hf_gpt2.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
+        summary = hf_models.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
     elif options.lora_only:
         from ..checkpoint import lora
         summary = lora.to_peft(options.ms_dir, options.out)
@@ -36,7 +36,7 @@ def convert(argv):
               f"to {options.out}")
         return 0
     else:
-        summary = hf_gpt2.ms_to_hf(options.ms_dir, options.out)
+        summary = hf_models.ms_to_hf(options.ms_dir, options.out)
         if summary.get("lora_left_out"):
             print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
                   f"in first (gptlocal lora merge) or export them with --lora-only.")

@@ -25,18 +25,10 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator, configure_pad_token, handle_stop_sequences, normalize_gen_kwargs
 
 from ..errors import ConfigError, DataError
+from ..generation.buckets import length_bucket
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
-
-
-def length_bucket(length, limit):
-    """Padded width for a batch of ``length`` tokens: 16, 24, 32, 48, 64, 96, ... capped at ``limit`` (one
-    compiled graph per bucket instead of one per length; right padding does not change a causal LM's output)."""
-    width = 16
-    while width < length:
-        width = width * 3 // 2 if width & (width - 1) == 0 else width * 4 // 3
-    return min(width, limit)
 
 
 class Progress:

@@ -54,15 +54,25 @@ def check_prompts(prompts, vocab_size, max_positions, max_new_tokens, max_batch_
                         f"the prompt or lower max_new_tokens.")
 
 
-def decode_loop(prompts, max_new, options, rng, logits, step, stop_when=None):
+def is_greedy(options):
+    """Whether every pick is the plain argmax of the logits (what ``greedy_steps`` computes on the device)."""
+    return not options["do_sample"] and options["repetition_penalty"] == 1.0
+
+
+def decode_loop(prompts, max_new, options, rng, logits, step, stop_when=None, greedy_steps=None):
     """Pick, append, stop at EOS or after max_new tokens. ``logits``: [B, V] after each prompt;
     ``step(tokens, positions)`` places one token per sequence at ``positions`` and returns the next logits.
-    ``stop_when(rows, generated)`` (optional) ends the rows it returns True for (e.g. a stop string)."""
+    ``stop_when(rows, generated)`` (optional) ends the rows it returns True for (e.g. a stop string).
+    ``greedy_steps(tokens, positions)`` (optional, used only when ``is_greedy(options)``) places the tokens and
+    returns the next k greedy picks [B, k] at once; they are taken one by one exactly as picks from ``step``
+    would be, and the picks of a finished row (or past max_new) are discarded, so the result is the same."""
     outputs = [list(p) for p in prompts]
     done = np.zeros(len(prompts), bool)
     cursor = np.array([len(p) for p in prompts], np.int32)
+    chunked = greedy_steps is not None and is_greedy(options)
+    queued = [next_tokens(logits, outputs, options, rng)]
     for produced in range(max_new):
-        tokens = next_tokens(logits, outputs, options, rng)
+        tokens = queued.pop(0)
         for row, token in enumerate(tokens):
             if not done[row]:
                 outputs[row].append(int(token))
@@ -73,6 +83,14 @@ def decode_loop(prompts, max_new, options, rng, logits, step, stop_when=None):
             done[rows[np.asarray(stopped, bool)]] = True
         if done.all() or produced == max_new - 1:
             break
-        logits = step(np.asarray(tokens, np.int32), cursor)
-        cursor = cursor + 1
+        if queued:
+            continue
+        if chunked:
+            picks = np.asarray(greedy_steps(np.asarray(tokens, np.int32), cursor))
+            queued = list(picks.T)
+            cursor = cursor + picks.shape[1]
+        else:
+            logits = step(np.asarray(tokens, np.int32), cursor)
+            queued = [next_tokens(logits, outputs, options, rng)]
+            cursor = cursor + 1
     return outputs

@@ -1,8 +1,8 @@
 """``GenerationMixin.generate``: MindFormers-style generate over the model's own KV cache, on every backend.
 
 The causal LM provides ``config``, ``kv_cache(batch_size, needed_length)`` (a ``model/kv_cache.py``
-KVCache with ``prefill`` and ``decode``) and its forward on token ids; this mixin adds nothing to
-the model's state.
+KVCache with ``prefill``, ``decode`` and, for greedy picks, ``decode_greedy``: several steps a call)
+and its forward on token ids; this mixin adds nothing to the model's state.
 """
 import numpy as np
 
@@ -56,7 +56,8 @@ class GenerationMixin:
 def _cached(model, prompts, max_new, options, rng, stop_when=None):
     cache = model.kv_cache(len(prompts), max(len(p) for p in prompts) + max_new)
     logits = cache.prefill(prompts)
-    return decode_loop(prompts, max_new, options, rng, logits, cache.decode, stop_when)
+    return decode_loop(prompts, max_new, options, rng, logits, cache.decode, stop_when,
+                       getattr(cache, "decode_greedy", None))
 
 
 def _recompute(model, prompts, max_new, options, rng, stop_when=None, pad=0):

@@ -3,6 +3,14 @@
 The fused QKV weight is laid out head-major, [heads, (q, k, v), head_dim] along
 its output axis, so a column split over ``model_parallel`` hands every rank whole
 heads of Q, K and V; the output projection is then row-parallel.
+
+Grouped-query attention (``num_query_groups`` < heads) keeps one fused weight, group-major:
+[groups, (the group's heads/groups query heads, k, v), head_dim] (for one head per group that is
+the layout above), so the same column split hands every rank whole groups. Keys and values have
+``num_query_groups`` heads (the KV cache stores that many); each is repeated over its group's query
+heads just before the attention product. Rotary embeddings (``position_embedding_type: rope``) turn
+the first ``rotary_dim`` channels of every query and key head, Hugging Face's rotate_half form
+(Llama, NeoX), from the per-row positions the model hands in (``RotaryEmbedding``).
 """
 import math
 
@@ -25,6 +33,22 @@ def causal_bias(seq_length):
     return Tensor((upper * MASK_VALUE)[None, None], ms.float32)
 
 
+class RotaryEmbedding(nn.Cell):
+    """cos and sin [B, 1, S, rotary_dim] of the positions [B, S] (each row its own positions, so ragged
+    batches and packed rows rotate by their own offsets), computed in float32 as Hugging Face does."""
+
+    def __init__(self, rotary_dim, base):
+        super().__init__()
+        exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
+        inv_freq = (np.float32(1.0) / (np.float32(base) ** exponent)).astype(np.float32)
+        self.inv_freq = Tensor(inv_freq[None, None, :], ms.float32)
+
+    def construct(self, position_ids):
+        freqs = ops.expand_dims(ops.cast(position_ids, ms.float32), -1) * self.inv_freq  # [B, S, rot/2]
+        emb = ops.expand_dims(ops.concat((freqs, freqs), -1), 1)  # [B, 1, S, rot]
+        return ops.cos(emb), ops.sin(emb)
+
+
 class ParallelAttention(nn.Cell):
     """Causal multi-head self-attention of one layer.
 
@@ -45,20 +69,30 @@ class ParallelAttention(nn.Cell):
             raise ConfigError(f"model_config.num_attention_heads ({config.num_attention_heads}) is not divisible "
                               f"by parallel_config.model_parallel ({tp_size}); choose a model_parallel that "
                               f"divides the head count.")
+        groups = getattr(config, "num_query_groups", None) or config.num_attention_heads
+        if groups % tp_size:
+            raise ConfigError(f"model_config.num_query_groups ({groups}) is not divisible by "
+                              f"parallel_config.model_parallel ({tp_size}); tensor parallel gives every rank whole "
+                              f"key/value groups. Choose a model_parallel that divides num_query_groups.")
         params_dtype = to_mstype(config.params_dtype)
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
         self.num_heads = config.num_attention_heads // tp_size
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.hidden_size = self.num_heads * self.head_dim  # this rank's width of the context
+        self.num_groups = groups // tp_size  # key/value heads of this rank
+        self.group_size = self.num_heads // self.num_groups  # query heads per key/value head
+        self.rotary_dim = getattr(config, "rotary_dim", 0)  # 0: learned absolute positions, nothing to turn
         scale = 1.0 / math.sqrt(self.head_dim)
         if config.scale_attn_by_inverse_layer_idx:
             scale /= float(layer_number)
         self.scale = scale
-        self.linear_qkv = Linear(config.hidden_size, 3 * self.hidden_size, config.initializer_range,
-                                 params_dtype, self.compute_dtype)
+        self.linear_qkv = Linear(config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim,
+                                 config.initializer_range, params_dtype, self.compute_dtype,
+                                 has_bias=getattr(config, "add_qkv_bias", True))
         self.linear_proj = Linear(self.hidden_size, config.hidden_size, residual_init_std(config),
-                                  params_dtype, self.compute_dtype, skip_bias_add=tp_size > 1)
+                                  params_dtype, self.compute_dtype, has_bias=getattr(config, "add_bias_linear", True),
+                                  skip_bias_add=tp_size > 1)
         self.attention_dropout = make_dropout(config.attention_dropout, 3 * (layer_number - 1) + 1, config,
                                               counter_dropout)
         self.use_flash_attention = use_flash_attention
@@ -102,7 +136,7 @@ class ParallelAttention(nn.Cell):
             self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None, dropout_step=None):
+                  seq_ends=None, dropout_step=None, rotary=None):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
@@ -113,15 +147,16 @@ class ParallelAttention(nn.Cell):
         ([B * docs], see ``GPTLocalModel.document_mask``); attention then never crosses a document.
         ``dropout_step``: picks the attention-dropout mask (``dropout.py``; flash attention drops inside
         its kernel, with the kernel's own random state).
+        ``rotary``: (cos, sin) [B, 1, S, rotary_dim] of the tokens' positions (``RotaryEmbedding``), with rope.
         """
         batch, seq, _ = hidden.shape
         qkv = self.linear_qkv(hidden)
-        qkv = ops.reshape(qkv, (batch, seq, self.num_heads, 3, self.head_dim))
+        qkv = ops.reshape(qkv, (batch, seq, self.num_groups, self.group_size + 2, self.head_dim))
         if key_cache is not None:
             return self.linear_proj(self._cached_attention(qkv, attention_bias, key_cache, value_cache,
-                                                           write_index))
-        qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
-        query, key, value = self.split_qkv(qkv)
+                                                           write_index, rotary))
+        query, key, value = self._heads(qkv, rotary)
+        key, value = self._repeat_groups(key), self._repeat_groups(value)
         if self.use_flash_attention and seq_ends is not None:
             return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends))
         if self.use_flash_attention:
@@ -151,18 +186,52 @@ class ParallelAttention(nn.Cell):
                                               seq_ends, seq_ends)[3]
         return ops.reshape(context, (batch, seq, self.hidden_size))
 
-    def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index):
-        """Write this step's K/V into the head-major caches [B, N, L, D] in place, then attend over
-        every cached row; the caches are read as they are stored, with no per-step transpose."""
+    def _heads(self, qkv, rotary):
+        """[B, S, G, group + 2, D] -> query [B, N, S, D], key and value [B, G, S, D], rotary applied."""
+        if self.group_size == 1:
+            qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
+            query, key, value = self.split_qkv(qkv)
+        else:
+            batch, seq = qkv.shape[0], qkv.shape[1]
+            query, key, value = ops.split(qkv, [self.group_size, 1, 1], axis=3)
+            query = ops.transpose(ops.reshape(query, (batch, seq, self.num_heads, self.head_dim)), (0, 2, 1, 3))
+            key = ops.transpose(ops.reshape(key, (batch, seq, self.num_groups, self.head_dim)), (0, 2, 1, 3))
+            value = ops.transpose(ops.reshape(value, (batch, seq, self.num_groups, self.head_dim)), (0, 2, 1, 3))
+        if self.rotary_dim:
+            query, key = self._rotate(query, rotary), self._rotate(key, rotary)
+        return query, key, value
+
+    def _rotate(self, x, rotary):
+        """Rotary embedding on the first rotary_dim channels of x [B, heads, S, D] (HF's rotate_half)."""
+        cos, sin = self.cast(rotary[0], x.dtype), self.cast(rotary[1], x.dtype)
+        half = self.rotary_dim // 2
+        turned = x if self.rotary_dim == self.head_dim else x[..., :self.rotary_dim]
+        rotated = ops.concat((-turned[..., half:], turned[..., :half]), -1)
+        turned = turned * cos + rotated * sin
+        if self.rotary_dim == self.head_dim:
+            return turned
+        return ops.concat((turned, x[..., self.rotary_dim:]), -1)
+
+    def _repeat_groups(self, x):
+        """[B, G, L, D] -> [B, N, L, D]: each key/value head repeated over its group's query heads."""
+        if self.group_size == 1:
+            return x
+        batch, _, length, dim = x.shape
+        x = ops.broadcast_to(ops.expand_dims(x, 2), (batch, self.num_groups, self.group_size, length, dim))
+        return ops.reshape(x, (batch, self.num_heads, length, dim))
+
+    def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None):
+        """Write this step's K/V into the head-major caches [B, G, L, D] in place (G = num_query_groups),
+        then attend over every cached row; the caches are read as they are stored, with no per-step transpose."""
         batch, seq = qkv.shape[0], qkv.shape[1]
-        qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
-        query, new_key, new_value = self.split_qkv(qkv)
+        query, new_key, new_value = self._heads(qkv, rotary)
         key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, new_key))
         value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, new_value))
         if batch != key_cache.shape[0]:  # fewer rows than cache slots (serving): read the rows' own slots
             slots = write_index[:, 0, 0, 0]
             key_cache = ops.gather(key_cache, slots, 0)
             value_cache = ops.gather(value_cache, slots, 0)
+        key_cache, value_cache = self._repeat_groups(key_cache), self._repeat_groups(value_cache)
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.merge_heads(context, (0, 2, 1, 3))
         return ops.reshape(context, (batch, seq, self.hidden_size))

@@ -16,7 +16,8 @@ from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
 from .lora_config import check_trainable, read_pet_config
-from .params import ACTIVATIONS, GPT2_ALIASES, parameter_table
+from .params import (ACTIVATIONS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES, architecture, parameter_table,
+                     rotary_dim)
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -103,6 +104,16 @@ class GPTLocalConfig(PretrainedConfig):
                  bos_token_id=50256,
                  eos_token_id=50256,
                  pad_token_id=50256,
+                 position_embedding_type="learned_absolute",
+                 rotary_percent=1.0,
+                 rotary_base=10000.0,
+                 num_query_groups=None,
+                 gated_linear_unit=False,
+                 normalization="LayerNorm",
+                 add_bias_linear=True,
+                 add_qkv_bias=None,
+                 untie_embeddings_and_output_weights=False,
+                 use_parallel_residual=False,
                  **kwargs):
         parallel_config = kwargs.pop("parallel_config", None)
         if parallel_config is not None:
@@ -143,6 +154,19 @@ class GPTLocalConfig(PretrainedConfig):
         self.scale_attn_weights = bool(scale_attn_weights)
         self.ignore_token_id = ignore_token_id
         self.pet_config = _plain_pet_config(pet_config)
+        # the block's layer choices (model/params.py ARCH_DEFAULTS: GPT-2's values reproduce today's graph)
+        self.position_embedding_type = position_embedding_type
+        self.rotary_percent = _number("rotary_percent", rotary_percent)
+        self.rotary_base = _number("rotary_base", rotary_base)
+        self.num_query_groups = num_attention_heads if num_query_groups is None else num_query_groups
+        self.gated_linear_unit = bool(gated_linear_unit) or hidden_act == "swiglu"
+        self.normalization = normalization
+        self.add_bias_linear = bool(add_bias_linear)
+        self.add_qkv_bias = self.add_bias_linear if add_qkv_bias is None else bool(add_qkv_bias)
+        untied = bool(untie_embeddings_and_output_weights) or tie_word_embeddings is False
+        self.untie_embeddings_and_output_weights = untied
+        tie_word_embeddings = not untied
+        self.use_parallel_residual = bool(use_parallel_residual)
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -177,6 +201,25 @@ class GPTLocalConfig(PretrainedConfig):
     def head_dim(self):
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def gated(self):
+        """SwiGLU MLP (gated_linear_unit, or hidden_act: swiglu)."""
+        return self.gated_linear_unit
+
+    @property
+    def rope(self):
+        return self.position_embedding_type == "rope"
+
+    @property
+    def rotary_dim(self):
+        """Channels of each head that rotary embeddings turn (head_dim * rotary_percent); 0 without rope."""
+        return rotary_dim(self.head_dim, self.rotary_percent) if self.rope else 0
+
+    @property
+    def architecture(self):
+        """The block's layer choices as one tuple (``model/params.py`` ``architecture``)."""
+        return architecture(self)
+
     def validate(self):
         """Refuse shapes and settings the model cannot build, naming the key and the fix."""
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -189,6 +232,7 @@ class GPTLocalConfig(PretrainedConfig):
                 f"model_config.hidden_size ({self.hidden_size}) must be divisible by "
                 f"model_config.num_attention_heads ({self.num_attention_heads}); choose a head count "
                 f"that divides it, e.g. {_divisor_near(self.hidden_size, self.num_attention_heads)}.")
+        self._validate_architecture()
         if self.seq_length > self.max_position_embeddings:
             raise ConfigError(
                 f"model_config.seq_length ({self.seq_length}) is larger than "
@@ -216,6 +260,44 @@ class GPTLocalConfig(PretrainedConfig):
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
         self.lora_spec()
+
+    def _validate_architecture(self):
+        """The layer choices (RoPE, GQA, SwiGLU, RMSNorm, biases, head, residual): one error each."""
+        if self.position_embedding_type not in POSITION_TYPES:
+            raise ConfigError(f"model_config.position_embedding_type {self.position_embedding_type!r} is not "
+                              f"supported; use one of {', '.join(POSITION_TYPES)}.")
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"model_config.normalization {self.normalization!r} is not supported; use one of "
+                              f"{', '.join(NORMALIZATIONS)}.")
+        groups = self.num_query_groups
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+            raise ConfigError(f"model_config.num_query_groups must be a positive integer (or unset: one group per "
+                              f"head), got {groups!r}.")
+        if self.num_attention_heads % groups:
+            raise ConfigError(
+                f"model_config.num_attention_heads ({self.num_attention_heads}) is not divisible by "
+                f"model_config.num_query_groups ({groups}): every key/value group serves the same number of "
+                f"query heads. Choose num_query_groups among "
+                f"{[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}.")
+        if self.rope:
+            if not 0.0 < self.rotary_percent <= 1.0:
+                raise ConfigError(f"model_config.rotary_percent must be in (0, 1], got {self.rotary_percent}.")
+            if self.rotary_base <= 0:
+                raise ConfigError(f"model_config.rotary_base must be positive, got {self.rotary_base}.")
+            rot = self.head_dim * self.rotary_percent
+            if rot != int(rot) or int(rot) % 2 or int(rot) == 0:
+                raise ConfigError(f"model_config.rotary_percent ({self.rotary_percent}) turns {rot} of each head's "
+                                  f"{self.head_dim} channels; that must be a positive even whole number. Choose "
+                                  f"rotary_percent so that head_dim * rotary_percent is even.")
+        elif self.rotary_percent != 1.0 or self.rotary_base != 10000.0:
+            raise ConfigError("model_config.rotary_percent / rotary_base are set but position_embedding_type is "
+                              "'learned_absolute'; set position_embedding_type: rope or remove them.")
+        if self.gated and self.hidden_act not in ("silu", "swiglu"):
+            raise ConfigError(f"model_config.gated_linear_unit is True with hidden_act {self.hidden_act!r}; the gated "
+                              f"MLP is SwiGLU: set hidden_act: swiglu (or silu), or gated_linear_unit: False.")
+        if self.hidden_act in ("silu", "swiglu") and not self.gated:
+            raise ConfigError(f"model_config.hidden_act {self.hidden_act!r} is supported only as the gated MLP "
+                              f"(SwiGLU); set gated_linear_unit: True.")
 
     def lora_spec(self):
         """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one."""

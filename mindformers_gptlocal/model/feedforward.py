@@ -1,5 +1,6 @@
-"""ParallelFeedForward: GPT-2's MLP, fc1 (column-parallel) -> activation -> fc2 (row-parallel)."""
-from mindspore import nn
+"""ParallelFeedForward: GPT-2's MLP, fc1 (column-parallel) -> activation -> fc2 (row-parallel); with
+``gated_linear_unit`` (SwiGLU, Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear."""
+from mindspore import nn, ops
 
 from ..errors import ConfigError
 from .layers import Linear, Activation, residual_init_std, to_mstype
@@ -20,10 +21,33 @@ class ParallelFeedForward(nn.Cell):
         params_dtype = to_mstype(config.params_dtype)
         compute_dtype = to_mstype(config.compute_dtype)
         local = config.intermediate_size // tp_size
-        self.linear_fc1 = Linear(config.hidden_size, local, config.initializer_range, params_dtype, compute_dtype)
-        self.activation = Activation(config.hidden_act)
+        bias = config.add_bias_linear
+        self.gated = config.gated
+        self.linear_fc1 = Linear(config.hidden_size, local, config.initializer_range, params_dtype, compute_dtype,
+                                 has_bias=bias)
+        if self.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
+            self.linear_gate = Linear(config.hidden_size, local, config.initializer_range, params_dtype,
+                                      compute_dtype, has_bias=bias)
+            self.activation = SiLU()
+            self.gate_mul = ops.Mul()
+        else:
+            self.activation = Activation(config.hidden_act)
         self.linear_fc2 = Linear(local, config.hidden_size, residual_init_std(config), params_dtype, compute_dtype,
-                                 skip_bias_add=tp_size > 1)
+                                 has_bias=bias, skip_bias_add=tp_size > 1)
 
     def construct(self, hidden):
+        if self.gated:
+            return self.linear_fc2(self.gate_mul(self.activation(self.linear_gate(hidden)), self.linear_fc1(hidden)))
         return self.linear_fc2(self.activation(self.linear_fc1(hidden)))
+
+
+class SiLU(nn.Cell):
+    """x * sigmoid(x), from primitives that can carry shard strategies."""
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return self.mul(x, self.sigmoid(x))

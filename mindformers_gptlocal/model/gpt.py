@@ -21,12 +21,12 @@ from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .attention import MASK_VALUE, causal_bias
+from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
 from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
-from .layers import LayerNorm, to_mstype
+from .layers import make_norm, to_mstype
 from .params import DROPOUT_STEP
 from .transformer_config import to_transformer_config
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -38,7 +38,8 @@ def use_flash_attention(config):
 
 
 class GPTLocalEmbedding(nn.Cell):
-    """Token + learned absolute position embeddings, then dropout."""
+    """Token + learned absolute position embeddings (none with rope: positions turn q and k instead),
+    then dropout."""
 
     def __init__(self, config, counter_dropout=False):
         super().__init__()
@@ -46,16 +47,20 @@ class GPTLocalEmbedding(nn.Cell):
         self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                      (config.vocab_size, config.hidden_size), params_dtype),
                                          name="word_embeddings")
-        self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
-                                                         (config.max_position_embeddings, config.hidden_size),
-                                                         params_dtype), name="position_embeddings")
+        self.learned_positions = not config.rope
+        if self.learned_positions:
+            self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
+                                                             (config.max_position_embeddings, config.hidden_size),
+                                                             params_dtype), name="position_embeddings")
+            self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
         self.gather = ops.Gather()
-        self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
         self.dropout = make_dropout(config.embedding_dropout, 0, config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
 
     def construct(self, input_ids, position_ids, dropout_step=None):
         words = self.gather(self.word_embeddings, input_ids, 0)
+        if not self.learned_positions:
+            return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)
         positions = self.position_gather(self.position_embeddings, position_ids, 0)
         return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
 
@@ -89,18 +94,15 @@ class GPTLocalModel(nn.Cell):
             block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)
         self.layers = nn.CellList(blocks)
-        self.final_layernorm = LayerNorm(config.hidden_size, config.layernorm_epsilon,
-                                         to_mstype(config.params_dtype), to_mstype(config.layernorm_compute_dtype))
+        self.final_layernorm = make_norm(config)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base) if config.rope else None
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
-        if flash:  # FlashAttentionScore takes a uint8 mask, 1 = masked
-            self.flash_mask = Tensor(np.triu(np.ones((config.max_position_embeddings,) * 2, np.uint8), 1))
-            self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))  # sparse_mode 3's compressed mask
-        else:
-            self.causal_bias = causal_bias(config.max_position_embeddings)
-        # packed rows (document_mask): token index and the causal keep-mask, sliced to the sequence length
+        if flash:  # sparse_mode 3's compressed mask (FlashAttentionScore: uint8, 1 = masked)
+            self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+        # the causal mask is built per call from the token index (one [S, S] comparison), not kept as a
+        # [max_position_embeddings]^2 constant: a converted Qwen2 (32,768 positions) would hold 4 GiB of it
         self.token_index = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        self.causal_keep = Tensor(np.tril(np.ones((config.max_position_embeddings,) * 2, np.bool_)))
         self.use_flash = flash
         self.stage_ids = stage_ids
         self.num_layers = config.num_hidden_layers
@@ -119,18 +121,16 @@ class GPTLocalModel(nn.Cell):
         if actual_seq_len is not None:
             position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
-            if self.use_flash:
-                attention_bias = self.flash_mask[:seq, :seq]
-            else:
-                attention_bias = self.causal_bias[:, :, :seq, :seq]
+            attention_bias = self.causal_mask(seq)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
+        rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for layer in self.layers:
-                hidden = layer(hidden, attention_bias, None, None, None, seq_ends, dropout_step)
+                hidden = layer(hidden, attention_bias, None, None, None, seq_ends, dropout_step, rotary)
         else:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, key_caches[index], value_caches[index],
-                                            write_index)
+                                            write_index, None, None, rotary)
         return self.final_layernorm(hidden)
 
     def document_mask(self, actual_seq_len, batch, seq):
@@ -154,9 +154,22 @@ class GPTLocalModel(nn.Cell):
             offsets = ops.reshape(ops.arange(batch, dtype=ms.int32) * seq, (batch, 1))
             return positions, self.varlen_mask, ops.reshape(ends + offsets, (-1,))
         same = ops.equal(ops.expand_dims(doc, 2), ops.expand_dims(doc, 1))  # [B, S, S]
-        keep = ops.logical_and(same, self.causal_keep[:seq, :seq])
+        keep = ops.logical_and(same, self.causal_keep(seq))
         bias = ops.cast(ops.logical_not(keep), ms.float32) * MASK_VALUE
         return positions, ops.reshape(bias, (batch, 1, seq, seq)), None
+
+    def causal_keep(self, seq):
+        """[S, S] bool: query i may attend to key j where j <= i."""
+        index = self.token_index[:, :seq]  # [1, S]
+        return ops.less_equal(index, ops.reshape(index, (seq, 1)))
+
+    def causal_mask(self, seq):
+        """The causal mask of ``seq`` tokens as the attention takes it: additive [1, 1, S, S] (0 or
+        MASK_VALUE, as ``attention.causal_bias``), or uint8 [S, S] with 1 = masked for flash attention."""
+        masked = ops.logical_not(self.causal_keep(seq))
+        if self.use_flash:
+            return ops.cast(masked, ms.uint8)
+        return ops.reshape(ops.cast(masked, ms.float32) * MASK_VALUE, (1, 1, seq, seq))
 
     def mask_bias(self, attention_mask, batch, seq):
         """MindFormers' ``attention_mask`` column ([B, 1, S, S] or [B, S, S], 1 = masked: Megatron's reset
@@ -164,6 +177,15 @@ class GPTLocalModel(nn.Cell):
         if self.use_flash:
             return ops.reshape(ops.cast(attention_mask, ms.uint8), (batch, 1, seq, seq))
         return ops.reshape(ops.cast(attention_mask, ms.float32) * MASK_VALUE, (batch, 1, seq, seq))
+
+
+class OutputLayer(nn.Cell):
+    """The untied output head's table [vocab, hidden] (``untie_embeddings_and_output_weights``)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = Parameter(initializer(Normal(config.initializer_range), (config.vocab_size, config.hidden_size),
+                                            to_mstype(config.params_dtype)), name="weight")
 
 
 def _argmax(logits, axis=-1):
@@ -189,6 +211,10 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.config = config
         layout = config.layout
         self.model = GPTLocalModel(config, layout)
+        if config.untie_embeddings_and_output_weights:  # its own head table, on the last stage
+            self.output_layer = OutputLayer(config)
+            self.output_layer.pipeline_stage = self.model.stage_ids[-1]
+        self.untied = config.untie_embeddings_and_output_weights
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
             self.dropout_step = Parameter(Tensor(0, ms.int32), name=DROPOUT_STEP, requires_grad=False)
             self.one = Tensor(1, ms.int32)
@@ -206,7 +232,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         if self.lora is not None:
             from .lora import add_lora
             add_lora(self, self.lora)
-        self.sharding = apply_sharding(self, config) if is_parallel_build() else {}
+        self.sharding = apply_sharding(self, config, config.architecture) if is_parallel_build() else {}
         self._kv_caches = {}
 
     # --- MindFormers mcore interface -------------------------------------------------------------
@@ -253,20 +279,25 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
         """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up to a
-        bucket), built once per shape and kept (the last few shapes) so no call recompiles."""
+        bucket), built once per shape and kept (the KV_CACHES_KEPT most recently used shapes) so no call
+        recompiles."""
         key = (batch_size, cache_length(needed_length, self.config.max_position_embeddings))
         if key not in self._kv_caches:
-            while len(self._kv_caches) >= self.KV_CACHES_KEPT:
+            while len(self._kv_caches) >= self.KV_CACHES_KEPT:  # the least recently used goes
                 self._kv_caches.pop(next(iter(self._kv_caches)))
             self._kv_caches[key] = KVCache(self, *key)
+        self._kv_caches[key] = self._kv_caches.pop(key)  # now the most recently used
         return self._kv_caches[key]
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):
-        """Tied head: hidden [B, S, H] -> fp32 logits [B*S, V]."""
+        """The head (tied to the token table, or ``output_layer``): hidden [B, S, H] -> fp32 logits [B*S, V]."""
         batch, seq, width = hidden.shape
         hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
+        if self.untied:
+            weight = ops.cast(self.output_layer.weight, self.compute_dtype)
+        else:
+            weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
         return ops.cast(self.head_matmul(hidden, weight), ms.float32)
 
     def last_logits(self, hidden, last_index):

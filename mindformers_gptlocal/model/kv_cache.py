@@ -1,26 +1,40 @@
 """The model's KV cache for decoding: one fixed-size key and value buffer per layer, and its indices.
 
-``KVCache`` holds head-major Parameters [batch, heads, max_length, head_dim] per layer (owned here,
+``KVCache`` holds head-major Parameters [batch, kv heads, max_length, head_dim] per layer (kv heads:
+``num_query_groups``, = num_attention_heads without grouped-query attention) (owned here,
 not by the model's own parameter list, so they never reach a checkpoint) and runs the model's one
 forward pass (``GPTLocalModel.construct``) with them: each ``GPTLocalBlock`` writes the step's keys
-and values in place with ScatterNdUpdate. Prompts are right-padded to one length P; sequence b's
-token at position p is written at cache row p, so every sequence keeps its own positions and
-padding is overwritten by later tokens before anyone can attend to it. Two graphs are compiled
-per (batch, P, max_length): prefill ([B, P] tokens) and decode ([B, 1] tokens). The cache length
-is rounded up to ``CACHE_BUCKET`` rows so nearby lengths share one compiled graph.
+and values in place with ScatterNdUpdate. Prompts are right-padded to a width bucket W
+(``width_buckets``: powers of two from 16, ending at the cache length); sequence b's token at
+position p is written at cache row p, so every sequence keeps its own positions and padding is
+overwritten by later tokens before anyone can attend to it. The per-row write indices and the
+attention mask are built inside the graph from the positions (and the rows' cache slots), so a
+call's inputs are the token ids, positions, slots and which position's logits to return.
+
+Compiled per (batch, max_length): one prefill graph per width bucket, the one-token decode graph
+(sampling, repetition penalty) and ``GreedySteps``: ``decode_steps`` greedy steps in ONE call, the
+argmax on the device, only token ids coming back (``decode_greedy``). The cache length is rounded
+up to ``CACHE_BUCKET`` rows so nearby lengths share one compiled graph.
 """
 import numpy as np
 import mindspore as ms
-from mindspore import nn, Parameter, Tensor
+from mindspore import nn, ops, Parameter, Tensor
 
+from ..generation.buckets import bucket_of, width_buckets
 from .attention import MASK_VALUE
 
 CACHE_BUCKET = 64
+STEPS_BUDGET = 32  # decode_steps x layers unrolled in one GreedySteps graph, at most 8 steps
 
 
 def cache_length(needed, limit, bucket=CACHE_BUCKET):
     """Cache rows to allocate: ``needed`` rounded up to a bucket, capped at max_position_embeddings."""
     return min(limit, -(-needed // bucket) * bucket)
+
+
+def decode_steps(num_layers):
+    """Greedy steps per compiled call: more for shallow models, where a step is mostly call overhead."""
+    return max(1, min(8, STEPS_BUDGET // max(int(num_layers), 1)))
 
 
 class KVCache(nn.Cell):
@@ -33,8 +47,10 @@ class KVCache(nn.Cell):
         self.lm = causal_lm
         self.batch_size = batch_size
         self.max_length = max_length
-        self.num_heads = config.num_attention_heads
-        shape = (batch_size, self.num_heads, max_length, config.hidden_size // self.num_heads)
+        self.num_heads = config.num_query_groups  # key/value heads: fewer than the query heads with GQA
+        self.widths = width_buckets(max_length)
+        self.decode_steps = decode_steps(config.num_hidden_layers)
+        shape = (batch_size, self.num_heads, max_length, config.hidden_size // config.num_attention_heads)
         dtype = causal_lm.compute_dtype
         self.key_caches = ms.ParameterTuple(
             [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.key.{i}", requires_grad=False)
@@ -42,27 +58,42 @@ class KVCache(nn.Cell):
         self.value_caches = ms.ParameterTuple(
             [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.value.{i}", requires_grad=False)
              for i in range(config.num_hidden_layers)])
+        self.head_index = Tensor(np.arange(self.num_heads, dtype=np.int32).reshape(1, -1, 1, 1))
+        self.key_rows = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, 1, -1))
+        self._greedy = {}
 
-    def construct(self, input_ids, position_ids, write_index, attention_bias, last_index):
-        """input_ids/position_ids [B, S]; write_index [B, N, S, 3]; attention_bias [B, 1, S, L];
-        last_index [B]: which of the S positions' logits to return."""
-        hidden = self.lm.model(input_ids, position_ids, attention_bias, self.key_caches, self.value_caches,
-                               write_index)
+    def construct(self, input_ids, position_ids, slots, last_index):
+        """input_ids/position_ids [B, S]; slots [B]: the cache slot of each row; last_index [B]: which of
+        the S positions' logits to return. The write indices and the mask are built here, from the positions."""
+        hidden = self.lm.model(input_ids, position_ids, self.attention_bias(position_ids), self.key_caches,
+                               self.value_caches, self.write_index(position_ids, slots))
         return self.lm.last_logits(hidden, last_index)
+
+    def write_index(self, positions, slots):
+        """(slot, head, position) triples [B, N, S, 3] for ScatterNdUpdate into the [B, N, L, D] caches."""
+        batch, seq = positions.shape
+        shape = (batch, self.num_heads, seq, 1)
+        rows = ops.broadcast_to(ops.reshape(slots, (batch, 1, 1, 1)), shape)
+        heads = ops.broadcast_to(self.head_index, shape)
+        rows_at = ops.broadcast_to(ops.reshape(positions, (batch, 1, seq, 1)), shape)
+        return ops.concat((rows, heads, rows_at), -1)
+
+    def attention_bias(self, positions):
+        """[B, 1, S, L] additive mask: a query at position p sees cache rows 0..p."""
+        hidden_rows = ops.greater(self.key_rows, ops.expand_dims(positions, 2))  # [B, S, L]
+        return ops.expand_dims(ops.cast(hidden_rows, ms.float32) * MASK_VALUE, 1)
 
     def step(self, ids, positions, last_index, slots=None):
         """One compiled call on host arrays: next-token logits [B, V] as numpy float32. ``slots``: the
         cache slot of each of the b <= batch_size rows (default row i = slot i); b < batch_size reads only
         those slots (a server decoding some of its slots, each batch size its own compiled graph)."""
-        logits = self(Tensor(ids, ms.int32), Tensor(positions, ms.int32),
-                      Tensor(write_index(positions, self.num_heads, slots), ms.int32),
-                      Tensor(attention_bias(positions, self.max_length), ms.float32),
-                      Tensor(np.asarray(last_index, np.int32), ms.int32))
-        return logits.asnumpy()
+        return self(*step_inputs(ids, positions, last_index, slots)).asnumpy()
 
     def prefill(self, prompts, pad_id=0):
-        """Write the right-padded prompts into rows 0..P-1; logits after each prompt's last token."""
-        ids, positions, lengths = prefill_inputs(prompts, self.batch_size, pad_id)
+        """Write the right-padded prompts into rows 0..W-1 (W: the prompt width's bucket); logits after each
+        prompt's last token."""
+        width = bucket_of(max(len(p) for p in prompts), self.widths)
+        ids, positions, lengths = prefill_inputs(prompts, self.batch_size, pad_id, width)
         return self.step(ids, positions, lengths - 1)
 
     def decode(self, tokens, positions):
@@ -70,31 +101,65 @@ class KVCache(nn.Cell):
         return self.step(np.asarray(tokens, np.int32)[:, None], np.asarray(positions, np.int32)[:, None],
                          np.zeros(self.batch_size))
 
+    def decode_greedy(self, tokens, positions, with_logits=False):
+        """``decode_steps`` greedy steps in one compiled call: token t_0 [B] is written at ``positions``, each
+        next token is the argmax after the previous one, written at the next position. Returns the picked
+        tokens [B, decode_steps] (and, with ``with_logits``, the logits [B, decode_steps, V] they came from).
+        Positions past the cache's last row are clamped to it: such steps are ones the caller discards."""
+        key = bool(with_logits)
+        if key not in self._greedy:
+            self._greedy[key] = GreedySteps(self, self.decode_steps, key)
+        out = self._greedy[key](Tensor(np.asarray(tokens, np.int32)[:, None]),
+                                Tensor(np.asarray(positions, np.int32)[:, None]))
+        if with_logits:
+            return out[0].asnumpy(), out[1].asnumpy()
+        return out.asnumpy()
 
-def prefill_inputs(prompts, batch_size, pad_id):
-    """Right-padded prompt block, its positions and each prompt's length."""
+
+class GreedySteps(nn.Cell):
+    """``steps`` greedy decode steps of a KVCache unrolled in one graph (a fixed count, no control flow on
+    values): one call, one [B, steps] copy back, instead of ``steps`` calls each returning [B, V] logits."""
+
+    def __init__(self, cache, steps, with_logits=False):
+        super().__init__()
+        self.cache = cache
+        self.steps = steps
+        self.with_logits = with_logits
+        self.slots = Tensor(np.arange(cache.batch_size, dtype=np.int32))
+        self.last_index = Tensor(np.zeros(cache.batch_size, np.int32))
+        self.last_row = cache.max_length - 1
+        self.argmax = ops.Argmax(axis=-1, output_type=ms.int32)
+
+    def construct(self, tokens, positions):
+        """tokens, positions [B, 1] -> picked tokens [B, steps] (+ their logits [B, steps, V])."""
+        picked = ()
+        logits_seen = ()
+        for _ in range(self.steps):
+            logits = self.cache(tokens, ops.minimum(positions, self.last_row), self.slots, self.last_index)
+            tokens = ops.expand_dims(self.argmax(logits), 1)
+            positions = positions + 1
+            picked = picked + (tokens,)
+            logits_seen = logits_seen + (ops.expand_dims(logits, 1),)
+        if self.with_logits:
+            return ops.concat(picked, 1), ops.concat(logits_seen, 1)
+        return ops.concat(picked, 1)
+
+
+def step_inputs(ids, positions, last_index, slots=None):
+    """The four Tensors of one KVCache call from host arrays (slots default to rows 0..b-1)."""
+    ids = np.asarray(ids, np.int32)
+    slots = np.arange(ids.shape[0], dtype=np.int32) if slots is None else np.asarray(slots, np.int32)
+    return (Tensor(ids, ms.int32), Tensor(np.asarray(positions, np.int32), ms.int32), Tensor(slots, ms.int32),
+            Tensor(np.asarray(last_index, np.int32), ms.int32))
+
+
+def prefill_inputs(prompts, batch_size, pad_id, width=None):
+    """Right-padded prompt block (``width`` columns, default the longest prompt), its positions and each
+    prompt's length."""
     lengths = np.array([len(p) for p in prompts], np.int32)
-    width = int(lengths.max())
+    width = int(lengths.max()) if width is None else width
     ids = np.full((batch_size, width), pad_id, np.int32)
     for row, prompt in enumerate(prompts):
         ids[row, :len(prompt)] = prompt
     positions = np.tile(np.arange(width, dtype=np.int32), (batch_size, 1))
     return ids, positions, lengths
-
-
-def write_index(positions, num_heads, slots=None):
-    """(slot, head, position) triples [B, N, S, 3] for ScatterNdUpdate into [B, N, L, D] caches; slot = row
-    unless ``slots`` says otherwise."""
-    batch, seq = positions.shape
-    rows = np.arange(batch, dtype=np.int32) if slots is None else np.asarray(slots, np.int32)
-    b = np.broadcast_to(rows[:, None, None], (batch, num_heads, seq))
-    n = np.broadcast_to(np.arange(num_heads, dtype=np.int32)[None, :, None], (batch, num_heads, seq))
-    p = np.broadcast_to(positions[:, None, :], (batch, num_heads, seq))
-    return np.stack([b, n, p], axis=-1).astype(np.int32)
-
-
-def attention_bias(query_positions, max_length):
-    """[B, 1, S, L]: a query at position p sees cache rows 0..p."""
-    keys = np.arange(max_length, dtype=np.int32)[None, None, :]
-    allowed = keys <= query_positions[:, :, None]
-    return np.where(allowed, 0.0, MASK_VALUE).astype(np.float32)[:, None]

@@ -81,6 +81,37 @@ class LayerNorm(nn.Cell):
         return self.cast(y, dtype)
 
 
+class RMSNorm(nn.Cell):
+    """RMSNorm over the last axis (``normalization: RMSNorm``, Llama's): x * rsqrt(mean(x^2) + eps) * weight,
+    computed in ``compute_dtype``, returned in the input's dtype; the weight multiplies after the cast back,
+    as Hugging Face's LlamaRMSNorm does."""
+
+    def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (hidden_size,), params_dtype), name="weight")
+        self.eps = eps
+        self.square = ops.Square()
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.rsqrt = ops.Rsqrt()
+        self.normalize = ops.Mul()
+        self.weight_mul = ops.Mul()
+        self.compute_dtype = compute_dtype
+        self.cast = ops.Cast()
+
+    def construct(self, x):
+        dtype = x.dtype
+        x = self.cast(x, self.compute_dtype)
+        y = self.normalize(x, self.rsqrt(self.mean(self.square(x), -1) + self.eps))
+        return self.weight_mul(self.cast(y, dtype), self.cast(self.weight, dtype))
+
+
+def make_norm(config, params_dtype=None):
+    """The block's normalization, chosen at build time: LayerNorm (GPT-2, NeoX) or RMSNorm (Llama)."""
+    cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
+    return cls(config.hidden_size, config.layernorm_epsilon, to_mstype(params_dtype or config.params_dtype),
+               to_mstype(config.layernorm_compute_dtype))
+
+
 def tanh_gelu_by_sigmoid(x, sigmoid):
     """0.5 x (1 + tanh(c(x + 0.044715 x^3))) written as x * sigmoid(2c(...)), c = sqrt(2/pi)."""
     return x * sigmoid(TANH_GELU_SCALE * (x + 0.044715 * x * x * x))

@@ -67,7 +67,9 @@ def add_lora_to_block(block, spec, prefix="model.layers.0."):
             continue
         parent_name, leaf = linear.split(".")
         parent = getattr(block, parent_name)
-        base = getattr(parent, leaf)
+        base = getattr(parent, leaf, None)
+        if base is None:  # mlp.linear_gate of a model without a gated MLP
+            continue
         if not isinstance(base, LoRALinear):
             setattr(parent, leaf, LoRALinear(base, spec))
         done.append(prefix + linear)
@@ -86,7 +88,7 @@ def add_lora(model, spec, log=print):
     check_trainable(spec, list(params))
     for name, param in params.items():
         param.requires_grad = not is_frozen(spec, name)
-    assert paths == targeted_paths(spec, len(model.model.layers))
+    assert paths == targeted_paths(spec, len(model.model.layers), model.config.gated)
     total = sum(p.size for p in params.values())
     trainable = sum(p.size for p in params.values() if p.requires_grad)
     log(f"[gpt_local] LoRA: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "

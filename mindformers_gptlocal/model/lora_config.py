@@ -82,7 +82,7 @@ def read_pet_config(pet_config, num_layers):
                               f"use one of {', '.join(INITS)}.")
         inits.append(value)
     spec = LoraSpec(rank, float(alpha), float(dropout), target, exclude, include, keep, *inits)
-    if not targeted_paths(spec, num_layers):
+    if not targeted_paths(spec, num_layers, gated=True):
         raise ConfigError(f"model_config.pet_config.target_modules {target!r} matches none of gpt_local's Linears "
                           f"({', '.join(n.split('.')[-1] for n in LINEARS)}; full paths like "
                           f"model.layers.0.attention.linear_qkv); e.g. use '.*linear_qkv|.*linear_proj'.")
@@ -109,9 +109,11 @@ def is_target(spec, path):
     return bool(re.match(spec.target_modules, parts[-1]) or re.fullmatch(spec.target_modules, path))
 
 
-def targeted_paths(spec, num_layers):
-    """Full paths of the Linears that get an adapter, layer by layer (``model.layers.0.attention.linear_qkv``)."""
-    return [f"model.layers.{i}.{linear}" for i in range(num_layers) for linear in LINEARS
+def targeted_paths(spec, num_layers, gated=False):
+    """Full paths of the Linears that get an adapter, layer by layer (``model.layers.0.attention.linear_qkv``);
+    ``mlp.linear_gate`` exists only in a gated (SwiGLU) MLP."""
+    linears = [linear for linear in LINEARS if gated or linear != "mlp.linear_gate"]
+    return [f"model.layers.{i}.{linear}" for i in range(num_layers) for linear in linears
             if is_target(spec, f"model.layers.{i}.{linear}")]
 
 

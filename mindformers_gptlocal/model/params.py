@@ -25,13 +25,50 @@ GPT2_ALIASES = {
     "embd_pdrop": "embedding_dropout", "param_init_type": "params_dtype",
 }
 
-ACTIVATIONS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh", "gelu_fast")  # hidden_act values
+ACTIVATIONS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh", "gelu_fast", "silu", "swiglu")  # hidden_act values
+
+# The layer choices of one GPTLocalBlock (issue: GPT-2, NeoX-style and Llama-style from one code path), with the
+# GPT-2 values as defaults; MindFormers' TransformerConfig names. ``GPTLocalConfig`` validates them;
+# ``architecture`` reads them from a config object or a model_config dict.
+ARCH_DEFAULTS = {"position_embedding_type": "learned_absolute", "rotary_percent": 1.0, "rotary_base": 10000.0,
+                 "num_query_groups": None, "gated_linear_unit": False, "normalization": "LayerNorm",
+                 "add_bias_linear": True, "add_qkv_bias": None, "untie_embeddings_and_output_weights": False,
+                 "use_parallel_residual": False}
+POSITION_TYPES = ("learned_absolute", "rope")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+
+Architecture = namedtuple("Architecture", "rope rotary_percent rotary_base groups gated rmsnorm bias qkv_bias "
+                                          "untied parallel_residual")
+
+
+def rotary_dim(head_dim, rotary_percent):
+    """Channels of each head that rotary embeddings turn (the first ones, as NeoX's rotary_pct does)."""
+    return int(round(head_dim * rotary_percent))
+
+
+def architecture(config):
+    """The block's layer choices of a model config (object or dict), defaults filled in (GPT-2)."""
+    def get(key):
+        value = config_value(config, key, None)
+        return ARCH_DEFAULTS[key] if value is None else value
+    heads = size_value(config, "num_attention_heads")
+    bias = bool(get("add_bias_linear"))
+    qkv_bias = get("add_qkv_bias")
+    gated = bool(get("gated_linear_unit")) or config_value(config, "hidden_act", None) == "swiglu"
+    untied = bool(get("untie_embeddings_and_output_weights")) or config_value(config, "tie_word_embeddings",
+                                                                               True) is False
+    return Architecture(rope=get("position_embedding_type") == "rope", rotary_percent=float(get("rotary_percent")),
+                        rotary_base=float(get("rotary_base")), groups=get("num_query_groups") or heads,
+                        gated=gated, rmsnorm=get("normalization") == "RMSNorm", bias=bias,
+                        qkv_bias=bias if qkv_bias is None else bool(qkv_bias), untied=untied,
+                        parallel_residual=bool(get("use_parallel_residual")))
 
 # GPTLocalConfig's defaults for the sizes (a test checks they agree with GPTLocalConfig()).
 SIZE_DEFAULTS = {"vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                  "intermediate_size": None, "max_position_embeddings": 1024}
 
 WORD_EMBEDDINGS = "model.embedding.word_embeddings"
+OUTPUT_LAYER = "output_layer.weight"  # the untied head (untie_embeddings_and_output_weights)
 POSITION_EMBEDDINGS = "model.embedding.position_embeddings"
 LAYER_PREFIX = "model.layers."
 # training state held as a Parameter but not a weight (saved in training checkpoints, never in model files):
@@ -71,35 +108,61 @@ def size_value(config, key):
 
 
 def dims(config):
-    """The sizes the table needs: vocab, hidden, layers, heads, inter, positions."""
+    """The sizes the table needs: vocab, hidden, layers, heads, inter, positions, and ``arch`` (the
+    block's layer choices, ``architecture``)."""
     hidden = size_value(config, "hidden_size")
     return dict(vocab=size_value(config, "vocab_size"), hidden=hidden, layers=size_value(config, "num_hidden_layers"),
                 heads=size_value(config, "num_attention_heads"),
                 inter=size_value(config, "intermediate_size") or 4 * hidden,
-                positions=size_value(config, "max_position_embeddings"))
+                positions=size_value(config, "max_position_embeddings"), arch=architecture(config))
+
+
+def qkv_width(d):
+    """Rows of the fused QKV weight: heads query heads + 2 * num_query_groups key/value heads."""
+    arch = d.get("arch") or architecture({})
+    groups = arch.groups or d["heads"]
+    return (d["heads"] + 2 * groups) * (d["hidden"] // d["heads"])
 
 
 def layer_shapes(d):
     """One block's parameters, names relative to the block, in the block's attribute order."""
     h, i = d["hidden"], d["inter"]
-    return {"input_layernorm.weight": (h,), "input_layernorm.bias": (h,),
-            "attention.linear_qkv.weight": (3 * h, h), "attention.linear_qkv.bias": (3 * h,),
-            "attention.linear_proj.weight": (h, h), "attention.linear_proj.bias": (h,),
-            "post_attention_layernorm.weight": (h,), "post_attention_layernorm.bias": (h,),
-            "mlp.linear_fc1.weight": (i, h), "mlp.linear_fc1.bias": (i,),
-            "mlp.linear_fc2.weight": (h, i), "mlp.linear_fc2.bias": (h,)}
+    arch = d.get("arch") or architecture({})
+    qkv = qkv_width(d)
+    shapes = {}
+
+    def norm(name):
+        shapes[f"{name}.weight"] = (h,)
+        if not arch.rmsnorm:
+            shapes[f"{name}.bias"] = (h,)
+
+    def linear(name, out, inp, bias):
+        shapes[f"{name}.weight"] = (out, inp)
+        if bias:
+            shapes[f"{name}.bias"] = (out,)
+    norm("input_layernorm")
+    linear("attention.linear_qkv", qkv, h, arch.qkv_bias)
+    linear("attention.linear_proj", h, h, arch.bias)
+    norm("post_attention_layernorm")
+    linear("mlp.linear_fc1", i, h, arch.bias)
+    if arch.gated:
+        linear("mlp.linear_gate", i, h, arch.bias)
+    linear("mlp.linear_fc2", h, i, arch.bias)
+    return shapes
 
 
 def table_of_dims(d, layout=None, lora=None):
     """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
     LoraSpec (``model/lora_config.py``) whose adapters are in the table too."""
     layout = layout or Layout()
-    lora_paths = targeted_paths(lora, d["layers"]) if lora else []
-    layouts = param_layouts(model_rules(layout, d["layers"], lora_paths))
+    arch = d.get("arch") or architecture({})
+    lora_paths = targeted_paths(lora, d["layers"], arch.gated) if lora else []
+    layouts = param_layouts(model_rules(layout, d["layers"], lora_paths, arch))
     stage_ids = layout.stage_of_layers(d["layers"])
     last = max(stage_ids)
-    shapes = {WORD_EMBEDDINGS: ((d["vocab"], d["hidden"]), sorted({0, last})),
-              POSITION_EMBEDDINGS: ((d["positions"], d["hidden"]), [0])}
+    shapes = {WORD_EMBEDDINGS: ((d["vocab"], d["hidden"]), [0] if arch.untied else sorted({0, last}))}
+    if not arch.rope:
+        shapes[POSITION_EMBEDDINGS] = ((d["positions"], d["hidden"]), [0])
     for index in range(d["layers"]):
         for name, shape in layer_shapes(d).items():
             shapes[f"{LAYER_PREFIX}{index}.{name}"] = (shape, [stage_ids[index]])
@@ -108,7 +171,10 @@ def table_of_dims(d, layout=None, lora=None):
         for name, shape in lora_shapes(weight[0][1], weight[0][0], lora.rank).items():
             shapes[f"{path}.{name}"] = (shape, weight[1])
     shapes["model.final_layernorm.weight"] = ((d["hidden"],), [last])
-    shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])
+    if not arch.rmsnorm:
+        shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])
+    if arch.untied:
+        shapes[OUTPUT_LAYER] = ((d["vocab"], d["hidden"]), [last])
     return {name: ParamSpec(shape, layouts[name], stages) for name, (shape, stages) in shapes.items()}
 
 

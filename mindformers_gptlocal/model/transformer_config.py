@@ -13,7 +13,7 @@ RECOMPUTE_KEYS = ("recompute", "select_recompute", "parallel_optimizer_comm_reco
 
 
 def to_transformer_config(config):
-    """MindFormers TransformerConfig describing this GPT-2 model."""
+    """MindFormers TransformerConfig describing this model: its sizes, layer choices and layout."""
     layout = config.layout
     parallel = {"data_parallel": layout.dp, "model_parallel": layout.mp, "pipeline_stage": layout.pp,
                 "micro_batch_num": layout.micro, "use_seq_parallel": layout.seq_parallel,
@@ -38,12 +38,17 @@ def to_transformer_config(config):
         "layernorm_compute_dtype": config.layernorm_compute_dtype,
         "softmax_compute_dtype": config.softmax_compute_dtype,
         "use_flash_attention": config.use_flash_attention,
-        "position_embedding_type": "learned_absolute",
-        "normalization": "LayerNorm",
-        "add_bias_linear": True,
-        "gated_linear_unit": False,
-        "tie_word_embeddings": True,
-        "untie_embeddings_and_output_weights": False,
+        "position_embedding_type": config.position_embedding_type,
+        "partial_rotary_factor": config.rotary_percent,  # MindFormers' name for rotary_percent
+        "rotary_base": config.rotary_base,
+        "num_query_groups": config.num_query_groups,
+        "normalization": config.normalization,
+        "add_bias_linear": config.add_bias_linear,
+        "add_qkv_bias": config.add_qkv_bias,
+        "gated_linear_unit": config.gated_linear_unit,
+        "hidden_act": "silu" if config.gated_linear_unit else config.hidden_act,
+        "tie_word_embeddings": not config.untie_embeddings_and_output_weights,
+        "untie_embeddings_and_output_weights": config.untie_embeddings_and_output_weights,
         "pad_token_id": config.pad_token_id,
         "ignore_token_id": config.ignore_token_id,
         "parallel_config": parallel,

@@ -24,7 +24,8 @@ from ..errors import ConfigError
 from .layout import config_value, recompute_layers
 
 DEFAULT_SELECT = ("attention.softmax", "attention.attention_dropout", "mlp.activation")
-DEFAULT_COMM = ("input_layernorm.layer_norm", "post_attention_layernorm.layer_norm")
+# the norms' output primitive: LayerNorm's layer_norm, or RMSNorm's weight_mul (normalization: RMSNorm)
+DEFAULT_COMM = ("input_layernorm.layer_norm|weight_mul", "post_attention_layernorm.layer_norm|weight_mul")
 CELL_KEYWORDS = ("mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation")
 
 

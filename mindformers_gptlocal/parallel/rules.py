@@ -69,6 +69,10 @@ def check_parallel_layout(model_config, layout, devices=None, batch_size=None):
 
     if mp > 1:
         _divisible(problems, "num_attention_heads", heads, mp, "tensor parallel gives every rank whole heads")
+        groups = config_value(model_config, "num_query_groups", None)
+        if groups is not None and groups != heads:
+            _divisible(problems, "num_query_groups", groups, mp,
+                       "tensor parallel gives every rank whole key/value groups (grouped-query attention)")
         _divisible(problems, "hidden_size", hidden, mp, "the row-parallel projections split hidden_size")
         _divisible(problems, "intermediate_size", inter, mp, "the MLP's fc1/fc2 split intermediate_size")
         if not layout.vocab_emb_dp:

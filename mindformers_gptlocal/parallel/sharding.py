@@ -51,18 +51,32 @@ def layout_of(config):
     return config if isinstance(config, Layout) else Layout.of_model_config(config)
 
 
-def _column(linear):
-    return [OpRule(f"{linear}.matmul", ((DP, 1), (MP, 1)), {1: f"{linear}.weight"}),
-            OpRule(f"{linear}.bias_add", ((DP, MP), (MP,)), {1: f"{linear}.bias"})]
+def _column(linear, bias=True):
+    return [OpRule(f"{linear}.matmul", ((DP, 1), (MP, 1)), {1: f"{linear}.weight"})] + \
+        ([OpRule(f"{linear}.bias_add", ((DP, MP), (MP,)), {1: f"{linear}.bias"})] if bias else [])
 
 
-def _row(linear):
-    return [OpRule(f"{linear}.matmul", ((DP, MP), (1, MP)), {1: f"{linear}.weight"}),
-            OpRule(f"{linear}.bias_add", ((DP, 1), (1,)), {1: f"{linear}.bias"})]
+def _row(linear, bias=True):
+    return [OpRule(f"{linear}.matmul", ((DP, MP), (1, MP)), {1: f"{linear}.weight"})] + \
+        ([OpRule(f"{linear}.bias_add", ((DP, 1), (1,)), {1: f"{linear}.bias"})] if bias else [])
 
 
-def _norm(name, act):
-    return OpRule(f"{name}.layer_norm", (act, (1,), (1,)), {1: f"{name}.weight", 2: f"{name}.bias"})
+def _norm(name, act, rmsnorm=False):
+    if rmsnorm:  # model/layers.py RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, every op over act's layout
+        return [OpRule(f"{name}.square", (act,)), OpRule(f"{name}.mean", (act,)),
+                OpRule(f"{name}.rsqrt", (act,)), OpRule(f"{name}.normalize", (act, act)),
+                OpRule(f"{name}.weight_mul", (act, (1,)), {1: f"{name}.weight"})]
+    return [OpRule(f"{name}.layer_norm", (act, (1,), (1,)), {1: f"{name}.weight", 2: f"{name}.bias"})]
+
+
+# the fields of ``model/params.py``'s ``Architecture`` the rules read, with GPT-2's values (this module may not
+# import model/): what the rules assume when a caller gives no architecture
+GPT2_ARCH = namedtuple("GPT2Arch", "rope gated rmsnorm bias qkv_bias untied")(False, False, False, True, True, False)
+
+
+def _arch(arch):
+    """The block's layer choices (``model/params.py`` ``architecture``); None: GPT-2's."""
+    return GPT2_ARCH if arch is None else arch
 
 
 def _lora(linear, split):
@@ -84,18 +98,25 @@ def _lora(linear, split):
 
 
 LINEAR_SPLITS = {"attention.linear_qkv": "column", "attention.linear_proj": "row",
-                 "mlp.linear_fc1": "column", "mlp.linear_fc2": "row"}
+                 "mlp.linear_fc1": "column", "mlp.linear_gate": "column", "mlp.linear_fc2": "row"}
 
 
-def block_rules(seq_parallel=False, lora=()):
+def block_rules(seq_parallel=False, lora=(), arch=None):
     """The rules of one GPTLocalBlock, paths relative to the block; ``lora``: the block's Linears
-    (``attention.linear_qkv`` ...) that carry a LoRA adapter."""
+    (``attention.linear_qkv`` ...) that carry a LoRA adapter; ``arch``: the block's layer choices
+    (``model/params.py`` ``architecture``; None: GPT-2). With grouped-query attention the fused QKV
+    rows are group-major, [group, (q heads of the group, k, v), head_dim], so the same column split
+    hands every rank whole query groups (``parallel/rules.py`` requires mp | num_query_groups)."""
+    arch = _arch(arch)
     act = (DP, MP, 1) if seq_parallel else (DP, 1, 1)
     heads = (DP, MP, 1, 1)
     adapters = [rule for linear in LINEAR_SPLITS if linear in lora for rule in _lora(linear, LINEAR_SPLITS[linear])]
+    gated = [*_column("mlp.linear_gate", arch.bias), OpRule("mlp.activation.sigmoid", ((DP, 1, MP),)),
+             OpRule("mlp.activation.mul", ((DP, 1, MP), (DP, 1, MP))),
+             OpRule("mlp.gate_mul", ((DP, 1, MP), (DP, 1, MP)))] if arch.gated else []
     return adapters + [
-        _norm("input_layernorm", act),
-        *_column("attention.linear_qkv"),
+        *_norm("input_layernorm", act, arch.rmsnorm),
+        *_column("attention.linear_qkv", arch.qkv_bias),
         OpRule("attention.transpose", ((DP, 1, MP, 1, 1),)),  # [B, S, N, 3, D]: whole heads per rank
         OpRule("attention.split_qkv", ((1, DP, MP, 1, 1),)),  # [3, B, N, S, D] -> q, k, v
         OpRule("attention.qk_matmul", (heads, heads)),
@@ -111,22 +132,24 @@ def block_rules(seq_parallel=False, lora=()):
         OpRule("attention.flash_attention_varlen", ((DP, MP, 1), (DP, MP, 1), (DP, MP, 1), (1, 1), (DP,), (DP,)),
                optional=True),
         OpRule("attention.merge_heads", (heads,)),
-        *_row("attention.linear_proj"),
-        _norm("post_attention_layernorm", act),
-        *_column("mlp.linear_fc1"),
+        *_row("attention.linear_proj", arch.bias),
+        *_norm("post_attention_layernorm", act, arch.rmsnorm),
+        *_column("mlp.linear_fc1", arch.bias),
+        *gated,
         OpRule("mlp.activation.gelu", ((DP, 1, MP),)),
         OpRule("mlp.activation.relu", ((DP, 1, MP),)),
-        *_row("mlp.linear_fc2"),
+        *_row("mlp.linear_fc2", arch.bias),
         OpRule("attention_output_dropout.dropout", (act,)),
         OpRule("mlp_output_dropout.dropout", (act,)),
         OpRule("add", (act, act)),
     ]
 
 
-def model_rules(config, num_layers=None, lora_paths=()):
+def model_rules(config, num_layers=None, lora_paths=(), arch=None):
     """Every rule of a GPTLocalForCausalLM, paths relative to it (layers expanded). ``config``: a model
     config, or a ``Layout`` with ``num_layers``; ``lora_paths``: full paths of the Linears with a LoRA
-    adapter (``model.layers.0.attention.linear_qkv``)."""
+    adapter (``model.layers.0.attention.linear_qkv``); ``arch``: the layer choices (None: GPT-2)."""
+    arch = _arch(arch)
     layout = layout_of(config)
     if num_layers is None:
         num_layers = config.num_hidden_layers
@@ -134,20 +157,21 @@ def model_rules(config, num_layers=None, lora_paths=()):
     act = (DP, MP, 1) if seq else (DP, 1, 1)
     table = (1, 1) if vocab_emb_dp else (MP, 1)
     word = "model.embedding.word_embeddings"
-    rules = [
-        OpRule("model.embedding.gather", (table, (DP, 1)), {0: word}),
-        OpRule("model.embedding.position_gather", ((1, 1), (DP, 1)), {0: "model.embedding.position_embeddings"}),
-        OpRule("model.embedding.dropout.dropout", (act,)),
-    ]
+    rules = [OpRule("model.embedding.gather", (table, (DP, 1)), {0: word})]
+    if not arch.rope:
+        rules.append(OpRule("model.embedding.position_gather", ((1, 1), (DP, 1)),
+                            {0: "model.embedding.position_embeddings"}))
+    rules.append(OpRule("model.embedding.dropout.dropout", (act,)))
     for index in range(num_layers):
         prefix = f"model.layers.{index}."
         lora = [path[len(prefix):] for path in lora_paths if path.startswith(prefix)]
-        for rule in block_rules(seq, lora):
+        for rule in block_rules(seq, lora, arch):
             params = {i: prefix + p for i, p in (rule.params or {}).items()} or None
             rules.append(rule._replace(op=prefix + rule.op, params=params))
     rules += [
-        _norm("model.final_layernorm", act),
-        OpRule("head_matmul", ((DP, 1), table), {1: word}),  # tied head: same table layout as the Gather
+        *_norm("model.final_layernorm", act, arch.rmsnorm),
+        # tied head: same table layout as the Gather; untied: its own table, laid out the same way
+        OpRule("head_matmul", ((DP, 1), table), {1: "output_layer.weight" if arch.untied else word}),
         OpRule("log_softmax", ((DP, 1),)),  # vocab split: MindSpore all-gathers the logits here
         OpRule("gather_d", ((DP, 1), (DP, 1))),
     ]
@@ -219,14 +243,14 @@ def is_parallel_build():
     return ms.get_auto_parallel_context("parallel_mode") in PARALLEL_MODES
 
 
-def apply_sharding(model, config):
+def apply_sharding(model, config, arch=None):
     """Set every rule's strategy on ``model``'s primitives; returns {op path: concrete strategy}. ``config``:
-    the model's GPTLocalConfig (its sizes and its ``layout``)."""
+    the model's GPTLocalConfig (its sizes and its ``layout``); ``arch``: its layer choices."""
     layout = layout_of(config)
     check_divisible(config, layout.mp)
     applied = {}
     lora_paths = [name[:-len(".lora_a")] for name, _ in model.parameters_and_names() if name.endswith(".lora_a")]
-    for rule in model_rules(config, lora_paths=lora_paths):
+    for rule in model_rules(config, lora_paths=lora_paths, arch=arch):
         op = resolve(model, rule.op)
         if op is None:
             if rule.optional or rule.op.endswith((".relu", ".gelu")):

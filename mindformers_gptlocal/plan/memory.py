@@ -4,7 +4,8 @@ Parameter counts come from the parameter table (``model/params.py``: every weigh
 it splits under tensor parallel ``t`` = model_parallel: QKV and fc1 column-parallel, weight and bias
 split; the output projection and fc2 row-parallel, weight split, bias whole; LayerNorms whole; the
 token embedding's vocabulary split only when ``vocab_emb_dp`` is False). Activations follow what
-``model/gpt.py`` computes.
+``model/gpt.py`` computes. The layer choices (``params.architecture``: GQA, SwiGLU, RMSNorm, biases,
+rope, untied head) reach the counts through the table; SwiGLU adds its gate's activations below.
 
 Memory terms (bytes per device), each the state that lives through a training step:
 
@@ -85,7 +86,7 @@ def shape_of(model_config):
         ln_dtype=str(get("layernorm_compute_dtype", "float32")),
         softmax_dtype=str(get("softmax_compute_dtype", "float32")),
         hidden_dropout=float(get("hidden_dropout", 0.1)), attention_dropout=float(get("attention_dropout", 0.1)),
-        tied=bool(get("tie_word_embeddings", True)), flash=bool(get("use_flash_attention", False)))
+        tied=not s["arch"].untied, flash=bool(get("use_flash_attention", False)))
     return s
 
 
@@ -94,7 +95,8 @@ def _rank_sizes(s, t, vocab_parallel):
     these sizes: one layer, the token table, the position table, the final norm."""
     table = table_of_dims(dict(s, layers=1), Layout(mp=t, vocab_emb_dp=not vocab_parallel))
     return dict(layer=sum(spec.rank_size(t) for name, spec in table.items() if layer_of(name) is not None),
-                words=table[WORD_EMBEDDINGS].rank_size(t), positions=table[POSITION_EMBEDDINGS].rank_size(t),
+                words=table[WORD_EMBEDDINGS].rank_size(t),
+                positions=table[POSITION_EMBEDDINGS].rank_size(t) if POSITION_EMBEDDINGS in table else 0,  # rope: none
                 final_norm=sum(spec.rank_size(t) for name, spec in table.items()
                                if name.startswith("model.final_layernorm.")))
 
@@ -150,6 +152,8 @@ def layer_activation_bytes(s, batch, t=1, seq_parallel=False, recompute="none", 
     mlp = tokens * i * c // t                                     # fc1 output (activation input)
     if recompute != "selective":
         mlp += tokens * i * c // t                                # activation output (fc2 input)
+    if s["arch"].gated:  # SwiGLU: the gate's output and its silu too (the product is the fc2 input above)
+        mlp += 2 * tokens * i * c // t
     drop = 2 * tokens * h // split if s["hidden_dropout"] > 0 else 0   # two residual dropout masks
     if flash:
         attn += batch * a * s["seq"] * 8 // t                     # softmax max and sum, fp32
@@ -160,6 +164,14 @@ def layer_activation_bytes(s, batch, t=1, seq_parallel=False, recompute="none", 
         if recompute != "selective" and s["attention_dropout"] > 0:
             attn += scores * (1 + c)                              # mask and dropped probs
     return norm_part + attn + mlp + drop
+
+
+def kv_cache_bytes(s, batch, length, t=1):
+    """Bytes of the decode KV cache (``model/kv_cache.py``): keys and values of every layer, [batch,
+    num_query_groups, length, head_dim] each, in the compute dtype; grouped-query attention shrinks it by
+    heads / num_query_groups. ``t``: per tensor-parallel rank (whole groups per rank)."""
+    head_dim = s["hidden"] // s["heads"]
+    return 2 * s["layers"] * batch * s["arch"].groups * length * head_dim * BYTES[s["compute_dtype"]] // t
 
 
 def head_activation_bytes(s, batch, t=1, vocab_parallel=False):

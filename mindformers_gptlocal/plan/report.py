@@ -82,7 +82,8 @@ def plan(config, devices=None):
 def communication(s, layout, batch, stages, recompute, vocab_parallel=False):
     """Bytes each device sends per optimizer step, by kind (ring algorithms).
 
-    Tensor parallel: per layer and micro-batch, 2 all-reduces in the forward (after the attention
+    Tensor parallel (the same with grouped-query attention, SwiGLU or a parallel residual, each of which
+    still ends in two row-parallel projections): per layer and micro-batch, 2 all-reduces in the forward (after the attention
     projection and after fc2) and 2 in the backward (the input gradients of QKV and fc1), each of
     batch*seq*hidden elements in the compute dtype; full recompute repeats the 2 forward ones.
     Sequence parallel turns each all-reduce into an all-gather plus a reduce-scatter of the same
@@ -145,6 +146,11 @@ def format_plan(result, path=""):
     lines.append(f"{path}")
     lines.append(f"model: {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, vocab {s['vocab']}, "
                  f"seq {s['seq']}; params {s['params_dtype']}, compute {s['compute_dtype']}")
+    groups = s["arch"].groups
+    kv = mem.kv_cache_bytes(s, 1, s["seq"])
+    lines.append(f"decode KV cache: {kv / 2 ** 20:,.1f} MiB per sequence of {s['seq']} tokens ({groups} key/value "
+                 f"heads of {s['heads']}" + (f"; {s['heads'] // groups}x smaller than multi-head)" if groups != s["heads"]
+                                             else ")"))
     lines.append(f"layout: dp {lay['dp']} x mp {lay['mp']} x pp {lay['pp']} = {result['devices']} devices; "
                  f"micro_batch_num {lay['micro']}; batch_size {result['batch_size']} per replica and micro-batch; "
                  f"global batch {result['global_batch_size']}; seq parallel {lay['seq_parallel']}; "

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from ..generation.buckets import bucket_of, buckets, width_buckets
 from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
@@ -77,29 +78,9 @@ class _Slot:
         self.request, self.token, self.cursor = None, 0, 0
 
 
-def _buckets(limit, start, factor, given=None, minimum=None):
-    """``given`` (sorted, deduplicated, capped at ``limit``, values below ``minimum`` dropped) or start,
-    start * factor, ... below ``limit``; always ending at ``limit``."""
-    if given:
-        values = sorted({min(int(v), limit) for v in given if minimum is None or int(v) >= minimum})
-    else:
-        values, v = [], start
-        while v < limit:
-            values.append(v)
-            v *= factor
-    if not values or values[-1] != limit:
-        values.append(limit)
-    return values
-
-
-def width_buckets(max_model_len, smallest=16, given=None):
-    """Prompt widths compiled: ``given`` or powers of two from ``smallest``, always ending at max_model_len."""
-    return _buckets(max_model_len, smallest, 2, given)
-
-
 def batch_sizes(max_batch_size, given=None):
     """Batch sizes compiled: ``given`` or 1, 4, 16, ... always ending at max_batch_size."""
-    return _buckets(max_batch_size, 1, 4, given, minimum=1)
+    return buckets(max_batch_size, 1, 4, given, minimum=1)
 
 
 class Engine:
@@ -193,8 +174,7 @@ class Engine:
         """Compile every shape a request can meet: per batch bucket, one refill graph per prompt width and the
         decode graph. Shapes of up to WARM_RUN_TOKENS tokens also run once (writes land in idle slots);
         larger ones are compiled only (running a 16 x 1024 prefill of GPT-2 small takes minutes on a CPU)."""
-        import mindspore as ms
-        from ..model.kv_cache import attention_bias, write_index
+        from ..model.kv_cache import step_inputs
         start = time.perf_counter()
         cache = self.cache
         for batch in self.batches:
@@ -206,10 +186,7 @@ class Engine:
                 if batch * width <= WARM_RUN_TOKENS:
                     cache.step(ids, positions, last, slots)
                 else:
-                    cache.compile(ms.Tensor(ids, ms.int32), ms.Tensor(positions, ms.int32),
-                                  ms.Tensor(write_index(positions, cache.num_heads, slots), ms.int32),
-                                  ms.Tensor(attention_bias(positions, cache.max_length), ms.float32),
-                                  ms.Tensor(last, ms.int32))
+                    cache.compile(*step_inputs(ids, positions, last, slots))
         self.warmup_seconds = time.perf_counter() - start
         log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1; warm-up "
                  "(%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
@@ -248,7 +225,7 @@ class Engine:
         last_row = self.max_model_len - 1
         last = np.zeros(batch, np.int32)
         if admitted:
-            width = next(w for w in self.widths if w >= max(len(self._slots[i].request.prompt) for i in admitted))
+            width = bucket_of(max(len(self._slots[i].request.prompt) for i in admitted), self.widths)
             ids = np.zeros((batch, width), np.int32)
             positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
             for i in admitted:

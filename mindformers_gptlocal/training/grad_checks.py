@@ -7,7 +7,7 @@ then the rest (`python benchmarks/reduce_kernels.py`, 2 cores). Both the overflo
 gradient clipping reduce every gradient every step, so they use the two-stage form here, in fp32.
 """
 import mindspore.common.dtype as mstype
-from mindspore import ops
+from mindspore import ops, Tensor
 from mindspore.ops import functional as F
 
 from mindformers.core.clip_grad import ClipGradNorm, apply_global_norm
@@ -48,6 +48,15 @@ def _non_finite(grad):
 def _square_sum(grad):
     """Sum of squares as a [1] tensor, the shape MindFormers' ClipGradNorm adds up."""
     return ops.expand_dims(sum_all(F.square(fp32(grad))), 0)
+
+
+def clip_coefficient(clip_norm, global_norm):
+    """The factor MindFormers' ClipGradNorm + ``apply_global_norm`` multiply every gradient by, computed
+    once: ``min(clip_norm / (max(norm, clip_norm) + 1e-6), 1)`` (just below 1 when nothing is clipped)."""
+    global_norm_clip = F.select(F.greater_equal(global_norm, clip_norm), global_norm, clip_norm)
+    coefficient = clip_norm / (global_norm_clip + 1e-6)
+    return ops.clip_by_value(coefficient, clip_value_max=Tensor(1.0, mstype.float32),
+                             clip_value_min=Tensor(float("-inf"), mstype.float32))
 
 
 class GPTLocalClipGradNorm(ClipGradNorm):

@@ -37,6 +37,20 @@ def _step(kernel, beta1, beta2, eps, correction1, root_correction2, lr, weight_d
     return True
 
 
+@_fused_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                      "Tensor", "Tensor", "Tensor", "Tensor", "Bool")
+def _step_scaled(kernel, beta1, beta2, eps, correction1, root_correction2, coefficient, lr, weight_decay, param,
+                 exp_avg, exp_avg_sq, grad, optim_filter):
+    """As ``_step`` on ``grad`` x ``coefficient`` (the clip factor), computed here so that only one
+    parameter's scaled gradient exists at a time (MindFormers' clip would copy every gradient first)."""
+    if optim_filter:
+        scaled = ops.cast(ops.cast(grad, mstype.float32) * coefficient, grad.dtype)
+        kernel(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,
+               eps * root_correction2, weight_decay * correction1 / root_correction2,
+               ops.cast(scaled, param.dtype))
+    return True
+
+
 @MindFormerRegister.register(MindFormerModuleType.OPTIMIZER)
 class GPTLocalAdamW(Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) as in MindFormers, fused per parameter.
@@ -46,6 +60,7 @@ class GPTLocalAdamW(Optimizer):
     """
 
     _support_parallel_optimizer = True
+    takes_grad_coefficient = True  # construct(gradients, coefficient): GPTLocalTrainOneStepCell's lean step
 
     def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
@@ -70,28 +85,24 @@ class GPTLocalAdamW(Optimizer):
             states.append(state)
         return ParameterTuple(states)
 
-    def construct(self, gradients):
+    def construct(self, gradients, grad_coefficient=None):
+        """One step; ``grad_coefficient`` (a [1] tensor, e.g. the clip factor) scales every gradient first."""
         weight_decay = self.get_weight_decay()
         lr = self.get_lr()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
         step = ops.cast(self.global_step, mstype.float32)
         correction1 = 1.0 - ops.pow(self.beta1, step)
         root_correction2 = ops.sqrt(1.0 - ops.pow(self.beta2, step))
-        kernel, beta1, beta2, eps = self.kernel, self.beta1, self.beta2, self.eps
+        head = (self.kernel, self.beta1, self.beta2, self.eps, correction1, root_correction2)
+        if grad_coefficient is not None:
+            head = head + (grad_coefficient,)
+        states = (self._parameters, self.exp_avg, self.exp_avg_sq, gradients, self.optim_filter)
         if self.is_group and self.is_group_lr:
-            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1,
-                                                root_correction2),
-                                    lr, weight_decay, self._parameters, self.exp_avg, self.exp_avg_sq,
-                                    gradients, self.optim_filter)
+            result = self.hyper_map(ops.partial(_fused_step, *head), lr, weight_decay, *states)
         elif self.is_group:
-            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1,
-                                                root_correction2, lr),
-                                    weight_decay, self._parameters, self.exp_avg, self.exp_avg_sq, gradients,
-                                    self.optim_filter)
+            result = self.hyper_map(ops.partial(_fused_step, *head, lr), weight_decay, *states)
         else:
-            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1,
-                                                root_correction2, lr, weight_decay),
-                                    self._parameters, self.exp_avg, self.exp_avg_sq, gradients, self.optim_filter)
+            result = self.hyper_map(ops.partial(_fused_step, *head, lr, weight_decay), *states)
         if self.use_parallel:
             self.broadcast_params(result)
         return result

@@ -1,0 +1,367 @@
+"""What every benchmark here shares: the workers' thread environment and its check inside each worker,
+peak RSS (VmHWM), alternating rounds with median and min-max, the machine line, GEMM peaks, and the
+PyTorch GPT-2 training loop the train and finetune benchmarks compare against.
+
+Why workers get an explicit environment: ``import mindspore`` sets ``OMP_NUM_THREADS=1`` in the C
+environment (``os.environ`` does not show it), and a child started without ``env=`` inherits it, so a
+PyTorch worker would run on one thread. Every worker is started through :func:`run_worker` (or with
+:func:`worker_env`), and calls :func:`check_threads` first: it reads the variables from the C
+environment (what OpenMP, MKL and OpenBLAS read) and refuses to measure with other counts than asked.
+
+This module imports neither MindSpore nor PyTorch at import time; the parent process of a benchmark
+imports neither, so only workers carry them.
+"""
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+OFFLINE = dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+WORKER_TAG = "WORKER "
+
+# Model shapes the train and finetune benchmarks share (batch and seq are defaults; the scripts take flags).
+SHAPES = {
+    "tiny": dict(layers=4, hidden=256, heads=4, vocab=8192, batch=4, seq=256),
+    "small": dict(layers=12, hidden=768, heads=12, vocab=50257, batch=2, seq=256),
+}
+
+
+# ---------------------------------------------------------------------------------------------- threads
+def worker_env(threads, **extra):
+    """The explicit environment of every worker: the three thread variables = ``threads``, this tree
+    importable, quiet MindSpore logs, Hugging Face offline. Nothing thread-related is inherited."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    env.update({k: str(threads) for k in THREAD_VARS}, GLOG_v="3", **OFFLINE)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def c_getenv(name):
+    """The C environment's value (what OpenMP/MKL/OpenBLAS read); ``os.environ`` misses a later setenv."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    found = getenv(name.encode())
+    return found.decode() if found else None
+
+
+def check_threads(threads, who):
+    """Call first thing in a worker (before importing MindSpore or PyTorch). Refuses to measure when the
+    C environment's thread variables differ from ``threads``; returns them for the worker's report."""
+    seen = {k: c_getenv(k) for k in THREAD_VARS}
+    if any(v != str(threads) for v in seen.values()):
+        raise SystemExit(f"{who}: thread variables in the C environment {seen} differ from --threads {threads}; "
+                         "start workers with benchmarks/_common.worker_env")
+    return seen
+
+
+def torch_threads(threads, who):
+    """Set and check PyTorch's intra-op threads; returns the count it runs with."""
+    import torch
+    torch.set_num_threads(threads)
+    got = torch.get_num_threads()
+    if got != threads:
+        raise SystemExit(f"{who}: torch runs {got} threads, asked {threads}")
+    return got
+
+
+def mindspore_threads(threads, who):
+    """Set and check MindSpore's runtime threads (its CPU kernels' pool); returns the count."""
+    import mindspore as ms
+    ms.set_context(runtime_num_threads=threads)
+    got = ms.get_context("runtime_num_threads")
+    if got != threads:
+        raise SystemExit(f"{who}: MindSpore runtime_num_threads {got}, asked {threads}")
+    return got
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def vm_hwm_mb():
+    """This process's peak RSS: VmHWM (exec resets it; ``ru_maxrss`` would carry the parent's at fork)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def emit(report):
+    """A worker's one result line, read back by :func:`run_worker`."""
+    print(WORKER_TAG + json.dumps(report), flush=True)
+
+
+def run_worker(script, args, threads, timeout=7200, **extra_env):
+    """Run ``python script args`` with :func:`worker_env`; return (its last WORKER report, its output)."""
+    out = subprocess.run([sys.executable, os.path.abspath(script), *args], capture_output=True, text=True,
+                         env=worker_env(threads, **extra_env), cwd=tempfile.gettempdir(), timeout=timeout)
+    text = out.stdout + out.stderr
+    lines = [x for x in out.stdout.splitlines() if x.startswith(WORKER_TAG)]
+    if out.returncode or not lines:
+        raise SystemExit(f"worker {os.path.basename(script)} {' '.join(args[:2])} failed "
+                         f"(exit {out.returncode}):\n{text[-4000:]}")
+    return json.loads(lines[-1][len(WORKER_TAG):]), text
+
+
+def alternate(sides, rounds, measure):
+    """Run ``measure(side, round)`` for every side, ``rounds`` times, alternating the order
+    (A B C, C B A, A B C, ...) so drift and neighbours hit every side alike; {side: [results]}."""
+    results = {side: [] for side in sides}
+    for index in range(rounds):
+        for side in (sides if index % 2 == 0 else tuple(reversed(sides))):
+            results[side].append(measure(side, index))
+    return results
+
+
+def spread(values, fmt="{:.0f}"):
+    """``median [min-max]`` of a list of numbers."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def steady_median(step_times, warmup):
+    """Median step time after the first ``warmup`` steps (all of them if there are not more)."""
+    steady = step_times[warmup:] or step_times
+    return statistics.median(steady)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown CPU"
+
+
+def machine_line(threads):
+    """One line naming the machine and the thread count every worker ran with."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > 0.5 * usable else ""
+    return (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), 1-min load average "
+            f"{load:.1f}; every worker: {', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the "
+            f"worker{busy}")
+
+
+# ---------------------------------------------------------------------------------------------- GEMM peaks
+def torch_gemm_gflops(n=2048, repeats=7):
+    """fp32 GEMM peak through PyTorch (MKL/oneDNN): best of ``repeats`` n^3 products."""
+    import torch
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e9
+
+
+def mindspore_gemm_gflops(n=2048, repeats=7):
+    """fp32 GEMM peak through MindSpore's MatMul in a compiled graph: best of ``repeats`` n^3 products."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class _MatMul(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.matmul = ops.MatMul()
+
+        def construct(self, x, y):
+            return self.matmul(x, y)
+
+    net = _MatMul()
+    rng = np.random.default_rng(0)
+    a = ms.Tensor(rng.standard_normal((n, n), dtype=np.float32))
+    b = ms.Tensor(rng.standard_normal((n, n), dtype=np.float32))
+    net(a, b).asnumpy()
+    best = min(_timed(lambda: net(a, b).asnumpy()) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def gemm_worker(framework, threads):
+    """Worker body: one framework's GEMM peak on ``threads`` threads."""
+    env = check_threads(threads, f"{framework} GEMM worker")
+    if framework == "torch":
+        runtime = torch_threads(threads, "torch GEMM worker")
+        gflops = torch_gemm_gflops()
+    else:
+        runtime = mindspore_threads(threads, "MindSpore GEMM worker")
+        gflops = mindspore_gemm_gflops()
+    emit({"framework": framework, "gflops": gflops, "env": env, "runtime_threads": runtime})
+
+
+# ---------------------------------------------------------------------------------------------- model math
+def params_count(s):
+    """GPT-2 parameters (tied head), positions sized max(1024, seq)."""
+    h, layers, v = s["hidden"], s["layers"], s["vocab"]
+    return v * h + max(1024, s["seq"]) * h + layers * (12 * h * h + 13 * h) + 2 * h
+
+
+def flops_per_token(s):
+    """Training FLOPs per token: 6N (forward + backward of the weights) + 12*L*H*S (attention scores)."""
+    return 6 * params_count(s) + 12 * s["layers"] * s["hidden"] * s["seq"]
+
+
+def shape_with(shape, batch=None, seq=None):
+    s = dict(SHAPES[shape])
+    if batch:
+        s["batch"] = batch
+    if seq:
+        s["seq"] = seq
+    return s
+
+
+# ---------------------------------------------------------------------------------------------- data
+def prepare_windows(workdir, seq, threads, max_bytes=600_000):
+    """`prepare-data` (in a worker: the parent never imports MindSpore) -> (train MindRecord path, .npy of
+    token windows of seq + 1 for PyTorch: the same tokens both sides train on)."""
+    data, windows = os.path.join(workdir, "data"), os.path.join(workdir, f"windows_{seq}.npy")
+    code = (
+        "import json, numpy as np; from mindformers_gptlocal.data.prepare import prepare; "
+        "from mindspore.mindrecord import FileReader; "
+        f"c = prepare(out={data!r}, seq_length={seq}, vocab_size=8192, max_bytes={max_bytes}); "
+        "r = FileReader(c['train_mindrecord']); "
+        "w = np.stack([np.append(x['input_ids'], x['labels'][-1]) for x in r.get_next()]); r.close(); "
+        f"np.save({windows!r}, w); open(c['train_mindrecord'] + '.rows', 'w').write(str(len(w))); "
+        "print('DATA ' + json.dumps([c['train_mindrecord'], len(w)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=worker_env(threads),
+                         cwd=workdir)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("DATA ")]
+    if out.returncode or not lines:
+        raise SystemExit(out.stdout[-2000:] + out.stderr[-2000:])
+    corpus, count = json.loads(lines[-1][5:])
+    return corpus, windows, count
+
+
+def windows_in(corpus):
+    """How many rows the prepared MindRecord holds (written beside it by :func:`prepare_windows`)."""
+    with open(corpus + ".rows", encoding="ascii") as handle:
+        return int(handle.read())
+
+
+def ours_yaml(s, steps, corpus, workdir, name, threads, pet_config=None):
+    """The tiny pretrain YAML resized to shape ``s`` (dropout off), ``steps`` steps on ``corpus``."""
+    from mindformers_gptlocal import yaml_io
+    config = yaml_io.load_yaml(os.path.join(REPO, "model_configs", "pretrain_gpt_local_tiny_cpu.yaml"))
+    config["model"]["model_config"].update(
+        vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], seq_length=s["seq"], max_position_embeddings=max(1024, s["seq"]),
+        hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0)
+    if pet_config:
+        config["model"]["model_config"]["pet_config"] = pet_config
+    config["context"]["runtime_num_threads"] = threads
+    config["runner_config"]["batch_size"] = s["batch"]
+    config["train_dataset"]["batch_size"] = s["batch"]
+    rows, available = steps * s["batch"], windows_in(corpus)
+    usable = available - available % s["batch"]
+    if usable < s["batch"]:
+        raise SystemExit(f"{available} windows of {s['seq']} tokens prepared, fewer than one batch of {s['batch']}")
+    config["train_dataset"]["data_loader"].update(dataset_dir=corpus, shuffle=False, num_samples=min(rows, usable))
+    config["train_dataset"]["repeat"] = -(-rows // usable)  # short data: read it again (PyTorch wraps around too)
+    config["train_dataset_task"]["dataset_config"] = config["train_dataset"]
+    config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
+    config["output_dir"] = os.path.join(workdir, name)
+    return yaml_io.dump_yaml(config, os.path.join(workdir, name + ".yaml"))
+
+
+def ms_train_worker(yaml_path, threads):
+    """Worker body, our side: MindFormers' trainer through ``gptlocal run`` in this process. The parent
+    reads the step times from GPTLocalThroughputMonitor's lines (:func:`ms_step_times`)."""
+    env = check_threads(threads, "MindSpore worker")
+    from mindformers_gptlocal.cli.launcher import main as launch
+    started = time.perf_counter()
+    if yaml_path == "-":  # a probe: the thread checks only, no training
+        code, runtime = 0, mindspore_threads(threads, "MindSpore worker")
+    else:
+        code = launch(["--config", yaml_path])
+        import mindspore as ms
+        runtime = ms.get_context("runtime_num_threads")
+        if runtime != threads:
+            raise SystemExit(f"MindSpore worker: runtime_num_threads {runtime}, asked {threads}")
+    wall = time.perf_counter() - started
+    emit({"env": env, "c_env_after_import_mindspore": {k: c_getenv(k) for k in THREAD_VARS},
+          "runtime_threads": runtime, "wall_s": wall, "peak_rss_mb": vm_hwm_mb(), "code": code})
+
+
+def ms_step_times(text):
+    """Step seconds from GPTLocalThroughputMonitor's lines (the first includes the graph compile), and the
+    LoRA trainable count if the log states one."""
+    import re
+    steps = [float(x) / 1000 for x in re.findall(r"\[gpt_local\] step \d+/\d+ .* ([0-9.]+) ms/step", text)]
+    found = re.search(r"LoRA: ([0-9,]+) trainable", text)
+    return steps, (int(found.group(1).replace(",", "")) if found else None)
+
+
+# ---------------------------------------------------------------------------------------------- PyTorch side
+TORCH_VARIANTS = {
+    # name: (attention implementation, fused AdamW, torch.compile)
+    "eager": ("eager", False, False),
+    "sdpa+fused": ("sdpa", True, False),
+    "compile": ("sdpa", True, True),
+}
+
+
+def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lora=None):
+    """Worker body, PyTorch side: Hugging Face GPT2LMHeadModel (tied head, dropout off) trained with AdamW
+    (betas 0.9/0.95, eps 1e-8, weight decay 0.01, as our YAML) and grad-norm clipping at 1.0 (as our
+    wrapper) on the same token windows. ``variant`` picks the attention kernel, fused AdamW and
+    torch.compile (TORCH_VARIANTS); ``lora`` (dict rank/alpha/dropout) wraps the model with peft LoRA on
+    c_attn/c_proj/c_fc and trains the adapters only. ``steps`` 0 reports the threads and exits."""
+    env = check_threads(threads, "torch worker")
+    runtime = torch_threads(threads, "torch worker")
+    if steps == 0:
+        return emit({"env": env, "runtime_threads": runtime, "step_times": [], "peak_rss_mb": vm_hwm_mb()})
+    import numpy as np
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    attention, fused, compiled = TORCH_VARIANTS[variant]
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["hidden"],
+                        n_layer=s["layers"], n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = attention  # noqa: SLF001 (transformers reads it at build)
+    model = GPT2LMHeadModel(config)
+    if model.config._attn_implementation != attention:  # noqa: SLF001
+        raise SystemExit(f"torch worker: asked {attention} attention, model has {model.config._attn_implementation}")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                                 target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True,
+                                                 task_type="CAUSAL_LM"))
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
+                                  **({"fused": True} if fused else {}))
+    forward = torch.compile(model) if compiled else model
+    windows = np.load(windows_path)
+    times = []
+    for step in range(steps):
+        start_row = (step * s["batch"]) % max(1, len(windows) - s["batch"] + 1)
+        batch = torch.from_numpy(windows[start_row:start_row + s["batch"], :s["seq"]]).long()
+        start = time.perf_counter()
+        loss = forward(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    emit({"env": env, "runtime_threads": runtime, "variant": variant, "step_times": times,
+          "trainable": sum(p.numel() for p in trainable), "peak_rss_mb": vm_hwm_mb(), "last_loss": float(loss)})
