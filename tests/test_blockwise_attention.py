@@ -76,7 +76,7 @@ def _assert_same(plain, blockwise, *inputs):
     worst = max(float(np.abs(grads[name] - grads_b[name]).max()) for name in grads)
     assert worst <= 1e-5, worst
     assert max(float(np.abs(g).max()) for g in grads.values()) > 1e-3  # the gradients are not all ~0
-    return loss
+    return grads
 
 
 def _ids(batch=2):
@@ -117,10 +117,12 @@ def test_dropout_and_recompute_match_plain(graph_mode):
     the same elements; with every layer recomputed too."""
     plain, blockwise = _pair(attention_dropout=0.2, hidden_dropout=0.1)
     assert blockwise.model.counter_dropout
-    loss_dropout = _assert_same(plain, blockwise, _ids())
+    grads_dropout = _assert_same(plain, blockwise, _ids())
     no_dropout = _pair()[0]
     _copy_weights(plain, no_dropout)
-    assert abs(_loss_and_grads(no_dropout, _ids())[0] - loss_dropout) > 1e-3  # dropout did act
+    grads = _loss_and_grads(no_dropout, _ids())[1]  # dropout did act: the gradients differ (the loss of a
+    largest = max(float(np.abs(g).max()) for g in grads.values())  # random tiny model barely moves)
+    assert max(float(np.abs(grads[n] - grads_dropout[n]).max()) for n in grads) > 0.05 * largest
     parallel = {"recompute": {"recompute": True}}
     plain, blockwise = _pair(attention_dropout=0.2, parallel_config=parallel)
     assert [layer.recompute_mode for layer in blockwise.model.layers] == ["full", "full"]

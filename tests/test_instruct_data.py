@@ -219,9 +219,10 @@ def test_hfdataloader_route_trains_as_the_prepare_data_route(corpus, tmp_path):
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
-def test_preflight_names_a_bad_record_and_a_seq_length_mismatch(corpus, tmp_path):
+def test_preflight_names_a_bad_record_and_a_seq_length_mismatch(corpus, tmp_path, monkeypatch):
     """HFDataLoader + GPTLocalInstructHandler: the pre-flight reads the records itself (inside the handler
     `datasets` has dropped the line numbers) and checks the handler's seq_length against the model's."""
+    monkeypatch.chdir(tmp_path)  # the YAML's relative paths (./runs/quickstart/...) must not meet a local run
     from mindformers_gptlocal.cli.launcher import load_config
     from mindformers_gptlocal.errors import GPTLocalError
     from mindformers_gptlocal.preflight.checks import preflight

@@ -2,7 +2,8 @@
 
 On CPU the tanh GeLU (``model/layers.py`` TanhGeLU) and gradient clipping (``training/grad_checks.py``) use
 forms several times faster than MindSpore 2.7.2's kernels (`python benchmarks/reduce_kernels.py`), and
-Linear broadcasts its bias explicitly before the Add (less peak memory than the broadcasting Add).
+Linear's bias and attention's mask are broadcast explicitly before their Add (less peak memory than the
+broadcasting Add).
 ``GPTLOCAL_PLAIN_KERNELS=1`` keeps MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
 against the plain path when debugging; other backends always use them.
 """
