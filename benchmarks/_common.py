@@ -258,14 +258,16 @@ def windows_in(corpus):
         return int(handle.read())
 
 
-def ours_yaml(s, steps, corpus, workdir, name, threads, pet_config=None):
-    """The tiny pretrain YAML resized to shape ``s`` (dropout off), ``steps`` steps on ``corpus``."""
+def ours_yaml(s, steps, corpus, workdir, name, threads, pet_config=None, model_extra=None):
+    """The tiny pretrain YAML resized to shape ``s`` (dropout off), ``steps`` steps on ``corpus``;
+    ``model_extra``: more model_config keys (e.g. attention_block_size)."""
     from mindformers_gptlocal import yaml_io
     config = yaml_io.load_yaml(os.path.join(REPO, "model_configs", "pretrain_gpt_local_tiny_cpu.yaml"))
     config["model"]["model_config"].update(
         vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"], seq_length=s["seq"], max_position_embeddings=max(1024, s["seq"]),
         hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0)
+    config["model"]["model_config"].update(model_extra or {})
     if pet_config:
         config["model"]["model_config"]["pet_config"] = pet_config
     config["context"]["runtime_num_threads"] = threads

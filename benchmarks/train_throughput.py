@@ -2,7 +2,7 @@
 Hugging Face GPT-2 on PyTorch, same shapes, same tokens, same machine, same run.
 
     python benchmarks/train_throughput.py                            # tiny and GPT-2 small, 3 rounds
-    python benchmarks/train_throughput.py --shapes small --seq-length 1024 --batch-size 1
+    python benchmarks/train_throughput.py --shapes small --seq-length 1024 --batch-size 1 --attention-block-size 256
     python benchmarks/train_throughput.py --shapes tiny --seq-length 2048 --torch-variants sdpa+fused
 
 Sides, each run in its own worker process (so VmHWM is its own peak RSS), started with an explicit
@@ -35,9 +35,9 @@ LABELS = {"ours": "gpt_local (MindSpore)", "eager": "HF GPT-2, eager", "sdpa+fus
           "compile": "HF GPT-2, torch.compile"}
 
 
-def measure(side, s, steps, corpus, windows, workdir, threads, name):
+def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra=None):
     if side == "ours":
-        yaml_path = C.ours_yaml(s, steps, corpus, workdir, name, threads)
+        yaml_path = C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
         report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
         if len(report["step_times"]) != steps:
@@ -67,6 +67,8 @@ def main():
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--torch-variants", default=",".join(C.TORCH_VARIANTS),
                         help=f"comma list of {list(C.TORCH_VARIANTS)} (compile costs ~30 s a run for GPT-2 small)")
+    parser.add_argument("--attention-block-size", type=int, default=0,
+                        help="ours: model_config.attention_block_size (memory-efficient attention; 0 = plain)")
     parser.add_argument("--json", help="also write every run's numbers here")
     parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
@@ -101,8 +103,9 @@ def main():
         steps = args.steps or (20 if name == "tiny" else 8)
 
         def one(side, index, name=name, s=s, steps=steps):
-            report = summarise(measure(side, s, steps, corpus, windows, workdir, args.threads, f"ours_{name}_{index}"),
-                               s, args.warmup, peak)
+            extra = {"attention_block_size": args.attention_block_size} if args.attention_block_size else None
+            report = summarise(measure(side, s, steps, corpus, windows, workdir, args.threads, f"ours_{name}_{index}",
+                                       extra), s, args.warmup, peak)
             print(f"{name} round {index + 1} {side:10} {report['tokens_per_s']:8.0f} tokens/s  first step "
                   f"{report['first_step_s']:6.1f} s (compile ~{report['compile_s']:.1f} s)  peak RSS "
                   f"{report['peak_rss_mb']:6.0f} MB  threads: C env "
@@ -114,6 +117,8 @@ def main():
     print(f"fp32 GEMM peak (2048^3, best of 7, this run): torch {gemm['torch']:.0f} GFLOP/s, MindSpore "
           f"{gemm['mindspore']:.0f} GFLOP/s; MFU against {peak:.0f}. {args.rounds} rounds, sides alternating; "
           f"median [min-max] over rounds; tokens/s from the median step after {args.warmup} warm-up steps.\n")
+    if args.attention_block_size:
+        print(f"ours: model_config.attention_block_size {args.attention_block_size}\n")
     print("| shape | batch x seq | side | tokens/s | vs ours | compile s | peak RSS MB | MFU |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for name, (s, steps, results) in rows.items():
