@@ -36,44 +36,44 @@ ADAM_MOMENT_BYTES = 8  # two fp32 moments
 # in benchmarks/cpu_rss_runs.jsonl; peak RSS = the run's own VmHWM) and fits
 #   peak RSS = RUNTIME_OVERHEAD_CPU + CPU_STATE_FACTOR[optimizer.type] * (weights + grads + moments)
 #              + CPU_ACTIVATION_FACTOR * (activations - head) + CPU_HEAD_FACTOR * head activations
-# by least squares to 13 runs, 7 shapes with GPTLocalAdamW and 6 with AdamW; the held-out shape
+# by least squares to 9 runs, 7 shapes with GPTLocalAdamW and 2 with AdamW; the held-out shape
 # (GPT-2 small with vocab 8192, batch 2x256) is in neither fit. Peak RSS, MB measured -> fitted
 # (GPTLocalAdamW | AdamW), from `python benchmarks/cpu_rss_fit.py fit benchmarks/cpu_rss_runs.jsonl
-# --held-out small_v8192`:
-#   2 layers x 64 wide, vocab 512, batch 4x256       983 -> 1026     |  999 -> 1031
-#   tiny (4 x 256, vocab 8192), batch 4x256         1544 -> 1545     | 1726 -> 1729
-#   tiny, batch 8x256                               2051 -> 2065     | 2238 -> 2249
-#   tiny with vocab 50257, batch 4x256              2410 -> 2384     | 3005 -> 2939
-#   GPT-2 small (124M), batch 2x256                 4986 -> 5137     | 9274 -> 9430
-#   GPT-2 small, batch 1x256                        4149 -> 4070     | 8510 -> 8362
-#   GPT-2 small with vocab 8192, batch 4x256        6170 -> 6076     |   (not run)
-#   held out: GPT-2 small, vocab 8192, batch 2x256  4230 -> 4271 (1.010) | 7433 -> 7449 (1.002)
-# An earlier fit (before the CPU GeLU with its own backward and the two-stage gradient checks, and with
-# ru_maxrss, which counts a parent's RSS at fork) gave GPTLocalAdamW 1.11x, AdamW 3.25x, activations
-# 5.39x; repeated runs differ by about 1%.
+# --held-out small_v8192` (runs of 2026-11-30, after Linear's bias and attention's mask were broadcast
+# explicitly on CPU, which took GPT-2 small's peak from 4,986 to 4,106 MB):
+#   2 layers x 64 wide, vocab 512, batch 4x256       975 -> 1011     |   (not run)
+#   tiny (4 x 256, vocab 8192), batch 4x256         1373 -> 1383     | 1560 -> 1558
+#   tiny, batch 8x256                               1700 -> 1723     |   (not run)
+#   tiny with vocab 50257, batch 4x256              2267 -> 2209     |   (not run)
+#   GPT-2 small (124M), batch 2x256                 4106 -> 4291     | 8382 -> 8382
+#   GPT-2 small, batch 1x256                        3759 -> 3624     |   (not run)
+#   GPT-2 small with vocab 8192, batch 4x256        4512 -> 4453     |   (not run)
+#   held out: GPT-2 small, vocab 8192, batch 2x256  3349 -> 3446 (1.029) | 6582 -> 6475 (0.984)
+# The fit before that change (13 runs) gave runtime 937 MB, GPTLocalAdamW 1.09x, AdamW 3.35x, activations
+# 4.81x; an earlier one (before the CPU GeLU with its own backward and the two-stage gradient checks, and
+# with ru_maxrss, which counts a parent's RSS at fork) 1.11x, 3.25x, 5.39x. Repeated runs differ by ~1%.
 # One term per line below; the factors multiply this module's analytic byte counts.
-# RUNTIME_OVERHEAD_CPU (937 MB): what is there with (almost) no model: the Python process with
+# RUNTIME_OVERHEAD_CPU (958 MB): what is there with (almost) no model: the Python process with
 #   MindSpore and MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU
 #   memory pool.
 # CPU_STATE_FACTOR, per ``optimizer.type``: weights + grads + two fp32 moments are 16 bytes per fp32
 #   parameter. GPTLocalAdamW (optim.py, one in-place kernel per parameter) holds them about once
-#   (1.09x, 17 bytes per parameter). MindFormers' AdamW writes the update as ~10 element-wise ops per
-#   parameter, each with a parameter-sized fp32 temporary; its peak holds 3.35x (54 bytes per
+#   (1.05x, 17 bytes per parameter). MindFormers' AdamW writes the update as ~10 element-wise ops per
+#   parameter, each with a parameter-sized fp32 temporary; its peak holds 3.21x (51 bytes per
 #   parameter). An
 #   optimizer not measured here gets AdamW's factor (``cpu_state_factor``), the conservative one.
-# CPU_ACTIVATION_FACTOR (4.81x): the layers' and the embedding's saved activations
-#   (``layer_activation_bytes``, ``embedding_activation_bytes``) grow peak RSS by 4.8x their analytic
-#   count. Not itemised here; likely contributors: forward outputs the CPU graph keeps although the
-#   backward does not need them (pre-softmax scores, bias adds, reshapes) and the backward's own
-#   temporaries.
-# CPU_HEAD_FACTOR (1.0x): the head's four fp32 [tokens, vocab] buffers (``head_activation_bytes``)
-#   are there about once. One activation factor for both fits the same runs only to within 26%
-#   (tiny with vocab 50257: 1.26; GPT-2 small with vocab 8192, batch 4: 0.76), hence two terms.
-RUNTIME_OVERHEAD_CPU = 937 * 2 ** 20
-CPU_STATE_FACTOR = {"GPTLocalAdamW": 1.09, "AdamW": 3.35}
+# CPU_ACTIVATION_FACTOR (2.60x): the layers' and the embedding's saved activations
+#   (``layer_activation_bytes``, ``embedding_activation_bytes``) grow peak RSS by 2.6x their analytic
+#   count (4.8x before the explicit broadcasts: MindSpore 2.7.2's CPU Add that broadcasts an operand
+#   itself holds about twice the memory). Not itemised further; likely contributors: forward outputs the
+#   CPU graph keeps although the backward does not need them and the backward's own temporaries.
+# CPU_HEAD_FACTOR (0.99x): the head's four fp32 [tokens, vocab] buffers (``head_activation_bytes``)
+#   are there about once; one activation factor for both fits the runs worse, hence two terms.
+RUNTIME_OVERHEAD_CPU = 958 * 2 ** 20
+CPU_STATE_FACTOR = {"GPTLocalAdamW": 1.05, "AdamW": 3.21}
 CPU_CONSERVATIVE_OPTIMIZER = "AdamW"
-CPU_ACTIVATION_FACTOR = 4.81
-CPU_HEAD_FACTOR = 1.0
+CPU_ACTIVATION_FACTOR = 2.60
+CPU_HEAD_FACTOR = 0.99
 
 
 def shape_of(model_config):
