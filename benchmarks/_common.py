@@ -147,14 +147,21 @@ def cpu_model():
     return platform.processor() or "unknown CPU"
 
 
+_MACHINE = {}
+
+
 def machine_line(threads):
-    """One line naming the machine and the thread count every worker ran with."""
+    """One line naming the machine and the thread count every worker ran with. The load average is the one
+    at the first call (before any worker ran: a later reading would count the benchmark's own workers)."""
+    if threads in _MACHINE:
+        return _MACHINE[threads]
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > 0.5 * usable else ""
-    return (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), 1-min load average "
-            f"{load:.1f}; every worker: {', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the "
-            f"worker{busy}")
+    _MACHINE[threads] = (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), 1-min load "
+                         f"average {load:.1f} before the first worker; every worker: "
+                         f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker{busy}")
+    return _MACHINE[threads]
 
 
 # ---------------------------------------------------------------------------------------------- GEMM peaks

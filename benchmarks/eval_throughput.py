@@ -108,6 +108,7 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    C.machine_line(args.threads)  # the load average before any worker runs
     if not args.work:
         args.work = tempfile.mkdtemp(prefix="gptlocal-evalspeed-")
     if not os.path.isdir(os.path.join(args.work, "ref")):

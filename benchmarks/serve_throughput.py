@@ -169,6 +169,7 @@ def main():
         return ours_server(args.ours_server[0], args.port, int(args.ours_server[1]), args.threads)
     if args.hf_server:
         return hf_server(args.hf_server, args.port, args.threads)
+    C.machine_line(args.threads)  # the load average before any worker runs
 
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel

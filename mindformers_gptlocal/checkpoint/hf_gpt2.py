@@ -368,13 +368,19 @@ def _copy_tokenizer(src, dst, max_length):
                        "unk_token": EOD_TOKEN, "model_max_length": max_length}, handle, indent=2)
 
 
-def ms_to_hf(ms_dir, out):
-    """Convert a gpt_local model directory into a Hugging Face GPT-2 directory. Returns a summary."""
+def read_ms_config(ms_dir):
+    """The config.json of a gpt_local model directory (--ms-dir), refused with one error if it is not one."""
     if not os.path.isdir(ms_dir):
         raise CheckpointError(f"--ms-dir {ms_dir} does not exist or is not a folder.")
     local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
     if local.get("model_type") != "gpt_local":
         raise CheckpointError(f"{ms_dir}/config.json has model_type {local.get('model_type')!r}, not gpt_local.")
+    return local
+
+
+def ms_to_hf(ms_dir, out):
+    """Convert a gpt_local model directory into a Hugging Face GPT-2 directory. Returns a summary."""
+    local = read_ms_config(ms_dir)
     weights = resolve_weights_file(ms_dir)
     reader = SafetensorsReader(weights)
     local.setdefault("intermediate_size", 4 * local["hidden_size"])

@@ -391,11 +391,7 @@ def _check_leftovers(source, used, family, local, hf_dir):
 
 def ms_to_hf(ms_dir, out):
     """Convert a gpt_local model directory into a Hugging Face directory of its family."""
-    if not os.path.isdir(ms_dir):
-        raise CheckpointError(f"--ms-dir {ms_dir} does not exist or is not a folder.")
-    local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
-    if local.get("model_type") != "gpt_local":
-        raise CheckpointError(f"{ms_dir}/config.json has model_type {local.get('model_type')!r}, not gpt_local.")
+    local = hf_gpt2.read_ms_config(ms_dir)
     family = family_of_local(local)
     if family is None:
         return hf_gpt2.ms_to_hf(ms_dir, out)
