@@ -11,9 +11,11 @@ environment (what OpenMP, MKL and OpenBLAS read) and refuses to measure with oth
 This module imports neither MindSpore nor PyTorch at import time; the parent process of a benchmark
 imports neither, so only workers carry them.
 """
+import atexit
 import ctypes
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -145,6 +147,17 @@ def cpu_model():
         pass
     import platform
     return platform.processor() or "unknown CPU"
+
+
+def scratch_dir(prefix):
+    """A temporary work folder removed when the benchmark exits (converted models and data run to GBs:
+    17 generate runs filled the disk); GPTLOCAL_KEEP_BENCH=1 keeps it (its path is printed)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    if os.environ.get("GPTLOCAL_KEEP_BENCH", "0") in ("", "0"):
+        atexit.register(shutil.rmtree, path, True)
+    else:
+        print(f"work folder kept: {path}", flush=True)
+    return path
 
 
 _MACHINE = {}

@@ -10,7 +10,8 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402  (benchmarks/ is not a package; scratch_dir)
 
 SIZES = {"small": (768, 12, 12), "medium": (1024, 24, 16), "large": (1280, 36, 20)}
 
@@ -32,7 +33,7 @@ def main():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     hidden, layers, heads = SIZES[args.size]
-    work = tempfile.mkdtemp(prefix="gptlocal-convert-")
+    work = C.scratch_dir("gptlocal-convert-")
     hf_dir = os.path.join(work, "hf")
     GPT2LMHeadModel(GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads)).save_pretrained(hf_dir)
     del torch

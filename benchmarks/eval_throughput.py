@@ -20,7 +20,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,7 +109,7 @@ def main():
         return worker(args)
     C.machine_line(args.threads)  # the load average before any worker runs
     if not args.work:
-        args.work = tempfile.mkdtemp(prefix="gptlocal-evalspeed-")
+        args.work = C.scratch_dir("gptlocal-evalspeed-")
     if not os.path.isdir(os.path.join(args.work, "ref")):
         code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_throughput import setup; "
                 f"setup({args.work!r}, {args.shape!r})")

@@ -22,7 +22,6 @@ import json
 import statistics
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
@@ -65,7 +64,7 @@ def main():
         return C.torch_train_worker(C.SHAPES[args.torch_worker], args.steps, args.data, args.threads, "sdpa+fused",
                                     LORA if args.lora else None)
 
-    workdir = tempfile.mkdtemp(prefix="gptlocal-ftbench-")
+    workdir = C.scratch_dir("gptlocal-ftbench-")
     s = C.SHAPES[args.shape]
     corpus, data, _ = C.prepare_windows(workdir, s["seq"], args.threads, max_bytes=1_000_000)
     yamls = {"ms-lora": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_lora", args.threads,

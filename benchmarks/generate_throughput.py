@@ -19,7 +19,6 @@ for --rounds rounds per shape and batch; the table gives the median over rounds 
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -123,7 +122,7 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.work, args.shape, args.batch, args.threads, args.recompute)
-    work = tempfile.mkdtemp(prefix="gptlocal-gen-")
+    work = C.scratch_dir("gptlocal-gen-")
     print(C.machine_line(args.threads), flush=True)
     rows = []
     for shape in args.shapes.split(","):

@@ -15,12 +15,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402  (benchmarks/ is not a package; scratch_dir)
 
 SHAPES = {  # ~125M: GPT-2 small's width and depth with Llama's layers, 12 heads over 4 key/value groups
     "120m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
@@ -109,7 +110,7 @@ def main():
     from transformers import LlamaConfig, LlamaForCausalLM
     from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
     shape = SHAPES[args.shape]
-    work = tempfile.mkdtemp(prefix="gptlocal-llama-")
+    work = C.scratch_dir("gptlocal-llama-")
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
                                       eos_token_id=0, **shape))

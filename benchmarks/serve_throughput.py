@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -175,7 +174,7 @@ def main():
     from transformers import GPT2Config, GPT2LMHeadModel
     from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
     torch.manual_seed(0)
-    work = tempfile.mkdtemp(prefix="gptlocal-serve-")
+    work = C.scratch_dir("gptlocal-serve-")
     levels = [int(c) for c in args.clients.split(",")]
     rows = []
     for shape in args.shapes.split(","):

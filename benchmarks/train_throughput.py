@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
@@ -90,7 +89,7 @@ def main():
     sides = ("ours", *variants)
     shapes = {name: C.shape_with(name, args.batch_size, args.seq_length) for name in args.shapes.split(",")}
     seq = next(iter(shapes.values()))["seq"]
-    workdir = tempfile.mkdtemp(prefix="gptlocal-bench-")
+    workdir = C.scratch_dir("gptlocal-bench-")
     corpus, windows, count = C.prepare_windows(workdir, seq, args.threads)
     gemm = {fw: C.run_worker(__file__, ["--gemm-worker", fw, "--threads", str(args.threads)], args.threads)[0]["gflops"]
             for fw in ("torch", "mindspore")}
