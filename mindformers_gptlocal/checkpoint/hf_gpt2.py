@@ -334,14 +334,20 @@ def hf_to_ms(hf_dir, out, allow_pickle=False):
         raise CheckpointError(f"{hf_dir} lacks {len(missing)} GPT-2 tensors for a {n_layer}-layer model, e.g. "
                               f"'{missing[0]}' (from HF '{local_to_hf_name(missing[0])[0]}').")
     _check_tied_head(source, hf_dir)
-    plan.sort(key=lambda item: item[0])
+    return write_ms_dir(out, plan, local, hf_dir)
+
+
+def write_ms_dir(out, plan, local, hf_dir, **summary):
+    """Write a gpt_local model directory all at once: the planned tensors (name-sorted), config.json and the
+    Hugging Face directory's tokenizer. Returns the summary (tensor count, config, ``summary``)."""
+    plan = sorted(plan, key=lambda item: item[0])
 
     def build(staging):
         write_safetensors_streamed(os.path.join(staging, "model.safetensors"), plan, {"format": "gpt_local"})
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(local, handle, indent=2)
         _copy_tokenizer(hf_dir, staging, local["max_position_embeddings"])
-        return {"tensors": len(plan), "config": local}
+        return {"tensors": len(plan), "config": local, **summary}
     return write_folder(out, build, CheckpointError)
 
 

@@ -350,15 +350,7 @@ def hf_to_ms(hf_dir, out, allow_pickle=False):
         plan.append((name, expected[name], np.float32,
                      lambda n=hf_names, k=kind: to_local(k, [source.get(x).astype(np.float32) for x in n], local)))
     _check_leftovers(source, used, family, local, hf_dir)
-    plan.sort(key=lambda item: item[0])
-
-    def build(staging):
-        write_safetensors_streamed(os.path.join(staging, "model.safetensors"), plan, {"format": "gpt_local"})
-        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
-            json.dump(local, handle, indent=2)
-        _copy_tokenizer(hf_dir, staging, local["max_position_embeddings"])
-        return {"tensors": len(plan), "config": local, "family": family.name}
-    return write_folder(out, build, CheckpointError)
+    return hf_gpt2.write_ms_dir(out, plan, local, hf_dir, family=family.name)
 
 
 def _check_builds(local):
