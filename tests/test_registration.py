@@ -78,3 +78,20 @@ def test_planning_and_conversion_load_neither_mindspore_nor_mindformers():
     plan_yaml = os.path.join(REPO, "model_configs", "pretrain_gpt2_small_dp2mp2pp2_8p.yaml")
     out = subprocess.run([sys.executable, "-c", code, plan_yaml], capture_output=True, text=True, env=source_env())
     assert "HEAVY []" in out.stdout and "fits" in out.stdout, out.stdout + out.stderr
+
+
+def test_mindformers_does_not_load_torch_through_tensorboardx():
+    """MindFormers imports tensorboardX at start-up, whose writer tries ``import torch``: the hook imports it
+    with torch hidden, so a MindFormers process does not carry PyTorch (~380 MB of RSS) when it is installed;
+    torch and tensorboardX still work afterwards, and GPTLOCAL_TENSORBOARDX_TORCH=1 keeps the old import."""
+    code = ("import sys, tempfile, mindformers\n"
+            "print('TORCH', 'torch' in sys.modules)\n"
+            "import torch\n"
+            "from tensorboardX import SummaryWriter\n"
+            "w = SummaryWriter(tempfile.mkdtemp()); w.add_scalar('loss', float(torch.ones(3).sum()), 1); w.close()\n"
+            "print('WORKS')\n")
+    hidden = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=source_env())
+    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=source_env(GPTLOCAL_TENSORBOARDX_TORCH="1"))
+    assert "TORCH False" in hidden.stdout and "WORKS" in hidden.stdout, hidden.stdout + hidden.stderr[-3000:]
+    assert "TORCH True" in kept.stdout and "WORKS" in kept.stdout, kept.stdout + kept.stderr[-3000:]
