@@ -133,3 +133,15 @@ def test_lean_step_refuses_another_loss_scale(tiny_config, mcore_context):
         cell.set_sense_scale(Tensor(4.0, ms.float32))
     assert not GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1),
                                         use_clip_grad=True, scale_sense=2.0).lean_step
+
+
+def test_the_first_compile_releases_the_freed_heap_once(tiny_config, mcore_context, monkeypatch):
+    """The step cell hands the heap its graph compile freed back to the system after its first compile,
+    and only then (host_memory.release_freed_heap; the steps after it run as before)."""
+    import mindformers_gptlocal.training.wrapper as wrapper
+    calls = []
+    monkeypatch.setattr(wrapper, "release_freed_heap", lambda: calls.append(1) or True)
+    _, cell = _step_cell(tiny_config, 1.0)
+    for _ in range(3):
+        cell(*_batch())
+    assert calls == [1]

@@ -54,9 +54,10 @@ ADAM_MOMENT_BYTES = 8  # two fp32 moments
 # with ru_maxrss, which counts a parent's RSS at fork) 1.11x, 3.25x, 5.39x. Repeated runs differ by ~1%.
 # One term per line below; the factors multiply this module's analytic byte counts.
 # RUNTIME_OVERHEAD_CPU (958 MB): what is there with (almost) no model: the Python process with
-#   (measured while MindFormers still loaded PyTorch through tensorboardX in a venv that has it; since the
-#   import hook hides torch from tensorboardX, runs peak ~230 MB lower and the estimate is ~5% high:
-#   tests/test_planner.py measured 1,315 vs 1,383 MB (tiny) and 4,048 vs 4,283 MB (GPT-2 small); not refitted)
+#   (measured while MindFormers still loaded PyTorch through tensorboardX in a venv that has it and before
+#   the step cell's malloc_trim after its compile; with both, runs peak ~230-370 MB lower and the estimate
+#   is ~9% high: tests/test_planner.py measured 1,272 vs 1,383 MB (tiny) and 3,933 vs 4,283 MB (GPT-2
+#   small); not refitted)
 #   MindSpore and MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU
 #   memory pool.
 # CPU_STATE_FACTOR, per ``optimizer.type``: weights + grads + two fp32 moments are 16 bytes per fp32

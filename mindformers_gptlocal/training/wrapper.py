@@ -24,6 +24,7 @@ from mindspore.ops import functional as F
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
 
+from ..host_memory import release_freed_heap
 from ..model.cpu_kernels import replace_slow_cpu_kernels
 from .grad_checks import non_finite, square_sum, clip_coefficient, GPTLocalClipGradNorm
 
@@ -35,6 +36,18 @@ _scaled = ops.MultitypeFuncGraph("gptlocal_scaled")
 def _scale_one(coefficient, grad):
     """``grad`` times the clip coefficient, as MindFormers' ``apply_global_norm`` computes it."""
     return F.cast(F.cast(grad, mstype.float32) * coefficient, F.dtype(grad))
+
+
+class TrimAfterCompileMixin:
+    """After the step's first graph compile, the heap the compile freed goes back to the system
+    (``host_memory.release_freed_heap``), so the first step's memory does not grow on top of it."""
+
+    def compile(self, *args, **kwargs):
+        compiled = super().compile(*args, **kwargs)
+        if not getattr(self, "_heap_released", False):
+            self._heap_released = True
+            release_freed_heap()
+        return compiled
 
 
 class IsFiniteOverflowMixin:
@@ -53,7 +66,7 @@ class IsFiniteOverflowMixin:
 
 
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)
-class GPTLocalTrainOneStepCell(IsFiniteOverflowMixin, MFTrainOneStepCell):
+class GPTLocalTrainOneStepCell(TrimAfterCompileMixin, IsFiniteOverflowMixin, MFTrainOneStepCell):
     """``MFTrainOneStepCell`` that also runs on CPU (set ``runner_wrapper.type: GPTLocalTrainOneStepCell``),
     with the lean path of the module docstring where its configuration allows (``lean_step: False`` in
     ``runner_wrapper`` forces MindFormers' general step)."""
@@ -104,5 +117,6 @@ class GPTLocalTrainOneStepCell(IsFiniteOverflowMixin, MFTrainOneStepCell):
 
 
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)
-class GPTLocalPipelineWithLossScaleCell(IsFiniteOverflowMixin, MFPipelineWithLossScaleCell):
+class GPTLocalPipelineWithLossScaleCell(TrimAfterCompileMixin, IsFiniteOverflowMixin,
+                                        MFPipelineWithLossScaleCell):
     """``MFPipelineWithLossScaleCell`` with the backend-neutral overflow check, for pipeline parallel."""
