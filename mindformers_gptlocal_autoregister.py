@@ -10,9 +10,10 @@ it finishes importing, ``mindformers_gptlocal.evaluation.harness`` registers the
 
 Right before ``mindformers`` runs, the hook imports ``tensorboardX`` with ``torch`` hidden: MindFormers
 imports tensorboardX at start-up, whose writer tries ``import torch`` (only to accept torch tensors) and
-so loads PyTorch into every MindFormers process of an environment that has it: +380 MB of peak RSS for a
-LoRA finetune of GPT-2 small through ``gptlocal run`` (3,402 vs 3,020 MB, measured with and without torch
-installed). torch stays importable afterwards; ``GPTLOCAL_TENSORBOARDX_TORCH=1`` keeps the old behaviour.
+so loads PyTorch into every MindFormers process of an environment that has it: RSS after ``import
+mindformers`` 944 -> 716 MB; peak RSS of a LoRA finetune of GPT-2 small through ``gptlocal run`` 3,402-3,409
+-> 3,171-3,177 MB (3,020-3,030 in a venv without torch). torch stays importable afterwards;
+``GPTLOCAL_TENSORBOARDX_TORCH=1`` keeps the old behaviour.
 """
 import importlib
 import importlib.abc

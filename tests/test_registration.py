@@ -82,7 +82,7 @@ def test_planning_and_conversion_load_neither_mindspore_nor_mindformers():
 
 def test_mindformers_does_not_load_torch_through_tensorboardx():
     """MindFormers imports tensorboardX at start-up, whose writer tries ``import torch``: the hook imports it
-    with torch hidden, so a MindFormers process does not carry PyTorch (~380 MB of RSS) when it is installed;
+    with torch hidden, so a MindFormers process does not carry PyTorch (~230 MB of RSS) when it is installed;
     torch and tensorboardX still work afterwards, and GPTLOCAL_TENSORBOARDX_TORCH=1 keeps the old import."""
     code = ("import sys, tempfile, mindformers\n"
             "print('TORCH', 'torch' in sys.modules)\n"
