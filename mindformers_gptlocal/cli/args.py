@@ -203,6 +203,21 @@ def serve_parser():
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
     parser.add_argument("--device_target", "--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    ops = parser.add_argument_group("running it exposed (docs/serving.md)")
+    ops.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on every route but /health (default: the "
+                          "GPTLOCAL_API_KEY environment variable, which unlike a flag does not show in ps)")
+    ops.add_argument("--max-request-bytes", type=int, default=1 << 20,
+                     help="larger request bodies get 413 before they are read (default: 1048576 = 1 MiB)")
+    ops.add_argument("--request-timeout", type=float, default=600.0,
+                     help="seconds from arrival: a request still generating ends with finish_reason 'length', one "
+                          "still waiting for a slot gets 504 (default: 600; 0: no limit)")
+    ops.add_argument("--send-timeout", type=float, default=30.0,
+                     help="seconds a response may wait on a client that stopped reading before it is dropped and "
+                          "its generation cancelled (default: 30)")
+    ops.add_argument("--shutdown-timeout", type=float, default=30.0,
+                     help="after SIGTERM: seconds running requests get to finish (new ones get 503) before they are "
+                          "ended; then the process exits 0 (default: 30)")
     return parser
 
 

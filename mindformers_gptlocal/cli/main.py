@@ -101,6 +101,7 @@ def serve(argv):
     options = cli_args.serve_parser().parse_args(argv)
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise ConfigError(f"gptlocal serve needs the [serve] extra ({err}); pip install "

@@ -1,10 +1,14 @@
 """``gptlocal serve``: an OpenAI-compatible HTTP API (FastAPI + uvicorn) over the batching ``Engine``.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true`` = server-sent events,
-ending ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (503 until every compiled shape is warm).
+ending ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (503 until every compiled shape is warm, and
+after SIGTERM), ``GET /metrics`` (Prometheus text). ``ops.py`` adds the API key, the body limit, the send
+timeout, the metrics and the SIGTERM drain (see there).
 The HTTP side is async; every model call runs on the engine's one worker thread (MindSpore runs a
 model from one thread). Bad input is a 400 with OpenAI's error body ``{"error": {"message", "type",
-"param", "code"}}`` naming the field; a full queue is a 429 with ``Retry-After``.
+"param", "code"}}`` naming the field; a full queue is a 429 with ``Retry-After``. ``--request-timeout``: a
+request still generating at its deadline (from arrival) ends with ``finish_reason: "length"`` and what it has;
+one still waiting for a slot gets a 504 (a stream: an ``error`` event).
 
 Extensions (as vLLM's): ``top_k`` (default 0: off, as OpenAI has none); ``ignore_eos``;
 ``"return_token_ids": true`` adds ``prompt_token_ids`` and each choice's ``token_ids`` (the generated ids,
@@ -17,6 +21,7 @@ import os
 import time
 import uuid
 
+from .ops import Metrics, OpsMiddleware, State, exposure_warning, graceful_server
 from .protocol import RequestError, parse_request
 from .scheduler import Engine, EngineNotReady, QueueFull, Request
 
@@ -44,15 +49,24 @@ def load_tokenizer(model_dir):
     return tokenizer, template
 
 
-def create_app(engine, model_name, tokenizer=None, chat_template=None):
+def create_app(engine, model_name, tokenizer=None, chat_template=None, state=None):
+    """The FastAPI app; ``state`` (``ops.State``) holds the key, limits and timeouts (default: none but the
+    body limit of 1 MiB and a send timeout of 30 s)."""
     from fastapi import FastAPI, Request as HTTPRequest
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+    state = state or State()
+    state.metrics = metrics = Metrics(engine, state)
     app = FastAPI(title="gptlocal serve")
+    app.state.ops = state
+    app.add_middleware(OpsMiddleware, state=state)
     created = int(time.time())
 
     @app.get("/health")
     async def health():
+        if state.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
         if engine.failed:
             return JSONResponse({"status": "failed", "error": engine.failed}, status_code=503)
         if not engine.ready.is_set():
@@ -61,6 +75,11 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
                 "batch_sizes": engine.batches,
                 "max_model_len": engine.max_model_len, "prompt_widths": engine.widths,
                 "warmup_seconds": round(engine.warmup_seconds, 2), **engine.snapshot()}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/models")
     async def models():
@@ -76,12 +95,16 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
         return await handle(http_request, chat=True)
 
     async def handle(http_request, chat):
+        if state.draining:
+            return error_response(503, "the server is shutting down; retry on another replica or after it "
+                                  "restarts.", kind="server_error", code="shutting_down",
+                                  headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
         if not engine.ready.is_set():
             return error_response(503, f"the model is not ready: {engine.failed or 'loading'}", kind="server_error",
                                   headers={"Retry-After": "5"})
         try:
             body = json.loads(await http_request.body())
-        except (ValueError, UnicodeDecodeError) as err:
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nested too deep
             return error_response(400, f"the request body is not valid JSON: {err}", param="body",
                                   code="invalid_json")
         try:
@@ -91,10 +114,19 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
             return error_response(400, str(err), param=err.param, code=err.code)
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
-        request = Request(spec["prompt"], spec["max_tokens"],
-                          lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+
+        def deliver(event):
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the event loop is gone (the server stopped): nobody reads this request
+                request.cancelled = True
+
+        request = Request(spec["prompt"], spec["max_tokens"], None,
                           temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"],
                           seed=spec["seed"], stop=spec["stop"], eos=spec["eos"])
+        request.emit = metrics.emitter(request, deliver)
+        if state.request_timeout:
+            request.deadline = request.arrived + state.request_timeout
         try:
             engine.submit(request)
         except QueueFull as err:
@@ -104,13 +136,18 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
         except EngineNotReady as err:
             return error_response(503, f"the model is not ready: {err}", kind="server_error",
                                   headers={"Retry-After": "5"})
-        reply = Reply(chat, model_name, spec, request)
-        events = _events(request, queue, http_request)
+        http_request.scope.setdefault("gptlocal.requests", []).append(request)  # a send timeout cancels it
+        state.live.add(request)
+        reply = Reply(chat, model_name, spec, request, state)
+        events = _events(request, queue, http_request, state)
         if spec["stream"]:
             return StreamingResponse(reply.stream(events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         async for event in events:
             reply.add(event)
+        if reply.expired:
+            return error_response(*reply.expired_error(), kind="server_error",
+                                  headers={"Retry-After": str(RETRY_AFTER_S)})
         if reply.finish is None:  # the client went away
             return error_response(499, "client closed the request", kind="server_error")
         return reply.body()
@@ -118,7 +155,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None):
     return app
 
 
-async def _events(request, queue, http_request):
+async def _events(request, queue, http_request, state):
     """The engine's events for ``request``; a disconnected client (or any early exit) cancels it."""
     done = False
     try:
@@ -130,29 +167,44 @@ async def _events(request, queue, http_request):
                     return
                 continue
             yield event
-            if event[0] == "done":
+            if event[0] in ("done", "expired"):
                 done = True
                 return
     finally:
+        state.live.discard(request)
         if not done:
             request.cancelled = True
+            if state.metrics is not None:
+                state.metrics.finished.labels("cancelled").inc()
 
 
 class Reply:
     """OpenAI response bodies and stream chunks for one request."""
 
-    def __init__(self, chat, model_name, spec, request):
-        self.chat, self.model, self.spec, self.request = chat, model_name, spec, request
+    def __init__(self, chat, model_name, spec, request, state):
+        self.chat, self.model, self.spec, self.request, self.state = chat, model_name, spec, request, state
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.text, self.tokens, self.finish, self.usage = [], [], None, None
+        self.expired = False
+
+    def expired_error(self):
+        """(status, message, param, code) for a request that never got a slot before its deadline."""
+        if self.state.draining:
+            return 503, "the server shut down before this request got a slot.", None, "shutting_down"
+        return (504, f"the request waited --request-timeout {self.state.request_timeout:g} s for a free slot; "
+                     f"retry later.", None, "timeout")
 
     def add(self, event):
         if event[0] == "token":
             self.text.append(event[1])
             self.tokens.append(event[2])
+        elif event[0] == "expired":
+            self.expired = True
         else:
             self.finish, self.usage = event[1], event[2]
+            if len(event) > 3:  # ended at its deadline: the text held back so far
+                self.text.append(event[3])
 
     def _choice(self, text, finish, tokens):
         if self.chat:
@@ -195,7 +247,14 @@ class Reply:
             if event[0] == "token":
                 if event[1] or self.spec["return_token_ids"]:
                     yield self._chunk(text=event[1], tokens=[event[2]])
+            elif event[0] == "expired":
+                _, message, _, code = self.expired_error()
+                error = {"message": message, "type": "server_error", "param": None, "code": code}
+                yield f"data: {json.dumps({'error': error})}\n\n"  # the openai client raises APIError
+                return
             else:
+                if len(event) > 3 and event[3]:
+                    yield self._chunk(text=event[3], tokens=[])
                 self.finish, self.usage = event[1], event[2]
                 yield self._chunk(finish=self.finish, tokens=[])
                 if self.spec["include_usage"]:
@@ -212,10 +271,18 @@ def serve(options):
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ConfigError(f"--model {model_dir} has no config.json; give a gpt_local model directory "
                           f"(training output, `gptlocal convert hf2ms`, or save_pretrained).")
-    for key in ("max_batch_size", "max_queue"):
+    for key in ("max_batch_size", "max_queue", "max_request_bytes"):
         if getattr(options, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(options, key)}.")
+    for key in ("request_timeout", "send_timeout", "shutdown_timeout"):
+        if getattr(options, key) < 0 or (key == "send_timeout" and options.send_timeout == 0):
+            raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
+                              f"{' (0: no limit)' if key == 'request_timeout' else ''}, got {getattr(options, key)}.")
+    api_key = options.api_key or os.environ.get("GPTLOCAL_API_KEY") or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    warning = exposure_warning(options.host, api_key)
+    if warning:
+        log.warning(warning)
     tokenizer, template = load_tokenizer(model_dir)
     if tokenizer is None:
         log.warning("gptlocal serve: %s has no tokenizer.json: prompts must be token ids, texts come back empty",
@@ -227,11 +294,19 @@ def serve(options):
                     prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches)
     engine.start()
     name = options.served_model_name or os.path.basename(os.path.normpath(model_dir))
-    app = create_app(engine, name, tokenizer, template)
-    log.info("gptlocal serve: model %r on http://%s:%d (ready when /health says so)", name, options.host,
-             options.port)
+    state = State(api_key=api_key, max_request_bytes=options.max_request_bytes, send_timeout=options.send_timeout,
+                  request_timeout=options.request_timeout, shutdown_timeout=options.shutdown_timeout)
+    app = create_app(engine, name, tokenizer, template, state)
+    log.info("gptlocal serve: model %r on http://%s:%d (ready when /health says so; API key %s)", name,
+             options.host, options.port, "required" if api_key else "off")
+    server = graceful_server(uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level),
+                             state, engine)
     try:
-        uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+        server.run()
     finally:
         engine.stop()
+    # The interpreter's last garbage collection over MindSpore's graphs took 6-7.6 s of a shutdown (busy
+    # machine); frozen objects are skipped by it: 2.6 s. Nothing of the server is left to finalize.
+    import gc
+    gc.freeze()
     return 0

@@ -17,6 +17,12 @@ PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ 
                        "{% if add_generation_prompt %}Assistant:{% endif %}")
 PLAIN_CHAT_STOP = "\nUser:"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Bounds beyond the body size (--max-request-bytes): each stop string is matched against the text's tail at
+# every token (cost ~ its length), each message and content part goes through the template.
+MAX_STOP = 4  # OpenAI's limit
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 256
+MAX_CONTENT_PARTS = 64
 UNSUPPORTED = {"best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None,
                "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "tools": None}
 
@@ -59,12 +65,18 @@ def _chat_prompt(body, template):
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list of {role, content} objects.", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(f"'messages' has {len(messages)} entries; at most {MAX_MESSAGES} are taken.", "messages",
+                           "too_many_messages")
     clean = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "developer"):
             raise RequestError(f"messages[{i}] needs a 'role' of system, developer, user or assistant.",
                                f"messages[{i}].role")
         content = message.get("content")
+        if isinstance(content, list) and len(content) > MAX_CONTENT_PARTS:
+            raise RequestError(f"messages[{i}].content has {len(content)} parts; at most {MAX_CONTENT_PARTS} are "
+                               f"taken.", f"messages[{i}].content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise RequestError(f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content")
@@ -107,8 +119,11 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
     field = "messages" if chat else "prompt"
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-        raise RequestError("'stop' must be a string or a list of up to 4 strings.", "stop")
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"'stop' must be a string or a list of up to {MAX_STOP} strings.", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise RequestError(f"each 'stop' string may have at most {MAX_STOP_CHARS} characters, got "
+                           f"{max(len(s) for s in stop)}.", "stop")
     if chat:
         text = _chat_prompt(body, chat_template)
         if not chat_template:

@@ -50,8 +50,10 @@ class EngineNotReady(Exception):
 class Request:
     """One generation: prompt token ids and options in; events out through ``emit`` (thread-safe callable).
 
-    Events: ("token", text_delta, token_id) per generated token, then ("done", finish_reason, usage dict).
-    Set ``cancelled`` (any thread) to free its slot at the next step boundary.
+    Events: ("token", text_delta, token_id) per generated token, then ("done", finish_reason, usage dict) or
+    ("done", "length", usage, unsent_text_tail) when its ``deadline`` passed while it ran, or ("expired",)
+    when the deadline passed while it waited for a slot. Set ``cancelled`` (any thread) to free its slot at
+    the next step boundary; set ``deadline`` (``time.perf_counter()`` seconds, any thread) to end it there.
     """
     _ids = itertools.count(1)
 
@@ -69,6 +71,7 @@ class Request:
         self.sent_text = ""
         self.cancelled = False
         self.arrived = time.perf_counter()
+        self.deadline = None
 
 
 class _Slot:
@@ -134,7 +137,8 @@ class Engine:
     def snapshot(self):
         with self._cond:
             return {"active": sum(s.request is not None for s in self._slots), "queued": len(self._pending),
-                    **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled", "steps")}}
+                    **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled", "expired",
+                                                  "steps")}}
 
     # --- worker thread ------------------------------------------------------------------------------
     def _run(self):
@@ -192,8 +196,38 @@ class Engine:
                  "(%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
                  len(self.batches) * (len(self.widths) + 1), self.warmup_seconds)
 
+    def _expire(self):
+        """End the requests whose ``deadline`` passed: a running one finishes "length" with what it has (the
+        text held back for a possible stop string or a half character goes out with it), a waiting one
+        gets ("expired",)."""
+        now = time.perf_counter()
+        with self._cond:
+            for slot in self._slots:
+                request = slot.request
+                if request is None or request.cancelled or request.deadline is None or now < request.deadline:
+                    continue
+                text = self._text(request.tokens)
+                tail = text[len(request.sent_text):] if text.startswith(request.sent_text) else ""
+                usage = {"prompt_tokens": len(request.prompt), "completion_tokens": len(request.tokens),
+                         "total_tokens": len(request.prompt) + len(request.tokens)}
+                request.emit(("done", "length", usage, tail))
+                self.stats["completed"] += 1
+                self.stats["expired"] += 1
+                self.stats["completion_tokens"] += len(request.tokens)
+                slot.request = None
+            if any(r.deadline is not None and now >= r.deadline for r in self._pending):
+                waiting = collections.deque()
+                for request in self._pending:
+                    if request.deadline is not None and now >= request.deadline and not request.cancelled:
+                        request.emit(("expired",))
+                        self.stats["expired"] += 1
+                    else:
+                        waiting.append(request)
+                self._pending = waiting
+
     def _admit(self):
-        """Move waiting requests into free slots; drop cancelled ones."""
+        """Move waiting requests into free slots; drop cancelled and expired ones."""
+        self._expire()
         admitted = []
         with self._cond:
             for index, slot in enumerate(self._slots):
@@ -215,6 +249,8 @@ class Engine:
         admitted = self._admit()
         busy = [i for i, s in enumerate(self._slots) if s.request is not None and i not in admitted]
         used = sorted(busy + admitted)
+        if not used:  # every request was cancelled or expired
+            return
         batch = next(b for b in self.batches if b >= len(used))
         if batch == self.max_batch_size:
             rows = list(range(batch))
