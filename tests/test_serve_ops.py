@@ -273,10 +273,10 @@ def test_exposure_warning_beyond_loopback_only():
 
 
 def test_sigterm_during_a_stream(server):
-    """SIGTERM while a 1000-token stream runs and a second request waits for the one slot: new requests get
+    """SIGTERM while a 1000-token stream runs and two requests wait for the one slot: new requests get
     503 + Retry-After at once, the stream ends cleanly (finish_reason "length", then [DONE]) at
-    --shutdown-timeout, the waiting request gets a 503, and the process exits 0. The key never reached the
-    log. (Last in this file: it ends the module's server.)"""
+    --shutdown-timeout, the waiting ones get a 503 (a stream: an error event), and the process exits 0. The key
+    never reached the log. (Last in this file: it ends the module's server.)"""
     api = client(server.base)
     stream = api.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=1000, temperature=0, stream=True,
                                     extra_body={"ignore_eos": True, "return_token_ids": True})
@@ -287,16 +287,24 @@ def test_sigterm_during_a_stream(server):
             waiting["result"] = client(server.base).completions.create(model=MODEL, prompt=[9], max_tokens=4)
         except openai.APIStatusError as err:
             waiting["result"] = err
-    thread = threading.Thread(target=second)
+
+    def third():  # a waiting stream: its 200 is sent, so the 503 comes as an SSE error event
+        try:
+            waiting["stream"] = list(client(server.base).completions.create(model=MODEL, prompt=[9], max_tokens=4,
+                                                                              stream=True))
+        except openai.APIError as err:
+            waiting["stream"] = err
+    threads = [threading.Thread(target=second), threading.Thread(target=third)]
     chunks, ids, signalled = [], [], None
     for chunk in stream:
         chunks.append(chunk)
         ids += chunk.choices[0].model_extra.get("token_ids") or []
         if len(chunks) == 3:
-            thread.start()
+            for thread in threads:
+                thread.start()
             deadline = time.monotonic() + 30
-            while health(server.base)["queued"] < 1:
-                assert time.monotonic() < deadline and thread.is_alive(), "the second request did not queue"
+            while health(server.base)["queued"] < 2:
+                assert time.monotonic() < deadline, "the other requests did not queue"
                 time.sleep(0.05)
             server.proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
@@ -313,9 +321,11 @@ def test_sigterm_during_a_stream(server):
     ended = time.monotonic() - signalled
     assert chunks[-1].choices[0].finish_reason == "length"  # ended by the drain: the iterator saw [DONE]
     assert 0 < len(ids) < 1000 and ended < SHUTDOWN_TIMEOUT + 5
-    thread.join(30)
+    for thread in threads:
+        thread.join(30)
     assert isinstance(waiting["result"], openai.APIStatusError), waiting
     assert waiting["result"].status_code == 503 and waiting["result"].body["code"] == "shutting_down"
+    assert isinstance(waiting["stream"], openai.APIError) and "shut down" in str(waiting["stream"]), waiting
     code = server.proc.wait(60)
     exited = time.monotonic() - signalled
     log = server.log()
