@@ -107,56 +107,124 @@ def metrics(base):
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def test_a_client_that_stops_reading_is_dropped_and_its_slot_freed(model_dir, launched):
-    """In-process (the stall must come before the generation ends, and a tiny model's whole stream fits in
-    the socket buffers): the app under a ``send`` that stops returning at the first SSE chunk, as uvicorn's
-    does for a peer that stopped reading (it awaits ``flow.drain()`` once its transport passes the 64 KiB
-    high-water mark). The response ends after --send-timeout, the generation is cancelled mid-way and the
-    engine's one slot is free."""
+@pytest.fixture(scope="module")
+def local_engine(model_dir, launched):
+    """An engine in this process (one slot, a 256-token cache) for the tests that drive the ASGI app
+    directly; it loads while the server process boots."""
     import mindspore as ms
-    from mindformers_gptlocal.serve.app import create_app
-    from mindformers_gptlocal.serve.ops import State
     from mindformers_gptlocal.serve.scheduler import Engine
     engine = Engine(model_dir, max_batch_size=1, max_model_len=256, prompt_buckets=[16], batch_buckets=[1])
     try:
         engine.start()
         assert engine.ready.wait(START_TIMEOUT) and not engine.failed, engine.failed
-        app = create_app(engine, MODEL, state=State(send_timeout=0.05))
-        body = json.dumps({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 250, "temperature": 0,
-                           "stream": True, "ignore_eos": True, "return_token_ids": True}).encode()
-        # (return_token_ids: this directory has no tokenizer, so only the ids make a chunk per token)
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-                 "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
-                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
-        sent, given = [], []
-
-        async def receive():
-            if not given:
-                given.append(True)
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # still connected, sending nothing
-
-        async def send(message):
-            sent.append(message)
-            if message["type"] == "http.response.body":
-                await asyncio.Event().wait()  # the peer stopped reading
-
-        start = time.monotonic()
-        asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
-        assert time.monotonic() - start < 10
-        assert sent[0]["status"] == 200
-        request = scope["gptlocal.requests"][0]
-        assert request.cancelled
-        deadline = time.monotonic() + 10
-        while engine.snapshot()["active"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        state = engine.snapshot()
-        assert state["active"] == 0 and state["cancelled"] == 1 and state["completed"] == 0
-        assert 1 <= len(request.tokens) < 250  # 250 tokens take 0.25-5 s here; the stall ended it in ~0.05
+        yield engine
     finally:
         engine.stop()
         ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+async def acall_app(app, body, send_hook=None):
+    """One POST /v1/completions through the ASGI ``app``: (messages sent, scope). The client stays connected
+    and silent after its body; ``send_hook(message)`` (async) runs inside each ``send``."""
+    body = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    sent, given = [], []
+
+    async def receive():
+        if not given:
+            given.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # still connected, sending nothing
+
+    async def send(message):
+        sent.append(message)
+        if send_hook is not None:
+            await send_hook(message)
+
+    await asyncio.wait_for(app(scope, receive, send), 60)
+    return sent, scope
+
+
+def call_app(app, body, send_hook=None):
+    return asyncio.run(acall_app(app, body, send_hook))
+
+
+def wait_idle(engine):
+    deadline = time.monotonic() + 10
+    while (engine.snapshot()["active"] or engine.snapshot()["queued"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return engine.snapshot()
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_slot_freed(local_engine):
+    """In-process (the stall must come before the generation ends, and a tiny model's whole stream fits in
+    the socket buffers): the app under a ``send`` that stops returning at the first SSE chunk, as uvicorn's
+    does for a peer that stopped reading (it awaits ``flow.drain()`` once its transport passes the 64 KiB
+    high-water mark). The response ends after --send-timeout, the generation is cancelled mid-way and the
+    engine's one slot is free."""
+    from mindformers_gptlocal.serve.app import create_app
+    from mindformers_gptlocal.serve.ops import State
+    engine = local_engine
+    before = engine.snapshot()
+    app = create_app(engine, MODEL, state=State(send_timeout=0.05))
+
+    async def stall(message):
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # the peer stopped reading
+    start = time.monotonic()
+    # (return_token_ids: this directory has no tokenizer, so only the ids make a chunk per token)
+    sent, scope = call_app(app, {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 250, "temperature": 0,
+                                 "stream": True, "ignore_eos": True, "return_token_ids": True}, stall)
+    assert time.monotonic() - start < 10
+    assert sent[0]["status"] == 200
+    request = scope["gptlocal.requests"][0]
+    assert request.cancelled
+    state = wait_idle(engine)
+    assert state["active"] == 0 and state["cancelled"] == before["cancelled"] + 1
+    assert state["completed"] == before["completed"]
+    assert 1 <= len(request.tokens) < 250  # 250 tokens take 0.25-5 s here; the stall ended it in ~0.05
+
+
+def test_a_request_that_waits_past_its_timeout_is_a_504(local_engine):
+    """The one slot is held by a request with no deadline (250 tokens: 0.25-5 s here); two through the app
+    with --request-timeout 0.05 wait for it, are dropped from the queue at their deadline (504; a stream:
+    an SSE error event), and the slot holder is unaffected."""
+    from mindformers_gptlocal.serve.app import create_app
+    from mindformers_gptlocal.serve.ops import State
+    from mindformers_gptlocal.serve.scheduler import Request
+    engine = local_engine
+    before = engine.snapshot()
+    app = create_app(engine, MODEL, state=State(request_timeout=0.05))
+    events = []
+    holder = Request([5, 6, 7], 250, events.append, temperature=0, eos=[])
+    engine.submit(holder)
+    try:
+        deadline = time.monotonic() + 30
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = time.monotonic()
+
+        async def both():
+            return await asyncio.gather(acall_app(app, {"model": MODEL, "prompt": [9], "max_tokens": 4}),
+                                        acall_app(app, {"model": MODEL, "prompt": [9], "max_tokens": 4,
+                                                        "stream": True}))
+        (sent, _), (streamed, _) = asyncio.run(both())
+        assert 0.04 <= time.monotonic() - start < 10
+        assert not any(e[0] == "done" for e in events)  # the holder was generating all along
+        assert sent[0]["status"] == 504
+        error = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]
+        assert error["code"] == "timeout" and "--request-timeout 0.05" in error["message"]
+        assert streamed[0]["status"] == 200
+        chunks = b"".join(m.get("body", b"") for m in streamed[1:]).decode()
+        assert json.loads(chunks.split("data: ", 1)[1].split("\n\n")[0])["error"]["code"] == "timeout"
+        assert "[DONE]" not in chunks
+    finally:
+        holder.cancelled = True
+    state = wait_idle(engine)
+    assert state["expired"] == before["expired"] + 2 and state["active"] == 0
 
 
 def test_the_key_is_required_on_every_route_but_health(server):
