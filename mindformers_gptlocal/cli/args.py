@@ -4,7 +4,7 @@ import argparse
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
-    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact",
+    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact (mf2ms/ms2mf: MindFormers 1.x GPT-2)",
     "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
@@ -70,6 +70,15 @@ def convert_parser():
     ms2hf.add_argument("--lora-only", action="store_true",
                        help="write only the LoRA adapters of a pet_config run, as a Hugging Face PEFT adapter "
                             "(adapter_config.json + adapter_model.safetensors)")
+    mf2ms = sub.add_parser("mf2ms", help="MindFormers 1.x GPT-2 .ckpt -> gpt_local directory")
+    mf2ms.add_argument("--mf-ckpt", required=True, help="MindSpore .ckpt with MindFormers' GPT-2 names")
+    mf2ms.add_argument("--mf-yaml", help="the MindFormers YAML it was trained with (default: sizes from the shapes)")
+    mf2ms.add_argument("--num-heads", type=int, help="attention heads, without --mf-yaml (default hidden_size / 64)")
+    mf2ms.add_argument("--tokenizer", help="folder with tokenizer.json or vocab.json + merges.txt to carry along")
+    mf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
+    ms2mf = sub.add_parser("ms2mf", help="gpt_local GPT-2 directory -> MindFormers 1.x GPT-2 .ckpt")
+    ms2mf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
+    ms2mf.add_argument("--out", required=True, help="the .ckpt file to write")
     return parser
 
 

@@ -26,6 +26,8 @@ def prepare_data(argv):
 
 def convert(argv):
     options = cli_args.convert_parser().parse_args(argv)
+    if options.direction in ("mf2ms", "ms2mf"):
+        return convert_mindformers(options)
     from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
     if options.direction == "hf2ms":
         summary = hf_models.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
@@ -40,6 +42,21 @@ def convert(argv):
         if summary.get("lora_left_out"):
             print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
                   f"in first (gptlocal lora merge) or export them with --lora-only.")
+    print(f"wrote {summary['tensors']} tensors to {options.out}")
+    return 0
+
+
+def convert_mindformers(options):
+    """convert mf2ms / ms2mf: MindFormers' own GPT-2 of the 1.x line (a MindSpore .ckpt)."""
+    from ..checkpoint import mf_gpt2
+    if options.direction == "ms2mf":
+        summary = mf_gpt2.ms_to_mf(options.ms_dir, options.out)
+        print(f"wrote {summary['tensors']} tensors to {summary['out']}")
+        return 0
+    summary = mf_gpt2.mf_to_ms(options.mf_ckpt, options.out, mf_yaml=options.mf_yaml, tokenizer=options.tokenizer,
+                               num_heads=options.num_heads)
+    for note in summary["notes"]:
+        print(f"note: {note}")
     print(f"wrote {summary['tensors']} tensors to {options.out}")
     return 0
 

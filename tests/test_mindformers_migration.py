@@ -1,0 +1,170 @@
+"""Migration from MindFormers' own GPT-2 (the 1.x line): convert mf2ms/ms2mf, migrate-yaml, old MindRecord data.
+
+The MindFormers checkpoint is built here exactly as MindFormers' ``mindformers/models/gpt2/convert_weight.py``
+(mindspore-lab/mindformers, branch r1.3.0) builds it from a Hugging Face GPT-2 state dict; the YAMLs in
+``tests/data/mindformers_gpt2/`` are copies of that branch's ``configs/gpt2/`` files.
+"""
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindformers_gptlocal import GPTLocalForCausalLM, yaml_io
+from mindformers_gptlocal.checkpoint.mf_gpt2 import mf_to_ms, ms_to_mf
+from mindformers_gptlocal.cli.main import main
+from mindformers_gptlocal.errors import CheckpointError
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mindformers_gpt2")
+# odd sizes: head_dim 12, vocab and positions not powers of two
+HF = dict(vocab_size=301, n_positions=40, n_embd=48, n_layer=3, n_head=4)
+
+
+# --- MindFormers' convert_weight.py, re-implemented from its source (r1.3.0) -------------------------------------
+MF_MS_NAME = ["backbone.blocks.{}.layernorm1.gamma", "backbone.blocks.{}.layernorm1.beta",
+              "backbone.blocks.{}.layernorm2.gamma", "backbone.blocks.{}.layernorm2.beta",
+              "backbone.blocks.{}.attention.beta", "backbone.blocks.{}.attention.masked_beta",
+              "backbone.blocks.{}.attention.projection.weight", "backbone.blocks.{}.attention.projection.bias",
+              "backbone.blocks.{}.attention.dense1.weight", "backbone.blocks.{}.attention.dense1.bias",
+              "backbone.blocks.{}.attention.dense2.weight", "backbone.blocks.{}.attention.dense2.bias",
+              "backbone.blocks.{}.attention.dense3.weight", "backbone.blocks.{}.attention.dense3.bias",
+              "backbone.blocks.{}.output.mapping.weight", "backbone.blocks.{}.output.mapping.bias",
+              "backbone.blocks.{}.output.projection.weight", "backbone.blocks.{}.output.projection.bias"]
+MF_TORCH_NAME = ["h.{}.ln_1.weight", "h.{}.ln_1.bias", "h.{}.ln_2.weight", "h.{}.ln_2.bias", "h.{}.attn.bias",
+                 "h.{}.attn.masked_bias", "h.{}.attn.c_proj.weight", "h.{}.attn.c_proj.bias",
+                 "h.{}.attn.c_attn.weight.q", "h.{}.attn.c_attn.bias.q", "h.{}.attn.c_attn.weight.k",
+                 "h.{}.attn.c_attn.bias.k", "h.{}.attn.c_attn.weight.v", "h.{}.attn.c_attn.bias.v",
+                 "h.{}.mlp.c_fc.weight", "h.{}.mlp.c_fc.bias", "h.{}.mlp.c_proj.weight", "h.{}.mlp.c_proj.bias"]
+MF_ADDITION = [("backbone.layernorm.gamma", "ln_f.weight"), ("backbone.layernorm.beta", "ln_f.bias"),
+               ("backbone.embedding.word_embedding.embedding_table", "wte.weight"),
+               ("backbone.embedding.position_embedding.embedding_table", "wpe.weight")]
+
+
+def mindformers_convert_weight(state, output_path, layers):
+    """``convert_pt_to_ms``: split c_attn into q, k, v along the last axis (``split_torch_attention``), transpose
+    the names containing 'c_attn.weight', copy the rest, save with ``ms.save_checkpoint``."""
+    state = dict(state)
+    for name in list(state):
+        if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
+            q, k, v = np.split(state.pop(name).numpy(), 3, -1)
+            state[name + ".q"], state[name + ".k"], state[name + ".v"] = q, k, v
+        else:
+            state[name] = state[name].numpy()
+    mapped = [(m.format(i), t.format(i)) for i in range(layers) for m, t in zip(MF_MS_NAME, MF_TORCH_NAME)]
+    entries = []
+    for src, tgt in mapped + MF_ADDITION:
+        if tgt in state:
+            value = state[tgt]
+            if "c_attn.weight" in tgt:
+                value = value.transpose([1, 0])
+            entries.append({"data": Tensor(value), "name": src})
+    ms.save_checkpoint(entries, output_path)
+    return {e["name"]: e["data"].asnumpy() for e in entries}
+
+
+@pytest.fixture(scope="module")
+def mf_gpt2(tmp_path_factory):
+    """A random HF GPT-2 with non-trivial biases and norms, and the MindFormers .ckpt of it."""
+    path = tmp_path_factory.mktemp("mf_gpt2")
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **HF)).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "ln_" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    state = hf.transformer.state_dict()  # GPT2Model names, as the hub's pytorch_model.bin holds them
+    n = HF["n_positions"]
+    for i in range(HF["n_layer"]):  # the buffers older transformers saved (the hub's gpt2 file has them)
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n)
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    ckpt = str(path / "gpt2_mf.ckpt")
+    written = mindformers_convert_weight(state, ckpt, HF["n_layer"])
+    config = yaml_io.load_yaml(os.path.join(DATA, "run_gpt2.yaml"))
+    config["model"]["model_config"].update(vocab_size=HF["vocab_size"], seq_length=HF["n_positions"],
+                                           hidden_size=HF["n_embd"], num_layers=HF["n_layer"],
+                                           num_heads=HF["n_head"], hidden_dropout_rate=0.0,
+                                           attention_dropout_rate=0.0)
+    mf_yaml = yaml_io.dump_yaml(config, str(path / "run_gpt2_tiny.yaml"))
+    return {"hf": hf, "ckpt": ckpt, "written": written, "yaml": mf_yaml, "dir": path}
+
+
+def test_mf2ms_logits_equal_transformers_and_ms2mf_gives_the_checkpoint_back(mf_gpt2, tmp_path):
+    assert any(k.endswith("attention.beta") for k in mf_gpt2["written"])  # the buffers are in the file
+    out = tmp_path / "ms"
+    assert main(["convert", "mf2ms", "--mf-ckpt", mf_gpt2["ckpt"], "--mf-yaml", mf_gpt2["yaml"],
+                 "--out", str(out)]) == 0
+    ours = GPTLocalForCausalLM.from_pretrained(str(out))
+    ours.set_train(False)
+    ids = np.random.default_rng(1).integers(0, HF["vocab_size"], (2, 37))
+    with torch.no_grad():
+        expected = mf_gpt2["hf"](torch.from_numpy(ids)).logits.numpy()
+    diff = np.abs(ours(Tensor(ids, ms.int32)).asnumpy() - expected).max()
+    print(f"mf2ms: max |logit diff| against transformers = {diff:.3e}")
+    assert diff <= 1e-4
+
+    back = str(tmp_path / "back.ckpt")
+    assert main(["convert", "ms2mf", "--ms-dir", str(out), "--out", back]) == 0
+    again = {k: v.asnumpy() for k, v in ms.load_checkpoint(back).items()}
+    weights = {k: v for k, v in mf_gpt2["written"].items() if not k.endswith(("attention.beta", "masked_beta"))}
+    assert set(again) == set(weights)
+    for name, value in weights.items():
+        assert again[name].shape == value.shape and np.array_equal(again[name], value), name
+
+
+def test_mf2ms_sizes_from_shapes_and_training_state_reported(mf_gpt2, tmp_path):
+    """No YAML: sizes from the shapes (heads given); a training checkpoint's moments, step and scale are
+    reported and dropped, the weights convert the same."""
+    entries = [{"name": k, "data": Tensor(v)} for k, v in mf_gpt2["written"].items()]
+    entries += [{"name": f"adam_{m}.{k}", "data": Tensor(np.full_like(v, 0.5, dtype=np.float32))}
+                for m in ("m", "v") for k, v in mf_gpt2["written"].items() if "beta" not in k.split(".")[-1]
+                or "layernorm" in k]
+    entries += [{"name": "global_step", "data": Tensor(np.array([120], np.int32))},
+                {"name": "scale_sense", "data": Tensor(np.array(65536.0, np.float32))},
+                {"name": "current_iterator_step", "data": Tensor(np.array(120, np.int32))},
+                {"name": "last_overflow_iterator_step", "data": Tensor(np.array(7, np.int32))}]
+    ckpt = str(tmp_path / "train.ckpt")
+    ms.save_checkpoint(entries, ckpt)
+    summary = mf_to_ms(ckpt, str(tmp_path / "ms"), num_heads=HF["n_head"])
+    assert summary["config"]["num_hidden_layers"] == HF["n_layer"]
+    assert summary["config"]["vocab_size"] == HF["vocab_size"]
+    assert summary["config"]["max_position_embeddings"] == HF["n_positions"]
+    moments = [e["name"] for e in entries if e["name"].startswith("adam_")]
+    assert sorted(summary["dropped"]["optimizer"]) == sorted(moments)
+    assert summary["dropped"]["training"] == {"global_step": 120, "scale_sense": 65536.0,
+                                              "current_iterator_step": 120, "last_overflow_iterator_step": 7}
+    assert any("training state dropped" in note and str(len(moments)) in note for note in summary["notes"])
+    from safetensors.numpy import load_file
+    with_yaml = tmp_path / "ms_yaml"
+    mf_to_ms(mf_gpt2["ckpt"], str(with_yaml), mf_yaml=mf_gpt2["yaml"])
+    a, b = load_file(str(tmp_path / "ms" / "model.safetensors")), load_file(str(with_yaml / "model.safetensors"))
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_mf2ms_lists_every_problem_in_one_error(mf_gpt2, tmp_path):
+    written = dict(mf_gpt2["written"])
+    written.pop("backbone.blocks.1.output.mapping.bias")
+    written["backbone.blocks.0.attention.rotary.inv_freq"] = np.zeros(4, np.float32)
+    ckpt = str(tmp_path / "bad.ckpt")
+    ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in written.items()], ckpt)
+    with pytest.raises(CheckpointError) as err:
+        mf_to_ms(ckpt, str(tmp_path / "out"), mf_yaml=mf_gpt2["yaml"])
+    message = str(err.value)
+    assert "missing backbone.blocks.1.output.mapping.bias" in message
+    assert "unknown tensor(s) backbone.blocks.0.attention.rotary.inv_freq" in message
+    assert not (tmp_path / "out").exists()
+    # the YAML says another size: every mismatching tensor named, in the same one error
+    config = yaml_io.load_yaml(mf_gpt2["yaml"])
+    config["model"]["model_config"]["hidden_size"] = 64
+    other = yaml_io.dump_yaml(config, str(tmp_path / "other.yaml"))
+    with pytest.raises(CheckpointError, match=r"backbone\.embedding\.word_embedding\.embedding_table is "
+                                              r"\(301, 48\), expected \(301, 64\).*output\.projection") as err:
+        mf_to_ms(mf_gpt2["ckpt"], str(tmp_path / "out"), mf_yaml=other)
+    config["model"]["model_config"].update(hidden_size=HF["n_embd"], hidden_act="fast_gelu")
+    fast = yaml_io.dump_yaml(config, str(tmp_path / "fast.yaml"))
+    with pytest.raises(CheckpointError, match="hidden_act 'fast_gelu'.*sigmoid"):
+        mf_to_ms(mf_gpt2["ckpt"], str(tmp_path / "out"), mf_yaml=fast)
