@@ -168,3 +168,103 @@ def test_mf2ms_lists_every_problem_in_one_error(mf_gpt2, tmp_path):
     fast = yaml_io.dump_yaml(config, str(tmp_path / "fast.yaml"))
     with pytest.raises(CheckpointError, match="hidden_act 'fast_gelu'.*sigmoid"):
         mf_to_ms(mf_gpt2["ckpt"], str(tmp_path / "out"), mf_yaml=fast)
+
+
+# --- old MindRecord data ------------------------------------------------------------------------------------------
+def write_mf_mindrecord(path, ids, masks, mask_column="input_mask"):
+    """A MindRecord as MindFormers' GPT-2 preprocessing writes it: input_ids + a mask, seq_length + 1 a row."""
+    from mindspore.mindrecord import FileWriter
+    writer = FileWriter(str(path), shard_num=1, overwrite=True)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}, mask_column: {"type": "int32", "shape": [-1]}},
+                      "mindformers_gpt2")
+    writer.write_raw_data([{"input_ids": np.asarray(i, np.int32), mask_column: np.asarray(m, np.int32)}
+                           for i, m in zip(ids, masks)])
+    writer.commit()
+    return str(path)
+
+
+def padded_rows(rows, width, vocab, seed=0):
+    """Rows whose last r % 5 tokens are padding (mask 0), so the masked positions can be counted."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (rows, width))
+    masks = np.ones((rows, width), np.int32)
+    for r in range(rows):
+        if r % 5:
+            masks[r, width - r % 5:] = 0
+    return ids, masks
+
+
+def test_rewrite_shifts_labels_counts_masked_positions_and_refuses_wrong_width(tmp_path):
+    from mindspore.mindrecord import FileReader
+    ids, masks = padded_rows(9, 17, 100)
+    masks[3, 4] = 0  # an interior zero: MindFormers also hid it from attention; reported
+    old = write_mf_mindrecord(tmp_path / "wiki.mindrecord", ids, masks)
+    assert main(["prepare-data", "--from-mf-mindrecord", old, "--seq-length", "16"]) == 0
+    new = tmp_path / "wiki_gptlocal" / "wiki.mindrecord"
+    reader = FileReader(str(new))
+    rows = list(reader.get_next())
+    reader.close()
+    assert len(rows) == 9
+    for row, i, m in zip(rows, ids, masks):
+        assert np.array_equal(row["input_ids"], i[:-1]) and np.array_equal(row["labels"], i[1:])
+        assert np.array_equal(row["loss_mask"], m[1:]) and np.array_equal(row["position_ids"], np.arange(16))
+    from mindformers_gptlocal.data.mf_mindrecord import rewrite
+    summary = rewrite(old, str(tmp_path / "again"))
+    pads = sum(r % 5 for r in range(9))  # trailing pads, all inside mask[1:]
+    assert summary["masked_positions"] == pads + 1 and summary["loss_positions"] == 9 * 16 - pads - 1
+    assert summary["interior_rows"] == 1 and summary["seq_length"] == 16 and summary["mask_column"] == "input_mask"
+
+    from mindformers_gptlocal.errors import DataError
+    with pytest.raises(DataError, match=r"seq_length \+ 1 = 33 tokens.*found 9 rows of 17"):
+        rewrite(old, str(tmp_path / "wrong"), seq_length=32)
+    mixed = write_mf_mindrecord(tmp_path / "mixed.mindrecord", [ids[0], ids[1][:12]], [masks[0], masks[1][:12]],
+                                mask_column="attention_mask")
+    with pytest.raises(DataError, match="found 1 rows of 12, 1 rows of 17"):
+        rewrite(mixed, str(tmp_path / "mixed_out"))
+    assert not (tmp_path / "wrong").exists() and not (tmp_path / "mixed_out").exists()
+
+
+# --- YAMLs --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,seq", [("run_gpt2", 1024), ("run_gpt2_xl", 1024), ("run_gpt2_13b", 2048),
+                                      ("run_gpt2_lora", 1024)])
+def test_migrate_yaml_of_mindformers_yamls_passes_plan_and_preflight(name, seq, tmp_path, capsys):
+    from mindformers_gptlocal.cli.launcher import check_model_section, load_config
+    from mindformers_gptlocal.data.mf_mindrecord import rewrite
+    from mindformers_gptlocal.preflight.checks import preflight
+    old = yaml_io.load_yaml(os.path.join(DATA, f"{name}.yaml"))
+    old["train_dataset"]["data_loader"]["dataset_dir"] = write_mf_mindrecord(
+        tmp_path / "old.mindrecord", *padded_rows(16, seq + 1, 50257), mask_column="attention_mask")
+    old["output_dir"] = str(tmp_path / "output")
+    old_yaml = yaml_io.dump_yaml(old, str(tmp_path / f"{name}.yaml"))
+    rewrite(old["train_dataset"]["data_loader"]["dataset_dir"], seq_length=seq)
+    new_yaml = str(tmp_path / "new.yaml")
+    assert main(["migrate-yaml", old_yaml, "--out", new_yaml, "--device-target", "CPU"]) == 0
+    printed = capsys.readouterr().out
+    new = yaml_io.load_yaml(new_yaml)
+    mc, mf = new["model"]["model_config"], old["model"]["model_config"]
+    assert (mc["hidden_size"], mc["num_hidden_layers"], mc["num_attention_heads"], mc["seq_length"],
+            mc["intermediate_size"]) == (mf["hidden_size"], mf["num_layers"], mf["num_heads"], mf["seq_length"],
+                                         mf["hidden_size"] * mf["expand_ratio"])
+    assert (mc["hidden_dropout"], mc["attention_dropout"]) == (mf["hidden_dropout_rate"], mf["attention_dropout_rate"])
+    assert new["optimizer"] == {"type": "GPTLocalAdamW", "betas": [old["optimizer"]["beta1"], old["optimizer"]["beta2"]],
+                                "eps": old["optimizer"]["eps"], "weight_decay": old["optimizer"]["weight_decay"]}
+    assert new["lr_schedule"]["type"] == "PolynomialWithWarmUpLR"
+    assert new["lr_schedule"]["learning_rate"] == old["lr_schedule"]["learning_rate"]
+    assert new["parallel_config"] == old["parallel_config"] and new["recompute_config"] == old["recompute_config"]
+    assert new["runner_wrapper"]["type"] == "GPTLocalTrainOneStepCell" and new["runner_config"]["sink_mode"] is False
+    assert new["train_dataset"]["data_loader"]["dataset_dir"] == str(tmp_path / "old_gptlocal" / "old.mindrecord")
+    kinds = [c["type"] for c in new["callbacks"]]
+    assert "ObsMonitor" not in kinds and "GPTLocalCheckpointMonitor" in kinds
+    for said in ("ObsMonitor dropped", "sink_mode True -> False", "FusedAdamWeightDecay -> GPTLocalAdamW",
+                 "MFTrainOneStepCell -> GPTLocalTrainOneStepCell", "remote_save_url dropped"):
+        assert said in printed, said
+    with open(new_yaml, encoding="utf-8") as handle:
+        assert "# - callbacks ObsMonitor dropped" in handle.read()  # the notes head the new YAML too
+    if mf["hidden_act"] == "fast_gelu":
+        assert mc["hidden_act"] == "gelu_new" and "CHANGES THE ACTIVATION" in printed
+    if name == "run_gpt2_lora":
+        assert mc["pet_config"]["lora_rank"] == 64 and mc["pet_config"]["target_modules"] == ".*linear_qkv"
+    assert main(["plan", "--config", new_yaml]) == 0
+    config = load_config(["--config", new_yaml])
+    check_model_section(config)
+    preflight(config, log=lambda _: None)

@@ -12,6 +12,7 @@ COMMANDS = {
     "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
     "lora": "merge a pet_config run's LoRA adapters into the base weights",
+    "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
 }
 
 
@@ -32,7 +33,8 @@ def prepare_data_parser():
                                                  "Megatron .bin/.idx. With no --input: the Python standard library.")
     parser.add_argument("--input", nargs="*", help="text files, folders or .jsonl (default: Python's stdlib sources)")
     parser.add_argument("--out", default="data/gptlocal", help="output folder (default: data/gptlocal)")
-    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--seq-length", type=int, help="tokens a row (default 256; with --from-mf-mindrecord: "
+                                                       "checked against the rows, default their width - 1)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="size of a newly trained BPE")
     parser.add_argument("--tokenizer", help="an existing tokenizer.json to use instead of training one")
     parser.add_argument("--vocab", help="GPT-2 vocab.json (with --merges)")
@@ -50,6 +52,21 @@ def prepare_data_parser():
                              "prompt (default) or stop with its file and line")
     parser.add_argument("--no-pack", dest="pack", action="store_false",
                         help="one instruction record a row (default: pack several a row, with actual_seq_len)")
+    parser.add_argument("--from-mf-mindrecord", metavar="FILE",
+                        help="rewrite a MindFormers 1.x GPT-2 MindRecord (input_ids + input_mask/attention_mask, "
+                             "seq_length + 1 a row) once into gpt_local's columns; --out default: <FILE stem>_gptlocal")
+    return parser
+
+
+def migrate_yaml_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal migrate-yaml",
+                                     description="A MindFormers 1.x GPT-2 YAML (configs/gpt2/run_gpt2*.yaml) -> a "
+                                                 "gpt_local YAML; every key mapped or dropped with a line saying so.")
+    parser.add_argument("old", metavar="OLD.yaml", help="the MindFormers GPT-2 YAML")
+    parser.add_argument("--out", required=True, help="the gpt_local YAML to write")
+    parser.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"),
+                        help="run on this device instead of the old context.device_target")
+    parser.add_argument("--model-dir", help="a `gptlocal convert mf2ms` output: load_checkpoint and tokenizer")
     return parser
 
 
@@ -236,4 +253,4 @@ def eval_parser():
 
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
            "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser,
-           "lora": lora_parser}
+           "lora": lora_parser, "migrate-yaml": migrate_yaml_parser}

@@ -14,8 +14,15 @@ from . import args as cli_args
 
 def prepare_data(argv):
     options = cli_args.prepare_data_parser().parse_args(argv)
+    if options.from_mf_mindrecord:  # MindFormers 1.x GPT-2 data, rewritten once
+        from ..data.mf_mindrecord import rewrite
+        out = None if options.out == cli_args.prepare_data_parser().get_default("out") else options.out
+        summary = rewrite(options.from_mf_mindrecord, out, seq_length=options.seq_length,
+                          overwrite=options.overwrite)
+        print(json.dumps(summary, indent=2))
+        return 0
     from ..data.prepare import prepare
-    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length,
+    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length or 256,
                       vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
                       merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
                       max_bytes=options.max_bytes, overwrite=options.overwrite, fmt=options.format,
@@ -58,6 +65,16 @@ def convert_mindformers(options):
     for note in summary["notes"]:
         print(f"note: {note}")
     print(f"wrote {summary['tensors']} tensors to {options.out}")
+    return 0
+
+
+def migrate_yaml(argv):
+    options = cli_args.migrate_yaml_parser().parse_args(argv)
+    from ..migrate.mf_yaml import migrate_file
+    notes = migrate_file(options.old, options.out, device_target=options.device_target, model_dir=options.model_dir)
+    for note in notes:
+        print(f"- {note}")
+    print(f"wrote {options.out}; check it with `gptlocal plan --config {options.out}`")
     return 0
 
 
@@ -135,7 +152,7 @@ def evaluate(argv):
 
 
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora}
+            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora, "migrate-yaml": migrate_yaml}
 
 
 def main(argv=None):
