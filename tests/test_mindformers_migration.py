@@ -268,3 +268,51 @@ def test_migrate_yaml_of_mindformers_yamls_passes_plan_and_preflight(name, seq, 
     config = load_config(["--config", new_yaml])
     check_model_section(config)
     preflight(config, log=lambda _: None)
+
+
+# --- all three together: a migrated run -----------------------------------------------------------------------
+def test_migrated_run_starts_at_mindformers_loss_and_trains(mf_gpt2, tmp_path):
+    """Old checkpoint (mf2ms), old YAML (migrate-yaml) and old data (--from-mf-mindrecord): the first step's loss
+    is GPT2LMHeadModel's (logits of input_ids[:-1], targets input_ids[1:], mask[1:] weights, here from the HF
+    model the checkpoint came from) and the loss falls over 4 steps."""
+    from conftest import run_launcher, step_losses
+    seq = 32
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, HF["vocab_size"], (4, seq + 1))
+    masks = np.ones((4, seq + 1), np.int32)
+    masks[1, -12:] = 0
+    masks[2, -20:] = 0  # right padding, as MindFormers' preprocessing writes it
+    ids, masks = np.tile(base, (4, 1)), np.tile(masks, (4, 1))  # 16 rows: the same batch of 4 each step
+    old_data = write_mf_mindrecord(tmp_path / "wiki.mindrecord", ids, masks, mask_column="attention_mask")
+    assert main(["prepare-data", "--from-mf-mindrecord", old_data, "--seq-length", str(seq)]) == 0
+    model_dir = str(tmp_path / "gpt2_ms")
+    assert main(["convert", "mf2ms", "--mf-ckpt", mf_gpt2["ckpt"], "--mf-yaml", mf_gpt2["yaml"],
+                 "--out", model_dir]) == 0
+
+    old = yaml_io.load_yaml(mf_gpt2["yaml"])  # run_gpt2.yaml of r1.3.0 at the test model's sizes
+    old["model"]["model_config"].update(seq_length=seq, max_position_embeddings=HF["n_positions"],
+                                        embedding_dropout_prob=0.0)  # GPT2Config's default is 0.1
+    old.update(run_mode="finetune", output_dir=str(tmp_path / "output"))
+    old["runner_config"].update(epochs=1, batch_size=4)
+    old["train_dataset"].update(batch_size=4, num_parallel_workers=1)
+    old["train_dataset"]["data_loader"].update(dataset_dir=old_data, shuffle=False)
+    old["lr_schedule"].update(learning_rate=0.005, lr_end=0.001)
+    next(c for c in old["callbacks"] if c["type"] == "CheckpointMonitor")["save_checkpoint_steps"] = 1000
+    old_yaml = yaml_io.dump_yaml(old, str(tmp_path / "run_gpt2_tiny.yaml"))
+    new_yaml = str(tmp_path / "gpt_local.yaml")
+    assert main(["migrate-yaml", old_yaml, "--out", new_yaml, "--device-target", "CPU", "--model-dir", model_dir]) == 0
+
+    code, out = run_launcher(["--config", new_yaml], cwd=str(tmp_path))
+    assert code == 0, out[-3000:]
+    losses = step_losses(out)
+    with torch.no_grad():
+        logits = mf_gpt2["hf"](torch.from_numpy(base[:, :-1])).logits
+        per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, HF["vocab_size"]),
+                                                      torch.from_numpy(base[:, 1:]).reshape(-1), reduction="none")
+        weight = torch.from_numpy(masks[:4, 1:].astype(np.float32)).reshape(-1)
+        expected = float((per_token * weight).sum() / weight.sum())
+    unmasked = float(per_token.mean())
+    print("migrated run losses", losses, "MindFormers' first-step loss", expected, "without the mask", unmasked)
+    assert len(losses) == 4
+    assert abs(losses[0] - expected) < 1e-5 * expected < abs(unmasked - expected)  # fp32: 3e-7 seen
+    assert losses[-1] < losses[0] - 0.1

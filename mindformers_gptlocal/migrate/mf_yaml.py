@@ -94,7 +94,8 @@ def migrate(old, device_target=None, model_dir=None):
     new["load_ckpt_format"] = "safetensors"
     load = old.pop("load_checkpoint", "") or ""
     if model_dir:
-        new["load_checkpoint"] = os.path.join(model_dir, "model.safetensors")
+        new["load_checkpoint"] = model_dir
+        new["pretrained_model_dir"] = model_dir  # predict reads the tokenizer there
         if load:
             notes.append(f"load_checkpoint {load!r} -> {new['load_checkpoint']} (--model-dir)")
     else:
@@ -102,7 +103,7 @@ def migrate(old, device_target=None, model_dir=None):
         if load:
             notes.append(f"load_checkpoint {load!r} dropped: gpt_local loads safetensors; run `gptlocal convert "
                          f"mf2ms --mf-ckpt {load} --out DIR` (a MindFormers name like 'gpt2' means its download: "
-                         f"take HF's gpt2 with `gptlocal convert hf2ms`) and set load_checkpoint: DIR/model.safetensors")
+                         f"take HF's gpt2 with `gptlocal convert hf2ms`), then migrate again with --model-dir DIR")
     if old.pop("resume_training", False):
         notes.append("resume_training True -> False: a MindFormers 1.x training checkpoint does not resume in "
                      "gpt_local (mf2ms keeps its weights, drops the optimizer state)")
