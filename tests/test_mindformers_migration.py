@@ -129,7 +129,14 @@ def test_mf2ms_sizes_from_shapes_and_training_state_reported(mf_gpt2, tmp_path):
                 {"name": "last_overflow_iterator_step", "data": Tensor(np.array(7, np.int32))}]
     ckpt = str(tmp_path / "train.ckpt")
     ms.save_checkpoint(entries, ckpt)
-    summary = mf_to_ms(ckpt, str(tmp_path / "ms"), num_heads=HF["n_head"])
+    from tokenizers import Tokenizer, models, trainers
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.train_from_iterator(["def main(): return 1"] * 4, trainers.BpeTrainer(vocab_size=40))
+    os.makedirs(tmp_path / "tok")
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    summary = mf_to_ms(ckpt, str(tmp_path / "ms"), num_heads=HF["n_head"], tokenizer=str(tmp_path / "tok"))
+    with open(tmp_path / "tok" / "tokenizer.json", "rb") as a, open(tmp_path / "ms" / "tokenizer.json", "rb") as b:
+        assert a.read() == b.read()
     assert summary["config"]["num_hidden_layers"] == HF["n_layer"]
     assert summary["config"]["vocab_size"] == HF["vocab_size"]
     assert summary["config"]["max_position_embeddings"] == HF["n_positions"]
@@ -316,3 +323,17 @@ def test_migrated_run_starts_at_mindformers_loss_and_trains(mf_gpt2, tmp_path):
     assert len(losses) == 4
     assert abs(losses[0] - expected) < 1e-5 * expected < abs(unmasked - expected)  # fp32: 3e-7 seen
     assert losses[-1] < losses[0] - 0.1
+
+
+def test_migrate_yaml_loads_neither_mindspore_nor_mindformers(tmp_path):
+    """migrate-yaml is YAML work: it runs without MindSpore, MindFormers or torch."""
+    import subprocess
+    import sys
+    from conftest import source_env
+    code = ("import sys\nfrom mindformers_gptlocal.cli.main import main\n"
+            "assert main(['migrate-yaml', sys.argv[1], '--out', sys.argv[2]]) == 0\n"
+            "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'mindspore', 'mindformers', 'torch'}))\n")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(DATA, "run_gpt2_13b.yaml"), str(tmp_path / "n.yaml")],
+                         capture_output=True, text=True, env=source_env())
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert yaml_io.load_yaml(str(tmp_path / "n.yaml"))["context"]["device_target"] == "Ascend"  # kept without flag
