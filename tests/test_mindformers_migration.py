@@ -67,16 +67,19 @@ def mindformers_convert_weight(state, output_path, layers):
     return {e["name"]: e["data"].asnumpy() for e in entries}
 
 
-@pytest.fixture(scope="module")
-def mf_gpt2(tmp_path_factory):
-    """A random HF GPT-2 with non-trivial biases and norms, and the MindFormers .ckpt of it."""
-    path = tmp_path_factory.mktemp("mf_gpt2")
+def build_mf_gpt2(path, hidden_act="gelu"):
+    """A random HF GPT-2 with non-trivial biases and norms, the MindFormers .ckpt of it and a run_gpt2.yaml of its
+    sizes. MindFormers' ``gelu`` is HF's gelu_new, its ``fast_gelu`` (P.FastGeLU) HF's quick_gelu."""
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **HF)).eval()
+    hf_act = {"gelu": "gelu_new", "fast_gelu": "quick_gelu"}[hidden_act]
+    hf = GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function=hf_act,
+                                    **HF)).eval()
     with torch.no_grad():
         for name, param in hf.named_parameters():
             if "ln_" in name or name.endswith("bias"):
                 param.add_(0.1 * torch.randn_like(param))
+            if name.endswith("mlp.c_fc.weight"):  # pre-activations of order 1, where the activations differ
+                param.mul_(20.0)
     state = hf.transformer.state_dict()  # GPT2Model names, as the hub's pytorch_model.bin holds them
     n = HF["n_positions"]
     for i in range(HF["n_layer"]):  # the buffers older transformers saved (the hub's gpt2 file has them)
@@ -88,12 +91,21 @@ def mf_gpt2(tmp_path_factory):
     config["model"]["model_config"].update(vocab_size=HF["vocab_size"], seq_length=HF["n_positions"],
                                            hidden_size=HF["n_embd"], num_layers=HF["n_layer"],
                                            num_heads=HF["n_head"], hidden_dropout_rate=0.0,
-                                           attention_dropout_rate=0.0)
+                                           attention_dropout_rate=0.0, embedding_dropout_prob=0.0,
+                                           hidden_act=hidden_act)
     mf_yaml = yaml_io.dump_yaml(config, str(path / "run_gpt2_tiny.yaml"))
     return {"hf": hf, "ckpt": ckpt, "written": written, "yaml": mf_yaml, "dir": path}
 
 
-def test_mf2ms_logits_equal_transformers_and_ms2mf_gives_the_checkpoint_back(mf_gpt2, tmp_path):
+@pytest.fixture(scope="module")
+def mf_gpt2(tmp_path_factory):
+    return build_mf_gpt2(tmp_path_factory.mktemp("mf_gpt2"))
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "fast_gelu"])
+def test_mf2ms_logits_equal_transformers_and_ms2mf_gives_the_checkpoint_back(hidden_act, mf_gpt2, tmp_path):
+    if hidden_act != "gelu":  # the xl/13B/52B activation
+        mf_gpt2 = build_mf_gpt2(tmp_path, hidden_act)
     assert any(k.endswith("attention.beta") for k in mf_gpt2["written"])  # the buffers are in the file
     out = tmp_path / "ms"
     assert main(["convert", "mf2ms", "--mf-ckpt", mf_gpt2["ckpt"], "--mf-yaml", mf_gpt2["yaml"],
@@ -104,8 +116,13 @@ def test_mf2ms_logits_equal_transformers_and_ms2mf_gives_the_checkpoint_back(mf_
     with torch.no_grad():
         expected = mf_gpt2["hf"](torch.from_numpy(ids)).logits.numpy()
     diff = np.abs(ours(Tensor(ids, ms.int32)).asnumpy() - expected).max()
-    print(f"mf2ms: max |logit diff| against transformers = {diff:.3e}")
+    print(f"mf2ms {hidden_act}: max |logit diff| against transformers = {diff:.3e}")
     assert diff <= 1e-4
+    ours.set_train(True)  # the training graph (loss) too
+    with torch.no_grad():
+        hf_loss = float(mf_gpt2["hf"](torch.from_numpy(ids), labels=torch.from_numpy(ids)).loss)
+    loss = float(ours(Tensor(ids[:, :-1], ms.int32), Tensor(ids[:, 1:], ms.int32))[0])
+    assert abs(loss - hf_loss) <= 1e-5 * hf_loss
 
     back = str(tmp_path / "back.ckpt")
     assert main(["convert", "ms2mf", "--ms-dir", str(out), "--out", back]) == 0
@@ -171,10 +188,10 @@ def test_mf2ms_lists_every_problem_in_one_error(mf_gpt2, tmp_path):
     with pytest.raises(CheckpointError, match=r"backbone\.embedding\.word_embedding\.embedding_table is "
                                               r"\(301, 48\), expected \(301, 64\).*output\.projection") as err:
         mf_to_ms(mf_gpt2["ckpt"], str(tmp_path / "out"), mf_yaml=other)
-    config["model"]["model_config"].update(hidden_size=HF["n_embd"], hidden_act="fast_gelu")
-    fast = yaml_io.dump_yaml(config, str(tmp_path / "fast.yaml"))
-    with pytest.raises(CheckpointError, match="hidden_act 'fast_gelu'.*sigmoid"):
-        mf_to_ms(mf_gpt2["ckpt"], str(tmp_path / "out"), mf_yaml=fast)
+    config["model"]["model_config"].update(hidden_size=HF["n_embd"], hidden_act="hswish")
+    other_act = yaml_io.dump_yaml(config, str(tmp_path / "hswish.yaml"))
+    with pytest.raises(CheckpointError, match="hidden_act 'hswish' is not supported.*gelu, fast_gelu, relu"):
+        mf_to_ms(mf_gpt2["ckpt"], str(tmp_path / "out"), mf_yaml=other_act)
 
 
 # --- old MindRecord data ------------------------------------------------------------------------------------------
@@ -267,8 +284,7 @@ def test_migrate_yaml_of_mindformers_yamls_passes_plan_and_preflight(name, seq, 
         assert said in printed, said
     with open(new_yaml, encoding="utf-8") as handle:
         assert "# - callbacks ObsMonitor dropped" in handle.read()  # the notes head the new YAML too
-    if mf["hidden_act"] == "fast_gelu":
-        assert mc["hidden_act"] == "gelu_new" and "CHANGES THE ACTIVATION" in printed
+    assert mc["hidden_act"] == {"gelu": "gelu_new", "fast_gelu": "quick_gelu"}[mf["hidden_act"]]
     if name == "run_gpt2_lora":
         assert mc["pet_config"]["lora_rank"] == 64 and mc["pet_config"]["target_modules"] == ".*linear_qkv"
     assert main(["plan", "--config", new_yaml]) == 0
@@ -278,11 +294,12 @@ def test_migrate_yaml_of_mindformers_yamls_passes_plan_and_preflight(name, seq, 
 
 
 # --- all three together: a migrated run -----------------------------------------------------------------------
-def test_migrated_run_starts_at_mindformers_loss_and_trains(mf_gpt2, tmp_path):
+def test_migrated_run_starts_at_mindformers_loss_and_trains(tmp_path):
     """Old checkpoint (mf2ms), old YAML (migrate-yaml) and old data (--from-mf-mindrecord): the first step's loss
     is GPT2LMHeadModel's (logits of input_ids[:-1], targets input_ids[1:], mask[1:] weights, here from the HF
-    model the checkpoint came from) and the loss falls over 4 steps."""
+    model the checkpoint came from) and the loss falls over 4 steps. With fast_gelu, as the xl/13B/52B YAMLs."""
     from conftest import run_launcher, step_losses
+    mf_gpt2 = build_mf_gpt2(tmp_path, "fast_gelu")
     seq = 32
     rng = np.random.default_rng(3)
     base = rng.integers(0, HF["vocab_size"], (4, seq + 1))
@@ -337,3 +354,20 @@ def test_migrate_yaml_loads_neither_mindspore_nor_mindformers(tmp_path):
                          capture_output=True, text=True, env=source_env())
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr[-2000:]
     assert yaml_io.load_yaml(str(tmp_path / "n.yaml"))["context"]["device_target"] == "Ascend"  # kept without flag
+
+
+def test_quick_gelu_is_mindspore_fastgelu_and_gets_a_shard_strategy():
+    """quick_gelu (MindFormers' fast_gelu) is P.FastGeLU, x * sigmoid(1.702 x), and tensor parallel splits it like
+    the other activations (columns of the ffn)."""
+    from mindformers_gptlocal import GPTLocalConfig
+    from mindformers_gptlocal.model.layers import Activation
+    from mindformers_gptlocal.parallel.sharding import apply_sharding
+    x = np.linspace(-8, 8, 97, dtype=np.float32)
+    out = Activation("quick_gelu")(Tensor(x)).asnumpy()
+    assert np.abs(out - x / (1 + np.exp(-1.702 * x))).max() < 1e-6
+    config = GPTLocalConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                            max_position_embeddings=16, seq_length=16, hidden_act="quick_gelu", hidden_dropout=0.0,
+                            attention_dropout=0.0,
+                            parallel_config={"data_parallel": 2, "model_parallel": 2})
+    applied = apply_sharding(GPTLocalForCausalLM(config), config)
+    assert applied["model.layers.0.mlp.activation.fast_gelu"] == ((2, 1, 2),)

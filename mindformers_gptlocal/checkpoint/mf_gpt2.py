@@ -20,8 +20,8 @@ MindFormers' layout, read from mindspore-lab/mindformers branch r1.3.0 (the same
   eps 1e-5 (``LayerNorm`` default); ``ffn_hidden_size = hidden_size * expand_ratio``; attention scaled by
   1/sqrt(head_dim) (q and k each by 1/sqrt(sqrt(head_dim))).
 - ``hidden_act``: ``gelu`` is MindSpore's ``nn.GELU()`` with ``approximate=True``, the tanh form (gpt_local
-  ``gelu_new``); ``fast_gelu`` (the xl, 13B and 52B YAMLs) is ``P.FastGeLU``, x * sigmoid(1.702 x), which
-  gpt_local does not have: refused, naming the key.
+  ``gelu_new``); ``fast_gelu`` (the xl, 13B and 52B YAMLs) is ``P.FastGeLU``, x * sigmoid(1.702 x): gpt_local's
+  ``quick_gelu`` (HF's name), computed with the same primitive.
 
 Like ``hf_models.py``'s families: one config translation each way and ONE weight map, (gpt_local name,
 MindFormers names, kind), read by both directions (so it can later become a ``Family`` of its own framework).
@@ -71,7 +71,9 @@ OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.
 TRAINING_SCALARS = ("global_step", "scale_sense", "current_iterator_step", "last_overflow_iterator_step",
                     "epoch_num", "step_num", "loss_scale", "beta1_power", "beta2_power", "learning_rate",
                     "global_batch_size", "learning_rate_scale")
-MF_ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu"}  # MindFormers hidden_act -> gpt_local hidden_act
+# MindFormers hidden_act -> gpt_local hidden_act: nn.GELU() (approximate=True, the tanh form), P.FastGeLU
+# (x * sigmoid(1.702 x), HF's quick_gelu; the same primitive in gpt_local), ReLU
+MF_ACTIVATIONS = {"gelu": "gelu_new", "fast_gelu": "quick_gelu", "relu": "relu"}
 MF_DEFAULTS = {"vocab_size": 50257, "hidden_size": 768, "num_layers": 12, "num_heads": 12, "expand_ratio": 4,
                "seq_length": 1024, "hidden_act": "gelu", "embedding_dropout_prob": 0.1, "hidden_dropout_rate": 0.1,
                "attention_dropout_rate": 0.1, "eos_token_id": 50256, "pad_token_id": 50256, "bos_token_id": 50256}
@@ -100,10 +102,8 @@ def mf_to_local_config(mf):
     values = {**MF_DEFAULTS, **{k: v for k, v in mf.items() if v is not None}}
     act = values["hidden_act"]
     if act not in MF_ACTIVATIONS:
-        extra = (" MindSpore's FastGeLU is x * sigmoid(1.702 x), not a GeLU gpt_local computes; converting "
-                 "would change every logit." if act == "fast_gelu" else "")
         raise CheckpointError(f"model_config.hidden_act {act!r} is not supported for conversion (gpt_local "
-                              f"converts {', '.join(MF_ACTIVATIONS)}).{extra}")
+                              f"converts {', '.join(MF_ACTIVATIONS)}); another activation would change every logit.")
     if values.get("post_layernorm_residual"):
         raise CheckpointError("model_config.post_layernorm_residual is True; gpt_local is a pre-LayerNorm "
                               "GPT-2 (the MindFormers default, False).")

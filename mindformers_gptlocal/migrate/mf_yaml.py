@@ -190,12 +190,9 @@ def _model_config(mf, arch, cpu, notes):
         out["hidden_act"] = MF_ACTIVATIONS[act]
         if act == "gelu":
             notes.append("model_config.hidden_act gelu -> gelu_new (MindSpore's nn.GELU() is the tanh form)")
-    elif act == "fast_gelu":  # the xl, 13B and 52B YAMLs
-        out["hidden_act"] = "gelu_new"
-        notes.append("model_config.hidden_act fast_gelu -> gelu_new: CHANGES THE ACTIVATION. MindSpore's FastGeLU "
-                     "is x * sigmoid(1.702 x), which gpt_local does not have; gelu_new is GPT-2's own (HF gpt2-xl, "
-                     "the source of MindFormers' gpt2_xl weights, was trained with it). Right for a new run; a "
-                     "checkpoint trained with fast_gelu does not convert (convert mf2ms refuses it)")
+        elif act == "fast_gelu":
+            notes.append("model_config.hidden_act fast_gelu -> quick_gelu (x * sigmoid(1.702 x), MindSpore's "
+                         "FastGeLU primitive: the same function)")
     else:
         raise ConfigError(f"model.model_config.hidden_act {act!r} has no gpt_local activation that computes the "
                           f"same (gpt_local has {', '.join(MF_ACTIVATIONS.values())} for MindFormers' "
