@@ -173,13 +173,14 @@ def test_mf2ms_lists_every_problem_in_one_error(mf_gpt2, tmp_path):
     written = dict(mf_gpt2["written"])
     written.pop("backbone.blocks.1.output.mapping.bias")
     written["backbone.blocks.0.attention.rotary.inv_freq"] = np.zeros(4, np.float32)
+    written["backbone.blocks.0.attention.dense1.mindpet_delta_lora_a"] = np.zeros((2, 48), np.float32)
     ckpt = str(tmp_path / "bad.ckpt")
     ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in written.items()], ckpt)
     with pytest.raises(CheckpointError) as err:
         mf_to_ms(ckpt, str(tmp_path / "out"), mf_yaml=mf_gpt2["yaml"])
     message = str(err.value)
     assert "missing backbone.blocks.1.output.mapping.bias" in message
-    assert "unknown tensor(s) backbone.blocks.0.attention.rotary.inv_freq" in message
+    assert "backbone.blocks.0.attention.rotary.inv_freq" in message and "1 are GPT2WithLora adapters" in message
     assert not (tmp_path / "out").exists()
     # the YAML says another size: every mismatching tensor named, in the same one error
     config = yaml_io.load_yaml(mf_gpt2["yaml"])

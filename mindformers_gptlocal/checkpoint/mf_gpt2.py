@@ -292,8 +292,12 @@ def mf_to_ms(mf_ckpt, out, mf_yaml=None, tokenizer=None, num_heads=None):
         else:
             dropped[kind].append(name)
     if unknown:
+        lora = [n for n in unknown if "lora" in n.lower()]
         problems.append(f"unknown tensor(s) {', '.join(sorted(unknown)[:20])}"
-                        f"{f' (and {len(unknown) - 20} more)' if len(unknown) > 20 else ''}")
+                        f"{f' (and {len(unknown) - 20} more)' if len(unknown) > 20 else ''}"
+                        + (f" ({len(lora)} are GPT2WithLora adapters: mf2ms converts base weights; merge the "
+                           f"adapters into them in MindFormers first, or convert the base checkpoint and finetune "
+                           f"LoRA again with the migrated YAML)" if lora else ""))
     if problems:
         where = f"--mf-yaml {mf_yaml}" if mf_yaml else "the sizes read from its shapes"
         raise CheckpointError(f"--mf-ckpt {mf_ckpt} does not match a MindFormers GPT-2 of {where} "
