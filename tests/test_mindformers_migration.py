@@ -233,6 +233,8 @@ def test_rewrite_shifts_labels_counts_masked_positions_and_refuses_wrong_width(t
     for row, i, m in zip(rows, ids, masks):
         assert np.array_equal(row["input_ids"], i[:-1]) and np.array_equal(row["labels"], i[1:])
         assert np.array_equal(row["loss_mask"], m[1:]) and np.array_equal(row["position_ids"], np.arange(16))
+    assert main(["prepare-data", "--from-mf-mindrecord", old, "--out", str(tmp_path / "cli_out")]) == 0
+    assert (tmp_path / "cli_out" / "wiki.mindrecord").is_file()
     from mindformers_gptlocal.data.mf_mindrecord import rewrite
     summary = rewrite(old, str(tmp_path / "again"))
     pads = sum(r % 5 for r in range(9))  # trailing pads, all inside mask[1:]

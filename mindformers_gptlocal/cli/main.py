@@ -16,7 +16,8 @@ def prepare_data(argv):
     options = cli_args.prepare_data_parser().parse_args(argv)
     if options.from_mf_mindrecord:  # MindFormers 1.x GPT-2 data, rewritten once
         from ..data.mf_mindrecord import rewrite
-        out = None if options.out == cli_args.prepare_data_parser().get_default("out") else options.out
+        given = any(a == "--out" or a.startswith("--out=") for a in argv)  # else <FILE stem>_gptlocal
+        out = options.out if given else None
         summary = rewrite(options.from_mf_mindrecord, out, seq_length=options.seq_length,
                           overwrite=options.overwrite)
         print(json.dumps(summary, indent=2))
