@@ -131,6 +131,8 @@ def test_mf2ms_logits_equal_transformers_and_ms2mf_gives_the_checkpoint_back(hid
     assert set(again) == set(weights)
     for name, value in weights.items():
         assert again[name].shape == value.shape and np.array_equal(again[name], value), name
+    with pytest.raises(CheckpointError, match=r"ending in \.ckpt"):
+        ms_to_mf(str(out), str(tmp_path / "back.safetensors"))
 
 
 def test_mf2ms_sizes_from_shapes_and_training_state_reported(mf_gpt2, tmp_path):

@@ -281,8 +281,7 @@ def _lr_schedule(lr, notes):
 def _context(context, cpu, notes):
     out = dict(context)
     if cpu:
-        out.pop("device_id", None)
-        for key in CPU_CONTEXT_DROPPED:
+        for key in ("device_id",) + CPU_CONTEXT_DROPPED:
             if key in out:
                 notes.append(f"context.{key} dropped: an Ascend/GPU setting MindSpore only warns about on CPU")
                 out.pop(key)
