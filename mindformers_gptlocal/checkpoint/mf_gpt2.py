@@ -298,6 +298,10 @@ def mf_to_ms(mf_ckpt, out, mf_yaml=None, tokenizer=None, num_heads=None):
                         + (f" ({len(lora)} are GPT2WithLora adapters: mf2ms converts base weights; merge the "
                            f"adapters into them in MindFormers first, or convert the base checkpoint and finetune "
                            f"LoRA again with the migrated YAML)" if lora else ""))
+    if any(" expected " in p for p in problems):
+        problems.append("a checkpoint saved with integrated_save: False (the xl/13B/52B YAMLs) holds one rank's "
+                        "slice: merge the ranks into one file first (mindspore.transform_checkpoints with the "
+                        "run's strategy file, or MindFormers' own merge)")
     if problems:
         where = f"--mf-yaml {mf_yaml}" if mf_yaml else "the sizes read from its shapes"
         raise CheckpointError(f"--mf-ckpt {mf_ckpt} does not match a MindFormers GPT-2 of {where} "
