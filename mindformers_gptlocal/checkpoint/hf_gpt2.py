@@ -346,7 +346,8 @@ def write_ms_dir(out, plan, local, hf_dir, **summary):
         write_safetensors_streamed(os.path.join(staging, "model.safetensors"), plan, {"format": "gpt_local"})
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(local, handle, indent=2)
-        _copy_tokenizer(hf_dir, staging, local["max_position_embeddings"])
+        if hf_dir:  # None: no tokenizer to carry (convert mf2ms without --tokenizer)
+            _copy_tokenizer(hf_dir, staging, local["max_position_embeddings"])
         return {"tensors": len(plan), "config": local, **summary}
     return write_folder(out, build, CheckpointError)
 

@@ -4,7 +4,7 @@ import argparse
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
-    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact",
+    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact (mf2ms/ms2mf: MindFormers 1.x GPT-2)",
     "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
@@ -12,6 +12,7 @@ COMMANDS = {
     "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
     "lora": "merge a pet_config run's LoRA adapters into the base weights",
+    "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
 }
 
 
@@ -32,7 +33,8 @@ def prepare_data_parser():
                                                  "Megatron .bin/.idx. With no --input: the Python standard library.")
     parser.add_argument("--input", nargs="*", help="text files, folders or .jsonl (default: Python's stdlib sources)")
     parser.add_argument("--out", default="data/gptlocal", help="output folder (default: data/gptlocal)")
-    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--seq-length", type=int, help="tokens a row (default 256; with --from-mf-mindrecord: "
+                                                       "checked against the rows, default their width - 1)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="size of a newly trained BPE")
     parser.add_argument("--tokenizer", help="an existing tokenizer.json to use instead of training one")
     parser.add_argument("--vocab", help="GPT-2 vocab.json (with --merges)")
@@ -50,6 +52,21 @@ def prepare_data_parser():
                              "prompt (default) or stop with its file and line")
     parser.add_argument("--no-pack", dest="pack", action="store_false",
                         help="one instruction record a row (default: pack several a row, with actual_seq_len)")
+    parser.add_argument("--from-mf-mindrecord", metavar="FILE",
+                        help="rewrite a MindFormers 1.x GPT-2 MindRecord (input_ids + input_mask/attention_mask, "
+                             "seq_length + 1 a row) once into gpt_local's columns; --out default: <FILE stem>_gptlocal")
+    return parser
+
+
+def migrate_yaml_parser():
+    parser = argparse.ArgumentParser(prog="gptlocal migrate-yaml",
+                                     description="A MindFormers 1.x GPT-2 YAML (configs/gpt2/run_gpt2*.yaml) -> a "
+                                                 "gpt_local YAML; every key mapped or dropped with a line saying so.")
+    parser.add_argument("old", metavar="OLD.yaml", help="the MindFormers GPT-2 YAML")
+    parser.add_argument("--out", required=True, help="the gpt_local YAML to write")
+    parser.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"),
+                        help="run on this device instead of the old context.device_target")
+    parser.add_argument("--model-dir", help="a `gptlocal convert mf2ms` output: load_checkpoint and tokenizer")
     return parser
 
 
@@ -70,6 +87,15 @@ def convert_parser():
     ms2hf.add_argument("--lora-only", action="store_true",
                        help="write only the LoRA adapters of a pet_config run, as a Hugging Face PEFT adapter "
                             "(adapter_config.json + adapter_model.safetensors)")
+    mf2ms = sub.add_parser("mf2ms", help="MindFormers 1.x GPT-2 .ckpt -> gpt_local directory")
+    mf2ms.add_argument("--mf-ckpt", required=True, help="MindSpore .ckpt with MindFormers' GPT-2 names")
+    mf2ms.add_argument("--mf-yaml", help="the MindFormers YAML it was trained with (default: sizes from the shapes)")
+    mf2ms.add_argument("--num-heads", type=int, help="attention heads, without --mf-yaml (default hidden_size / 64)")
+    mf2ms.add_argument("--tokenizer", help="folder with tokenizer.json or vocab.json + merges.txt to carry along")
+    mf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
+    ms2mf = sub.add_parser("ms2mf", help="gpt_local GPT-2 directory -> MindFormers 1.x GPT-2 .ckpt")
+    ms2mf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
+    ms2mf.add_argument("--out", required=True, help="the .ckpt file to write")
     return parser
 
 
@@ -242,4 +268,4 @@ def eval_parser():
 
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
            "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser,
-           "lora": lora_parser}
+           "lora": lora_parser, "migrate-yaml": migrate_yaml_parser}

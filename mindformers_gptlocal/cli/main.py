@@ -14,8 +14,16 @@ from . import args as cli_args
 
 def prepare_data(argv):
     options = cli_args.prepare_data_parser().parse_args(argv)
+    if options.from_mf_mindrecord:  # MindFormers 1.x GPT-2 data, rewritten once
+        from ..data.mf_mindrecord import rewrite
+        given = any(a == "--out" or a.startswith("--out=") for a in argv)  # else <FILE stem>_gptlocal
+        out = options.out if given else None
+        summary = rewrite(options.from_mf_mindrecord, out, seq_length=options.seq_length,
+                          overwrite=options.overwrite)
+        print(json.dumps(summary, indent=2))
+        return 0
     from ..data.prepare import prepare
-    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length,
+    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length or 256,
                       vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
                       merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
                       max_bytes=options.max_bytes, overwrite=options.overwrite, fmt=options.format,
@@ -26,6 +34,8 @@ def prepare_data(argv):
 
 def convert(argv):
     options = cli_args.convert_parser().parse_args(argv)
+    if options.direction in ("mf2ms", "ms2mf"):
+        return convert_mindformers(options)
     from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
     if options.direction == "hf2ms":
         summary = hf_models.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
@@ -41,6 +51,31 @@ def convert(argv):
             print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
                   f"in first (gptlocal lora merge) or export them with --lora-only.")
     print(f"wrote {summary['tensors']} tensors to {options.out}")
+    return 0
+
+
+def convert_mindformers(options):
+    """convert mf2ms / ms2mf: MindFormers' own GPT-2 of the 1.x line (a MindSpore .ckpt)."""
+    from ..checkpoint import mf_gpt2
+    if options.direction == "ms2mf":
+        summary = mf_gpt2.ms_to_mf(options.ms_dir, options.out)
+        print(f"wrote {summary['tensors']} tensors to {summary['out']}")
+        return 0
+    summary = mf_gpt2.mf_to_ms(options.mf_ckpt, options.out, mf_yaml=options.mf_yaml, tokenizer=options.tokenizer,
+                               num_heads=options.num_heads)
+    for note in summary["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {summary['tensors']} tensors to {options.out}")
+    return 0
+
+
+def migrate_yaml(argv):
+    options = cli_args.migrate_yaml_parser().parse_args(argv)
+    from ..migrate.mf_yaml import migrate_file
+    notes = migrate_file(options.old, options.out, device_target=options.device_target, model_dir=options.model_dir)
+    for note in notes:
+        print(f"- {note}")
+    print(f"wrote {options.out}; check it with `gptlocal plan --config {options.out}`")
     return 0
 
 
@@ -119,7 +154,7 @@ def evaluate(argv):
 
 
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora}
+            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora, "migrate-yaml": migrate_yaml}
 
 
 def main(argv=None):

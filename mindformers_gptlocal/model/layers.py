@@ -149,13 +149,17 @@ class Activation(nn.Cell):
     (decided at build time; ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the kernel): in training as the
     ``TanhGeLU`` Cell with its own backward, otherwise inline, because a Cell with a custom backward
     stays a separate subgraph call (GPT-2 small greedy decode: 19 tokens/s through it, 35 inline).
-    The exact erf form stays functional.
+    The exact erf form stays functional. ``quick_gelu`` (HF's name for x * sigmoid(1.702 x)) is MindSpore's
+    FastGeLU primitive, the ``fast_gelu`` of MindFormers' GPT-2 (its xl/13B/52B YAMLs); held only when chosen.
     """
 
     def __init__(self, name):
         super().__init__()
         self.approximate = "none" if name == "gelu" else "tanh"
         self.is_relu = name == "relu"
+        self.is_quick = name == "quick_gelu"
+        if self.is_quick:
+            self.fast_gelu = ops.FastGeLU()
         self.relu = ops.ReLU()
         self.gelu = ops.GeLU()
         self.composed_tanh_gelu = replace_slow_cpu_kernels()
@@ -164,6 +168,8 @@ class Activation(nn.Cell):
     def construct(self, x):
         if self.is_relu:
             return self.relu(x)
+        if self.is_quick:
+            return self.fast_gelu(x)
         if self.approximate == "tanh":
             if self.composed_tanh_gelu:
                 if self.training:

@@ -25,7 +25,7 @@ GPT2_ALIASES = {
     "embd_pdrop": "embedding_dropout", "param_init_type": "params_dtype",
 }
 
-ACTIVATIONS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh", "gelu_fast", "silu", "swiglu")  # hidden_act values
+ACTIVATIONS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", "silu", "swiglu")  # hidden_act values
 
 # The layer choices of one GPTLocalBlock (issue: GPT-2, NeoX-style and Llama-style from one code path), with the
 # GPT-2 values as defaults; MindFormers' TransformerConfig names. ``GPTLocalConfig`` validates them;

@@ -138,6 +138,7 @@ def block_rules(seq_parallel=False, lora=(), arch=None):
         *gated,
         OpRule("mlp.activation.gelu", ((DP, 1, MP),)),
         OpRule("mlp.activation.relu", ((DP, 1, MP),)),
+        OpRule("mlp.activation.fast_gelu", ((DP, 1, MP),), optional=True),  # only with hidden_act quick_gelu
         *_row("mlp.linear_fc2", arch.bias),
         OpRule("attention_output_dropout.dropout", (act,)),
         OpRule("mlp_output_dropout.dropout", (act,)),
