@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
 import mindformers_gptlocal
@@ -50,9 +51,25 @@ def test_autoconfig_loads_model_dir(tmp_path, tiny_config):
     assert config.hidden_size == tiny_config.hidden_size
 
 
-def test_importing_mindformers_registers_the_plugin():
+TORCH_CHECK = ("import sys, tempfile, mindformers\n"
+               "print('TORCH', 'torch' in sys.modules)\n"
+               "import torch\n"
+               "from tensorboardX import SummaryWriter\n"
+               "w = SummaryWriter(tempfile.mkdtemp()); w.add_scalar('loss', float(torch.ones(3).sum()), 1); w.close()\n"
+               "print('WORKS')\n")
+
+
+@pytest.fixture(scope="module")
+def default_start():
+    """One fresh interpreter with the default environment runs both checks (CHECK, then TORCH_CHECK): the two tests
+    below read its output, so MindFormers is imported once for them instead of twice."""
+    return subprocess.run([sys.executable, "-c", CHECK + TORCH_CHECK], capture_output=True, text=True,
+                          env=source_env())
+
+
+def test_importing_mindformers_registers_the_plugin(default_start):
     """The installed .pth hook imports the plugin right after mindformers; the env switch turns it off."""
-    on = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=source_env())
+    on = default_start
     off = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True,
                          env=source_env(GPTLOCAL_NO_AUTOREGISTER="1"))
     assert "LOADED True True" in on.stdout, on.stdout + on.stderr
@@ -80,18 +97,12 @@ def test_planning_and_conversion_load_neither_mindspore_nor_mindformers():
     assert "HEAVY []" in out.stdout and "fits" in out.stdout, out.stdout + out.stderr
 
 
-def test_mindformers_does_not_load_torch_through_tensorboardx():
+def test_mindformers_does_not_load_torch_through_tensorboardx(default_start):
     """MindFormers imports tensorboardX at start-up, whose writer tries ``import torch``: the hook imports it
     with torch hidden, so a MindFormers process does not carry PyTorch (~230 MB of RSS) when it is installed;
     torch and tensorboardX still work afterwards, and GPTLOCAL_TENSORBOARDX_TORCH=1 keeps the old import."""
-    code = ("import sys, tempfile, mindformers\n"
-            "print('TORCH', 'torch' in sys.modules)\n"
-            "import torch\n"
-            "from tensorboardX import SummaryWriter\n"
-            "w = SummaryWriter(tempfile.mkdtemp()); w.add_scalar('loss', float(torch.ones(3).sum()), 1); w.close()\n"
-            "print('WORKS')\n")
-    hidden = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=source_env())
-    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    hidden = default_start
+    kept = subprocess.run([sys.executable, "-c", TORCH_CHECK], capture_output=True, text=True,
                           env=source_env(GPTLOCAL_TENSORBOARDX_TORCH="1"))
     assert "TORCH False" in hidden.stdout and "WORKS" in hidden.stdout, hidden.stdout + hidden.stderr[-3000:]
     assert "TORCH True" in kept.stdout and "WORKS" in kept.stdout, kept.stdout + kept.stderr[-3000:]
