@@ -16,13 +16,15 @@ the instruction handler's name, the CPU barrier, the finished-run refusal, the g
 under pipeline / gradient accumulation. The others live where they are used and ask this module:
 ``training/wrapper.py`` (overflow check, lean step: ``lean_step_allowed``), ``checkpoint/monitor.py``
 (``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``preflight/checks.py``
-(callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch).
+(callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch, BLEU without
+nltk's package).
 
 This module imports only ``errors`` at the top (the patch bodies import what they call when called),
 so ``training/`` and ``checkpoint/`` may import it without importing upwards.
 """
 import functools
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -82,6 +84,28 @@ def _lean_step_reads(import_module):
         return [f"MFTrainOneStepCell.construct reads {', '.join('self.' + n for n in new)}, which the lean step's "
                 f"allow-list (GPTLocalTrainOneStepCell._lean_step_applies) was not reviewed against"]
     return []
+
+
+def _bleu_needs_only_nltk_util(import_module, nltk_folder=None):
+    """nltk.translate.bleu_score must import no nltk module but nltk.util (read from its file: importing it here
+    would run nltk's package __init__, what the patch avoids)."""
+    del import_module
+    if nltk_folder is None:
+        try:
+            spec = importlib.util.find_spec("nltk")
+        except (ImportError, ValueError) as err:
+            return [f"nltk cannot be found ({err})"]
+        if spec is None or not spec.submodule_search_locations:
+            return ["nltk is not installed"]
+        nltk_folder = list(spec.submodule_search_locations)[0]
+    path = os.path.join(nltk_folder, "translate", "bleu_score.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+    except OSError as err:
+        return [f"nltk.translate.bleu_score cannot be read ({err})"]
+    used = sorted(set(re.findall(r"^\s*(?:from|import)\s+(nltk[\w.]*)", source, re.M)) - {"nltk.util"})
+    return [f"nltk.translate.bleu_score now imports {', '.join(used)}, not only nltk.util"] if used else []
 
 
 PATCHES = (
@@ -167,6 +191,12 @@ PATCHES = (
           "MindFormers imports tensorboardX at start-up, whose writer tries `import torch`: the .pth hook imports "
           "it first with torch hidden (RSS after import mindformers 944 -> 716 MB where torch is installed).",
           (Target("tensorboardX", "SummaryWriter"),), False),
+    Patch("BLEU without nltk's package", "mindformers_gptlocal_autoregister.import_bleu_without_nltk",
+          "MindFormers' metric module imports nltk.translate.bleu_score at start-up, which runs nltk's package __init__ "
+          "(~15% of import mindformers); the .pth hook loads that one module under bare nltk packages, then forgets "
+          "them, so MindFormers holds sentence_bleu and a later `import nltk` is the whole package.",
+          (Target("mindformers.core.metric.metric", "sentence_bleu"),
+           Target("mindformers.core.metric.metric", "SmoothingFunction")), False, _bleu_needs_only_nltk_util),
 )
 BY_NAME = {patch.name: patch for patch in PATCHES}
 _STATE = {"problems": None, "warned": False}

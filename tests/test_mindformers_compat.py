@@ -195,3 +195,15 @@ def test_the_registration_patches_are_in_place():
     for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
         assert getattr(getattr(base_trainer.BaseTrainer, name), "gptlocal_wrapped", False)
     assert sys.modules["mindformers_gptlocal.registration"].mark_checked is compat.mark_checked
+
+
+def test_bleu_patch_notices_a_bleu_module_that_needs_more_of_nltk(tmp_path):
+    """The .pth hook loads nltk's BLEU module under bare packages: that holds only while it imports nltk.util alone."""
+    check = compat.BY_NAME["BLEU without nltk's package"].extra
+    assert check(importlib.import_module) == []
+    (tmp_path / "translate").mkdir()
+    (tmp_path / "translate" / "bleu_score.py").write_text("import math\nfrom nltk.util import ngrams\n")
+    assert check(importlib.import_module, str(tmp_path)) == []
+    (tmp_path / "translate" / "bleu_score.py").write_text("from nltk.util import ngrams\nfrom nltk.tokenize import x\n")
+    assert check(importlib.import_module, str(tmp_path)) == [
+        "nltk.translate.bleu_score now imports nltk.tokenize, not only nltk.util"]

@@ -164,6 +164,11 @@ MUTATIONS = [
              "and not self.use_skip_data_by_global_norm)", COMPAT_TESTS),
     Mutation("pre-flight skips the compat check", PKG + "preflight/checks.py",
              "    require_compat()  #", "    pass  #", COMPAT_TESTS),
+    Mutation("BLEU patch check ignores what bleu_score imports", PKG + "mindformers_compat.py",
+             '- {"nltk.util"})', '- {"nltk.util"}) and []', COMPAT_TESTS),
+    Mutation("import hook keeps the bare nltk modules loaded", "mindformers_gptlocal_autoregister.py",
+             '        forget_bare_nltk(getattr(self, "bleu", ()))\n', "        pass\n",
+             ["tests/test_registration.py", "-k", "bleu"]),
     # planner
     Mutation("1F1B holds one micro-batch fewer", PKG + "plan/memory.py",
              "return max(1, min(stages - stage, micro_batch_num))",
