@@ -14,7 +14,7 @@ so loads PyTorch into every MindFormers process of an environment that has it: R
 mindformers`` 944 -> 716 MB; peak RSS of a LoRA finetune of GPT-2 small through ``gptlocal run`` 3,402-3,409
 -> 3,171-3,177 MB (3,020-3,030 in a venv without torch). torch stays importable afterwards;
 ``GPTLOCAL_TENSORBOARDX_TORCH=1`` keeps the old behaviour. It also loads the one nltk module MindFormers
-imports at start-up (BLEU) without nltk's package ``__init__`` (``import_bleu_without_nltk``; ~15% of
+imports at start-up (BLEU) without nltk's package ``__init__`` (``import_bleu_without_nltk``; about a fifth of
 ``import mindformers``); ``GPTLOCAL_NLTK_FULL=1`` keeps the full import.
 """
 import importlib
@@ -121,7 +121,7 @@ BLEU = "nltk.translate.bleu_score"
 
 def import_bleu_without_nltk():
     """MindFormers' metric module imports ``nltk.translate.bleu_score`` at start-up, and importing it runs nltk's
-    package ``__init__`` (every corpus reader, tagger and chunker of nltk, with scipy and scikit-learn): ~15% of
+    package ``__init__`` (every corpus reader, tagger and chunker of nltk, with scipy and scikit-learn): about a fifth of
     ``import mindformers``. The module itself needs only ``nltk.util``, so it is loaded here under bare ``nltk`` and
     ``nltk.translate`` packages (their folders, not their ``__init__``). Returns the names this loaded;
     ``forget_bare_nltk`` drops them once MindFormers holds its two functions, so a later ``import nltk`` is the whole
