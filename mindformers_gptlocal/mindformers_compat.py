@@ -193,8 +193,9 @@ PATCHES = (
           (Target("tensorboardX", "SummaryWriter"),), False),
     Patch("BLEU without nltk's package", "mindformers_gptlocal_autoregister.import_bleu_without_nltk",
           "MindFormers' metric module imports nltk.translate.bleu_score at start-up, which runs nltk's package "
-          "__init__ (about a fifth of import mindformers); the .pth hook loads that one module under bare nltk packages, then "
-          "forgets them, so MindFormers holds sentence_bleu and a later `import nltk` is the whole package.",
+          "__init__ (about a fifth of import mindformers); the .pth hook loads that one module under bare nltk "
+          "packages, then forgets them, so MindFormers holds sentence_bleu and a later `import nltk` is the whole "
+          "package.",
           (Target("mindformers.core.metric.metric", "sentence_bleu"),
            Target("mindformers.core.metric.metric", "SmoothingFunction")), False, _bleu_needs_only_nltk_util),
 )
