@@ -122,8 +122,8 @@ BLEU = "nltk.translate.bleu_score"
 def import_bleu_without_nltk():
     """MindFormers' metric module imports ``nltk.translate.bleu_score`` at start-up, and importing it runs nltk's
     package ``__init__`` (every corpus reader, tagger and chunker of nltk, with scipy and scikit-learn): about a
-    fifth of ``import mindformers``. The module itself needs only ``nltk.util``, so it is loaded here under bare ``nltk`` and
-    ``nltk.translate`` packages (their folders, not their ``__init__``). Returns the names this loaded;
+    fifth of ``import mindformers``. The module itself needs only ``nltk.util``, so it is loaded here under bare
+    ``nltk`` and ``nltk.translate`` packages (their folders, not their ``__init__``). Returns the names this loaded;
     ``forget_bare_nltk`` drops them once MindFormers holds its two functions, so a later ``import nltk`` is the whole
     package, as before. Nothing happens when nltk is already loaded or ``GPTLOCAL_NLTK_FULL=1``; any failure
     restores ``sys.modules`` and MindFormers imports nltk itself."""
