@@ -13,10 +13,13 @@ imports tensorboardX at start-up, whose writer tries ``import torch`` (only to a
 so loads PyTorch into every MindFormers process of an environment that has it: RSS after ``import
 mindformers`` 944 -> 716 MB; peak RSS of a LoRA finetune of GPT-2 small through ``gptlocal run`` 3,402-3,409
 -> 3,171-3,177 MB (3,020-3,030 in a venv without torch). torch stays importable afterwards;
-``GPTLOCAL_TENSORBOARDX_TORCH=1`` keeps the old behaviour.
+``GPTLOCAL_TENSORBOARDX_TORCH=1`` keeps the old behaviour. It also loads the one nltk module MindFormers
+imports at start-up (BLEU) without nltk's package ``__init__`` (``import_bleu_without_nltk``; about a fifth of
+``import mindformers``); ``GPTLOCAL_NLTK_FULL=1`` keeps the full import.
 """
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -34,8 +37,10 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
     def before(self):
         import_tensorboardx_without_torch()
+        self.bleu = import_bleu_without_nltk()
 
     def after(self):
+        forget_bare_nltk(getattr(self, "bleu", ()))
         importlib.import_module(REGISTRATION).register()
 
     def find_spec(self, fullname, path=None, target=None):
@@ -109,6 +114,52 @@ def import_tensorboardx_without_torch():
     finally:
         if "torch" in sys.modules and sys.modules["torch"] is None:
             del sys.modules["torch"]
+
+
+BLEU = "nltk.translate.bleu_score"
+
+
+def import_bleu_without_nltk():
+    """MindFormers' metric module imports ``nltk.translate.bleu_score`` at start-up, and importing it runs nltk's
+    package ``__init__`` (every corpus reader, tagger and chunker of nltk, with scipy and scikit-learn): about a
+    fifth of ``import mindformers``. The module itself needs only ``nltk.util``, so it is loaded here under bare
+    ``nltk`` and ``nltk.translate`` packages (their folders, not their ``__init__``). Returns the names this loaded;
+    ``forget_bare_nltk`` drops them once MindFormers holds its two functions, so a later ``import nltk`` is the whole
+    package, as before. Nothing happens when nltk is already loaded or ``GPTLOCAL_NLTK_FULL=1``; any failure
+    restores ``sys.modules`` and MindFormers imports nltk itself."""
+    if os.environ.get("GPTLOCAL_NLTK_FULL") == "1" or any(m == "nltk" or m.startswith("nltk.") for m in sys.modules):
+        return ()
+    try:
+        spec = importlib.util.find_spec("nltk")
+    except Exception:  # pylint: disable=broad-except
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    bare = {}
+    for name, folders in (("nltk", list(spec.submodule_search_locations)),
+                          ("nltk.translate", [os.path.join(p, "translate") for p in spec.submodule_search_locations])):
+        module = importlib.util.module_from_spec(importlib.machinery.ModuleSpec(name, None, is_package=True))
+        module.__path__ = folders
+        bare[name] = module
+    before = set(sys.modules)
+    sys.modules.update(bare)
+    try:
+        importlib.import_module(BLEU)
+        return tuple(sorted(set(sys.modules) - before))
+    except Exception:  # pylint: disable=broad-except
+        forget_bare_nltk(tuple(sorted(set(sys.modules) - before)))
+        return ()
+    finally:
+        for name, module in bare.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+
+
+def forget_bare_nltk(names):
+    """Drop the nltk modules ``import_bleu_without_nltk`` loaded (MindFormers keeps the functions it imported)."""
+    for name in names:
+        if name == "nltk" or name.startswith("nltk."):
+            sys.modules.pop(name, None)
 
 
 def install():

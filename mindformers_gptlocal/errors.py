@@ -15,3 +15,12 @@ class DataError(GPTLocalError):
 
 class CheckpointError(GPTLocalError):
     """A weights file is missing, corrupt, or belongs to another architecture or size."""
+
+
+class CompatError(GPTLocalError):
+    """The installed MindFormers/MindSpore moved or changed something a gpt_local patch relies on
+    (``mindformers_compat``): the message names the patch, the target and the versions."""
+
+
+class GPTLocalCompatWarning(UserWarning):
+    """A gpt_local patch of MindFormers/MindSpore found its target moved (``mindformers_compat.verify``)."""

@@ -74,6 +74,18 @@ def run_launcher(args, cwd, env=None, timeout=600):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def launch_in_process(args, cwd, capsys, monkeypatch):
+    """``gptlocal run ARGS`` through the CLI's own ``main`` in this process, for runs the pre-flight refuses
+    (nothing is built, no MindSpore context is set): the same code and output as ``run_launcher`` without a
+    subprocess that spends ~7 s importing MindFormers. Returns (exit code, combined output)."""
+    from mindformers_gptlocal.cli.main import main
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(["run", *args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
 def step_losses(output):
     """Losses from GPTLocalThroughputMonitor lines, in step order."""
     return [float(x) for x in re.findall(r"\[gpt_local\] step \d+/\d+\s+loss (\S+)", output)]

@@ -1,4 +1,5 @@
 """Bad input gives one clear error naming the key or file and the fix, never a deep traceback."""
+import functools
 import os
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.errors import ConfigError
-from conftest import TINY, run_launcher, tiny_yaml
+from conftest import TINY, launch_in_process, run_launcher, tiny_yaml
 
 
 def test_unknown_key_is_named_with_suggestion():
@@ -43,42 +44,50 @@ def test_gpt2_names_are_accepted_and_conflicts_refused():
         GPTLocalConfig(**dict(TINY, n_layer=3))
 
 
-def _launch_error(tmp_path, corpus, *extra, **changes):
+@pytest.fixture
+def launch_error(tmp_path, corpus, capsys, monkeypatch):
+    """``gptlocal run`` on the tiny YAML with ``changes``, refused by the pre-flight: its one error line. In this
+    process (``conftest.launch_in_process``: the CLI's main, no subprocess start); the entry point's own
+    subprocess is kept by test_launcher_prints_one_clean_line_for_bad_yaml."""
+    return functools.partial(_launch_error, tmp_path, corpus, capsys, monkeypatch)
+
+
+def _launch_error(tmp_path, corpus, capsys, monkeypatch, *extra, **changes):
     yaml_path = tiny_yaml(tmp_path, corpus=corpus, **changes)
-    code, out = run_launcher(["--config", yaml_path, *extra], cwd=str(tmp_path))
+    code, out = launch_in_process(["--config", yaml_path, *extra], str(tmp_path), capsys, monkeypatch)
     errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
     assert code == 2, out[-2000:]
     assert len(errors) == 1 and "Traceback" not in out, out[-2000:]
     return errors[0]
 
 
-def test_launcher_wrong_type(tmp_path, corpus):
-    line = _launch_error(tmp_path, corpus, model__model_config__num_hidden_layers="four")
+def test_launcher_wrong_type(tmp_path, launch_error):
+    line = launch_error(model__model_config__num_hidden_layers="four")
     assert "model_config.num_hidden_layers must be a positive integer, got 'four'" in line
     assert not os.path.exists(tmp_path / "output" / "checkpoint")
 
 
-def test_launcher_unknown_key(tmp_path, corpus):
-    line = _launch_error(tmp_path, corpus, model__model_config__hiden_size=64)
+def test_launcher_unknown_key(launch_error):
+    line = launch_error(model__model_config__hiden_size=64)
     assert "model_config.hiden_size" in line and "hidden_size" in line
 
 
-def test_launcher_missing_data_path(tmp_path, corpus):
-    line = _launch_error(tmp_path, corpus, train_dataset__data_loader__dataset_dir=str(tmp_path / "nope.mindrecord"))
+def test_launcher_missing_data_path(tmp_path, launch_error):
+    line = launch_error(train_dataset__data_loader__dataset_dir=str(tmp_path / "nope.mindrecord"))
     assert "train_dataset.data_loader.dataset_dir" in line and "prepare-data" in line
 
 
-def test_launcher_token_ids_beyond_vocab(tmp_path, corpus):
+def test_launcher_token_ids_beyond_vocab(tmp_path, launch_error):
     from mindformers_gptlocal.data.prepare import write_mindrecord
     windows = np.random.default_rng(0).integers(0, 600, (8, 65)).astype(np.int32)  # vocab is 512
     path = str(tmp_path / "big.mindrecord")
     write_mindrecord(path, windows)
-    line = _launch_error(tmp_path, corpus, train_dataset__data_loader__dataset_dir=path)
+    line = launch_error(train_dataset__data_loader__dataset_dir=path)
     assert "outside model_config.vocab_size (512)" in line and "vocab_size to at least" in line
 
 
-def test_launcher_seq_length_mismatch(tmp_path, corpus):
-    line = _launch_error(tmp_path, corpus, model__model_config__seq_length=32)
+def test_launcher_seq_length_mismatch(launch_error):
+    line = launch_error(model__model_config__seq_length=32)
     assert "seq_length" in line and "--seq-length" in line
 
 

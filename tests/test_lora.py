@@ -18,7 +18,7 @@ from mindformers_gptlocal.model.lora import add_lora_to_block
 from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import block_rules, merge_slices, param_layouts, rank_slice, split_axis
-from conftest import TINY, run_launcher, step_losses
+from conftest import TINY, launch_in_process, run_launcher, step_losses
 from test_resume import write_yaml
 from test_tensor_parallel import SMALL, AllReduceParts, params_by_path, randomised, value_and_grads
 
@@ -218,10 +218,10 @@ def test_bad_pet_config_is_one_clear_error(change, pattern):
         GPTLocalConfig(**TINY, pet_config=dict(PET, **change))
 
 
-def test_launcher_refuses_bad_pet_config_before_compiling(tmp_path, corpus, base_dir):
+def test_launcher_refuses_bad_pet_config_before_compiling(tmp_path, corpus, base_dir, capsys, monkeypatch):
     yaml_path = write_yaml(tmp_path, corpus, "finetune_gpt_local_tiny_cpu.yaml",
                            **lora_yaml_changes(base_dir, target_modules=".*wq|.*wv"))
-    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp_path))
+    code, out = launch_in_process(["--config", yaml_path], str(tmp_path), capsys, monkeypatch)  # no subprocess
     assert code == 2, out[-3000:]
     assert "matches none of gpt_local's Linears" in out and "Traceback" not in out
     assert "step 1/" not in out

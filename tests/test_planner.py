@@ -16,7 +16,7 @@ from mindformers_gptlocal.plan import memory as mem
 from mindformers_gptlocal.parallel.rules import check_parallel_layout, check_yaml_layout
 from mindformers_gptlocal.plan.report import plan
 from mindformers_gptlocal.preflight.checks import check_layout
-from conftest import CONFIGS, TINY, run_launcher, tiny_yaml
+from conftest import CONFIGS, TINY, launch_in_process, run_launcher, tiny_yaml
 
 ASCEND = sorted(p for p in glob.glob(os.path.join(CONFIGS, "*.yaml"))
                 if yaml_io.load_yaml(p)["context"]["device_target"] == "Ascend")
@@ -155,7 +155,7 @@ def test_building_the_model_with_a_bad_layout_raises_the_same_lines(as_object):
     assert all(line in str(err.value) for line in expected)
 
 
-def test_preflight_and_launcher_stop_with_the_same_lines(tmp_path, corpus):
+def test_preflight_and_launcher_stop_with_the_same_lines(tmp_path, corpus, capsys, monkeypatch):
     path = tiny_yaml(tmp_path, corpus=corpus, parallel_config__model_parallel=3)
     config = yaml_io.load_yaml(path)
     expected = check_yaml_layout(config)
@@ -163,7 +163,7 @@ def test_preflight_and_launcher_stop_with_the_same_lines(tmp_path, corpus):
     with pytest.raises(ConfigError) as err:
         check_layout(copy.deepcopy(config))
     assert all(line in str(err.value) for line in expected)
-    code, out = run_launcher(["--config", path], cwd=str(tmp_path))
+    code, out = launch_in_process(["--config", path], str(tmp_path), capsys, monkeypatch)  # the launcher's main
     assert code == 2 and all(line in out for line in expected), out[-2000:]
 
 

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
 import mindformers_gptlocal
@@ -50,9 +51,35 @@ def test_autoconfig_loads_model_dir(tmp_path, tiny_config):
     assert config.hidden_size == tiny_config.hidden_size
 
 
-def test_importing_mindformers_registers_the_plugin():
+TORCH_CHECK = ("import sys, tempfile, mindformers\n"
+               "print('TORCH', 'torch' in sys.modules)\n"
+               "import torch\n"
+               "from tensorboardX import SummaryWriter\n"
+               "w = SummaryWriter(tempfile.mkdtemp()); w.add_scalar('loss', float(torch.ones(3).sum()), 1); w.close()\n"
+               "print('WORKS')\n")
+# after import mindformers: no nltk module is left loaded, MindFormers' BLEU equals nltk's, and nltk is whole
+NLTK_CHECK = ("import sys\n"
+              "print('NLTK', sorted(m for m in sys.modules if m.split('.')[0] == 'nltk')[:3])\n"
+              "from mindformers.core.metric.metric import sentence_bleu as mf_bleu, SmoothingFunction as MFSmoothing\n"
+              "import nltk, nltk.translate.bleu_score\n"
+              "ref, hyp = [['the', 'cat', 'is', 'on', 'the', 'mat']], ['the', 'cat', 'sat', 'on', 'the', 'mat']\n"
+              "ours = mf_bleu(ref, hyp, smoothing_function=MFSmoothing().method1)\n"
+              "theirs = nltk.translate.bleu_score.sentence_bleu(ref, hyp, smoothing_function="
+              "nltk.translate.bleu_score.SmoothingFunction().method1)\n"
+              "print('BLEU', 0 < ours < 1 and ours == theirs, callable(nltk.word_tokenize))\n")
+
+
+@pytest.fixture(scope="module")
+def default_start():
+    """One fresh interpreter with the default environment runs both checks (CHECK, then TORCH_CHECK): the two tests
+    below read its output, so MindFormers is imported once for them instead of twice."""
+    return subprocess.run([sys.executable, "-c", CHECK + TORCH_CHECK + NLTK_CHECK], capture_output=True, text=True,
+                          env=source_env())
+
+
+def test_importing_mindformers_registers_the_plugin(default_start):
     """The installed .pth hook imports the plugin right after mindformers; the env switch turns it off."""
-    on = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=source_env())
+    on = default_start
     off = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True,
                          env=source_env(GPTLOCAL_NO_AUTOREGISTER="1"))
     assert "LOADED True True" in on.stdout, on.stdout + on.stderr
@@ -80,18 +107,28 @@ def test_planning_and_conversion_load_neither_mindspore_nor_mindformers():
     assert "HEAVY []" in out.stdout and "fits" in out.stdout, out.stdout + out.stderr
 
 
-def test_mindformers_does_not_load_torch_through_tensorboardx():
+@pytest.fixture(scope="module")
+def old_behaviour():
+    """One interpreter with both of the hook's keep-the-old-import switches (tensorboardX with torch, nltk whole)."""
+    return subprocess.run([sys.executable, "-c", TORCH_CHECK + "print('NLTK', 'nltk' in sys.modules)\n"],
+                          capture_output=True, text=True,
+                          env=source_env(GPTLOCAL_TENSORBOARDX_TORCH="1", GPTLOCAL_NLTK_FULL="1"))
+
+
+def test_mindformers_does_not_load_torch_through_tensorboardx(default_start, old_behaviour):
     """MindFormers imports tensorboardX at start-up, whose writer tries ``import torch``: the hook imports it
     with torch hidden, so a MindFormers process does not carry PyTorch (~230 MB of RSS) when it is installed;
     torch and tensorboardX still work afterwards, and GPTLOCAL_TENSORBOARDX_TORCH=1 keeps the old import."""
-    code = ("import sys, tempfile, mindformers\n"
-            "print('TORCH', 'torch' in sys.modules)\n"
-            "import torch\n"
-            "from tensorboardX import SummaryWriter\n"
-            "w = SummaryWriter(tempfile.mkdtemp()); w.add_scalar('loss', float(torch.ones(3).sum()), 1); w.close()\n"
-            "print('WORKS')\n")
-    hidden = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=source_env())
-    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=source_env(GPTLOCAL_TENSORBOARDX_TORCH="1"))
+    hidden = default_start
+    kept = old_behaviour
     assert "TORCH False" in hidden.stdout and "WORKS" in hidden.stdout, hidden.stdout + hidden.stderr[-3000:]
     assert "TORCH True" in kept.stdout and "WORKS" in kept.stdout, kept.stdout + kept.stderr[-3000:]
+
+
+def test_mindformers_imports_bleu_without_nltks_package(default_start, old_behaviour):
+    """MindFormers imports nltk's BLEU at start-up; the hook loads that module without nltk's package __init__ and
+    forgets it afterwards: no nltk module stays loaded, MindFormers' sentence_bleu equals nltk's own, and a later
+    ``import nltk`` is the whole package. GPTLOCAL_NLTK_FULL=1 keeps MindFormers' full import."""
+    assert "NLTK []" in default_start.stdout and "BLEU True True" in default_start.stdout, \
+        default_start.stdout + default_start.stderr[-3000:]
+    assert "NLTK True" in old_behaviour.stdout, old_behaviour.stdout + old_behaviour.stderr[-3000:]

@@ -8,7 +8,7 @@ resume too; saved by GPTLocalCheckpointMonitor). Single card, fp32 on CPU.
 import os
 
 from mindformers_gptlocal import yaml_io
-from conftest import run_launcher, step_losses, tiny_yaml
+from conftest import launch_in_process, run_launcher, step_losses, tiny_yaml
 
 N = 4
 
@@ -71,10 +71,11 @@ def test_resume_megatron_dynamic_loss_scale_is_exact(tmp_path, corpus):
     assert "step 6: loss scale raised 8192 -> 16384" in resumed  # scale and window count carried over the stop
 
 
-def test_resume_without_checkpoint_is_one_clear_error(tmp_path, corpus):
+def test_resume_without_checkpoint_is_one_clear_error(tmp_path, corpus, capsys, monkeypatch):
     yaml_path = write_yaml(tmp_path, corpus)
     (tmp_path / "cwd").mkdir()  # MindFormers' config parser opens its log under ./output/log of the cwd
-    code, out = run_launcher(["--config", yaml_path, "--resume_training", "True"], cwd=str(tmp_path / "cwd"))
+    code, out = launch_in_process(["--config", yaml_path, "--resume_training", "True"], str(tmp_path / "cwd"),
+                                  capsys, monkeypatch)  # refused by the pre-flight: no subprocess needed
     assert code == 2, out[-3000:]
     assert "resume_training: no complete checkpoint" in out and "Traceback" not in out
     assert not os.path.exists(tmp_path / "output")  # nothing written to output_dir

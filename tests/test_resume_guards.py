@@ -14,7 +14,7 @@ import pytest
 
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
-from conftest import run_launcher, step_losses
+from conftest import launch_in_process, run_launcher, step_losses
 from test_resume import write_yaml
 
 N = 3
@@ -55,11 +55,17 @@ def _resume(run, *flags, **popen):
                         **popen)
 
 
-def test_changed_batch_size_and_data_are_refused_naming_each_key(stopped_run, tmp_path, corpus):
+def _resume_refused(run, capsys, monkeypatch, *flags):
+    """A resume the pre-flight refuses, in this process (conftest.launch_in_process: no subprocess start)."""
+    return launch_in_process(["--config", str(run / "run.yaml"), "--resume_training", "True", *flags], str(run),
+                             capsys, monkeypatch)
+
+
+def test_changed_batch_size_and_data_are_refused_naming_each_key(stopped_run, tmp_path, corpus, capsys, monkeypatch):
     run = _copy(stopped_run, tmp_path)
     before = _snapshot(run / "output" / "checkpoint")
-    code, out = _resume(run, "--runner_config.batch_size", "2", "--train_dataset.batch_size", "2",
-                        "--train_dataset_dir", corpus["eval_mindrecord"])
+    code, out = _resume_refused(run, capsys, monkeypatch, "--runner_config.batch_size", "2",
+                                "--train_dataset.batch_size", "2", "--train_dataset_dir", corpus["eval_mindrecord"])
     assert code == 2, out[-3000:]
     assert "Traceback" not in out
     assert "runner_config.batch_size is 2 now but was 4" in out, out[-2000:]
@@ -68,9 +74,9 @@ def test_changed_batch_size_and_data_are_refused_naming_each_key(stopped_run, tm
     assert _snapshot(run / "output" / "checkpoint") == before
 
 
-def test_changed_model_size_is_refused_before_anything_is_built(stopped_run, tmp_path):
+def test_changed_model_size_is_refused_before_anything_is_built(stopped_run, tmp_path, capsys, monkeypatch):
     run = _copy(stopped_run, tmp_path)
-    code, out = _resume(run, "--model.model_config.num_hidden_layers", "3")
+    code, out = _resume_refused(run, capsys, monkeypatch, "--model.model_config.num_hidden_layers", "3")
     assert code == 2 and "Traceback" not in out, out[-3000:]
     assert "model.model_config.num_hidden_layers is 3 now but was 2" in out, out[-2000:]
 

@@ -4,12 +4,15 @@ tests that cover its code. Run it before a release (not in CI; ~15-25 minutes on
     python tools/mutation_check.py                  # all mutations, prints caught / missed
     python tools/mutation_check.py --only wrapper   # the mutations whose name contains "wrapper"
     python tools/mutation_check.py --list
+    python tools/mutation_check.py --check-stale    # only: does every snippet still match? (no tests; CI runs it)
 
 Each mutation replaces one exact snippet of a source file in a scratch copy of the repository (the
 working tree is never touched) and runs ``python -m pytest -x`` on its tests there. Caught: the tests
-fail. Missed: they pass. First every test selection runs once unmutated and must pass (a broken copy
-would otherwise count every mutation as caught). A snippet that is not found exactly once is reported as stale, so the list
-keeps up with the code. Own code rather than mutmut: mutmut mutates every line and runs the whole suite
+fail. Missed: they pass. Before anything runs, every snippet must be found exactly once in its file and
+every test file must exist: a stale one fails the tool at once (exit 3, each named), so the list keeps up
+with the code; ``--check-stale`` does only that (``tests/test_mutation_check.py`` runs it in the suite).
+Then every test selection runs once unmutated and must pass (a broken copy would otherwise count every
+mutation as caught). Own code rather than mutmut: mutmut mutates every line and runs the whole suite
 per mutant (hours here); these are the bugs a person would write, each with its few relevant tests.
 """
 import argparse
@@ -26,6 +29,7 @@ PKG = "mindformers_gptlocal/"
 
 Mutation = namedtuple("Mutation", "name path old new tests")
 
+COMPAT_TESTS = ["tests/test_mindformers_compat.py"]
 PLANNER_TESTS = ["tests/test_plan_values.py", "tests/test_planner.py", "-k", "not cpu_estimate_is_within"]
 MUTATIONS = [
     # model
@@ -37,13 +41,15 @@ MUTATIONS = [
              "upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=2)",
              ["tests/test_model.py"]),
     Mutation("attention residual dropped", PKG + "model/block.py",
-             "hidden = self.add(hidden, ops.cast(self.hidden_dropout(attn), dtype))",
-             "hidden = ops.cast(self.hidden_dropout(attn), dtype)", ["tests/test_generation.py"]),
+             "hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))\n"
+             "        mlp = self.mlp(",
+             "hidden = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)\n        mlp = self.mlp(",
+             ["tests/test_generation.py"]),
     Mutation("final LayerNorm skipped", PKG + "model/gpt.py", "return self.final_layernorm(hidden)",
              "return hidden", ["tests/test_generation.py"]),
     Mutation("position embeddings ignored", PKG + "model/gpt.py",
-             "return self.dropout(ops.cast(words + positions, self.compute_dtype))",
-             "return self.dropout(ops.cast(words, self.compute_dtype))", ["tests/test_generation.py"]),
+             "return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)",
+             "return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)", ["tests/test_generation.py"]),
     Mutation("residual projections not scaled at init", PKG + "model/layers.py",
              "return config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)",
              "return config.initializer_range", ["tests/test_model.py"]),
@@ -88,7 +94,8 @@ MUTATIONS = [
              'OpRule(f"{linear}.bias_add", ((DP, MP), (MP,)), {1: f"{linear}.bias"})',
              ["tests/test_sharding_golden.py", "tests/test_tensor_parallel.py"]),
     Mutation("tied head ignores the vocab split", PKG + "parallel/sharding.py",
-             'OpRule("head_matmul", ((DP, 1), table), {1: word})', 'OpRule("head_matmul", ((DP, 1), (1, 1)), {1: word})',
+             'OpRule("head_matmul", ((DP, 1), table), {1: "output_layer.weight" if arch.untied else word})',
+             'OpRule("head_matmul", ((DP, 1), (1, 1)), {1: "output_layer.weight" if arch.untied else word})',
              ["tests/test_sharding_golden.py", "tests/test_tensor_parallel.py"]),
     Mutation("pipeline remainder layers go to the first stage", PKG + "parallel/layout.py",
              "order = list(range(1, stages)) + [0]", "order = list(range(stages))",
@@ -102,8 +109,8 @@ MUTATIONS = [
              'offset = config_value(parallel_config, "offset", None)\n    if offset is None:\n'
              '        offset = config_value(model_config, "offset", None)', ["tests/test_params.py"]),
     Mutation("tied token table only on the first stage", PKG + "model/params.py",
-             "shapes = {WORD_EMBEDDINGS: ((d[\"vocab\"], d[\"hidden\"]), sorted({0, last})),",
-             "shapes = {WORD_EMBEDDINGS: ((d[\"vocab\"], d[\"hidden\"]), [0]),",
+             "shapes = {WORD_EMBEDDINGS: ((d[\"vocab\"], d[\"hidden\"]), [0] if arch.untied else sorted({0, last}))}",
+             "shapes = {WORD_EMBEDDINGS: ((d[\"vocab\"], d[\"hidden\"]), [0] if arch.untied else [0])}",
              ["tests/test_params.py", "tests/test_dist_checkpoint.py"]),
     Mutation("rank numbering with dp innermost", PKG + "checkpoint/distributed.py",
              "return stage * self.dp * self.mp + dp_index * self.mp + mp_index",
@@ -120,19 +127,48 @@ MUTATIONS = [
              "global_norm = F.sqrt(F.addn(self.hyper_map(square_sum, x)))",
              "global_norm = F.addn(self.hyper_map(square_sum, x))", ["tests/test_grad_checks.py", "tests/test_wrapper.py"]),
     Mutation("AdamW without bias correction of the step", PKG + "training/optim.py",
-             "kernel(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,",
-             "kernel(param, exp_avg, exp_avg_sq, lr, beta1, beta2,", ["tests/test_optim.py", "-k", "step_by_step"]),
+             "lr * root_correction2 / correction1, beta1, beta2,\n               eps * root_correction2, "
+             "weight_decay * correction1 / root_correction2,\n               ops.cast(grad, param.dtype))",
+             "lr, beta1, beta2,\n               eps * root_correction2, "
+             "weight_decay * correction1 / root_correction2,\n               ops.cast(grad, param.dtype))",
+             ["tests/test_optim.py", "-k", "step_by_step"]),
     Mutation("AdamW weight decay not rescaled", PKG + "training/optim.py",
-             "weight_decay * correction1 / root_correction2,", "weight_decay,",
+             "weight_decay * correction1 / root_correction2,\n               ops.cast(grad, param.dtype))",
+             "weight_decay,\n               ops.cast(grad, param.dtype))",
              ["tests/test_optim.py", "-k", "step_by_step"]),
     Mutation("perplexity scores logits against the same position", PKG + "training/metrics.py",
              "target = labels[row, 1:]", "target = labels[row, :-1]", ["tests/test_metrics.py"]),
     # checkpoints and resume
     Mutation("manifest compares sizes only", PKG + "checkpoint/manifest.py",
-             'if sha256_of(path) != entry["sha256"]:', "if False:", ["tests/test_crash_safe.py"]),
+             'if entry["sha256"] and sha256_of(path) != entry["sha256"]:', "if False:", ["tests/test_crash_safe.py"]),
     Mutation("resume takes the oldest checkpoint", PKG + "checkpoint/resume.py",
              'for entry in sorted(entries, key=lambda e: e["step"], reverse=True):',
              'for entry in sorted(entries, key=lambda e: e["step"]):', ["tests/test_crash_safe.py"]),
+    # MindFormers compatibility (mindformers_compat.py)
+    Mutation("compat check ignores a re-signed target", PKG + "mindformers_compat.py",
+             "if target.params is not None and params != list(target.params):", "if False:", COMPAT_TESTS),
+    Mutation("compat check ignores an instance attribute no longer set", PKG + "mindformers_compat.py",
+             "        if gone:\n", "        if False:\n", COMPAT_TESTS),
+    Mutation("compat check misses a new flag in MindFormers' step", PKG + "mindformers_compat.py",
+             'new = sorted(set(re.findall(r"self\\.([A-Za-z_]\\w*)", source)) - LEAN_STEP_REVIEWED_READS)',
+             "new = []", COMPAT_TESTS),
+    Mutation("compat verify never warns", PKG + "mindformers_compat.py",
+             "warnings.warn(message(name, problems), GPTLocalCompatWarning, stacklevel=2)", "pass", COMPAT_TESTS),
+    Mutation("checkpoint rotation patch assigns onto any manager", PKG + "mindformers_compat.py",
+             "    if not callable(original):\n        raise CompatError", "    if False:\n        raise CompatError",
+             COMPAT_TESTS),
+    Mutation("barrier scan patches no module", PKG + "mindformers_compat.py",
+             "for name in barrier_bound_modules(original):", "for name in ():", COMPAT_TESTS),
+    Mutation("lean step ignores its compat check", PKG + "training/wrapper.py",
+             "and not self.use_skip_data_by_global_norm and lean_step_allowed())",
+             "and not self.use_skip_data_by_global_norm)", COMPAT_TESTS),
+    Mutation("pre-flight skips the compat check", PKG + "preflight/checks.py",
+             "    require_compat()  #", "    pass  #", COMPAT_TESTS),
+    Mutation("BLEU patch check ignores what bleu_score imports", PKG + "mindformers_compat.py",
+             '- {"nltk.util"})', '- {"nltk.util"}) and []', COMPAT_TESTS),
+    Mutation("import hook keeps the bare nltk modules loaded", "mindformers_gptlocal_autoregister.py",
+             '        forget_bare_nltk(getattr(self, "bleu", ()))\n', "        pass\n",
+             ["tests/test_registration.py", "-k", "bleu"]),
     # planner
     Mutation("1F1B holds one micro-batch fewer", PKG + "plan/memory.py",
              "return max(1, min(stages - stage, micro_batch_num))",
@@ -182,6 +218,34 @@ def baseline(mutations, root, timeout):
     return failing
 
 
+def stale_snippets(mutations, root=REPO):
+    """[(mutation, why)] for each mutation whose snippet is not found exactly once, or whose test file is gone."""
+    found = []
+    for mutation in mutations:
+        path = os.path.join(root, mutation.path)
+        if not os.path.isfile(path):
+            found.append((mutation, f"{mutation.path} does not exist"))
+            continue
+        with open(path, encoding="utf-8") as handle:
+            count = handle.read().count(mutation.old)
+        if count != 1:
+            found.append((mutation, f"its snippet is found {count} times in {mutation.path} (must be once): "
+                                    f"{mutation.old.splitlines()[0].strip()[:80]!r}"))
+        missing = [t for t in mutation.tests
+                   if t.startswith("tests/") and not os.path.exists(os.path.join(root, t.split("::")[0]))]
+        if missing:
+            found.append((mutation, f"its tests {', '.join(missing)} do not exist"))
+    return found
+
+
+def report_stale(mutations, root=REPO):
+    """Print each stale mutation; the number found."""
+    stale = stale_snippets(mutations, root)
+    for mutation, why in stale:
+        print(f"STALE  {mutation.name}: {why}", flush=True)
+    return len(stale)
+
+
 def run(mutation, root, timeout):
     """'caught', 'missed' or 'stale', and seconds."""
     path = os.path.join(root, mutation.path)
@@ -208,12 +272,18 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutation")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the first pass that runs each test selection unmutated (must pass)")
+    parser.add_argument("--check-stale", action="store_true",
+                        help="only check that every snippet matches the code once (no tests run); exit 3 if not")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or args.only in m.name]
     if args.list:
         for m in chosen:
             print(f"{m.name:60} {m.path:45} {' '.join(m.tests)}")
         return 0
+    stale = report_stale(chosen)
+    if args.check_stale or stale:
+        print(f"{len(chosen)} mutations, {stale} stale" + (": update their snippets to today's code" if stale else ""))
+        return 3 if stale else 0
     root = scratch_copy()
     counts = {"caught": 0, "missed": 0, "stale": 0}
     try:

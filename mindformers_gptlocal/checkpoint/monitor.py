@@ -30,6 +30,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.tools.utils import get_real_group_size
 
 from ..errors import CheckpointError
+from ..mindformers_compat import defer_checkpoint_rotation
 from . import manifest as ckpt_manifest
 
 SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -73,8 +74,9 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         self._remove_stale_partials()
         # keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next one; here the
         # deletion waits until the new file is whole, so a failed save never costs a good checkpoint
-        self._rotate, self._rotation_due = self._manager.remove_oldest_ckpoint_file, False
-        self._manager.remove_oldest_ckpoint_file = self._defer_rotation
+        # (mindformers_compat "deferred checkpoint rotation": a manager without the method is a CompatError)
+        self._rotate = defer_checkpoint_rotation(self._manager, self._defer_rotation)
+        self._rotation_due = False
 
     def _defer_rotation(self):
         self._rotation_due = True

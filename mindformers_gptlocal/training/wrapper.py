@@ -25,6 +25,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
 
 from ..host_memory import release_freed_heap
+from ..mindformers_compat import lean_step_allowed
 from ..model.cpu_kernels import replace_slow_cpu_kernels
 from .grad_checks import non_finite, square_sum, clip_coefficient, GPTLocalClipGradNorm
 
@@ -77,7 +78,9 @@ class GPTLocalTrainOneStepCell(TrimAfterCompileMixin, IsFiniteOverflowMixin, MFT
         self.fold_clip = self.lean_step and getattr(self.optimizer, "takes_grad_coefficient", False)
 
     def _lean_step_applies(self):
-        """The lean path computes what ``MFTrainOneStepCell.construct`` does only in this configuration."""
+        """The lean path computes what ``MFTrainOneStepCell.construct`` does only in this configuration, and only on
+        the MindFormers whose ``construct`` flags it was reviewed against (``mindformers_compat`` "lean train
+        step": a flag it does not know turns it off, with a warning naming it)."""
         scale = self.scale_sense
         static_one = (self.loss_scaling_manager is None and isinstance(scale, Tensor)
                       and float(scale.asnumpy().reshape(-1)[0]) == 1.0)
@@ -85,7 +88,7 @@ class GPTLocalTrainOneStepCell(TrimAfterCompileMixin, IsFiniteOverflowMixin, MFT
                     and not self.calculate_per_token_loss and not self.local_norm and not self.if_dump
                     and not self.dump_device_local_norm and not self.print_separate_loss
                     and not self.use_grouped_lr and not self.optimizer.is_group_lr and not self.use_graceful_exit
-                    and not self.use_skip_data_by_global_norm)
+                    and not self.use_skip_data_by_global_norm and lean_step_allowed())
 
     def set_sense_scale(self, sens):
         if self.lean_step and float(Tensor(sens).asnumpy().reshape(-1)[0]) != 1.0:

@@ -1,0 +1,464 @@
+"""Every run-time patch gpt_local makes to MindFormers / MindSpore, in one place, each with a check.
+
+gpt_local edits no MindFormers file. What it changes at run time (a wrapped function, a replaced
+attribute, an overridden private method, a YAML rewrite that works around what the trainer does) is
+listed in ``PATCHES``: why, the versions it was written for (``WRITTEN_FOR``) and its ``targets``: the
+module, attribute, parameter names and the ``self.x = `` assignments it relies on. ``verify()`` runs
+at registration and checks every target on the installed MindFormers: a moved, renamed or re-signed
+target gives one ``GPTLocalCompatWarning`` naming the patch (registration never breaks
+``import mindformers``), the patch is not applied, and the pre-flight of a gpt_local run stops with a
+``CompatError`` naming it (``require()``) unless the patch can fall back (``required=False``: the lean
+step falls back to MindFormers' general step, a hand-listed barrier user that moved is covered by the
+scan of loaded modules). ``GPTLOCAL_COMPAT=warn`` turns that error into the warning only.
+
+Patches applied here (``apply()``, called by ``registration.register``): the ``build_context`` wrap,
+the instruction handler's name, the CPU barrier, the finished-run refusal, the gpt_local wrapper kept
+under pipeline / gradient accumulation. The others live where they are used and ask this module:
+``training/wrapper.py`` (overflow check, lean step: ``lean_step_allowed``), ``checkpoint/monitor.py``
+(``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``preflight/checks.py``
+(callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch, BLEU without
+nltk's package).
+
+This module imports only ``errors`` at the top (the patch bodies import what they call when called),
+so ``training/`` and ``checkpoint/`` may import it without importing upwards.
+"""
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import warnings
+from collections import namedtuple
+
+from .errors import CompatError, GPTLocalCompatWarning
+
+WRITTEN_FOR = {"mindformers": "1.8.0", "mindspore": "2.7.2"}
+MODE_ENV = "GPTLOCAL_COMPAT"
+
+Target = namedtuple("Target", "module attr params includes assigns", defaults=(None, None, None, ()))
+Target.__doc__ = """What a patch relies on: ``module`` (dotted), ``attr`` (dotted path inside it, None: the module
+itself), ``params`` (the exact parameter names of ``inspect.signature``), ``includes`` (names that must be among
+them), ``assigns`` (``self.NAME =`` lines the target's source must hold: instance attributes the patch reads)."""
+
+
+class Patch(namedtuple("Patch", "name where why targets required extra", defaults=(True, None))):
+    """One patch: ``extra`` is a further check, ``extra(import_module) -> [problem, ...]``."""
+
+
+# the modules that bound MindSpore's ``barrier`` at import (``from mindspore.communication.comm_func import
+# barrier``) in MindFormers 1.8.0; any other loaded mindformers module bound to it is found and patched too
+BARRIER_USERS = ("mindformers.trainer.utils", "mindformers.version_control", "mindformers.core.callback.callback",
+                 "mindformers.utils.load_checkpoint_utils")
+
+# ``self.<name>`` read by MFTrainOneStepCell.construct in MindFormers 1.8.0: the flags the lean step
+# (GPTLocalTrainOneStepCell._lean_step_applies) was reviewed against. A name not in this set is a feature the
+# lean step would bypass: the check fails and the lean step stays off until someone reviews it.
+LEAN_STEP_REVIEWED_READS = frozenset((
+    "clip_grad_norm", "concat", "default_lr", "default_lr_parameter", "device_local_norm_filename", "dump",
+    "dump_device_local_norm", "exit_param", "finish_step_filename", "get_overflow_status",
+    "global_norm_spike_threshold", "graceful_exit", "grad_reducer", "grads_for_legacy", "grads_for_mcore",
+    "grouped_lr", "grouped_lr_parameter", "hyper_map", "if_dump", "init_param", "learning_rate", "local_norm",
+    "localnorm", "optimizer", "process_loss_scale", "scale_sense", "squared_device_local_norm",
+    "start_overflow_check", "use_clip_grad", "use_graceful_exit", "use_grouped_lr", "use_legacy",
+    "use_skip_data_by_global_norm"))
+MF_STEP_INIT = ("self", "network", "optimizer", "use_clip_grad", "max_grad_norm", "scale_sense", "local_norm",
+                "calculate_per_token_loss", "global_norm_spike_threshold", "use_skip_data_by_global_norm",
+                "print_separate_loss", "kwargs")
+WRAPPER = "mindformers.wrapper.wrapper"
+CALLBACK = "mindformers.core.callback.callback"
+MS_CHECKPOINT = "mindspore.train.callback._checkpoint"
+BASE_TRAINER = "mindformers.trainer.base_trainer"
+
+
+def _lean_step_reads(import_module):
+    """MFTrainOneStepCell.construct must read no flag the lean step was not reviewed against."""
+    try:
+        cls = import_module(WRAPPER).MFTrainOneStepCell
+        source = inspect.getsource(cls.construct)
+    except (ImportError, AttributeError, OSError, TypeError) as err:
+        return [f"cannot read MFTrainOneStepCell.construct ({err.__class__.__name__}: {err})"]
+    new = sorted(set(re.findall(r"self\.([A-Za-z_]\w*)", source)) - LEAN_STEP_REVIEWED_READS)
+    if new:
+        return [f"MFTrainOneStepCell.construct reads {', '.join('self.' + n for n in new)}, which the lean step's "
+                f"allow-list (GPTLocalTrainOneStepCell._lean_step_applies) was not reviewed against"]
+    return []
+
+
+def _bleu_needs_only_nltk_util(import_module, nltk_folder=None):
+    """nltk.translate.bleu_score must import no nltk module but nltk.util (read from its file: importing it here
+    would run nltk's package __init__, what the patch avoids)."""
+    del import_module
+    if nltk_folder is None:
+        try:
+            spec = importlib.util.find_spec("nltk")
+        except (ImportError, ValueError) as err:
+            return [f"nltk cannot be found ({err})"]
+        if spec is None or not spec.submodule_search_locations:
+            return ["nltk is not installed"]
+        nltk_folder = list(spec.submodule_search_locations)[0]
+    path = os.path.join(nltk_folder, "translate", "bleu_score.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+    except OSError as err:
+        return [f"nltk.translate.bleu_score cannot be read ({err})"]
+    used = sorted(set(re.findall(r"^\s*(?:from|import)\s+(nltk[\w.]*)", source, re.M)) - {"nltk.util"})
+    return [f"nltk.translate.bleu_score now imports {', '.join(used)}, not only nltk.util"] if used else []
+
+
+PATCHES = (
+    Patch("build_context pre-flight", "mindformers_compat._with_preflight",
+          "MindFormers' run_mindformer.py calls build_context(config) first; wrapped, a gpt_local YAML gets the "
+          "pre-flight checks (and the switch to the mcore path) there too, not only under `gptlocal run`.",
+          (Target("mindformers.core.context", "build_context", ("config",)),
+           Target("mindformers", "build_context"), Target("mindformers.core", "build_context"))),
+    Patch("instruction handler by name", "mindformers_compat.apply",
+          "HFDataLoader looks a YAML handler's `type` up as a name in mindformers.dataset.handler (hasattr / "
+          "getattr on the module it imports as custom_process), not in the registry: "
+          "GPTLocalInstructHandler is set there.",
+          (Target("mindformers.dataset.handler"),
+           Target("mindformers.dataset.dataloader.hf_dataloader", "custom_process"))),
+    Patch("CPU barrier", "mindformers_compat._barrier_on_cpu",
+          "MindSpore 2.7 has no CPU Barrier kernel (\"Unsupported op [Barrier] on CPU\"); MindFormers calls "
+          "barrier() when many ranks load or save a checkpoint, so a data-parallel CPU resume failed. On CPU the "
+          "wrapper all-reduces one number over the world group in a one-op graph instead.",
+          (Target("mindspore.communication.comm_func", "barrier", ("group",)),
+           Target("mindformers.utils.parallel_utils", "comm_func"))),
+    Patch("barrier users", "mindformers_compat._patch_barriers",
+          "The MindFormers modules that bound the original barrier at import get the CPU barrier too. A listed "
+          "module that no longer binds it is reported; every loaded mindformers module that binds it is patched.",
+          tuple(Target(name, "barrier") for name in BARRIER_USERS), False),
+    Patch("finished run refused", "mindformers_compat._refusing_finished_runs",
+          "After the trainer sets epochs, sink size and the resume step, a resumed gpt_local run with no step left "
+          "fails with one clear error instead of MindSpore's \"epoch must bigger than initial_epoch\".",
+          (Target(BASE_TRAINER, "check_runner_config", ("config", "dataset")),)),
+    Patch("gpt_local wrapper kept", "mindformers_compat._keeping_gptlocal_wrapper",
+          "Under pipeline parallel or gradient accumulation the trainer replaces any runner_wrapper with "
+          "MFPipelineWithLossScaleCell (no CPU overflow check); a YAML that chose a gpt_local wrapper gets "
+          "GPTLocalPipelineWithLossScaleCell instead.",
+          (Target(BASE_TRAINER, "BaseTrainer._reset_wrapper_for_pipeline_parallel", ("self",)),
+           Target(BASE_TRAINER, "BaseTrainer._reset_wrapper_for_grad_accu", ("self", "gradient_accumulation_steps")),
+           Target(BASE_TRAINER, "BaseTrainer.__init__", assigns=("config",)))),
+    Patch("isfinite overflow check", "training/wrapper.py IsFiniteOverflowMixin",
+          "MFTrainOneStepCell / MFPipelineWithLossScaleCell read overflow from Ascend/GPU float-status kernels CPU "
+          "lacks (\"Unsupported op [NPUGetFloatStatusV2] on CPU\"); off Ascend, overflow is an isfinite reduction "
+          "through MindSpore's private _get_distributed_overflow_status_on_infnan_mode; the clip Cell is swapped.",
+          (Target(WRAPPER, "MFTrainOneStepCell.get_overflow_status", ("self", "status", "compute_output")),
+           Target(WRAPPER, "MFPipelineWithLossScaleCell.get_overflow_status", ("self", "status", "compute_output")),
+           Target(WRAPPER, "MFTrainOneStepCell._get_distributed_overflow_status_on_infnan_mode",
+                  ("self", "grad_overflow_check_func", "compute_output")),
+           Target(WRAPPER, "MFTrainOneStepCell.__init__", assigns=("use_clip_grad", "clip_grad_norm")))),
+    Patch("lean train step", "training/wrapper.py GPTLocalTrainOneStepCell.construct",
+          "The lean step replaces MFTrainOneStepCell.construct for a static loss scale of 1.0 with clipping and none "
+          "of the extras; its allow-list must know every flag construct reads, or a new feature would be bypassed.",
+          (Target(WRAPPER, "MFTrainOneStepCell.__init__", MF_STEP_INIT,
+                  assigns=("local_norm", "calculate_per_token_loss", "if_dump", "dump_device_local_norm",
+                           "use_skip_data_by_global_norm", "use_legacy", "print_separate_loss", "use_grouped_lr",
+                           "learning_rate")),
+           Target(WRAPPER, "MFTrainOneStepCell.grads_for_mcore", ("self", "scaling_sens", "inputs")),
+           Target("mindspore.nn", "TrainOneStepCell.__init__", assigns=("use_graceful_exit", "grad_reducer")),
+           Target("mindspore.nn", "TrainOneStepWithLossScaleCell.__init__",
+                  assigns=("loss_scaling_manager", "scale_sense", "is_distributed", "allreduce", "base",
+                           "less_equal"))),
+          False, _lean_step_reads),
+    Patch("deferred checkpoint rotation", "checkpoint/monitor.py (defer_checkpoint_rotation)",
+          "keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next; the private "
+          "CheckpointManager.remove_oldest_ckpoint_file of the monitor's _manager is replaced so the deletion waits "
+          "until the new file is whole.",
+          (Target(MS_CHECKPOINT, "CheckpointManager.remove_oldest_ckpoint_file", ("self",)),
+           Target(MS_CHECKPOINT, "ModelCheckpoint.__init__", assigns=("_manager",)))),
+    Patch("crash-safe checkpoint writes", "checkpoint/monitor.py GPTLocalCheckpointMonitor",
+          "CheckpointMonitor.remove_redundancy is where a checkpoint file is written: overridden to write a temp "
+          "name, fsync, rename and record it; record_last_ckpt_to_json names the file actually written; a "
+          "single-card run's _directory / meta_json lose the rank_0 level (single-card resume refuses it).",
+          (Target(CALLBACK, "CheckpointMonitor.remove_redundancy",
+                  ("self", "network", "cur_file", "append_dict", "train_network")),
+           Target(CALLBACK, "CheckpointMonitor.record_last_ckpt_to_json", ("self", "epoch", "step", "ckpt_file")),
+           Target(CALLBACK, "CheckpointMonitor.__init__", includes=("checkpoint_format", "async_save"),
+                  assigns=("meta_json",)),
+           Target(MS_CHECKPOINT, "ModelCheckpoint.__init__", assigns=("_directory", "_prefix", "_config")))),
+    Patch("callbacks told the resume step", "preflight/checks.py _tell_callbacks, configure_checkpoint_monitor",
+          "The trainer hands append_info (the resume step) and global_batch_size only to callbacks typed exactly "
+          "CheckpointMonitor; the pre-flight writes them into the gpt_local callbacks' YAML entries.",
+          (Target(CALLBACK, "CheckpointMonitor.__init__", includes=("append_info", "global_batch_size")),)),
+    Patch("stop_step honoured", "preflight/checks.py honor_stop_step",
+          "MindFormers 1.8.0 reads runner_config.stop_step but never adds the callback that stops; the pre-flight "
+          "adds TrainCallBack(stop_step).",
+          (Target(CALLBACK, "TrainCallBack.__init__", ("self", "stop_step")),)),
+    Patch("tensorboardX without torch", "mindformers_gptlocal_autoregister.import_tensorboardx_without_torch",
+          "MindFormers imports tensorboardX at start-up, whose writer tries `import torch`: the .pth hook imports "
+          "it first with torch hidden (RSS after import mindformers 944 -> 716 MB where torch is installed).",
+          (Target("tensorboardX", "SummaryWriter"),), False),
+    Patch("BLEU without nltk's package", "mindformers_gptlocal_autoregister.import_bleu_without_nltk",
+          "MindFormers' metric module imports nltk.translate.bleu_score at start-up, which runs nltk's package "
+          "__init__ (about a fifth of import mindformers); the .pth hook loads that one module under bare nltk "
+          "packages, then forgets them, so MindFormers holds sentence_bleu and a later `import nltk` is the whole "
+          "package.",
+          (Target("mindformers.core.metric.metric", "sentence_bleu"),
+           Target("mindformers.core.metric.metric", "SmoothingFunction")), False, _bleu_needs_only_nltk_util),
+)
+BY_NAME = {patch.name: patch for patch in PATCHES}
+_STATE = {"problems": None, "warned": False}
+
+
+def _resolve(target, import_module):
+    """(object, None) or (None, problem)."""
+    try:
+        obj = import_module(target.module)
+    except ImportError as err:
+        return None, f"module {target.module} cannot be imported ({err})"
+    for part in (target.attr or "").split(".") if target.attr else ():
+        if not hasattr(obj, part):
+            return None, f"{target.module}.{target.attr} is gone ({part!r} not found)"
+        obj = getattr(obj, part)
+    return obj, None
+
+
+def check_target(target, import_module=importlib.import_module):
+    """The problems of one target: missing, another signature, an instance attribute no longer assigned."""
+    obj, problem = _resolve(target, import_module)
+    if problem:
+        return [problem]
+    name = f"{target.module}.{target.attr}" if target.attr else target.module
+    problems = []
+    if target.params is not None or target.includes:
+        try:
+            params = list(inspect.signature(obj).parameters)
+        except (TypeError, ValueError) as err:
+            return [f"{name} has no readable signature ({err})"]
+        if target.params is not None and params != list(target.params):
+            problems.append(f"{name} takes ({', '.join(params)}), written for ({', '.join(target.params)})")
+        missing = [p for p in target.includes or () if p not in params]
+        if missing:
+            problems.append(f"{name} no longer takes {', '.join(missing)}")
+    if target.assigns:
+        try:
+            source = inspect.getsource(obj)
+        except (OSError, TypeError) as err:
+            return problems + [f"{name}: source not readable, cannot check {', '.join(target.assigns)} ({err})"]
+        gone = [a for a in target.assigns if not re.search(rf"self\.{re.escape(a)}\s*(:[^=]*)?=(?!=)", source)]
+        if gone:
+            problems.append(f"{name} no longer sets {', '.join('self.' + a for a in gone)}")
+    return problems
+
+
+def check_patch(patch, import_module=importlib.import_module):
+    """The problems of one patch (empty: every target is where and what it was written for)."""
+    problems = [p for target in patch.targets for p in check_target(target, import_module)]
+    if patch.extra is not None:
+        problems += patch.extra(import_module)
+    return problems
+
+
+def check_all(import_module=importlib.import_module):
+    """{patch name: [problem, ...]} for the patches whose targets moved; {} when all check out."""
+    found = {}
+    for patch in PATCHES:
+        problems = check_patch(patch, import_module)
+        if problems:
+            found[patch.name] = problems
+    return found
+
+
+def installed_versions():
+    versions = {}
+    for name in WRITTEN_FOR:
+        module = sys.modules.get(name)
+        versions[name] = getattr(module, "__version__", "?") if module is not None else "not loaded"
+    return versions
+
+
+def message(name, problems):
+    patch = BY_NAME[name]
+    versions = installed_versions()
+    fallback = ("gpt_local falls back to the unpatched behaviour" if not patch.required else
+                "the patch is not applied and a gpt_local run stops at its pre-flight")
+    return (f"gpt_local's MindFormers patch '{name}' ({patch.where}) was written for mindformers "
+            f"{WRITTEN_FOR['mindformers']} + mindspore {WRITTEN_FOR['mindspore']}; on mindformers "
+            f"{versions['mindformers']} + mindspore {versions['mindspore']} its target moved: {'; '.join(problems)}. "
+            f"{fallback}. Use mindformers=={WRITTEN_FOR['mindformers']} mindspore=={WRITTEN_FOR['mindspore']}, or "
+            f"update this patch in mindformers_gptlocal/mindformers_compat.py.")
+
+
+def verify():
+    """Check every patch once per process; one GPTLocalCompatWarning per patch whose target moved. Returns
+    the problems ({} when all check out)."""
+    if _STATE["problems"] is None:
+        _STATE["problems"] = check_all()
+    if not _STATE["warned"]:
+        _STATE["warned"] = True
+        for name, problems in _STATE["problems"].items():
+            warnings.warn(message(name, problems), GPTLocalCompatWarning, stacklevel=2)
+    return _STATE["problems"]
+
+
+def ok(name):
+    """Whether the patch ``name`` checked out here (verify() runs first if it has not)."""
+    return name not in verify()
+
+
+def require():
+    """For a gpt_local run (the pre-flight): one CompatError naming every required patch whose target moved.
+    ``GPTLOCAL_COMPAT=warn`` keeps it to the registration warning."""
+    failed = {n: p for n, p in verify().items() if BY_NAME[n].required}
+    if failed and os.environ.get(MODE_ENV) != "warn":
+        raise CompatError(" | ".join(message(n, p) for n, p in failed.items()) +
+                          f" (set {MODE_ENV}=warn to run anyway)")
+
+
+def lean_step_allowed():
+    """The lean train step may replace MFTrainOneStepCell.construct only on the MindFormers it was reviewed for."""
+    return ok("lean train step")
+
+
+def defer_checkpoint_rotation(manager, deferred):
+    """Replace ``manager.remove_oldest_ckpoint_file`` by ``deferred``; returns the original. A manager without
+    it is one CompatError naming the patch (assigning would silently add an attribute nobody calls)."""
+    original = getattr(manager, "remove_oldest_ckpoint_file", None)
+    if not callable(original):
+        raise CompatError(message("deferred checkpoint rotation",
+                                  [f"{type(manager).__name__} has no remove_oldest_ckpoint_file"]))
+    manager.remove_oldest_ckpoint_file = deferred
+    return original
+
+
+# --- the patches applied at registration -----------------------------------------------------------------
+
+_CHECKED = set()
+
+
+def mark_checked(config):
+    """The launcher ran the pre-flight already; do not run it twice."""
+    _CHECKED.add(id(config))
+
+
+def _with_preflight(build_context):
+    @functools.wraps(build_context)
+    def wrapper(config, *args, **kwargs):
+        if id(config) not in _CHECKED:
+            from .preflight.checks import preflight
+            preflight(config)
+            _CHECKED.add(id(config))
+        return build_context(config, *args, **kwargs)
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
+GPTLOCAL_WRAPPERS = ("GPTLocalTrainOneStepCell", "GPTLocalPipelineWithLossScaleCell")
+
+
+def _keeping_gptlocal_wrapper(reset):
+    """MindFormers' trainer replaces any runner_wrapper with MFPipelineWithLossScaleCell under pipeline
+    parallel or gradient accumulation (base_trainer ``_reset_wrapper_for_pipeline_parallel`` /
+    ``_reset_wrapper_for_grad_accu``). Ours is that class with a backend-neutral overflow check, so a
+    YAML that chose a gpt_local wrapper gets GPTLocalPipelineWithLossScaleCell instead (same
+    micro_batch_num and calculate_per_token_loss the trainer sets); other wrappers are untouched."""
+    @functools.wraps(reset)
+    def wrapper(self, *args, **kwargs):
+        wrapper_config = getattr(self.config, "runner_wrapper", None)
+        chosen = getattr(wrapper_config, "type", None) if wrapper_config is not None else None
+        result = reset(self, *args, **kwargs)
+        if chosen in GPTLOCAL_WRAPPERS:
+            self.config.runner_wrapper.type = "GPTLocalPipelineWithLossScaleCell"
+        return result
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
+def _refusing_finished_runs(check_runner_config):
+    """After MindFormers sets epochs, sink size and the resume step: a resumed gpt_local run with no step
+    left fails here, before the network is built (``checkpoint.resume.check_steps_left``)."""
+    @functools.wraps(check_runner_config)
+    def wrapper(config, dataset, *args, **kwargs):
+        result = check_runner_config(config, dataset, *args, **kwargs)
+        from .preflight.checks import is_gpt_local
+        if is_gpt_local(config) and config.get("resume_training"):
+            from .checkpoint.resume import check_steps_left
+            check_steps_left(config.runner_config, dataset.get_dataset_size(), config.get("load_checkpoint"))
+        return result
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
+def _barrier_on_cpu(barrier):
+    """MindSpore 2.7 has no CPU kernel for Barrier ("Unsupported op [Barrier] on CPU"); an all-reduce of one
+    number over the world group waits for every rank just the same. CPU collectives run it only inside a
+    compiled graph (the functional ``all_reduce`` fails there too), hence the one-op Cell."""
+    state = {}
+
+    @functools.wraps(barrier)
+    def wrapper(*args, **kwargs):
+        import mindspore as ms
+        if ms.get_context("device_target") != "CPU":
+            return barrier(*args, **kwargs)
+        if "cell" not in state:
+            from mindspore import nn, ops
+
+            class AllReduceOne(nn.Cell):
+                def __init__(self):
+                    super().__init__()
+                    self.all_reduce = ops.AllReduce()
+
+                def construct(self, x):
+                    return self.all_reduce(x)
+            state["cell"] = AllReduceOne()
+        return state["cell"](ms.Tensor([1.0], ms.float32)).asnumpy()
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
+def barrier_bound_modules(barrier):
+    """Names of the loaded mindformers modules whose ``barrier`` is ``barrier``."""
+    return sorted(name for name, module in list(sys.modules.items())
+                  if module is not None and (name == "mindformers" or name.startswith("mindformers."))
+                  and getattr(module, "barrier", None) is barrier)
+
+
+def _patch_barriers():
+    from mindspore.communication import comm_func
+    if getattr(comm_func.barrier, "gptlocal_wrapped", False):
+        return
+    original = comm_func.barrier
+    wrapped = _barrier_on_cpu(original)
+    comm_func.barrier = wrapped  # barrier_world calls comm_func.barrier()
+    for name in BARRIER_USERS:  # loaded now, so the scan below patches them (a moved one was reported)
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+    for name in barrier_bound_modules(original):
+        sys.modules[name].barrier = wrapped
+
+
+def apply():
+    """The patches made at registration (idempotent), each only where its check passed."""
+    verify()
+    import mindformers
+    if ok("build_context pre-flight"):
+        import mindformers.core
+        import mindformers.core.context
+        original = mindformers.core.context.build_context
+        if not getattr(original, "gptlocal_wrapped", False):
+            wrapped = _with_preflight(original)
+            for module in (mindformers, mindformers.core, mindformers.core.context):
+                if getattr(module, "build_context", None) is original:
+                    module.build_context = wrapped
+    if ok("instruction handler by name"):
+        import mindformers.dataset.handler as handlers
+        from .data.mindformers_handler import GPTLocalInstructHandler
+        handlers.GPTLocalInstructHandler = GPTLocalInstructHandler
+    if ok("CPU barrier"):
+        _patch_barriers()
+    if ok("finished run refused"):
+        from mindformers.trainer import base_trainer
+        if not getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False):
+            base_trainer.check_runner_config = _refusing_finished_runs(base_trainer.check_runner_config)
+    if ok("gpt_local wrapper kept"):
+        from mindformers.trainer.base_trainer import BaseTrainer
+        for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
+            reset = getattr(BaseTrainer, name)
+            if not getattr(reset, "gptlocal_wrapped", False):
+                setattr(BaseTrainer, name, _keeping_gptlocal_wrapper(reset))

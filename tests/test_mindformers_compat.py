@@ -1,0 +1,209 @@
+"""Every MindFormers/MindSpore patch checks its target: it passes on the installed MindFormers, and a stand-in
+module with the target moved, renamed or re-signed fails the check naming the patch (no silent skip)."""
+import importlib
+import sys
+import types
+import warnings
+
+import pytest
+
+import mindformers  # noqa: F401  (registers gpt_local: the patches are applied)
+from mindformers_gptlocal import mindformers_compat as compat
+from mindformers_gptlocal.errors import CompatError, GPTLocalCompatWarning
+
+TARGETS = [(patch.name, index) for patch in compat.PATCHES for index in range(len(patch.targets))]
+
+
+def test_written_for_the_installed_versions_and_every_patch_checks_out():
+    import mindspore
+    assert compat.WRITTEN_FOR == {"mindformers": mindformers.__version__, "mindspore": mindspore.__version__}
+    assert compat.check_all() == {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compat.verify() == {}
+        compat.require()
+    assert not [w for w in caught if issubclass(w.category, GPTLocalCompatWarning)]
+    assert len({p.name for p in compat.PATCHES}) == len(compat.PATCHES) >= 13
+
+
+def _without(target):
+    """import_module that hands out a stand-in for ``target.module`` lacking the target's last attribute."""
+    real = importlib.import_module(target.module)
+    if not target.attr:
+        def missing(name):
+            if name == target.module:
+                raise ImportError(f"No module named {name!r}")
+            return importlib.import_module(name)
+        return missing
+    parts = target.attr.split(".")
+    stand_in = types.ModuleType(target.module)
+    stand_in.__dict__.update({k: v for k, v in vars(real).items() if k != parts[0]})
+    if len(parts) == 2:  # a class lacking one attribute: a copy of its (whole, inherited) namespace without it
+        cls = getattr(real, parts[0])
+        namespace = {k: v for c in reversed(cls.__mro__[:-1]) for k, v in vars(c).items()
+                     if k not in (parts[1], "__dict__", "__weakref__")}
+        setattr(stand_in, parts[0], type(cls.__name__, (), namespace))
+    return lambda name: stand_in if name == target.module else importlib.import_module(name)
+
+
+def _resigned(target):
+    """import_module whose stand-in target takes one more parameter than the patch was written for."""
+    real = importlib.import_module(target.module)
+    parts = target.attr.split(".")
+
+    def moved(*args, new_flag=None, **kwargs):
+        return None
+    stand_in = types.ModuleType(target.module)
+    stand_in.__dict__.update(vars(real))
+    if len(parts) == 1:
+        setattr(stand_in, parts[0], moved)
+    else:
+        setattr(stand_in, parts[0], type(parts[0], (getattr(real, parts[0]),), {parts[1]: moved}))
+    return lambda name: stand_in if name == target.module else importlib.import_module(name)
+
+
+@pytest.mark.parametrize("name,index", TARGETS, ids=[f"{n}:{i}" for n, i in TARGETS])
+def test_a_moved_target_fails_its_patch_by_name(name, index):
+    patch = compat.BY_NAME[name]
+    target = patch.targets[index]
+    assert compat.check_target(target) == []  # the installed one is where the patch expects it
+    problems = compat.check_patch(patch, _without(target))
+    assert problems, f"{name}: removing {target.module}.{target.attr} went unnoticed"
+    spot = target.module + (f".{target.attr}" if target.attr else "")
+    assert any(target.module in p for p in problems), problems
+    text = compat.message(name, problems)
+    assert f"'{name}'" in text and "1.8.0" in text and "2.7.2" in text and spot.split(".")[-1] in text
+    if target.params is not None or target.includes:
+        assert compat.check_patch(patch, _resigned(target)), f"{name}: a new signature went unnoticed"
+
+
+def test_an_attribute_no_longer_assigned_is_noticed():
+    """``assigns``: the instance attributes a patch reads must still be set by the target's source."""
+    target = compat.Target("mindformers.core.callback.callback", "CheckpointMonitor.__init__",
+                           assigns=("meta_json", "no_such_attribute"))
+    problems = compat.check_target(target)
+    assert problems == ["mindformers.core.callback.callback.CheckpointMonitor.__init__ no longer sets "
+                        "self.no_such_attribute"]
+
+
+def test_a_new_flag_in_the_mindformers_step_turns_the_lean_step_off_by_name():
+    """MFTrainOneStepCell.construct reading a flag the lean step's allow-list was not reviewed against fails the
+    'lean train step' check, which is not required (the general step runs) but warned about."""
+    from mindformers.wrapper import wrapper as real
+
+    class Newer(real.MFTrainOneStepCell):
+        def construct(self, *inputs):
+            if self.use_new_feature:
+                return self.grads_for_mcore(self.scale_sense, *inputs)
+            return self.optimizer(inputs)
+    stand_in = types.ModuleType(real.__name__)
+    stand_in.__dict__.update(vars(real))
+    stand_in.MFTrainOneStepCell = Newer
+    problems = compat.check_patch(compat.BY_NAME["lean train step"],
+                                  lambda name: stand_in if name == real.__name__ else importlib.import_module(name))
+    assert len(problems) == 1 and "self.use_new_feature" in problems[0] and "scale_sense" not in problems[0]
+    assert compat.BY_NAME["lean train step"].required is False
+
+
+@pytest.fixture
+def moved_patch(monkeypatch):
+    """The process's verdict with one patch's target moved (as verify() on another MindFormers would find it)."""
+    def move(name):
+        monkeypatch.setitem(compat._STATE, "problems", {name: ["a.b is gone ('b' not found)"]})
+        monkeypatch.setitem(compat._STATE, "warned", False)
+    return move
+
+
+def test_verify_warns_once_per_moved_patch_and_the_preflight_stops(moved_patch, monkeypatch):
+    moved_patch("finished run refused")
+    with pytest.warns(GPTLocalCompatWarning, match="'finished run refused'.*a.b is gone"):
+        compat.verify()
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        compat.verify()
+    assert not again
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers_gptlocal.preflight.checks import preflight
+    from conftest import CONFIGS
+    config = MindFormerConfig(f"{CONFIGS}/pretrain_gpt_local_tiny_cpu.yaml")
+    with pytest.raises(CompatError, match="'finished run refused'.*GPTLOCAL_COMPAT=warn"):
+        preflight(config)
+    monkeypatch.setenv(compat.MODE_ENV, "warn")
+    compat.require()  # warn mode: the registration warning only
+
+
+def test_a_fallback_patch_does_not_stop_the_preflight(moved_patch):
+    moved_patch("lean train step")
+    with pytest.warns(GPTLocalCompatWarning, match="falls back"):
+        compat.require()
+    assert not compat.lean_step_allowed()
+
+
+def test_lean_step_is_off_when_its_check_failed(moved_patch, tiny_config):
+    """The wrapper asks the check: on a MindFormers whose step it was not reviewed against, the general step."""
+    from mindformers.core.context.build_context import MFContextOperator
+    from mindformers.tools.register import MindFormerConfig
+    from mindspore import nn
+    from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
+    MFContextOperator(MindFormerConfig(use_legacy=False))
+    try:
+        net = GPTLocalForCausalLM(tiny_config)
+        optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
+        assert GPTLocalTrainOneStepCell(net, optimizer, use_clip_grad=True).lean_step
+        moved_patch("lean train step")
+        with pytest.warns(GPTLocalCompatWarning, match="'lean train step'"):
+            assert not GPTLocalTrainOneStepCell(net, optimizer, use_clip_grad=True).lean_step
+    finally:
+        MFContextOperator.reset_instance()
+
+
+def test_checkpoint_rotation_needs_the_private_method():
+    calls = []
+
+    class Manager:
+        def remove_oldest_ckpoint_file(self):
+            calls.append("original")
+    manager = Manager()
+    original = compat.defer_checkpoint_rotation(manager, lambda: calls.append("deferred"))
+    manager.remove_oldest_ckpoint_file()
+    original()
+    assert calls == ["deferred", "original"]
+    with pytest.raises(CompatError, match="'deferred checkpoint rotation'.*object has no remove_oldest_ckpoint_file"):
+        compat.defer_checkpoint_rotation(object(), lambda: None)
+
+
+def test_every_loaded_mindformers_barrier_is_the_cpu_one():
+    """No hand list to go stale: after registration no loaded mindformers module still binds MindSpore's barrier,
+    and every listed user is among those found."""
+    from mindspore.communication import comm_func
+    assert getattr(comm_func.barrier, "gptlocal_wrapped", False)
+    original = comm_func.barrier.__wrapped__
+    assert compat.barrier_bound_modules(original) == []
+    bound = compat.barrier_bound_modules(comm_func.barrier)
+    assert set(compat.BARRIER_USERS) <= set(bound)
+
+
+def test_the_registration_patches_are_in_place():
+    import mindformers.core.context
+    import mindformers.dataset.handler as handlers
+    from mindformers.trainer import base_trainer
+    from mindformers_gptlocal.data.mindformers_handler import GPTLocalInstructHandler
+    assert all(getattr(m.build_context, "gptlocal_wrapped", False)
+               for m in (mindformers, mindformers.core, mindformers.core.context))
+    assert handlers.GPTLocalInstructHandler is GPTLocalInstructHandler
+    assert getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False)
+    for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
+        assert getattr(getattr(base_trainer.BaseTrainer, name), "gptlocal_wrapped", False)
+    assert sys.modules["mindformers_gptlocal.registration"].mark_checked is compat.mark_checked
+
+
+def test_bleu_patch_notices_a_bleu_module_that_needs_more_of_nltk(tmp_path):
+    """The .pth hook loads nltk's BLEU module under bare packages: that holds only while it imports nltk.util alone."""
+    check = compat.BY_NAME["BLEU without nltk's package"].extra
+    assert check(importlib.import_module) == []
+    (tmp_path / "translate").mkdir()
+    (tmp_path / "translate" / "bleu_score.py").write_text("import math\nfrom nltk.util import ngrams\n")
+    assert check(importlib.import_module, str(tmp_path)) == []
+    (tmp_path / "translate" / "bleu_score.py").write_text("from nltk.util import ngrams\nfrom nltk.tokenize import x\n")
+    assert check(importlib.import_module, str(tmp_path)) == [
+        "nltk.translate.bleu_score now imports nltk.tokenize, not only nltk.util"]
