@@ -145,7 +145,8 @@ class ParallelAttention(nn.Cell):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
-        keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position),
+        keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position)
+        (``kv_write.cache_write_op``: ScatterNdUpdate's inputs and values, O(new tokens) on CPU),
         attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
         cache holds the present keys and values afterwards.
         ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch
