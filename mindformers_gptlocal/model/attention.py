@@ -23,6 +23,7 @@ from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import make_dropout
+from .kv_write import cache_write_op
 from .layers import Linear, residual_init_std, to_mstype
 
 MASK_VALUE = -1.0e9
@@ -126,7 +127,7 @@ class ParallelAttention(nn.Cell):
         # the broadcasting Add: 548 -> 403 MB a layer for GPT-2 small's training step at 1 x 1024)
         self.broadcast_mask = replace_slow_cpu_kernels()
         self.cast = ops.Cast()
-        self.scatter_update = ops.ScatterNdUpdate()
+        self.scatter_update = cache_write_op()  # the KV-cache write: in place on CPU (kv_write.py)
         if use_flash_attention:
             self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
                 head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
@@ -144,7 +145,8 @@ class ParallelAttention(nn.Cell):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
-        keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position),
+        keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position)
+        (``kv_write.cache_write_op``: ScatterNdUpdate's inputs and values, O(new tokens) on CPU),
         attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
         cache holds the present keys and values afterwards.
         ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch

@@ -4,7 +4,8 @@
 ``num_query_groups``, = num_attention_heads without grouped-query attention) (owned here,
 not by the model's own parameter list, so they never reach a checkpoint) and runs the model's one
 forward pass (``GPTLocalModel.construct``) with them: each ``GPTLocalBlock`` writes the step's keys
-and values in place with ScatterNdUpdate. Prompts are right-padded to a width bucket W
+and values in place (``kv_write.py``: on CPU a kernel that copies only the new rows, O(new tokens); elsewhere
+ScatterNdUpdate, which on CPU copies the whole cache per write) and attention reads the cache as stored. Prompts are right-padded to a width bucket W
 (``width_buckets``: powers of two from 16, ending at the cache length); sequence b's token at
 position p is written at cache row p, so every sequence keeps its own positions and padding is
 overwritten by later tokens before anyone can attend to it. The per-row write indices and the
@@ -70,7 +71,7 @@ class KVCache(nn.Cell):
         return self.lm.last_logits(hidden, last_index)
 
     def write_index(self, positions, slots):
-        """(slot, head, position) triples [B, N, S, 3] for ScatterNdUpdate into the [B, N, L, D] caches."""
+        """(slot, head, position) triples [B, N, S, 3]: ScatterNdUpdate's index into the [B, N, L, D] caches."""
         batch, seq = positions.shape
         shape = (batch, self.num_heads, seq, 1)
         rows = ops.broadcast_to(ops.reshape(slots, (batch, 1, 1, 1)), shape)
