@@ -180,12 +180,12 @@ def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch
     tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\nand again\n"))
     assert main(["chat", "--model", model_dir, "--temperature", "0", "--max-new-tokens", "5"]) == 0
-    replies = capsys.readouterr().out.split("\n")
+    out = capsys.readouterr().out
     messages = [{"role": "user", "content": "print hello"}]
     first = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
     messages += [{"role": "assistant", "content": first.strip()}, {"role": "user", "content": "and again"}]
     second = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
-    assert replies[:2] == [first, second], (replies, first, second)
+    assert out == first + "\n" + second + "\n", (out, first, second)  # each reply, then a newline
 
 
 def test_generate_refuses_bad_flags_with_the_flag_named(model_dir, capsys):
