@@ -234,7 +234,8 @@ def test_preflight_names_a_bad_record_and_a_seq_length_mismatch(corpus, tmp_path
         handler = [{"type": "GPTLocalInstructHandler", "format": "chat", "seq_length": seq_length, "tokenizer": {}}]
         yaml_path = tiny_yaml(tmp_path, "finetune_gpt_local_tiny_sft_cpu.yaml", load_checkpoint="",
                               pretrained_model_dir=corpus["model_dir"], train_dataset__data_loader__data_files=data,
-                              train_dataset__data_loader__handler=handler)
+                              train_dataset__data_loader__handler=handler,
+                              callbacks=[{"type": "GPTLocalSaveModelDir", "tokenizer_dir": corpus["model_dir"]}])
         with pytest.raises(GPTLocalError) as caught:
             preflight(load_config(["--config", yaml_path]), log=lambda _: None)
         return str(caught.value)

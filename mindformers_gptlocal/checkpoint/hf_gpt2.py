@@ -20,6 +20,7 @@ from ..model.params import ACTIVATIONS, parameter_table
 from ..parallel.layout import Layout
 from ..safetensors_io import TOKENIZER_FILES, read_header, resolve_weights_file
 from ..staging import write_folder
+from ..tokenizer_id import write_id
 
 GPT2_TYPES = ("gpt2",)
 GPT2_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in ("silu", "swiglu"))  # the gated ones are Llama's
@@ -373,6 +374,7 @@ def _copy_tokenizer(src, dst, max_length):
         with open(os.path.join(dst, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
             json.dump({"tokenizer_class": "GPT2TokenizerFast", "bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN,
                        "unk_token": EOD_TOKEN, "model_max_length": max_length}, handle, indent=2)
+    write_id(dst)  # the id of the tokenizer these weights go with (tokenizer_id.py)
 
 
 def read_ms_config(ms_dir):

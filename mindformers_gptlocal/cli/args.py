@@ -1,6 +1,15 @@
 """Every ``gptlocal`` subcommand's arguments, in one place. Building a parser imports nothing heavy
-(``run``'s value converters load MindFormers' own only when a value is converted)."""
+(``run``'s value converters load MindFormers' own only when a value is converted), so every ``--help``
+answers without loading MindSpore.
+
+One spelling rule for flags: ours are written with dashes (``--hf-dir``, ``--max-new-tokens``); MindFormers'
+launcher flags keep their own underscores (``--device_target``, ``--load_checkpoint``). Every parser here is a
+``Parser``, which accepts the other spelling of any of its flags (``--hf_dir``, ``--device-target``) as an
+alias, and names the closest flags when one is unknown.
+"""
 import argparse
+import difflib
+import sys
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
@@ -13,22 +22,120 @@ COMMANDS = {
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
     "lora": "merge a pet_config run's LoRA adapters into the base weights",
     "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
+    "generate": "continue a prompt with a model directory (no YAML), streamed",
+    "chat": "chat with a model directory on stdin (its chat template), replies streamed",
 }
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser with the spelling rule above: ``--a_b`` and ``--a-b`` name the same flag (done once, on
+    the arguments, before argparse sees them), and an unknown flag gets the closest known ones suggested."""
+
+    def canonical(self, token):
+        """``token`` with its flag respelled to the one this parser defines, if it defines the other spelling."""
+        if not token.startswith("--") or token == "--":
+            return token
+        name, eq, value = token.partition("=")
+        if name in self._option_string_actions:
+            return token
+        for other in ("--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_")):
+            if other in self._option_string_actions:
+                return other + eq + value
+        return token
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        if "--" in args:
+            cut = args.index("--")
+            args = [self.canonical(a) for a in args[:cut]] + args[cut:]
+        else:
+            args = [self.canonical(a) for a in args]
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags = [e.split("=", 1)[0] for e in extras if e.startswith("-")]
+            known = sorted(self._all_flags())
+            hints = {f: difflib.get_close_matches(f.replace("_", "-"), known, n=2, cutoff=0.6) for f in flags}
+            hint = "; ".join(f"{f}: did you mean {' or '.join(h)}?" for f, h in hints.items() if h)
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({hint})" if hint else ""))
+        return namespace
+
+    def _all_flags(self):
+        flags = set()
+        for action in self._actions:
+            flags.update(o for o in action.option_strings if o.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+                for sub in action.choices.values():
+                    flags.update(sub._all_flags() if isinstance(sub, Parser) else ())
+        return flags
 
 
 def main_parser():
     """``gptlocal --help``: the subcommands (each one parses its own arguments)."""
-    parser = argparse.ArgumentParser(prog="gptlocal", description="GPT-2-family models on MindFormers "
-                                                                  "(model_type: gpt_local).",
-                                     epilog="gptlocal COMMAND --help shows a command's options.")
+    parser = Parser(prog="gptlocal", description="GPT-2-family models on MindFormers (model_type: gpt_local).",
+                    epilog="gptlocal COMMAND --help shows a command's options. Flags: ours use dashes "
+                           "(--hf-dir), MindFormers' launcher flags underscores (--device_target); the other "
+                           "spelling of any flag works too.")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, text in COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
+def version_line():
+    """``mindformers-gptlocal X (MindSpore Y, MindFormers Z)``, from package metadata: nothing imported."""
+    from importlib import metadata
+    from .. import __version__
+
+    def installed(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    return (f"mindformers-gptlocal {__version__} (mindspore {installed('mindspore')}, mindformers "
+            f"{installed('mindformers')}, Python {sys.version.split()[0]})")
+
+
+def _sampling_flags(parser, max_new_tokens):
+    parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
+                                                       "tokenizer.json), e.g. runs/quickstart/train/model")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                        help=f"tokens to generate at most (default {max_new_tokens})")
+    parser.add_argument("--temperature", type=float, default=0.8,
+                        help="sampling temperature (default 0.8); 0 = greedy (the most likely token each step)")
+    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default 50; "
+                                                              "0 = all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
+    parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234): same seed, same text")
+    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+
+
+def generate_parser():
+    parser = Parser(prog="gptlocal generate",
+                    description="Continue a prompt with a gpt_local model directory (no YAML): "
+                                "GPTLocalForCausalLM.from_pretrained + model.generate.")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    _sampling_flags(parser, 64)
+    parser.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    return parser
+
+
+def chat_parser():
+    parser = Parser(prog="gptlocal chat",
+                    description="Chat with a gpt_local model directory: each line on stdin is a user message, "
+                                "rendered with the directory's chat template (tokenizer_config.json; else a plain "
+                                "'User: ... / Assistant:' form, as gptlocal serve does); replies are streamed. "
+                                "Works through a pipe: printf 'hi\\n' | gptlocal chat --model DIR.")
+    _sampling_flags(parser, 128)
+    parser.add_argument("--system", help="a system message put first")
+    return parser
+
+
 def prepare_data_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal prepare-data",
+    parser = Parser(prog="gptlocal prepare-data",
                                      description="Text files, a folder or JSONL -> tokenizer, MindRecord and "
                                                  "Megatron .bin/.idx. With no --input: the Python standard library.")
     parser.add_argument("--input", nargs="*", help="text files, folders or .jsonl (default: Python's stdlib sources)")
@@ -36,7 +143,8 @@ def prepare_data_parser():
     parser.add_argument("--seq-length", type=int, help="tokens a row (default 256; with --from-mf-mindrecord: "
                                                        "checked against the rows, default their width - 1)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="size of a newly trained BPE")
-    parser.add_argument("--tokenizer", help="an existing tokenizer.json to use instead of training one")
+    parser.add_argument("--tokenizer", help="an existing tokenizer.json, or a model directory (its tokenizer.json, "
+                                            "checked against its weights' tokenizer_id), instead of training one")
     parser.add_argument("--vocab", help="GPT-2 vocab.json (with --merges)")
     parser.add_argument("--merges", help="GPT-2 merges.txt (with --vocab)")
     parser.add_argument("--jsonl-key", default="text", help="JSONL field holding the text (default: text)")
@@ -59,9 +167,9 @@ def prepare_data_parser():
 
 
 def migrate_yaml_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal migrate-yaml",
-                                     description="A MindFormers 1.x GPT-2 YAML (configs/gpt2/run_gpt2*.yaml) -> a "
-                                                 "gpt_local YAML; every key mapped or dropped with a line saying so.")
+    parser = Parser(prog="gptlocal migrate-yaml",
+                    description="A MindFormers 1.x GPT-2 YAML (configs/gpt2/run_gpt2*.yaml) -> a "
+                                "gpt_local YAML; every key mapped or dropped with a line saying so.")
     parser.add_argument("old", metavar="OLD.yaml", help="the MindFormers GPT-2 YAML")
     parser.add_argument("--out", required=True, help="the gpt_local YAML to write")
     parser.add_argument("--device-target", choices=("CPU", "GPU", "Ascend"),
@@ -71,7 +179,7 @@ def migrate_yaml_parser():
 
 
 def convert_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal convert",
+    parser = Parser(prog="gptlocal convert",
                                      description="Hugging Face <-> gpt_local model directories, exact: GPT-2, "
                                                  "Llama-family (Llama, Qwen2, TinyLlama, SmolLM) and GPT-NeoX "
                                                  "(Pythia); the family is read from config.json.")
@@ -79,11 +187,13 @@ def convert_parser():
     hf2ms = sub.add_parser("hf2ms", help="HF directory (GPT-2, Llama, Qwen2, GPT-NeoX) -> gpt_local directory")
     hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin)")
     hf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
+    hf2ms.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     hf2ms.add_argument("--allow-pickle", action="store_true",
                        help="load pytorch_model.bin with full pickle (only for files you trust)")
     ms2hf = sub.add_parser("ms2hf", help="gpt_local directory -> HF directory of its family")
     ms2hf.add_argument("--ms-dir", required=True, help="gpt_local model directory (e.g. output/model)")
-    ms2hf.add_argument("--out", required=True)
+    ms2hf.add_argument("--out", required=True, help="new folder for the Hugging Face files")
+    ms2hf.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     ms2hf.add_argument("--lora-only", action="store_true",
                        help="write only the LoRA adapters of a pet_config run, as a Hugging Face PEFT adapter "
                             "(adapter_config.json + adapter_model.safetensors)")
@@ -100,7 +210,7 @@ def convert_parser():
 
 
 def lora_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal lora", description="LoRA adapters of a pet_config run.")
+    parser = Parser(prog="gptlocal lora", description="LoRA adapters of a pet_config run.")
     sub = parser.add_subparsers(dest="action", required=True)
     merge = sub.add_parser("merge", help="fold adapters into the base weights: a plain model directory")
     merge.add_argument("--base", required=True, help="the base model directory the run finetuned")
@@ -114,7 +224,7 @@ def lora_parser():
 
 
 def ckpt_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal ckpt",
+    parser = Parser(prog="gptlocal ckpt",
                                      description="Split a full gpt_local checkpoint into per-rank shards for a "
                                                  "(data, model, pipeline) parallel strategy, or merge them back.")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -130,7 +240,7 @@ def ckpt_parser():
 
 
 def plan_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal plan",
+    parser = Parser(prog="gptlocal plan",
                                      description="Check a YAML's parallel layout and estimate per-device memory and "
                                                  "communication, without devices or compiling.")
     parser.add_argument("--config", required=True, help="run YAML (base_config is merged)")
@@ -141,9 +251,10 @@ def plan_parser():
 
 
 def quickstart_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal quickstart",
+    parser = Parser(prog="gptlocal quickstart",
                                      description="The whole product on one CPU, with no download.")
-    parser.add_argument("--workdir", default="runs/quickstart", help="where data, YAMLs and outputs go")
+    parser.add_argument("--out", "--workdir", dest="workdir", default="runs/quickstart",
+                        help="where data, YAMLs and outputs go (default runs/quickstart)")
     parser.add_argument("--steps", type=int, default=240, help="training steps (batch 4 x 256 tokens)")
     parser.add_argument("--max-bytes", type=int, default=3_000_000, help="corpus size from the stdlib")
     parser.add_argument("--prompt", default="def main(", help="prompt for the generated sample")
@@ -168,49 +279,61 @@ class _Options(argparse.Action):
         ActionDict(self.option_strings, self.dest, nargs=self.nargs)(parser, namespace, values, option_string)
 
 
+RUN_EPILOG = """config overrides: any other --dotted.key VALUE (or --dotted.key=VALUE) sets that key of the
+YAML after the flags above, its VALUE parsed as YAML, e.g.
+  gptlocal run --config model_configs/pretrain_gpt_local_tiny_cpu.yaml \\
+      --runner_config.stop_step 10 --model.model_config.seq_length 128 --pretrained_model_dir output/model
+The flags are those of MindFormers r1.8.0 run_mindformer.py, spelled as there (--device_target); the dashed
+spelling (--device-target) is accepted too."""
+
+
 def run_parser():
     """The flags of MindFormers r1.8.0 ``run_mindformer.py`` (plus ``--key value`` config overrides)."""
-    parser = argparse.ArgumentParser(prog="gptlocal run",
-                                     description="Run a MindFormers YAML (train/finetune/eval/predict).")
+    parser = Parser(prog="gptlocal run", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="Run a MindFormers YAML (train/finetune/eval/predict) with the flags of "
+                                "MindFormers' run_mindformer.py; the pre-flight checks run first.",
+                    epilog=RUN_EPILOG)
     add = parser.add_argument
-    add("--config", required=True, help="YAML config file")
-    add("--mode", type=int, help="0 graph, 1 pynative")
-    add("--device_id", type=int)
-    add("--device_target", type=str, help="CPU, GPU or Ascend")
-    add("--run_mode", type=str, help="train, finetune, eval or predict")
-    add("--do_eval", type=_str2bool)
-    add("--train_dataset_dir", type=str)
-    add("--eval_dataset_dir", type=str)
-    add("--predict_data", type=str, nargs="+")
-    add("--modal_type", type=str, nargs="+")
-    add("--predict_batch_size", type=int)
-    add("--adapter_id", type=str, nargs="+")
-    add("--load_checkpoint", type=str)
-    add("--src_strategy_path_or_dir", type=str)
-    add("--auto_trans_ckpt", type=_str2bool)
-    add("--transform_process_num", type=int)
-    add("--only_save_strategy", type=_str2bool)
-    add("--resume_training", type=_str2bool_or_str)
-    add("--strategy_load_checkpoint", type=str)
-    add("--remote_save_url", type=str)
-    add("--seed", type=int)
-    add("--use_parallel", type=_str2bool)
-    add("--profile", type=_str2bool)
+    add("--config", required=True, help="YAML config file (base_config is merged)")
+    add("--mode", type=int, help="context.mode: 0 graph, 1 pynative")
+    add("--device_id", type=int, help="context.device_id")
+    add("--device_target", type=str, help="context.device_target: CPU, GPU or Ascend")
+    add("--run_mode", type=str, help="train, finetune, eval, predict or predict_with_train_model")
+    add("--do_eval", type=_str2bool, help="evaluate during training (eval_dataset)")
+    add("--train_dataset_dir", type=str, help="train_dataset.data_loader.dataset_dir")
+    add("--eval_dataset_dir", type=str, help="eval_dataset.data_loader.dataset_dir")
+    add("--predict_data", type=str, nargs="+", help="predict: the input text(s)")
+    add("--modal_type", type=str, nargs="+", help="predict: modal types of multimodal inputs")
+    add("--predict_batch_size", type=int, help="predict: batch size")
+    add("--adapter_id", type=str, nargs="+", help="predict: adapter ids")
+    add("--load_checkpoint", type=str, help="weights to load: a model directory, a .safetensors file or a "
+                                            "checkpoint folder")
+    add("--src_strategy_path_or_dir", type=str, help="strategy of a distributed checkpoint to transform")
+    add("--auto_trans_ckpt", type=_str2bool, help="transform a distributed checkpoint to this layout")
+    add("--transform_process_num", type=int, help="processes for the checkpoint transform")
+    add("--only_save_strategy", type=_str2bool, help="write the parallel strategy and stop")
+    add("--resume_training", type=_str2bool_or_str, help="True: continue from the newest complete checkpoint "
+                                                         "(load_checkpoint or output_dir/checkpoint); or a file name")
+    add("--strategy_load_checkpoint", type=str, help="parallel.strategy_ckpt_load_file")
+    add("--remote_save_url", type=str, help="remote_save_url (ModelArts)")
+    add("--seed", type=int, help="seed")
+    add("--use_parallel", type=_str2bool, help="use_parallel (msrun launches)")
+    add("--profile", type=_str2bool, help="profile")
     add("--options", nargs="+", action=_Options, help="key=value overrides merged into the config")
-    add("--epochs", type=int)
-    add("--batch_size", type=int)
-    add("--gradient_accumulation_steps", type=int)
-    add("--sink_mode", type=_str2bool)
-    add("--num_samples", type=int)
-    add("--output_dir", type=str)
-    add("--register_path", type=str)
-    add("--do_sample", type=_str2bool)
-    add("--trust_remote_code", type=_str2bool)
+    add("--epochs", type=int, help="runner_config.epochs")
+    add("--batch_size", type=int, help="runner_config.batch_size")
+    add("--gradient_accumulation_steps", type=int, help="runner_config.gradient_accumulation_steps")
+    add("--sink_mode", type=_str2bool, help="runner_config.sink_mode")
+    add("--num_samples", type=int, help="data_loader.num_samples of the datasets")
+    add("--output_dir", type=str, help="output_dir (checkpoints, model directory, logs)")
+    add("--register_path", type=str, help="a folder to put on sys.path (MindFormers' external-model route)")
+    add("--do_sample", type=_str2bool, help="model.model_config.do_sample")
+    add("--trust_remote_code", type=_str2bool, help="trust_remote_code")
     return parser
 
 
 def serve_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal serve",
+    parser = Parser(prog="gptlocal serve",
                                      description="Serve a gpt_local model directory over an OpenAI-compatible HTTP "
                                                  "API (needs the [serve] extra: pip install "
                                                  "'mindformers-gptlocal[serve]').")
@@ -227,7 +350,7 @@ def serve_parser():
     parser.add_argument("--batch-buckets", default=None,
                         help="comma-separated batch sizes to compile (default: 1, 4, 16, ... up to --max-batch-size)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
-    parser.add_argument("--device_target", "--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
+    parser.add_argument("--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ops = parser.add_argument_group("running it exposed (docs/serving.md)")
     ops.add_argument("--api-key", default=None,
@@ -248,24 +371,24 @@ def serve_parser():
 
 
 def eval_parser():
-    parser = argparse.ArgumentParser(prog="gptlocal eval",
+    parser = Parser(prog="gptlocal eval",
                                      description="Benchmark a gpt_local model directory with lm-evaluation-harness "
                                                  "tasks (pip install 'mindformers-gptlocal[eval]').")
     parser.add_argument("--model", required=True, help="gpt_local model directory (config.json, model.safetensors, "
                                                         "tokenizer files)")
     parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. gl_choice,gl_until")
-    parser.add_argument("--num_fewshot", type=int, help="few-shot examples per request (default: each task's own)")
+    parser.add_argument("--num-fewshot", type=int, help="few-shot examples per request (default: each task's own)")
     parser.add_argument("--limit", type=float, help="documents per task (a fraction if < 1)")
-    parser.add_argument("--include_path", help="folder of extra task YAMLs (local tasks)")
-    parser.add_argument("--output_path", help="write lm-eval's results JSON to this file")
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--max_length", type=int, help="context length (default: max_position_embeddings)")
-    parser.add_argument("--device_target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+    parser.add_argument("--include-path", help="folder of extra task YAMLs (local tasks)")
+    parser.add_argument("--out", "--output-path", dest="output_path", help="write lm-eval's results JSON to this file")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-length", type=int, help="context length (default: max_position_embeddings)")
+    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
     parser.add_argument("--seed", type=int, default=1234, help="seed of lm-eval and of sampled generation")
-    parser.add_argument("--log_samples", action="store_true", help="also keep every request's responses in the JSON")
+    parser.add_argument("--log-samples", action="store_true", help="also keep every request's responses in the JSON")
     return parser
 
 
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
            "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser,
-           "lora": lora_parser, "migrate-yaml": migrate_yaml_parser}
+           "lora": lora_parser, "migrate-yaml": migrate_yaml_parser, "generate": generate_parser, "chat": chat_parser}

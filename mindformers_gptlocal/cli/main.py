@@ -1,14 +1,15 @@
 """``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
 run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile),
-lora merge (fold LoRA adapters into the weights).
+lora merge (fold LoRA adapters into the weights), generate and chat (a model directory, no YAML).
 
 Arguments are defined in ``args.py``; each command imports only what its work needs (``plan``,
-``convert`` and ``--help`` load neither MindSpore nor MindFormers).
+``convert`` and every ``--help`` load neither MindSpore nor MindFormers: ``main`` answers ``--help`` from
+``args.py`` before a command imports its work).
 """
 import json
 import sys
 
-from ..errors import ConfigError, GPTLocalError
+from ..errors import CheckpointError, ConfigError, GPTLocalError
 from . import args as cli_args
 
 
@@ -32,21 +33,36 @@ def prepare_data(argv):
     return 0
 
 
+def _replacing(out, overwrite, write):
+    """``write(folder)`` into ``out``; with ``overwrite`` an existing ``out`` is replaced only once the new
+    folder is complete (written beside it, then renamed), so a failed conversion leaves it as it was."""
+    import os
+    if not (os.path.isdir(out) and os.listdir(out)):
+        return write(out)
+    if not overwrite:
+        raise CheckpointError(f"--out {os.path.abspath(out)} already holds files; pass --overwrite to replace it "
+                              f"or choose another folder.")
+    from ..staging import write_folder
+    return write_folder(out, write, CheckpointError, overwrite=True)
+
+
 def convert(argv):
     options = cli_args.convert_parser().parse_args(argv)
     if options.direction in ("mf2ms", "ms2mf"):
         return convert_mindformers(options)
     from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
+    overwrite = getattr(options, "overwrite", False)
     if options.direction == "hf2ms":
-        summary = hf_models.hf_to_ms(options.hf_dir, options.out, allow_pickle=options.allow_pickle)
+        summary = _replacing(options.out, overwrite,
+                             lambda out: hf_models.hf_to_ms(options.hf_dir, out, allow_pickle=options.allow_pickle))
     elif options.lora_only:
         from ..checkpoint import lora
-        summary = lora.to_peft(options.ms_dir, options.out)
+        summary = _replacing(options.out, overwrite, lambda out: lora.to_peft(options.ms_dir, out))
         print(f"wrote a PEFT LoRA adapter ({summary['tensors']} tensors, target_modules {summary['targets']}) "
               f"to {options.out}")
         return 0
     else:
-        summary = hf_models.ms_to_hf(options.ms_dir, options.out)
+        summary = _replacing(options.out, overwrite, lambda out: hf_models.ms_to_hf(options.ms_dir, out))
         if summary.get("lora_left_out"):
             print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
                   f"in first (gptlocal lora merge) or export them with --lora-only.")
@@ -153,19 +169,44 @@ def evaluate(argv):
 
 
 
+def generate(argv):
+    options = cli_args.generate_parser().parse_args(argv)
+    from .generate import generate as run_generate
+    return run_generate(options)
+
+
+def chat(argv):
+    options = cli_args.chat_parser().parse_args(argv)
+    from .generate import chat as run_chat
+    return run_chat(options)
+
+
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora, "migrate-yaml": migrate_yaml}
+            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora, "migrate-yaml": migrate_yaml, "generate": generate, "chat": chat}
+
+
+def _asks_for_help(argv):
+    """-h/--help before any `--`: answered from args.py alone, before a command imports its work."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return any(a in ("-h", "--help") for a in head)
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        cli_args.main_parser().print_help()
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        cli_args.main_parser().parse_args(argv or ["--help"])
         return 0
-    if not argv or argv[0] not in COMMANDS:
-        print("usage: gptlocal {" + ",".join(COMMANDS) + "} [options]  (gptlocal COMMAND --help for each)",
-              file=sys.stderr)
+    if argv[0] not in COMMANDS and argv[0].replace("_", "-") in COMMANDS:  # the spelling rule, for commands
+        argv[0] = argv[0].replace("_", "-")
+    if argv[0] not in COMMANDS:
+        import difflib
+        close = difflib.get_close_matches(argv[0], list(COMMANDS), n=2, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        print(f"gptlocal: unknown command {argv[0]!r}.{hint} Commands: {', '.join(COMMANDS)} "
+              f"(gptlocal --help).", file=sys.stderr)
         return 2
+    if _asks_for_help(argv[1:]) and argv[0] in cli_args.PARSERS:
+        cli_args.PARSERS[argv[0]]().parse_args(argv[1:])  # prints the help and exits
     try:
         return COMMANDS[argv[0]](argv[1:])
     except GPTLocalError as err:

@@ -58,6 +58,8 @@ def main(args):
     data = os.path.join(work, "data")
     os.makedirs(work, exist_ok=True)
     started = time.time()
+    print(f"== quickstart: everything goes to {work} (data, YAMLs, logs, the trained model in "
+          f"{os.path.join(work, 'train', 'model')})", flush=True)
 
     print(f"== 1/5 prepare data: Python {sys.version.split()[0]} standard library -> {data}", flush=True)
     from ..data.prepare import prepare
@@ -111,7 +113,12 @@ def main(args):
     print(f"\nperplexity: {before:.1f} before -> {after:.1f} after training")
     print(f"sample for {args.prompt!r}:\n{sample}\n")
     print(f"model directory: {model_dir}  (GPTLocalForCausalLM.from_pretrained loads it)")
-    print(f"done in {result['seconds']} s; YAMLs and logs in {work}")
+    print(f"done in {result['seconds']} s; data, YAMLs, logs and result.json in {work}")
+    shown = os.path.relpath(model_dir) if not os.path.relpath(model_dir).startswith("..") else model_dir
+    print(f"next: gptlocal generate --model {shown} --prompt {json.dumps(args.prompt)}\n"
+          f"      gptlocal chat --model {shown}\n"
+          f"      gptlocal run --config model_configs/finetune_gpt_local_tiny_cpu.yaml   (after prepare-data "
+          f"--tokenizer {shown}: see docs/finetune.md)")
     return 0
 
 

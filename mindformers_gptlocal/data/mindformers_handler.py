@@ -12,6 +12,7 @@ yields ``input_ids, labels, loss_mask, position_ids, actual_seq_len`` (its packe
 from mindformers.dataset.handler.base_handler import BaseInstructDataHandler
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
+from ..errors import ConfigError
 from . import instruct
 
 
@@ -41,12 +42,16 @@ class GPTLocalInstructHandler(BaseInstructDataHandler):
     def __init__(self, seq_length, format="alpaca", too_long="truncate", pack=True, max_docs=128,  # noqa: A002
                  **kwargs):
         super().__init__(**kwargs)
-        if format not in instruct.FORMATS or too_long not in instruct.TOO_LONG:
-            raise ValueError(f"GPTLocalInstructHandler: format must be one of {instruct.FORMATS} (got {format!r}), "
-                             f"too_long one of {instruct.TOO_LONG} (got {too_long!r}).")
+        if format not in instruct.FORMATS:
+            raise ConfigError(f"train_dataset.data_loader.handler GPTLocalInstructHandler.format is {format!r}; set "
+                              f"it to {' or '.join(instruct.FORMATS)}.")
+        if too_long not in instruct.TOO_LONG:
+            raise ConfigError(f"train_dataset.data_loader.handler GPTLocalInstructHandler.too_long is {too_long!r}; "
+                              f"set it to {' or '.join(instruct.TOO_LONG)}.")
         if self.tokenizer is None:
-            raise ValueError("GPTLocalInstructHandler needs a tokenizer: set pretrained_model_dir (a model "
-                             "directory with tokenizer.json) and `tokenizer: {}` under the handler.")
+            raise ConfigError("train_dataset.data_loader.handler GPTLocalInstructHandler has no tokenizer (tokenizer: "
+                              "None); set pretrained_model_dir to a model directory with tokenizer.json and "
+                              "`tokenizer: {}` under the handler.")
         self.seq_length, self.format, self.too_long = seq_length, format, too_long
         self.pack, self.max_docs = pack, max_docs
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..staging import write_folder
+from ..tokenizer_id import id_of_tokenizer
 from .tokenizer import EOD_TOKEN, build_tokenizer, save_model_dir
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".jsonl", ".json")
@@ -193,7 +194,7 @@ def _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab,
     write_mindrecord(os.path.join(staging, "train.mindrecord"), train)
     summary = {"files": len(files), "documents": len(docs), "tokens": int(sum(len(d) for d in docs)),
                "vocab_size": tokenizer.get_vocab_size(), "eod_token_id": tokenizer.token_to_id(EOD_TOKEN),
-               "seq_length": seq_length, "train_samples": int(len(train)),
+               "tokenizer_id": id_of_tokenizer(tokenizer), "seq_length": seq_length, "train_samples": int(len(train)),
                "train_mindrecord": os.path.join(staging, "train.mindrecord"),
                "megatron_prefix": os.path.join(staging, "megatron", "train_text_document"),
                "model_dir": os.path.join(staging, "model")}
@@ -235,6 +236,7 @@ def _prepare_instruct(inputs, out, seq_length, vocab_size, tokenizer_path, vocab
         summary = instruct.prepare_instruct(folder, files, fmt, tokenizer, eos, seq_length, too_long, pack,
                                             eval_fraction)
         summary.update({"files": len(files), "vocab_size": tokenizer.get_vocab_size(), "eod_token_id": eos,
+                        "tokenizer_id": id_of_tokenizer(tokenizer),
                         "seq_length": seq_length, "too_long": too_long,
                         "model_dir": os.path.join(folder, "model")})
         save_model_dir(summary["model_dir"], tokenizer, seq_length, model_config,

@@ -10,6 +10,7 @@ import os
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from ..errors import DataError
+from ..tokenizer_id import check_model_dir, id_of_tokenizer, write_id
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -41,8 +42,14 @@ def from_gpt2_files(vocab, merges):
 def build_tokenizer(documents_fn, vocab_size, tokenizer_path=None, vocab=None, merges=None):
     """Load or train the tokenizer; make sure it has the end-of-document token."""
     if tokenizer_path:
+        if os.path.isdir(tokenizer_path):  # a model directory: its tokenizer.json, checked against its weights
+            check_model_dir(tokenizer_path)
+            tokenizer_path = os.path.join(tokenizer_path, "tokenizer.json")
+        elif os.path.basename(tokenizer_path) == "tokenizer.json":
+            check_model_dir(os.path.dirname(os.path.abspath(tokenizer_path)))
         if not os.path.isfile(tokenizer_path):
-            raise DataError(f"--tokenizer {tokenizer_path} does not exist; give a tokenizer.json file.")
+            raise DataError(f"--tokenizer {tokenizer_path} does not exist; give a tokenizer.json file or a model "
+                            f"directory holding one.")
         tokenizer = Tokenizer.from_file(tokenizer_path)
     elif vocab or merges:
         if not (vocab and merges):
@@ -75,3 +82,4 @@ def save_model_dir(path, tokenizer, seq_length, model_config=None, chat_template
     config.update(model_config or {})
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=2)
+    write_id(path, id_of_tokenizer(tokenizer))

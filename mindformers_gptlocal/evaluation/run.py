@@ -25,7 +25,7 @@ def run_eval(options):
     if options.include_path and not os.path.isdir(options.include_path):
         raise ConfigError(f"--include_path {options.include_path} is not a folder of task YAMLs.")
     if options.output_path and os.path.isdir(options.output_path):
-        raise ConfigError(f"--output_path {options.output_path} is a folder; give a file name, e.g. results.json.")
+        raise ConfigError(f"--out {options.output_path} is a folder; give a file name, e.g. --out results.json.")
     manager = TaskManager(include_path=options.include_path)
     tasks = [t.strip() for t in options.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if not manager.match_tasks([t])]

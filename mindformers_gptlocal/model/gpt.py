@@ -20,6 +20,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
+from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
@@ -266,7 +267,9 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
 
     @classmethod
     def from_pretrained(cls, model_dir, **overrides):
-        """Build from ``model_dir/config.json`` and load ``model_dir``'s safetensors weights if present."""
+        """Build from ``model_dir/config.json`` and load ``model_dir``'s safetensors weights if present. The
+        folder's tokenizer files must be those its weights were trained with (``tokenizer_id``)."""
+        check_tokenizer_id(model_dir)
         model = cls(GPTLocalConfig.from_model_dir(model_dir, **overrides))
         if os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):
             model.load_weights(model_dir)

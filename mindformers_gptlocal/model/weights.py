@@ -13,6 +13,7 @@ from ..errors import CheckpointError
 from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic_write, read_header,
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
+from ..tokenizer_id import write_id
 from .lora_config import is_lora_name
 from .params import WORD_EMBEDDINGS, is_weight, layer_of, parameter_table
 
@@ -127,7 +128,12 @@ def save_weights(model, path):
 
 
 def save_model_dir(model, out_dir, tokenizer_dir=None):
-    """config.json + model.safetensors (+ tokenizer files copied from ``tokenizer_dir``)."""
+    """config.json + model.safetensors (+ tokenizer files copied from ``tokenizer_dir``, and their
+    ``tokenizer_id``). A ``tokenizer_dir`` that is not a folder is an error, not a model without a tokenizer."""
+    if tokenizer_dir and not os.path.isdir(tokenizer_dir):
+        raise CheckpointError(f"tokenizer_dir {tokenizer_dir} does not exist, so the model directory {out_dir} "
+                              f"would have no tokenizer; point tokenizer_dir at the folder of the tokenizer.json "
+                              f"the training data was made with (prepare-data's <out>/model).")
     os.makedirs(out_dir, exist_ok=True)
     if not os.access(out_dir, os.W_OK):
         raise CheckpointError(f"cannot write to {out_dir}; choose a writable output_dir.")
@@ -141,6 +147,7 @@ def save_model_dir(model, out_dir, tokenizer_dir=None):
             source = os.path.join(tokenizer_dir, name)
             if os.path.isfile(source):
                 shutil.copyfile(source, os.path.join(out_dir, name))
+    write_id(out_dir)
     return out_dir
 
 

@@ -22,6 +22,7 @@ from ..safetensors_io import resolve_weights_file
 from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
                            check_device, check_safetensors_only, check_structure,
                            check_tokenizers)
+from .tokenizers import check_tokenizer_identity
 
 MODEL_TYPE = "gpt_local"
 ARCHITECTURE = "GPTLocalForCausalLM"
@@ -268,6 +269,7 @@ def preflight(config, log=print):
     check_layout(config)
     check_output_dir(config)
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
+    check_tokenizer_identity(config, log)  # model, data and saved tokenizer: one tokenizer (tokenizers.py)
     check_data(config, model_config)
     resolve_checkpoint(config, model_config, log)
     if config.get("load_checkpoint") and not config.get("use_parallel"):

@@ -12,6 +12,8 @@ from mindspore import nn
 
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
+from ..errors import DataError
+
 
 @MindFormerRegister.register(MindFormerModuleType.METRIC)
 class GPTLocalPerplexityMetric(nn.Metric):
@@ -39,6 +41,8 @@ class GPTLocalPerplexityMetric(nn.Metric):
 
     def eval(self):
         if self.total_tokens == 0:
-            raise RuntimeError("GPTLocalPerplexityMetric saw no tokens; the eval dataset is empty.")
+            raise DataError("GPTLocalPerplexityMetric saw no tokens (0 with loss_mask 1): the eval dataset "
+                            "(eval_dataset.data_loader.dataset_dir) is empty or fully masked; prepare more text "
+                            "with `gptlocal prepare-data`.")
         loss = self.total_nll / self.total_tokens
         return {"loss": loss, "PPL": math.exp(loss), "tokens": self.total_tokens}

@@ -22,6 +22,8 @@ from mindspore.nn.optim.optimizer import Optimizer
 
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
+from ..errors import ConfigError
+
 _fused_step = ops.MultitypeFuncGraph("gptlocal_fused_adamw")
 
 
@@ -65,9 +67,10 @@ class GPTLocalAdamW(Optimizer):
     def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         if len(betas) != 2 or not all(0.0 < float(b) < 1.0 for b in betas):
-            raise ValueError(f"optimizer.betas must be two numbers in (0, 1), got {betas!r}.")
+            raise ConfigError(f"optimizer.betas must be two numbers in (0, 1), got {betas!r}; set e.g. "
+                              f"betas: [0.9, 0.95].")
         if float(eps) <= 0.0:
-            raise ValueError(f"optimizer.eps must be > 0, got {eps!r}.")
+            raise ConfigError(f"optimizer.eps must be > 0, got {eps!r}; set e.g. eps: 1.e-8.")
         self.beta1 = Tensor(np.array([betas[0]], np.float32))
         self.beta2 = Tensor(np.array([betas[1]], np.float32))
         self.eps = Tensor(np.array([eps], np.float32))

@@ -1,0 +1,212 @@
+"""The command line a newcomer meets (issue 26, item 4): every --help without MindSpore, --version, one flag
+spelling with the other as an alias, suggestions, `convert --overwrite`, and `generate`/`chat` equal to
+``model.generate`` (greedy) through the public API."""
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mindformers_gptlocal.cli import args as cli_args
+from mindformers_gptlocal.cli.main import main
+from mindformers_gptlocal.errors import ConfigError, GPTLocalError
+from conftest import TINY, source_env
+
+HEAVY = ("mindspore", "mindformers", "torch", "transformers", "lm_eval", "fastapi", "tokenizers")
+
+HELP_PROBE = r"""
+import json, sys, time
+from mindformers_gptlocal.cli import args
+from mindformers_gptlocal.cli.main import main
+heavy = %r
+result = {}
+def probe(argv):
+    start = time.perf_counter()
+    try:
+        main(argv + ["--help"])
+    except SystemExit as exit_:
+        code = exit_.code
+    else:
+        code = "returned"
+    loaded = sorted({m.split(".")[0] for m in sys.modules} & set(heavy))
+    result[" ".join(argv) or "gptlocal"] = {"code": code, "heavy": loaded, "seconds": time.perf_counter() - start}
+probe([])
+for name in args.COMMANDS:
+    probe([name])
+    parser = args.PARSERS[name]()
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for sub in action.choices:
+                probe([name, sub])
+sys.stderr.write(json.dumps(result))
+""" % (HEAVY,)
+
+
+@pytest.fixture(scope="module")
+def helps():
+    """Every command's and sub-command's --help, in one fresh interpreter: exit code and heavy modules loaded."""
+    proc = subprocess.run([sys.executable, "-c", HELP_PROBE], env=source_env(), capture_output=True, text=True,
+                          timeout=120)
+    return json.loads(proc.stderr.strip().splitlines()[-1]), proc.stdout
+
+
+def test_every_help_loads_no_heavy_module(helps):
+    result, _ = helps
+    assert set(cli_args.COMMANDS) <= set(result), result  # every subcommand, those added later included
+    assert set(cli_args.COMMANDS) == set(cli_args.PARSERS)
+    for command, probe in result.items():
+        assert probe["code"] == 0, (command, probe)
+        assert probe["heavy"] == [], (command, probe)  # checked after each: the first that loads one is named
+
+
+def test_run_help_lists_the_launcher_flags_and_the_override_form(helps):
+    _, text = helps
+    run_help = text[text.index("usage: gptlocal run"):]
+    launcher = ("--config --mode --device_id --device_target --run_mode --do_eval --train_dataset_dir "
+                "--eval_dataset_dir --predict_data --predict_batch_size --modal_type --load_checkpoint "
+                "--src_strategy_path_or_dir --auto_trans_ckpt --transform_process_num --only_save_strategy "
+                "--strategy_load_checkpoint --resume_training --profile --options --seed --use_parallel "
+                "--do_sample --adapter_id --remote_save_url --register_path").split()
+    missing = [flag for flag in launcher if flag not in run_help]
+    assert not missing, missing
+    assert "--dotted.key VALUE" in run_help and "--runner_config.stop_step 10" in run_help
+
+
+def test_version(capsys):
+    from mindformers_gptlocal import __version__
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.startswith(f"mindformers-gptlocal {__version__} (mindspore ")
+
+
+def test_one_spelling_rule_other_spelling_is_an_alias_everywhere():
+    """Our flags are dashed; MindFormers' launcher flags keep underscores; each parser takes the other too."""
+    launcher = {a.option_strings[0] for a in cli_args.run_parser()._actions if a.option_strings}
+    parsers = [cli_args.PARSERS[name]() for name in cli_args.PARSERS]
+    for parser in list(parsers):
+        for action in parser._actions:
+            if isinstance(action, cli_args.argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+    checked = 0
+    for parser in parsers:
+        assert isinstance(parser, cli_args.Parser), parser.prog
+        for action in parser._actions:
+            for flag in action.option_strings:
+                name = flag[2:]
+                if not flag.startswith("--") or not ("-" in name or "_" in name):
+                    continue
+                if parser.prog != "gptlocal run":
+                    assert "_" not in name, f"{parser.prog} {flag}: our flags use dashes"
+                else:
+                    assert flag in launcher
+                other = "--" + (name.replace("_", "-") if "_" in name else name.replace("-", "_"))
+                assert parser.canonical(other + "=1") == flag + "=1", (parser.prog, flag)
+                checked += 1
+    assert checked > 30
+    options = cli_args.convert_parser().parse_args(["hf2ms", "--hf_dir", "a", "--out", "b"])
+    assert options.hf_dir == "a"
+    options, rest = cli_args.run_parser().parse_known_args(["--config", "c.yaml", "--device-target", "CPU",
+                                                            "--model.model_config.seq_length", "8"])
+    assert options.device_target == "CPU" and rest == ["--model.model_config.seq_length", "8"]
+    options = cli_args.eval_parser().parse_args(["--model", "m", "--tasks", "t", "--num_fewshot", "2",
+                                                 "--output_path", "r.json"])
+    assert (options.num_fewshot, options.output_path) == (2, "r.json")
+
+
+def test_suggestions_for_a_mistyped_command_and_flag(capsys):
+    assert main(["genrate"]) == 2
+    assert "Did you mean generate" in capsys.readouterr().err
+    assert main(["prepar-data"]) == 2
+    assert "Did you mean prepare-data?" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:  # the spelling rule holds for command names too
+        main(["prepare_data", "--help"])
+    assert caught.value.code == 0 and "usage: gptlocal prepare-data" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_args.generate_parser().parse_args(["--model", "m", "--prompt", "p", "--max-tokens", "3"])
+    assert "did you mean --max-new-tokens" in capsys.readouterr().err
+
+
+def test_optimizer_and_handler_errors_are_gptlocal_errors():
+    import mindformers  # noqa: F401  (first: registering gpt_local imports the handler module)
+    from mindspore import nn
+    from mindformers_gptlocal.data.mindformers_handler import GPTLocalInstructHandler
+    from mindformers_gptlocal.training.optim import GPTLocalAdamW
+    with pytest.raises(ConfigError, match=r"optimizer.betas .*\(0.9, 1.5\); set e.g. betas"):
+        GPTLocalAdamW(nn.Dense(2, 2).trainable_params(), betas=(0.9, 1.5))
+    with pytest.raises(ConfigError, match="optimizer.eps must be > 0, got 0"):
+        GPTLocalAdamW(nn.Dense(2, 2).trainable_params(), eps=0)
+    with pytest.raises(ConfigError, match="GPTLocalInstructHandler.format is 'sharegpt'; set it to alpaca or chat"):
+        GPTLocalInstructHandler(seq_length=64, format="sharegpt")
+    with pytest.raises(ConfigError, match="GPTLocalInstructHandler has no tokenizer .*set pretrained_model_dir"):
+        GPTLocalInstructHandler(seq_length=64)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, corpus):
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    out = str(tmp_path_factory.mktemp("cli_model") / "model")
+    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out, tokenizer_dir=corpus["model_dir"])
+    return out
+
+
+def _reference(model_dir, ids, max_new, stop=None):
+    """What model.generate gives, greedy, decoded (cut at ``stop``)."""
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal import GPTLocalForCausalLM
+    model = GPTLocalForCausalLM.from_pretrained(model_dir)
+    eos = model.config.eos_token_id
+    out = model.generate([ids], do_sample=False, max_new_tokens=max_new, eos_token_id=eos)[0][len(ids):]
+    text = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).decode([t for t in out if t != eos])
+    return text[:text.index(stop)] if stop and stop in text else text
+
+
+def test_generate_greedy_equals_model_generate(model_dir, capsys):
+    from tokenizers import Tokenizer
+    prompt = "def main(args):\n    "
+    ids = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).encode(prompt).ids
+    expected = prompt + _reference(model_dir, ids, 6) + "\n"
+    assert main(["generate", "--model", model_dir, "--prompt", prompt, "--temperature", "0", "--max_new_tokens",
+                 "6", "--stream"]) == 0  # streamed through stop_when; without --stream it is model.generate itself
+    assert capsys.readouterr().out == expected
+
+
+def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch, capsys):
+    """Two lines on stdin: two replies, the second with the first turn in its prompt (plain template)."""
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, render_chat
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\nand again\n"))
+    assert main(["chat", "--model", model_dir, "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    messages = [{"role": "user", "content": "print hello"}]
+    first = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
+    messages += [{"role": "assistant", "content": first.strip()}, {"role": "user", "content": "and again"}]
+    second = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
+    assert out == first + "\n" + second + "\n", (out, first, second)  # each reply, then a newline
+
+
+def test_generate_refuses_bad_flags_with_the_flag_named(model_dir, capsys):
+    assert main(["generate", "--model", model_dir, "--prompt", "x", "--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1], got 0.0" in capsys.readouterr().err
+    assert main(["generate", "--model", model_dir + "_nowhere", "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_convert_overwrite(model_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "old.txt").write_text("stale")
+    assert main(["convert", "ms2hf", "--ms-dir", model_dir, "--out", str(out)]) == 2
+    assert "already holds files; pass --overwrite" in capsys.readouterr().err
+    assert (out / "old.txt").exists()
+    assert main(["convert", "ms2hf", "--ms-dir", model_dir, "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "old.txt").exists() and (out / "config.json").exists()
+    assert main(["convert", "hf2ms", "--hf-dir", str(out), "--out", str(tmp_path / "back")]) == 0
+    with open(tmp_path / "back" / "config.json", encoding="utf-8") as handle:
+        assert json.load(handle)["hidden_size"] == TINY["hidden_size"]
+    with pytest.raises(GPTLocalError):  # the converter's own refusal still reaches the caller as one error
+        from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
+        hf_to_ms(str(tmp_path / "nowhere"), str(tmp_path / "x"))
