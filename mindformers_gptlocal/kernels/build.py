@@ -15,11 +15,13 @@ Cache: ``$GPTLOCAL_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/mindformers_gptlocal/k
 version, the compiler's version line, the flags and the architecture, so any of them changing builds anew.
 Concurrent builders (msrun's workers) take an exclusive ``flock`` on the key's folder, and the library is
 written to a temporary name and renamed into place: no process ever loads a half-written file. A cached file
-that does not load (truncated, other ABI) is rebuilt.
+whose sha256 differs from the one its build saved next to it (truncated, overwritten) is rebuilt.
 """
 import ctypes
 import fcntl
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -48,10 +50,23 @@ def compiler():
     return os.environ.get("CXX") or "g++"
 
 
+def _mindspore_dir():
+    """MindSpore's package folder, found without importing it (the build runs before or without it)."""
+    spec = importlib.util.find_spec("mindspore")
+    return os.path.dirname(spec.origin) if spec and spec.origin else None
+
+
+def mindspore_version():
+    try:
+        return importlib.metadata.version("mindspore")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def onednn_dir():
     """The MindSpore wheel's lib folder when it holds libdnnl.so.2, else None."""
-    import mindspore
-    lib = os.path.join(os.path.dirname(mindspore.__file__), "lib")
+    package = _mindspore_dir()
+    lib = os.path.join(package, "lib") if package else ""
     return lib if os.path.isfile(os.path.join(lib, "libdnnl.so.2")) else None
 
 
@@ -73,16 +88,30 @@ def _flags():
 
 def cache_key(cxx_version, source_bytes=None):
     """Hash of what the library depends on: source, MindSpore version, compiler, flags, architecture."""
-    import mindspore
     if source_bytes is None:
         with open(SOURCE, "rb") as handle:
             source_bytes = handle.read()
     digest = hashlib.sha256()
-    for part in (source_bytes, mindspore.__version__.encode(), cxx_version.encode(), " ".join(_flags()).encode(),
+    for part in (source_bytes, mindspore_version().encode(), cxx_version.encode(), " ".join(_flags()).encode(),
                  platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:20]
+
+
+def _digest(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _complete(path):
+    """True when ``path`` is the whole file its build wrote: its sha256 equals the one saved next to it.
+    (Checked without loading it: loading a truncated library can kill the process with SIGBUS.)"""
+    try:
+        with open(path + ".sha256", encoding="ascii") as handle:
+            return handle.read().strip() == _digest(path)
+    except OSError:
+        return False
 
 
 def _loads(path):
@@ -109,7 +138,13 @@ def _compile(cxx, folder, dnnl):
         os.unlink(temporary)
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"{cxx} failed: {tail}"
+    if not _loads(temporary):
+        os.unlink(temporary)
+        return None, f"the library built by {cxx} does not load"
+    with open(temporary + ".sha256", "w", encoding="ascii") as handle:
+        handle.write(_digest(temporary))
     os.replace(temporary, final)  # atomic: readers see the old file or the whole new one
+    os.replace(temporary + ".sha256", final + ".sha256")
     return final, "built"
 
 
@@ -141,12 +176,9 @@ def _find_or_build(cache_dir, cxx):
         with open(os.path.join(folder, ".lock"), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key; the others wait, then find its library
             try:
-                if os.path.isfile(final) and _loads(final):
+                if os.path.isfile(final) and _complete(final):
                     return final, "cached"
-                path, reason = _compile(cxx, folder, dnnl)
-                if path is not None and not _loads(path):
-                    return None, f"the library built by {cxx} does not load"
-                return path, reason
+                return _compile(cxx, folder, dnnl)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     except OSError as error:

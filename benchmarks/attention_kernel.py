@@ -1,0 +1,201 @@
+"""One causal attention's forward + backward on CPU, fp32: gpt_local's plain path (matmul + softmax, the
+[B, N, S, S] scores kept), BlockwiseAttention (``attention_block_size: 256``), the fused kernel
+(``kernels/cpu_attention.cc``, with oneDNN's sgemm and with its own GEMM loops) and PyTorch's
+``scaled_dot_product_attention`` (its CPU flash kernel). Every side in its own worker (threads pinned and
+checked), sides alternating; ms per forward + backward after a warm-up call (the compile), and the peak RSS of
+the timed calls above the RSS before them (VmHWM reset through /proc/self/clear_refs): the working memory. Also the plain path's forward split into its ops (where its time goes).
+
+    python benchmarks/attention_kernel.py [--shapes small256,small1024,tiny2048] [--rounds 3] [--threads 2]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+# (batch, heads, seq, head_dim): GPT-2 small's attention at the train benchmark's shapes, the tiny model long
+SHAPES = {"small256": (2, 12, 256, 64), "small1024": (1, 12, 1024, 64), "tiny2048": (1, 4, 2048, 64),
+          "noop": (1, 2, 8, 8)}
+SIDES = ("plain", "blockwise", "kernel", "kernel_loops", "torch_sdpa")
+BLOCK = 256
+
+
+def _rss_mb(field):
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith(field + ":"))
+
+
+def _reset_peak():
+    """Reset VmHWM to the current RSS (Linux: clear_refs 5), so the peak that follows is the step's own."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+    except OSError:
+        pass
+    return _rss_mb("VmRSS")
+
+
+def _timings(step, steps, memory):
+    """Median-ready step seconds after one warm-up call (the compile); ``memory['step_peak_mb']``: the peak
+    RSS of the timed calls above the RSS before them (the working memory of one forward + backward)."""
+    step()  # compile / warm up
+    base = _reset_peak()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    memory["step_peak_mb"] = _rss_mb("VmHWM") - base
+    return times
+
+
+def _ms_worker(side, shape, steps, threads):
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor, nn
+    runtime = C.mindspore_threads(threads, f"{side} worker")
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from mindformers_gptlocal import GPTLocalConfig
+    from mindformers_gptlocal.kernels.attention import attention_kernel
+    from mindformers_gptlocal.model.attention import ParallelAttention
+    from mindformers_gptlocal.model.blockwise_attention import BlockwiseAttention
+    batch, heads, seq, dim = shape
+    rng = np.random.default_rng(0)
+    q, k, v, w = (Tensor(rng.standard_normal(shape).astype(np.float32)) for _ in range(4))
+    scale = 1.0 / dim ** 0.5
+    config = GPTLocalConfig(vocab_size=64, hidden_size=heads * dim, num_attention_heads=heads, num_hidden_layers=1,
+                            max_position_embeddings=seq, seq_length=seq)
+    plain = ParallelAttention(config, 1)
+    bias = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1)[None, None])
+    no_keep = Tensor(np.ones((1,), np.bool_))
+    cell = None
+    if side == "blockwise":
+        cell = BlockwiseAttention(BLOCK, scale, ms.float32, ms.float32)
+    elif side != "plain":
+        cell = attention_kernel(scale, ms.float32)
+        if cell is None:
+            raise SystemExit("the kernel did not build")
+
+    def attend(q, k, v):
+        if side == "plain":
+            return plain._core_attention(q, k, v, bias)
+        if side == "blockwise":
+            return cell(q, k, v, bias, no_keep)
+        return cell(q, k, v, bias)
+
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.plain, self.cell = plain, cell
+
+        def construct(self, q, k, v):
+            return (attend(q, k, v) * w).sum()
+
+    grad = ms.jit(ms.value_and_grad(Loss(), (0, 1, 2)))
+    memory = {"step_peak_mb": None}
+    times = _timings(lambda: [g.asnumpy() for g in grad(q, k, v)[1]], steps, memory) if steps else []
+    if not steps:
+        grad(q, k, v)[0].asnumpy()
+    report = dict(times=times, runtime_threads=runtime, **memory)
+    if side == "plain" and steps:
+        report["ops_ms"] = _plain_ops(plain, q, k, bias, steps)
+    return report
+
+
+def _plain_ops(plain, q, k, bias, steps):
+    """The plain forward's ops, each compiled alone: median ms of QK^T, scale + mask, softmax, PV."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    class Op(nn.Cell):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def construct(self, *xs):
+            return self.fn(*xs)
+
+    scores = plain.qk_matmul(q, k)
+    probs = plain.softmax(scores)
+    parts = {
+        "qk_matmul": (Op(plain.qk_matmul), (q, k)),
+        "scale_mask": (Op(lambda s, b: s * plain.scale + ops.broadcast_to(b, s.shape)), (scores, bias)),
+        "softmax": (Op(plain.softmax), (scores,)),
+        "pv_matmul": (Op(plain.pv_matmul), (probs, q)),
+    }
+    out = {}
+    for name, (cell, args) in parts.items():
+        out[name] = 1000 * C.median(_timings(lambda: cell(*args).asnumpy(), steps, {}))
+    return out
+
+
+def _torch_worker(shape, steps, threads):
+    import torch
+    import torch.nn.functional as F
+    runtime = C.torch_threads(threads, "torch sdpa worker")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=gen).requires_grad_(True) for _ in range(3))
+    w = torch.randn(shape, generator=gen)
+
+    def step():
+        for x in (q, k, v):
+            x.grad = None
+        (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
+
+    memory = {"step_peak_mb": None}
+    times = _timings(step, steps, memory) if steps else []
+    if not steps:
+        step()
+    return dict(times=times, runtime_threads=runtime, **memory)
+
+
+def worker(side, shape_name, steps, threads):
+    env = C.check_threads(threads, f"{side} worker")
+    if side == "kernel_loops":
+        os.environ["GPTLOCAL_ATTENTION_GEMM"] = "loops"
+    shape = SHAPES[shape_name]
+    report = _torch_worker(shape, steps, threads) if side == "torch_sdpa" else _ms_worker(side, shape, steps, threads)
+    report.update(env=env, side=side, shape=shape_name, peak_rss_mb=C.vm_hwm_mb())
+    C.emit(report)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="small256,small1024,tiny2048")
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5, help="timed forward + backward calls per worker")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--worker", nargs=2, metavar=("SIDE", "SHAPE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker[0], args.worker[1], args.steps, args.threads)
+    print(C.machine_line(args.threads))
+    sides = tuple(args.sides.split(","))
+    rows = []
+    for shape in args.shapes.split(","):
+        def measure(side, _index, shape=shape):
+            report, _ = C.run_worker(__file__, ["--worker", side, shape, "--steps", str(args.steps),
+                                                "--threads", str(args.threads)], args.threads)
+            return report
+        results = C.alternate(sides, args.rounds, measure)
+        plain = C.median([C.median(r["times"]) for r in results.get("plain", [])])
+        for side in sides:
+            ms_per = [1000 * C.median(r["times"]) for r in results[side]]
+            ratio = f"{plain * 1000 / C.median(ms_per):.2f}x" if plain else "-"
+            rows.append(f"| {shape} {SHAPES[shape]} | {side} | {C.spread(ms_per, '{:.1f}')} | {ratio} | "
+                        f"{C.spread([r['step_peak_mb'] for r in results[side]])} |")
+        ops_ms = [r["ops_ms"] for r in results.get("plain", []) if "ops_ms" in r]
+        if ops_ms:
+            split = {name: C.median([o[name] for o in ops_ms]) for name in ops_ms[0]}
+            print(f"{shape}: plain forward by op (ms, median): " + json.dumps({k: round(v, 1) for k, v in split.items()}))
+    print("\n| shape (B, N, S, D) | side | fwd+bwd ms, median [min-max] | speed-up vs plain | "
+          "fwd+bwd peak RSS above its start, MB |\n| --- | --- | ---: | ---: | ---: |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
