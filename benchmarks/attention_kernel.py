@@ -2,8 +2,8 @@
 [B, N, S, S] scores kept), BlockwiseAttention (``attention_block_size: 256``), the fused kernel
 (``kernels/cpu_attention.cc``, with oneDNN's sgemm and with its own GEMM loops) and PyTorch's
 ``scaled_dot_product_attention`` (its CPU flash kernel). Every side in its own worker (threads pinned and
-checked), sides alternating; ms per forward + backward after a warm-up call (the compile), and the peak RSS of
-the timed calls above the RSS before them (VmHWM reset through /proc/self/clear_refs): the working memory. Also the plain path's forward split into its ops (where its time goes).
+checked), sides alternating; ms per forward + backward after a warm-up call (the compile), and the peak RSS from
+the first call on above the RSS before it (VmHWM reset through /proc/self/clear_refs): the working memory. Also the plain path's forward split into its ops (where its time goes).
 
     python benchmarks/attention_kernel.py [--shapes small256,small1024,tiny2048] [--rounds 3] [--threads 2]
 """
@@ -39,10 +39,11 @@ def _reset_peak():
 
 
 def _timings(step, steps, memory):
-    """Median-ready step seconds after one warm-up call (the compile); ``memory['step_peak_mb']``: the peak
-    RSS of the timed calls above the RSS before them (the working memory of one forward + backward)."""
-    step()  # compile / warm up
+    """Step seconds after one warm-up call (the compile); ``memory['step_peak_mb']``: the peak RSS from the
+    warm-up on, above the RSS before it (MindSpore's memory pool keeps what the first call took, so the
+    peak is reached there: the working memory of one forward + backward, with the small compile)."""
     base = _reset_peak()
+    step()  # compile / warm up
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -118,11 +119,14 @@ def _plain_ops(plain, q, k, bias, steps):
         def construct(self, *xs):
             return self.fn(*xs)
 
+    def scale_mask(s, b):
+        return s * plain.scale + ops.broadcast_to(b, s.shape)
+
     scores = plain.qk_matmul(q, k)
     probs = plain.softmax(scores)
     parts = {
         "qk_matmul": (Op(plain.qk_matmul), (q, k)),
-        "scale_mask": (Op(lambda s, b: s * plain.scale + ops.broadcast_to(b, s.shape)), (scores, bias)),
+        "scale_mask": (Op(scale_mask), (scores, bias)),
         "softmax": (Op(plain.softmax), (scores,)),
         "pv_matmul": (Op(plain.pv_matmul), (probs, q)),
     }

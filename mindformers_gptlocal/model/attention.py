@@ -58,6 +58,9 @@ class ParallelAttention(nn.Cell):
     fused kernel; it is decided at build time, never inside ``construct``. Elsewhere
     ``model_config.attention_block_size`` > 0 selects ``BlockwiseAttention`` (query blocks, scores
     recomputed in the backward: no [B, N, S, S] tensor kept for the backward), also at build time.
+    On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
+    flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path wherever it builds
+    (``_cpu_attention_kernel``); the KV-cache path keeps the plain ``_core_attention``.
     ``tp_size`` > 1 builds one tensor-parallel rank's part, Megatron-style: heads / tp_size
     local heads, and ``linear_proj`` returns its partial sum without the bias (the bias is
     added after the all-reduce). Used by the CPU proofs; a parallel build keeps tp_size 1
