@@ -179,7 +179,7 @@ def main(argv=None):
         return worker(args.worker[0], args.worker[1], args.steps, args.threads)
     print(C.machine_line(args.threads))
     sides = tuple(args.sides.split(","))
-    rows = []
+    rows, splits = [], {}
     for shape in args.shapes.split(","):
         def measure(side, _index, shape=shape):
             report, _ = C.run_worker(__file__, ["--worker", side, shape, "--steps", str(args.steps),
@@ -195,10 +195,13 @@ def main(argv=None):
         ops_ms = [r["ops_ms"] for r in results.get("plain", []) if "ops_ms" in r]
         if ops_ms:
             split = {name: C.median([o[name] for o in ops_ms]) for name in ops_ms[0]}
-            print(f"{shape}: plain forward by op (ms, median): " + json.dumps({k: round(v, 1) for k, v in split.items()}))
+            splits[shape] = {k: round(v, 1) for k, v in split.items()}
+            print(f"{shape}: plain forward by op (ms, median): {json.dumps(splits[shape])}", flush=True)
+        print("\n".join(rows[-len(sides):]), flush=True)
     print("\n| shape (B, N, S, D) | side | fwd+bwd ms, median [min-max] | speed-up vs plain | "
           "fwd+bwd peak RSS above its start, MB |\n| --- | --- | ---: | ---: | ---: |")
     print("\n".join(rows))
+    print(f"\nthe plain path's forward by op (ms, medians): {json.dumps(splits)}")
 
 
 if __name__ == "__main__":
