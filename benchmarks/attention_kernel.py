@@ -3,7 +3,8 @@
 (``kernels/cpu_attention.cc``, with oneDNN's sgemm and with its own GEMM loops) and PyTorch's
 ``scaled_dot_product_attention`` (its CPU flash kernel). Every side in its own worker (threads pinned and
 checked), sides alternating; ms per forward + backward after a warm-up call (the compile), and the peak RSS from
-the first call on above the RSS before it (VmHWM reset through /proc/self/clear_refs): the working memory. Also the plain path's forward split into its ops (where its time goes).
+the first call on above the RSS before it (VmHWM reset through /proc/self/clear_refs): the working memory.
+Also the plain path's forward split into its ops (where its time goes).
 
     python benchmarks/attention_kernel.py [--shapes small256,small1024,tiny2048] [--rounds 3] [--threads 2]
 """
