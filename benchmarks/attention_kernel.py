@@ -7,6 +7,7 @@ the first call on above the RSS before it (VmHWM reset through /proc/self/clear_
 Also the plain path's forward split into its ops (where its time goes).
 
     python benchmarks/attention_kernel.py [--shapes small256,small1024,tiny2048] [--rounds 3] [--threads 2]
+    python benchmarks/attention_kernel.py --shapes "" --models tiny:4:256,tiny:1:2048,small:2:256
 """
 import argparse
 import json
@@ -167,6 +168,66 @@ def worker(side, shape_name, steps, threads):
     C.emit(report)
 
 
+def model_worker(spec, rounds, threads):
+    """Whole-model training steps (forward + backward + AdamWeightDecay, graph mode) of one shape with the
+    kernel and with the plain path (the same model class, ``cpu_attention`` unset), both in this process,
+    steps alternating: the kernel's share of a training step."""
+    env = C.check_threads(threads, "model worker")
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor, nn
+    runtime = C.mindspore_threads(threads, "model worker")
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    name, batch, seq = spec.split(":")
+    s = C.shape_with(name, int(batch), int(seq))
+    config = GPTLocalConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                            num_attention_heads=s["heads"], seq_length=s["seq"],
+                            max_position_embeddings=max(1024, s["seq"]), hidden_dropout=0.0, attention_dropout=0.0)
+    ids = Tensor(np.random.default_rng(0).integers(1, s["vocab"], (s["batch"], s["seq"] + 1)).astype(np.int32))
+
+    class Loss(nn.Cell):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def construct(self, x):
+            return self.model(x)[0]
+
+    steps, compile_s = {}, {}
+    for side in ("kernel", "plain"):
+        model = GPTLocalForCausalLM(config)
+        model.set_train(True)
+        if side == "plain":
+            for layer in model.model.layers:
+                layer.attention.cpu_attention = None
+        elif model.model.layers[0].attention.cpu_attention is None:
+            raise SystemExit("the kernel did not build")
+        weights = model.trainable_params()
+        optimizer = nn.AdamWeightDecay(weights, 1e-4)
+        grad = ms.jit(ms.value_and_grad(Loss(model), None, weights=weights))
+
+        def step(grad=grad, optimizer=optimizer):
+            loss, grads = grad(ids)
+            optimizer(grads)
+            return float(loss.asnumpy())
+        steps[side] = step
+        start = time.perf_counter()
+        step()
+        compile_s[side] = time.perf_counter() - start
+    times = C.alternate(("kernel", "plain"), rounds, lambda side, _index: _timed(steps[side]))
+    tokens = s["batch"] * s["seq"]
+    C.emit(dict(env=env, runtime_threads=runtime, spec=spec, first_step_s=compile_s,
+                tokens_per_s={side: tokens / C.median(t) for side, t in times.items()},
+                step_ms={side: [1000 * x for x in t] for side, t in times.items()}))
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="small256,small1024,tiny2048")
@@ -174,12 +235,29 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed forward + backward calls per worker")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="", help="also whole-model training steps, kernel vs plain path in one "
+                        "process, e.g. tiny:4:256,tiny:1:2048,small:2:256 (shape:batch:seq)")
+    parser.add_argument("--model-rounds", type=int, default=6)
+    parser.add_argument("--model-worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, metavar=("SIDE", "SHAPE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker[0], args.worker[1], args.steps, args.threads)
+    if args.model_worker:
+        return model_worker(args.model_worker, args.model_rounds, args.threads)
     print(C.machine_line(args.threads))
-    sides = tuple(args.sides.split(","))
+    if args.models:
+        print("| model batch x seq | tokens/s kernel | tokens/s plain | kernel / plain | first step s kernel / plain |\n"
+              "| --- | ---: | ---: | ---: | ---: |")
+    for spec in filter(None, args.models.split(",")):
+        report, _ = C.run_worker(__file__, ["--model-worker", spec, "--model-rounds", str(args.model_rounds),
+                                            "--threads", str(args.threads)], args.threads)
+        tps, first = report["tokens_per_s"], report["first_step_s"]
+        print(f"| {spec} | {tps['kernel']:.0f} | {tps['plain']:.0f} | {tps['kernel'] / tps['plain']:.2f}x | "
+              f"{first['kernel']:.1f} / {first['plain']:.1f} |", flush=True)
+    sides = tuple(filter(None, args.sides.split(",")))
+    if not sides or not args.shapes:
+        return None
     rows, splits = [], {}
     for shape in args.shapes.split(","):
         def measure(side, _index, shape=shape):
