@@ -14,7 +14,8 @@
 // index, a and b the step/site offsets computed in the graph.
 //
 // GEMMs go through oneDNN's dnnl_sgemm (the MindSpore wheel's libdnnl.so.2, built with the threadpool runtime:
-// sequential when called like this, so it runs inside our OpenMP threads), or through our own loops when
+// sequential when called like this, so it runs inside our threads: run_parallel, over (batch, head, query
+// block) forward and (batch, key/value head) backward), or through our own loops when
 // GPTLOCAL_ATTENTION_GEMM=loops (kept to measure against). The elementwise loops (scale, max, exp, sums,
 // dropout) are written for the auto-vectoriser and compiled for a baseline x86-64 plus AVX2 and AVX-512
 // clones chosen at load time (target_clones), so one cached library is right on any x86-64 CPU.
@@ -30,7 +31,8 @@
 #include <cstring>
 #include <vector>
 #include <algorithm>
-#include <omp.h>
+#include <atomic>
+#include <thread>
 
 typedef int64_t dim_t;
 extern "C" int dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha, const float *A,
@@ -242,6 +244,20 @@ bool read_shapes(int nparam, void **params, int *ndims, int64_t **shapes, const 
   return true;
 }
 
+// Runs worker(next) on `threads` threads (this one included); each worker takes tasks from the shared counter
+// (dynamic scheduling). Plain std::threads that end with the call, not an OpenMP team: libgomp's idle threads
+// spin after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads libgomp) and can take CPU from
+// MindSpore's own thread pool running the model's next ops.
+template <class Worker>
+void run_parallel(int threads, int64_t tasks, Worker worker) {
+  std::atomic<int64_t> next(0);
+  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next] { worker(next); });
+  worker(next);
+  for (auto &thread : pool) thread.join();
+}
+
 }  // namespace
 
 extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -260,12 +276,10 @@ extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int
   const int bq = sh.bq, bk = sh.bk;
   const int64_t qblocks = (S + bq - 1) / bq;
   const int64_t tasks = B * N * qblocks;
-#pragma omp parallel num_threads(sh.threads)
-  {
+  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next) {
     std::vector<float> scores(static_cast<size_t>(bq) * bk), keep(static_cast<size_t>(bk)),
         dropped(static_cast<size_t>(bq) * bk), acc(static_cast<size_t>(bq) * D), row_max(bq), row_sum(bq);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
+    for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
       // the last query blocks (the most key blocks) first
       const int64_t qb = qblocks - 1 - task % qblocks, bn = task / qblocks, b = bn / N, n = bn % N;
       const int64_t i0 = qb * bq, i1 = std::min<int64_t>(S, i0 + bq), rows = i1 - i0;
@@ -306,7 +320,7 @@ extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int
         lse[bn * S + i0 + r] = row_max[r] + std::log(row_sum[r]);
       }
     }
-  }
+  });
   return 0;
 }
 
@@ -330,12 +344,10 @@ extern "C" int gptlocal_attention_bwd(int nparam, void **params, int *ndims, int
   const int bq = sh.bq, bk = sh.bk;
   const int64_t qblocks = (S + bq - 1) / bq;
   const int64_t tasks = B * G;  // each task owns its key/value head's dK and dV (and its query heads' dQ)
-#pragma omp parallel num_threads(sh.threads)
-  {
+  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next) {
     std::vector<float> probs(static_cast<size_t>(bq) * bk), grad(static_cast<size_t>(bq) * bk),
         keep(static_cast<size_t>(bq) * bk), used(static_cast<size_t>(bq) * bk), delta(bq);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
+    for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
       const int64_t b = task / G, g = task % G;
       const float *K = k + (task * S) * D, *V = v + (task * S) * D;
       float *dK = dk + (task * S) * D, *dV = dv + (task * S) * D;
@@ -378,6 +390,6 @@ extern "C" int gptlocal_attention_bwd(int nparam, void **params, int *ndims, int
         }
       }
     }
-  }
+  });
   return 0;
 }
