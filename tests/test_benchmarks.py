@@ -27,6 +27,7 @@ def mindspore_imported():
     ("finetune_throughput.py", ["--torch-worker", "tiny", "--lora", "--steps", "0", "--data", "-"]),
     ("train_throughput.py", ["--ms-worker", "-"]),
     ("train_throughput.py", ["--gemm-worker", "torch"]),
+    ("attention_kernel.py", ["--worker", "kernel", "noop", "--steps", "0"]),
 ])
 def test_workers_run_with_the_threads_asked(mindspore_imported, script, args):
     report, _ = C.run_worker(os.path.join(BENCH, script), args + ["--threads", str(THREADS)], THREADS)

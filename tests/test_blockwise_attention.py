@@ -44,6 +44,8 @@ def _pair(block_size=16, **changes):
     plain = GPTLocalForCausalLM(GPTLocalConfig(**values))
     blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(values, attention_block_size=block_size)))
     _copy_weights(plain, blockwise)
+    for layer in plain.model.layers:  # the plain matmul + softmax path, not the CPU kernel (its own tests)
+        layer.attention.cpu_attention = None
     assert blockwise.model.layers[0].attention.blockwise is not None
     assert plain.model.layers[0].attention.blockwise is None
     return plain, blockwise

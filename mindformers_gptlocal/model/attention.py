@@ -59,6 +59,9 @@ class ParallelAttention(nn.Cell):
     fused kernel; it is decided at build time, never inside ``construct``. Elsewhere
     ``model_config.attention_block_size`` > 0 selects ``BlockwiseAttention`` (query blocks, scores
     recomputed in the backward: no [B, N, S, S] tensor kept for the backward), also at build time.
+    On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
+    flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path wherever it builds
+    (``_cpu_attention_kernel``); the KV-cache path keeps the plain ``_core_attention``.
     ``tp_size`` > 1 builds one tensor-parallel rank's part, Megatron-style: heads / tp_size
     local heads, and ``linear_proj`` returns its partial sum without the bias (the bias is
     added after the all-reduce). Used by the CPU proofs; a parallel build keeps tp_size 1
@@ -113,6 +116,7 @@ class ParallelAttention(nn.Cell):
             self.blockwise = BlockwiseAttention(block_size, scale, self.softmax_dtype, self.compute_dtype,
                                                 self.attention_dropout.scale if self.blockwise_dropout else 1.0)
             self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
+        self.cpu_attention = self._cpu_attention_kernel(config, counter_dropout)
         self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
         # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
         # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
@@ -140,6 +144,26 @@ class ParallelAttention(nn.Cell):
                 input_layout="TND", sparse_mode=3)
             self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
 
+    def _cpu_attention_kernel(self, config, counter_dropout):
+        """The fused CPU kernel (``kernels/attention.py``) in place of the plain matmul + softmax path, or None.
+
+        On CPU by default, for stand-alone and data-parallel builds, unless ``GPTLOCAL_PLAIN_KERNELS=1``,
+        ``attention_block_size`` > 0 (BlockwiseAttention asked for by name), attention dropout without the
+        counter masks, or the kernel cannot run (not float32, no compiler: one warning, then the plain path)."""
+        if self.use_flash_attention or self.blockwise is not None or is_parallel_build():
+            return None
+        if not replace_slow_cpu_kernels() or not 0.0 <= config.attention_dropout < 1.0:
+            return None
+        dropout = config.attention_dropout > 0
+        if dropout and not counter_dropout:
+            return None
+        from ..kernels.attention import attention_kernel  # loaded only where the kernel may be used
+        dtype = self.compute_dtype if self.softmax_dtype == ms.float32 else self.softmax_dtype
+        if dropout:
+            cell = self.attention_dropout
+            return attention_kernel(self.scale, dtype, (cell.bits1, cell.bits2), cell.scale, cell.keep_when_differ)
+        return attention_kernel(self.scale, dtype)
+
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
@@ -162,6 +186,11 @@ class ParallelAttention(nn.Cell):
             return self.linear_proj(self._cached_attention(qkv, attention_bias, key_cache, value_cache,
                                                            write_index, rotary))
         query, key, value = self._heads(qkv, rotary)
+        if self.cpu_attention is not None:  # key/value stay [B, G, S, D]: the kernel reads each group's head
+            context = self.cpu_attention(query, key, value, self.cast(attention_bias, ms.float32),
+                                         self._dropout_offsets(dropout_step))
+            context = self.merge_heads(context, (0, 2, 1, 3))
+            return self.linear_proj(ops.reshape(context, (batch, seq, self.hidden_size)))
         key, value = self._repeat_groups(key), self._repeat_groups(value)
         if self.use_flash_attention and seq_ends is not None:
             return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends))
@@ -174,6 +203,12 @@ class ParallelAttention(nn.Cell):
         context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
         return self.linear_proj(context)
+
+    def _dropout_offsets(self, dropout_step):
+        """The counter dropout's table offsets of this step for the CPU kernel, or None (no dropout now)."""
+        if not self.cpu_attention.has_dropout or not self.attention_dropout.training or dropout_step is None:
+            return None
+        return self.attention_dropout.offsets(dropout_step)
 
     def _keep_mask(self, query, dropout_step):
         """The attention-dropout keep mask [B, N, S, S] the plain path would draw, or ``no_keep``."""

@@ -4,7 +4,9 @@ On CPU the tanh GeLU (``model/layers.py`` TanhGeLU) and gradient clipping (``tra
 forms several times faster than MindSpore 2.7.2's kernels (`python benchmarks/reduce_kernels.py`), and
 Linear's bias and attention's mask are broadcast explicitly before their Add (less peak memory than the
 broadcasting Add).
-``GPTLOCAL_PLAIN_KERNELS=1`` keeps MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
+The attention of training, eval and uncached prefill runs gpt_local's fused C++ kernel
+(``kernels/``, chosen in ``ParallelAttention.__init__``).
+``GPTLOCAL_PLAIN_KERNELS=1`` keeps the plain matmul + softmax attention, MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
 against the plain path when debugging; other backends always use them.
 """
 import os

@@ -88,12 +88,24 @@ class CounterDropout(nn.Cell):
         """bool [x.shape]: which elements stay."""
         return self.keep_shape(x.shape, step)
 
-    def keep_shape(self, shape, step):
-        """bool mask of ``shape``: which elements of a tensor of that shape stay (``keep``)."""
+    def _offsets(self, step):
+        """The two tables' offsets (a, b) of this step and site, int32 scalars."""
         (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
         step = ops.cast(step, ms.int32)
         a = ops.floor_mod(ops.floor_mod(step, p1) * m1 + self.site * s1, p1)
         b = ops.floor_mod(ops.floor_mod(step, p2) * m2 + self.site * s2, p2)
+        return a, b
+
+    def offsets(self, step):
+        """int32 [2]: (a, b) of this step and site, for a kernel that draws the same masks itself
+        (``kernels/cpu_attention.cc``)."""
+        a, b = self._offsets(step)
+        return ops.stack((ops.reshape(a, ()), ops.reshape(b, ())))
+
+    def keep_shape(self, shape, step):
+        """bool mask of ``shape``: which elements of a tensor of that shape stay (``keep``)."""
+        (p1, p2) = TABLE_SIZES
+        a, b = self._offsets(step)
         rolled1 = self.gather1(self.bits1, ops.floor_mod(self.range1 + a, p1), 0)  # B1[(j + a) % P1]
         rolled2 = self.gather2(self.bits2, ops.floor_mod(self.range2 + b, p2), 0)
         size = 1

@@ -1,0 +1,110 @@
+"""``CPUAttention``: the fused causal attention kernel (``cpu_attention.cc``) as a MindSpore Cell.
+
+Two AOT ``ops.Custom`` primitives, the forward (output and row logsumexp) and the backward (dQ, dK, dV), the
+second attached as the first's ``bprop``: they run inside the compiled GRAPH-mode model (and in PYNATIVE).
+``attention_kernel(...)`` decides at build time whether it can be used and returns None otherwise, after one
+warning line saying why and how to fix it; the caller then keeps its plain path.
+"""
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from . import build
+
+QUERY_BLOCK = 64
+KEY_BLOCK = 256
+_WARNED = set()
+
+
+def warn_once(reason):
+    """One warning line per reason and process: the kernel is off, why, and the fix."""
+    if reason in _WARNED:
+        return
+    _WARNED.add(reason)
+    message = (f"gpt_local: CPU attention kernel off, plain attention used instead: {reason}. "
+               f"GPTLOCAL_PLAIN_KERNELS=1 silences this by choosing the plain path.")
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def kernel_threads():
+    """The threads the kernel runs: MindSpore's ``runtime_num_threads``, at most the CPUs this process may use."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    runtime = ms.get_context("runtime_num_threads") or available
+    return max(1, min(int(runtime), available))
+
+
+def _fwd_shape(q, k, v, bias, t1, t2, offsets, config):
+    return (q, q[:3])
+
+
+def _fwd_type(q, *rest):
+    return (q, q)
+
+
+def _bwd_shape(q, k, v, *rest):
+    return (q, k, v)
+
+
+def _bwd_type(q, k, v, *rest):
+    return (q, k, v)
+
+
+class CPUAttention(nn.Cell):
+    """``construct(query [B, N, S, D], key, value [B, G, S, D], bias [1 or B, 1, S, S], offsets)`` ->
+    context [B, N, S, D], float32. ``offsets``: int32 [2], the counter dropout's table offsets of this step
+    (``CounterDropout.offsets``), or None for no dropout. ``tables``: the dropout's two bit tables (float32)
+    and ``keep_when_differ`` its rule, or None with no dropout."""
+
+    def __init__(self, library_path, scale, tables=None, dropout_scale=1.0, keep_when_differ=False,
+                 query_block=QUERY_BLOCK, key_block=KEY_BLOCK, threads=None):
+        super().__init__()
+        threads = kernel_threads() if threads is None else threads
+        self.backward = ops.Custom(f"{library_path}:gptlocal_attention_bwd", _bwd_shape, _bwd_type, "aot")
+        self.forward = ops.Custom(f"{library_path}:gptlocal_attention_fwd", _fwd_shape, _fwd_type, "aot",
+                                  bprop=self._bprop)
+        self.forward.add_prim_attr("primitive_target", "CPU")
+        self.backward.add_prim_attr("primitive_target", "CPU")
+
+        def config(mode):
+            return Tensor(np.array([scale, dropout_scale, mode, threads, query_block, key_block], np.float32))
+
+        self.config_plain = config(0)
+        self.has_dropout = tables is not None
+        if self.has_dropout:
+            self.bits1, self.bits2 = tables
+            self.config_dropout = config(2 if keep_when_differ else 1)
+        else:
+            self.bits1 = self.bits2 = Tensor(np.zeros((1,), np.float32))
+        self.no_offsets = Tensor(np.zeros((2,), np.int32))
+
+    def _bprop(self, query, key, value, bias, bits1, bits2, offsets, config, out, dout):
+        grads = self.backward(query, key, value, bias, bits1, bits2, offsets, config, out[0], out[1], dout[0])
+        return (grads[0], grads[1], grads[2], ops.zeros_like(bias), ops.zeros_like(bits1), ops.zeros_like(bits2),
+                ops.zeros_like(offsets), ops.zeros_like(config))
+
+    def construct(self, query, key, value, bias, offsets=None):
+        if self.has_dropout and offsets is not None:
+            return self.forward(query, key, value, bias, self.bits1, self.bits2, offsets, self.config_dropout)[0]
+        return self.forward(query, key, value, bias, self.bits1, self.bits2, self.no_offsets, self.config_plain)[0]
+
+
+def attention_kernel(scale, dtype, tables=None, dropout_scale=1.0, keep_when_differ=False, **kwargs):
+    """A ``CPUAttention`` for one layer, or None (after one warning) where it cannot run: a dtype other than
+    float32, or no library (no compiler, a failed build)."""
+    if dtype != ms.float32:
+        warn_once(f"it computes in float32 only, this model computes in {dtype} "
+                  "(set model_config.compute_dtype and softmax_compute_dtype to float32 to use it)")
+        return None
+    path, reason = build.library()
+    if path is None:
+        warn_once(f"{reason}")
+        return None
+    try:
+        return CPUAttention(path, scale, tables, dropout_scale, keep_when_differ, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as error:  # e.g. MS_CUSTOM_AOT_WHITE_LIST excludes the cache
+        warn_once(f"MindSpore refused the kernel library {path} ({error})")
+        return None

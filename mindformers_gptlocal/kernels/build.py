@@ -1,0 +1,185 @@
+"""Builds the CPU kernels' shared library at first use, into a per-user cache, and finds it again.
+
+``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``cpu_attention.cc`` (package data) with
+the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, linked to the oneDNN the
+MindSpore wheel ships (``mindspore/lib/libdnnl.so.2``, for ``dnnl_sgemm``). Or None, with the reason, when it
+cannot be built: no compiler, a failed build, no oneDNN.
+
+The library is compiled for the baseline of the machine's architecture (x86-64) with AVX2 and AVX-512 clones of
+the vectorised loops that the loader picks for the CPU it runs on (GCC ``target_clones``), not with
+``-march=native``: a cache on a shared home directory may be read from machines with other CPUs, and a
+``-march=native`` build would crash there with an illegal instruction.
+
+Cache: ``$GPTLOCAL_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/mindformers_gptlocal/kernels``, else
+``~/.cache/mindformers_gptlocal/kernels``; one folder per key, the key a hash of the source, the MindSpore
+version, the compiler's version line, the flags and the architecture, so any of them changing builds anew.
+Concurrent builders (msrun's workers) take an exclusive ``flock`` on the key's folder, and the library is
+written to a temporary name and renamed into place: no process ever loads a half-written file. A cached file
+whose sha256 differs from the one its build saved next to it (truncated, overwritten) is rebuilt.
+"""
+import ctypes
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_attention.cc")
+LIBRARY_NAME = "libgptlocal_kernels.so"
+SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd")
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
+
+_FOUND = {}  # (cache dir, compiler) -> (path or None, reason)
+
+
+def cache_root():
+    """The folder the per-key builds live under."""
+    explicit = os.environ.get("GPTLOCAL_KERNEL_CACHE")
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mindformers_gptlocal", "kernels")
+
+
+def compiler():
+    """The C++ compiler command: ``$CXX`` or ``g++``."""
+    return os.environ.get("CXX") or "g++"
+
+
+def _mindspore_dir():
+    """MindSpore's package folder, found without importing it (the build runs before or without it)."""
+    spec = importlib.util.find_spec("mindspore")
+    return os.path.dirname(spec.origin) if spec and spec.origin else None
+
+
+def mindspore_version():
+    try:
+        return importlib.metadata.version("mindspore")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def onednn_dir():
+    """The MindSpore wheel's lib folder when it holds libdnnl.so.2, else None."""
+    package = _mindspore_dir()
+    lib = os.path.join(package, "lib") if package else ""
+    return lib if os.path.isfile(os.path.join(lib, "libdnnl.so.2")) else None
+
+
+def _compiler_version(cxx):
+    """The compiler's first ``--version`` line, or None when it cannot be run."""
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return (done.stdout.splitlines() or [""])[0].strip()
+
+
+def _flags():
+    extra = () if platform.machine() in ("x86_64", "AMD64") else ("-DGPTLOCAL_NO_CLONES",)
+    return FLAGS + extra
+
+
+def cache_key(cxx_version, source_bytes=None):
+    """Hash of what the library depends on: source, MindSpore version, compiler, flags, architecture."""
+    if source_bytes is None:
+        with open(SOURCE, "rb") as handle:
+            source_bytes = handle.read()
+    digest = hashlib.sha256()
+    for part in (source_bytes, mindspore_version().encode(), cxx_version.encode(), " ".join(_flags()).encode(),
+                 platform.machine().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:20]
+
+
+def _digest(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _complete(path):
+    """True when ``path`` is the whole file its build wrote: its sha256 equals the one saved next to it.
+    (Checked without loading it: loading a truncated library can kill the process with SIGBUS.)"""
+    try:
+        with open(path + ".sha256", encoding="ascii") as handle:
+            return handle.read().strip() == _digest(path)
+    except OSError:
+        return False
+
+
+def _loads(path):
+    """True when ``path`` loads and exports both kernels."""
+    try:
+        lib = ctypes.CDLL(path)
+        return all(hasattr(lib, name) for name in SYMBOLS)
+    except OSError:
+        return False
+
+
+def _compile(cxx, folder, dnnl):
+    """Compile into ``folder`` under a temporary name, then rename into place. Returns (path, reason)."""
+    final = os.path.join(folder, LIBRARY_NAME)
+    handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+    os.close(handle)
+    command = [cxx, *_flags(), SOURCE, "-o", temporary, "-L" + dnnl, "-l:libdnnl.so.2", "-Wl,-rpath," + dnnl]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        os.unlink(temporary)
+        return None, f"running {cxx} failed ({error})"
+    if done.returncode != 0:
+        os.unlink(temporary)
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{cxx} failed: {tail}"
+    if not _loads(temporary):
+        os.unlink(temporary)
+        return None, f"the library built by {cxx} does not load"
+    with open(temporary + ".sha256", "w", encoding="ascii") as handle:
+        handle.write(_digest(temporary))
+    os.replace(temporary, final)  # atomic: readers see the old file or the whole new one
+    os.replace(temporary + ".sha256", final + ".sha256")
+    return final, "built"
+
+
+def library(cache_dir=None, cxx=None):
+    """The path of the built library, building it if needed, or None; and a reason string.
+
+    Computed once per process for each (cache, compiler)."""
+    cache_dir = cache_dir or cache_root()
+    cxx = cxx or compiler()
+    memo = (cache_dir, cxx)
+    if memo not in _FOUND:
+        _FOUND[memo] = _find_or_build(cache_dir, cxx)
+    return _FOUND[memo]
+
+
+def _find_or_build(cache_dir, cxx):
+    if shutil.which(cxx) is None:
+        return None, f"no C++ compiler: {cxx!r} not found (install g++ or set CXX)"
+    version = _compiler_version(cxx)
+    if version is None:
+        return None, f"the C++ compiler {cxx!r} does not run"
+    dnnl = onednn_dir()
+    if dnnl is None:
+        return None, "MindSpore's lib folder has no libdnnl.so.2"
+    folder = os.path.join(cache_dir, cache_key(version))
+    final = os.path.join(folder, LIBRARY_NAME)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, ".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key; the others wait, then find its library
+            try:
+                if os.path.isfile(final) and _complete(final):
+                    return final, "cached"
+                return _compile(cxx, folder, dnnl)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    except OSError as error:
+        return None, f"cannot write the kernel cache {cache_dir} ({error}; set GPTLOCAL_KERNEL_CACHE)"

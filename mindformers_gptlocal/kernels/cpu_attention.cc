@@ -1,0 +1,395 @@
+// Fused causal attention for CPU, forward and backward (FlashAttention-2's scheme), as MindSpore AOT kernels.
+//
+// Built by mindformers_gptlocal/kernels/build.py with the system g++ (-O3 -fPIC -shared -fopenmp), called
+// through ops.Custom("lib.so:gptlocal_attention_fwd", ..., func_type="aot", bprop=...) (kernels/attention.py).
+//
+// Query blocks x key blocks with an online softmax: the forward keeps only the output and the row logsumexp
+// (no [B, N, S, S] buffer); the backward recomputes each block's probabilities from the logsumexp. Blocks past
+// the diagonal are skipped; key j > query i is masked in the diagonal blocks (causal by construction); the
+// additive bias [Bb, 1, S, S] (Bb 1 or B: gpt_local's causal, packed-document or reset mask) is added to
+// every score block that is computed, so the probabilities are the plain path's softmax over the same
+// numbers. GQA: query head n reads key/value head n / (N / G), no repeat. Dropout on the probabilities
+// reproduces gpt_local's counter masks (model/dropout.py) element for element: element (b, n, i, j) of the
+// [B, N, S, S] probabilities is dropped or kept by T1[(idx + a) % P1] vs T2[(idx + b) % P2], idx its flat
+// index, a and b the step/site offsets computed in the graph.
+//
+// GEMMs go through oneDNN's dnnl_sgemm (the MindSpore wheel's libdnnl.so.2, built with the threadpool runtime:
+// sequential when called like this, so it runs inside our threads: run_parallel, over (batch, head, query
+// block) forward and (batch, key/value head) backward), or through our own loops when
+// GPTLOCAL_ATTENTION_GEMM=loops (kept to measure against). The elementwise loops (scale, max, exp, sums,
+// dropout) are written for the auto-vectoriser and compiled for a baseline x86-64 plus AVX2 and AVX-512
+// clones chosen at load time (target_clones), so one cached library is right on any x86-64 CPU.
+//
+// Inputs (forward): q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout
+// tables, or [1] each with no dropout) offsets int32 [2] (a, b) config float32 [6] (scale, dropout scale,
+// dropout mode 0 none / 1 keep where the bits agree / 2 keep where they differ, threads, query block, key
+// block). Outputs: out [B,N,S,D], lse [B,N,S].
+// Backward: the forward's inputs, then out, lse, dout -> dq, dk, dv.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+typedef int64_t dim_t;
+extern "C" int dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha, const float *A,
+                          dim_t lda, const float *B, dim_t ldb, float beta, float *C, dim_t ldc);
+
+#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
+#define VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VEC_CLONES
+#endif
+
+namespace {
+
+bool use_own_gemm() {
+  static int own = -1;
+  if (own < 0) {
+    const char *env = std::getenv("GPTLOCAL_ATTENTION_GEMM");
+    own = (env != nullptr && std::strcmp(env, "loops") == 0) ? 1 : 0;
+  }
+  return own == 1;
+}
+
+// Row-major C[M,N] = alpha * op(A) op(B) + beta * C, the three forms attention needs.
+VEC_CLONES void own_gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const float *A, dim_t lda,
+                         const float *B, dim_t ldb, float beta, float *C, dim_t ldc) {
+  for (dim_t i = 0; i < M; ++i) {
+    float *c = C + i * ldc;
+    if (beta == 0.0f) {
+      for (dim_t j = 0; j < N; ++j) c[j] = 0.0f;
+    } else if (beta != 1.0f) {
+      for (dim_t j = 0; j < N; ++j) c[j] *= beta;
+    }
+  }
+  if (ta == 'N' && tb == 'T') {  // C[i][j] += alpha * dot(A[i], B[j])
+    for (dim_t i = 0; i < M; ++i) {
+      const float *a = A + i * lda;
+      for (dim_t j = 0; j < N; ++j) {
+        const float *b = B + j * ldb;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (dim_t k = 0; k < K; ++k) s += a[k] * b[k];
+        C[i * ldc + j] += alpha * s;
+      }
+    }
+  } else if (ta == 'N' && tb == 'N') {  // C[i] += alpha * A[i][k] * B[k]
+    for (dim_t i = 0; i < M; ++i) {
+      float *c = C + i * ldc;
+      for (dim_t k = 0; k < K; ++k) {
+        const float w = alpha * A[i * lda + k];
+        const float *b = B + k * ldb;
+#pragma omp simd
+        for (dim_t j = 0; j < N; ++j) c[j] += w * b[j];
+      }
+    }
+  } else {  // 'T', 'N': C[i] += alpha * A[k][i] * B[k]
+    for (dim_t k = 0; k < K; ++k) {
+      const float *b = B + k * ldb;
+      for (dim_t i = 0; i < M; ++i) {
+        const float w = alpha * A[k * lda + i];
+        float *c = C + i * ldc;
+#pragma omp simd
+        for (dim_t j = 0; j < N; ++j) c[j] += w * b[j];
+      }
+    }
+  }
+}
+
+inline void gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const float *A, dim_t lda,
+                 const float *B, dim_t ldb, float beta, float *C, dim_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (use_own_gemm()) {
+    own_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  } else {
+    dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+}
+
+// exp(x) for x <= 0 (scores minus their row max), ~2 ulp: Cephes' range reduction and polynomial, written with
+// plain arithmetic and bit casts so the loops around it vectorise. Below -87.3 (masked scores) it is 0 exactly,
+// as expf underflows.
+inline float exp_neg(float x) {
+  const float clamped = x < -87.3f ? -87.3f : x;
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  float r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const float value = p * scale;
+  return x < -87.3f ? 0.0f : value;
+}
+
+struct Dropout {
+  const float *t1, *t2;
+  int32_t a, b;
+  int mode;  // 0 none, 1 keep where equal, 2 keep where differ
+  float scale;
+  int64_t p1, p2;
+};
+
+// keep[j] (0 or the dropout scale) for elements idx0 .. idx0 + n of the flattened [B, N, S, S] probabilities.
+VEC_CLONES void drop_row(const Dropout &d, int64_t idx0, int n, float *keep) {
+  int64_t s1 = (idx0 + d.a) % d.p1, s2 = (idx0 + d.b) % d.p2;
+  const float keep_equal = d.mode == 1 ? d.scale : 0.0f, keep_differ = d.mode == 2 ? d.scale : 0.0f;
+  int j = 0;
+  while (j < n) {  // segments without a wrap of either table
+    const int run = static_cast<int>(std::min<int64_t>(n - j, std::min(d.p1 - s1, d.p2 - s2)));
+    const float *b1 = d.t1 + s1, *b2 = d.t2 + s2;
+    float *out = keep + j;
+#pragma omp simd
+    for (int x = 0; x < run; ++x) out[x] = b1[x] != b2[x] ? keep_differ : keep_equal;
+    j += run;
+    s1 += run;
+    s2 += run;
+    if (s1 == d.p1) s1 = 0;
+    if (s2 == d.p2) s2 = 0;
+  }
+}
+
+// Adds the bias row, masks keys past the query (causal), returns the row max.
+VEC_CLONES float bias_mask_max(float *s, const float *bias, int n, int valid) {
+  float m = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    float v = s[j] + bias[j];
+    v = j < valid ? v : -INFINITY;
+    s[j] = v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+// s[j] <- exp(s[j] - m); returns the sum.
+VEC_CLONES float exp_sum(float *s, int n, float m) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    const float e = exp_neg(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+VEC_CLONES void mul_into(float *dst, const float *a, const float *b, int n) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) dst[j] = a[j] * b[j];
+}
+
+VEC_CLONES void scale_row(float *x, int n, float f) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) x[j] *= f;
+}
+
+// dS = P * (dP - D) in place of dp
+VEC_CLONES void softmax_grad(float *dp, const float *p, int n, float row) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - row);
+}
+
+VEC_CLONES float dot(const float *a, const float *b, int n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int j = 0; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+struct Shapes {
+  int64_t B, N, G, S, D, Bb;
+  float scale;
+  int threads, bq, bk;
+  Dropout drop;
+};
+
+bool read_shapes(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, Shapes *sh) {
+  if (nparam < 10) return false;
+  for (int i = 0; i < 4; ++i)
+    if (ndims[i] != 4 || std::strcmp(dtypes[i], "float32") != 0) return false;
+  sh->B = shapes[0][0];
+  sh->N = shapes[0][1];
+  sh->S = shapes[0][2];
+  sh->D = shapes[0][3];
+  sh->G = shapes[1][1];
+  sh->Bb = shapes[3][0];
+  if (sh->G <= 0 || sh->N % sh->G != 0 || shapes[1][2] != sh->S || shapes[3][2] != sh->S || shapes[3][3] != sh->S)
+    return false;
+  if (sh->Bb != 1 && sh->Bb != sh->B) return false;
+  const float *cfg = static_cast<const float *>(params[7]);
+  sh->scale = cfg[0];
+  sh->drop.scale = cfg[1];
+  sh->drop.mode = static_cast<int>(cfg[2]);
+  sh->threads = std::max(1, static_cast<int>(cfg[3]));
+  sh->bq = std::max(1, static_cast<int>(cfg[4]));
+  sh->bk = std::max(1, static_cast<int>(cfg[5]));
+  sh->drop.t1 = static_cast<const float *>(params[4]);
+  sh->drop.t2 = static_cast<const float *>(params[5]);
+  sh->drop.p1 = shapes[4][0];
+  sh->drop.p2 = shapes[5][0];
+  const int32_t *offsets = static_cast<const int32_t *>(params[6]);
+  sh->drop.a = offsets[0];
+  sh->drop.b = offsets[1];
+  if (sh->drop.mode != 0 && (sh->drop.p1 < 2 || sh->drop.p2 < 2)) return false;
+  return true;
+}
+
+// Runs worker(next) on `threads` threads (this one included); each worker takes tasks from the shared counter
+// (dynamic scheduling). Plain std::threads that end with the call, not an OpenMP team: libgomp's idle threads
+// spin after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads libgomp) and can take CPU from
+// MindSpore's own thread pool running the model's next ops.
+template <class Worker>
+void run_parallel(int threads, int64_t tasks, Worker worker) {
+  std::atomic<int64_t> next(0);
+  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next] { worker(next); });
+  worker(next);
+  for (auto &thread : pool) thread.join();
+}
+
+}  // namespace
+
+extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                      void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  Shapes sh;
+  if (nparam != 10 || !read_shapes(nparam, params, ndims, shapes, dtypes, &sh)) return 1;
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k = static_cast<const float *>(params[1]);
+  const float *v = static_cast<const float *>(params[2]);
+  const float *bias = static_cast<const float *>(params[3]);
+  float *out = static_cast<float *>(params[8]);
+  float *lse = static_cast<float *>(params[9]);
+  const int64_t B = sh.B, N = sh.N, G = sh.G, S = sh.S, D = sh.D, group = N / G;
+  const int bq = sh.bq, bk = sh.bk;
+  const int64_t qblocks = (S + bq - 1) / bq;
+  const int64_t tasks = B * N * qblocks;
+  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next) {
+    std::vector<float> scores(static_cast<size_t>(bq) * bk), keep(static_cast<size_t>(bk)),
+        dropped(static_cast<size_t>(bq) * bk), acc(static_cast<size_t>(bq) * D), row_max(bq), row_sum(bq);
+    for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
+      // the last query blocks (the most key blocks) first
+      const int64_t qb = qblocks - 1 - task % qblocks, bn = task / qblocks, b = bn / N, n = bn % N;
+      const int64_t i0 = qb * bq, i1 = std::min<int64_t>(S, i0 + bq), rows = i1 - i0;
+      const float *Q = q + (bn * S + i0) * D;
+      const float *K = k + ((b * G + n / group) * S) * D;
+      const float *V = v + ((b * G + n / group) * S) * D;
+      const float *bias_rows = bias + ((sh.Bb == 1 ? 0 : b) * S) * S;
+      std::fill(acc.begin(), acc.begin() + rows * D, 0.0f);
+      std::fill(row_max.begin(), row_max.end(), -INFINITY);
+      std::fill(row_sum.begin(), row_sum.end(), 0.0f);
+      for (int64_t j0 = 0; j0 < i1; j0 += bk) {
+        const int64_t cols = std::min<int64_t>(bk, i1 - j0);
+        gemm('N', 'T', rows, cols, D, sh.scale, Q, D, K + j0 * D, D, 0.0f, scores.data(), cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          float *s = scores.data() + r * cols;
+          const int valid = static_cast<int>(std::min<int64_t>(cols, i - j0 + 1));  // keys j <= i
+          const float block_max = bias_mask_max(s, bias_rows + i * S + j0, static_cast<int>(cols), valid);
+          const float m_new = std::max(row_max[r], block_max);
+          const float correction = row_max[r] == -INFINITY ? 0.0f : exp_neg(row_max[r] - m_new);
+          const float sum = exp_sum(s, static_cast<int>(cols), m_new);
+          row_sum[r] = row_sum[r] * correction + sum;
+          row_max[r] = m_new;
+          if (correction != 1.0f) scale_row(acc.data() + r * D, static_cast<int>(D), correction);
+          if (sh.drop.mode != 0) {
+            drop_row(sh.drop, (bn * S + i) * S + j0, static_cast<int>(cols), keep.data());
+            mul_into(dropped.data() + r * cols, s, keep.data(), static_cast<int>(cols));
+          }
+        }
+        gemm('N', 'N', rows, D, cols, 1.0f, sh.drop.mode != 0 ? dropped.data() : scores.data(), cols,
+             V + j0 * D, D, 1.0f, acc.data(), D);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = 1.0f / row_sum[r];
+        float *o = out + (bn * S + i0 + r) * D;
+        const float *a = acc.data() + r * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
+        lse[bn * S + i0 + r] = row_max[r] + std::log(row_sum[r]);
+      }
+    }
+  });
+  return 0;
+}
+
+extern "C" int gptlocal_attention_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                      void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  Shapes sh;
+  if (nparam != 14 || !read_shapes(nparam, params, ndims, shapes, dtypes, &sh)) return 1;
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k = static_cast<const float *>(params[1]);
+  const float *v = static_cast<const float *>(params[2]);
+  const float *bias = static_cast<const float *>(params[3]);
+  const float *out = static_cast<const float *>(params[8]);
+  const float *lse = static_cast<const float *>(params[9]);
+  const float *dout = static_cast<const float *>(params[10]);
+  float *dq = static_cast<float *>(params[11]);
+  float *dk = static_cast<float *>(params[12]);
+  float *dv = static_cast<float *>(params[13]);
+  const int64_t B = sh.B, N = sh.N, G = sh.G, S = sh.S, D = sh.D, group = N / G;
+  const int bq = sh.bq, bk = sh.bk;
+  const int64_t qblocks = (S + bq - 1) / bq;
+  const int64_t tasks = B * G;  // each task owns its key/value head's dK and dV (and its query heads' dQ)
+  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next) {
+    std::vector<float> probs(static_cast<size_t>(bq) * bk), grad(static_cast<size_t>(bq) * bk),
+        keep(static_cast<size_t>(bq) * bk), used(static_cast<size_t>(bq) * bk), delta(bq);
+    for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
+      const int64_t b = task / G, g = task % G;
+      const float *K = k + (task * S) * D, *V = v + (task * S) * D;
+      float *dK = dk + (task * S) * D, *dV = dv + (task * S) * D;
+      std::fill(dK, dK + S * D, 0.0f);
+      std::fill(dV, dV + S * D, 0.0f);
+      const float *bias_rows = bias + ((sh.Bb == 1 ? 0 : b) * S) * S;
+      for (int64_t n = g * group; n < (g + 1) * group; ++n) {
+        const int64_t bn = b * N + n;
+        float *dQ = dq + (bn * S) * D;
+        std::fill(dQ, dQ + S * D, 0.0f);
+        for (int64_t qb = 0; qb < qblocks; ++qb) {
+          const int64_t i0 = qb * bq, i1 = std::min<int64_t>(S, i0 + bq), rows = i1 - i0;
+          const float *Q = q + (bn * S + i0) * D, *dO = dout + (bn * S + i0) * D, *O = out + (bn * S + i0) * D;
+          for (int64_t r = 0; r < rows; ++r) delta[r] = dot(dO + r * D, O + r * D, static_cast<int>(D));
+          for (int64_t j0 = 0; j0 < i1; j0 += bk) {
+            const int64_t cols = std::min<int64_t>(bk, i1 - j0);
+            gemm('N', 'T', rows, cols, D, sh.scale, Q, D, K + j0 * D, D, 0.0f, probs.data(), cols);
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t i = i0 + r;
+              float *p = probs.data() + r * cols;
+              const int valid = static_cast<int>(std::min<int64_t>(cols, i - j0 + 1));
+              bias_mask_max(p, bias_rows + i * S + j0, static_cast<int>(cols), valid);
+              exp_sum(p, static_cast<int>(cols), lse[bn * S + i]);  // P = exp(S - lse)
+              if (sh.drop.mode != 0) {
+                drop_row(sh.drop, (bn * S + i) * S + j0, static_cast<int>(cols), keep.data() + r * cols);
+                mul_into(used.data() + r * cols, p, keep.data() + r * cols, static_cast<int>(cols));
+              }
+            }
+            const float *p_used = sh.drop.mode != 0 ? used.data() : probs.data();
+            gemm('T', 'N', cols, D, rows, 1.0f, p_used, cols, dO, D, 1.0f, dV + j0 * D, D);  // dV += P^T dO
+            gemm('N', 'T', rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, grad.data(), cols);  // dP = dO V^T
+            for (int64_t r = 0; r < rows; ++r) {
+              float *dp = grad.data() + r * cols;
+              if (sh.drop.mode != 0) mul_into(dp, dp, keep.data() + r * cols, static_cast<int>(cols));
+              softmax_grad(dp, probs.data() + r * cols, static_cast<int>(cols), delta[r]);
+            }
+            gemm('N', 'N', rows, D, cols, sh.scale, grad.data(), cols, K + j0 * D, D, 1.0f, dQ + i0 * D, D);
+            gemm('T', 'N', cols, D, rows, sh.scale, grad.data(), cols, Q, D, 1.0f, dK + j0 * D, D);
+          }
+        }
+      }
+    }
+  });
+  return 0;
+}

@@ -1,0 +1,295 @@
+"""The fused CPU attention kernel (mindformers_gptlocal/kernels): outputs and dQ, dK, dV within 1e-5 of the
+plain matmul + softmax path (fp32) for the causal mask, packed documents, counter dropout, GQA and odd sizes;
+a tiny model trains with the plain path's losses step for step; the build cache reuses, rebuilds and falls
+back as documented."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.kernels import attention as kernel_attention, build
+from mindformers_gptlocal.model.attention import MASK_VALUE, causal_bias
+from mindformers_gptlocal.model.dropout import CounterDropout, keep_reference
+from conftest import TINY, source_env
+
+
+@pytest.fixture(scope="session")
+def library():
+    """The kernel library, compiled once per test session (or found in the user's cache)."""
+    path, reason = build.library()
+    assert path is not None, reason
+    return path
+
+
+@pytest.fixture
+def pynative_mode():
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=before)
+
+
+@pytest.fixture
+def graph_mode():
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=before)
+
+
+def _plain(q, k, v, bias, scale, keep=None, keep_scale=1.0):
+    """The reference: GQA repeat, matmul, scale, additive bias, softmax, (dropout), matmul."""
+    batch, heads, seq, dim = q.shape
+    groups = k.shape[1]
+    if groups != heads:
+        shape = (batch, groups, heads // groups, seq, dim)
+        k = ops.reshape(ops.broadcast_to(ops.expand_dims(k, 2), shape), q.shape)
+        v = ops.reshape(ops.broadcast_to(ops.expand_dims(v, 2), shape), q.shape)
+    probs = ops.softmax(ops.matmul(q, k.swapaxes(-1, -2)) * scale + bias, -1)
+    if keep is not None:
+        probs = probs * keep * keep_scale
+    return ops.matmul(probs, v)
+
+
+def _compare(kernel_fn, plain_fn, shapes, seed=0):
+    """Output and every input gradient of a weighted sum, kernel vs plain; returns the largest gradient."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (Tensor(rng.standard_normal(shape).astype(np.float32)) for shape in shapes)
+    w = Tensor(rng.standard_normal(shapes[0]).astype(np.float32))
+    got, got_grads = ms.value_and_grad(lambda q, k, v: (kernel_fn(q, k, v) * w).sum(), (0, 1, 2))(q, k, v)
+    want, want_grads = ms.value_and_grad(lambda q, k, v: (plain_fn(q, k, v) * w).sum(), (0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(kernel_fn(q, k, v).asnumpy(), plain_fn(q, k, v).asnumpy(), atol=1e-5, rtol=0)
+    for name, actual, expected in zip("qkv", got_grads, want_grads):
+        np.testing.assert_allclose(actual.asnumpy(), expected.asnumpy(), atol=1e-5, rtol=0, err_msg=f"d{name}")
+    return max(float(np.abs(g.asnumpy()).max()) for g in want_grads)
+
+
+def _packed_bias(batch, seq, ends):
+    """The additive [B, 1, S, S] mask of packed rows: causal inside each document (as document_mask)."""
+    bias = np.full((batch, 1, seq, seq), MASK_VALUE, np.float32)
+    for row, row_ends in enumerate(ends):
+        start = 0
+        for end in row_ends:
+            block = np.tril(np.ones((end - start, end - start), np.float32))
+            bias[row, 0, start:end, start:end] = (1 - block) * MASK_VALUE
+            start = end
+    return Tensor(bias)
+
+
+# (batch, heads, groups, seq, head_dim, query block, key block): odd sizes (S not a multiple of either block,
+# head_dim not a multiple of the vector width), S = 1, GQA, MHA, GPT-2-like head_dim 64 with the default blocks
+CASES = {
+    "causal_odd": (2, 4, 4, 37, 24, 16, 8),
+    "gqa": (2, 6, 2, 29, 13, 8, 16),
+    "seq_1": (1, 2, 1, 1, 8, 16, 8),
+    "head_dim_64": (1, 2, 2, 70, 64, kernel_attention.QUERY_BLOCK, kernel_attention.KEY_BLOCK),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_plain_causal(library, pynative_mode, case):
+    batch, heads, groups, seq, dim, bq, bk = CASES[case]
+    scale = 0.37  # not 1/sqrt(d): as with scale_attn_by_inverse_layer_idx
+    cell = kernel_attention.CPUAttention(library, scale, query_block=bq, key_block=bk)
+    bias = causal_bias(seq)
+    shapes = ((batch, heads, seq, dim), (batch, groups, seq, dim), (batch, groups, seq, dim))
+    assert _compare(lambda q, k, v: cell(q, k, v, bias), lambda q, k, v: _plain(q, k, v, bias, scale), shapes) > 0.1
+
+
+def test_kernel_matches_plain_packed_documents(library, pynative_mode):
+    """A per-row [B, 1, S, S] document mask (packed rows); key blocks wholly outside a row's document."""
+    seq = 45
+    bias = _packed_bias(2, seq, [[11, 18, 34, seq], [20, 29, seq]])
+    cell = kernel_attention.CPUAttention(library, 0.25, query_block=8, key_block=8)
+    shapes = ((2, 3, seq, 16), (2, 3, seq, 16), (2, 3, seq, 16))
+    _compare(lambda q, k, v: cell(q, k, v, bias), lambda q, k, v: _plain(q, k, v, bias, 0.25), shapes, seed=3)
+
+
+@pytest.mark.parametrize("rate", [0.2, 0.7])  # 0.7: the rule flips (keep where the two bits differ)
+def test_kernel_draws_the_counter_dropout_masks(library, pynative_mode, rate):
+    """The kernel drops exactly the elements CounterDropout's mask of that step and site drops (numpy's
+    ``keep_reference`` as the reference), with GQA and blocks that wrap the tables' ends in odd places."""
+    batch, heads, groups, seq, dim, site, seed = 2, 4, 2, 33, 12, 7, 5
+    dropout = CounterDropout(rate, site, seed)
+    cell = kernel_attention.CPUAttention(library, 0.3, (dropout.bits1, dropout.bits2), dropout.scale,
+                                         dropout.keep_when_differ, query_block=8, key_block=16)
+    bias = causal_bias(seq)
+    for step in (0, 4099):
+        offsets = dropout.offsets(Tensor(step, ms.int32))
+        keep = Tensor(keep_reference((batch, heads, seq, seq), step, site, seed, rate).astype(np.float32))
+        shapes = ((batch, heads, seq, dim), (batch, groups, seq, dim), (batch, groups, seq, dim))
+        _compare(lambda q, k, v: cell(q, k, v, bias, offsets),
+                 lambda q, k, v: _plain(q, k, v, bias, 0.3, keep, dropout.scale), shapes, seed=step)
+
+
+def test_kernel_in_graph_mode(library, graph_mode):
+    """Inside a compiled GRAPH-mode Cell under value_and_grad, as training runs it."""
+    bias = causal_bias(40)
+    rng = np.random.default_rng(9)
+    shapes = ((2, 2, 40, 16), (2, 1, 40, 16), (2, 1, 40, 16))
+    q, k, v = (Tensor(rng.standard_normal(shape).astype(np.float32)) for shape in shapes)
+    w = Tensor(rng.standard_normal(shapes[0]).astype(np.float32))
+
+    class Weighted(nn.Cell):
+        def __init__(self, cell):
+            super().__init__()
+            self.cell = cell
+
+        def construct(self, q, k, v):
+            if self.cell is None:
+                return (_plain(q, k, v, bias, 0.3) * w).sum()
+            return (self.cell(q, k, v, bias) * w).sum()
+
+    fused = Weighted(kernel_attention.CPUAttention(library, 0.3, query_block=16, key_block=16))
+    got, got_grads = ms.jit(ms.value_and_grad(fused, (0, 1, 2)))(q, k, v)
+    want, want_grads = ms.jit(ms.value_and_grad(Weighted(None), (0, 1, 2)))(q, k, v)
+    assert abs(float(got.asnumpy()) - float(want.asnumpy())) <= 1e-4
+    for actual, expected in zip(got_grads, want_grads):
+        np.testing.assert_allclose(actual.asnumpy(), expected.asnumpy(), atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------- the model
+SEQ = 48
+
+
+def _model_pair(**changes):
+    """The model with the kernel (the CPU default) and the same model, same weights, on the plain path."""
+    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes))
+    fused = GPTLocalForCausalLM(config)
+    plain = GPTLocalForCausalLM(config)
+    values = dict(fused.parameters_and_names())
+    for name, param in plain.parameters_and_names():
+        param.set_data(Tensor(values[name].asnumpy()))
+    for layer in plain.model.layers:
+        layer.attention.cpu_attention = None  # chosen at build time; unset, construct takes the plain path
+    assert all(layer.attention.cpu_attention is not None for layer in fused.model.layers)
+    return fused, plain
+
+
+class _Loss(nn.Cell):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def construct(self, *inputs):
+        return self.model(*inputs)[0]
+
+
+def _train(model, batches, steps=3):
+    """Losses of ``steps`` AdamW steps (graph mode) and the first step's gradients."""
+    model.set_train(True)
+    weights = model.trainable_params()
+    grad_fn = ms.jit(ms.value_and_grad(_Loss(model), None, weights=weights))
+    optimizer = nn.AdamWeightDecay(weights, learning_rate=1e-2)
+    losses, first = [], None
+    for step in range(steps):
+        loss, grads = grad_fn(*batches[step % len(batches)])
+        if first is None:
+            first = {p.name: g.asnumpy() for p, g in zip(weights, grads)}
+        optimizer(grads)
+        losses.append(float(loss.asnumpy()))
+    return losses, first
+
+
+def test_tiny_training_matches_plain_path(library, graph_mode):
+    """Losses step for step (3 AdamW steps) and every parameter's first-step gradient within 1e-5, with all the
+    kernel covers at once: packed documents (actual_seq_len), counter dropout on the attention probabilities,
+    GQA, rope and GPT-2's scale_attn_by_inverse_layer_idx (layer 2's scale differs)."""
+    fused, plain = _model_pair(attention_dropout=0.2, hidden_dropout=0.1, scale_attn_by_inverse_layer_idx=True,
+                               position_embedding_type="rope", num_query_groups=2)
+    assert fused.model.layers[0].attention.cpu_attention.has_dropout
+    ids = Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
+    ends = Tensor(np.array([[11, 18, 34, SEQ], [20, 29, SEQ, SEQ]], np.int32))
+    batches = [(ids[:, :-1], ids[:, 1:], None, None, None, ends)]
+    losses, grads = _train(fused, batches)
+    plain_losses, plain_grads = _train(plain, batches)
+    np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
+    assert losses[-1] < losses[0]  # it trains
+    worst = max(float(np.abs(grads[name] - plain_grads[name]).max()) for name in grads)
+    assert worst <= 1e-5, worst
+
+
+def test_fp16_and_plain_switch_keep_the_plain_path(monkeypatch, capfd):
+    """float16 compute is refused with one warning line (per process, not per layer); GPTLOCAL_PLAIN_KERNELS=1
+    and attention_block_size > 0 choose the plain / blockwise path with no warning."""
+    monkeypatch.setattr(kernel_attention, "_WARNED", set())
+    config = GPTLocalConfig(**dict(TINY, compute_dtype="float16"))
+    model = GPTLocalForCausalLM(config)
+    assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
+    err = capfd.readouterr().err
+    assert err.count("CPU attention kernel off") == 1 and "float32" in err, err
+    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
+    assert GPTLocalForCausalLM(GPTLocalConfig(**TINY)).model.layers[0].attention.cpu_attention is None
+    monkeypatch.delenv("GPTLOCAL_PLAIN_KERNELS")
+    blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, attention_block_size=16))).model.layers[0].attention
+    assert blockwise.cpu_attention is None and blockwise.blockwise is not None
+    assert "CPU attention kernel off" not in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- the build cache
+BUILD_SCRIPT = ("import sys, time; from mindformers_gptlocal.kernels import build; "
+                "path, reason = build.library(sys.argv[1]); print(reason, path, build._loads(path) if path else '')")
+
+
+def _build_in_process(cache, count=1, env=None):
+    """``count`` processes building into ``cache`` at once; their (reason, path, loads) lines."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(cache)], env=source_env(**(env or {})),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    lines = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        lines.append(out.strip().splitlines()[-1].split())
+    return lines
+
+
+def test_cache_concurrent_builds_reuse_and_stale_rebuild(tmp_path):
+    """Two processes building at once both load a whole library (one builds, the other waits on the lock and
+    finds it); a later process reuses it; a truncated library is rebuilt; nothing half-written is left."""
+    cache = tmp_path / "cache"
+    first = _build_in_process(cache, count=2)
+    assert sorted(line[0] for line in first) == ["built", "cached"], first
+    assert first[0][1] == first[1][1] and all(line[2] == "True" for line in first)
+    path = first[0][1]
+    stamp = os.stat(path).st_mtime_ns
+    assert _build_in_process(cache)[0][:2] == ["cached", path]
+    assert os.stat(path).st_mtime_ns == stamp
+    with open(path, "r+b") as handle:  # a crash mid-copy, a full disk: a file that does not load
+        handle.truncate(1000)
+    rebuilt = _build_in_process(cache)[0]
+    assert rebuilt == ["built", path, "True"]
+    leftovers = [name for name in os.listdir(os.path.dirname(path)) 
+                 if name not in (build.LIBRARY_NAME, build.LIBRARY_NAME + ".sha256", ".lock")]
+    assert leftovers == []
+
+
+def test_cache_key_covers_source_mindspore_and_compiler(monkeypatch):
+    """Another source, MindSpore version or compiler: another key, so another folder, so a fresh build."""
+    with open(build.SOURCE, "rb") as handle:
+        source = handle.read()
+    key = build.cache_key("g++ 12.2.0", source)
+    assert build.cache_key("g++ 12.2.0", source) == key
+    assert build.cache_key("g++ 12.2.0", source + b"// changed\n") != key
+    assert build.cache_key("g++ 13.1.0", source) != key
+    monkeypatch.setattr(build, "mindspore_version", lambda: "2.7.3")
+    assert build.cache_key("g++ 12.2.0", source) != key
+
+
+def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, capfd):
+    """CXX naming no binary: no library, the model builds on the plain path, one warning line naming the cause
+    and the fix."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv("GPTLOCAL_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_attention, "_WARNED", set())
+    path, reason = build.library()
+    assert path is None and "no C++ compiler" in reason and "no-such-g++" in reason
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "CPU attention kernel off" in line]
+    assert len(warnings) == 1 and "set CXX" in warnings[0], warnings
+    assert not os.path.exists(tmp_path / "cache")
