@@ -270,8 +270,7 @@ def test_cache_concurrent_builds_reuse_and_stale_rebuild(tmp_path):
 
 def test_cache_key_covers_source_mindspore_and_compiler(monkeypatch):
     """Another source, MindSpore version or compiler: another key, so another folder, so a fresh build."""
-    with open(build.SOURCE, "rb") as handle:
-        source = handle.read()
+    source = build.source_bytes()
     key = build.cache_key("g++ 12.2.0", source)
     assert build.cache_key("g++ 12.2.0", source) == key
     assert build.cache_key("g++ 12.2.0", source + b"// changed\n") != key

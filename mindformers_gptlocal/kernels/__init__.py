@@ -1,2 +1,2 @@
 """gpt_local's own CPU kernels: C++ sources shipped as package data, built at first use (``build.py``) and
-called through MindSpore's AOT ``ops.Custom`` (``attention.py``: the fused causal attention)."""
+called through MindSpore's AOT ``ops.Custom`` (``attention.py``: the fused causal attention; ``model/kv_write.py``: the KV cache's in-place write)."""

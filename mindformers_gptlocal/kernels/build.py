@@ -1,6 +1,7 @@
 """Builds the CPU kernels' shared library at first use, into a per-user cache, and finds it again.
 
-``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``cpu_attention.cc`` (package data) with
+``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused
+attention ``cpu_attention.cc`` and the in-place KV-cache write ``kv_write.cc``) with
 the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, linked to the oneDNN the
 MindSpore wheel ships (``mindspore/lib/libdnnl.so.2``, for ``dnnl_sgemm``). Or None, with the reason, when it
 cannot be built: no compiler, a failed build, no oneDNN.
@@ -28,9 +29,10 @@ import shutil
 import subprocess
 import tempfile
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_attention.cc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = tuple(os.path.join(HERE, name) for name in ("cpu_attention.cc", "kv_write.cc"))
 LIBRARY_NAME = "libgptlocal_kernels.so"
-SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd")
+SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)
@@ -86,13 +88,20 @@ def _flags():
     return FLAGS + extra
 
 
-def cache_key(cxx_version, source_bytes=None):
-    """Hash of what the library depends on: source, MindSpore version, compiler, flags, architecture."""
-    if source_bytes is None:
-        with open(SOURCE, "rb") as handle:
-            source_bytes = handle.read()
+def source_bytes():
+    """Every source file's bytes, in build order (what the cache key hashes)."""
+    parts = []
+    for path in SOURCES:
+        with open(path, "rb") as handle:
+            parts.append(handle.read())
+    return b"\0".join(parts)
+
+
+def cache_key(cxx_version, sources=None):
+    """Hash of what the library depends on: sources, MindSpore version, compiler, flags, architecture."""
+    source_bytes_ = source_bytes() if sources is None else sources
     digest = hashlib.sha256()
-    for part in (source_bytes, mindspore_version().encode(), cxx_version.encode(), " ".join(_flags()).encode(),
+    for part in (source_bytes_, mindspore_version().encode(), cxx_version.encode(), " ".join(_flags()).encode(),
                  platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -128,7 +137,7 @@ def _compile(cxx, folder, dnnl):
     final = os.path.join(folder, LIBRARY_NAME)
     handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
     os.close(handle)
-    command = [cxx, *_flags(), SOURCE, "-o", temporary, "-L" + dnnl, "-l:libdnnl.so.2", "-Wl,-rpath," + dnnl]
+    command = [cxx, *_flags(), *SOURCES, "-o", temporary, "-L" + dnnl, "-l:libdnnl.so.2", "-Wl,-rpath," + dnnl]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.SubprocessError) as error:

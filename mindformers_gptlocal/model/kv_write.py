@@ -10,58 +10,31 @@ inputs and values that copies only the updated rows into the Parameter's own buf
 ``side_effect_mem`` so MindSpore orders later reads of the cache after it). Its output is a status token;
 the caller reads the cache Parameter itself after an ``ops.depend`` on it, exactly as with ScatterNdUpdate.
 
-The kernel is compiled once per machine with g++ into ``$XDG_CACHE_HOME/mindformers_gptlocal`` (or
-``~/.cache/...``; a temporary directory if that is not writable), named by the source's hash. Without a
-compiler, on other backends, or with ``GPTLOCAL_PLAIN_KERNELS=1`` (the plain reference path) the write is
-``ops.ScatterNdUpdate``.
+The kernel is built into the same library as the fused attention kernel (``kernels/build.py``: one per-user
+cache, one lock, one key). Without a compiler, on other backends, or with ``GPTLOCAL_PLAIN_KERNELS=1`` (the
+plain reference path) the write is ``ops.ScatterNdUpdate``.
 """
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 
 import mindspore as ms
 from mindspore import ops
 
+from ..kernels import build
 from .cpu_kernels import replace_slow_cpu_kernels
 
 log = logging.getLogger("gptlocal")
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kv_write.cc")
 SYMBOL = "InPlaceScatterNdUpdate"
-
-
-def _cache_dirs():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return [os.path.join(base, "mindformers_gptlocal"), os.path.join(tempfile.gettempdir(), "mindformers_gptlocal")]
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_library():
-    """Path of the compiled kernel (built now if absent), or None when it cannot be built here."""
-    with open(SOURCE, "rb") as source:
-        digest = hashlib.sha256(source.read()).hexdigest()[:16]
-    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
-    for directory in _cache_dirs():
-        library = os.path.join(directory, f"kv_write-{digest}.so")
-        if os.path.exists(library):
-            return library
-        if compiler is None:
-            continue
-        try:
-            os.makedirs(directory, exist_ok=True)
-            partial = f"{library}.{os.getpid()}.tmp"
-            subprocess.run([compiler, "-O2", "-fPIC", "-shared", "-o", partial, SOURCE], check=True,
-                           capture_output=True, timeout=120)
-            os.replace(partial, library)  # atomic: concurrent builders each finish one whole file
-            return library
-        except (OSError, subprocess.SubprocessError) as err:
-            log.debug("gpt_local: could not build %s in %s: %s", SOURCE, directory, err)
-    log.warning("gpt_local: no C++ compiler could build the in-place KV-cache write (%s); decoding uses "
-                "ScatterNdUpdate, which copies the whole cache every step.", SOURCE)
-    return None
+    """Path of gpt_local's kernel library (built now if absent), or None when it cannot be built here."""
+    path, reason = build.library()
+    if path is None:
+        log.warning("gpt_local: the in-place KV-cache write cannot be built (%s); decoding uses ScatterNdUpdate, "
+                    "which copies the whole cache every step.", reason)
+    return path
 
 
 def _status_shape(*_shapes):
