@@ -43,7 +43,9 @@ class KVCache(nn.Cell):
     logits [B, V]. Get one with ``GPTLocalForCausalLM.kv_cache``, which keeps one per shape."""
 
     def __init__(self, causal_lm, batch_size, max_length):
-        super().__init__()
+        # auto_prefix=False: holding the model as ``self.lm`` must not rename its Parameters to ``lm.*`` (with
+        # the default, a model that had generated could no longer load or save its own checkpoint names)
+        super().__init__(auto_prefix=False)
         config = causal_lm.config
         self.lm = causal_lm
         self.batch_size = batch_size
