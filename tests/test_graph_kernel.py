@@ -2,13 +2,24 @@
 it compiles on CPU with the bundled AKG (needs ``decorator``, an install requirement) and gives the unfused
 step's losses. It is off by default (docs/performance.md, "Graph-kernel fusion": it does not pay on CPU)."""
 import numpy as np
+import pytest
 import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
 from mindformers_gptlocal.training.optim import GPTLocalAdamW
 
-from test_wrapper import mcore_context  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def mcore_context():
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.core.context.build_context import MFContextOperator
+    MFContextOperator(MindFormerConfig(use_legacy=False))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    MFContextOperator.reset_instance()
 
 
 def _losses(tiny_config, steps=4):
@@ -24,7 +35,7 @@ def _losses(tiny_config, steps=4):
     return [float(cell(*batch)[0]) for _ in range(steps)]
 
 
-def test_fused_step_gives_the_unfused_losses(tiny_config, mcore_context, tmp_path, monkeypatch):  # noqa: F811
+def test_fused_step_gives_the_unfused_losses(tiny_config, mcore_context, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # AKG writes akg_kernel_meta/ and its logs into the working directory
     assert not ms.get_context("enable_graph_kernel")
     plain = _losses(tiny_config)
