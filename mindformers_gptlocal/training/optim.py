@@ -16,8 +16,8 @@ YAML switches with ``optimizer.type`` alone and checkpoints carry over.
 
 The clip factor (``construct(gradients, coefficient)``, from ``GPTLocalTrainOneStepCell``'s lean step) costs
 one more pass per parameter: ``grad * coefficient`` into a temporary, read again by the kernel. On CPU
-MindSpore's ``FusedCastAdamWeightDecay`` primitive (CPU-only, in place like ``AdamWeightDecay``, fp16/fp32
-parameters and gradients) takes the gradient and a global norm and computes the same step on
+MindSpore's ``FusedCastAdamWeightDecay`` primitive (CPU-only, in place like ``AdamWeightDecay``; used here
+for fp32 parameters) takes the gradient and a global norm and computes the same step on
 ``grad * (1 / global_norm)`` in the same pass; given ``1 / coefficient`` as that norm it is this step with
 the clip folded in (``1 / (1 / c)`` can differ from ``c`` in the last bit: within 1e-6 of the two-pass path).
 ``fused_clip: False`` (or ``GPTLOCAL_PLAIN_KERNELS=1``) keeps the two-pass path, the reference.
@@ -78,10 +78,11 @@ def _step_clip_in_kernel(kernel, beta1, beta2, eps, correction1, root_correction
 
 
 def clip_in_kernel_applies(params):
-    """``FusedCastAdamWeightDecay`` runs on CPU only, for fp16/fp32 parameters (gradients share their dtype)."""
+    """``FusedCastAdamWeightDecay`` runs on CPU only; taken for fp32 parameters (what is tested against the
+    two-pass path; the kernel also takes fp16, whose two-pass path rounds the scaled gradient to fp16 first)."""
     return (ms.get_context("device_target") == "CPU"
             and os.environ.get("GPTLOCAL_PLAIN_KERNELS", "0") in ("", "0")
-            and all(p.dtype in (mstype.float32, mstype.float16) for p in params))
+            and all(p.dtype == mstype.float32 for p in params))
 
 
 @MindFormerRegister.register(MindFormerModuleType.OPTIMIZER)
@@ -109,8 +110,8 @@ class GPTLocalAdamW(Optimizer):
         self.exp_avg_sq = self._moments("adam_v")
         self.kernel = ops.AdamWeightDecay()
         if not isinstance(fused_clip, bool):
-            raise ConfigError(f"optimizer.fused_clip must be true or false, got {fused_clip!r}; set "
-                                      "optimizer.fused_clip: false to keep the separate clip-scaling pass.")
+            raise ConfigError(f"optimizer.fused_clip must be true or false, got {fused_clip!r}: true folds the clip "
+                              "factor into the CPU kernel, false keeps the separate clip-scaling pass.")
         self.fused_clip = fused_clip and clip_in_kernel_applies(self._parameters)
         self.clip_kernel = ops.FusedCastAdamWeightDecay() if self.fused_clip else None
 
