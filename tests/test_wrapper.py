@@ -101,7 +101,7 @@ def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, 
 def test_lean_step_equals_the_general_step_bit_for_bit(tiny_config, mcore_context):
     """The lean step (no unscale copy, one square-sum pass, clip factor folded into GPTLocalAdamW) gives the
     same losses, norms and weights, to the bit, as MindFormers' general step over 6 clipped steps; with the
-    clip factor inside the kernel (``fused_clip``, the CPU default) losses within 1e-6, weights 1e-5."""
+    clip factor inside the kernel (opt-in ``fused_clip``) losses within 1e-6, weights 1e-5."""
     from mindformers_gptlocal.training.optim import GPTLocalAdamW
     runs = {}
     for lean, fused in ((True, False), (False, False), (True, True)):

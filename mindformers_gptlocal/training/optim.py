@@ -20,7 +20,9 @@ MindSpore's ``FusedCastAdamWeightDecay`` primitive (CPU-only, in place like ``Ad
 for fp32 parameters) takes the gradient and a global norm and computes the same step on
 ``grad * (1 / global_norm)`` in the same pass; given ``1 / coefficient`` as that norm it is this step with
 the clip folded in (``1 / (1 / c)`` can differ from ``c`` in the last bit: within 1e-6 of the two-pass path).
-``fused_clip: False`` (or ``GPTLOCAL_PLAIN_KERNELS=1``) keeps the two-pass path, the reference.
+It is opt-in, ``fused_clip: True``: that CPU kernel measured slower than the two-pass path on an idle 2-core
+machine (GPT-2 small's parameters: 937-984 against 354-579 ms a step; faster, 1.15-1.18x, only when every
+core was oversubscribed; docs/performance.md). ``GPTLOCAL_PLAIN_KERNELS=1`` also keeps the two-pass path.
 """
 import os
 
@@ -90,14 +92,14 @@ class GPTLocalAdamW(Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) as in MindFormers, fused per parameter.
 
     Use it from a YAML with ``optimizer: {type: GPTLocalAdamW, betas: [...], eps: ..., weight_decay: ...}``;
-    ``type: AdamW`` stays available as the plain reference path. ``fused_clip`` (default True) folds the clip
-    factor into the kernel on CPU (module docstring); False keeps the separate scaling pass.
+    ``type: AdamW`` stays available as the plain reference path. ``fused_clip: True`` folds the clip factor
+    into the kernel on CPU (module docstring; default False: the separate scaling pass, faster on an idle CPU).
     """
 
     _support_parallel_optimizer = True
     takes_grad_coefficient = True  # construct(gradients, coefficient): GPTLocalTrainOneStepCell's lean step
 
-    def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused_clip=True):
+    def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused_clip=False):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         if len(betas) != 2 or not all(0.0 < float(b) < 1.0 for b in betas):
             raise ValueError(f"optimizer.betas must be two numbers in (0, 1), got {betas!r}.")
