@@ -83,8 +83,8 @@ def tensor_shapes(path):
     """name -> shape from a safetensors header; CheckpointError naming the file if it is damaged."""
     problem, header = _inspect(path)
     if problem:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {problem}. Use an earlier checkpoint "
-                              f"or re-export it.")
+        raise CheckpointError(f"{path} is not a readable safetensors file: {problem}; it may be truncated or "
+                              f"corrupt. Use an earlier checkpoint or re-export it.")
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 

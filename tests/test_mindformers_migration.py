@@ -315,8 +315,13 @@ def test_migrated_run_starts_at_mindformers_loss_and_trains(tmp_path):
     old_data = write_mf_mindrecord(tmp_path / "wiki.mindrecord", ids, masks, mask_column="attention_mask")
     assert main(["prepare-data", "--from-mf-mindrecord", old_data, "--seq-length", str(seq)]) == 0
     model_dir = str(tmp_path / "gpt2_ms")
+    from tokenizers import Tokenizer, models, trainers  # the run saves a model directory: it needs a tokenizer
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.train_from_iterator(["def main(): return 1"] * 4, trainers.BpeTrainer(vocab_size=40))
+    os.makedirs(tmp_path / "tok")
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
     assert main(["convert", "mf2ms", "--mf-ckpt", mf_gpt2["ckpt"], "--mf-yaml", mf_gpt2["yaml"],
-                 "--out", model_dir]) == 0
+                 "--tokenizer", str(tmp_path / "tok"), "--out", model_dir]) == 0
 
     old = yaml_io.load_yaml(mf_gpt2["yaml"])  # run_gpt2.yaml of r1.3.0 at the test model's sizes
     old["model"]["model_config"].update(seq_length=seq, max_position_embeddings=HF["n_positions"],

@@ -24,7 +24,9 @@ from conftest import TINY, source_env  # noqa: E402
 from test_serve import _free_port  # noqa: E402
 
 MODEL = "tiny-ops"
-CONTEXT = 1024  # a 1000-token request takes 5-30 s on 2 cores: it outlives the timeouts below
+CONTEXT = 4096
+LONG = 4000  # tokens of a request that must outlive the timeouts below: 1,000 took < 3 s on 2 quiet cores
+# with the in-place KV write (measured in CI), 4,000 take several times longer than REQUEST_TIMEOUT
 KEY = "gl-test-7f3a9c1e5b2d"
 WRONG = "gl-wrong-0000000000"
 MAX_BYTES = 16384
@@ -311,16 +313,16 @@ def test_metrics_count_a_request(server):
 
 
 def test_a_timeout_ends_the_request_and_frees_its_slot(server):
-    """A 1000-token request is still generating at --request-timeout: it ends "length" with what it has; the
+    """A LONG-token request is still generating at --request-timeout: it ends "length" with what it has; the
     one slot is free again and the next request completes."""
     api = client(server.base)
     before = health(server.base)
     start = time.monotonic()
-    cut = api.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=1000, temperature=0,
+    cut = api.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=LONG, temperature=0,
                                  extra_body={"ignore_eos": True, "return_token_ids": True})
     elapsed = time.monotonic() - start
     assert cut.choices[0].finish_reason == "length"
-    assert 0 < cut.usage.completion_tokens < 1000
+    assert 0 < cut.usage.completion_tokens < LONG
     assert len(cut.choices[0].model_extra["token_ids"]) == cut.usage.completion_tokens
     assert REQUEST_TIMEOUT - 0.2 <= elapsed < REQUEST_TIMEOUT + 10
     state = health(server.base)
@@ -341,12 +343,12 @@ def test_exposure_warning_beyond_loopback_only():
 
 
 def test_sigterm_during_a_stream(server):
-    """SIGTERM while a 1000-token stream runs and two requests wait for the one slot: new requests get
+    """SIGTERM while a LONG-token stream runs and two requests wait for the one slot: new requests get
     503 + Retry-After at once, the stream ends cleanly (finish_reason "length", then [DONE]) at
     --shutdown-timeout, the waiting ones get a 503 (a stream: an error event), and the process exits 0. The key
     never reached the log. (Last in this file: it ends the module's server.)"""
     api = client(server.base)
-    stream = api.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=1000, temperature=0, stream=True,
+    stream = api.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=LONG, temperature=0, stream=True,
                                     extra_body={"ignore_eos": True, "return_token_ids": True})
     waiting = {}
 
@@ -388,7 +390,7 @@ def test_sigterm_during_a_stream(server):
             assert httpx.get(server.base + "/health", timeout=10).status_code == 503
     ended = time.monotonic() - signalled
     assert chunks[-1].choices[0].finish_reason == "length"  # ended by the drain: the iterator saw [DONE]
-    assert 0 < len(ids) < 1000 and ended < SHUTDOWN_TIMEOUT + 5
+    assert 0 < len(ids) < LONG and ended < SHUTDOWN_TIMEOUT + 5
     for thread in threads:
         thread.join(30)
     assert isinstance(waiting["result"], openai.APIStatusError), waiting

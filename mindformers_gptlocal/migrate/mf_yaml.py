@@ -342,6 +342,10 @@ def _callbacks(callbacks, model_dir, notes):
     save = {"type": "GPTLocalSaveModelDir"}
     if model_dir:
         save["tokenizer_dir"] = model_dir
+        if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+            notes.append(f"callbacks GPTLocalSaveModelDir.tokenizer_dir {model_dir} holds no tokenizer.json: the "
+                         f"pre-flight will refuse the run (a model directory without its tokenizer); convert again "
+                         f"with `gptlocal convert mf2ms ... --tokenizer DIR` (the old run's vocab.json + merges.txt)")
     out.append(save)
     return out
 
