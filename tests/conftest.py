@@ -28,6 +28,19 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture
+def mcore_context():
+    """MindFormers' mcore context (use_legacy False) in GRAPH mode for one test, reset after it."""
+    import mindspore as ms
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.core.context.build_context import MFContextOperator
+    MFContextOperator(MindFormerConfig(use_legacy=False))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    MFContextOperator.reset_instance()
+
+
+@pytest.fixture
 def tiny_config():
     from mindformers_gptlocal import GPTLocalConfig
     return GPTLocalConfig(**TINY)

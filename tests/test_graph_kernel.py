@@ -11,17 +11,6 @@ from mindformers_gptlocal.training.optim import GPTLocalAdamW
 
 
 
-@pytest.fixture
-def mcore_context():
-    from mindformers.tools.register import MindFormerConfig
-    from mindformers.core.context.build_context import MFContextOperator
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    MFContextOperator.reset_instance()
-
-
 def _losses(tiny_config, steps=4):
     ms.set_seed(0)
     model = GPTLocalForCausalLM(tiny_config)

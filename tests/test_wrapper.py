@@ -7,17 +7,6 @@ from mindspore import Tensor, nn
 from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
 
 
-@pytest.fixture
-def mcore_context():
-    from mindformers.tools.register import MindFormerConfig
-    from mindformers.core.context.build_context import MFContextOperator
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    MFContextOperator.reset_instance()
-
-
 def _batch(seed=0):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 512, (2, 33)).astype(np.int32)
