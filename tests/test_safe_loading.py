@@ -84,6 +84,6 @@ def test_source_has_no_unguarded_unpickling():
                 for pattern in (r"pickle\.loads?\(", r"allow_pickle\s*=\s*True", r"torch\.load\(", r"dill\.",
                                 r"joblib\.load", r"trust_remote_code\s*=\s*True"):
                     found += [(name, m.group(0)) for m in re.finditer(pattern, text)]
-    assert found == [("hf_gpt2.py", "torch.load(")], found
-    text = open(os.path.join(package, "checkpoint", "hf_gpt2.py"), encoding="utf-8").read()
+    assert found == [("weights_io.py", "torch.load(")], found
+    text = open(os.path.join(package, "checkpoint", "weights_io.py"), encoding="utf-8").read()
     assert "weights_only=not allow_pickle" in text

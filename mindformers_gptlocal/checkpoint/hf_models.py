@@ -1,14 +1,13 @@
-"""Hugging Face Llama-family and GPT-NeoX weights <-> gpt_local, exact both ways, one weight map per family.
+"""Hugging Face Llama-family and GPT-NeoX weights <-> gpt_local: two more families of the converter
+framework (``family.py``; GPT-2 is ``hf_gpt2.py``), and the family choice ``gptlocal convert`` makes.
 
-``hf_gpt2.py`` does GPT-2; this module adds the rotary families on the same reader/writer
-(``TensorSource``, ``write_safetensors_streamed``, the all-or-nothing output folder) with the design
-litgpt's ``convert_hf_checkpoint`` uses: each family is a config translation (both directions, refusing
-what would change the maths) and ONE weight map, a list of (gpt_local name, HF names, kind) that both
-directions read. ``convert_hf_to_ms`` / ``convert_ms_to_hf`` pick the family (GPT-2 included) and are what
-``gptlocal convert`` calls.
+Each family is a config translation (both directions, refusing what would change the maths) and ONE weight
+map, (gpt_local name, HF names, kind), that both directions read (litgpt's ``convert_hf_checkpoint`` design).
+``hf_to_ms`` / ``ms_to_hf`` pick the family (from config.json, or from the gpt_local model's layer options).
 
 Families:
 
+- ``gpt2``: ``GPT2LMHeadModel`` (``hf_gpt2.py``).
 - ``llama``: ``LlamaForCausalLM`` (Llama 1-3 without rope_scaling, TinyLlama, SmolLM, ...) and
   ``Qwen2ForCausalLM`` (q/k/v biases, no sliding window). Q, K and V ([heads*D, H], [groups*D, H] x 2)
   become the group-major fused QKV, [groups, (heads/groups q, k, v), D] (``model/attention.py``); HF's
@@ -19,18 +18,14 @@ Families:
 
 Pure numpy: no MindSpore, no torch (except to read a weights-only ``.bin``).
 """
-import json
 import os
 
-import numpy as np
-
 from ..errors import CheckpointError
-from ..model.params import architecture, parameter_table, rotary_dim
-from ..parallel.layout import Layout
-from ..safetensors_io import resolve_weights_file
-from ..staging import write_folder
-from . import hf_gpt2
-from .hf_gpt2 import SafetensorsReader, TensorSource, _copy_tokenizer, _read_json, write_safetensors_streamed
+from ..model.params import architecture, rotary_dim
+from . import family as framework
+from .family import Family
+from .hf_gpt2 import GPT2, GPT2_TYPES
+from .weights_io import read_json, read_ms_config
 
 LLAMA_TYPES = ("llama", "qwen2")
 NEOX_TYPES = ("gpt_neox",)
@@ -212,60 +207,33 @@ NEOX_MAP = [
      for p in ("weight", "bias")]
 
 
-class Family:
-    """One Hugging Face architecture family: its config translations, weight map and tied-head name."""
-
-    def __init__(self, name, hf_types, to_local, to_hf, weight_map, drop, tied_head):
-        self.name, self.hf_types, self.to_local, self.to_hf = name, hf_types, to_local, to_hf
-        self.weight_map, self.drop, self.tied_head = weight_map, drop, tied_head
-
-    def entries(self, local):
-        """[(gpt_local name, [HF names], kind)] for every tensor of the model ``local`` describes."""
-        table = expected_shapes(local)
-        out = []
-        for ours, theirs, kind in self.weight_map:
-            if "{}" not in ours:
-                if ours in table:
-                    out.append((ours, theirs, kind))
-                continue
-            for layer in range(local["num_hidden_layers"]):
-                name = ours.format(layer)
-                if name in table:
-                    out.append((name, [t.format(layer) for t in theirs], kind))
-        missing = sorted(set(table) - {name for name, _, _ in out})
-        if missing:  # a parameter without an HF name: the map is incomplete for this combination of options
-            raise CheckpointError(f"the {self.name} weight map has no Hugging Face name for '{missing[0]}'.")
-        return out
-
-
 FAMILIES = {
+    "gpt2": GPT2,
     "llama": Family("llama", LLAMA_TYPES, llama_to_local, local_to_llama, LLAMA_MAP,
-                    drop=(".rotary_emb.inv_freq",), tied_head="lm_head.weight"),
+                    drop=(".rotary_emb.inv_freq",), tied_head="lm_head.weight", title="Llama/Qwen2"),
     "gpt_neox": Family("gpt_neox", NEOX_TYPES, neox_to_local, local_to_neox, NEOX_MAP,
                        drop=(".rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"),
-                       tied_head="embed_out.weight"),
+                       tied_head="embed_out.weight", title="GPT-NeoX"),
 }
 
 
 def family_of_hf(hf):
-    """The family of an HF config.json (None for GPT-2, which ``hf_gpt2`` converts)."""
+    """The family of an HF config.json."""
     model_type = hf.get("model_type")
-    if model_type in hf_gpt2.GPT2_TYPES:
-        return None
     for family in FAMILIES.values():
         if model_type in family.hf_types:
             return family
-    known = ", ".join(hf_gpt2.GPT2_TYPES + LLAMA_TYPES + NEOX_TYPES)
+    known = ", ".join(GPT2_TYPES + LLAMA_TYPES + NEOX_TYPES)
     raise CheckpointError(f"config.json has model_type {model_type!r}; gpt_local converts {known} "
                           f"(GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, GPTNeoXForCausalLM).")
 
 
 def family_of_local(local):
-    """The HF family a gpt_local config exports as (None: GPT-2)."""
+    """The HF family a gpt_local config exports as."""
     arch = architecture(local)
     if not arch.rope and not arch.rmsnorm and not arch.gated and arch.bias and arch.qkv_bias and not arch.untied \
             and not arch.parallel_residual:
-        return None
+        return GPT2
     if arch.rope and arch.rmsnorm and arch.gated and not arch.parallel_residual:
         return FAMILIES["llama"]
     if arch.rope and not arch.rmsnorm and not arch.gated and arch.bias and arch.qkv_bias \
@@ -278,135 +246,16 @@ def family_of_local(local):
 
 
 # ---------------------------------------------------------------------------------------------
-# tensor layouts
-def expected_shapes(local):
-    """gpt_local tensor name -> shape, from a gpt_local config dict (the parameter table)."""
-    return {name: spec.shape for name, spec in parameter_table(local, Layout()).items()}
-
-
-def _group_dims(local):
-    heads = local["num_attention_heads"]
-    groups = architecture(local).groups
-    return groups, heads // groups, local["hidden_size"] // heads
-
-
-def hf_shapes(kind, shape, local):
-    """The HF tensors' shapes for a gpt_local tensor of ``shape``."""
-    if kind == "copy":
-        return [shape]
-    groups, per_group, dim = _group_dims(local)
-    rest = tuple(shape[1:])
-    return [(groups * per_group * dim,) + rest, (groups * dim,) + rest, (groups * dim,) + rest]
-
-
-def to_local(kind, arrays, local):
-    """HF tensors -> the gpt_local tensor. groups: q [N*D, ...], k, v [G*D, ...] -> [(G, N/G + 2, D), ...]."""
-    if kind == "copy":
-        return arrays[0]
-    groups, per_group, dim = _group_dims(local)
-    q, k, v = arrays
-    rest = q.shape[1:]
-    parts = [q.reshape((groups, per_group, dim) + rest), k.reshape((groups, 1, dim) + rest),
-             v.reshape((groups, 1, dim) + rest)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=1).reshape((-1,) + rest))
-
-
-def to_hf(kind, array, local):
-    """The gpt_local tensor -> its HF tensors, the exact inverse of ``to_local``."""
-    if kind == "copy":
-        return [array]
-    groups, per_group, dim = _group_dims(local)
-    rest = array.shape[1:]
-    fused = array.reshape((groups, per_group + 2, dim) + rest)
-    return [np.ascontiguousarray(fused[:, :per_group].reshape((-1,) + rest)),
-            np.ascontiguousarray(fused[:, per_group].reshape((-1,) + rest)),
-            np.ascontiguousarray(fused[:, per_group + 1].reshape((-1,) + rest))]
-
-
-# ---------------------------------------------------------------------------------------------
-# the two directions
+# the two directions, the family picked for you
 def hf_to_ms(hf_dir, out, allow_pickle=False):
     """Convert a Hugging Face directory (any family, GPT-2 included) into a gpt_local model directory."""
     if not os.path.isdir(hf_dir):
         raise CheckpointError(f"--hf-dir {hf_dir} does not exist or is not a folder.")
-    hf = _read_json(os.path.join(hf_dir, "config.json"), "--hf-dir")
-    family = family_of_hf(hf)
-    if family is None:
-        return hf_gpt2.hf_to_ms(hf_dir, out, allow_pickle=allow_pickle)
-    local = family.to_local(hf)
-    _check_builds(local)
-    source = TensorSource(hf_dir, allow_pickle)
-    expected = expected_shapes(local)
-    plan, used = [], set()
-    for name, hf_names, kind in family.entries(local):
-        for hf_name, shape in zip(hf_names, hf_shapes(kind, expected[name], local)):
-            if hf_name not in source.files:
-                raise CheckpointError(f"{hf_dir} lacks '{hf_name}' (gpt_local '{name}'), which config.json implies; "
-                                      f"the config does not match these weights.")
-            if source.shape(hf_name) != shape:
-                raise CheckpointError(f"tensor '{hf_name}' has shape {source.shape(hf_name)}, config.json implies "
-                                      f"{shape}; the config does not match these weights.")
-            used.add(hf_name)
-        plan.append((name, expected[name], np.float32,
-                     lambda n=hf_names, k=kind: to_local(k, [source.get(x).astype(np.float32) for x in n], local)))
-    _check_leftovers(source, used, family, local, hf_dir)
-    return hf_gpt2.write_ms_dir(out, plan, local, hf_dir, family=family.name)
-
-
-def _check_builds(local):
-    """The translated config passes GPTLocalConfig's own checks (pure Python ones: rotary_percent ...)."""
-    head_dim = local["hidden_size"] // local["num_attention_heads"]
-    rot = rotary_dim(head_dim, local.get("rotary_percent", 1.0))
-    if rot % 2 or rot == 0:
-        _refuse(f"rotary dimensions {rot} (head_dim {head_dim} x rotary_pct) must be a positive even number.")
-    groups = local.get("num_query_groups") or local["num_attention_heads"]
-    if local["num_attention_heads"] % groups:
-        _refuse(f"num_attention_heads ({local['num_attention_heads']}) is not divisible by num_key_value_heads "
-                f"({groups}).")
-
-
-def _check_leftovers(source, used, family, local, hf_dir):
-    """Every HF tensor is converted, a dropped buffer, or a tied head equal to the token table."""
-    for name in source.names():
-        if name in used or name.endswith(family.drop):
-            continue
-        if name == family.tied_head and not architecture(local).untied:
-            embedding = family.entries(local)[0][1][0]
-            if not np.array_equal(source.get(name), source.get(embedding)):
-                raise CheckpointError(f"{hf_dir}: {name} differs from the token embedding but config.json has "
-                                      f"tie_word_embeddings=true; fix the config (false) to keep the head.")
-            continue
-        raise CheckpointError(f"tensor '{name}' of {hf_dir} has no place in a {family.name} model of this "
-                              f"config.json ({local['num_hidden_layers']} layers); the config does not match "
-                              f"these weights.")
+    hf = read_json(os.path.join(hf_dir, "config.json"), "--hf-dir")
+    return framework.hf_to_ms(family_of_hf(hf), hf_dir, out, allow_pickle=allow_pickle, hf=hf)
 
 
 def ms_to_hf(ms_dir, out):
     """Convert a gpt_local model directory into a Hugging Face directory of its family."""
-    local = hf_gpt2.read_ms_config(ms_dir)
-    family = family_of_local(local)
-    if family is None:
-        return hf_gpt2.ms_to_hf(ms_dir, out)
-    lora = local.pop("pet_config", None)
-    local.setdefault("intermediate_size", 4 * local["hidden_size"])
-    reader = SafetensorsReader(resolve_weights_file(ms_dir))
-    expected = expected_shapes(local)
-    plan = []
-    for name, hf_names, kind in family.entries(local):
-        if name not in reader.header:
-            raise CheckpointError(f"{reader.path} lacks '{name}'; not a gpt_local model of this config.")
-        if reader.shape(name) != expected[name]:
-            raise CheckpointError(f"tensor '{name}' has shape {reader.shape(name)}; config.json implies "
-                                  f"{expected[name]}.")
-        for index, (hf_name, shape) in enumerate(zip(hf_names, hf_shapes(kind, expected[name], local))):
-            plan.append((hf_name, shape, np.float32,
-                         lambda n=name, k=kind, i=index: to_hf(k, reader.get(n).astype(np.float32), local)[i]))
-    plan.sort(key=lambda item: item[0])
-
-    def build(staging):
-        write_safetensors_streamed(os.path.join(staging, "model.safetensors"), plan, {"format": "pt"})
-        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
-            json.dump(family.to_hf(local), handle, indent=2)
-        _copy_tokenizer(ms_dir, staging, local["max_position_embeddings"])
-        return {"tensors": len(plan), "lora_left_out": bool(lora), "family": family.name}
-    return write_folder(out, build, CheckpointError)
+    local = read_ms_config(ms_dir)
+    return framework.ms_to_hf(family_of_local(local), ms_dir, out, local=local)

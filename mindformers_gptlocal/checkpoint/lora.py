@@ -16,7 +16,9 @@ from ..errors import CheckpointError
 from ..model.lora_config import LORA_A, LORA_B, is_lora_name
 from ..safetensors_io import read_safetensors, resolve_weights_file
 from ..staging import write_folder
-from .hf_gpt2 import SafetensorsReader, _copy_tokenizer, _read_json, local_to_hf_name, write_safetensors_streamed
+from .hf_gpt2 import local_to_hf_name
+from .weights_io import SafetensorsReader, copy_tokenizer as _copy_tokenizer, read_json as _read_json, \
+    write_safetensors_streamed
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -122,7 +124,7 @@ def to_peft(ms_dir, out, alpha=None):
     local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
     from .hf_models import family_of_local
     family = family_of_local(local)
-    if family is not None:  # a fused QKV adapter would have to become three PEFT adapters (q/k/v_proj)
+    if family.name != "gpt2":  # a fused QKV adapter would have to become three PEFT adapters (q/k/v_proj)
         raise CheckpointError(f"{ms_dir} is a {family.name}-style model; --lora-only writes PEFT adapters for "
                               f"GPT-2 models only. Fold the adapters in with `gptlocal lora merge`, then "
                               f"`gptlocal convert ms2hf` the merged model.")

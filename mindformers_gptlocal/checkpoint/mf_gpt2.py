@@ -2,7 +2,7 @@
 
 ``gptlocal convert mf2ms`` reads a MindSpore ``.ckpt`` with MindFormers' GPT-2 names (``GPT2LMHeadModel``,
 ``GPT2WithLora``'s base weights, the 13B and 52B YAMLs: one module, other sizes) and writes a gpt_local model
-directory through ``hf_gpt2.write_ms_dir`` (config.json + model.safetensors + tokenizer); ``convert ms2mf`` writes
+directory through ``weights_io.write_ms_dir`` (config.json + model.safetensors + tokenizer); ``convert ms2mf`` writes
 the same names back with ``ms.save_checkpoint``. The ``.ckpt`` is read with ``ms.load_checkpoint`` (protobuf, no
 pickle).
 
@@ -23,8 +23,10 @@ MindFormers' layout, read from mindspore-lab/mindformers branch r1.3.0 (the same
   ``gelu_new``); ``fast_gelu`` (the xl, 13B and 52B YAMLs) is ``P.FastGeLU``, x * sigmoid(1.702 x): gpt_local's
   ``quick_gelu`` (HF's name), computed with the same primitive.
 
-Like ``hf_models.py``'s families: one config translation each way and ONE weight map, (gpt_local name,
-MindFormers names, kind), read by both directions (so it can later become a ``Family`` of its own framework).
+A ``Family`` of the converter framework (``family.py``) like the Hugging Face ones: one config translation each
+way and ONE weight map, (gpt_local name, MindFormers names, kind), read by both directions, with the framework's
+kinds (dense1/2/3 are ``groups``, the ``[in, out]`` Linears ``transpose``). Its own are the file format (a
+``.ckpt``, no config.json: sizes from ``--mf-yaml`` or the shapes) and the training state it reports and drops.
 """
 import os
 import re
@@ -34,13 +36,13 @@ import numpy as np
 from .. import yaml_io
 from ..errors import CheckpointError
 from ..model.params import architecture
-from . import hf_gpt2
 from ..safetensors_io import resolve_weights_file
-from .hf_gpt2 import expected_local_shapes, read_ms_config, SafetensorsReader
+from .family import Family, expected_shapes, foreign_shapes, to_foreign, to_local
+from .weights_io import SafetensorsReader, read_ms_config, write_ms_dir
 
 # (gpt_local name, MindFormers names, kind); "{}" is the layer index.
-# kinds: copy; transpose ([in, out] <-> [out, in]); qkv (dense1/2/3, each [out, in] or [out], <-> gpt_local's
-# head-major fused [(head, (q, k, v), head_dim), in], see hf_gpt2.hf_to_local_tensor).
+# kinds (family.py): copy; transpose ([in, out] <-> [out, in]); groups (dense1/2/3, each [out, in] or [out], <->
+# gpt_local's head-major fused [(head, (q, k, v), head_dim), in]).
 MF_MAP = [
     ("model.embedding.word_embeddings", ["backbone.embedding.word_embedding.embedding_table"], "copy"),
     ("model.embedding.position_embeddings", ["backbone.embedding.position_embedding.embedding_table"], "copy"),
@@ -50,10 +52,10 @@ MF_MAP = [
     ("model.layers.{}.input_layernorm.bias", ["backbone.blocks.{}.layernorm1.beta"], "copy"),
     ("model.layers.{}.attention.linear_qkv.weight",
      ["backbone.blocks.{}.attention.dense1.weight", "backbone.blocks.{}.attention.dense2.weight",
-      "backbone.blocks.{}.attention.dense3.weight"], "qkv"),
+      "backbone.blocks.{}.attention.dense3.weight"], "groups"),
     ("model.layers.{}.attention.linear_qkv.bias",
      ["backbone.blocks.{}.attention.dense1.bias", "backbone.blocks.{}.attention.dense2.bias",
-      "backbone.blocks.{}.attention.dense3.bias"], "qkv"),
+      "backbone.blocks.{}.attention.dense3.bias"], "groups"),
     ("model.layers.{}.attention.linear_proj.weight", ["backbone.blocks.{}.attention.projection.weight"], "transpose"),
     ("model.layers.{}.attention.linear_proj.bias", ["backbone.blocks.{}.attention.projection.bias"], "copy"),
     ("model.layers.{}.post_attention_layernorm.weight", ["backbone.blocks.{}.layernorm2.gamma"], "copy"),
@@ -162,19 +164,12 @@ def sizes_from_shapes(shapes):
             "expand_ratio": ffn // hidden, "seq_length": positions, "max_position_embeddings": positions}
 
 
+MF_GPT2 = Family("mindformers_gpt2", ("GPT2Config",), mf_to_local_config, local_to_mf_config, MF_MAP,
+                 title="MindFormers GPT-2")
+
+
 # ---------------------------------------------------------------------------------------------
 # names and layouts
-def weight_map(n_layer):
-    """[(gpt_local name, [MindFormers names], kind)] for a model of ``n_layer`` layers."""
-    out = []
-    for local, mf_names, kind in MF_MAP:
-        layers = range(n_layer) if "{}" in local else [None]
-        for i in layers:
-            out.append((local.format(i) if i is not None else local,
-                        [n.format(i) if i is not None else n for n in mf_names], kind))
-    return out
-
-
 def classify(name):
     """'buffer', 'optimizer' or 'training' for MindFormers non-weight entries, else None."""
     if MF_BUFFERS.match(name):
@@ -184,40 +179,6 @@ def classify(name):
     if name in TRAINING_SCALARS:
         return "training"
     return None
-
-
-def mf_to_local_tensor(arrays, kind, heads):
-    """MindFormers layout -> gpt_local layout (``arrays``: the map entry's MindFormers tensors, in order)."""
-    if kind == "copy":
-        return arrays[0]
-    if kind == "transpose":
-        return np.ascontiguousarray(arrays[0].T)
-    q, k, v = arrays  # each [out, in] (weights) or [out] (biases): q|k|v stacked is HF's c_attn, transposed
-    if q.ndim == 2:
-        return hf_gpt2.hf_to_local_tensor(np.concatenate([q, k, v], axis=0).T, "qkv_weight", heads)
-    return hf_gpt2.hf_to_local_tensor(np.concatenate([q, k, v]), "qkv_bias", heads)
-
-
-def local_to_mf_tensors(array, kind, heads):
-    """gpt_local layout -> the MindFormers tensors of the map entry, the exact inverse of mf_to_local_tensor."""
-    if kind == "copy":
-        return [array]
-    if kind == "transpose":
-        return [np.ascontiguousarray(array.T)]
-    if array.ndim == 2:
-        fused = hf_gpt2.local_to_hf_tensor(array, "qkv_weight", heads).T  # [3H, H]: q|k|v rows, each [out, in]
-        return [np.ascontiguousarray(part) for part in np.split(fused, 3, axis=0)]
-    return [np.ascontiguousarray(part) for part in np.split(hf_gpt2.local_to_hf_tensor(array, "qkv_bias", heads), 3)]
-
-
-def _mf_shapes(local_shape, kind):
-    """The MindFormers shapes of one map entry, from the gpt_local shape."""
-    if kind == "copy":
-        return [tuple(local_shape)]
-    if kind == "transpose":
-        return [tuple(reversed(local_shape))]
-    part = (local_shape[0] // 3,) + tuple(local_shape[1:])
-    return [part] * 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,13 +220,10 @@ def mf_to_ms(mf_ckpt, out, mf_yaml=None, tokenizer=None, num_heads=None):
     if tokenizer and not os.path.isdir(tokenizer):
         raise CheckpointError(f"--tokenizer {tokenizer} is not a folder (it should hold tokenizer.json, or "
                               f"vocab.json + merges.txt).")
-    heads = local["num_attention_heads"]
-    expected = expected_local_shapes(local)
+    expected = expected_shapes(local)
     problems, plan, used = [], [], set()
-    for name, mf_names, kind in weight_map(local["num_hidden_layers"]):
-        if name not in expected:
-            continue
-        want = _mf_shapes(expected[name], kind)
+    for name, mf_names, kind in MF_GPT2.entries(local):
+        want = foreign_shapes(kind, expected[name], local)
         absent = [n for n in mf_names if n not in tensors]
         if absent:
             problems.append(f"missing {', '.join(absent)}")
@@ -276,8 +234,7 @@ def mf_to_ms(mf_ckpt, out, mf_yaml=None, tokenizer=None, num_heads=None):
             problems.extend(wrong)
             continue
         plan.append((name, expected[name], np.float32,
-                     lambda n=mf_names, k=kind: mf_to_local_tensor([tensors[x].astype(np.float32) for x in n], k,
-                                                                   heads)))
+                     lambda n=mf_names, k=kind: to_local(k, [tensors[x].astype(np.float32) for x in n], local)))
     dropped = {"buffer": [], "optimizer": [], "training": {}}
     unknown = []
     for name in tensors:
@@ -314,7 +271,7 @@ def mf_to_ms(mf_ckpt, out, mf_yaml=None, tokenizer=None, num_heads=None):
         notes.append(f"training state dropped: {len(dropped['optimizer'])} optimizer moment tensors"
                      f"{', ' + state if state else ''}. The model directory holds weights only; start the migrated "
                      f"run from it with load_checkpoint (a fresh optimizer), not resume_training.")
-    summary = hf_gpt2.write_ms_dir(out, plan, local, tokenizer, dropped=dropped, notes=notes)
+    summary = write_ms_dir(out, plan, local, tokenizer, dropped=dropped, notes=notes)
     return summary
 
 
@@ -337,8 +294,7 @@ def ms_to_mf(ms_dir, out):
     if not out.endswith(".ckpt"):
         raise CheckpointError(f"--out {out}: give a file name ending in .ckpt (MindSpore's checkpoint format).")
     reader = SafetensorsReader(resolve_weights_file(ms_dir))
-    expected = expected_local_shapes(local)
-    heads = local["num_attention_heads"]
+    expected = expected_shapes(local)
     problems = [f"missing {n}" for n in expected if n not in reader.names()]
     problems += [f"{n} is {reader.shape(n)}, expected {s}" for n, s in expected.items()
                  if n in reader.names() and reader.shape(n) != tuple(s)]
@@ -346,8 +302,8 @@ def ms_to_mf(ms_dir, out):
         raise CheckpointError(f"--ms-dir {ms_dir} does not match its config.json: " + "; ".join(problems))
     import mindspore as ms
     entries = []
-    for name, mf_names, kind in weight_map(local["num_hidden_layers"]):
-        arrays = local_to_mf_tensors(reader.get(name).astype(np.float32), kind, heads)
+    for name, mf_names, kind in MF_GPT2.entries(local):
+        arrays = to_foreign(kind, reader.get(name).astype(np.float32), local)
         entries.extend({"name": n, "data": ms.Tensor(a)} for n, a in zip(mf_names, arrays))
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)

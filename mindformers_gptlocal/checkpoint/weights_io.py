@@ -1,0 +1,198 @@
+"""Reading and writing the weight files the converters stream, one tensor at a time: Hugging Face
+directories (``model.safetensors``, a sharded index, a weights-only ``pytorch_model.bin``), safetensors
+written tensor by tensor, a gpt_local model directory (config.json + model.safetensors + tokenizer) written
+all at once through ``staging.write_folder``. Knows no weight names (the families in ``family.py`` do).
+
+Pure numpy; torch only to read a ``.bin``, with ``weights_only=True`` unless ``--allow-pickle``.
+"""
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+
+from ..data.tokenizer import EOD_TOKEN, from_gpt2_files
+from ..errors import CheckpointError
+from ..safetensors_io import TOKENIZER_FILES, read_header
+from ..staging import write_folder
+from ..tokenizer_id import write_id
+
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# reading HF checkpoints lazily, one tensor at a time
+class TensorSource:
+    """name -> lazily loaded numpy array over safetensors (single or sharded) or a weights-only .bin."""
+
+    def __init__(self, directory, allow_pickle=False):
+        self.directory = directory
+        self.files = {}
+        index = os.path.join(directory, "model.safetensors.index.json")
+        single = os.path.join(directory, "model.safetensors")
+        binary = os.path.join(directory, "pytorch_model.bin")
+        if os.path.isfile(single):
+            self._add_safetensors(single)
+        elif os.path.isfile(index):
+            with open(index, encoding="utf-8") as handle:
+                weight_map = json.load(handle)["weight_map"]
+            for shard in sorted(set(weight_map.values())):
+                path = os.path.join(directory, shard)
+                if not os.path.isfile(path):
+                    raise CheckpointError(f"{index} lists shard {shard}, but {path} does not exist.")
+                self._add_safetensors(path)
+        elif os.path.isfile(binary):
+            self._add_pickle(binary, allow_pickle)
+        else:
+            raise CheckpointError(f"{directory}: no weights found (looked for {', '.join(HF_WEIGHT_FILES)}).")
+
+    def _add_safetensors(self, path):
+        reader = SafetensorsReader(path)
+        for name in reader.names():
+            self.files[name] = (reader, name)
+
+    def _add_pickle(self, path, allow_pickle):
+        try:
+            import torch
+        except ImportError as err:
+            raise CheckpointError(f"{path} is a PyTorch pickle; reading it needs torch (pip install torch), or "
+                                  f"convert it to safetensors first.") from err
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=not allow_pickle)
+        except Exception as err:
+            raise CheckpointError(f"{path} could not be loaded with weights_only=True ({err}). If you trust this "
+                                  f"file, pass --allow-pickle; better, convert it to safetensors.") from err
+        for name, tensor in state.items():
+            self.files[name] = (None, tensor.detach().to(torch.float32).numpy() if tensor.is_floating_point()
+                                else tensor.numpy())
+
+    def names(self):
+        return list(self.files)
+
+    def shape(self, name):
+        reader, ref = self.files[name]
+        return tuple(ref.shape) if reader is None else reader.shape(ref)
+
+    def get(self, name):
+        reader, ref = self.files[name]
+        return ref if reader is None else reader.get(ref)
+
+
+class SafetensorsReader:
+    """Reads one tensor at a time with plain file reads (no mmap), so the source file's pages never
+    count against this process's memory: peak RSS stays near the largest tensor, not the file."""
+
+    DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64, "I64": np.int64,
+              "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            length, self.header = read_header(path)
+            self.data_start = 8 + length
+        except (OSError, ValueError, struct.error) as err:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated.") from err
+        self.header.pop("__metadata__", None)
+        end = max((info["data_offsets"][1] for info in self.header.values()), default=0)
+        if self.data_start + end > os.path.getsize(path):
+            raise CheckpointError(f"{path} is truncated: its header describes {self.data_start + end} bytes, the "
+                                  f"file has {os.path.getsize(path)}.")
+
+    def names(self):
+        return list(self.header)
+
+    def shape(self, name):
+        return tuple(self.header[name]["shape"])
+
+    def get(self, name):
+        info = self.header[name]
+        start, stop = info["data_offsets"]
+        with open(self.path, "rb") as handle:
+            handle.seek(self.data_start + start)
+            raw = handle.read(stop - start)
+        if info["dtype"] == "BF16":  # widen bfloat16 to float32 exactly
+            bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(info["shape"])
+        dtype = self.DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{self.path}: tensor '{name}' has dtype {info['dtype']}, which is not supported.")
+        return np.frombuffer(raw, dtype=dtype).reshape(info["shape"]).copy()
+
+
+# ---------------------------------------------------------------------------------------------
+# writing safetensors one tensor at a time
+_DTYPES = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("int64"): "I64",
+           np.dtype("int32"): "I32"}
+
+
+def write_safetensors_streamed(path, plan, metadata=None):
+    """Write safetensors from ``plan``: list of (name, shape, dtype, produce) where produce() returns
+    the array. Only one tensor is in memory at a time."""
+    header, offset = {}, 0
+    for name, shape, dtype, _ in plan:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _DTYPES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    if metadata:
+        header["__metadata__"] = metadata
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(blob)))
+        handle.write(blob)
+        for name, shape, dtype, produce in plan:
+            array = np.ascontiguousarray(produce(), dtype=dtype)
+            if tuple(array.shape) != tuple(shape):
+                raise CheckpointError(f"tensor '{name}' came out {array.shape}, expected {tuple(shape)}.")
+            handle.write(array.tobytes())
+
+
+# ---------------------------------------------------------------------------------------------
+def read_json(path, what):
+    """A JSON file ``what`` (a CLI flag) needs, refused with one error when it is absent."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} does not exist; {what} needs it.")
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def write_ms_dir(out, plan, local, hf_dir, **summary):
+    """Write a gpt_local model directory all at once: the planned tensors (name-sorted), config.json and the
+    Hugging Face directory's tokenizer. Returns the summary (tensor count, config, ``summary``)."""
+    plan = sorted(plan, key=lambda item: item[0])
+
+    def build(staging):
+        write_safetensors_streamed(os.path.join(staging, "model.safetensors"), plan, {"format": "gpt_local"})
+        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
+            json.dump(local, handle, indent=2)
+        if hf_dir:  # None: no tokenizer to carry (convert mf2ms without --tokenizer)
+            copy_tokenizer(hf_dir, staging, local["max_position_embeddings"])
+        return {"tensors": len(plan), "config": local, **summary}
+    return write_folder(out, build, CheckpointError)
+
+
+def copy_tokenizer(src, dst, max_length):
+    """Copy tokenizer files; build tokenizer.json from vocab.json + merges.txt when it is missing."""
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    vocab, merges = os.path.join(src, "vocab.json"), os.path.join(src, "merges.txt")
+    if not os.path.isfile(os.path.join(dst, "tokenizer.json")) and os.path.isfile(vocab) and os.path.isfile(merges):
+        from_gpt2_files(vocab, merges).save(os.path.join(dst, "tokenizer.json"))
+    if os.path.isfile(os.path.join(dst, "tokenizer.json")) and not os.path.isfile(
+            os.path.join(dst, "tokenizer_config.json")):
+        with open(os.path.join(dst, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
+            json.dump({"tokenizer_class": "GPT2TokenizerFast", "bos_token": EOD_TOKEN, "eos_token": EOD_TOKEN,
+                       "unk_token": EOD_TOKEN, "model_max_length": max_length}, handle, indent=2)
+    write_id(dst)  # the id of the tokenizer these weights go with (tokenizer_id.py)
+
+
+def read_ms_config(ms_dir):
+    """The config.json of a gpt_local model directory (--ms-dir), refused with one error if it is not one."""
+    if not os.path.isdir(ms_dir):
+        raise CheckpointError(f"--ms-dir {ms_dir} does not exist or is not a folder.")
+    local = read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
+    if local.get("model_type") != "gpt_local":
+        raise CheckpointError(f"{ms_dir}/config.json has model_type {local.get('model_type')!r}, not gpt_local.")
+    return local
