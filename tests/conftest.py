@@ -102,3 +102,27 @@ def launch_in_process(args, cwd, capsys, monkeypatch):
 def step_losses(output):
     """Losses from GPTLocalThroughputMonitor lines, in step order."""
     return [float(x) for x in re.findall(r"\[gpt_local\] step \d+/\d+\s+loss (\S+)", output)]
+
+
+# --- one tiny training run shared by the files that need "the default CPU YAML trained 20 steps" ----------------
+TRAINED_STEPS = 20
+
+
+@pytest.fixture(scope="session")
+def tiny_trained_run(corpus, tmp_path_factory):
+    """The shipped tiny CPU YAML (GPTLocalAdamW, its own callbacks) trained TRAINED_STEPS steps at lr 3e-3 through
+    the launcher, printing every step: {"out": launcher output, "losses": step losses, "model_dir": the model
+    directory its GPTLocalSaveModelDir wrote}. One launch serves test_launcher_runs (eval, predict, finetune from
+    it) and test_optim (the fast side of the fast-vs-plain loss curve)."""
+    tmp = tmp_path_factory.mktemp("tiny_trained")
+    yaml_path = tiny_yaml(tmp, corpus=corpus, train_dataset__data_loader__num_samples=TRAINED_STEPS * 4,
+                          lr_schedule__learning_rate=3e-3)
+    config = yaml_io.load_yaml(yaml_path)
+    assert config["optimizer"]["type"] == "GPTLocalAdamW", config["optimizer"]  # test_optim's fast side
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalThroughputMonitor":
+            callback["per_print_times"] = 1
+    yaml_io.dump_yaml(config, yaml_path)
+    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp))
+    assert code == 0, out[-3000:]
+    return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(tmp), "output", "model")}

@@ -5,21 +5,15 @@ import re
 
 import pytest
 
-from conftest import REPO, run_launcher, source_env, step_losses, tiny_yaml
+from conftest import REPO, TRAINED_STEPS, run_launcher, source_env, step_losses, tiny_yaml
 
-STEPS = 40
+STEPS = TRAINED_STEPS  # conftest.tiny_trained_run: one 20-step launch shared with test_optim
 
 
 @pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory):
-    """Train the tiny model for STEPS steps on the MindRecord data; returns (output text, model dir)."""
-    tmp = tmp_path_factory.mktemp("train")
-    yaml_path = tiny_yaml(tmp, corpus=corpus, train_dataset__data_loader__num_samples=STEPS * 4,
-                          lr_schedule__learning_rate=3e-3)
-    _set_print_every_step(yaml_path)
-    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp))
-    assert code == 0, out[-3000:]
-    return out, os.path.join(str(tmp), "output", "model")
+def trained(tiny_trained_run):
+    """The tiny model trained for STEPS steps on the MindRecord data; returns (output text, model dir)."""
+    return tiny_trained_run["out"], tiny_trained_run["model_dir"]
 
 
 def _set_print_every_step(yaml_path):

@@ -7,7 +7,7 @@ from mindformers.core.optim import AdamW
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.training.optim import GPTLocalAdamW
 
-from conftest import run_launcher, step_losses, tiny_yaml
+from conftest import TRAINED_STEPS, run_launcher, step_losses, tiny_yaml
 
 
 class TwoParams(nn.Cell):
@@ -47,22 +47,19 @@ def test_fused_adamw_follows_mindformers_adamw_step_by_step():
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-12)
 
 
-def test_training_loss_curve_unchanged_through_the_trainer(corpus, tmp_path):
+def test_training_loss_curve_unchanged_through_the_trainer(corpus, tmp_path, tiny_trained_run):
     """20 steps through MindFormers' trainer: the CPU fast path (GPTLocalAdamW, TanhGeLU, two-stage
-    clipping) gives the plain path's losses (MindFormers' AdamW and ClipGradNorm, the GeLU kernel)."""
-    curves = {}
-    for name, optimizer, env in (("plain", "AdamW", {"GPTLOCAL_PLAIN_KERNELS": "1"}), ("fast", "GPTLocalAdamW", {})):
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        path = tiny_yaml(run_dir, corpus=corpus, train_dataset__data_loader__num_samples=80,
-                         lr_schedule__learning_rate=3e-3, optimizer__type=optimizer)
-        config = yaml_io.load_yaml(path)
-        config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
-        yaml_io.dump_yaml(config, path)
-        code, out = run_launcher(["--config", path], cwd=str(run_dir), env=env)
-        assert code == 0, out[-3000:]
-        curves[name] = np.array(step_losses(out))
-    plain, fast = curves["plain"], curves["fast"]
+    clipping) gives the plain path's losses (MindFormers' AdamW and ClipGradNorm, the GeLU kernel).
+    The fast side is conftest's shared tiny_trained_run (the same YAML, data, steps and learning rate)."""
+    assert TRAINED_STEPS == 20
+    path = tiny_yaml(tmp_path, corpus=corpus, train_dataset__data_loader__num_samples=80,
+                     lr_schedule__learning_rate=3e-3, optimizer__type="AdamW")
+    config = yaml_io.load_yaml(path)
+    config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
+    yaml_io.dump_yaml(config, path)
+    code, out = run_launcher(["--config", path], cwd=str(tmp_path), env={"GPTLOCAL_PLAIN_KERNELS": "1"})
+    assert code == 0, out[-3000:]
+    plain, fast = np.array(step_losses(out)), np.array(tiny_trained_run["losses"])
     assert len(plain) == 20 and plain[-1] < plain[0] - 0.5
     print("max relative loss difference over 20 steps:", float(np.max(np.abs(fast / plain - 1))))
     np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=0)

@@ -99,21 +99,35 @@ def _run_limited(run, limit, *flags):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly(stopped_run, tmp_path):
-    run = _copy(stopped_run, tmp_path)
+@pytest.fixture(scope="module")
+def full_disk_then_resumed(stopped_run, tmp_path_factory):
+    """A copy of the stopped run resumed with a disk that fills up during its first save (refused, nothing
+    changed), then resumed again with space: it trains to the end. test_resuming_a_finished_run_is_one_clear_line
+    starts from this finished run (the refused attempt left the checkpoint folder byte for byte as it was, which
+    the full-disk test asserts), so the resume to the end is launched once for both tests."""
+    run = _copy(stopped_run, tmp_path_factory.mktemp("full_disk"))
     folder = run / "output" / "checkpoint"
-    entries = ckpt_manifest.read_manifest(str(folder))
-    size = entries[-1]["bytes"]
+    size = ckpt_manifest.read_manifest(str(folder))[-1]["bytes"]
     before = _snapshot(folder)
-    code, out = _run_limited(run, size // 2)
+    limited = _run_limited(run, size // 2)
+    after_refusal = _snapshot(folder)
+    resumed = _resume(run)
+    return {"run": run, "folder": folder, "size": size, "before": before, "limited": limited,
+            "after_refusal": after_refusal, "resumed": resumed}
+
+
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly(full_disk_then_resumed):
+    folder, size = full_disk_then_resumed["folder"], full_disk_then_resumed["size"]
+    code, out = full_disk_then_resumed["limited"]
     assert code == 2, out[-3000:]
     assert "Traceback" not in out.split("gpt_local: error:")[-1]
     message = out.split("gpt_local: error:")[-1]
     assert f"(step {N + 1}) could not be written to {folder}" in message, message
     assert f"about {size / 1e6:,.1f} MB" in message and "previous checkpoint" in message
-    assert _snapshot(folder) == before  # no partial file left, manifest and files unchanged
+    # no partial file left, manifest and files unchanged
+    assert full_disk_then_resumed["after_refusal"] == full_disk_then_resumed["before"]
     # and the run resumes from that checkpoint once there is space
-    code, out = _resume(run)
+    code, out = full_disk_then_resumed["resumed"]
     assert code == 0, out[-3000:]
     assert f"(step {N})" in out
 
@@ -134,10 +148,11 @@ def test_full_disk_with_on_save_error_continue_trains_on(stopped_run, tmp_path):
     assert _snapshot(folder) == before
 
 
-def test_resuming_a_finished_run_is_one_clear_line(stopped_run, tmp_path):
-    run = _copy(stopped_run, tmp_path)
-    code, out = _resume(run)
+def test_resuming_a_finished_run_is_one_clear_line(full_disk_then_resumed):
+    run = full_disk_then_resumed["run"]  # the stopped run, resumed to its end
+    code, out = full_disk_then_resumed["resumed"]
     assert code == 0, out[-3000:]
+    assert len(step_losses(out)) == N and f"step {2 * N}/{2 * N}" in out, out[-3000:]
     before = _snapshot(run / "output")
     code, out = _resume(run)
     assert code == 2, out[-3000:]
