@@ -162,7 +162,7 @@ def test_adapter_layouts_reassemble_per_rank(mp):
     full = GPTLocalBlock(config, 1)
     add_lora_to_block(full, spec)
     randomised(full, seed=7)
-    layouts = param_layouts(block_rules(lora=list(spec_linears(spec))))
+    layouts = param_layouts(block_rules(lora=list(spec_linears(spec)), arch=config.arch))
     full_params = params_by_path(full)
     assert set(layouts) == set(full_params) and sum("lora" in n for n in layouts) == 8
     parts = []

@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from ..errors import ConfigError
-from ..parallel.sharding import is_parallel_build
+from ..parallel.sharding import check_divisible, is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import make_dropout
@@ -70,39 +70,33 @@ class ParallelAttention(nn.Cell):
 
     def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1, counter_dropout=False):
         super().__init__()
-        if config.num_attention_heads % tp_size:
-            raise ConfigError(f"model_config.num_attention_heads ({config.num_attention_heads}) is not divisible "
-                              f"by parallel_config.model_parallel ({tp_size}); choose a model_parallel that "
-                              f"divides the head count.")
-        groups = getattr(config, "num_query_groups", None) or config.num_attention_heads
-        if groups % tp_size:
-            raise ConfigError(f"model_config.num_query_groups ({groups}) is not divisible by "
-                              f"parallel_config.model_parallel ({tp_size}); tensor parallel gives every rank whole "
-                              f"key/value groups. Choose a model_parallel that divides num_query_groups.")
+        arch = config.arch
+        if tp_size > 1:  # whole heads and key/value groups per rank: the rules of parallel/rules.py
+            check_divisible(config, tp_size)
         params_dtype = to_mstype(config.params_dtype)
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
-        self.num_heads = config.num_attention_heads // tp_size
-        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.num_heads = arch.num_attention_heads // tp_size
+        self.head_dim = arch.head_dim
         self.hidden_size = self.num_heads * self.head_dim  # this rank's width of the context
-        self.num_groups = groups // tp_size  # key/value heads of this rank
-        self.group_size = self.num_heads // self.num_groups  # query heads per key/value head
-        self.rotary_dim = getattr(config, "rotary_dim", 0)  # 0: learned absolute positions, nothing to turn
+        self.num_groups = arch.groups // tp_size  # key/value heads of this rank
+        self.group_size = arch.group_size  # query heads per key/value head
+        self.rotary_dim = arch.rotary_dim  # 0: learned absolute positions, nothing to turn
         scale = 1.0 / math.sqrt(self.head_dim)
         if config.scale_attn_by_inverse_layer_idx:
             scale /= float(layer_number)
         self.scale = scale
         self.linear_qkv = Linear(config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim,
                                  config.initializer_range, params_dtype, self.compute_dtype,
-                                 has_bias=getattr(config, "add_qkv_bias", True))
+                                 has_bias=arch.qkv_bias)
         self.linear_proj = Linear(self.hidden_size, config.hidden_size, residual_init_std(config),
-                                  params_dtype, self.compute_dtype, has_bias=getattr(config, "add_bias_linear", True),
+                                  params_dtype, self.compute_dtype, has_bias=arch.bias,
                                   skip_bias_add=tp_size > 1)
         self.attention_dropout = make_dropout(config.attention_dropout, 3 * (layer_number - 1) + 1, config,
                                               counter_dropout)
         self.use_flash_attention = use_flash_attention
         self.blockwise = None
-        block_size = getattr(config, "attention_block_size", 0)
+        block_size = config.attention_block_size
         if block_size and not use_flash_attention:
             if is_parallel_build():
                 raise ConfigError("model_config.attention_block_size is for stand-alone and data-parallel "

@@ -28,7 +28,7 @@ class GPTLocalBlock(nn.Cell):
         self.input_layernorm = make_norm(config)
         self.attention = ParallelAttention(config, layer_number, use_flash_attention, tp_size, counter_dropout)
         self.post_attention_layernorm = make_norm(config)
-        self.parallel_residual = bool(getattr(config, "use_parallel_residual", False))
+        self.parallel_residual = config.arch.parallel_residual
         self.mlp = ParallelFeedForward(config, tp_size)
         site = 3 * (layer_number - 1)  # dropout sites: 3 per layer (attention probs, after attention, after MLP)
         self.attention_output_dropout = make_dropout(config.hidden_dropout, site + 2, config, counter_dropout)

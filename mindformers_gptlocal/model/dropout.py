@@ -137,5 +137,5 @@ def counter_dropout_enabled(config):
 def make_dropout(p, site, config, counter):
     """The dropout Cell for one site: ``CounterDropout`` when ``counter``, else MindSpore's."""
     if counter:
-        return CounterDropout(p, site, getattr(config, "dropout_seed", 0))
+        return CounterDropout(p, site, config.dropout_seed)
     return KernelDropout(p=p)

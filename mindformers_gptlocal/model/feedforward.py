@@ -2,7 +2,7 @@
 ``gated_linear_unit`` (SwiGLU, Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear."""
 from mindspore import nn, ops
 
-from ..errors import ConfigError
+from ..parallel.sharding import check_divisible
 from .layers import Linear, Activation, residual_init_std, to_mstype
 
 
@@ -15,14 +15,14 @@ class ParallelFeedForward(nn.Cell):
 
     def __init__(self, config, tp_size=1):
         super().__init__()
-        if config.intermediate_size % tp_size:
-            raise ConfigError(f"model_config.intermediate_size ({config.intermediate_size}) is not divisible by "
-                              f"parallel_config.model_parallel ({tp_size}); choose a model_parallel that divides it.")
+        arch = config.arch
+        if tp_size > 1:  # whole columns of fc1 and rows of fc2 per rank: the rules of parallel/rules.py
+            check_divisible(config, tp_size)
         params_dtype = to_mstype(config.params_dtype)
         compute_dtype = to_mstype(config.compute_dtype)
-        local = config.intermediate_size // tp_size
-        bias = config.add_bias_linear
-        self.gated = config.gated
+        local = arch.inter // tp_size
+        bias = arch.bias
+        self.gated = arch.gated
         self.linear_fc1 = Linear(config.hidden_size, local, config.initializer_range, params_dtype, compute_dtype,
                                  has_bias=bias)
         if self.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu

@@ -48,7 +48,7 @@ class GPTLocalEmbedding(nn.Cell):
         self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                      (config.vocab_size, config.hidden_size), params_dtype),
                                          name="word_embeddings")
-        self.learned_positions = not config.rope
+        self.learned_positions = config.arch.learned_positions
         if self.learned_positions:
             self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                              (config.max_position_embeddings, config.hidden_size),
@@ -96,7 +96,8 @@ class GPTLocalModel(nn.Cell):
             blocks.append(block)
         self.layers = nn.CellList(blocks)
         self.final_layernorm = make_norm(config)
-        self.rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base) if config.rope else None
+        arch = config.arch
+        self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rotary_base) if arch.rope else None
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
         if flash:  # sparse_mode 3's compressed mask (FlashAttentionScore: uint8, 1 = masked)
@@ -212,10 +213,10 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.config = config
         layout = config.layout
         self.model = GPTLocalModel(config, layout)
-        if config.untie_embeddings_and_output_weights:  # its own head table, on the last stage
+        self.untied = config.arch.untied
+        if self.untied:  # its own head table, on the last stage
             self.output_layer = OutputLayer(config)
             self.output_layer.pipeline_stage = self.model.stage_ids[-1]
-        self.untied = config.untie_embeddings_and_output_weights
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
             self.dropout_step = Parameter(Tensor(0, ms.int32), name=DROPOUT_STEP, requires_grad=False)
             self.one = Tensor(1, ms.int32)
@@ -233,7 +234,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         if self.lora is not None:
             from .lora import add_lora
             add_lora(self, self.lora)
-        self.sharding = apply_sharding(self, config, config.architecture) if is_parallel_build() else {}
+        self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self._kv_caches = {}
 
     # --- MindFormers mcore interface -------------------------------------------------------------
