@@ -1,10 +1,12 @@
-"""GPTLocalConfig: the one config of a GPT-2-family model, in Hugging Face style.
+"""GPTLocalConfig: the one config of a gpt_local model (GPT-2, Llama-style, NeoX-style), in Hugging Face style.
 
 Field names follow MindFormers' mcore vocabulary (``num_hidden_layers``,
 ``layernorm_epsilon``, ``hidden_dropout`` ...) so that the same YAML
 ``model_config`` section feeds both this config and MindFormers'
 ``TransformerConfig``. GPT-2's own names (``n_layer``, ``n_embd`` ...) are
 accepted as aliases. Unknown keys are refused with the closest known key.
+The architecture (sizes, layer choices and what they imply) is read once into ``config.arch``
+(``model/arch.py``); the parallel ``Layout`` and the LoRA spec are read once too (``layout``, ``lora_spec``).
 """
 import difflib
 import functools
@@ -69,7 +71,8 @@ def _accept_gpt2_names(init):
 
 @MindFormerRegister.register(MindFormerModuleType.CONFIG, legacy=False, search_names="gpt_local")
 class GPTLocalConfig(PretrainedConfig):
-    """Configuration of a GPT-2-family causal LM (learned positions, pre-LN, biases, tied head)."""
+    """Configuration of a causal LM: GPT-2 by default (learned positions, pre-LN, biases, tied head); rope, GQA,
+    SwiGLU, RMSNorm, untied head and parallel residual by their keys (``model/arch.py``)."""
 
     model_type = "gpt_local"
 
