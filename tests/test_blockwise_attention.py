@@ -8,7 +8,7 @@ from mindspore import Tensor, nn, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal.model.attention import causal_bias
+from references import causal_bias
 from mindformers_gptlocal.model.blockwise_attention import BlockwiseAttention
 from conftest import TINY
 

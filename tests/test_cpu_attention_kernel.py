@@ -13,8 +13,9 @@ from mindspore import Tensor, nn, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import attention as kernel_attention, build
-from mindformers_gptlocal.model.attention import MASK_VALUE, causal_bias
-from mindformers_gptlocal.model.dropout import CounterDropout, keep_reference
+from mindformers_gptlocal.model.attention import MASK_VALUE
+from references import causal_bias, keep_reference
+from mindformers_gptlocal.model.dropout import CounterDropout
 from conftest import TINY, source_env
 
 

@@ -11,7 +11,7 @@ from mindformers_gptlocal.safetensors_io import read_safetensors
 from mindformers_gptlocal.cli import main
 from mindformers_gptlocal.checkpoint.distributed import SHARD_NAME, merge_checkpoint
 from mindformers_gptlocal.errors import CheckpointError
-from mindformers_gptlocal.model import GPTLocalBlock
+from references import rank_block
 
 SMALL = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=4,
              max_position_embeddings=16, seq_length=16, bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -73,8 +73,8 @@ def test_split_lays_out_ranks_and_merge_is_bit_identical(full_ckpt, tmp_path, ca
     assert all(int(r["global_step"][0]) == 7 for r in ranks)
     for name in ranks[1]:
         np.testing.assert_array_equal(ranks[1][name], ranks[3][name])
-    # a rank's slices load into that rank's real Cells (tp_size = model_parallel)
-    part = GPTLocalBlock(GPTLocalConfig(**SMALL), 2, tp_size=2)
+    # a rank's slices load into that rank's real Cells (model_parallel 2)
+    part = rank_block(GPTLocalConfig(**SMALL), 2, 2)
     for name, param in part.parameters_and_names():
         assert ranks[1][f"model.layers.1.{name}"].shape == tuple(param.shape), name
 
@@ -142,7 +142,7 @@ def test_llama_style_split_gives_each_rank_whole_query_groups(tmp_path):
     assert full[qkv].shape == ((4 + 2 * 2) * 8, H)
     np.testing.assert_array_equal(ranks[1][qkv], full[qkv][4 * 8:])
     assert "output_layer.weight" in ranks[3] and "output_layer.weight" not in ranks[1]  # untied head: last stage
-    part = GPTLocalBlock(GPTLocalConfig(**llama), 1, tp_size=2)
+    part = rank_block(GPTLocalConfig(**llama), 1, 2)
     for name, param in part.parameters_and_names():
         assert ranks[1][f"model.layers.0.{name}"].shape == tuple(param.shape), name
     merged = str(tmp_path / "merged.safetensors")

@@ -6,7 +6,8 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindformers_gptlocal.model.dropout import CounterDropout, keep_reference
+from mindformers_gptlocal.model.dropout import CounterDropout
+from references import keep_reference
 
 from conftest import TINY
 

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.model import GPTLocalBlock
-from mindformers_gptlocal.model.attention import causal_bias
+from references import causal_bias, rank_block
 from mindformers_gptlocal.model.lora import add_lora_to_block
 from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
@@ -162,12 +162,12 @@ def test_adapter_layouts_reassemble_per_rank(mp):
     full = GPTLocalBlock(config, 1)
     add_lora_to_block(full, spec)
     randomised(full, seed=7)
-    layouts = param_layouts(block_rules(lora=list(spec_linears(spec))))
+    layouts = param_layouts(block_rules(lora=list(spec_linears(spec)), arch=config.arch))
     full_params = params_by_path(full)
     assert set(layouts) == set(full_params) and sum("lora" in n for n in layouts) == 8
     parts = []
     for rank in range(mp):
-        part = GPTLocalBlock(config, 1, tp_size=mp)
+        part = rank_block(config, 1, mp)
         add_lora_to_block(part, spec)
         for name, param in params_by_path(part).items():
             piece = rank_slice(full_params[name].asnumpy(), layouts[name], rank, mp)

@@ -57,9 +57,14 @@ def test_graph_mode_matches_pynative(tiny_config):
     np.testing.assert_allclose(graph, eager, atol=1e-5)
 
 
-def test_causality(tiny_config):
-    """Changing a later token never changes earlier logits."""
+@pytest.mark.parametrize("plain", [False, True])
+def test_causality(tiny_config, monkeypatch, plain):
+    """Changing a later token never changes earlier logits: with the CPU attention kernel (causal by itself) and
+    on the plain matmul + softmax path (GPU/Ascend's), which relies on the model's causal mask alone."""
+    if plain:
+        monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
     model = GPTLocalForCausalLM(tiny_config)
+    assert model.model.layers[0].attention.cpu_attention is None or not plain
     model.set_train(False)
     a = ids(1, 16).asnumpy()
     b = a.copy()

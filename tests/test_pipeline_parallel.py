@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, ParameterTuple
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.model.attention import causal_bias
+from references import causal_bias
 from mindformers_gptlocal.parallel.layout import stage_of_layers
 
 SEQ, BATCH = 8, 4

@@ -1,8 +1,8 @@
 """Tensor parallel, proved on CPU without a parallel compile (which CPU refuses).
 
 For model_parallel 2 and 4: every weight of a real GPTLocalBlock is sliced per rank by the declared
-strategy (model/sharding.py), loaded into that rank's real Cells (GPTLocalBlock with tp_size: local
-heads and intermediate columns), and the ranks are joined by the collectives the layout implies:
+strategy (model/sharding.py), loaded into that rank's real Cells (a GPTLocalBlock with the rank's local
+heads and intermediate columns, tests/references.py ``rank_block``), and the ranks are joined by the collectives the layout implies:
 the row-parallel partial outputs are summed (all-reduce) and then get their bias; the replicated
 input of a column-parallel part receives the sum of the parts' input gradients (the all-reduce in
 the backward, done by autodiff on the shared input); column-parallel outputs and gradients are
@@ -15,7 +15,8 @@ from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.model import GPTLocalBlock
-from mindformers_gptlocal.model.attention import RotaryEmbedding, causal_bias
+from mindformers_gptlocal.model.attention import RotaryEmbedding
+from references import causal_bias, rank_block
 from mindformers_gptlocal.parallel.sharding import (check_divisible, block_rules, model_rules, param_layouts, rank_slice, merge_slices,
                                                  split_axis, apply_sharding, concrete, resolve)
 
@@ -61,10 +62,10 @@ class AllReduceParts(nn.Cell):
         self.parts = nn.CellList(parts)
         self.bias = bias
 
-    def construct(self, hidden, *args):
-        total = self.parts[0](hidden, *args)
+    def construct(self, hidden, *args, **kwargs):
+        total = self.parts[0](hidden, *args, **kwargs)
         for part in self.parts[1:]:
-            total = total + part(hidden, *args)
+            total = total + part(hidden, *args, **kwargs)
         if self.bias is None:  # add_bias_linear False
             return total
         return total + self.bias
@@ -77,7 +78,7 @@ def rank_blocks(config, full, mp):
     assert set(layouts) == set(full_params), "every block parameter has a declared layout"
     parts = []
     for rank in range(mp):
-        part = GPTLocalBlock(config, 1, tp_size=mp)
+        part = rank_block(config, 1, mp)
         for name, param in params_by_path(part).items():
             piece = rank_slice(full_params[name], layouts[name], rank, mp)
             assert piece.shape == tuple(param.shape), f"{name}: strategy gives {piece.shape}, rank Cell has {param.shape}"
@@ -275,7 +276,7 @@ def test_model_parallel_that_splits_a_query_group_is_refused():
     with pytest.raises(ConfigError, match="num_query_groups"):  # 4 heads split, but 2 groups over 4 ranks
         GPTLocalConfig(**llama, parallel_config={"model_parallel": 4})
     with pytest.raises(ConfigError, match="num_query_groups"):
-        GPTLocalBlock(GPTLocalConfig(**llama), 1, tp_size=4)
+        rank_block(GPTLocalConfig(**llama), 1, 4)
 
 
 def test_model_parallel_that_splits_a_head_is_refused():
@@ -286,4 +287,4 @@ def test_model_parallel_that_splits_a_head_is_refused():
     with pytest.raises(ConfigError, match="num_attention_heads"):
         check_divisible(config, 3)
     with pytest.raises(ConfigError, match="num_attention_heads"):
-        GPTLocalBlock(config, 1, tp_size=3)
+        rank_block(config, 1, 3)

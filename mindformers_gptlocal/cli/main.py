@@ -127,10 +127,10 @@ def plan(argv):
     options = cli_args.plan_parser().parse_args(argv)
     from .. import yaml_io
     from ..parallel.rules import raise_if_bad
-    from ..plan.report import format_plan, plan as make_plan
+    from ..plan.report import format_plan, plan as make_plan, plan_json
     result = make_plan(yaml_io.load_yaml(options.config), options.devices)
     if options.json:
-        print(json.dumps(result))
+        print(plan_json(result))
         return 2 if result["problems"] else 0
     if result["problems"]:
         raise_if_bad(result["problems"], where=options.config)

@@ -1,4 +1,4 @@
-"""ParallelAttention: GPT-2 causal self-attention with one fused QKV projection.
+"""ParallelAttention: causal self-attention (GPT-2's; GQA and rope by ``config.arch``) with one fused QKV projection.
 
 The fused QKV weight is laid out head-major, [heads, (q, k, v), head_dim] along
 its output axis, so a column split over ``model_parallel`` hands every rank whole
@@ -22,17 +22,11 @@ from ..errors import ConfigError
 from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .cpu_kernels import replace_slow_cpu_kernels
-from .dropout import make_dropout
+from .dropout import dropout_site, make_dropout
 from .kv_write import cache_write_op
 from .layers import Linear, residual_init_std, to_mstype
 
 MASK_VALUE = -1.0e9
-
-
-def causal_bias(seq_length):
-    """Additive causal mask [1, 1, S, S]: 0 where a token may attend, MASK_VALUE above the diagonal."""
-    upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=1)
-    return Tensor((upper * MASK_VALUE)[None, None], ms.float32)
 
 
 class RotaryEmbedding(nn.Cell):
@@ -54,7 +48,7 @@ class RotaryEmbedding(nn.Cell):
 class ParallelAttention(nn.Cell):
     """Causal multi-head self-attention of one layer.
 
-    ``layer_number`` counts from 1; it matters only for GPT-2's optional
+    ``layer_number`` counts from 1; it picks the dropout site and matters for GPT-2's optional
     ``scale_attn_by_inverse_layer_idx``. ``use_flash_attention`` selects Ascend's
     fused kernel; it is decided at build time, never inside ``construct``. Elsewhere
     ``model_config.attention_block_size`` > 0 selects ``BlockwiseAttention`` (query blocks, scores
@@ -62,47 +56,36 @@ class ParallelAttention(nn.Cell):
     On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
     flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path wherever it builds
     (``_cpu_attention_kernel``); the KV-cache path keeps the plain ``_core_attention``.
-    ``tp_size`` > 1 builds one tensor-parallel rank's part, Megatron-style: heads / tp_size
-    local heads, and ``linear_proj`` returns its partial sum without the bias (the bias is
-    added after the all-reduce). Used by the CPU proofs; a parallel build keeps tp_size 1
-    and lets the ``shard`` strategies (``sharding.py``) split the full Cell.
+    A parallel build lets the ``shard`` strategies (``sharding.py``) split the full Cell; the CPU proofs of
+    tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1, counter_dropout=False):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False):
         super().__init__()
-        if config.num_attention_heads % tp_size:
-            raise ConfigError(f"model_config.num_attention_heads ({config.num_attention_heads}) is not divisible "
-                              f"by parallel_config.model_parallel ({tp_size}); choose a model_parallel that "
-                              f"divides the head count.")
-        groups = getattr(config, "num_query_groups", None) or config.num_attention_heads
-        if groups % tp_size:
-            raise ConfigError(f"model_config.num_query_groups ({groups}) is not divisible by "
-                              f"parallel_config.model_parallel ({tp_size}); tensor parallel gives every rank whole "
-                              f"key/value groups. Choose a model_parallel that divides num_query_groups.")
+        arch = config.arch
         params_dtype = to_mstype(config.params_dtype)
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
-        self.num_heads = config.num_attention_heads // tp_size
-        self.head_dim = config.hidden_size // config.num_attention_heads
-        self.hidden_size = self.num_heads * self.head_dim  # this rank's width of the context
-        self.num_groups = groups // tp_size  # key/value heads of this rank
-        self.group_size = self.num_heads // self.num_groups  # query heads per key/value head
-        self.rotary_dim = getattr(config, "rotary_dim", 0)  # 0: learned absolute positions, nothing to turn
+        self.num_heads = arch.num_attention_heads
+        self.head_dim = arch.head_dim
+        self.hidden_size = self.num_heads * self.head_dim  # the context's width
+        self.num_groups = arch.groups  # key/value heads
+        self.group_size = arch.group_size  # query heads per key/value head
+        self.rotary_dim = arch.rotary_dim  # 0: learned absolute positions, nothing to turn
         scale = 1.0 / math.sqrt(self.head_dim)
         if config.scale_attn_by_inverse_layer_idx:
             scale /= float(layer_number)
         self.scale = scale
         self.linear_qkv = Linear(config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim,
                                  config.initializer_range, params_dtype, self.compute_dtype,
-                                 has_bias=getattr(config, "add_qkv_bias", True))
+                                 has_bias=arch.qkv_bias)
         self.linear_proj = Linear(self.hidden_size, config.hidden_size, residual_init_std(config),
-                                  params_dtype, self.compute_dtype, has_bias=getattr(config, "add_bias_linear", True),
-                                  skip_bias_add=tp_size > 1)
-        self.attention_dropout = make_dropout(config.attention_dropout, 3 * (layer_number - 1) + 1, config,
-                                              counter_dropout)
+                                  params_dtype, self.compute_dtype, has_bias=arch.bias)
+        self.attention_dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"),
+                                              config, counter_dropout)
         self.use_flash_attention = use_flash_attention
         self.blockwise = None
-        block_size = getattr(config, "attention_block_size", 0)
+        block_size = config.attention_block_size
         if block_size and not use_flash_attention:
             if is_parallel_build():
                 raise ConfigError("model_config.attention_block_size is for stand-alone and data-parallel "

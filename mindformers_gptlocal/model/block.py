@@ -1,6 +1,6 @@
 """GPTLocalBlock: one decoder layer as a standalone Cell.
 
-LayerNorm -> ParallelAttention -> residual -> LayerNorm -> ParallelFeedForward -> residual; with
+norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm
 or RMSNorm (``normalization``), chosen when the block is built.
 Where the layer runs (pipeline stage) and whether it recomputes are set on the
@@ -9,30 +9,28 @@ Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), ne
 from mindspore import nn, ops
 
 from .attention import ParallelAttention
-from .dropout import make_dropout
+from .dropout import dropout_site, make_dropout
 from .feedforward import ParallelFeedForward
 from .layers import make_norm
 
 
 class GPTLocalBlock(nn.Cell):
-    """A pre-LayerNorm GPT-2 decoder layer. ``layer_number`` counts from 1.
+    """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
+    Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell."""
 
-    ``tp_size`` > 1 makes ``attention`` and ``mlp`` one tensor-parallel rank's parts (local heads
-    and intermediate columns); such a block is not run whole: ``construct`` needs the all-reduce
-    after each part, which the CPU proofs apply between the parts (tests/test_tensor_parallel.py).
-    """
-
-    def __init__(self, config, layer_number, use_flash_attention=False, tp_size=1, counter_dropout=False):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False):
         super().__init__()
         self.layer_number = layer_number
         self.input_layernorm = make_norm(config)
-        self.attention = ParallelAttention(config, layer_number, use_flash_attention, tp_size, counter_dropout)
+        self.attention = ParallelAttention(config, layer_number, use_flash_attention, counter_dropout=counter_dropout)
         self.post_attention_layernorm = make_norm(config)
-        self.parallel_residual = bool(getattr(config, "use_parallel_residual", False))
-        self.mlp = ParallelFeedForward(config, tp_size)
-        site = 3 * (layer_number - 1)  # dropout sites: 3 per layer (attention probs, after attention, after MLP)
-        self.attention_output_dropout = make_dropout(config.hidden_dropout, site + 2, config, counter_dropout)
-        self.mlp_output_dropout = make_dropout(config.hidden_dropout, site + 3, config, counter_dropout)
+        self.parallel_residual = config.arch.parallel_residual
+        self.mlp = ParallelFeedForward(config)
+        self.attention_output_dropout = make_dropout(config.hidden_dropout,
+                                                     dropout_site(layer_number, "attention_output"), config,
+                                                     counter_dropout)
+        self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
+                                               counter_dropout)
         self.add = ops.Add()
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
@@ -42,8 +40,9 @@ class GPTLocalBlock(nn.Cell):
         ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
         ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``)."""
         dtype = hidden.dtype
-        attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index,
-                              seq_ends, dropout_step, rotary)
+        attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
+                              value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
+                              dropout_step=dropout_step, rotary=rotary)
         if self.parallel_residual:
             mlp = self.mlp(self.post_attention_layernorm(hidden))
             hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))

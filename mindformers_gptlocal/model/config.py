@@ -1,10 +1,12 @@
-"""GPTLocalConfig: the one config of a GPT-2-family model, in Hugging Face style.
+"""GPTLocalConfig: the one config of a gpt_local model (GPT-2, Llama-style, NeoX-style), in Hugging Face style.
 
 Field names follow MindFormers' mcore vocabulary (``num_hidden_layers``,
 ``layernorm_epsilon``, ``hidden_dropout`` ...) so that the same YAML
 ``model_config`` section feeds both this config and MindFormers'
 ``TransformerConfig``. GPT-2's own names (``n_layer``, ``n_embd`` ...) are
 accepted as aliases. Unknown keys are refused with the closest known key.
+The architecture (sizes, layer choices and what they imply) is read once into ``config.arch``
+(``model/arch.py``); the parallel ``Layout`` and the LoRA spec are read once too (``layout``, ``lora_spec``).
 """
 import difflib
 import functools
@@ -15,9 +17,9 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
+from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
 from .lora_config import check_trainable, read_pet_config
-from .params import (ACTIVATIONS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES, architecture, parameter_table,
-                     rotary_dim)
+from .params import table_of_dims, dims
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -69,21 +71,22 @@ def _accept_gpt2_names(init):
 
 @MindFormerRegister.register(MindFormerModuleType.CONFIG, legacy=False, search_names="gpt_local")
 class GPTLocalConfig(PretrainedConfig):
-    """Configuration of a GPT-2-family causal LM (learned positions, pre-LN, biases, tied head)."""
+    """Configuration of a causal LM: GPT-2 by default (learned positions, pre-LN, biases, tied head); rope, GQA,
+    SwiGLU, RMSNorm, untied head and parallel residual by their keys (``model/arch.py``)."""
 
     model_type = "gpt_local"
 
     @_accept_gpt2_names
     def __init__(self,
-                 vocab_size=50257,
-                 hidden_size=768,
-                 num_hidden_layers=12,
-                 num_attention_heads=12,
-                 intermediate_size=None,
-                 max_position_embeddings=1024,
-                 seq_length=1024,
+                 vocab_size=DEFAULTS["vocab_size"],
+                 hidden_size=DEFAULTS["hidden_size"],
+                 num_hidden_layers=DEFAULTS["num_hidden_layers"],
+                 num_attention_heads=DEFAULTS["num_attention_heads"],
+                 intermediate_size=DEFAULTS["intermediate_size"],
+                 max_position_embeddings=DEFAULTS["max_position_embeddings"],
+                 seq_length=DEFAULTS["seq_length"],
                  layernorm_epsilon=1e-5,
-                 hidden_act="gelu_new",
+                 hidden_act=DEFAULTS["hidden_act"],
                  hidden_dropout=0.1,
                  attention_dropout=0.1,
                  embedding_dropout=None,
@@ -104,16 +107,16 @@ class GPTLocalConfig(PretrainedConfig):
                  bos_token_id=50256,
                  eos_token_id=50256,
                  pad_token_id=50256,
-                 position_embedding_type="learned_absolute",
-                 rotary_percent=1.0,
-                 rotary_base=10000.0,
-                 num_query_groups=None,
-                 gated_linear_unit=False,
-                 normalization="LayerNorm",
-                 add_bias_linear=True,
-                 add_qkv_bias=None,
-                 untie_embeddings_and_output_weights=False,
-                 use_parallel_residual=False,
+                 position_embedding_type=DEFAULTS["position_embedding_type"],
+                 rotary_percent=DEFAULTS["rotary_percent"],
+                 rotary_base=DEFAULTS["rotary_base"],
+                 num_query_groups=DEFAULTS["num_query_groups"],
+                 gated_linear_unit=DEFAULTS["gated_linear_unit"],
+                 normalization=DEFAULTS["normalization"],
+                 add_bias_linear=DEFAULTS["add_bias_linear"],
+                 add_qkv_bias=DEFAULTS["add_qkv_bias"],
+                 untie_embeddings_and_output_weights=DEFAULTS["untie_embeddings_and_output_weights"],
+                 use_parallel_residual=DEFAULTS["use_parallel_residual"],
                  **kwargs):
         parallel_config = kwargs.pop("parallel_config", None)
         if parallel_config is not None:
@@ -124,11 +127,21 @@ class GPTLocalConfig(PretrainedConfig):
         layout_batch_size = kwargs.get("batch_size")
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
+        # the architecture, read once (model/arch.py): its resolved values are what config.json keeps
+        arch = Arch.read(dict(
+            vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads, intermediate_size=intermediate_size,
+            max_position_embeddings=max_position_embeddings, seq_length=seq_length, hidden_act=hidden_act,
+            position_embedding_type=position_embedding_type, rotary_percent=rotary_percent, rotary_base=rotary_base,
+            num_query_groups=num_query_groups, gated_linear_unit=gated_linear_unit, normalization=normalization,
+            add_bias_linear=add_bias_linear, add_qkv_bias=add_qkv_bias, tie_word_embeddings=tie_word_embeddings,
+            untie_embeddings_and_output_weights=untie_embeddings_and_output_weights,
+            use_parallel_residual=use_parallel_residual))
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
-        self.intermediate_size = intermediate_size if intermediate_size else 4 * hidden_size
+        self.intermediate_size = arch.inter
         self.max_position_embeddings = max_position_embeddings
         self.seq_length = seq_length
         self.layernorm_epsilon = _number("layernorm_epsilon", layernorm_epsilon)
@@ -154,19 +167,18 @@ class GPTLocalConfig(PretrainedConfig):
         self.scale_attn_weights = bool(scale_attn_weights)
         self.ignore_token_id = ignore_token_id
         self.pet_config = _plain_pet_config(pet_config)
-        # the block's layer choices (model/params.py ARCH_DEFAULTS: GPT-2's values reproduce today's graph)
+        # the block's layer choices (model/arch.py ARCH_DEFAULTS: GPT-2's values reproduce GPT-2's graph)
         self.position_embedding_type = position_embedding_type
-        self.rotary_percent = _number("rotary_percent", rotary_percent)
-        self.rotary_base = _number("rotary_base", rotary_base)
-        self.num_query_groups = num_attention_heads if num_query_groups is None else num_query_groups
-        self.gated_linear_unit = bool(gated_linear_unit) or hidden_act == "swiglu"
+        self.rotary_percent = arch.rotary_percent
+        self.rotary_base = arch.rotary_base
+        self.num_query_groups = arch.groups
+        self.gated_linear_unit = arch.gated
         self.normalization = normalization
-        self.add_bias_linear = bool(add_bias_linear)
-        self.add_qkv_bias = self.add_bias_linear if add_qkv_bias is None else bool(add_qkv_bias)
-        untied = bool(untie_embeddings_and_output_weights) or tie_word_embeddings is False
-        self.untie_embeddings_and_output_weights = untied
-        tie_word_embeddings = not untied
-        self.use_parallel_residual = bool(use_parallel_residual)
+        self.add_bias_linear = arch.bias
+        self.add_qkv_bias = arch.qkv_bias
+        self.untie_embeddings_and_output_weights = arch.untied
+        tie_word_embeddings = not arch.untied
+        self.use_parallel_residual = arch.parallel_residual
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -197,55 +209,68 @@ class GPTLocalConfig(PretrainedConfig):
         values.update(overrides)
         return cls(**values)
 
+    # --- derived once: the Arch, the Layout and the LoRA spec (dropped when a field is set again) -----------
+    def __setattr__(self, key, value):
+        if not key.startswith("_"):
+            self.__dict__.pop("_derived", None)
+        super().__setattr__(key, value)
+
+    def _derived_value(self, name, build):
+        derived = self.__dict__.setdefault("_derived", {})
+        if name not in derived:
+            derived[name] = build()
+        return derived[name]
+
+    def to_dict(self):
+        output = super().to_dict()
+        output.pop("_derived", None)
+        return output
+
+    def __eq__(self, other):
+        return isinstance(other, PretrainedConfig) and \
+            {k: v for k, v in self.__dict__.items() if k != "_derived"} == \
+            {k: v for k, v in other.__dict__.items() if k != "_derived"}
+
+    __hash__ = None
+
+    @property
+    def arch(self):
+        """The model's architecture (``model/arch.py`` ``Arch``): sizes, layer choices, derived values."""
+        return self._derived_value("arch", lambda: Arch.read(self))
+
     @property
     def head_dim(self):
-        return self.hidden_size // self.num_attention_heads
+        return self.arch.head_dim
 
     @property
     def gated(self):
         """SwiGLU MLP (gated_linear_unit, or hidden_act: swiglu)."""
-        return self.gated_linear_unit
+        return self.arch.gated
 
     @property
     def rope(self):
-        return self.position_embedding_type == "rope"
+        return self.arch.rope
 
     @property
     def rotary_dim(self):
         """Channels of each head that rotary embeddings turn (head_dim * rotary_percent); 0 without rope."""
-        return rotary_dim(self.head_dim, self.rotary_percent) if self.rope else 0
+        return self.arch.rotary_dim
 
     @property
     def architecture(self):
-        """The block's layer choices as one tuple (``model/params.py`` ``architecture``)."""
-        return architecture(self)
+        """The block's layer choices: the ``Arch`` (kept as a name; ``arch`` is the same object)."""
+        return self.arch
 
     def validate(self):
         """Refuse shapes and settings the model cannot build, naming the key and the fix."""
-        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings", "seq_length", "max_batch_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model_config.{key} must be a positive integer, got {value!r}.")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"model_config.hidden_size ({self.hidden_size}) must be divisible by "
-                f"model_config.num_attention_heads ({self.num_attention_heads}); choose a head count "
-                f"that divides it, e.g. {_divisor_near(self.hidden_size, self.num_attention_heads)}.")
-        self._validate_architecture()
-        if self.seq_length > self.max_position_embeddings:
-            raise ConfigError(
-                f"model_config.seq_length ({self.seq_length}) is larger than "
-                f"model_config.max_position_embeddings ({self.max_position_embeddings}): GPT-2 has learned "
-                f"positions only up to max_position_embeddings. Lower seq_length or raise "
-                f"max_position_embeddings.")
+        self.arch.check()
+        value = self.max_batch_size
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"model_config.max_batch_size must be a positive integer, got {value!r}.")
         block = self.attention_block_size
         if isinstance(block, bool) or not isinstance(block, int) or block < 0:
             raise ConfigError(f"model_config.attention_block_size must be a whole number >= 0 (0: plain attention; "
                               f"e.g. 256: memory-efficient attention over query blocks of 256 rows), got {block!r}.")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"model_config.hidden_act {self.hidden_act!r} is not supported; "
-                              f"use one of {', '.join(ACTIVATIONS)}.")
         for key in ("params_dtype", "compute_dtype", "layernorm_compute_dtype", "softmax_compute_dtype"):
             if str(getattr(self, key)) not in DTYPES:
                 raise ConfigError(f"model_config.{key} {getattr(self, key)!r} is not a dtype; "
@@ -261,55 +286,20 @@ class GPTLocalConfig(PretrainedConfig):
                               "the attention numerics); set it to False.")
         self.lora_spec()
 
-    def _validate_architecture(self):
-        """The layer choices (RoPE, GQA, SwiGLU, RMSNorm, biases, head, residual): one error each."""
-        if self.position_embedding_type not in POSITION_TYPES:
-            raise ConfigError(f"model_config.position_embedding_type {self.position_embedding_type!r} is not "
-                              f"supported; use one of {', '.join(POSITION_TYPES)}.")
-        if self.normalization not in NORMALIZATIONS:
-            raise ConfigError(f"model_config.normalization {self.normalization!r} is not supported; use one of "
-                              f"{', '.join(NORMALIZATIONS)}.")
-        groups = self.num_query_groups
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
-            raise ConfigError(f"model_config.num_query_groups must be a positive integer (or unset: one group per "
-                              f"head), got {groups!r}.")
-        if self.num_attention_heads % groups:
-            raise ConfigError(
-                f"model_config.num_attention_heads ({self.num_attention_heads}) is not divisible by "
-                f"model_config.num_query_groups ({groups}): every key/value group serves the same number of "
-                f"query heads. Choose num_query_groups among "
-                f"{[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}.")
-        if self.rope:
-            if not 0.0 < self.rotary_percent <= 1.0:
-                raise ConfigError(f"model_config.rotary_percent must be in (0, 1], got {self.rotary_percent}.")
-            if self.rotary_base <= 0:
-                raise ConfigError(f"model_config.rotary_base must be positive, got {self.rotary_base}.")
-            rot = self.head_dim * self.rotary_percent
-            if rot != int(rot) or int(rot) % 2 or int(rot) == 0:
-                raise ConfigError(f"model_config.rotary_percent ({self.rotary_percent}) turns {rot} of each head's "
-                                  f"{self.head_dim} channels; that must be a positive even whole number. Choose "
-                                  f"rotary_percent so that head_dim * rotary_percent is even.")
-        elif self.rotary_percent != 1.0 or self.rotary_base != 10000.0:
-            raise ConfigError("model_config.rotary_percent / rotary_base are set but position_embedding_type is "
-                              "'learned_absolute'; set position_embedding_type: rope or remove them.")
-        if self.gated and self.hidden_act not in ("silu", "swiglu"):
-            raise ConfigError(f"model_config.gated_linear_unit is True with hidden_act {self.hidden_act!r}; the gated "
-                              f"MLP is SwiGLU: set hidden_act: swiglu (or silu), or gated_linear_unit: False.")
-        if self.hidden_act in ("silu", "swiglu") and not self.gated:
-            raise ConfigError(f"model_config.hidden_act {self.hidden_act!r} is supported only as the gated MLP "
-                              f"(SwiGLU); set gated_linear_unit: True.")
-
     def lora_spec(self):
-        """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one."""
-        spec = read_pet_config(getattr(self, "pet_config", None), self.num_hidden_layers)
+        """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one; read and checked once."""
+        return self._derived_value("lora", self._read_lora)
+
+    def _read_lora(self):
+        spec = read_pet_config(self.pet_config, self.num_hidden_layers)
         if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
-            check_trainable(spec, list(parameter_table(self, Layout())))
+            check_trainable(spec, list(table_of_dims(dims(self.arch), Layout(), spec)))
         return spec
 
     @property
     def layout(self):
-        """The parallel ``Layout`` of this config: its parallel_config (with recompute) and offset."""
-        return Layout.of_model_config(self)
+        """The parallel ``Layout`` of this config: its parallel_config (with recompute) and offset; read once."""
+        return self._derived_value("layout", lambda: Layout.of_model_config(self))
 
     def validate_layout(self, batch_size=None):
         """The parallel layout rules of ``parallel/rules.py`` (the ones ``gptlocal plan`` applies) on this
@@ -327,16 +317,6 @@ def _plain_pet_config(pet_config):
     items = pet_config.items() if hasattr(pet_config, "items") else vars(pet_config).items()
     return {k: (v if v is None or isinstance(v, (str, int, float, bool, list, tuple)) else str(v))
             for k, v in items}
-
-
-def _number(key, value):
-    """float(value), or a ConfigError naming the key (YAML may hand strings such as '1e-5', which are fine)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"model_config.{key} must be a number, got {value!r}.") from None
 
 
 def known_keys():
@@ -366,11 +346,6 @@ def _reject_unknown(kwargs):
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"model_config.{key} is not a gpt_local config key.{hint} "
                           f"Remove or rename it (known keys: see GPTLocalConfig).")
-
-
-def _divisor_near(number, target):
-    divisors = [d for d in range(1, number + 1) if number % d == 0]
-    return min(divisors, key=lambda d: abs(d - target))
 
 
 def _register_auto_class():

@@ -14,13 +14,14 @@ the XOR marks the kept elements instead). The pair of table positions repeats on
 elements, and each step and site shifts the two tables by different amounts. A rolled copy of each table
 (a gather of 65k entries), tiled to the tensor's size, then one comparison: the same bits on CPU, GPU and
 Ascend, and the same mask when recompute runs a layer's forward again (the step is an input, not a state).
-The counter (``GPTLocalForCausalLM.dropout_step``) counts forward calls, so micro-batches of one step get
-different masks; it is saved in training checkpoints (not in model weights) and comes back on resume.
+The counter (``GPTLocalForCausalLM.dropout_step``, read and advanced by ``DropoutCounter``) counts forward
+calls, so micro-batches of one step get different masks; it is saved in training checkpoints (not in model
+weights) and comes back on resume.
 """
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from ..parallel.sharding import is_parallel_build
 
@@ -44,19 +45,6 @@ def tables(seed, p):
         q = bit_probability(p)
         _TABLES[key] = tuple(Tensor((rng.random(size) < q).astype(np.float32)) for size in TABLE_SIZES)
     return _TABLES[key]
-
-
-def keep_reference(shape, step, site, seed, p):
-    """numpy: the keep mask ``CounterDropout`` applies, for tests."""
-    rng = np.random.default_rng(seed)
-    q = bit_probability(p)
-    b1, b2 = ((rng.random(size) < q) for size in TABLE_SIZES)
-    index = np.arange(int(np.prod(shape)), dtype=np.int64)
-    (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
-    a = ((step % p1) * m1 + site * s1) % p1
-    b = ((step % p2) * m2 + site * s2) % p2
-    differ = b1[(index + a) % p1] != b2[(index + b) % p2]
-    return (differ if p > 0.5 else ~differ).reshape(shape)
 
 
 class CounterDropout(nn.Cell):
@@ -134,8 +122,43 @@ def counter_dropout_enabled(config):
     return any(rate > 0 for rate in rates) and not is_parallel_build()
 
 
+# Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1)
+SITES_PER_LAYER = 3
+LAYER_SITES = {"attention_probs": 1, "attention_output": 2, "mlp_output": 3}
+
+
+def dropout_site(layer_number=0, part="embedding"):
+    """The site number of a dropout: ``part`` "embedding" (layer_number 0), or one of ``LAYER_SITES`` of a layer."""
+    if part == "embedding":
+        return 0
+    return SITES_PER_LAYER * (layer_number - 1) + LAYER_SITES[part]
+
+
+class DropoutCounter(nn.Cell):
+    """Reads and advances the forward counter of counter-based dropout. The counter itself is a Parameter
+    of the model at its top level (``new_counter``), so checkpoints keep its name ``dropout_step``
+    (``params.DROPOUT_STEP``): a Parameter held by this Cell would be saved as ``<attribute>.dropout_step``."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = Tensor(1, ms.int32)
+
+    @staticmethod
+    def new_counter(name):
+        """The counter Parameter, int32 0, not trained."""
+        return Parameter(Tensor(0, ms.int32), name=name, requires_grad=False)
+
+    def read(self, counter):
+        """This forward's step: a copy read before ``advance``."""
+        return counter * 1
+
+    def advance(self, value, counter):
+        """``value`` once the counter has moved on by one forward."""
+        return ops.depend(value, ops.assign_add(counter, self.one))
+
+
 def make_dropout(p, site, config, counter):
-    """The dropout Cell for one site: ``CounterDropout`` when ``counter``, else MindSpore's."""
+    """The dropout Cell for one site (``dropout_site``): ``CounterDropout`` when ``counter``, else MindSpore's."""
     if counter:
-        return CounterDropout(p, site, getattr(config, "dropout_seed", 0))
+        return CounterDropout(p, site, config.dropout_seed)
     return KernelDropout(p=p)

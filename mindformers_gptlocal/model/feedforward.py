@@ -1,28 +1,22 @@
-"""ParallelFeedForward: GPT-2's MLP, fc1 (column-parallel) -> activation -> fc2 (row-parallel); with
+"""ParallelFeedForward: the MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with
 ``gated_linear_unit`` (SwiGLU, Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear."""
 from mindspore import nn, ops
 
-from ..errors import ConfigError
 from .layers import Linear, Activation, residual_init_std, to_mstype
 
 
 class ParallelFeedForward(nn.Cell):
-    """hidden -> intermediate -> hidden, with biases on both linears.
+    """hidden -> intermediate -> hidden (biases with ``add_bias_linear``); fc1 (and the gate) column-parallel,
+    fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``)."""
 
-    ``tp_size`` > 1 builds one tensor-parallel rank's part (intermediate / tp_size columns of fc1,
-    the matching rows of fc2, fc2's partial sum returned without its bias); see ParallelAttention.
-    """
-
-    def __init__(self, config, tp_size=1):
+    def __init__(self, config):
         super().__init__()
-        if config.intermediate_size % tp_size:
-            raise ConfigError(f"model_config.intermediate_size ({config.intermediate_size}) is not divisible by "
-                              f"parallel_config.model_parallel ({tp_size}); choose a model_parallel that divides it.")
+        arch = config.arch
         params_dtype = to_mstype(config.params_dtype)
         compute_dtype = to_mstype(config.compute_dtype)
-        local = config.intermediate_size // tp_size
-        bias = config.add_bias_linear
-        self.gated = config.gated
+        local = arch.inter
+        bias = arch.bias
+        self.gated = arch.gated
         self.linear_fc1 = Linear(config.hidden_size, local, config.initializer_range, params_dtype, compute_dtype,
                                  has_bias=bias)
         if self.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
@@ -33,7 +27,7 @@ class ParallelFeedForward(nn.Cell):
         else:
             self.activation = Activation(config.hidden_act)
         self.linear_fc2 = Linear(local, config.hidden_size, residual_init_std(config), params_dtype, compute_dtype,
-                                 has_bias=bias, skip_bias_add=tp_size > 1)
+                                 has_bias=bias)
 
     def construct(self, hidden):
         if self.gated:

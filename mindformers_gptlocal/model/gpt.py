@@ -1,4 +1,7 @@
-"""GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (tied head + loss).
+"""GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (head + loss).
+
+The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``arch.py``); what MindFormers
+calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV caches in ``kv_cache.py``.
 
 Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
 expect; eval with labels returns ``(logits, labels, mask)`` laid out for
@@ -17,7 +20,6 @@ from mindformers.models.modeling_utils import PreTrainedModel
 from mindformers.parallel_core.utils.model_mixin import ModelMixin, TrainModelMixin
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
-from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
@@ -25,11 +27,11 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
-from .dropout import counter_dropout_enabled, make_dropout
-from .kv_cache import KVCache, cache_length
+from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
+from .kv_cache import KVCachePool
 from .layers import make_norm, to_mstype
 from .params import DROPOUT_STEP
-from .transformer_config import to_transformer_config
+from .mindformers_adapter import MindFormersAdapter
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -39,7 +41,7 @@ def use_flash_attention(config):
 
 
 class GPTLocalEmbedding(nn.Cell):
-    """Token + learned absolute position embeddings (none with rope: positions turn q and k instead),
+    """Token embeddings + learned absolute position embeddings (none with rope: positions turn q and k instead),
     then dropout."""
 
     def __init__(self, config, counter_dropout=False):
@@ -48,14 +50,14 @@ class GPTLocalEmbedding(nn.Cell):
         self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                      (config.vocab_size, config.hidden_size), params_dtype),
                                          name="word_embeddings")
-        self.learned_positions = not config.rope
+        self.learned_positions = config.arch.learned_positions
         if self.learned_positions:
             self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                              (config.max_position_embeddings, config.hidden_size),
                                                              params_dtype), name="position_embeddings")
             self.position_gather = ops.Gather()  # its own primitive: its shard strategy differs from gather's
         self.gather = ops.Gather()
-        self.dropout = make_dropout(config.embedding_dropout, 0, config, counter_dropout)
+        self.dropout = make_dropout(config.embedding_dropout, dropout_site(), config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
 
     def construct(self, input_ids, position_ids, dropout_step=None):
@@ -96,7 +98,8 @@ class GPTLocalModel(nn.Cell):
             blocks.append(block)
         self.layers = nn.CellList(blocks)
         self.final_layernorm = make_norm(config)
-        self.rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base) if config.rope else None
+        arch = config.arch
+        self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rotary_base) if arch.rope else None
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
         if flash:  # sparse_mode 3's compressed mask (FlashAttentionScore: uint8, 1 = masked)
@@ -127,11 +130,11 @@ class GPTLocalModel(nn.Cell):
         rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for layer in self.layers:
-                hidden = layer(hidden, attention_bias, None, None, None, seq_ends, dropout_step, rotary)
+                hidden = layer(hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step, rotary=rotary)
         else:
             for index in range(self.num_layers):
-                hidden = self.layers[index](hidden, attention_bias, key_caches[index], value_caches[index],
-                                            write_index, None, None, rotary)
+                hidden = self.layers[index](hidden, attention_bias, key_cache=key_caches[index],
+                                            value_cache=value_caches[index], write_index=write_index, rotary=rotary)
         return self.final_layernorm(hidden)
 
     def document_mask(self, actual_seq_len, batch, seq):
@@ -166,7 +169,7 @@ class GPTLocalModel(nn.Cell):
 
     def causal_mask(self, seq):
         """The causal mask of ``seq`` tokens as the attention takes it: additive [1, 1, S, S] (0 or
-        MASK_VALUE, as ``attention.causal_bias``), or uint8 [S, S] with 1 = masked for flash attention."""
+        MASK_VALUE above the diagonal), or uint8 [S, S] with 1 = masked for flash attention."""
         masked = ops.logical_not(self.causal_keep(seq))
         if self.use_flash:
             return ops.cast(masked, ms.uint8)
@@ -189,11 +192,6 @@ class OutputLayer(nn.Cell):
                                             to_mstype(config.params_dtype)), name="weight")
 
 
-def _argmax(logits, axis=-1):
-    """Greedy pick with the Argmax primitive, which has kernels on CPU, GPU and Ascend."""
-    return ops.Argmax(axis=axis, output_type=ms.int32)(logits)
-
-
 class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
     """Ties GPTLocalConfig to the model for MindFormers' loading utilities."""
 
@@ -202,8 +200,10 @@ class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
 
 
 @MindFormerRegister.register(MindFormerModuleType.MODELS, legacy=False)
-class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedModel):
-    """GPT-2 causal LM with its output head tied to the token embedding; ``generate`` from GenerationMixin."""
+class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, GPTLocalPreTrainedModel):
+    """A causal LM (GPT-2, Llama-style or NeoX-style, ``config.arch``): its output head tied to the token embedding
+    or its own (``untie_embeddings_and_output_weights``); ``generate`` from GenerationMixin, what MindFormers'
+    trainer and pipelines call besides ``construct`` from ``MindFormersAdapter``."""
 
     KV_CACHES_KEPT = 4  # cache shapes kept compiled at once
 
@@ -212,14 +212,14 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.config = config
         layout = config.layout
         self.model = GPTLocalModel(config, layout)
-        if config.untie_embeddings_and_output_weights:  # its own head table, on the last stage
+        self.untied = config.arch.untied
+        if self.untied:  # its own head table, on the last stage
             self.output_layer = OutputLayer(config)
             self.output_layer.pipeline_stage = self.model.stage_ids[-1]
-        self.untied = config.untie_embeddings_and_output_weights
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
-            self.dropout_step = Parameter(Tensor(0, ms.int32), name=DROPOUT_STEP, requires_grad=False)
-            self.one = Tensor(1, ms.int32)
-        self.transformer_config = None
+            self.dropout_step = DropoutCounter.new_counter(DROPOUT_STEP)
+            self.dropout_counter = DropoutCounter()
+        self.init_mindformers_adapter()
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.head_matmul = ops.MatMul(transpose_b=True)
         self.log_softmax = ops.LogSoftmax(axis=-1)
@@ -227,38 +227,12 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
-        self.argmax = _argmax
         self.lora = config.lora_spec()  # pet_config: LoRA adapters, before the strategies are set
         if self.lora is not None:
             from .lora import add_lora
             add_lora(self, self.lora)
-        self.sharding = apply_sharding(self, config, config.architecture) if is_parallel_build() else {}
-        self._kv_caches = {}
-
-    # --- MindFormers mcore interface -------------------------------------------------------------
-    def get_gpt_transformer_config(self):
-        if self.transformer_config is None:
-            self.transformer_config = to_transformer_config(self.config)
-        return self.transformer_config
-
-    def get_model_parameters(self):
-        return set(self.trainable_params())
-
-    def prepare_inputs_for_generation(self, input_ids, **kwargs):
-        return {"input_ids": Tensor(np.asarray(input_ids, np.int32))}
-
-    def prepare_inputs_for_predict_layout(self, input_ids, **kwargs):
-        return Tensor(np.asarray(input_ids, np.int32)), None, None, None
-
-    def set_dynamic_inputs(self, **kwargs):
-        """Refused with one clear error: MindFormers' ``toolkit/benchmarks/eval_with_harness.py`` (and its
-        model runner) call this first and then expect ``model(input_ids=...)[0]`` to be the logits; gpt_local
-        returns the logits tensor itself and compiles one graph per shape bucket instead."""
-        raise ConfigError("gpt_local does not run under MindFormers' eval_with_harness.py / model runner "
-                          "(they need dynamic-shape inputs and model(...)[0] as the logits); evaluate with "
-                          "`gptlocal eval --model DIR --tasks ...` or `lm_eval --model gptlocal "
-                          "--model_args pretrained=DIR`.")
+        self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
+        self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
@@ -284,13 +258,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up to a
         bucket), built once per shape and kept (the KV_CACHES_KEPT most recently used shapes) so no call
         recompiles."""
-        key = (batch_size, cache_length(needed_length, self.config.max_position_embeddings))
-        if key not in self._kv_caches:
-            while len(self._kv_caches) >= self.KV_CACHES_KEPT:  # the least recently used goes
-                self._kv_caches.pop(next(iter(self._kv_caches)))
-            self._kv_caches[key] = KVCache(self, *key)
-        self._kv_caches[key] = self._kv_caches.pop(key)  # now the most recently used
-        return self._kv_caches[key]
+        return self._kv_caches.get(batch_size, needed_length)
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):
@@ -328,8 +296,8 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
             attention_bias = self.model.mask_bias(attention_mask, batch, seq)
         step = None
         if self.training and self.model.counter_dropout:
-            step = self.dropout_step * 1  # read before this forward's increment below
-        hidden = self.model(input_ids, position_ids, attention_bias, None, None, None, actual_seq_len, step)
+            step = self.dropout_counter.read(self.dropout_step)  # read before this forward's increment below
+        hidden = self.model(input_ids, position_ids, attention_bias, actual_seq_len=actual_seq_len, dropout_step=step)
         logits = self.logits(hidden)
         if not self.training:
             logits = ops.reshape(logits, (batch, seq, self.vocab_size))
@@ -338,7 +306,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
             return self._perplexity_layout(logits, labels, loss_mask)
         loss = self.lm_loss(logits, labels, loss_mask)
         if step is not None:
-            loss = ops.depend(loss, ops.assign_add(self.dropout_step, self.one))
+            loss = self.dropout_counter.advance(loss, self.dropout_step)
         zero = ops.zeros((), ms.float32)
         return loss, zero, zero
 
@@ -353,17 +321,6 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
         nll = -ops.reshape(picked, (-1,))
         return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
-
-    def _perplexity_layout(self, logits, labels, loss_mask):
-        """PerplexityMetric scores logits[:, t] against labels[:, t + 1]; our labels are already
-        shifted, so pad one position on each to keep every token."""
-        if loss_mask is None:
-            loss_mask = ops.ones_like(labels)
-        mask = ops.cast(loss_mask, ms.int32) * ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.int32)
-        logits = ops.concat((logits, logits[:, -1:]), axis=1)
-        labels = ops.concat((labels[:, :1], ops.maximum(labels, 0)), axis=1)
-        mask = ops.concat((mask[:, :1], mask), axis=1)
-        return logits, labels, mask
 
 
 def _register_auto_class():

@@ -38,9 +38,32 @@ def decode_steps(num_layers):
     return max(1, min(8, STEPS_BUDGET // max(int(num_layers), 1)))
 
 
+class KVCachePool:
+    """The KVCaches of one model, one per (batch size, cache length), the ``kept`` most recently used: each
+    shape compiles once and stays compiled while it is in use (``GPTLocalForCausalLM.kv_cache``)."""
+
+    def __init__(self, causal_lm, kept):
+        self.causal_lm = causal_lm
+        self.kept = kept
+        self.caches = {}  # (batch, length) -> KVCache, least recently used first
+
+    def get(self, batch_size, needed_length):
+        """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (``cache_length``)."""
+        key = (batch_size, cache_length(needed_length, self.causal_lm.config.max_position_embeddings))
+        if key not in self.caches:
+            while len(self.caches) >= self.kept:  # the least recently used goes
+                self.caches.pop(next(iter(self.caches)))
+            self.caches[key] = KVCache(self.causal_lm, *key)
+        self.caches[key] = self.caches.pop(key)  # now the most recently used
+        return self.caches[key]
+
+    def __len__(self):
+        return len(self.caches)
+
+
 class KVCache(nn.Cell):
     """Prefill and one-token decode of ``causal_lm`` over explicit per-layer caches; returns next-token
-    logits [B, V]. Get one with ``GPTLocalForCausalLM.kv_cache``, which keeps one per shape."""
+    logits [B, V]. Get one with ``GPTLocalForCausalLM.kv_cache``, which keeps one per shape (``KVCachePool``)."""
 
     def __init__(self, causal_lm, batch_size, max_length):
         # auto_prefix=False: holding the model as ``self.lm`` must not rename its Parameters to ``lm.*`` (with
@@ -50,10 +73,11 @@ class KVCache(nn.Cell):
         self.lm = causal_lm
         self.batch_size = batch_size
         self.max_length = max_length
-        self.num_heads = config.num_query_groups  # key/value heads: fewer than the query heads with GQA
+        arch = config.arch
+        self.num_groups = arch.groups  # key/value heads (num_query_groups): fewer than the query heads with GQA
         self.widths = width_buckets(max_length)
-        self.decode_steps = decode_steps(config.num_hidden_layers)
-        shape = (batch_size, self.num_heads, max_length, config.hidden_size // config.num_attention_heads)
+        self.decode_steps = decode_steps(arch.num_hidden_layers)
+        shape = (batch_size, self.num_groups, max_length, arch.head_dim)
         dtype = causal_lm.compute_dtype
         self.key_caches = ms.ParameterTuple(
             [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.key.{i}", requires_grad=False)
@@ -61,21 +85,22 @@ class KVCache(nn.Cell):
         self.value_caches = ms.ParameterTuple(
             [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.value.{i}", requires_grad=False)
              for i in range(config.num_hidden_layers)])
-        self.head_index = Tensor(np.arange(self.num_heads, dtype=np.int32).reshape(1, -1, 1, 1))
+        self.head_index = Tensor(np.arange(self.num_groups, dtype=np.int32).reshape(1, -1, 1, 1))
         self.key_rows = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, 1, -1))
         self._greedy = {}
 
     def construct(self, input_ids, position_ids, slots, last_index):
         """input_ids/position_ids [B, S]; slots [B]: the cache slot of each row; last_index [B]: which of
         the S positions' logits to return. The write indices and the mask are built here, from the positions."""
-        hidden = self.lm.model(input_ids, position_ids, self.attention_bias(position_ids), self.key_caches,
-                               self.value_caches, self.write_index(position_ids, slots))
+        hidden = self.lm.model(input_ids, position_ids, self.attention_bias(position_ids), key_caches=self.key_caches,
+                               value_caches=self.value_caches, write_index=self.write_index(position_ids, slots))
         return self.lm.last_logits(hidden, last_index)
 
     def write_index(self, positions, slots):
-        """(slot, head, position) triples [B, N, S, 3]: ScatterNdUpdate's index into the [B, N, L, D] caches."""
+        """(slot, key/value head, position) triples [B, G, S, 3]: ScatterNdUpdate's index into the [B, G, L, D]
+        caches (G: num_query_groups)."""
         batch, seq = positions.shape
-        shape = (batch, self.num_heads, seq, 1)
+        shape = (batch, self.num_groups, seq, 1)
         rows = ops.broadcast_to(ops.reshape(slots, (batch, 1, 1, 1)), shape)
         heads = ops.broadcast_to(self.head_index, shape)
         rows_at = ops.broadcast_to(ops.reshape(positions, (batch, 1, seq, 1)), shape)

@@ -25,8 +25,9 @@ class Linear(nn.Cell):
     """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
-    ``skip_bias_add`` is for one rank's part of a row-parallel Linear (see ``sharding.py``):
-    the bias belongs after the sum over ranks, so the part returns the bare matmul.
+    ``skip_bias_add`` is for one rank's part of a row-parallel Linear, built only by the CPU proofs
+    (tests/references.py ``rank_block``): the bias belongs after the sum over ranks, so the part returns
+    the bare matmul. It stays here because ``LoRALinear`` (lora.py) takes it over from the Linear it wraps.
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
@@ -142,7 +143,7 @@ class TanhGeLU(nn.Cell):
 
 
 class Activation(nn.Cell):
-    """GPT-2's activations by their Hugging Face names.
+    """The MLP activations (GPT-2's gelu_new and the others of ACTIVATIONS) by their Hugging Face names.
 
     The tanh GeLU is held as the GeLU primitive (what ``ops.gelu(approximate='tanh')`` calls) so
     that it can carry a shard strategy; on CPU, and only there, it is composed from sigmoid instead

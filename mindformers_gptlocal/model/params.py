@@ -13,59 +13,18 @@ from collections import namedtuple
 
 from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
+from .arch import (ACTIVATIONS, ARCH_DEFAULTS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES,  # noqa: F401
+                   SIZE_DEFAULTS, Arch, model_value, rotary_dim)
 from .lora_config import lora_shapes, read_pet_config, targeted_paths
 
-# GPT-2 (Hugging Face) names -> ours; GPTLocalConfig accepts both.
-GPT2_ALIASES = {
-    "n_layer": "num_hidden_layers", "num_layers": "num_hidden_layers",
-    "n_head": "num_attention_heads", "num_heads": "num_attention_heads",
-    "n_embd": "hidden_size", "n_inner": "intermediate_size", "ffn_hidden_size": "intermediate_size",
-    "n_positions": "max_position_embeddings", "layer_norm_epsilon": "layernorm_epsilon",
-    "activation_function": "hidden_act", "resid_pdrop": "hidden_dropout", "attn_pdrop": "attention_dropout",
-    "embd_pdrop": "embedding_dropout", "param_init_type": "params_dtype",
-}
-
-ACTIVATIONS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", "silu", "swiglu")  # hidden_act values
-
-# The layer choices of one GPTLocalBlock (issue: GPT-2, NeoX-style and Llama-style from one code path), with the
-# GPT-2 values as defaults; MindFormers' TransformerConfig names. ``GPTLocalConfig`` validates them;
-# ``architecture`` reads them from a config object or a model_config dict.
-ARCH_DEFAULTS = {"position_embedding_type": "learned_absolute", "rotary_percent": 1.0, "rotary_base": 10000.0,
-                 "num_query_groups": None, "gated_linear_unit": False, "normalization": "LayerNorm",
-                 "add_bias_linear": True, "add_qkv_bias": None, "untie_embeddings_and_output_weights": False,
-                 "use_parallel_residual": False}
-POSITION_TYPES = ("learned_absolute", "rope")
-NORMALIZATIONS = ("LayerNorm", "RMSNorm")
-
-Architecture = namedtuple("Architecture", "rope rotary_percent rotary_base groups gated rmsnorm bias qkv_bias "
-                                          "untied parallel_residual")
-
-
-def rotary_dim(head_dim, rotary_percent):
-    """Channels of each head that rotary embeddings turn (the first ones, as NeoX's rotary_pct does)."""
-    return int(round(head_dim * rotary_percent))
+# the architecture's keys, defaults and derived values live in ``arch.py`` (these names are kept for callers)
+Architecture = Arch
 
 
 def architecture(config):
-    """The block's layer choices of a model config (object or dict), defaults filled in (GPT-2)."""
-    def get(key):
-        value = config_value(config, key, None)
-        return ARCH_DEFAULTS[key] if value is None else value
-    heads = size_value(config, "num_attention_heads")
-    bias = bool(get("add_bias_linear"))
-    qkv_bias = get("add_qkv_bias")
-    gated = bool(get("gated_linear_unit")) or config_value(config, "hidden_act", None) == "swiglu"
-    untied = bool(get("untie_embeddings_and_output_weights")) or config_value(config, "tie_word_embeddings",
-                                                                               True) is False
-    return Architecture(rope=get("position_embedding_type") == "rope", rotary_percent=float(get("rotary_percent")),
-                        rotary_base=float(get("rotary_base")), groups=get("num_query_groups") or heads,
-                        gated=gated, rmsnorm=get("normalization") == "RMSNorm", bias=bias,
-                        qkv_bias=bias if qkv_bias is None else bool(qkv_bias), untied=untied,
-                        parallel_residual=bool(get("use_parallel_residual")))
+    """The block's layer choices of a model config (object or dict), defaults filled in: its ``Arch``."""
+    return Arch.of(config)
 
-# GPTLocalConfig's defaults for the sizes (a test checks they agree with GPTLocalConfig()).
-SIZE_DEFAULTS = {"vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-                 "intermediate_size": None, "max_position_embeddings": 1024}
 
 WORD_EMBEDDINGS = "model.embedding.word_embeddings"
 OUTPUT_LAYER = "output_layer.weight"  # the untied head (untie_embeddings_and_output_weights)
@@ -99,27 +58,20 @@ class ParamSpec(namedtuple("ParamSpec", "shape layout stages")):
 
 def size_value(config, key):
     """A size from a model config (object or dict, GPT-2 names accepted), with GPTLocalConfig's default."""
-    value = config_value(config, key, None)
-    if value is None:
-        for alias, name in GPT2_ALIASES.items():
-            if name == key and config_value(config, alias, None) is not None:
-                return config_value(config, alias)
-    return SIZE_DEFAULTS[key] if value is None else value
+    return model_value(config, key, SIZE_DEFAULTS[key])
 
 
 def dims(config):
-    """The sizes the table needs: vocab, hidden, layers, heads, inter, positions, and ``arch`` (the
-    block's layer choices, ``architecture``)."""
-    hidden = size_value(config, "hidden_size")
-    return dict(vocab=size_value(config, "vocab_size"), hidden=hidden, layers=size_value(config, "num_hidden_layers"),
-                heads=size_value(config, "num_attention_heads"),
-                inter=size_value(config, "intermediate_size") or 4 * hidden,
-                positions=size_value(config, "max_position_embeddings"), arch=architecture(config))
+    """The sizes the table needs: vocab, hidden, layers, heads, inter, positions, and ``arch`` (the model's
+    ``Arch``, which holds them all; the dict is the planner's working form)."""
+    arch = Arch.of(config)
+    return dict(vocab=arch.vocab_size, hidden=arch.hidden_size, layers=arch.num_hidden_layers,
+                heads=arch.num_attention_heads, inter=arch.inter, positions=arch.max_position_embeddings, arch=arch)
 
 
 def qkv_width(d):
     """Rows of the fused QKV weight: heads query heads + 2 * num_query_groups key/value heads."""
-    arch = d.get("arch") or architecture({})
+    arch = d.get("arch") or Arch()
     groups = arch.groups or d["heads"]
     return (d["heads"] + 2 * groups) * (d["hidden"] // d["heads"])
 
@@ -127,7 +79,7 @@ def qkv_width(d):
 def layer_shapes(d):
     """One block's parameters, names relative to the block, in the block's attribute order."""
     h, i = d["hidden"], d["inter"]
-    arch = d.get("arch") or architecture({})
+    arch = d.get("arch") or Arch()
     qkv = qkv_width(d)
     shapes = {}
 
@@ -155,7 +107,7 @@ def table_of_dims(d, layout=None, lora=None):
     """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
     LoraSpec (``model/lora_config.py``) whose adapters are in the table too."""
     layout = layout or Layout()
-    arch = d.get("arch") or architecture({})
+    arch = d.get("arch") or Arch()
     lora_paths = targeted_paths(lora, d["layers"], arch.gated) if lora else []
     layouts = param_layouts(model_rules(layout, d["layers"], lora_paths, arch))
     stage_ids = layout.stage_of_layers(d["layers"])
@@ -180,9 +132,14 @@ def table_of_dims(d, layout=None, lora=None):
 
 def parameter_table(config, layout=None):
     """name -> ParamSpec of the model ``config`` describes (GPTLocalConfig or model_config dict);
-    ``layout`` defaults to the config's own (``Layout.of_model_config``)."""
-    lora = read_pet_config(config_value(config, "pet_config", None), dims(config)["layers"])
-    return table_of_dims(dims(config), layout_of(config) if layout is None else layout, lora)
+    ``layout`` defaults to the config's own (``config.layout``, or ``Layout.of_model_config``). A
+    GPTLocalConfig's LoRA spec is its own (read once); a dict's pet_config is read here."""
+    d = dims(config)
+    if hasattr(config, "lora_spec"):
+        lora = config.lora_spec()
+    else:
+        lora = read_pet_config(config_value(config, "pet_config", None), d["layers"])
+    return table_of_dims(d, layout_of(config) if layout is None else layout, lora)
 
 
 def layer_of(name):

@@ -21,7 +21,19 @@ import os
 from ..errors import ConfigError
 from .layout import Layout, config_value
 
-SHARDING_MODES = ("semi_auto_parallel", "auto_parallel", 1, 2, "1", "2")
+# the parallel modes in which MindSpore sets shard strategies (by name; the YAML may give their numbers 1, 2)
+PARALLEL_MODES = ("semi_auto_parallel", "auto_parallel")
+SHARDING_MODES = PARALLEL_MODES + (1, 2, "1", "2")
+
+
+def seq_length_problem(seq, max_pos, rope=False):
+    """The seq_length rule (``model/arch.py`` and ``check_parallel_layout`` both state it with this text), or None."""
+    if not (isinstance(seq, int) and isinstance(max_pos, int)) or seq <= max_pos:
+        return None
+    why = ("rotary positions are built for max_position_embeddings rows (the causal mask and the position index)"
+           if rope else "the learned position table has max_position_embeddings rows")
+    return (f"model_config.seq_length ({seq}) is larger than model_config.max_position_embeddings ({max_pos}): "
+            f"{why}. Lower seq_length or raise max_position_embeddings.")
 
 
 def _positive_ints(layout, problems):
@@ -89,10 +101,9 @@ def check_parallel_layout(model_config, layout, devices=None, batch_size=None):
             layout.layers_per_stage(layers)
         except ConfigError as err:
             problems.append(str(err))
-    if isinstance(seq, int) and isinstance(max_pos, int) and seq > max_pos:
-        problems.append(f"model_config.seq_length ({seq}) is larger than model_config.max_position_embeddings "
-                        f"({max_pos}): GPT-2 has learned positions only up to max_position_embeddings. Lower "
-                        f"seq_length or raise max_position_embeddings.")
+    problem = seq_length_problem(seq, max_pos, config_value(model_config, "position_embedding_type", None) == "rope")
+    if problem:
+        problems.append(problem)
     if pp > 1 and micro < pp:
         problems.append(f"parallel_config.micro_batch_num ({micro}) is smaller than parallel_config.pipeline_stage "
                         f"({pp}): the pipeline needs at least one micro-batch per stage in flight. Set "
@@ -120,7 +131,7 @@ def build_device_count():
     resets data_parallel/model_parallel to 1 and replicates over all ranks, so there is no product
     to check."""
     import mindspore as ms
-    if ms.get_auto_parallel_context("parallel_mode") not in SHARDING_MODES[:2]:
+    if ms.get_auto_parallel_context("parallel_mode") not in PARALLEL_MODES:
         return None
     try:
         from mindspore.communication import get_group_size

@@ -34,11 +34,10 @@ from collections import namedtuple
 import numpy as np
 
 from ..errors import ConfigError
-from .layout import Layout
-from .rules import check_parallel_layout, raise_if_bad
+from .layout import Layout, config_value
+from .rules import PARALLEL_MODES, check_parallel_layout, raise_if_bad
 
 DP, MP = "dp", "mp"
-PARALLEL_MODES = ("semi_auto_parallel", "auto_parallel")
 
 OpRule = namedtuple("OpRule", "op strategy params optional")
 OpRule.__new__.__defaults__ = (None, False)
@@ -47,8 +46,12 @@ OpRule.__doc__ = ("op: attribute path of a Primitive; strategy: per input, per a
 
 
 def layout_of(config):
-    """The Layout of a model config (``Layout.of_model_config``), or ``config`` if it is one."""
-    return config if isinstance(config, Layout) else Layout.of_model_config(config)
+    """The Layout of a model config (its own ``layout`` when it keeps one, as GPTLocalConfig does; else
+    ``Layout.of_model_config``), or ``config`` if it is one."""
+    if isinstance(config, Layout):
+        return config
+    kept = config_value(config, "layout", None)
+    return kept if isinstance(kept, Layout) else Layout.of_model_config(config)
 
 
 def _column(linear, bias=True):
@@ -69,14 +72,15 @@ def _norm(name, act, rmsnorm=False):
     return [OpRule(f"{name}.layer_norm", (act, (1,), (1,)), {1: f"{name}.weight", 2: f"{name}.bias"})]
 
 
-# the fields of ``model/params.py``'s ``Architecture`` the rules read, with GPT-2's values (this module may not
-# import model/): what the rules assume when a caller gives no architecture
-GPT2_ARCH = namedtuple("GPT2Arch", "rope gated rmsnorm bias qkv_bias untied")(False, False, False, True, True, False)
-
-
-def _arch(arch):
-    """The block's layer choices (``model/params.py`` ``architecture``); None: GPT-2's."""
-    return GPT2_ARCH if arch is None else arch
+def _arch(arch, config=None):
+    """The block's layer choices: ``arch`` (a ``model/arch.py`` ``Arch``), else the model config's own
+    (``config.arch``). This module may not import model/, so it never makes one up."""
+    if arch is None and config is not None and not isinstance(config, Layout):
+        arch = config_value(config, "arch", None)
+    if arch is None:
+        raise ConfigError("the sharding rules need the model's architecture: pass arch=config.arch "
+                          "(model/arch.py Arch) or a GPTLocalConfig.")
+    return arch
 
 
 def _lora(linear, split):
@@ -104,7 +108,7 @@ LINEAR_SPLITS = {"attention.linear_qkv": "column", "attention.linear_proj": "row
 def block_rules(seq_parallel=False, lora=(), arch=None):
     """The rules of one GPTLocalBlock, paths relative to the block; ``lora``: the block's Linears
     (``attention.linear_qkv`` ...) that carry a LoRA adapter; ``arch``: the block's layer choices
-    (``model/params.py`` ``architecture``; None: GPT-2). With grouped-query attention the fused QKV
+    (``model/arch.py`` ``Arch``). With grouped-query attention the fused QKV
     rows are group-major, [group, (q heads of the group, k, v), head_dim], so the same column split
     hands every rank whole query groups (``parallel/rules.py`` requires mp | num_query_groups)."""
     arch = _arch(arch)
@@ -149,8 +153,8 @@ def block_rules(seq_parallel=False, lora=(), arch=None):
 def model_rules(config, num_layers=None, lora_paths=(), arch=None):
     """Every rule of a GPTLocalForCausalLM, paths relative to it (layers expanded). ``config``: a model
     config, or a ``Layout`` with ``num_layers``; ``lora_paths``: full paths of the Linears with a LoRA
-    adapter (``model.layers.0.attention.linear_qkv``); ``arch``: the layer choices (None: GPT-2)."""
-    arch = _arch(arch)
+    adapter (``model.layers.0.attention.linear_qkv``); ``arch``: the layer choices (None: ``config.arch``)."""
+    arch = _arch(arch, config)
     layout = layout_of(config)
     if num_layers is None:
         num_layers = config.num_hidden_layers
@@ -246,7 +250,8 @@ def is_parallel_build():
 
 def apply_sharding(model, config, arch=None):
     """Set every rule's strategy on ``model``'s primitives; returns {op path: concrete strategy}. ``config``:
-    the model's GPTLocalConfig (its sizes and its ``layout``); ``arch``: its layer choices."""
+    the model's GPTLocalConfig (its sizes and its ``layout``); ``arch``: its layer choices (None: ``config.arch``)."""
+    arch = _arch(arch, config)
     layout = layout_of(config)
     check_divisible(config, layout.mp)
     applied = {}

@@ -117,6 +117,15 @@ def communication(s, layout, batch, stages, recompute, vocab_parallel=False):
     return per_stage
 
 
+def plan_json(result):
+    """``plan()``'s result as the one JSON object of ``gptlocal plan --json`` (the Arch as its layer choices)."""
+    import json
+    shape = result.get("shape")
+    if shape is not None:
+        result = dict(result, shape=dict(shape, arch=shape["arch"].choices()))
+    return json.dumps(result)
+
+
 def _notes(s, pp, run_mode):
     notes = []
     if run_mode not in ("train", "finetune"):

@@ -1,0 +1,68 @@
+"""Test-only references and per-rank builders, kept out of the production Cells (issue 27).
+
+- ``causal_bias``: the additive causal mask [1, 1, S, S] the attention takes, built in numpy.
+- ``keep_reference``: numpy's keep mask of ``CounterDropout`` (``model/dropout.py``), from its formula.
+- ``rank_block``: one tensor-parallel rank's part of a real ``GPTLocalBlock`` (local heads, key/value groups
+  and intermediate columns; the row-parallel Linears return their partial sums without the bias, which
+  belongs after the all-reduce) for the CPU proofs of tests/test_tensor_parallel.py, test_lora.py and
+  test_dist_checkpoint.py. A parallel build never makes these: the ``shard`` strategies split the full Cells.
+"""
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from mindformers_gptlocal.model import GPTLocalBlock
+from mindformers_gptlocal.model.attention import MASK_VALUE
+from mindformers_gptlocal.model.dropout import SITE_MULTIPLIERS, STEP_MULTIPLIERS, TABLE_SIZES, bit_probability
+from mindformers_gptlocal.model.layers import Linear, residual_init_std, to_mstype
+from mindformers_gptlocal.parallel.sharding import check_divisible
+
+
+def causal_bias(seq_length):
+    """Additive causal mask [1, 1, S, S]: 0 where a token may attend, MASK_VALUE above the diagonal."""
+    upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=1)
+    return Tensor((upper * MASK_VALUE)[None, None], ms.float32)
+
+
+def keep_reference(shape, step, site, seed, p):
+    """numpy: the keep mask ``CounterDropout`` applies."""
+    rng = np.random.default_rng(seed)
+    q = bit_probability(p)
+    b1, b2 = ((rng.random(size) < q) for size in TABLE_SIZES)
+    index = np.arange(int(np.prod(shape)), dtype=np.int64)
+    (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
+    a = ((step % p1) * m1 + site * s1) % p1
+    b = ((step % p2) * m2 + site * s2) % p2
+    differ = b1[(index + a) % p1] != b2[(index + b) % p2]
+    return (differ if p > 0.5 else ~differ).reshape(shape)
+
+
+def rank_block(config, layer_number, mp):
+    """One of ``mp`` tensor-parallel ranks' part of ``GPTLocalBlock(config, layer_number)``: the block with its
+    Linears replaced by the rank's shapes (QKV and fc1/gate columns, proj and fc2 rows) and the attention's
+    head counts set to the rank's. Refuses an ``mp`` that splits a head or a group (``check_divisible``)."""
+    check_divisible(config, mp)
+    arch = config.arch
+    block = GPTLocalBlock(config, layer_number)
+    params, compute = to_mstype(config.params_dtype), to_mstype(config.compute_dtype)
+    hidden, std = arch.hidden_size, config.initializer_range
+
+    def linear(inp, out, has_bias, init=std, partial=False):
+        cell = Linear(inp, out, init, params, compute, has_bias=has_bias)
+        cell.skip_bias_add = partial  # a row-parallel part: its bias is added after the sum over ranks
+        return cell
+    attention = block.attention
+    attention.num_heads = arch.num_attention_heads // mp
+    attention.num_groups = arch.groups // mp
+    attention.hidden_size = attention.num_heads * arch.head_dim
+    attention.linear_qkv = linear(hidden, (attention.num_heads + 2 * attention.num_groups) * arch.head_dim,
+                                  arch.qkv_bias)
+    attention.linear_proj = linear(attention.hidden_size, hidden, arch.bias, residual_init_std(config), partial=True)
+    mlp = block.mlp
+    local = arch.inter // mp
+    mlp.linear_fc1 = linear(hidden, local, arch.bias)
+    if arch.gated:
+        mlp.linear_gate = linear(hidden, local, arch.bias)
+    mlp.linear_fc2 = linear(local, hidden, arch.bias, residual_init_std(config), partial=True)
+    block.update_parameters_name()  # the new Linears' Parameters named by their paths in the block, as before
+    return block
