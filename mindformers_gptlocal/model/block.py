@@ -9,7 +9,7 @@ Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), ne
 from mindspore import nn, ops
 
 from .attention import ParallelAttention
-from .dropout import make_dropout
+from .dropout import make_dropout, make_layerdrop
 from .feedforward import ParallelFeedForward
 from .layers import make_norm
 
@@ -34,6 +34,19 @@ class GPTLocalBlock(nn.Cell):
         self.attention_output_dropout = make_dropout(config.hidden_dropout, site + 2, config, counter_dropout)
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, site + 3, config, counter_dropout)
         self.add = ops.Add()
+        # pet_type: adapter puts BottleneckAdapters here (model/adapter.py); LayerDrop scales both updates by 0/1
+        self.attention_adapter = None
+        self.mlp_adapter = None
+        self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
+
+    def _update(self, update, adapter, dtype, dropout, dropout_step):
+        """A part's residual update: dropout, then its adapter (if any), then LayerDrop's 0/1 (if any)."""
+        update = ops.cast(dropout(update, dropout_step), dtype)
+        if adapter is not None:
+            update = adapter(update)
+        if self.layerdrop is not None:
+            update = self.layerdrop(update, dropout_step)
+        return update
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None):
@@ -46,8 +59,10 @@ class GPTLocalBlock(nn.Cell):
                               seq_ends, dropout_step, rotary)
         if self.parallel_residual:
             mlp = self.mlp(self.post_attention_layernorm(hidden))
-            hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))
-            return self.add(hidden, ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype))
-        hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))
+            hidden = self.add(hidden, self._update(attn, self.attention_adapter, dtype, self.attention_output_dropout,
+                                                   dropout_step))
+            return self.add(hidden, self._update(mlp, self.mlp_adapter, dtype, self.mlp_output_dropout, dropout_step))
+        hidden = self.add(hidden, self._update(attn, self.attention_adapter, dtype, self.attention_output_dropout,
+                                               dropout_step))
         mlp = self.mlp(self.post_attention_layernorm(hidden))
-        return self.add(hidden, ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype))
+        return self.add(hidden, self._update(mlp, self.mlp_adapter, dtype, self.mlp_output_dropout, dropout_step))

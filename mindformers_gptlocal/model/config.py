@@ -114,6 +114,7 @@ class GPTLocalConfig(PretrainedConfig):
                  add_qkv_bias=None,
                  untie_embeddings_and_output_weights=False,
                  use_parallel_residual=False,
+                 layerdrop=0.0,
                  **kwargs):
         parallel_config = kwargs.pop("parallel_config", None)
         if parallel_config is not None:
@@ -167,6 +168,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.untie_embeddings_and_output_weights = untied
         tie_word_embeddings = not untied
         self.use_parallel_residual = bool(use_parallel_residual)
+        self.layerdrop = _number("layerdrop", layerdrop)  # LayerDrop (model/dropout.py), training only
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -250,7 +252,7 @@ class GPTLocalConfig(PretrainedConfig):
             if str(getattr(self, key)) not in DTYPES:
                 raise ConfigError(f"model_config.{key} {getattr(self, key)!r} is not a dtype; "
                                   f"use one of {', '.join(DTYPES)}.")
-        for key in ("hidden_dropout", "attention_dropout", "embedding_dropout"):
+        for key in ("hidden_dropout", "attention_dropout", "embedding_dropout", "layerdrop"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"model_config.{key} must be in [0, 1), got {getattr(self, key)}.")
         if not self.scale_attn_weights:
@@ -300,7 +302,8 @@ class GPTLocalConfig(PretrainedConfig):
                               f"(SwiGLU); set gated_linear_unit: True.")
 
     def lora_spec(self):
-        """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one."""
+        """The PEFT settings of ``pet_config`` (a ``LoraSpec``, or an ``AdapterSpec`` for pet_type: adapter),
+        or None without one."""
         spec = read_pet_config(getattr(self, "pet_config", None), self.num_hidden_layers)
         if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
             check_trainable(spec, list(parameter_table(self, Layout())))

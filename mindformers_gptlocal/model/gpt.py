@@ -28,6 +28,7 @@ from .config import GPTLocalConfig
 from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
 from .layers import make_norm, to_mstype
+from .lora_config import is_adapter_spec
 from .params import DROPOUT_STEP
 from .transformer_config import to_transformer_config
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -229,10 +230,11 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         # MindFormers' greedy search uses mint.argmax (ArgMaxExt), which has no CPU kernel.
         self.argmax = _argmax
-        self.lora = config.lora_spec()  # pet_config: LoRA adapters, before the strategies are set
+        self.lora = config.lora_spec()  # pet_config: LoRA or bottleneck adapters, before the strategies are set
         if self.lora is not None:
+            from .adapter import add_adapters
             from .lora import add_lora
-            add_lora(self, self.lora)
+            (add_adapters if is_adapter_spec(self.lora) else add_lora)(self, self.lora)
         self.sharding = apply_sharding(self, config, config.architecture) if is_parallel_build() else {}
         self._kv_caches = {}
 

@@ -45,6 +45,18 @@ def _divisors(number, limit):
     return [d for d in range(1, min(number, limit) + 1) if number % d == 0]
 
 
+def _adapter_width(pet, hidden):
+    """The bottleneck width of pet_type: adapter (``model/lora_config.py`` checks the values), or None."""
+    get = (lambda key: pet.get(key)) if hasattr(pet, "get") else (lambda key: getattr(pet, key, None))
+    if not pet or get("pet_type") != "adapter":
+        return None
+    factor = get("reduction_factor")
+    if isinstance(factor, int) and factor > 0 and isinstance(hidden, int):
+        return hidden // factor
+    size = get("bottleneck_size")
+    return 64 if size is None else size if isinstance(size, int) else None
+
+
 def check_parallel_layout(model_config, layout, devices=None, batch_size=None):
     """Every layout problem of ``model_config`` (dict or config object) under ``layout``.
 
@@ -75,6 +87,10 @@ def check_parallel_layout(model_config, layout, devices=None, batch_size=None):
                        "tensor parallel gives every rank whole key/value groups (grouped-query attention)")
         _divisible(problems, "hidden_size", hidden, mp, "the row-parallel projections split hidden_size")
         _divisible(problems, "intermediate_size", inter, mp, "the MLP's fc1/fc2 split intermediate_size")
+        width = _adapter_width(config_value(model_config, "pet_config", None), hidden)
+        if width:
+            _divisible(problems, "pet_config.bottleneck_size", width, mp,
+                       "the bottleneck adapters (pet_type: adapter) split their bottleneck like the MLP")
         if not layout.vocab_emb_dp:
             _divisible(problems, "vocab_size", vocab, mp,
                        "parallel_config.vocab_emb_dp is False, so the embedding and tied head split the vocabulary "
