@@ -2,7 +2,9 @@
 
 LayerNorm -> ParallelAttention -> residual -> LayerNorm -> ParallelFeedForward -> residual; with
 ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm
-or RMSNorm (``normalization``), chosen when the block is built.
+or RMSNorm (``normalization``), chosen when the block is built. Each part's residual update passes its
+bottleneck adapter (``pet_type: adapter``, ``adapter.py``; set after build, None otherwise) and LayerDrop's 0/1
+(``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist.
 Where the layer runs (pipeline stage) and whether it recomputes are set on the
 Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), never decided in ``construct``.
 """
