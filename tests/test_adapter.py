@@ -204,6 +204,16 @@ def test_preflight_refuses_adapter_size_zero_before_compiling(tmp_path, corpus, 
     assert "step 1/" not in out
 
 
+def test_plan_refuses_layerdrop_under_semi_auto_parallel():
+    """The layout check (plan, pre-flight) names layerdrop where the counter stream is not used."""
+    from mindformers_gptlocal.parallel.rules import check_yaml_layout
+    run = {"use_parallel": True, "parallel_config": {"data_parallel": 2},
+           "model": {"model_config": dict(TINY, layerdrop=0.1)}}
+    assert check_yaml_layout(dict(run, parallel={"parallel_mode": 0}), devices=2) == []
+    problems = check_yaml_layout(dict(run, parallel={"parallel_mode": "semi_auto_parallel"}), devices=2)
+    assert len(problems) == 1 and problems[0].startswith("model_config.layerdrop (0.1) needs counter-based dropout")
+
+
 # --- LayerDrop ----------------------------------------------------------------------------------------------
 
 def test_layerdrop_mask_is_the_counter_stream_and_skips_at_rate_p():

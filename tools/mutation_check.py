@@ -41,10 +41,8 @@ MUTATIONS = [
              "upper = np.triu(np.ones((seq_length, seq_length), dtype=np.float32), k=2)",
              ["tests/test_model.py"]),
     Mutation("attention residual dropped", PKG + "model/block.py",
-             "hidden = self.add(hidden, self._update(attn, self.attention_adapter, dtype, self.attention_output_dropout,\n"
-             "                                               dropout_step))\n        mlp = self.mlp(",
-             "hidden = self._update(attn, self.attention_adapter, dtype, self.attention_output_dropout,\n"
-             "                                               dropout_step)\n        mlp = self.mlp(",
+             "hidden = self.add(hidden, attn)\n            mlp = self.mlp(",
+             "hidden = attn\n            mlp = self.mlp(",
              ["tests/test_generation.py"]),
     Mutation("adapter up-projection not zero-initialised", PKG + "model/adapter.py",
              "        self.linear_up.weight.set_data(ops.zeros(self.linear_up.weight.shape, params_dtype))\n", "",

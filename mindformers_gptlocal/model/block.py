@@ -41,15 +41,6 @@ class GPTLocalBlock(nn.Cell):
         self.mlp_adapter = None
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
 
-    def _update(self, update, adapter, dtype, dropout, dropout_step):
-        """A part's residual update: dropout, then its adapter (if any), then LayerDrop's 0/1 (if any)."""
-        update = ops.cast(dropout(update, dropout_step), dtype)
-        if adapter is not None:
-            update = adapter(update)
-        if self.layerdrop is not None:
-            update = self.layerdrop(update, dropout_step)
-        return update
-
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None):
         """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
@@ -59,12 +50,21 @@ class GPTLocalBlock(nn.Cell):
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index,
                               seq_ends, dropout_step, rotary)
+        # each residual update: dropout, then its adapter and LayerDrop's 0/1 when they exist (None: not built)
+        attn = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)
+        if self.attention_adapter is not None:
+            attn = self.attention_adapter(attn)
+        if self.layerdrop is not None:
+            attn = self.layerdrop(attn, dropout_step)
         if self.parallel_residual:
             mlp = self.mlp(self.post_attention_layernorm(hidden))
-            hidden = self.add(hidden, self._update(attn, self.attention_adapter, dtype, self.attention_output_dropout,
-                                                   dropout_step))
-            return self.add(hidden, self._update(mlp, self.mlp_adapter, dtype, self.mlp_output_dropout, dropout_step))
-        hidden = self.add(hidden, self._update(attn, self.attention_adapter, dtype, self.attention_output_dropout,
-                                               dropout_step))
-        mlp = self.mlp(self.post_attention_layernorm(hidden))
-        return self.add(hidden, self._update(mlp, self.mlp_adapter, dtype, self.mlp_output_dropout, dropout_step))
+            hidden = self.add(hidden, attn)
+        else:
+            hidden = self.add(hidden, attn)
+            mlp = self.mlp(self.post_attention_layernorm(hidden))
+        mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
+        if self.mlp_adapter is not None:
+            mlp = self.mlp_adapter(mlp)
+        if self.layerdrop is not None:
+            mlp = self.layerdrop(mlp, dropout_step)
+        return self.add(hidden, mlp)

@@ -173,5 +173,12 @@ def check_yaml_layout(config, devices=None):
     runner = config_value(config, "runner_config", {}) or {}
     if devices is None and not config_value(config, "use_parallel", False):
         devices = 1
-    return check_parallel_layout(model_config, Layout.of_run_yaml(config), devices=devices,
-                                 batch_size=config_value(runner, "batch_size"))
+    problems = check_parallel_layout(model_config, Layout.of_run_yaml(config), devices=devices,
+                                     batch_size=config_value(runner, "batch_size"))
+    mode = config_value(config_value(config, "parallel", {}) or {}, "parallel_mode", 0)
+    layerdrop = model_config.get("layerdrop") or 0
+    if config_value(config, "use_parallel", False) and mode in SHARDING_MODES and layerdrop:
+        problems.append(f"model_config.layerdrop ({layerdrop}) needs counter-based dropout, which gpt_local uses "
+                        f"only with parallel.parallel_mode 0 (stand-alone or data parallel), but parallel_mode is "
+                        f"{mode!r}; set layerdrop: 0 or parallel_mode: 0.")
+    return problems
