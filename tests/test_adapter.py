@@ -164,15 +164,17 @@ def test_adapter_layouts_reassemble_per_rank():
 
 
 def test_planner_counts_the_adapters_and_gives_only_them_gradients(tuned):
-    from mindformers_gptlocal.plan.report import plan
+    from mindformers_gptlocal.plan.report import format_plan, plan
     model = tuned["model"]
-    stage = plan({"model": {"model_config": dict(TINY, pet_config=model.config.pet_config)},
-                  "context": {"device_target": "CPU"}})["stages"][0]
+    result = plan({"model": {"model_config": dict(TINY, pet_config=model.config.pet_config)},
+                   "context": {"device_target": "CPU"}})
+    stage = result["stages"][0]
     total = sum(p.size for p in model.get_parameters())
     trainable = sum(p.size for p in model.trainable_params())
     assert stage["params"] == total and stage["trainable_params"] == trainable
     assert stage["param_parts"]["adapters"] == trainable
     assert stage["grads_bytes"] == 4 * trainable and stage["optimizer_bytes"] == 8 * trainable
+    assert f"stage 0 {trainable:,} ({trainable:,} in adapters)" in format_plan(result)
 
 
 @pytest.mark.parametrize("change,pattern", [

@@ -167,6 +167,10 @@ def format_plan(result, path=""):
                      f"{_gib(st['grads_bytes'])} {_gib(st['optimizer_bytes'])} {_gib(st['activation_bytes'])} "
                      f"{_gib(st['activation_bytes_no_recompute']):>9} {_gib(st['activation_bytes_full_recompute']):>9} "
                      f"{_gib(st['total_bytes'])}  {st['recompute']}")
+    if any(st["trainable_params"] != st["params"] for st in result["stages"]):
+        lines.append("pet_config: grads and optim for the trainable parameters only: " + ", ".join(
+            f"stage {st['stage']} {st['trainable_params']:,} ({st['param_parts'].get('adapters', 0):,} in adapters)"
+            for st in result["stages"]))
     lines.append("communication per step, per device, GiB sent (tp / pp / dp):")
     for com in result["communication"]:
         lines.append(f"  stage {com['stage']}: tp {com['tp']['bytes_sent'] / GIB:.2f} "
