@@ -25,16 +25,18 @@ def causal_bias(seq_length):
 
 
 def keep_reference(shape, step, site, seed, p):
-    """numpy: the keep mask ``CounterDropout`` applies."""
+    """numpy: the keep mask ``CounterDropout`` applies; ``step`` an int or an array of steps (then the masks
+    of all of them, [*steps.shape, *shape])."""
     rng = np.random.default_rng(seed)
     q = bit_probability(p)
     b1, b2 = ((rng.random(size) < q) for size in TABLE_SIZES)
     index = np.arange(int(np.prod(shape)), dtype=np.int64)
     (p1, p2), (m1, m2), (s1, s2) = TABLE_SIZES, STEP_MULTIPLIERS, SITE_MULTIPLIERS
+    step = np.asarray(step, dtype=np.int64)[..., None]
     a = ((step % p1) * m1 + site * s1) % p1
     b = ((step % p2) * m2 + site * s2) % p2
     differ = b1[(index + a) % p1] != b2[(index + b) % p2]
-    return (differ if p > 0.5 else ~differ).reshape(shape)
+    return (differ if p > 0.5 else ~differ).reshape(step.shape[:-1] + tuple(shape))
 
 
 def rank_block(config, layer_number, mp):

@@ -94,3 +94,31 @@ def test_a_parallel_build_applies_the_golden_strategies(monkeypatch):
     assert {op[len("model.layers.1."):]: st for op, st in model.sharding.items()
             if op.startswith("model.layers.1.")} == layer
     assert model.model.layers[1].attention.transpose.attrs["in_strategy"] == ((2, 1, 4, 1, 1),)
+
+
+# Bottleneck adapters (pet_type: adapter) at data_parallel 2, model_parallel 4, laid out like the MLP: the
+# down-projection [m, H] column-parallel (each rank m/4 bottleneck units, its bias with them), the activation
+# on the units a rank holds, the up-projection [H, m] row-parallel (partial sums all-reduced, then its bias
+# once), the adapter's residual add over [B, S, H] batch only (sequence too with use_seq_parallel).
+ADAPTER_GOLDEN_DP2_MP4 = {
+    f"{site}.{op}": strategy for site in ("attention_adapter", "mlp_adapter") for op, strategy in {
+        "linear_down.matmul": ((2, 1), (4, 1)), "linear_down.bias_add": ((2, 4), (4,)),
+        "activation.gelu": ((2, 1, 4),), "activation.relu": ((2, 1, 4),),
+        "linear_up.matmul": ((2, 4), (1, 4)), "linear_up.bias_add": ((2, 1), (1,)),
+        "add": ((2, 1, 1), (2, 1, 1))}.items()}
+
+
+@pytest.mark.parametrize("extra,add", [({}, ((2, 1, 1), (2, 1, 1))), ({"use_seq_parallel": True},
+                                                                    ((2, 4, 1), (2, 4, 1)))],
+                         ids=["plain", "sequence parallel"])
+def test_adapter_strategies_equal_the_golden_table(extra, add):
+    """pet_type adapter (bottleneck 16) on every layer; the base ops keep their golden strategies."""
+    config = GPTLocalConfig(**SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4, **extra},
+                            pet_config={"pet_type": "adapter", "bottleneck_size": 16})
+    applied = apply_sharding(GPTLocalForCausalLM(config), config)
+    golden = {op: (add if op.endswith(".add") else st) for op, st in ADAPTER_GOLDEN_DP2_MP4.items()}
+    for index in range(SMALL["num_hidden_layers"]):
+        prefix = f"model.layers.{index}."
+        assert {op[len(prefix):]: st for op, st in applied.items()
+                if op.startswith(prefix) and "_adapter." in op} == golden, index
+        assert applied[prefix + "mlp.linear_fc1.matmul"] == ((2, 1), (4, 1))

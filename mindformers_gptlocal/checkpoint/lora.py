@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from ..errors import CheckpointError
-from ..model.lora_config import LORA_A, LORA_B, is_lora_name
+from ..model.lora_config import LORA_A, LORA_B, is_adapter_name, is_lora_name
 from ..safetensors_io import read_safetensors, resolve_weights_file
 from ..staging import write_folder
 from .hf_gpt2 import local_to_hf_name
@@ -29,6 +29,12 @@ def adapter_tensors(path):
     moments of the adapters, also in training checkpoints, are left out)."""
     weights = resolve_weights_file(path)
     reader = SafetensorsReader(weights)
+    bottleneck = [n for n in reader.names() if n.startswith("model.layers.") and is_adapter_name(n)]
+    if bottleneck:
+        raise CheckpointError(f"--adapter {path}: {weights} holds bottleneck adapters (pet_type: adapter, e.g. "
+                              f"'{bottleneck[0]}'), which cannot be folded into the base weights (a non-linearity "
+                              f"sits between their two projections) nor exported as a PEFT LoRA adapter; use the "
+                              f"run's model directory as it is (it loads with its adapters).")
     names = [n for n in reader.names() if n.startswith("model.layers.") and is_lora_name(n)]
     pairs = {}
     for name in names:

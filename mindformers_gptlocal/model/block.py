@@ -2,14 +2,16 @@
 
 norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm
-or RMSNorm (``normalization``), chosen when the block is built.
+or RMSNorm (``normalization``), chosen when the block is built. Each part's residual update passes its
+bottleneck adapter (``pet_type: adapter``, ``adapter.py``; set after build, None otherwise) and LayerDrop's 0/1
+(``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist.
 Where the layer runs (pipeline stage) and whether it recomputes are set on the
 Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), never decided in ``construct``.
 """
 from mindspore import nn, ops
 
 from .attention import ParallelAttention
-from .dropout import dropout_site, make_dropout
+from .dropout import dropout_site, make_dropout, make_layerdrop
 from .feedforward import ParallelFeedForward
 from .layers import make_norm
 
@@ -32,6 +34,10 @@ class GPTLocalBlock(nn.Cell):
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
                                                counter_dropout)
         self.add = ops.Add()
+        # pet_type: adapter puts BottleneckAdapters here (model/adapter.py); LayerDrop scales both updates by 0/1
+        self.attention_adapter = None
+        self.mlp_adapter = None
+        self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None):
@@ -43,10 +49,21 @@ class GPTLocalBlock(nn.Cell):
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
                               value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
                               dropout_step=dropout_step, rotary=rotary)
+        # each residual update: dropout, then its adapter and LayerDrop's 0/1 when they exist (None: not built)
+        attn = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)
+        if self.attention_adapter is not None:
+            attn = self.attention_adapter(attn)
+        if self.layerdrop is not None:
+            attn = self.layerdrop(attn, dropout_step)
         if self.parallel_residual:
             mlp = self.mlp(self.post_attention_layernorm(hidden))
-            hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))
-            return self.add(hidden, ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype))
-        hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))
-        mlp = self.mlp(self.post_attention_layernorm(hidden))
-        return self.add(hidden, ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype))
+            hidden = self.add(hidden, attn)
+        else:
+            hidden = self.add(hidden, attn)
+            mlp = self.mlp(self.post_attention_layernorm(hidden))
+        mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
+        if self.mlp_adapter is not None:
+            mlp = self.mlp_adapter(mlp)
+        if self.layerdrop is not None:
+            mlp = self.layerdrop(mlp, dropout_step)
+        return self.add(hidden, mlp)

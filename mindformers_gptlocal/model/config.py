@@ -117,6 +117,7 @@ class GPTLocalConfig(PretrainedConfig):
                  add_qkv_bias=DEFAULTS["add_qkv_bias"],
                  untie_embeddings_and_output_weights=DEFAULTS["untie_embeddings_and_output_weights"],
                  use_parallel_residual=DEFAULTS["use_parallel_residual"],
+                 layerdrop=0.0,
                  **kwargs):
         parallel_config = kwargs.pop("parallel_config", None)
         if parallel_config is not None:
@@ -179,6 +180,7 @@ class GPTLocalConfig(PretrainedConfig):
         self.untie_embeddings_and_output_weights = arch.untied
         tie_word_embeddings = not arch.untied
         self.use_parallel_residual = arch.parallel_residual
+        self.layerdrop = _number("layerdrop", layerdrop)  # LayerDrop (model/dropout.py), training only
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -275,7 +277,7 @@ class GPTLocalConfig(PretrainedConfig):
             if str(getattr(self, key)) not in DTYPES:
                 raise ConfigError(f"model_config.{key} {getattr(self, key)!r} is not a dtype; "
                                   f"use one of {', '.join(DTYPES)}.")
-        for key in ("hidden_dropout", "attention_dropout", "embedding_dropout"):
+        for key in ("hidden_dropout", "attention_dropout", "embedding_dropout", "layerdrop"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"model_config.{key} must be in [0, 1), got {getattr(self, key)}.")
         if not self.scale_attn_weights:
@@ -287,7 +289,8 @@ class GPTLocalConfig(PretrainedConfig):
         self.lora_spec()
 
     def lora_spec(self):
-        """The LoRA settings of ``pet_config`` (a ``LoraSpec``), or None without one; read and checked once."""
+        """The PEFT settings of ``pet_config`` (a ``LoraSpec``, or an ``AdapterSpec`` for pet_type: adapter), or None
+        without one; read and checked once."""
         return self._derived_value("lora", self._read_lora)
 
     def _read_lora(self):

@@ -113,12 +113,44 @@ class KernelDropout(nn.Dropout):
         return super().construct(x)
 
 
+class LayerDrop(CounterDropout):
+    """LayerDrop (Fan et al. 2019, "Reducing Transformer Depth on Demand with Structured Dropout"): in training
+    a whole layer is skipped with probability ``p``, for the whole batch of a forward, by multiplying the
+    layer's residual updates (attention and MLP) by one 0/1 draw of the counter stream above (site
+    ``LAYERDROP_SITE + layer_number``), so a resumed run skips the same layers. No rescaling (fairseq's
+    LayerDrop has none either): at eval and in generation every layer runs. A skipped layer is still computed;
+    its update is multiplied by 0 (no Python control flow on tensor values in ``construct``)."""
+
+    def construct(self, x, step=None):
+        if not self.training or self.p == 0.0 or step is None:
+            return x
+        return x * ops.cast(self.keep_shape((1,), step), x.dtype)
+
+
+LAYERDROP_SITE = 10000  # LayerDrop sites: 10000 + layer_number, apart from the 3 dropout sites per layer (< 2**31
+# in _offsets up to layer ~5,500)
+
+
+def make_layerdrop(config, layer_number, counter):
+    """The LayerDrop Cell of one layer, or None without ``model_config.layerdrop``."""
+    p = float(getattr(config, "layerdrop", 0.0) or 0.0)
+    if p == 0.0:
+        return None
+    if not counter:
+        from ..errors import ConfigError
+        raise ConfigError(f"model_config.layerdrop {p} needs counter-based dropout, which gpt_local uses only with "
+                          f"parallel_mode 0 (stand-alone or data parallel); set layerdrop: 0 for semi-auto/auto "
+                          f"parallel runs.")
+    return LayerDrop(p, LAYERDROP_SITE + layer_number, getattr(config, "dropout_seed", 0))
+
+
 def counter_dropout_enabled(config):
-    """Counter-based dropout when some dropout is on and the build is stand-alone or data parallel
-    (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
+    """Counter-based dropout when some dropout (or LayerDrop) is on and the build is stand-alone or data
+    parallel (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
     arithmetic would need shard strategies, and its counter would be shared across pipeline stages; there
     MindSpore's own Dropout is kept (its masks do not resume)."""
-    rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout)
+    rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout,
+             getattr(config, "layerdrop", 0.0) or 0.0)
     return any(rate > 0 for rate in rates) and not is_parallel_build()
 
 

@@ -30,6 +30,7 @@ from .config import GPTLocalConfig
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
 from .kv_cache import KVCachePool
 from .layers import make_norm, to_mstype
+from .lora_config import is_adapter_spec
 from .params import DROPOUT_STEP
 from .mindformers_adapter import MindFormersAdapter
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -227,10 +228,11 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        self.lora = config.lora_spec()  # pet_config: LoRA adapters, before the strategies are set
+        self.lora = config.lora_spec()  # pet_config: LoRA or bottleneck adapters, before the strategies are set
         if self.lora is not None:
+            from .adapter import add_adapters
             from .lora import add_lora
-            add_lora(self, self.lora)
+            (add_adapters if is_adapter_spec(self.lora) else add_lora)(self, self.lora)
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
 

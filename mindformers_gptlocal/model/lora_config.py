@@ -1,4 +1,4 @@
-"""LoRA settings from MindFormers' ``model_config.pet_config``, checked once, in pure Python.
+"""LoRA and bottleneck-adapter settings from MindFormers' ``model_config.pet_config``, checked once, in pure Python.
 
 A MindFormers user's YAML works unchanged::
 
@@ -19,6 +19,9 @@ as MindFormers' ``recursive_replace_dense_cell`` does; we also accept a full mat
 ``freeze_include``/``freeze_exclude`` are mindpet's ``freeze_modules`` fnmatch lists (a parameter
 matched by both is left as it is, i.e. trainable). Everything here runs without MindSpore, so the
 pre-flight (through ``GPTLocalConfig.validate``), ``gptlocal plan`` and ``convert`` use it.
+
+``pet_type: adapter`` (``read_adapter_config``) gives an ``AdapterSpec`` instead: Houlsby bottleneck adapters
+(``model/adapter.py``); its keys and defaults are documented in docs/finetune.md.
 """
 import re
 from collections import namedtuple
@@ -27,7 +30,7 @@ from fnmatch import fnmatch
 from ..errors import ConfigError
 from ..parallel.sharding import LINEAR_SPLITS
 
-PET_TYPES = ("lora",)
+PET_TYPES = ("lora", "adapter")
 # Our Linear Cells by path inside a block -> how tensor parallel splits their weight (column / row)
 LINEARS = LINEAR_SPLITS
 LORA_A, LORA_B = "lora_a", "lora_b"  # parameter names under the Linear; '*lora*' freeze patterns match them
@@ -50,7 +53,9 @@ def read_pet_config(pet_config, num_layers):
     pet_type = _get(pet_config, "pet_type")
     if pet_type not in PET_TYPES:
         raise ConfigError(f"model_config.pet_config.pet_type {pet_type!r} is not supported by gpt_local; use "
-                          f"pet_type: lora (prefix tuning and P-Tuning v2 need model hooks gpt_local does not have).")
+                          f"pet_type: {' or '.join(PET_TYPES)}.")
+    if pet_type == "adapter":
+        return read_adapter_config(pet_config, num_layers)
     rank = _get(pet_config, "lora_rank", 8)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ConfigError(f"model_config.pet_config.lora_rank must be a positive integer, got {rank!r}.")
@@ -87,6 +92,98 @@ def read_pet_config(pet_config, num_layers):
                           f"({', '.join(n.split('.')[-1] for n in LINEARS)}; full paths like "
                           f"model.layers.0.attention.linear_qkv); e.g. use '.*linear_qkv|.*linear_proj'.")
     return spec
+
+
+# --- bottleneck adapters (pet_type: adapter, model/adapter.py) -----------------------------------------------
+# Houlsby et al. 2019: after the attention and after the MLP of a layer, x + up(act(down(x))). MindFormers 1.8
+# names the type (PetType.ADAPTER) but defines no keys for it; the keys are mindpet's AdapterDense
+# (``bottleneck_size``, ``non_linearity``) and adapter-transformers' (``reduction_factor``, ``mh_adapter``,
+# ``output_adapter``), ``layers_to_transform`` is PEFT's.
+ADAPTER_SITES = ("attention_adapter", "mlp_adapter")  # block attributes: after attention, after the MLP
+ADAPTER_LINEARS = ("linear_down", "linear_up")
+NON_LINEARITIES = ("relu", "gelu", "gelu_new", "quick_gelu", "silu", "swish")
+ADAPTER_KEYS = ("pet_type", "bottleneck_size", "reduction_factor", "non_linearity", "mh_adapter", "output_adapter",
+                "layers_to_transform", "freeze_include", "freeze_exclude")
+
+AdapterSpec = namedtuple("AdapterSpec", "bottleneck_size reduction_factor non_linearity sites layers "
+                                        "freeze_include freeze_exclude")
+
+
+def read_adapter_config(pet_config, num_layers):
+    """pet_type: adapter -> AdapterSpec; one ConfigError naming the key for every bad value."""
+    keys = pet_config.keys() if hasattr(pet_config, "keys") else vars(pet_config).keys()
+    unknown = [k for k in keys if k not in ADAPTER_KEYS and _get(pet_config, k) is not None]
+    if unknown:
+        raise ConfigError(f"model_config.pet_config.{unknown[0]} is not a key of pet_type: adapter; its keys are "
+                          f"{', '.join(ADAPTER_KEYS[1:])}. Remove it.")
+    size, factor = _get(pet_config, "bottleneck_size"), _get(pet_config, "reduction_factor")
+    if size is not None and factor is not None:
+        raise ConfigError("model_config.pet_config sets both bottleneck_size and reduction_factor; keep one "
+                          "(bottleneck_size = hidden_size / reduction_factor).")
+    key, value = ("reduction_factor", factor) if factor is not None else ("bottleneck_size",
+                                                                           64 if size is None else size)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"model_config.pet_config.{key} must be a positive integer (the adapter's bottleneck "
+                          f"width{' is hidden_size / reduction_factor' if factor is not None else ''}), got "
+                          f"{value!r}; e.g. {key}: {16 if factor is not None else 64}.")
+    act = str(_get(pet_config, "non_linearity", "gelu")).lower()
+    if act not in NON_LINEARITIES:
+        raise ConfigError(f"model_config.pet_config.non_linearity {act!r} is not one gpt_local has; use one of "
+                          f"{', '.join(NON_LINEARITIES)}.")
+    sites = []
+    for flag, site in (("mh_adapter", ADAPTER_SITES[0]), ("output_adapter", ADAPTER_SITES[1])):
+        value = _get(pet_config, flag, True)
+        if not isinstance(value, bool):
+            raise ConfigError(f"model_config.pet_config.{flag} must be true or false, got {value!r}.")
+        if value:
+            sites.append(site)
+    if not sites:
+        raise ConfigError("model_config.pet_config.mh_adapter and output_adapter are both false, so no adapter "
+                          "would be inserted; set one of them true.")
+    layers = _get(pet_config, "layers_to_transform")
+    if layers is None:
+        layers = list(range(num_layers))
+    elif isinstance(layers, int) and not isinstance(layers, bool):
+        layers = [layers]
+    if not isinstance(layers, (list, tuple)) or not layers or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in layers):
+        raise ConfigError(f"model_config.pet_config.layers_to_transform must be a non-empty list of layer indices "
+                          f"in [0, {num_layers}) (num_hidden_layers {num_layers}), got {layers!r}.")
+    include, keep = _str_list(pet_config, "freeze_include"), _str_list(pet_config, "freeze_exclude")
+    return AdapterSpec(size if factor is None else None, factor, act, tuple(sites), tuple(sorted(set(layers))),
+                       include or ["*"], keep or ["*adapter*"])
+
+
+def bottleneck_width(spec, hidden_size):
+    """The adapter's bottleneck width: bottleneck_size, or hidden_size // reduction_factor (refused when 0)."""
+    if spec.reduction_factor is None:
+        return spec.bottleneck_size
+    width = hidden_size // spec.reduction_factor
+    if width < 1:
+        raise ConfigError(f"model_config.pet_config.reduction_factor ({spec.reduction_factor}) is larger than "
+                          f"hidden_size ({hidden_size}), so the adapter size would be 0; use a reduction_factor "
+                          f"<= {hidden_size} or bottleneck_size.")
+    return width
+
+
+def is_adapter_spec(spec):
+    return isinstance(spec, AdapterSpec)
+
+
+def adapter_paths(spec, num_layers):
+    """Full paths of the adapter Cells (``model.layers.0.attention_adapter``), layer by layer."""
+    return [f"model.layers.{i}.{site}" for i in range(num_layers) if i in spec.layers for site in spec.sites]
+
+
+def adapter_shapes(hidden_size, width):
+    """One adapter's parameters, names relative to it: down [m, H] + bias, up [H, m] + bias."""
+    return {"linear_down.weight": (width, hidden_size), "linear_down.bias": (width,),
+            "linear_up.weight": (hidden_size, width), "linear_up.bias": (hidden_size,)}
+
+
+def is_adapter_name(name):
+    """A parameter of a bottleneck adapter (``model.layers.0.mlp_adapter.linear_up.weight``)."""
+    return any(f".{site}." in name for site in ADAPTER_SITES)
 
 
 def _str_list(pet_config, key):
@@ -138,8 +235,9 @@ def check_trainable(spec, names):
     """The trainable names under the freeze lists; one ConfigError when none is left."""
     trainable = [n for n in names if not is_frozen(spec, n)]
     if not trainable:
+        named, keep = ("'*.attention_adapter.*' and '*.mlp_adapter.*'", "*adapter*") if is_adapter_spec(spec) \
+            else (f"'*.{LORA_A}' and '*.{LORA_B}'", "*lora*")
         raise ConfigError(f"model_config.pet_config freeze_include {spec.freeze_include} / freeze_exclude "
                           f"{spec.freeze_exclude} freeze every parameter, so nothing would train; the adapters are "
-                          f"named '*.{LORA_A}' and '*.{LORA_B}': use freeze_include: ['*'], "
-                          f"freeze_exclude: ['*lora*'].")
+                          f"named {named}: use freeze_include: ['*'], freeze_exclude: ['{keep}'].")
     return trainable

@@ -15,7 +15,8 @@ from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
 from .arch import (ACTIVATIONS, ARCH_DEFAULTS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES,  # noqa: F401
                    SIZE_DEFAULTS, Arch, model_value, rotary_dim)
-from .lora_config import lora_shapes, read_pet_config, targeted_paths
+from .lora_config import (adapter_paths, adapter_shapes, bottleneck_width, is_adapter_spec, lora_shapes,
+                          read_pet_config, targeted_paths)
 
 # the architecture's keys, defaults and derived values live in ``arch.py`` (these names are kept for callers)
 Architecture = Arch
@@ -105,11 +106,14 @@ def layer_shapes(d):
 
 def table_of_dims(d, layout=None, lora=None):
     """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
-    LoraSpec (``model/lora_config.py``) whose adapters are in the table too."""
+    LoraSpec or AdapterSpec (``model/lora_config.py``) whose adapters are in the table too."""
     layout = layout or Layout()
     arch = d.get("arch") or Arch()
+    adapter = lora if is_adapter_spec(lora) else None  # pet_type: adapter (model/adapter.py)
+    lora = None if adapter else lora
     lora_paths = targeted_paths(lora, d["layers"], arch.gated) if lora else []
-    layouts = param_layouts(model_rules(layout, d["layers"], lora_paths, arch))
+    bottlenecks = adapter_paths(adapter, d["layers"]) if adapter else []
+    layouts = param_layouts(model_rules(layout, d["layers"], lora_paths, arch, bottlenecks))
     stage_ids = layout.stage_of_layers(d["layers"])
     last = max(stage_ids)
     shapes = {WORD_EMBEDDINGS: ((d["vocab"], d["hidden"]), [0] if arch.untied else sorted({0, last}))}
@@ -122,6 +126,10 @@ def table_of_dims(d, layout=None, lora=None):
         weight = shapes[path + ".weight"]
         for name, shape in lora_shapes(weight[0][1], weight[0][0], lora.rank).items():
             shapes[f"{path}.{name}"] = (shape, weight[1])
+    for path in bottlenecks:
+        stage = [stage_ids[layer_of(path)]]
+        for name, shape in adapter_shapes(d["hidden"], bottleneck_width(adapter, d["hidden"])).items():
+            shapes[f"{path}.{name}"] = (shape, stage)
     shapes["model.final_layernorm.weight"] = ((d["hidden"],), [last])
     if not arch.rmsnorm:
         shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])

@@ -14,7 +14,7 @@ from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
 from ..tokenizer_id import write_id
-from .lora_config import is_lora_name
+from .lora_config import is_adapter_name, is_lora_name
 from .params import WORD_EMBEDDINGS, is_weight, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
@@ -45,13 +45,20 @@ def model_state(tensors, model):
     """Keep the model's own parameters from a checkpoint (drops optimizer state), checking names and shapes.
     ``tensors``: name -> array, or name -> shape tuple (then the kept names map to their shapes)."""
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
-    # a LoRA model (pet_config) loads its base weights; adapters absent from the file keep their init
-    missing = [name for name in params if name not in tensors and not is_lora_name(name)]
+    # a LoRA or adapter model (pet_config) loads its base weights; adapters absent from the file keep their init
+    missing = [name for name in params if name not in tensors
+               and not is_lora_name(name) and not is_adapter_name(name)]
     if missing:
         foreign = sorted(tensors)[:3]
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
                               f"'{missing[0]}'; it holds e.g. {foreign}. It is not a gpt_local checkpoint of "
                               f"this architecture (convert Hugging Face weights with `gptlocal convert hf2ms`).")
+    adapters = [name for name in tensors if is_adapter_name(name) and name.startswith("model.")]
+    if adapters and not any(is_adapter_name(name) for name in params):
+        raise CheckpointError(f"checkpoint holds bottleneck adapters (e.g. '{adapters[0]}', pet_type: adapter) but "
+                              f"the model has none, so they would be ignored; build the model with the run's "
+                              f"pet_config (a model directory's config.json has it). Adapters cannot be folded "
+                              f"into the base weights.")
     adapters = [name for name in tensors if is_lora_name(name) and name.startswith("model.")]
     if adapters and not any(is_lora_name(name) for name in params):
         raise CheckpointError(f"checkpoint holds LoRA adapters (e.g. '{adapters[0]}') but the model has none, so "

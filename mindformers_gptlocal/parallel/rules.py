@@ -57,6 +57,18 @@ def _divisors(number, limit):
     return [d for d in range(1, min(number, limit) + 1) if number % d == 0]
 
 
+def _adapter_width(pet, hidden):
+    """The bottleneck width of pet_type: adapter (``model/lora_config.py`` checks the values), or None."""
+    get = (lambda key: pet.get(key)) if hasattr(pet, "get") else (lambda key: getattr(pet, key, None))
+    if not pet or get("pet_type") != "adapter":
+        return None
+    factor = get("reduction_factor")
+    if isinstance(factor, int) and factor > 0 and isinstance(hidden, int):
+        return hidden // factor
+    size = get("bottleneck_size")
+    return 64 if size is None else size if isinstance(size, int) else None
+
+
 def check_parallel_layout(model_config, layout, devices=None, batch_size=None):
     """Every layout problem of ``model_config`` (dict or config object) under ``layout``.
 
@@ -87,6 +99,10 @@ def check_parallel_layout(model_config, layout, devices=None, batch_size=None):
                        "tensor parallel gives every rank whole key/value groups (grouped-query attention)")
         _divisible(problems, "hidden_size", hidden, mp, "the row-parallel projections split hidden_size")
         _divisible(problems, "intermediate_size", inter, mp, "the MLP's fc1/fc2 split intermediate_size")
+        width = _adapter_width(config_value(model_config, "pet_config", None), hidden)
+        if width:
+            _divisible(problems, "pet_config.bottleneck_size", width, mp,
+                       "the bottleneck adapters (pet_type: adapter) split their bottleneck like the MLP")
         if not layout.vocab_emb_dp:
             _divisible(problems, "vocab_size", vocab, mp,
                        "parallel_config.vocab_emb_dp is False, so the embedding and tied head split the vocabulary "
@@ -168,5 +184,12 @@ def check_yaml_layout(config, devices=None):
     runner = config_value(config, "runner_config", {}) or {}
     if devices is None and not config_value(config, "use_parallel", False):
         devices = 1
-    return check_parallel_layout(model_config, Layout.of_run_yaml(config), devices=devices,
-                                 batch_size=config_value(runner, "batch_size"))
+    problems = check_parallel_layout(model_config, Layout.of_run_yaml(config), devices=devices,
+                                     batch_size=config_value(runner, "batch_size"))
+    mode = config_value(config_value(config, "parallel", {}) or {}, "parallel_mode", 0)
+    layerdrop = model_config.get("layerdrop") or 0
+    if config_value(config, "use_parallel", False) and mode in SHARDING_MODES and layerdrop:
+        problems.append(f"model_config.layerdrop ({layerdrop}) needs counter-based dropout, which gpt_local uses "
+                        f"only with parallel.parallel_mode 0 (stand-alone or data parallel), but parallel_mode is "
+                        f"{mode!r}; set layerdrop: 0 or parallel_mode: 0.")
+    return problems

@@ -101,20 +101,38 @@ def _lora(linear, split):
             OpRule(f"{linear}.lora_add", ((DP, 1), (DP, 1)))]
 
 
+def adapter_rules(adapter, act):
+    """A bottleneck adapter (model/adapter.py): y + up(act(down(y))), laid out like the MLP: down [m, H]
+    column-parallel (the bottleneck split over mp), the activation on each rank's columns, up [H, m]
+    row-parallel (partial sums all-reduced, the bias added after), the residual add like the block's.
+    Needs mp | bottleneck width (``parallel/rules.py``)."""
+    return [*_column(f"{adapter}.linear_down"),
+            OpRule(f"{adapter}.activation.gelu", ((DP, 1, MP),)),
+            OpRule(f"{adapter}.activation.relu", ((DP, 1, MP),)),
+            OpRule(f"{adapter}.activation.fast_gelu", ((DP, 1, MP),), optional=True),  # non_linearity quick_gelu
+            OpRule(f"{adapter}.activation.sigmoid", ((DP, 1, MP),), optional=True),  # silu / swish
+            OpRule(f"{adapter}.activation.mul", ((DP, 1, MP), (DP, 1, MP)), optional=True),
+            *_row(f"{adapter}.linear_up"),
+            OpRule(f"{adapter}.add", (act, act))]
+
+
 LINEAR_SPLITS = {"attention.linear_qkv": "column", "attention.linear_proj": "row",
                  "mlp.linear_fc1": "column", "mlp.linear_gate": "column", "mlp.linear_fc2": "row"}
 
 
-def block_rules(seq_parallel=False, lora=(), arch=None):
+def block_rules(seq_parallel=False, lora=(), arch=None, adapters=()):
     """The rules of one GPTLocalBlock, paths relative to the block; ``lora``: the block's Linears
-    (``attention.linear_qkv`` ...) that carry a LoRA adapter; ``arch``: the block's layer choices
+    (``attention.linear_qkv`` ...) that carry a LoRA adapter; ``adapters``: its bottleneck adapters
+    (``attention_adapter``, ``mlp_adapter``: pet_type adapter); ``arch``: the block's layer choices
     (``model/arch.py`` ``Arch``). With grouped-query attention the fused QKV
     rows are group-major, [group, (q heads of the group, k, v), head_dim], so the same column split
     hands every rank whole query groups (``parallel/rules.py`` requires mp | num_query_groups)."""
     arch = _arch(arch)
     act = (DP, MP, 1) if seq_parallel else (DP, 1, 1)
     heads = (DP, MP, 1, 1)
+    bottlenecks = [rule for site in adapters for rule in adapter_rules(site, act)]
     adapters = [rule for linear in LINEAR_SPLITS if linear in lora for rule in _lora(linear, LINEAR_SPLITS[linear])]
+    adapters += bottlenecks
     gated = [*_column("mlp.linear_gate", arch.bias), OpRule("mlp.activation.sigmoid", ((DP, 1, MP),)),
              OpRule("mlp.activation.mul", ((DP, 1, MP), (DP, 1, MP))),
              OpRule("mlp.gate_mul", ((DP, 1, MP), (DP, 1, MP)))] if arch.gated else []
@@ -150,10 +168,11 @@ def block_rules(seq_parallel=False, lora=(), arch=None):
     ]
 
 
-def model_rules(config, num_layers=None, lora_paths=(), arch=None):
+def model_rules(config, num_layers=None, lora_paths=(), arch=None, adapter_paths=()):
     """Every rule of a GPTLocalForCausalLM, paths relative to it (layers expanded). ``config``: a model
     config, or a ``Layout`` with ``num_layers``; ``lora_paths``: full paths of the Linears with a LoRA
-    adapter (``model.layers.0.attention.linear_qkv``); ``arch``: the layer choices (None: ``config.arch``)."""
+    adapter (``model.layers.0.attention.linear_qkv``); ``arch``: the layer choices (None: ``config.arch``);
+    ``adapter_paths``: full paths of the bottleneck adapters (``model.layers.0.mlp_adapter``)."""
     arch = _arch(arch, config)
     layout = layout_of(config)
     if num_layers is None:
@@ -170,7 +189,8 @@ def model_rules(config, num_layers=None, lora_paths=(), arch=None):
     for index in range(num_layers):
         prefix = f"model.layers.{index}."
         lora = [path[len(prefix):] for path in lora_paths if path.startswith(prefix)]
-        for rule in block_rules(seq, lora, arch):
+        sites = [path[len(prefix):] for path in adapter_paths if path.startswith(prefix)]
+        for rule in block_rules(seq, lora, arch, sites):
             params = {i: prefix + p for i, p in (rule.params or {}).items()} or None
             rules.append(rule._replace(op=prefix + rule.op, params=params))
     rules += [
@@ -256,7 +276,9 @@ def apply_sharding(model, config, arch=None):
     check_divisible(config, layout.mp)
     applied = {}
     lora_paths = [name[:-len(".lora_a")] for name, _ in model.parameters_and_names() if name.endswith(".lora_a")]
-    for rule in model_rules(config, lora_paths=lora_paths, arch=arch):
+    bottlenecks = sorted({name.split(".linear_down.")[0] for name, _ in model.parameters_and_names()
+                          if ".linear_down." in name})
+    for rule in model_rules(config, lora_paths=lora_paths, arch=arch, adapter_paths=bottlenecks):
         op = resolve(model, rule.op)
         if op is None:
             if rule.optional or rule.op.endswith((".relu", ".gelu")):

@@ -10,7 +10,8 @@ rope, untied head) reach the counts through the table; SwiGLU adds its gate's ac
 Memory terms (bytes per device), each the state that lives through a training step:
 
 * weights: parameters in ``params_dtype``.
-* gradients: one per parameter, in ``params_dtype`` (MindSpore's grads take the parameter dtype).
+* gradients: one per parameter, in ``params_dtype`` (MindSpore's grads take the parameter dtype); with
+  ``pet_config`` (LoRA, adapters) only the trainable ones have gradients and moments (``stage_pet_params``).
 * optimizer: MindFormers' AdamW (and GPTLocalAdamW, its fused form) keeps two fp32 moments (``adam_m``, ``adam_v``) per parameter,
   whatever the parameter dtype. It keeps no separate fp32 master copy: with fp32 parameters the
   weights are the master; with bf16/fp16 ones it updates in fp32 on the fly and casts back. With
@@ -24,6 +25,7 @@ On Ascend these analytic numbers are the estimate (plus the runtime's workspace,
 of a MindFormers training run holds much more; ``cpu_peak_rss`` adds a measured runtime term and
 measured factors (below), the state one per optimizer type.
 """
+from ..model.lora_config import is_adapter_name, is_frozen, is_lora_name, read_pet_config
 from ..model.params import POSITION_EMBEDDINGS, WORD_EMBEDDINGS, dims, layer_of, table_of_dims
 from ..parallel.layout import Layout
 
@@ -90,7 +92,8 @@ def shape_of(model_config):
         ln_dtype=str(get("layernorm_compute_dtype", "float32")),
         softmax_dtype=str(get("softmax_compute_dtype", "float32")),
         hidden_dropout=float(get("hidden_dropout", 0.1)), attention_dropout=float(get("attention_dropout", 0.1)),
-        tied=not s["arch"].untied, flash=bool(get("use_flash_attention", False)))
+        tied=not s["arch"].untied, flash=bool(get("use_flash_attention", False)),
+        pet_config=get("pet_config") or None)
     return s
 
 
@@ -129,7 +132,35 @@ def stage_params(s, layer_counts, t=1, vocab_parallel=False):
         if not s["tied"] and index == last:
             parts["head"] = sizes["words"]
         stages.append(parts)
+    for parts, (adapters, _) in zip(stages, stage_pet_params(s, layer_counts, t, vocab_parallel) or ()):
+        parts["adapters"] = adapters  # LoRA / bottleneck adapters of the stage's layers (pet_config)
     return stages
+
+
+def stage_pet_params(s, layer_counts, t=1, vocab_parallel=False):
+    """With ``pet_config`` (LoRA or bottleneck adapters): per stage (adapter parameters, trainable parameters)
+    one tensor-parallel rank holds, from the full parameter table and the freeze lists (only trainable
+    parameters get gradients and optimizer moments); None without pet_config."""
+    spec = read_pet_config(s.get("pet_config"), s["layers"])
+    if spec is None:
+        return None
+    table = table_of_dims(s, Layout(mp=t, vocab_emb_dp=not vocab_parallel), spec)
+    ends = [sum(layer_counts[:i + 1]) for i in range(len(layer_counts))]
+    last = len(layer_counts) - 1
+    out = []
+    for index, end in enumerate(ends):
+        start = end - layer_counts[index]
+
+        def here(name, index=index, start=start, end=end):
+            layer = layer_of(name)
+            if layer is not None:
+                return start <= layer < end
+            return index == (0 if name.startswith("model.embedding.") else last)
+        names = [name for name in table if here(name)]
+        adapters = sum(table[n].rank_size(t) for n in names if is_lora_name(n) or is_adapter_name(n))
+        trainable = sum(table[n].rank_size(t) for n in names if not is_frozen(spec, n))
+        out.append((adapters, trainable))
+    return out
 
 
 def layer_activation_bytes(s, batch, t=1, seq_parallel=False, recompute="none", flash=False):

@@ -35,11 +35,13 @@ def plan(config, devices=None):
     pbytes = mem.BYTES[s["params_dtype"]]
     flash = s["flash"] and target == "Ascend"   # the model uses the fused kernel only on Ascend
     stages = []
+    pet = mem.stage_pet_params(s, counts, t, vocab_parallel)  # pet_config: only the trainable get grads/moments
     for index, parts in enumerate(mem.stage_params(s, counts, t, vocab_parallel)):
         params = sum(parts.values())
+        trainable = params if pet is None else pet[index][1]
         weights = params * pbytes
-        grads = params * pbytes
-        optimizer = params * mem.ADAM_MOMENT_BYTES / (dp if parallel_optimizer else 1)
+        grads = trainable * pbytes
+        optimizer = trainable * mem.ADAM_MOMENT_BYTES / (dp if parallel_optimizer else 1)
         first, last = index == 0, index == pp - 1
         flight = mem.in_flight_micro_batches(index, pp, micro) if pp > 1 else 1
         act = {mode: mem.stage_activation_bytes(s, batch, counts[index], first, last, t, layout.seq_parallel,
@@ -48,7 +50,8 @@ def plan(config, devices=None):
         configured = act[recompute[index]]
         total = weights + grads + optimizer + configured
         stages.append({"stage": index, "layers": counts[index], "recompute": recompute[index],
-                       "params": params, "param_parts": parts, "weights_bytes": weights, "grads_bytes": grads,
+                       "params": params, "trainable_params": trainable, "param_parts": parts,
+                       "weights_bytes": weights, "grads_bytes": grads,
                        "optimizer_bytes": optimizer, "in_flight_micro_batches": flight,
                        "activation_bytes": configured, "activation_bytes_no_recompute": act["none"],
                        "activation_bytes_full_recompute": act["full"], "total_bytes": total})
@@ -173,6 +176,10 @@ def format_plan(result, path=""):
                      f"{_gib(st['grads_bytes'])} {_gib(st['optimizer_bytes'])} {_gib(st['activation_bytes'])} "
                      f"{_gib(st['activation_bytes_no_recompute']):>9} {_gib(st['activation_bytes_full_recompute']):>9} "
                      f"{_gib(st['total_bytes'])}  {st['recompute']}")
+    if any(st["trainable_params"] != st["params"] for st in result["stages"]):
+        lines.append("pet_config: grads and optim for the trainable parameters only: " + ", ".join(
+            f"stage {st['stage']} {st['trainable_params']:,} ({st['param_parts'].get('adapters', 0):,} in adapters)"
+            for st in result["stages"]))
     lines.append("communication per step, per device, GiB sent (tp / pp / dp):")
     for com in result["communication"]:
         lines.append(f"  stage {com['stage']}: tp {com['tp']['bytes_sent'] / GIB:.2f} "
