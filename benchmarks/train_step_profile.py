@@ -7,7 +7,8 @@ in ONE process (steps alternating).
 
 The step is ``GPTLocalTrainOneStepCell`` + ``GPTLocalAdamW`` (clip 1.0) on ``GPTLocalForCausalLM``, GRAPH mode, CPU,
 dropout 0, random tokens; ``runtime_num_threads`` = ``--threads``. The profile (``mindspore.Profiler``, CPU op
-statistics, ``cpu_op_type_info_0.csv``) covers ``--steps`` steps after 2 warm-up steps and is printed as ms a step
+statistics, ``cpu_op_detail_info_0.csv``; the AOT Custom ops split by
+their Cell) covers ``--steps`` steps after 2 warm-up steps and is printed as ms a step
 per op type, with each type's share of the op time; ``--groups`` folds them into the groups of
 docs/performance.md. ``--variant plain`` profiles with ``GPTLOCAL_NORM_GELU_KERNELS=0`` (MindSpore's LayerNorm and
 the Add + composed GeLU). ``--compare`` builds both variants in this process, compiles each, then steps them in
@@ -18,6 +19,7 @@ import argparse
 import csv
 import glob
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -32,8 +34,10 @@ SHAPES = {  # layers, hidden, heads, vocab
 }
 GROUPS = (  # (group, op types), in the order of the table
     ("MatMul + BatchMatMul (layers and output head)", ("MatMul", "BatchMatMul")),
-    ("attention kernel, LayerNorm and bias + GeLU kernels (AOT Custom)", ("Custom",)),
-    ("LayerNorm + LayerNormGrad", ("LayerNorm", "LayerNormGrad")),
+    ("attention kernel (AOT, forward + backward)", ("Custom:CPUAttention",)),
+    ("LayerNorm + LayerNormGrad (MindSpore)", ("LayerNorm", "LayerNormGrad")),
+    ("LayerNorm kernel (AOT, forward + backward)", ("Custom:CPULayerNorm",)),
+    ("bias + GeLU kernel (AOT, forward + backward)", ("Custom:CPUBiasGeLU",)),
     ("log-softmax + grad, Gather/GatherD (loss)", ("LogSoftmax", "LogSoftmaxGrad", "GatherD", "GatherDGradV2")),
     ("AdamW (AdamWeightDecay)", ("AdamWeightDecay", "FusedCastAdamWeightDecay")),
     ("GeLU parts: Sigmoid, Mul", ("Sigmoid", "Mul", "FastGeLU", "FastGeLUGrad", "GeLU", "GeLUGrad")),
@@ -81,10 +85,17 @@ def profile(args):
         cell(*inputs)[0].asnumpy()
     wall = (time.perf_counter() - started) / args.steps
     profiler.analyse()
-    path = glob.glob(os.path.join(out, "**", "cpu_op_type_info_0.csv"), recursive=True)[0]
+    path = glob.glob(os.path.join(out, "**", "cpu_op_detail_info_0.csv"), recursive=True)[0]
+    totals = {}
     with open(path, encoding="utf-8") as handle:
-        rows = [(row["op_type"], float(row["total_compute_time"]) / args.steps, int(row["type_occurrences"]))
-                for row in csv.DictReader(handle)]
+        for row in csv.DictReader(handle):  # AOT Custom ops named by their Cell: Custom:CPUAttention, ...
+            name = row["op_type"]
+            if name == "Custom":
+                cell = re.search(r"-(CPU\w+)/", row["full_op_name"])
+                name = f"Custom:{cell.group(1) if cell else 'other'}"
+            value, count = totals.get(name, (0.0, 0))
+            totals[name] = (value + float(row["op_total_time(ms)"]), count + int(row["op_occurrences"]))
+    rows = [(name, value / args.steps, count) for name, (value, count) in totals.items()]
     shutil.rmtree(out, ignore_errors=True)
     total = sum(ms_ for _, ms_, _ in rows)
     print(f"shape {args.shape} {args.batch} x {args.seq}, variant {args.variant}, {args.steps} profiled steps, "
