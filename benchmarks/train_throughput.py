@@ -30,14 +30,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SIDES = ("ours",) + tuple(C.TORCH_VARIANTS)
-LABELS = {"ours": "gpt_local (MindSpore)", "eager": "HF GPT-2, eager", "sdpa+fused": "HF GPT-2, sdpa + fused AdamW",
+LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, GPTLOCAL_NORM_GELU_KERNELS=0", "eager": "HF GPT-2, eager", "sdpa+fused": "HF GPT-2, sdpa + fused AdamW",
           "compile": "HF GPT-2, torch.compile"}
 
 
 def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra=None):
-    if side == "ours":
+    if side in ("ours", "ours_plain"):  # ours_plain: MindSpore's LayerNorm and Add + GeLU instead of our kernels
         yaml_path = C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
-        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
+        env = {"GPTLOCAL_NORM_GELU_KERNELS": "0"} if side == "ours_plain" else {}
+        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads, **env)
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
         if len(report["step_times"]) != steps:
             raise SystemExit(f"ours: {len(report['step_times'])} step lines, expected {steps}:\n{text[-3000:]}")
@@ -68,6 +69,8 @@ def main():
                         help=f"comma list of {list(C.TORCH_VARIANTS)} (compile costs ~30 s a run for GPT-2 small)")
     parser.add_argument("--attention-block-size", type=int, default=0,
                         help="ours: model_config.attention_block_size (memory-efficient attention; 0 = plain)")
+    parser.add_argument("--ours-plain", action="store_true",
+                        help="also run ours with GPTLOCAL_NORM_GELU_KERNELS=0 (before the LayerNorm/GeLU kernels)")
     parser.add_argument("--json", help="also write every run's numbers here")
     parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
@@ -86,7 +89,7 @@ def main():
     unknown = [v for v in variants if v not in C.TORCH_VARIANTS]
     if unknown:
         raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(C.TORCH_VARIANTS)}")
-    sides = ("ours", *variants)
+    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *variants)
     shapes = {name: C.shape_with(name, args.batch_size, args.seq_length) for name in args.shapes.split(",")}
     seq = next(iter(shapes.values()))["seq"]
     workdir = C.scratch_dir("gptlocal-bench-")
@@ -103,7 +106,7 @@ def main():
 
         def one(side, index, name=name, s=s, steps=steps):
             extra = {"attention_block_size": args.attention_block_size} if args.attention_block_size else None
-            report = summarise(measure(side, s, steps, corpus, windows, workdir, args.threads, f"ours_{name}_{index}",
+            report = summarise(measure(side, s, steps, corpus, windows, workdir, args.threads, f"{side}_{name}_{index}",
                                        extra), s, args.warmup, peak)
             print(f"{name} round {index + 1} {side:10} {report['tokens_per_s']:8.0f} tokens/s  first step "
                   f"{report['first_step_s']:6.1f} s (compile ~{report['compile_s']:.1f} s)  peak RSS "
@@ -127,7 +130,7 @@ def main():
             rate = C.median([r["tokens_per_s"] for r in runs])
             print(f"| {name} ({C.params_count(s) / 1e6:.0f}M) | {s['batch']} x {s['seq']} | {LABELS[side]} | "
                   f"{C.spread([r['tokens_per_s'] for r in runs])} | {ours / rate:.2f}x | "
-                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'compile') else '-'} | "
+                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'ours_plain', 'compile') else '-'} | "
                   f"{C.spread([r['peak_rss_mb'] for r in runs])} | "
                   f"{100 * C.median([r['mfu'] for r in runs]):.0f}% |")
     if any(r["mfu"] > 1.0 for _, _, results in rows.values() for runs in results.values() for r in runs):

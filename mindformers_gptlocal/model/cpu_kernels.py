@@ -5,7 +5,9 @@ forms several times faster than MindSpore 2.7.2's kernels (`python benchmarks/re
 Linear's bias and attention's mask are broadcast explicitly before their Add (less peak memory than the
 broadcasting Add).
 The attention of training, eval and uncached prefill runs gpt_local's fused C++ kernel
-(``kernels/``, chosen in ``ParallelAttention.__init__``).
+(``kernels/``, chosen in ``ParallelAttention.__init__``); LayerNorm and the MLP's bias + GeLU run its C++
+kernels (``kernels/norm_gelu.py``, chosen in ``LayerNorm`` and ``ParallelFeedForward``) where
+``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only).
 ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the plain matmul + softmax attention, MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
 against the plain path when debugging; other backends always use them.
 """
@@ -17,3 +19,13 @@ import mindspore as ms
 def replace_slow_cpu_kernels():
     """True on CPU unless GPTLOCAL_PLAIN_KERNELS is set to something other than 0."""
     return ms.get_context("device_target") == "CPU" and os.environ.get("GPTLOCAL_PLAIN_KERNELS", "0") in ("", "0")
+
+
+def norm_gelu_kernels():
+    """True where LayerNorm and bias + GeLU use gpt_local's CPU kernels: ``replace_slow_cpu_kernels()``, not a
+    semi-auto/auto parallel build (its strategies live on MindSpore's primitives) and GPTLOCAL_NORM_GELU_KERNELS
+    not 0."""
+    if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_NORM_GELU_KERNELS", "1") == "0":
+        return False
+    from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
+    return not is_parallel_build()

@@ -2,6 +2,7 @@
 ``gated_linear_unit`` (SwiGLU, Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear."""
 from mindspore import nn, ops
 
+from .cpu_kernels import norm_gelu_kernels
 from .layers import Linear, Activation, residual_init_std, to_mstype
 
 
@@ -28,8 +29,23 @@ class ParallelFeedForward(nn.Cell):
             self.activation = Activation(config.hidden_act)
         self.linear_fc2 = Linear(local, config.hidden_size, residual_init_std(config), params_dtype, compute_dtype,
                                  has_bias=bias)
+        self.bias_gelu = self._bias_gelu_kernel(config, bias, compute_dtype)
+        if self.bias_gelu is not None:  # fc1 returns x W^T; the kernel adds the bias (fc1's own Parameter)
+            self.linear_fc1.skip_bias_add = True
+
+    def _bias_gelu_kernel(self, config, bias, compute_dtype):
+        """gpt_local's CPU bias + GeLU kernel (``kernels/norm_gelu.py``) for fc1's bias and the tanh or quick GeLU,
+        or None (the plain Add + ``Activation``): CPU, float32, one rank, not gated, biased fc1."""
+        form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
+        if self.gated or not bias or form is None or not norm_gelu_kernels():
+            return None
+        from ..kernels.norm_gelu import bias_gelu_kernel  # pylint: disable=import-outside-toplevel
+        return bias_gelu_kernel(form, compute_dtype)
 
     def construct(self, hidden):
+        if self.bias_gelu is not None:
+            y = self.linear_fc1(hidden)  # with LoRA on fc1: its low-rank update included
+            return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)))
         if self.gated:
             return self.linear_fc2(self.gate_mul(self.activation(self.linear_gate(hidden)), self.linear_fc1(hidden)))
         return self.linear_fc2(self.activation(self.linear_fc1(hidden)))

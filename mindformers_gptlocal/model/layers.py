@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from .cpu_kernels import replace_slow_cpu_kernels
+from .cpu_kernels import norm_gelu_kernels, replace_slow_cpu_kernels
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -65,7 +65,11 @@ class Linear(nn.Cell):
 
 
 class LayerNorm(nn.Cell):
-    """LayerNorm over the last axis, computed in ``compute_dtype``, returned in the input's dtype."""
+    """LayerNorm over the last axis, computed in ``compute_dtype``, returned in the input's dtype.
+
+    On CPU in float32 it runs gpt_local's C++ kernel (``kernels/norm_gelu.py``; MindSpore 2.7.2's CPU
+    LayerNormGrad is the slow part), decided at build time (``cpu_kernels.norm_gelu_kernels``); else
+    ``ops.LayerNorm``, the reference."""
 
     def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
         super().__init__()
@@ -74,9 +78,17 @@ class LayerNorm(nn.Cell):
         self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
+        self.kernel = None
+        if compute_dtype == ms.float32 and norm_gelu_kernels():
+            from ..kernels.norm_gelu import layernorm_kernel  # pylint: disable=import-outside-toplevel
+            self.kernel = layernorm_kernel(eps, compute_dtype)
 
     def construct(self, x):
         dtype = x.dtype
+        if self.kernel is not None:
+            y = self.kernel(self.cast(x, ms.float32), self.cast(self.weight, ms.float32),
+                            self.cast(self.bias, ms.float32))
+            return self.cast(y, dtype)
         y, _, _ = self.layer_norm(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype),
                                   self.cast(self.bias, self.compute_dtype))
         return self.cast(y, dtype)
