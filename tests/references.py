@@ -62,7 +62,8 @@ def rank_block(config, layer_number, mp):
     attention.linear_proj = linear(attention.hidden_size, hidden, arch.bias, residual_init_std(config), partial=True)
     mlp = block.mlp
     local = arch.inter // mp
-    mlp.linear_fc1 = linear(hidden, local, arch.bias)
+    # with the CPU bias + GeLU kernel (feedforward.py) fc1 returns x W^T and the kernel adds fc1's bias
+    mlp.linear_fc1 = linear(hidden, local, arch.bias, partial=mlp.bias_gelu is not None)
     if arch.gated:
         mlp.linear_gate = linear(hidden, local, arch.bias)
     mlp.linear_fc2 = linear(local, hidden, arch.bias, residual_init_std(config), partial=True)
