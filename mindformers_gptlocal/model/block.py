@@ -36,14 +36,15 @@ class GPTLocalBlock(nn.Cell):
         self.add = ops.Add()
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None, dropout_step=None, rotary=None):
+                  seq_ends=None, dropout_step=None, rotary=None, prefix=None):
         """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
+        ``prefix``: this layer's prefix (keys, values) with prefix tuning (``prefix.py``);
         ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
         ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
         ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``)."""
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache, value_cache, write_index,
-                              seq_ends, dropout_step, rotary)
+                              seq_ends, dropout_step, rotary, prefix)
         if self.parallel_residual:
             mlp = self.mlp(self.post_attention_layernorm(hidden))
             hidden = self.add(hidden, ops.cast(self.attention_output_dropout(attn, dropout_step), dtype))

