@@ -92,3 +92,69 @@ def test_logits_and_prefix_gradient_equal_peft(tmp_path, pet, arch):
     np.testing.assert_allclose(grad, reference, atol=1e-4 * max(1.0, np.abs(reference).max()), rtol=1e-4)
     base = twin.get_base_model()(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.detach().numpy()
     assert np.abs(base - logits).max() > 1e-2  # the prefix matters
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A P-Tuning v2 model trained a few steps in-process (only the prefix trains), saved as a model directory;
+    the base weights before, the losses."""
+    from mindspore import nn
+    from mindformers_gptlocal.model.params import parameter_table
+    out = tmp_path_factory.mktemp("prefix")
+    model = build(dict(PTUNING2, pre_seq_len=4), seed=7)
+    table = parameter_table(model.config)
+    assert {n: s.shape for n, s in table.items()} == {n: tuple(p.shape) for n, p in model.parameters_and_names()}
+    before = {n: p.asnumpy().copy() for n, p in model.parameters_and_names()}
+    trainable = model.trainable_params()
+    assert [p.name for p in trainable] == ["model.prefix_encoder.embedding"]
+    model.set_train(True)
+    step = nn.TrainOneStepCell(_Loss(model), nn.AdamWeightDecay(trainable, learning_rate=5e-2))
+    rng = np.random.default_rng(1)
+    row = rng.integers(0, TINY["vocab_size"], (1, 17)).astype(np.int32)
+    batch = Tensor(np.repeat(row, 2, 0))  # one sequence to learn
+    losses = [float(step(batch).asnumpy()) for _ in range(6)]
+    model.set_train(False)
+    model.save_pretrained(str(out / "tuned"))
+    ids = rng.integers(0, TINY["vocab_size"], (2, 9)).astype(np.int32)
+    return dict(model=model, before=before, losses=losses, dir=str(out / "tuned"), root=out, ids=ids,
+                logits=model(Tensor(ids)).asnumpy())
+
+
+class _Loss(ms.nn.Cell):
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, ids):
+        return self.model(ids)[0]
+
+
+def test_training_moves_only_the_prefix(tuned):
+    after = {n: p.asnumpy() for n, p in tuned["model"].parameters_and_names()}
+    moved = [n for n in after if not np.array_equal(after[n], tuned["before"][n])]
+    assert moved == ["model.prefix_encoder.embedding"]  # every base weight bit-identical
+    assert tuned["losses"][-1] < tuned["losses"][0] - 0.1, tuned["losses"]
+
+
+def test_kv_cache_equals_the_uncached_forward(tuned):
+    """Prefill then one-token decodes through the KV cache give the uncached forward's logits at each
+    position (the prefix in front of the cached rows, positions after it)."""
+    model, ids = tuned["model"], tuned["ids"]
+    full = model(Tensor(ids)).asnumpy()
+    cache = model.kv_cache(2, 32)
+    prompt = 5
+    logits = cache.prefill([list(r[:prompt]) for r in ids])
+    np.testing.assert_allclose(logits, full[:, prompt - 1], atol=1e-4, rtol=0)
+    for pos in range(prompt, ids.shape[1]):
+        logits = cache.decode(ids[:, pos], [pos, pos])
+        np.testing.assert_allclose(logits, full[:, pos], atol=1e-4, rtol=0)
+
+
+def test_model_dir_loads_its_prefix_and_a_base_dir_refuses_it(tuned):
+    from mindformers_gptlocal.errors import CheckpointError
+    loaded = GPTLocalForCausalLM.from_pretrained(tuned["dir"])
+    loaded.set_train(False)
+    np.testing.assert_array_equal(loaded(Tensor(tuned["ids"])).asnumpy(), tuned["logits"])
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    with pytest.raises(CheckpointError, match="prefix-tuning prefix .* but the model has none.*pet_config"):
+        plain.load_weights(tuned["dir"])

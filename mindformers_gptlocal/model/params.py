@@ -13,7 +13,7 @@ from collections import namedtuple
 
 from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
-from .lora_config import lora_shapes, read_pet_config, targeted_paths
+from .lora_config import PREFIX_NAME, lora_shapes, prefix_shapes, read_pet_config, read_prefix_config, targeted_paths
 
 # GPT-2 (Hugging Face) names -> ours; GPTLocalConfig accepts both.
 GPT2_ALIASES = {
@@ -151,9 +151,10 @@ def layer_shapes(d):
     return shapes
 
 
-def table_of_dims(d, layout=None, lora=None):
+def table_of_dims(d, layout=None, lora=None, prefix=None):
     """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
-    LoraSpec (``model/lora_config.py``) whose adapters are in the table too."""
+    LoraSpec (``model/lora_config.py``) whose adapters are in the table too; ``prefix``: a PrefixSpec whose
+    prefix tensors are (replicated, on every stage: each layer reads its rows)."""
     layout = layout or Layout()
     arch = d.get("arch") or architecture({})
     lora_paths = targeted_paths(lora, d["layers"], arch.gated) if lora else []
@@ -170,6 +171,11 @@ def table_of_dims(d, layout=None, lora=None):
         weight = shapes[path + ".weight"]
         for name, shape in lora_shapes(weight[0][1], weight[0][0], lora.rank).items():
             shapes[f"{path}.{name}"] = (shape, weight[1])
+    if prefix is not None:
+        kv_width = (arch.groups or d["heads"]) * (d["hidden"] // d["heads"])
+        for name, shape in prefix_shapes(prefix, d["layers"], kv_width).items():
+            shapes[f"model.{PREFIX_NAME}.{name}"] = (shape, sorted(set(stage_ids)))
+            layouts[f"model.{PREFIX_NAME}.{name}"] = (1,) * len(shape)
     shapes["model.final_layernorm.weight"] = ((d["hidden"],), [last])
     if not arch.rmsnorm:
         shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])
@@ -181,8 +187,10 @@ def table_of_dims(d, layout=None, lora=None):
 def parameter_table(config, layout=None):
     """name -> ParamSpec of the model ``config`` describes (GPTLocalConfig or model_config dict);
     ``layout`` defaults to the config's own (``Layout.of_model_config``)."""
-    lora = read_pet_config(config_value(config, "pet_config", None), dims(config)["layers"])
-    return table_of_dims(dims(config), layout_of(config) if layout is None else layout, lora)
+    pet = config_value(config, "pet_config", None)
+    lora = read_pet_config(pet, dims(config)["layers"])
+    return table_of_dims(dims(config), layout_of(config) if layout is None else layout, lora,
+                         read_prefix_config(pet))
 
 
 def layer_of(name):
