@@ -32,7 +32,7 @@ def pynative():
 
 def build(pet, seed=3, **arch):
     ms.set_seed(seed)
-    return GPTLocalForCausalLM(GPTLocalConfig(**TINY, **arch, pet_config=dict(pet)))
+    return GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, seq_length=48, **arch), pet_config=dict(pet)))
 
 
 def to_hf(model, out):
@@ -158,3 +158,32 @@ def test_model_dir_loads_its_prefix_and_a_base_dir_refuses_it(tuned):
     plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     with pytest.raises(CheckpointError, match="prefix-tuning prefix .* but the model has none.*pet_config"):
         plain.load_weights(tuned["dir"])
+
+
+def test_mindformers_yaml_run_trains_only_the_prefix(tmp_path, corpus):
+    """`gptlocal run` of MindFormers' finetune YAML with pet_type ptuning2: the log states the trainable
+    count, MindFormers' own PetModel does not wrap the model, only the prefix moves and the loss falls."""
+    from safetensors.numpy import load_file
+    from conftest import run_launcher, step_losses
+    from test_resume import write_yaml
+    ms.set_seed(5)
+    base = tmp_path / "base"
+    positions = TINY["seq_length"] + 4  # the real tokens' positions follow the 4 prefix tokens
+    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=positions))).save_pretrained(
+        str(base), tokenizer_dir=corpus["model_dir"])
+    pet = dict(PTUNING2, pre_seq_len=4)
+    changes = dict(train_dataset__data_loader__num_samples=4 * 8, model__model_config__pet_config=pet,
+                   model__model_config__max_position_embeddings=positions,
+                   load_checkpoint=str(base), lr_schedule__learning_rate=5e-2, lr_schedule__lr_end=5e-2)
+    yaml = write_yaml(tmp_path / "run", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    code, out = run_launcher(["--config", yaml], cwd=str(tmp_path / "run"))
+    assert code == 0, out[-3000:]
+    count = 4 * TINY["num_hidden_layers"] * 2 * TINY["hidden_size"]
+    assert f"ptuning2: {count:,} trainable parameters" in out, out[-3000:]
+    before = load_file(str(base / "model.safetensors"))
+    after = load_file(str(tmp_path / "run" / "output" / "model" / "model.safetensors"))
+    assert set(after) - set(before) == {"model.prefix_encoder.embedding"}
+    for name, value in before.items():
+        assert np.array_equal(after[name], value), f"{name} changed: a frozen base weight was trained"
+    losses = step_losses(out)
+    assert len(losses) == 8 and np.mean(losses[-2:]) < np.mean(losses[:2]), losses

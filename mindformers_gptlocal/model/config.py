@@ -309,7 +309,14 @@ class GPTLocalConfig(PretrainedConfig):
 
     def prefix_spec(self):
         """The prefix tuning / P-Tuning v2 settings of ``pet_config`` (``model/prefix.py``), or None."""
-        return read_prefix_config(getattr(self, "pet_config", None), self.max_position_embeddings)
+        spec = read_prefix_config(getattr(self, "pet_config", None), self.max_position_embeddings)
+        if spec is not None and spec.tokens + self.seq_length > self.max_position_embeddings:
+            raise ConfigError(f"model_config.pet_config prefix of {spec.tokens} tokens + model_config.seq_length "
+                              f"{self.seq_length} is more than max_position_embeddings "
+                              f"({self.max_position_embeddings}): the real tokens' positions start after the prefix "
+                              f"(as peft's). Set seq_length: {self.max_position_embeddings - spec.tokens} or fewer "
+                              f"prefix tokens.")
+        return spec
 
     @property
     def layout(self):
