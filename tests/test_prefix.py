@@ -187,3 +187,59 @@ def test_mindformers_yaml_run_trains_only_the_prefix(tmp_path, corpus):
         assert np.array_equal(after[name], value), f"{name} changed: a frozen base weight was trained"
     losses = step_losses(out)
     assert len(losses) == 8 and np.mean(losses[-2:]) < np.mean(losses[:2]), losses
+
+
+@pytest.mark.parametrize("pet,pattern", [
+    (dict(PTUNING2, lora_rank=8), r"pet_config.lora_rank is not a ptuning2 setting; ptuning2 takes pre_seq_len"),
+    (dict(PTUNING2, pre_seq_len=0), r"pet_config.pre_seq_len must be a positive integer, got 0"),
+    (dict(PTUNING2, prefix_projection="yes"), r"pet_config.prefix_projection must be true or false"),
+    (dict(PREFIXTUNING, dropout_rate=1.0), r"pet_config.dropout_rate must be in \[0, 1\), got 1.0"),
+    (dict(PREFIXTUNING, mid_dim=-2), r"pet_config.mid_dim must be a positive integer"),
+    (dict(PTUNING2, pre_seq_len=64), r"pet_config.pre_seq_len 64 leaves no room in max_position_embeddings \(64\)"),
+    (dict(PTUNING2, pre_seq_len=20), r"prefix of 20 tokens \+ model_config.seq_length 48 is more than "
+                                     r"max_position_embeddings \(64\).*seq_length: 44"),
+])
+def test_bad_prefix_config_is_one_clear_error(pet, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        GPTLocalConfig(**dict(TINY, seq_length=48), pet_config=pet)
+
+
+def test_mindformers_defaults_and_table():
+    """MindFormers' defaults (pet_config.py) when only pet_type is given; the table sizes the prefix."""
+    from mindformers_gptlocal.model.lora_config import read_prefix_config
+    from mindformers_gptlocal.model.params import parameter_table
+    assert tuple(read_prefix_config({"pet_type": "ptuning2"})) == ("ptuning2", 128, False, 128, 0.01)
+    assert tuple(read_prefix_config({"pet_type": "prefixtuning"})) == ("prefixtuning", 128, True, 512, 0.1)
+    config = dict(TINY, seq_length=48, num_query_groups=2, pet_config=PREFIXTUNING)
+    table = {n: s.shape for n, s in parameter_table(config).items() if "prefix" in n}
+    kv = 2 * TINY["hidden_size"] // TINY["num_attention_heads"]
+    assert table == {"model.prefix_encoder.embedding": (3, kv), "model.prefix_encoder.transform_in.weight": (24, kv),
+                     "model.prefix_encoder.transform_in.bias": (24,),
+                     "model.prefix_encoder.transform_out.weight": (2 * 2 * kv, 24),
+                     "model.prefix_encoder.transform_out.bias": (2 * 2 * kv,)}
+
+
+def test_peft_export_loads_in_peft_with_equal_logits(tuned):
+    """ms2hf of the tuned directory (the base weights) + ms2hf --peft (the prefix): transformers' model with
+    peft.PeftModel.from_pretrained gives our prefix model's logits; the MLP form exports its output."""
+    from transformers import AutoModelForCausalLM
+    from mindformers_gptlocal.cli.main import main
+    root = tuned["root"]
+    hf_base, adapter = str(root / "hf_base"), str(root / "peft")
+    assert main(["convert", "ms2hf", "--ms-dir", tuned["dir"], "--out", hf_base]) == 0
+    assert main(["convert", "ms2hf", "--ms-dir", tuned["dir"], "--out", adapter, "--peft"]) == 0
+    config = json.load(open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8"))
+    assert config["peft_type"] == "PREFIX_TUNING" and config["num_virtual_tokens"] == 4
+    model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_base), adapter).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.from_numpy(tuned["ids"].astype(np.int64))).logits.numpy()
+    np.testing.assert_allclose(logits, tuned["logits"], atol=1e-4, rtol=0)
+    # the MLP form: the exported table is the MLP's output, peft's get_prompt_embedding_to_save
+    mlp = build(PREFIXTUNING, seed=11)
+    mlp.save_pretrained(str(root / "mlp"))
+    assert main(["convert", "ms2hf", "--ms-dir", str(root / "mlp"), "--out", str(root / "mlp_peft"), "--peft"]) == 0
+    from safetensors.numpy import load_file
+    from mindformers_gptlocal.model.prefix import prefix_table
+    exported = load_file(str(root / "mlp_peft" / "adapter_model.safetensors"))["prompt_embeddings"]
+    rows = prefix_table(mlp)  # [layers*2, G, P, D] -> peft's [P, layers*2*G*D]
+    np.testing.assert_allclose(exported, rows.transpose(2, 0, 1, 3).reshape(rows.shape[2], -1), atol=1e-5, rtol=0)
