@@ -309,12 +309,18 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         """Write config.json + model.safetensors (+ tokenizer files) to ``save_directory``."""
         return save_model_dir(self, save_directory, tokenizer_dir)
 
+    @property
+    def token_positions(self):
+        """Positions a sequence may use: max_position_embeddings less a prefix-tuning prefix (the real tokens'
+        positions follow it). Generation, serve and eval bound their lengths by it."""
+        return self.config.max_position_embeddings - self.model.prefix_tokens
+
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
         """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up to a
         bucket), built once per shape and kept (the KV_CACHES_KEPT most recently used shapes) so no call
         recompiles."""
-        key = (batch_size, cache_length(needed_length, self.config.max_position_embeddings))
+        key = (batch_size, cache_length(needed_length, self.token_positions))
         if key not in self._kv_caches:
             while len(self._kv_caches) >= self.KV_CACHES_KEPT:  # the least recently used goes
                 self._kv_caches.pop(next(iter(self._kv_caches)))
