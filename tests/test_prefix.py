@@ -96,44 +96,18 @@ def test_logits_and_prefix_gradient_equal_peft(tmp_path, pet, arch):
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """A P-Tuning v2 model trained a few steps in-process (only the prefix trains), saved as a model directory;
-    the base weights before, the losses."""
-    from mindspore import nn
+    """A P-Tuning v2 model (its prefix as initialised: N(0, 1), as peft's) saved as a model directory; the
+    parameter table sizes it. Training through MindFormers' trainer: test_mindformers_yaml_run_..."""
     from mindformers_gptlocal.model.params import parameter_table
     out = tmp_path_factory.mktemp("prefix")
     model = build(dict(PTUNING2, pre_seq_len=4), seed=7)
     table = parameter_table(model.config)
     assert {n: s.shape for n, s in table.items()} == {n: tuple(p.shape) for n, p in model.parameters_and_names()}
-    before = {n: p.asnumpy().copy() for n, p in model.parameters_and_names()}
-    trainable = model.trainable_params()
-    assert [p.name for p in trainable] == ["model.prefix_encoder.embedding"]
-    model.set_train(True)
-    step = nn.TrainOneStepCell(_Loss(model), nn.AdamWeightDecay(trainable, learning_rate=5e-2))
-    rng = np.random.default_rng(1)
-    row = rng.integers(0, TINY["vocab_size"], (1, 17)).astype(np.int32)
-    batch = Tensor(np.repeat(row, 2, 0))  # one sequence to learn
-    losses = [float(step(batch).asnumpy()) for _ in range(6)]
+    assert [p.name for p in model.trainable_params()] == ["model.prefix_encoder.embedding"]
     model.set_train(False)
     model.save_pretrained(str(out / "tuned"))
-    ids = rng.integers(0, TINY["vocab_size"], (2, 9)).astype(np.int32)
-    return dict(model=model, before=before, losses=losses, dir=str(out / "tuned"), root=out, ids=ids,
-                logits=model(Tensor(ids)).asnumpy())
-
-
-class _Loss(ms.nn.Cell):
-    def __init__(self, model):
-        super().__init__(auto_prefix=False)
-        self.model = model
-
-    def construct(self, ids):
-        return self.model(ids)[0]
-
-
-def test_training_moves_only_the_prefix(tuned):
-    after = {n: p.asnumpy() for n, p in tuned["model"].parameters_and_names()}
-    moved = [n for n in after if not np.array_equal(after[n], tuned["before"][n])]
-    assert moved == ["model.prefix_encoder.embedding"]  # every base weight bit-identical
-    assert tuned["losses"][-1] < tuned["losses"][0] - 0.1, tuned["losses"]
+    ids = np.random.default_rng(1).integers(0, TINY["vocab_size"], (2, 9)).astype(np.int32)
+    return dict(model=model, dir=str(out / "tuned"), root=out, ids=ids, logits=model(Tensor(ids)).asnumpy())
 
 
 def test_kv_cache_equals_the_uncached_forward(tuned):
@@ -160,14 +134,15 @@ def test_model_dir_loads_its_prefix_and_a_base_dir_refuses_it(tuned):
         plain.load_weights(tuned["dir"])
 
 
-def test_mindformers_yaml_run_trains_only_the_prefix(tmp_path, corpus):
-    """`gptlocal run` of MindFormers' finetune YAML with pet_type ptuning2: the log states the trainable
-    count, MindFormers' own PetModel does not wrap the model, only the prefix moves and the loss falls."""
-    from safetensors.numpy import load_file
-    from conftest import run_launcher, step_losses
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, corpus):
+    """`gptlocal run` of MindFormers' finetune YAML with pet_type ptuning2 on a saved base (max positions = the
+    data's 64 tokens + the 4 prefix tokens): the base directory, the run's folder and its log."""
+    from conftest import run_launcher
     from test_resume import write_yaml
+    root = tmp_path_factory.mktemp("prefix_run")
     ms.set_seed(5)
-    base = tmp_path / "base"
+    base = root / "base"
     positions = TINY["seq_length"] + 4  # the real tokens' positions follow the 4 prefix tokens
     GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=positions))).save_pretrained(
         str(base), tokenizer_dir=corpus["model_dir"])
@@ -175,18 +150,74 @@ def test_mindformers_yaml_run_trains_only_the_prefix(tmp_path, corpus):
     changes = dict(train_dataset__data_loader__num_samples=4 * 8, model__model_config__pet_config=pet,
                    model__model_config__max_position_embeddings=positions,
                    load_checkpoint=str(base), lr_schedule__learning_rate=5e-2, lr_schedule__lr_end=5e-2)
-    yaml = write_yaml(tmp_path / "run", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, out = run_launcher(["--config", yaml], cwd=str(tmp_path / "run"))
+    yaml = write_yaml(root / "run", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    code, out = run_launcher(["--config", yaml], cwd=str(root / "run"))
     assert code == 0, out[-3000:]
+    return dict(base=base, model=root / "run" / "output" / "model", log=out)
+
+
+def test_mindformers_yaml_run_trains_only_the_prefix(run):
+    """The log states the trainable count, MindFormers' own PetModel does not wrap the model, only the prefix
+    moves and the loss falls."""
+    from safetensors.numpy import load_file
+    from conftest import step_losses
     count = 4 * TINY["num_hidden_layers"] * 2 * TINY["hidden_size"]
-    assert f"ptuning2: {count:,} trainable parameters" in out, out[-3000:]
-    before = load_file(str(base / "model.safetensors"))
-    after = load_file(str(tmp_path / "run" / "output" / "model" / "model.safetensors"))
+    assert f"ptuning2: {count:,} trainable parameters" in run["log"], run["log"][-3000:]
+    before = load_file(str(run["base"] / "model.safetensors"))
+    after = load_file(str(run["model"] / "model.safetensors"))
     assert set(after) - set(before) == {"model.prefix_encoder.embedding"}
     for name, value in before.items():
         assert np.array_equal(after[name], value), f"{name} changed: a frozen base weight was trained"
-    losses = step_losses(out)
+    losses = step_losses(run["log"])
     assert len(losses) == 8 and np.mean(losses[-2:]) < np.mean(losses[:2]), losses
+
+
+def test_serve_and_eval_read_the_prefix(run):
+    """The run's model directory under `gptlocal serve`'s engine (greedy) and the lm-eval model
+    (loglikelihood_rolling) gives what the uncached forward of the prefix model gives; the context they
+    offer is max_position_embeddings less the prefix."""
+    import threading
+    from lm_eval.api.instance import Instance
+    from mindformers_gptlocal.evaluation.harness import GPTLocalLM
+    from mindformers_gptlocal.serve.scheduler import Engine, Request
+    model_dir = str(run["model"])
+    model = GPTLocalForCausalLM.from_pretrained(model_dir)
+    model.set_train(False)
+    assert model.token_positions == TINY["seq_length"]
+
+    def forward(ids):
+        return model(Tensor(np.asarray([ids], np.int32))).asnumpy()[0]
+    prompt, new = [5, 17, 42, 7, 99, 3], 4
+    expected = list(prompt)
+    for _ in range(new):
+        expected.append(int(forward(expected)[-1].argmax()))
+
+    lm = GPTLocalLM(pretrained=model_dir, batch_size=1, progress=False, mode="pynative")
+    assert lm.max_length == TINY["seq_length"]
+    text = "def main():\n    return 0\n"
+    ids = lm.tok_encode(text)
+    logp = forward([lm.prefix_token_id] + ids[:-1])
+    logp = logp - np.log(np.exp(logp - logp.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logp.max(-1, keepdims=True)
+    rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])[0]
+    np.testing.assert_allclose(rolling, logp[np.arange(len(ids)), ids].sum(), rtol=1e-4)
+
+    engine = Engine(model_dir, max_batch_size=1, max_model_len=32, prompt_buckets=[16], batch_buckets=[1])
+    done, tokens = threading.Event(), []
+
+    def emit(event):
+        if event[0] == "token":
+            tokens.append(event[2])
+        else:
+            done.set()
+    try:
+        engine.start()
+        assert engine.ready.wait(600) and not engine.failed, engine.failed
+        engine.submit(Request(prompt, new, emit, temperature=0.0))
+        assert done.wait(120)
+    finally:
+        engine.stop()
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert tokens == expected[len(prompt):]
 
 
 @pytest.mark.parametrize("pet,pattern", [
