@@ -274,3 +274,13 @@ def test_peft_export_loads_in_peft_with_equal_logits(tuned):
     exported = load_file(str(root / "mlp_peft" / "adapter_model.safetensors"))["prompt_embeddings"]
     rows = prefix_table(mlp)  # [layers*2, G, P, D] -> peft's [P, layers*2*G*D]
     np.testing.assert_allclose(exported, rows.transpose(2, 0, 1, 3).reshape(rows.shape[2], -1), atol=1e-5, rtol=0)
+
+
+def test_migrate_yaml_keeps_a_prefix_pet_config():
+    from mindformers_gptlocal.migrate.mf_yaml import _pet_config
+    notes = []
+    assert _pet_config({"pet_type": "ptuning2", "pre_seq_len": 8, "prefix_projection": True}, notes) == \
+        {"pet_type": "ptuning2", "pre_seq_len": 8, "prefix_projection": True}
+    assert "seq_length + the prefix must fit max_position_embeddings" in notes[0]
+    with pytest.raises(ConfigError, match="'slora': gpt_local has LoRA, prefixtuning and ptuning2"):
+        _pet_config({"pet_type": "slora"}, [])

@@ -34,8 +34,10 @@ from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
 def use_flash_attention(config):
-    """Ascend's fused kernel when asked for and on Ascend; matmul + softmax everywhere else."""
-    return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend"
+    """Ascend's fused kernel when asked for and on Ascend; matmul + softmax everywhere else (and with a
+    prefix-tuning prefix, whose key rows the square-mask kernel does not take)."""
+    return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend" and \
+        config.prefix_spec() is None
 
 
 class GPTLocalEmbedding(nn.Cell):
