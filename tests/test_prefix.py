@@ -196,8 +196,9 @@ def test_serve_and_eval_read_the_prefix(run):
     assert lm.max_length == TINY["seq_length"]
     text = "def main():\n    return 0\n"
     ids = lm.tok_encode(text)
-    logp = forward([lm.prefix_token_id] + ids[:-1])
-    logp = logp - np.log(np.exp(logp - logp.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logp.max(-1, keepdims=True)
+    logits = forward([lm.prefix_token_id] + ids[:-1])
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
     rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])[0]
     np.testing.assert_allclose(rolling, logp[np.arange(len(ids)), ids].sum(), rtol=1e-4)
 
