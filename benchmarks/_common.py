@@ -326,10 +326,10 @@ def ms_train_worker(yaml_path, threads):
 
 def ms_step_times(text):
     """Step seconds from GPTLocalThroughputMonitor's lines (the first includes the graph compile), and the
-    LoRA trainable count if the log states one."""
+    LoRA / prefix-tuning trainable count if the log states one."""
     import re
     steps = [float(x) / 1000 for x in re.findall(r"\[gpt_local\] step \d+/\d+ .* ([0-9.]+) ms/step", text)]
-    found = re.search(r"LoRA: ([0-9,]+) trainable", text)
+    found = re.search(r"(?:LoRA|prefixtuning|ptuning2): ([0-9,]+) trainable", text)
     return steps, (int(found.group(1).replace(",", "")) if found else None)
 
 
@@ -342,12 +342,13 @@ TORCH_VARIANTS = {
 }
 
 
-def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lora=None):
+def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lora=None, prefix=None):
     """Worker body, PyTorch side: Hugging Face GPT2LMHeadModel (tied head, dropout off) trained with AdamW
     (betas 0.9/0.95, eps 1e-8, weight decay 0.01, as our YAML) and grad-norm clipping at 1.0 (as our
     wrapper) on the same token windows. ``variant`` picks the attention kernel, fused AdamW and
     torch.compile (TORCH_VARIANTS); ``lora`` (dict rank/alpha/dropout) wraps the model with peft LoRA on
-    c_attn/c_proj/c_fc and trains the adapters only. ``steps`` 0 reports the threads and exits."""
+    c_attn/c_proj/c_fc and trains the adapters only; ``prefix`` (virtual tokens) wraps it with peft prefix tuning
+    (PrefixTuningConfig, no projection) and trains the prefix only. ``steps`` 0 reports the threads and exits."""
     env = check_threads(threads, "torch worker")
     runtime = torch_threads(threads, "torch worker")
     if steps == 0:
@@ -368,6 +369,9 @@ def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lo
         model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                                                  target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True,
                                                  task_type="CAUSAL_LM"))
+    if prefix:
+        from peft import PrefixTuningConfig, get_peft_model
+        model = get_peft_model(model, PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=prefix))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,

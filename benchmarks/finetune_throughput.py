@@ -1,8 +1,10 @@
-"""Finetune speed and memory on CPU: gpt_local LoRA vs gpt_local full finetune, and gpt_local LoRA vs
-Hugging Face ``peft`` LoRA on PyTorch, same shapes, same machine, same run.
+"""Finetune speed and memory on CPU: gpt_local LoRA vs gpt_local full finetune, gpt_local LoRA vs
+Hugging Face ``peft`` LoRA on PyTorch, and gpt_local prefix tuning (P-Tuning v2) vs peft prefix tuning, same
+shapes, same machine, same run.
 
-    python benchmarks/finetune_throughput.py                       # GPT-2 small, 3 rounds
+    python benchmarks/finetune_throughput.py                       # GPT-2 small, 3 rounds, every side
     python benchmarks/finetune_throughput.py --shape tiny --steps 8  # a quick check that it runs
+    python benchmarks/finetune_throughput.py --methods prefix      # prefix tuning only (ms-prefix, torch-prefix)
 
 Sides (each run in its own process, so its peak RSS, VmHWM, is its own):
   ms-lora    ``gptlocal run`` (MindFormers' trainer) with model_config.pet_config (LoRA r=8 on
@@ -10,6 +12,10 @@ Sides (each run in its own process, so its peak RSS, VmHWM, is its own):
   ms-full    the same YAML without pet_config: every weight trains
   torch-lora GPT2LMHeadModel (sdpa) + ``peft.get_peft_model`` (r=8, alpha 16, c_attn/c_proj/c_fc), fused
              AdamW on the adapters, grad-norm clip 1.0 (as our wrapper), same token windows
+  ms-prefix  ``gptlocal run`` with pet_config pet_type ptuning2, pre_seq_len 20, no projection (base frozen;
+             prefix tuning takes the plain attention path, not the fused CPU kernel)
+  torch-prefix GPT2LMHeadModel (sdpa) + ``peft.get_peft_model(PrefixTuningConfig(num_virtual_tokens=20))``,
+             the same optimizer and clip
 Every worker gets an explicit environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS =
 --threads; ``import mindspore`` sets OMP_NUM_THREADS=1 in the C environment, which children would
 inherit), checks it in its C environment before importing anything, and reports it; MindSpore's
@@ -28,7 +34,10 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 LORA = dict(rank=8, alpha=16, dropout=0.05)
 TARGETS = ".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"
-SIDES = ("ms-lora", "torch-lora", "ms-full")
+SIDES = ("ms-lora", "torch-lora", "ms-full", "ms-prefix", "torch-prefix")
+METHODS = {"lora": ("ms-lora", "torch-lora", "ms-full"), "prefix": ("ms-prefix", "torch-prefix"), "all": SIDES}
+PREFIX_TOKENS = 20
+PREFIX_CONFIG = dict(pet_type="ptuning2", pre_seq_len=PREFIX_TOKENS, prefix_projection=False, dropout_prob=0.0)
 PET_CONFIG = dict(pet_type="lora", lora_rank=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
                   target_modules=TARGETS, freeze_include=["*"], freeze_exclude=["*lora*"])
 
@@ -55,25 +64,33 @@ def main():
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--ms-worker")
     parser.add_argument("--torch-worker")
+    parser.add_argument("--methods", default="all", choices=sorted(METHODS))
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--prefix", action="store_true")
     parser.add_argument("--data")
     args = parser.parse_args()
     if args.ms_worker:
         return C.ms_train_worker(args.ms_worker, args.threads)
     if args.torch_worker:
         return C.torch_train_worker(C.SHAPES[args.torch_worker], args.steps, args.data, args.threads, "sdpa+fused",
-                                    LORA if args.lora else None)
+                                    LORA if args.lora else None, PREFIX_TOKENS if args.prefix else None)
 
     workdir = C.scratch_dir("gptlocal-ftbench-")
     s = C.SHAPES[args.shape]
     corpus, data, _ = C.prepare_windows(workdir, s["seq"], args.threads, max_bytes=1_000_000)
     yamls = {"ms-lora": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_lora", args.threads,
                                     PET_CONFIG),
-             "ms-full": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_full", args.threads)}
+             "ms-full": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_full", args.threads),
+             "ms-prefix": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_prefix", args.threads,
+                                      PREFIX_CONFIG)}
     commands = {"ms-lora": ["--ms-worker", yamls["ms-lora"], "--threads", str(args.threads)],
                 "ms-full": ["--ms-worker", yamls["ms-full"], "--threads", str(args.threads)],
                 "torch-lora": ["--torch-worker", args.shape, "--lora", "--steps", str(args.steps), "--data", data,
-                               "--threads", str(args.threads)]}
+                               "--threads", str(args.threads)],
+                "ms-prefix": ["--ms-worker", yamls["ms-prefix"], "--threads", str(args.threads)],
+                "torch-prefix": ["--torch-worker", args.shape, "--prefix", "--steps", str(args.steps), "--data", data,
+                                 "--threads", str(args.threads)]}
+    sides = METHODS[args.methods]
     print(C.machine_line(args.threads), flush=True)
 
     def one(side, index):
@@ -83,13 +100,13 @@ def main():
               f"{report['peak_rss_mb']:7.0f} MB  threads: C env {report['env']}, runtime {report['runtime_threads']}",
               flush=True)
         return report
-    results = C.alternate(SIDES, args.rounds, one)
+    results = C.alternate(sides, args.rounds, one)
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{args.shape}: batch {s['batch']} x {s['seq']}, {args.steps} steps per run (median after {args.warmup}), "
           f"{args.rounds} rounds, sides alternating; median [min-max] over rounds\n")
     print("| side | tokens/s | peak RSS MB | trainable parameters |")
     print("| --- | ---: | ---: | ---: |")
-    for side in SIDES:
+    for side in sides:
         rows = results[side]
         print(f"| {side} | {C.spread([r['tokens_per_s'] for r in rows])} | "
               f"{C.spread([r['peak_rss_mb'] for r in rows])} "
@@ -97,15 +114,23 @@ def main():
 
     def median(side, key):
         return statistics.median(r[key] for r in results[side])
-    summary = {
-        "lora_vs_full_rss": median("ms-lora", "peak_rss_mb") / median("ms-full", "peak_rss_mb"),
-        "lora_vs_full_tokens": median("ms-lora", "tokens_per_s") / median("ms-full", "tokens_per_s"),
-        "ours_vs_peft_tokens": median("ms-lora", "tokens_per_s") / median("torch-lora", "tokens_per_s"),
-        "ours_vs_peft_rss": median("ms-lora", "peak_rss_mb") / median("torch-lora", "peak_rss_mb")}
-    print(f"LoRA / full finetune (ours): peak RSS {summary['lora_vs_full_rss']:.2f}x, tokens/s "
-          f"{summary['lora_vs_full_tokens']:.2f}x")
-    print(f"ours / peft LoRA: tokens/s {summary['ours_vs_peft_tokens']:.2f}x (target >= 1.0), peak RSS "
-          f"{summary['ours_vs_peft_rss']:.2f}x (target <= 1.0)")
+    summary = {}
+    if "ms-lora" in sides:
+        summary.update({
+            "lora_vs_full_rss": median("ms-lora", "peak_rss_mb") / median("ms-full", "peak_rss_mb"),
+            "lora_vs_full_tokens": median("ms-lora", "tokens_per_s") / median("ms-full", "tokens_per_s"),
+            "ours_vs_peft_tokens": median("ms-lora", "tokens_per_s") / median("torch-lora", "tokens_per_s"),
+            "ours_vs_peft_rss": median("ms-lora", "peak_rss_mb") / median("torch-lora", "peak_rss_mb")})
+        print(f"LoRA / full finetune (ours): peak RSS {summary['lora_vs_full_rss']:.2f}x, tokens/s "
+              f"{summary['lora_vs_full_tokens']:.2f}x")
+        print(f"ours / peft LoRA: tokens/s {summary['ours_vs_peft_tokens']:.2f}x (target >= 1.0), peak RSS "
+              f"{summary['ours_vs_peft_rss']:.2f}x (target <= 1.0)")
+    if "ms-prefix" in sides:
+        summary.update({
+            "ours_vs_peft_prefix_tokens": median("ms-prefix", "tokens_per_s") / median("torch-prefix", "tokens_per_s"),
+            "ours_vs_peft_prefix_rss": median("ms-prefix", "peak_rss_mb") / median("torch-prefix", "peak_rss_mb")})
+        print(f"ours / peft prefix tuning ({PREFIX_TOKENS} virtual tokens): tokens/s "
+              f"{summary['ours_vs_peft_prefix_tokens']:.2f}x, peak RSS {summary['ours_vs_peft_prefix_rss']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"args": vars(args), "results": results, "summary": summary}, handle, indent=1)

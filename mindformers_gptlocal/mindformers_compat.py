@@ -187,6 +187,13 @@ PATCHES = (
           "MindFormers 1.8.0 reads runner_config.stop_step but never adds the callback that stops; the pre-flight "
           "adds TrainCallBack(stop_step).",
           (Target(CALLBACK, "TrainCallBack.__init__", ("self", "stop_step")),)),
+    Patch("prefix tuning kept ours", "mindformers_compat._keeping_gptlocal_prefix",
+          "build_network hands a model with pet_config to mindformers.pet.get_pet_model, whose PrefixTuning / "
+          "Ptuning2 models read attributes gpt_local's config lacks and pass prefix_keys_values our model does not "
+          "take; a gpt_local model with pet_type prefixtuning / ptuning2 already holds its prefix (model/prefix.py) "
+          "and is returned as it is.",
+          (Target("mindformers.pet", "get_pet_model", ("base_model", "config")),
+           Target("mindformers.models.build_model", "build_network", ("config", "default_args")))),
     Patch("tensorboardX without torch", "mindformers_gptlocal_autoregister.import_tensorboardx_without_torch",
           "MindFormers imports tensorboardX at start-up, whose writer tries `import torch`: the .pth hook imports "
           "it first with torch hidden (RSS after import mindformers 944 -> 716 MB where torch is installed).",
@@ -367,6 +374,22 @@ def _keeping_gptlocal_wrapper(reset):
     return wrapper
 
 
+def _keeping_gptlocal_prefix(get_pet_model):
+    """``get_pet_model(base_model, config)`` returning a gpt_local model with a prefix-tuning pet_config as it is
+    (its prefix is built and the base frozen in ``GPTLocalForCausalLM.__init__``); anything else goes on to
+    MindFormers' PetModel."""
+    @functools.wraps(get_pet_model)
+    def wrapper(base_model, config, *args, **kwargs):
+        from .model.lora_config import PREFIX_TYPES
+        pet_type = config.get("pet_type") if hasattr(config, "get") else getattr(config, "pet_type", None)
+        if pet_type in PREFIX_TYPES and getattr(getattr(base_model, "config", None), "model_type", None) == \
+                "gpt_local":
+            return base_model
+        return get_pet_model(base_model, config, *args, **kwargs)
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
 def _refusing_finished_runs(check_runner_config):
     """After MindFormers sets epochs, sink size and the resume step: a resumed gpt_local run with no step
     left fails here, before the network is built (``checkpoint.resume.check_steps_left``)."""
@@ -456,6 +479,10 @@ def apply():
         from mindformers.trainer import base_trainer
         if not getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False):
             base_trainer.check_runner_config = _refusing_finished_runs(base_trainer.check_runner_config)
+    if ok("prefix tuning kept ours"):
+        import mindformers.pet
+        if not getattr(mindformers.pet.get_pet_model, "gptlocal_wrapped", False):
+            mindformers.pet.get_pet_model = _keeping_gptlocal_prefix(mindformers.pet.get_pet_model)
     if ok("gpt_local wrapper kept"):
         from mindformers.trainer.base_trainer import BaseTrainer
         for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):

@@ -98,6 +98,10 @@ def write_yaml(base, data, out_dir, epochs, path):
         if key in sizes:
             model_config[key] = sizes[key]
     model_config["seq_length"] = int(os.environ.get("SEQ", 256))
+    if os.environ.get("PET_CONFIG"):  # another method, e.g. '{"pet_type": "ptuning2", "pre_seq_len": 16}'
+        model_config["pet_config"] = json.loads(os.environ["PET_CONFIG"])
+    if os.environ.get("LR"):
+        config["lr_schedule"]["learning_rate"] = float(os.environ["LR"])
     config["load_checkpoint"] = os.path.abspath(base)
     config["output_dir"] = os.path.abspath(out_dir)
     config["runner_config"]["epochs"] = epochs

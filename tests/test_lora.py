@@ -207,7 +207,7 @@ def spec_linears(spec):
 
 
 @pytest.mark.parametrize("change,pattern", [
-    (dict(pet_type="prefixtuning"), r"pet_type 'prefixtuning' is not supported .*use pet_type: lora"),
+    (dict(pet_type="low_rank_adapter"), r"pet_type 'low_rank_adapter' is not supported .*use pet_type: lora"),
     (dict(target_modules=".*wq|.*wk"), r"target_modules '.\*wq\|.\*wk' matches none of gpt_local's Linears"),
     (dict(freeze_exclude=["*adapter*"]), r"freeze every parameter, so nothing would train"),
     (dict(lora_rank=0), r"lora_rank must be a positive integer"),

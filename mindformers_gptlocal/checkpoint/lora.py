@@ -170,3 +170,49 @@ def to_peft(ms_dir, out, alpha=None):
         return {"tensors": len(plan), "targets": targets}
     return write_folder(out, build, CheckpointError)
 
+
+
+def prefix_to_peft(ms_dir, out):
+    """A prefix-tuned model directory (config.json with pet_type prefixtuning / ptuning2) -> a PEFT
+    ``PrefixTuningConfig`` adapter for the base ``convert ms2hf`` writes: ``prompt_embeddings`` [tokens,
+    layers*2*kv_width], the prefix keys and values as peft's PrefixEncoder hands them out (the MLP of
+    ``prefix_projection`` / ``mid_dim`` applied here, in numpy, so the adapter says prefix_projection false)."""
+    from ..model.lora_config import PREFIX_NAME, read_prefix_config
+    local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
+    spec = read_prefix_config(local.get("pet_config"))
+    if spec is None:
+        raise CheckpointError(f"{ms_dir}/config.json has no prefix-tuning pet_config (pet_type prefixtuning or "
+                              f"ptuning2); give the model directory of a prefix-tuning run.")
+    reader = SafetensorsReader(resolve_weights_file(ms_dir))
+    names = {n[len(f"model.{PREFIX_NAME}."):]: n for n in reader.names() if n.startswith(f"model.{PREFIX_NAME}.")}
+    need = ["embedding"] + (["transform_in.weight", "transform_in.bias", "transform_out.weight",
+                             "transform_out.bias"] if spec.projection else [])
+    lacking = [n for n in need if n not in names]
+    if lacking:
+        raise CheckpointError(f"{ms_dir}: the weights lack model.{PREFIX_NAME}.{lacking[0]}; not a model directory "
+                              f"of this prefix-tuning run.")
+    get = {n: reader.get(names[n]).astype(np.float64) for n in need}
+    table = get["embedding"]
+    if spec.projection:  # peft's PrefixEncoder.transform: Linear -> tanh -> Linear
+        inner = np.tanh(table @ get["transform_in.weight"].T + get["transform_in.bias"])
+        table = inner @ get["transform_out.weight"].T + get["transform_out.bias"]
+    table = np.ascontiguousarray(table.astype(np.float32))
+    heads, layers = local["num_attention_heads"], local["num_hidden_layers"]
+    groups = local.get("num_query_groups") or heads
+    kv_width = groups * (local["hidden_size"] // heads)
+    if table.shape != (spec.tokens, layers * 2 * kv_width):
+        raise CheckpointError(f"{ms_dir}: the prefix is {table.shape}, config.json implies "
+                              f"{(spec.tokens, layers * 2 * kv_width)}.")
+    config = {"peft_type": "PREFIX_TUNING", "task_type": "CAUSAL_LM", "base_model_name_or_path": None,
+              "num_virtual_tokens": spec.tokens, "token_dim": kv_width, "num_transformer_submodules": 1,
+              "num_attention_heads": groups, "num_layers": layers, "encoder_hidden_size": kv_width,
+              "prefix_projection": False, "inference_mode": True}
+    plan = [("prompt_embeddings", table.shape, np.float32, lambda: table)]
+
+    def build(staging):
+        write_safetensors_streamed(os.path.join(staging, ADAPTER_WEIGHTS), plan, {"format": "pt"})
+        with open(os.path.join(staging, ADAPTER_CONFIG), "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2)
+        _copy_tokenizer(ms_dir, staging, local.get("max_position_embeddings", 1024))
+        return {"tensors": 1, "tokens": spec.tokens, "pet_type": spec.pet_type}
+    return write_folder(out, build, CheckpointError)

@@ -197,6 +197,9 @@ def convert_parser():
     ms2hf.add_argument("--lora-only", action="store_true",
                        help="write only the LoRA adapters of a pet_config run, as a Hugging Face PEFT adapter "
                             "(adapter_config.json + adapter_model.safetensors)")
+    ms2hf.add_argument("--peft", action="store_true",
+                       help="write the adapter of a pet_config run as a Hugging Face PEFT adapter: LoRA as "
+                            "--lora-only, prefixtuning / ptuning2 as a PrefixTuningConfig adapter")
     mf2ms = sub.add_parser("mf2ms", help="MindFormers 1.x GPT-2 .ckpt -> gpt_local directory")
     mf2ms.add_argument("--mf-ckpt", required=True, help="MindSpore .ckpt with MindFormers' GPT-2 names")
     mf2ms.add_argument("--mf-yaml", help="the MindFormers YAML it was trained with (default: sizes from the shapes)")

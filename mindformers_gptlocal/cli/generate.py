@@ -142,7 +142,7 @@ def chat(options, stdin=None, stdout=None):
     kwargs = sampling(options)
     model, tokenizer, template = load(options.model, options.device_target)
     stop = () if template else (PLAIN_CHAT_STOP,)
-    room = model.config.max_position_embeddings - options.max_new_tokens
+    room = model.token_positions - options.max_new_tokens
     if room < 1:
         raise ConfigError(f"--max-new-tokens {options.max_new_tokens} leaves no room for a message in the model's "
                           f"{model.config.max_position_embeddings} positions; lower it.")

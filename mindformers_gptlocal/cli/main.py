@@ -55,7 +55,13 @@ def convert(argv):
     if options.direction == "hf2ms":
         summary = _replacing(options.out, overwrite,
                              lambda out: hf_models.hf_to_ms(options.hf_dir, out, allow_pickle=options.allow_pickle))
-    elif options.lora_only:
+    elif options.peft and _is_prefix_run(options.ms_dir):
+        from ..checkpoint import lora
+        summary = _replacing(options.out, overwrite, lambda out: lora.prefix_to_peft(options.ms_dir, out))
+        print(f"wrote a PEFT prefix-tuning adapter ({summary['tokens']} virtual tokens, from {summary['pet_type']}) "
+              f"to {options.out}")
+        return 0
+    elif options.lora_only or options.peft:
         from ..checkpoint import lora
         summary = _replacing(options.out, overwrite, lambda out: lora.to_peft(options.ms_dir, out))
         print(f"wrote a PEFT LoRA adapter ({summary['tensors']} tensors, target_modules {summary['targets']}) "
@@ -63,11 +69,26 @@ def convert(argv):
         return 0
     else:
         summary = _replacing(options.out, overwrite, lambda out: hf_models.ms_to_hf(options.ms_dir, out))
-        if summary.get("lora_left_out"):
+        if summary.get("lora_left_out") and _is_prefix_run(options.ms_dir):
+            print(f"note: {options.ms_dir} is a prefix-tuning run; only its base weights were written. Export the "
+                  f"prefix with --peft (a PEFT PrefixTuningConfig adapter).")
+        elif summary.get("lora_left_out"):
             print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
                   f"in first (gptlocal lora merge) or export them with --lora-only.")
     print(f"wrote {summary['tensors']} tensors to {options.out}")
     return 0
+
+
+def _is_prefix_run(ms_dir):
+    """Whether ``ms_dir``'s config.json has a prefix-tuning pet_config (``convert ms2hf --peft``)."""
+    import os
+    from ..model.lora_config import PREFIX_TYPES
+    try:
+        with open(os.path.join(ms_dir, "config.json"), encoding="utf-8") as handle:
+            pet = json.load(handle).get("pet_config") or {}
+    except (OSError, ValueError):
+        return False  # the converter reports the folder
+    return pet.get("pet_type") in PREFIX_TYPES
 
 
 def convert_mindformers(options):

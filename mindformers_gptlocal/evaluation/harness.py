@@ -125,10 +125,12 @@ class GPTLocalLM(TemplateLM):
                                                          max_batch_size=max(self.batch_size, 8))
         self.model.set_train(False)
         self.config = self.model.config
-        self._max_length = int(max_length) if max_length else int(self.config.max_position_embeddings)
-        if self._max_length > self.config.max_position_embeddings:
+        positions = int(self.model.token_positions)  # max_position_embeddings less a prefix-tuning prefix
+        self._max_length = int(max_length) if max_length else positions
+        if self._max_length > positions:
             raise ConfigError(f"gptlocal model args: max_length={max_length} exceeds the model's "
-                              f"max_position_embeddings={self.config.max_position_embeddings}.")
+                              f"{positions} positions (max_position_embeddings={self.config.max_position_embeddings}"
+                              f" less a prefix-tuning prefix).")
         self._max_gen_toks = int(max_gen_toks)
         self.seed = None if seed is None else int(seed)
         self.tokenizer = configure_pad_token(AutoTokenizer.from_pretrained(self.pretrained))

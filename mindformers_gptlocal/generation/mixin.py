@@ -31,7 +31,8 @@ class GenerationMixin:
         prompts = [[int(t) for t in p] for p in _as_prompts(input_ids, options["pad_token_id"])]
         max_new = new_token_budget(prompts, options)
         config = self.config
-        check_prompts(prompts, config.vocab_size, config.max_position_embeddings, max_new,
+        positions = getattr(self, "token_positions", config.max_position_embeddings)  # less a prefix-tuning prefix
+        check_prompts(prompts, config.vocab_size, positions, max_new,
                       getattr(config, "max_batch_size", 8))
         rng = np.random.default_rng(options["seed"])
         was_training = self.training

@@ -222,8 +222,15 @@ def _model_config(mf, arch, cpu, notes):
 
 
 def _pet_config(pet, notes):
+    from ..model.lora_config import PREFIX_KEYS
+    if pet.get("pet_type") in PREFIX_KEYS:  # prefix tuning / P-Tuning v2: MindFormers' keys, as they are
+        out = {"pet_type": pet["pet_type"], **{k: pet[k] for k in PREFIX_KEYS[pet["pet_type"]] if k in pet}}
+        notes.append(f"pet_config {pet['pet_type']} kept (model/prefix.py); the real tokens' positions follow the "
+                     f"prefix, so seq_length + the prefix must fit max_position_embeddings")
+        return out
     if pet.get("pet_type", "lora") != "lora":
-        raise ConfigError(f"model.model_config.pet_config.pet_type {pet.get('pet_type')!r}: gpt_local has LoRA only.")
+        raise ConfigError(f"model.model_config.pet_config.pet_type {pet.get('pet_type')!r}: gpt_local has LoRA, "
+                          f"prefixtuning and ptuning2.")
     out = {"pet_type": "lora", "lora_rank": pet.get("lora_rank", 8), "lora_alpha": pet.get("lora_alpha", 16),
            "lora_dropout": pet.get("lora_dropout", 0.0), "target_modules": ".*linear_qkv",
            "freeze_include": ["*"], "freeze_exclude": ["*lora*"]}

@@ -25,8 +25,21 @@ from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import dropout_site, make_dropout
 from .kv_write import cache_write_op
 from .layers import Linear, residual_init_std, to_mstype
+from .prefix import prefix_rows
 
 MASK_VALUE = -1.0e9
+
+
+_PLAIN_WARNED = set()
+
+
+def _plain_for_prefix(what):
+    """One warning per process: prefix tuning runs the plain attention path instead of ``what``."""
+    if what not in _PLAIN_WARNED:
+        _PLAIN_WARNED.add(what)
+        import warnings
+        warnings.warn(f"gpt_local: pet_config prefix tuning uses the plain matmul + softmax attention, not {what} "
+                      f"(built for square masks; the prefix adds key rows in front).", stacklevel=3)
 
 
 class RotaryEmbedding(nn.Cell):
@@ -63,6 +76,12 @@ class ParallelAttention(nn.Cell):
     def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False):
         super().__init__()
         arch = config.arch
+        # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
+        # them, the fused kernels (CPU kernel, blockwise, Ascend flash) are built for square masks: not used then
+        self.prefix = config.prefix_spec() is not None
+        if self.prefix and (use_flash_attention or config.attention_block_size):
+            _plain_for_prefix("use_flash_attention / attention_block_size")
+            use_flash_attention = False
         params_dtype = to_mstype(config.params_dtype)
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
@@ -86,7 +105,7 @@ class ParallelAttention(nn.Cell):
         self.use_flash_attention = use_flash_attention
         self.blockwise = None
         block_size = config.attention_block_size
-        if block_size and not use_flash_attention:
+        if block_size and not use_flash_attention and not self.prefix:
             if is_parallel_build():
                 raise ConfigError("model_config.attention_block_size is for stand-alone and data-parallel "
                                   "builds (parallel.parallel_mode 0); under semi_auto/auto parallel set it to 0 "
@@ -135,6 +154,10 @@ class ParallelAttention(nn.Cell):
         counter masks, or the kernel cannot run (not float32, no compiler: one warning, then the plain path)."""
         if self.use_flash_attention or self.blockwise is not None or is_parallel_build():
             return None
+        if self.prefix:
+            if replace_slow_cpu_kernels():
+                _plain_for_prefix("the fused CPU attention kernel (kernels/attention.py)")
+            return None
         if not replace_slow_cpu_kernels() or not 0.0 <= config.attention_dropout < 1.0:
             return None
         dropout = config.attention_dropout > 0
@@ -148,8 +171,10 @@ class ParallelAttention(nn.Cell):
         return attention_kernel(self.scale, dtype)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None, dropout_step=None, rotary=None):
+                  seq_ends=None, dropout_step=None, rotary=None, prefix=None):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
+        ``prefix``: (keys, values) [G, P, D] of prefix tuning, read in front of the keys and values by every
+        query (``prefix.prefix_rows``), with and without the KV cache.
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
         keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position)
@@ -167,8 +192,10 @@ class ParallelAttention(nn.Cell):
         qkv = ops.reshape(qkv, (batch, seq, self.num_groups, self.group_size + 2, self.head_dim))
         if key_cache is not None:
             return self.linear_proj(self._cached_attention(qkv, attention_bias, key_cache, value_cache,
-                                                           write_index, rotary))
+                                                           write_index, rotary, prefix))
         query, key, value = self._heads(qkv, rotary)
+        if prefix is not None:
+            key, value, attention_bias = prefix_rows(key, value, attention_bias, prefix[0], prefix[1])
         if self.cpu_attention is not None:  # key/value stay [B, G, S, D]: the kernel reads each group's head
             context = self.cpu_attention(query, key, value, self.cast(attention_bias, ms.float32),
                                          self._dropout_offsets(dropout_step))
@@ -244,7 +271,7 @@ class ParallelAttention(nn.Cell):
         x = ops.broadcast_to(ops.expand_dims(x, 2), (batch, self.num_groups, self.group_size, length, dim))
         return ops.reshape(x, (batch, self.num_heads, length, dim))
 
-    def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None):
+    def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None, prefix=None):
         """Write this step's K/V into the head-major caches [B, G, L, D] in place (G = num_query_groups),
         then attend over every cached row; the caches are read as they are stored, with no per-step transpose."""
         batch, seq = qkv.shape[0], qkv.shape[1]
@@ -255,6 +282,8 @@ class ParallelAttention(nn.Cell):
             slots = write_index[:, 0, 0, 0]
             key_cache = ops.gather(key_cache, slots, 0)
             value_cache = ops.gather(value_cache, slots, 0)
+        if prefix is not None:
+            key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix)
         key_cache, value_cache = self._repeat_groups(key_cache), self._repeat_groups(value_cache)
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.merge_heads(context, (0, 2, 1, 3))

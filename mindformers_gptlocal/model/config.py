@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
 from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
-from .lora_config import check_trainable, read_pet_config
+from .lora_config import check_trainable, read_pet_config, read_prefix_config
 from .params import table_of_dims, dims
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -287,6 +287,7 @@ class GPTLocalConfig(PretrainedConfig):
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
         self.lora_spec()
+        self.prefix_spec()
 
     def lora_spec(self):
         """The PEFT settings of ``pet_config`` (a ``LoraSpec``, or an ``AdapterSpec`` for pet_type: adapter), or None
@@ -297,6 +298,21 @@ class GPTLocalConfig(PretrainedConfig):
         spec = read_pet_config(self.pet_config, self.num_hidden_layers)
         if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
             check_trainable(spec, list(table_of_dims(dims(self.arch), Layout(), spec)))
+        return spec
+
+    def prefix_spec(self):
+        """The prefix tuning / P-Tuning v2 settings of ``pet_config`` (``model/prefix.py``), or None; read and
+        checked once."""
+        return self._derived_value("prefix", self._read_prefix)
+
+    def _read_prefix(self):
+        spec = read_prefix_config(self.pet_config, self.max_position_embeddings)
+        if spec is not None and spec.tokens + self.seq_length > self.max_position_embeddings:
+            raise ConfigError(f"model_config.pet_config prefix of {spec.tokens} tokens + model_config.seq_length "
+                              f"{self.seq_length} is more than max_position_embeddings "
+                              f"({self.max_position_embeddings}): the real tokens' positions start after the prefix "
+                              f"(as peft's). Set seq_length: {self.max_position_embeddings - spec.tokens} or fewer "
+                              f"prefix tokens.")
         return spec
 
     @property

@@ -37,8 +37,10 @@ from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
 def use_flash_attention(config):
-    """Ascend's fused kernel when asked for and on Ascend; matmul + softmax everywhere else."""
-    return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend"
+    """Ascend's fused kernel when asked for and on Ascend; matmul + softmax everywhere else (and with a
+    prefix-tuning prefix, whose key rows the square-mask kernel does not take)."""
+    return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend" and \
+        config.prefix_spec() is None
 
 
 class GPTLocalEmbedding(nn.Cell):
@@ -67,6 +69,21 @@ class GPTLocalEmbedding(nn.Cell):
             return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)
         positions = self.position_gather(self.position_embeddings, position_ids, 0)
         return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
+
+
+def prefix_encoder(config):
+    """The PrefixEncoder of a prefix-tuning pet_config (``prefix.py``), or None; stand-alone and data-parallel
+    builds only (the prefix tensors have no shard strategies)."""
+    spec = config.prefix_spec()
+    if spec is None:
+        return None
+    if is_parallel_build():
+        raise ConfigError(f"model_config.pet_config.pet_type {spec.pet_type} is for stand-alone and data-parallel "
+                          f"builds (parallel.parallel_mode 0); use pet_type: lora under semi_auto/auto parallel.")
+    from .prefix import PrefixEncoder
+    return PrefixEncoder(spec, config.num_hidden_layers, config.num_query_groups,
+                         config.hidden_size // config.num_attention_heads, to_mstype(config.compute_dtype),
+                         to_mstype(config.params_dtype))
 
 
 class GPTLocalModel(nn.Cell):
@@ -111,6 +128,8 @@ class GPTLocalModel(nn.Cell):
         self.use_flash = flash
         self.stage_ids = stage_ids
         self.num_layers = config.num_hidden_layers
+        self.prefix_encoder = prefix_encoder(config)  # pet_config prefix tuning / P-Tuning v2, else None
+        self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
                   write_index=None, actual_seq_len=None, dropout_step=None):
@@ -127,15 +146,25 @@ class GPTLocalModel(nn.Cell):
             position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
             attention_bias = self.causal_mask(seq)
+        prefix = None
+        if self.prefix_encoder is not None:  # the real tokens' positions follow the prefix (as peft's)
+            prefix = self.prefix_encoder()
+            position_ids = position_ids + self.prefix_tokens
         hidden = self.embedding(input_ids, position_ids, dropout_step)
         rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
-        if key_caches is None:
+        if key_caches is None and prefix is None:
             for layer in self.layers:
                 hidden = layer(hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step, rotary=rotary)
+        elif key_caches is None:
+            for index in range(self.num_layers):
+                hidden = self.layers[index](hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step,
+                                            rotary=rotary, prefix=(prefix[2 * index], prefix[2 * index + 1]))
         else:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, key_cache=key_caches[index],
-                                            value_cache=value_caches[index], write_index=write_index, rotary=rotary)
+                                            value_cache=value_caches[index], write_index=write_index, rotary=rotary,
+                                            prefix=None if prefix is None else (prefix[2 * index],
+                                                                                prefix[2 * index + 1]))
         return self.final_layernorm(hidden)
 
     def document_mask(self, actual_seq_len, batch, seq):
@@ -233,6 +262,10 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
             from .adapter import add_adapters
             from .lora import add_lora
             (add_adapters if is_adapter_spec(self.lora) else add_lora)(self, self.lora)
+        if self.model.prefix_encoder is not None:  # prefix tuning: only the prefix trains
+            from .prefix import freeze_base
+            self.update_parameters_name()
+            freeze_base(self)
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
 
@@ -254,6 +287,12 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
     def save_pretrained(self, save_directory, tokenizer_dir=None, **kwargs):
         """Write config.json + model.safetensors (+ tokenizer files) to ``save_directory``."""
         return save_model_dir(self, save_directory, tokenizer_dir)
+
+    @property
+    def token_positions(self):
+        """Positions a sequence may use: max_position_embeddings less a prefix-tuning prefix (the real tokens'
+        positions follow it). Generation, serve and eval bound their lengths by it."""
+        return self.config.max_position_embeddings - self.model.prefix_tokens
 
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):

@@ -49,7 +49,7 @@ class KVCachePool:
 
     def get(self, batch_size, needed_length):
         """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (``cache_length``)."""
-        key = (batch_size, cache_length(needed_length, self.causal_lm.config.max_position_embeddings))
+        key = (batch_size, cache_length(needed_length, self.causal_lm.token_positions))  # less a prefix's rows
         if key not in self.caches:
             while len(self.caches) >= self.kept:  # the least recently used goes
                 self.caches.pop(next(iter(self.caches)))

@@ -51,9 +51,11 @@ def read_pet_config(pet_config, num_layers):
     if not pet_config:
         return None
     pet_type = _get(pet_config, "pet_type")
+    if pet_type in PREFIX_TYPES:  # prefix tuning / P-Tuning v2: no LoRA; read_prefix_config reads them
+        return None
     if pet_type not in PET_TYPES:
         raise ConfigError(f"model_config.pet_config.pet_type {pet_type!r} is not supported by gpt_local; use "
-                          f"pet_type: {' or '.join(PET_TYPES)}.")
+                          f"pet_type: {' or '.join(PET_TYPES + PREFIX_TYPES)}.")
     if pet_type == "adapter":
         return read_adapter_config(pet_config, num_layers)
     rank = _get(pet_config, "lora_rank", 8)
@@ -241,3 +243,68 @@ def check_trainable(spec, names):
                           f"{spec.freeze_exclude} freeze every parameter, so nothing would train; the adapters are "
                           f"named {named}: use freeze_include: ['*'], freeze_exclude: ['{keep}'].")
     return trainable
+
+
+# --- prefix tuning / P-Tuning v2 (model/prefix.py) ------------------------------------------------------------
+# MindFormers' keys (mindformers/pet/pet_config.py PrefixTuningConfig / Ptuning2Config) with their defaults:
+# key -> (our field, default). prefixtuning always reparameterises through the MLP (MindFormers' adapter does).
+PREFIX_TYPES = ("prefixtuning", "ptuning2")
+PREFIX_KEYS = {
+    "prefixtuning": {"prefix_token_num": ("tokens", 128), "mid_dim": ("hidden", 512), "dropout_rate": ("dropout", 0.1)},
+    "ptuning2": {"pre_seq_len": ("tokens", 128), "prefix_projection": ("projection", False),
+                 "projection_dim": ("hidden", 128), "dropout_prob": ("dropout", 0.01)},
+}
+PREFIX_NAME = "prefix_encoder"  # the Cell under ``model.``: model.prefix_encoder.embedding, .transform_*
+PrefixSpec = namedtuple("PrefixSpec", "pet_type tokens projection hidden dropout")
+
+
+def read_prefix_config(pet_config, max_positions=None):
+    """``pet_config`` of ``pet_type: prefixtuning | ptuning2`` -> PrefixSpec; None for any other pet_config.
+    ``tokens``: the virtual tokens (prefix rows per layer); ``projection``: peft's reparameterisation MLP
+    (``hidden``: its width); the real tokens' positions start after the prefix (as peft's), so the prefix
+    must leave room in ``max_positions``. One ConfigError naming the key for every bad key or value."""
+    if not pet_config or _get(pet_config, "pet_type") not in PREFIX_TYPES:
+        return None
+    pet_type = _get(pet_config, "pet_type")
+    keys = PREFIX_KEYS[pet_type]
+    items = pet_config.items() if hasattr(pet_config, "items") else vars(pet_config).items()
+    for key, value in items:
+        if key not in keys and key not in ("pet_type", "freeze_include", "freeze_exclude") and value is not None:
+            raise ConfigError(f"model_config.pet_config.{key} is not a {pet_type} setting; {pet_type} takes "
+                              f"{', '.join(keys)}. Remove {key}.")
+    values = {"projection": True}  # prefixtuning: always the MLP, of width mid_dim
+    for key, (field, default) in keys.items():
+        value = _get(pet_config, key, default)
+        if field == "projection":
+            if not isinstance(value, bool):
+                raise ConfigError(f"model_config.pet_config.{key} must be true or false, got {value!r}.")
+        elif field == "dropout":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"model_config.pet_config.{key} must be in [0, 1), got {value!r}.")
+            value = float(value)
+        elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"model_config.pet_config.{key} must be a positive integer, got {value!r}.")
+        values[field] = value
+    spec = PrefixSpec(pet_type, values["tokens"], values["projection"], values["hidden"], values["dropout"])
+    if max_positions is not None and spec.tokens >= max_positions:
+        key = next(k for k, (f, _) in keys.items() if f == "tokens")
+        raise ConfigError(f"model_config.pet_config.{key} {spec.tokens} leaves no room in max_position_embeddings "
+                          f"({max_positions}): the real tokens' positions start after the prefix. Use fewer "
+                          f"prefix tokens (e.g. {max(1, max_positions // 8)}).")
+    return spec
+
+
+def prefix_shapes(spec, num_layers, kv_width):
+    """The prefix Parameters under ``model.prefix_encoder.`` -> shape (peft's PrefixEncoder: ``embedding``
+    [tokens, layers*2*kv_width], or with the MLP [tokens, kv_width] -> transform_in [hidden, kv_width] -> tanh
+    -> transform_out [layers*2*kv_width, hidden]); kv_width = num_query_groups * head_dim."""
+    out = num_layers * 2 * kv_width
+    if not spec.projection:
+        return {"embedding": (spec.tokens, out)}
+    return {"embedding": (spec.tokens, kv_width), "transform_in.weight": (spec.hidden, kv_width),
+            "transform_in.bias": (spec.hidden,), "transform_out.weight": (out, spec.hidden),
+            "transform_out.bias": (out,)}
+
+
+def is_prefix_name(name):
+    return f".{PREFIX_NAME}." in f".{name}"

@@ -15,8 +15,8 @@ from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
 from .arch import (ACTIVATIONS, ARCH_DEFAULTS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES,  # noqa: F401
                    SIZE_DEFAULTS, Arch, model_value, rotary_dim)
-from .lora_config import (adapter_paths, adapter_shapes, bottleneck_width, is_adapter_spec, lora_shapes,
-                          read_pet_config, targeted_paths)
+from .lora_config import (PREFIX_NAME, adapter_paths, adapter_shapes, bottleneck_width, is_adapter_spec, lora_shapes,
+                          prefix_shapes, read_pet_config, read_prefix_config, targeted_paths)
 
 # the architecture's keys, defaults and derived values live in ``arch.py`` (these names are kept for callers)
 Architecture = Arch
@@ -104,9 +104,10 @@ def layer_shapes(d):
     return shapes
 
 
-def table_of_dims(d, layout=None, lora=None):
+def table_of_dims(d, layout=None, lora=None, prefix=None):
     """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
-    LoraSpec or AdapterSpec (``model/lora_config.py``) whose adapters are in the table too."""
+    LoraSpec or AdapterSpec (``model/lora_config.py``) whose adapters are in the table too; ``prefix``: a
+    PrefixSpec whose prefix tensors are (replicated, on every stage: each layer reads its rows)."""
     layout = layout or Layout()
     arch = d.get("arch") or Arch()
     adapter = lora if is_adapter_spec(lora) else None  # pet_type: adapter (model/adapter.py)
@@ -130,6 +131,11 @@ def table_of_dims(d, layout=None, lora=None):
         stage = [stage_ids[layer_of(path)]]
         for name, shape in adapter_shapes(d["hidden"], bottleneck_width(adapter, d["hidden"])).items():
             shapes[f"{path}.{name}"] = (shape, stage)
+    if prefix is not None:
+        kv_width = (arch.groups or d["heads"]) * (d["hidden"] // d["heads"])
+        for name, shape in prefix_shapes(prefix, d["layers"], kv_width).items():
+            shapes[f"model.{PREFIX_NAME}.{name}"] = (shape, sorted(set(stage_ids)))
+            layouts[f"model.{PREFIX_NAME}.{name}"] = (1,) * len(shape)
     shapes["model.final_layernorm.weight"] = ((d["hidden"],), [last])
     if not arch.rmsnorm:
         shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])
@@ -141,13 +147,14 @@ def table_of_dims(d, layout=None, lora=None):
 def parameter_table(config, layout=None):
     """name -> ParamSpec of the model ``config`` describes (GPTLocalConfig or model_config dict);
     ``layout`` defaults to the config's own (``config.layout``, or ``Layout.of_model_config``). A
-    GPTLocalConfig's LoRA spec is its own (read once); a dict's pet_config is read here."""
+    GPTLocalConfig's PEFT specs are its own (read once); a dict's pet_config is read here."""
     d = dims(config)
     if hasattr(config, "lora_spec"):
-        lora = config.lora_spec()
+        lora, prefix = config.lora_spec(), config.prefix_spec()
     else:
-        lora = read_pet_config(config_value(config, "pet_config", None), d["layers"])
-    return table_of_dims(d, layout_of(config) if layout is None else layout, lora)
+        pet = config_value(config, "pet_config", None)
+        lora, prefix = read_pet_config(pet, d["layers"]), read_prefix_config(pet)
+    return table_of_dims(d, layout_of(config) if layout is None else layout, lora, prefix)
 
 
 def layer_of(name):

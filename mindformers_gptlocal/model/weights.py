@@ -14,7 +14,7 @@ from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
 from ..tokenizer_id import write_id
-from .lora_config import is_adapter_name, is_lora_name
+from .lora_config import is_adapter_name, is_lora_name, is_prefix_name
 from .params import WORD_EMBEDDINGS, is_weight, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
@@ -45,9 +45,9 @@ def model_state(tensors, model):
     """Keep the model's own parameters from a checkpoint (drops optimizer state), checking names and shapes.
     ``tensors``: name -> array, or name -> shape tuple (then the kept names map to their shapes)."""
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
-    # a LoRA or adapter model (pet_config) loads its base weights; adapters absent from the file keep their init
+    # a LoRA, adapter or prefix model (pet_config) loads its base weights; what the file lacks keeps its init
     missing = [name for name in params if name not in tensors
-               and not is_lora_name(name) and not is_adapter_name(name)]
+               and not is_lora_name(name) and not is_adapter_name(name) and not is_prefix_name(name)]
     if missing:
         foreign = sorted(tensors)[:3]
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
@@ -64,6 +64,11 @@ def model_state(tensors, model):
         raise CheckpointError(f"checkpoint holds LoRA adapters (e.g. '{adapters[0]}') but the model has none, so "
                               f"they would be ignored; fold them in first (`gptlocal lora merge --base BASE_DIR "
                               f"--adapter THIS --out MERGED`) or build the model with the run's pet_config.")
+    prefixes = [name for name in tensors if is_prefix_name(name)]
+    if prefixes and not any(is_prefix_name(name) for name in params):
+        raise CheckpointError(f"checkpoint holds a prefix-tuning prefix (e.g. '{prefixes[0]}') but the model has "
+                              f"none, so it would be ignored; build the model with the run's pet_config (a model "
+                              f"directory's config.json has it).")
     state = {}
     for name, param in params.items():
         if name not in tensors:

@@ -166,7 +166,7 @@ class Engine:
         self.model = GPTLocalForCausalLM.from_pretrained(self.model_dir, max_batch_size=self.max_batch_size)
         self.model.set_train(False)
         self.config = self.model.config
-        limit = self.config.max_position_embeddings
+        limit = self.model.token_positions  # max_position_embeddings less a prefix-tuning prefix
         self.max_model_len = min(self.requested_len or limit, limit)
         self.cache = self.model.kv_cache(self.max_batch_size, self.max_model_len)
         self.max_model_len = self.cache.max_length
