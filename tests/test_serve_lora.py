@@ -61,29 +61,19 @@ def dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(dirs, tmp_path_factory):
+def started(dirs, tmp_path_factory):
+    """The server process, loading and warming up (while ``expected`` computes the reference)."""
     from test_serve import _free_port
     port = _free_port()
     log_path = tmp_path_factory.mktemp("serve_lora_log") / "server.log"
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", dirs[BASE],
                              "--port", str(port), "--max-batch-size", "4", "--prompt-buckets", "16",
-                             "--batch-buckets", "1,4", "--log-level", "warning",
+                             "--batch-buckets", "4", "--log-level", "warning",
                              *[f"--lora={name}={dirs[name]}" for name in ADAPTERS]],
                             stdout=log, stderr=subprocess.STDOUT, env=source_env(GLOG_v="3"))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT
     try:
-        while True:
-            assert proc.poll() is None, f"server exited: {open(log_path).read()[-3000:]}"
-            assert time.monotonic() < deadline, f"server not ready in {START_TIMEOUT} s: {open(log_path).read()[-3000:]}"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        yield base
+        yield proc, f"http://127.0.0.1:{port}", log_path
     finally:
         proc.terminate()
         try:
@@ -95,19 +85,37 @@ def server(dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def expected(dirs):
-    """Greedy tokens of the base and of each merged model (model.generate in this process), per prompt."""
+def expected(dirs, started):
+    """Greedy tokens of the base and of each merged model (model.generate in this process), per prompt: one
+    model, the merged weights loaded into it in turn (one compile)."""
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalForCausalLM
     ms.set_context(mode=ms.GRAPH_MODE)
     out = {}
+    model = GPTLocalForCausalLM.from_pretrained(dirs[BASE])
     for name in [BASE, *ADAPTERS]:
-        model = GPTLocalForCausalLM.from_pretrained(dirs[name if name == BASE else name + "-merged"])
+        if name != BASE:
+            model.load_weights(dirs[name + "-merged"])
         seqs = model.generate(PROMPTS, max_new_tokens=12, do_sample=False, eos_token_id=-1)
         out[name] = [list(seq[len(p):]) for seq, p in zip(seqs, PROMPTS)]
     ms.set_context(mode=ms.PYNATIVE_MODE)
     assert out["sql"] != out[BASE] and out["poem"] != out[BASE] and out["sql"] != out["poem"]  # the adapters matter
     return out
+
+
+@pytest.fixture(scope="module")
+def server(started, expected):
+    proc, base, log_path = started
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        assert proc.poll() is None, f"server exited: {open(log_path).read()[-3000:]}"
+        assert time.monotonic() < deadline, f"server not ready in {START_TIMEOUT} s: {open(log_path).read()[-3000:]}"
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return base
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
 
 
 def _client(base):
