@@ -22,7 +22,8 @@ BASE = "tiny-base"
 START_TIMEOUT = 300
 PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8, 1], [300, 301, 302, 303, 304], [77, 78, 79]]
 # two finetunes of the base that differ in rank, alpha and target Linears
-ADAPTERS = {"sql": dict(lora_rank=4, lora_alpha=8, target_modules=".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"),
+ALL = ".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"
+ADAPTERS = {"sql": dict(lora_rank=4, lora_alpha=8, target_modules=ALL),
             "poem": dict(lora_rank=2, lora_alpha=16, target_modules=".*linear_qkv|.*linear_fc2")}
 
 
@@ -216,6 +217,8 @@ def test_adapters_that_do_not_fit_are_refused_at_start(dirs, tmp_path):
     json.dump(config, open(os.path.join(other, "config.json"), "w"))
     with pytest.raises(ConfigError, match=r"--lora bad=.*num_attention_heads 8.*has 4"):
         read_adapters(dirs[BASE], [("bad", other)], shapes)
+    with pytest.raises(ConfigError, match="is itself a LoRA finetune"):
+        read_adapters(dirs["sql"], [("poem", dirs["poem"])], shapes)
     with pytest.raises(ConfigError, match="holds no LoRA adapter tensors"):
         read_adapters(dirs[BASE], [("plain", dirs[BASE])], shapes)
     for value, match in ((f"sql{dirs['sql']}", "must be NAME=DIR"), (f"{BASE}={dirs['sql']}", "base model's served"),

@@ -60,6 +60,10 @@ def read_adapters(base_dir, specs, base_shapes):
     ``base_shapes``: {tensor name: shape} of the base weights (``safetensors_io.tensor_shapes``)."""
     from ..checkpoint.lora import read_adapter
     base_config = _config(base_dir) or {}
+    if base_config.get("pet_config"):
+        raise ConfigError(f"--model {base_dir} is itself a LoRA finetune (its config.json has pet_config); with "
+                          f"--lora give the base model it was trained from, or fold its adapter in first "
+                          f"(`gptlocal lora merge`) and serve the merged directory as the base.")
     base_tokenizer, _ = model_dir_id(base_dir)
     adapters, lines = [], []
     for name, folder in specs:
