@@ -65,19 +65,24 @@ def server(model_dir, loras, port, batch, threads):
                  "--log-level", "warning", *[f"--lora={spec}" for spec in loras]])
 
 
-def start(args, threads, timeout=900):
-    """This script's ``--server ...`` in a subprocess with the workers' environment; (proc, url, ready s)."""
-    import httpx
+def launch(args, threads):
+    """This script's ``--server ...`` in a subprocess with the workers' environment; (proc, url)."""
     port = S.free_port()
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args, "--port", str(port)],
                             env=C.worker_env(threads))
-    base, started = f"http://127.0.0.1:{port}", time.monotonic()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc, base, args, timeout=1800):
+    """Seconds until ``/health`` says ready."""
+    import httpx
+    started = time.monotonic()
     while time.monotonic() < started + timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"server {args} exited with {proc.returncode}")
         try:
             if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return proc, base, time.monotonic() - started
+                return time.monotonic() - started
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -143,11 +148,12 @@ def main():
              "merged": (os.path.join(work, "a1-merged"), [], ["base"] * args.adapters)}
     servers = {}
     try:
-        for side, (model_dir, loras, _) in specs.items():
-            proc, base, ready_s = start(["--server", model_dir, *loras, "--adapters", str(args.adapters),
-                                           "--threads", str(args.threads)], args.threads)
-            servers[side] = (proc, base)
-            print(f"{side}: ready in {ready_s:.1f} s", flush=True)
+        for side, (model_dir, loras, _) in specs.items():  # started together, measured one at a time
+            server_args = ["--server", model_dir, *loras, "--adapters", str(args.adapters), "--threads",
+                           str(args.threads)]
+            servers[side] = launch(server_args, args.threads)
+        for side, (proc, base) in servers.items():
+            print(f"{side}: ready after {wait_ready(proc, base, side):.1f} s", flush=True)
         for side, (_, base) in servers.items():  # warm-up
             load(base, specs[side][2], 1, 4, seed=99)
 

@@ -106,13 +106,15 @@ class MultiLoRALinear(Linear):
     """A Linear serving several LoRA adapters at once (``gptlocal serve --lora``): the base GEMM once for all
     rows, then each batch row's own low-rank update, picked by the row's adapter index.
 
-    Adapter k's A [r_k, in] and B [out, r_k] are stacked into A [K+1, R, in] and B [K+1, out, R] (R: the largest
-    rank; a smaller rank's rows of A / columns of B are zeros, so its product is exactly its own); slot 0 is
-    all zeros: "no adapter", the base model. ``scales`` [K+1] holds each adapter's alpha / r (0 for slot 0 and
-    for an adapter that has no update on this Linear). ``index`` is a Parameter [max_batch] shared by every
+    Adapter k's A [r_k, in] and (alpha_k / r_k) B [out, r_k] are stacked into A [K+1, R, in] and B [K+1, out, R]
+    (R: the largest rank; a smaller rank's rows of A / columns of B are zeros, so its product is exactly its
+    own; the scaling is folded into B at start, one multiply fewer per step); slot 0 is all zeros: "no
+    adapter", the base model, as is an adapter's slot on a Linear it does not update. ``scales`` [K+1]: each
+    adapter's alpha / r. ``index`` is a Parameter [max_batch] shared by every
     MultiLoRALinear of the model: row b of a call with batch B <= max_batch uses adapter index[b]; the server
     writes it before each compiled call (``MultiLoRA.select``), so the graph never changes with the mix.
-    y[b] = x[b] W^T + bias + scales[i] * (x[b] A[i]^T) B[i]^T, i = index[b] (x: [B, S, in])."""
+    y[b] = x[b] W^T + bias + (x[b] A[i]^T) (scales[i] B[i])^T, i = index[b] (x: [B, S, in]). The stacks are kept
+    in the compute dtype (no casts per step)."""
 
     def __init__(self, base, a_stack, b_stack, scales, index):  # pylint: disable=super-init-not-called
         nn.Cell.__init__(self)
@@ -127,11 +129,10 @@ class MultiLoRALinear(Linear):
         self.compute_dtype = base.compute_dtype
         self.matmul = base.matmul
         self.cast = base.cast
-        dtype = base.weight.dtype
+        dtype = self.compute_dtype
+        scaled = np.asarray(b_stack, np.float32) * np.asarray(scales, np.float32).reshape(-1, 1, 1)
         self.multi_lora_a = Parameter(Tensor(a_stack, dtype), name="multi_lora_a", requires_grad=False)
-        self.multi_lora_b = Parameter(Tensor(b_stack, dtype), name="multi_lora_b", requires_grad=False)
-        self.multi_lora_scale = Parameter(Tensor(np.asarray(scales, np.float32).reshape(-1, 1, 1), dtype),
-                                          name="multi_lora_scale", requires_grad=False)
+        self.multi_lora_b = Parameter(Tensor(scaled, dtype), name="multi_lora_b", requires_grad=False)
         self.adapter_index = index
         self.gather = ops.Gather()
         self.lora_a_matmul = ops.BatchMatMul(transpose_b=True)
@@ -143,10 +144,9 @@ class MultiLoRALinear(Linear):
         x, y = self.dense(x)  # [T, in], [T, out]: the base GEMM, once
         rows = self.adapter_index[:batch]
         x = ops.reshape(x, (batch, -1, self.in_features))
-        a = self.cast(self.gather(self.multi_lora_a, rows, 0), self.compute_dtype)  # [B, R, in]
-        b = self.cast(self.gather(self.multi_lora_b, rows, 0), self.compute_dtype)  # [B, out, R]
-        scale = self.cast(self.gather(self.multi_lora_scale, rows, 0), self.compute_dtype)  # [B, 1, 1]
-        low = self.lora_b_matmul(self.lora_a_matmul(x, a), b) * scale  # [B, S, out]
+        a = self.gather(self.multi_lora_a, rows, 0)  # [B, R, in]
+        b = self.gather(self.multi_lora_b, rows, 0)  # [B, out, R], scaled
+        low = self.lora_b_matmul(self.lora_a_matmul(x, a), b)  # [B, S, out]
         y = y + ops.reshape(low, (-1, self.out_features))
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
