@@ -13,6 +13,10 @@ Base and adapters: random tiny gpt_local (4 layers, hidden 256, vocab 8192), ran
 made in a worker. Clients send 32-token random prompts, greedy, `ignore_eos`, --new tokens each, through the
 OpenAI completions API (httpx). Each server process gets the explicit thread environment (_common.worker_env)
 and checks it. tokens/s = generated tokens / wall time of the level.
+
+Then (or alone, ``--steps-only``) one worker times a compiled decode step of the plain model against the same
+model with the --adapters MultiLoRA Linears, rows on one adapter or one adapter per row rotated every step,
+sides alternating within that one process (ms per step; what the HTTP numbers above are made of).
 """
 import argparse
 import os
@@ -55,6 +59,48 @@ def make_dirs(work, adapters, rank):
         model.save_pretrained(os.path.join(work, f"a{k}"))
     merge(base, os.path.join(work, "a1"), os.path.join(work, "a1-merged"))
     C.emit({"ok": True})
+
+
+def step_worker(adapters, rank, threads, rounds, steps=30):
+    """Worker: one compiled decode step (batch = ``adapters``) of the plain model against the same model with
+    ``adapters`` MultiLoRA adapters, rows all on adapter 1 ("const") or one adapter each, rotated every step
+    ("mixed", a new index each call); sides alternate within this one process. ms per step."""
+    counts = C.check_threads(threads, "step worker")
+    counts["mindspore"] = C.mindspore_threads(threads, "step worker")
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    from mindformers_gptlocal.model.lora import add_multi_lora
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.default_rng(0)
+    caches, handles = {}, {}
+    for side in ("plain", "lora"):
+        model = GPTLocalForCausalLM(GPTLocalConfig(**SHAPE))
+        model.set_train(False)
+        if side == "lora":
+            hidden, inner = SHAPE["hidden_size"], 4 * SHAPE["hidden_size"]
+            dims = {"attention.linear_qkv": (3 * hidden, hidden), "attention.linear_proj": (hidden, hidden),
+                    "mlp.linear_fc1": (inner, hidden), "mlp.linear_fc2": (hidden, inner)}
+            pairs = [{f"model.layers.{layer}.{linear}": (rng.normal(0, 0.05, (rank, n)).astype(np.float32),
+                                                         rng.normal(0, 0.05, (o, rank)).astype(np.float32))
+                      for layer in range(SHAPE["num_hidden_layers"]) for linear, (o, n) in dims.items()}
+                     for _ in range(adapters)]
+            handles["lora"] = add_multi_lora(model, [(f"a{k}", p, 2.0) for k, p in enumerate(pairs, 1)], adapters)
+        caches[side] = model.kv_cache(adapters, 256)
+    ids, pos, last = (np.zeros((adapters, 1), np.int32), np.full((adapters, 1), 5, np.int32),
+                      np.zeros(adapters, np.int32))
+    for cache in caches.values():
+        cache.step(ids, pos, last)  # compile
+
+    def measure(side, index):
+        cache, handle = caches[side.split("-")[0]], handles.get(side.split("-")[0])
+        start = time.perf_counter()
+        for step in range(steps):
+            if handle is not None:
+                handle.select([1] * adapters if side == "lora-const" else
+                              list(np.roll(np.arange(1, adapters + 1), step)))
+            cache.step(ids, pos, last)
+        return (time.perf_counter() - start) / steps * 1e3
+    C.emit({"threads": counts, "ms": C.alternate(("plain", "lora-const", "lora-mixed"), rounds, measure)})
 
 
 def server(model_dir, loras, port, batch, threads):
@@ -130,6 +176,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="threads per server")
     parser.add_argument("--make-dirs", nargs=3, metavar=("WORK", "ADAPTERS", "RANK"))
+    parser.add_argument("--step-worker", action="store_true")
+    parser.add_argument("--steps-only", action="store_true", help="only the in-process decode-step comparison")
     parser.add_argument("--server", nargs="+", metavar="DIR [NAME=DIR ...]")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
@@ -137,7 +185,11 @@ def main():
         return make_dirs(args.make_dirs[0], int(args.make_dirs[1]), int(args.make_dirs[2]))
     if args.server:
         return server(args.server[0], args.server[1:], args.port, args.adapters, args.threads)
+    if args.step_worker:
+        return step_worker(args.adapters, args.rank, args.threads, args.rounds)
     C.machine_line(args.threads)  # the load average before any worker runs
+    if args.steps_only:
+        return print_steps(args)
 
     work = C.scratch_dir("gptlocal-multilora-")
     C.run_worker(__file__, ["--make-dirs", work, str(args.adapters), str(args.rank), "--threads", str(args.threads)],
@@ -180,6 +232,21 @@ def main():
             "merged": "a1 merged (no LoRA)"}
     for side in specs:
         print(f"| {side} | {what[side]} | {C.spread(rates[side], '{:.1f}')} | {C.median(rates[side]) / single:.2f}x |")
+    return print_steps(args)
+
+
+def print_steps(args):
+    report, _ = C.run_worker(__file__, ["--step-worker", "--adapters", str(args.adapters), "--rank", str(args.rank),
+                                        "--rounds", str(args.rounds), "--threads", str(args.threads)], args.threads)
+    ms_ = report["ms"]
+    plain = C.median(ms_["plain"])
+    print(f"\none compiled decode step, batch {args.adapters}, in one process, sides alternating, {args.rounds} "
+          f"rounds of 30 steps; {C.machine_line(args.threads).split(';')[0]}\n")
+    print("| model | rows use | ms per step | vs plain |")
+    print("| --- | --- | ---: | ---: |")
+    for side, what in (("plain", "no LoRA"), ("lora-const", f"{args.adapters} adapters loaded, all rows adapter 1"),
+                       ("lora-mixed", "one adapter per row, rotated every step")):
+        print(f"| {side} | {what} | {C.spread(ms_[side], '{:.1f}')} | {C.median(ms_[side]) / plain:.2f}x |")
     return 0
 
 
