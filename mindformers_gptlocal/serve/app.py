@@ -72,7 +72,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
         if not engine.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
         return {"status": "ready", "model": model_name, "max_batch_size": engine.max_batch_size,
-                "adapters": engine.lora.names[1:] if engine.lora is not None else [],
+                "adapters": engine.adapter_names,
                 "batch_sizes": engine.batches,
                 "max_model_len": engine.max_model_len, "prompt_widths": engine.widths,
                 "warmup_seconds": round(engine.warmup_seconds, 2), **engine.snapshot()}
@@ -84,7 +84,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
 
     @app.get("/v1/models")
     async def models():
-        names = [model_name] + (engine.lora.names[1:] if engine.lora is not None else [])
+        names = [model_name] + engine.adapter_names
         return {"object": "list", "data": [dict({"id": name, "object": "model", "created": created,
                                                  "owned_by": "gptlocal", "max_model_len": engine.max_model_len},
                                                 **({"parent": model_name} if name != model_name else {}))
@@ -111,7 +111,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
         except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nested too deep
             return error_response(400, f"the request body is not valid JSON: {err}", param="body",
                                   code="invalid_json")
-        served = (model_name, *engine.lora.names[1:]) if engine.lora is not None else model_name
+        served = (model_name, *engine.adapter_names)
         try:
             spec = parse_request(body, chat, served, tokenizer, chat_template, engine.config.vocab_size,
                                  engine.max_model_len, engine.config.eos_token_id)
@@ -132,7 +132,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
                           seed=spec["seed"], stop=spec["stop"], eos=spec["eos"])
         request.emit = metrics.emitter(request, deliver)
         if body["model"] != model_name:  # a --lora adapter
-            request.adapter = engine.lora.names.index(body["model"])
+            request.adapter = 1 + engine.adapter_names.index(body["model"])
         if state.request_timeout:
             request.deadline = request.arrived + state.request_timeout
         try:

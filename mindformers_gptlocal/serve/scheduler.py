@@ -101,6 +101,7 @@ class Engine:
         self.batches = batch_sizes(max_batch_size, batch_buckets)
         self.tokenizer = tokenizer
         self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
+        self.adapter_names = [name for name, _, _ in self.adapters]  # Request.adapter k is adapter_names[k - 1]
         self.lora = None  # model/lora.py MultiLoRA once loaded with adapters
         self.ready = threading.Event()
         self.failed = None
