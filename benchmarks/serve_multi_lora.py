@@ -35,6 +35,7 @@ import serve_throughput as S  # noqa: E402
 
 SHAPE = dict(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=256,
              seq_length=256, hidden_dropout=0.0, attention_dropout=0.0)
+SMALL = dict(SHAPE, vocab_size=50257, hidden_size=768, num_hidden_layers=12, num_attention_heads=12)  # GPT-2 small
 TARGETS = ".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"
 
 
@@ -61,7 +62,7 @@ def make_dirs(work, adapters, rank):
     C.emit({"ok": True})
 
 
-def step_worker(adapters, rank, threads, rounds, steps=30):
+def step_worker(adapters, rank, threads, rounds, shape, steps=30):
     """Worker: one compiled decode step (batch = ``adapters``) of the plain model against the same model with
     ``adapters`` MultiLoRA adapters, rows all on adapter 1 ("const") or one adapter each, rotated every step
     ("mixed", a new index each call); sides alternate within this one process. ms per step."""
@@ -73,16 +74,17 @@ def step_worker(adapters, rank, threads, rounds, steps=30):
     ms.set_context(mode=ms.GRAPH_MODE)
     rng = np.random.default_rng(0)
     caches, handles = {}, {}
+    config = SMALL if shape == "small" else SHAPE
     for side in ("plain", "lora"):
-        model = GPTLocalForCausalLM(GPTLocalConfig(**SHAPE))
+        model = GPTLocalForCausalLM(GPTLocalConfig(**config))
         model.set_train(False)
         if side == "lora":
-            hidden, inner = SHAPE["hidden_size"], 4 * SHAPE["hidden_size"]
+            hidden, inner = config["hidden_size"], 4 * config["hidden_size"]
             dims = {"attention.linear_qkv": (3 * hidden, hidden), "attention.linear_proj": (hidden, hidden),
                     "mlp.linear_fc1": (inner, hidden), "mlp.linear_fc2": (hidden, inner)}
             pairs = [{f"model.layers.{layer}.{linear}": (rng.normal(0, 0.05, (rank, n)).astype(np.float32),
                                                          rng.normal(0, 0.05, (o, rank)).astype(np.float32))
-                      for layer in range(SHAPE["num_hidden_layers"]) for linear, (o, n) in dims.items()}
+                      for layer in range(config["num_hidden_layers"]) for linear, (o, n) in dims.items()}
                      for _ in range(adapters)]
             handles["lora"] = add_multi_lora(model, [(f"a{k}", p, 2.0) for k, p in enumerate(pairs, 1)], adapters)
         caches[side] = model.kv_cache(adapters, 256)
@@ -178,6 +180,8 @@ def main():
     parser.add_argument("--make-dirs", nargs=3, metavar=("WORK", "ADAPTERS", "RANK"))
     parser.add_argument("--step-worker", action="store_true")
     parser.add_argument("--steps-only", action="store_true", help="only the in-process decode-step comparison")
+    parser.add_argument("--step-shape", default="tiny", choices=("tiny", "small"),
+                        help="model of the decode-step comparison (small: GPT-2 small, 12 x 768)")
     parser.add_argument("--server", nargs="+", metavar="DIR [NAME=DIR ...]")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
@@ -186,7 +190,7 @@ def main():
     if args.server:
         return server(args.server[0], args.server[1:], args.port, args.adapters, args.threads)
     if args.step_worker:
-        return step_worker(args.adapters, args.rank, args.threads, args.rounds)
+        return step_worker(args.adapters, args.rank, args.threads, args.rounds, args.step_shape)
     C.machine_line(args.threads)  # the load average before any worker runs
     if args.steps_only:
         return print_steps(args)
@@ -237,10 +241,11 @@ def main():
 
 def print_steps(args):
     report, _ = C.run_worker(__file__, ["--step-worker", "--adapters", str(args.adapters), "--rank", str(args.rank),
-                                        "--rounds", str(args.rounds), "--threads", str(args.threads)], args.threads)
+                                        "--rounds", str(args.rounds), "--step-shape", args.step_shape, "--threads", str(args.threads)],
+                           args.threads)
     ms_ = report["ms"]
     plain = C.median(ms_["plain"])
-    print(f"\none compiled decode step, batch {args.adapters}, in one process, sides alternating, {args.rounds} "
+    print(f"\none compiled decode step of the {args.step_shape} model, batch {args.adapters}, in one process, sides alternating, {args.rounds} "
           f"rounds of 30 steps; {C.machine_line(args.threads).split(';')[0]}\n")
     print("| model | rows use | ms per step | vs plain |")
     print("| --- | --- | ---: | ---: |")
