@@ -214,16 +214,21 @@ def test_text_stop_usage_stream_and_chat(server, model_dir, reference):
     (dict(prompt=[1, 2, 3], max_tokens=0), "max_tokens"),
     (dict(prompt=[1, 2, 3], max_tokens=CONTEXT), "max_tokens"),
     (dict(prompt=[1, 2, 512], max_tokens=4), "prompt"),
-    (dict(prompt=[1, 2, 3], max_tokens=4, model="gpt-4"), "model"),
     (dict(prompt=[1, 2, 3], max_tokens=4, temperature=5), "temperature"),
-], ids=["prompt-too-long", "max_tokens-0", "max_tokens-too-many", "token-beyond-vocab", "unknown-model",
-        "temperature"])
+], ids=["prompt-too-long", "max_tokens-0", "max_tokens-too-many", "token-beyond-vocab", "temperature"])
 def test_bad_input_is_a_400_naming_the_field(server, kwargs, param):
     kwargs = dict(dict(model=MODEL), **kwargs)
     with pytest.raises(openai.BadRequestError) as caught:
         client(server).completions.create(**kwargs)
     assert caught.value.status_code == 400 and caught.value.param == param
     assert caught.value.body["type"] == "invalid_request_error"
+
+
+def test_unknown_model_is_a_404_naming_the_field(server):
+    with pytest.raises(openai.NotFoundError) as caught:  # OpenAI's status for a model it does not serve
+        client(server).completions.create(model="gpt-4", prompt=[1, 2, 3], max_tokens=4)
+    assert caught.value.param == "model" and caught.value.body["code"] == "model_not_found"
+    assert caught.value.body["type"] == "invalid_request_error" and repr(MODEL) in caught.value.body["message"]
 
 
 def test_malformed_json_is_a_400(server):

@@ -79,6 +79,13 @@ def _scaling(pet, pairs, alpha):
     return alpha / rank, rank, alpha
 
 
+def read_adapter(path):
+    """(weights file, {Linear path: (A, B)}, alpha / r, rank, alpha) of one adapter, as ``merge`` folds it."""
+    weights, pairs = adapter_tensors(path)
+    scaling, rank, alpha = _scaling(lora_settings(path, weights), pairs, None)
+    return weights, pairs, scaling, rank, alpha
+
+
 def merge(base_dir, adapter, out, alpha=None, overwrite=False):
     """base model directory + adapters -> a plain model directory with W + (alpha / r) B A."""
     base_config = _read_json(os.path.join(base_dir, "config.json"), "--base")

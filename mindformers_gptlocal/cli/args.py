@@ -353,6 +353,9 @@ def serve_parser():
     parser.add_argument("--batch-buckets", default=None,
                         help="comma-separated batch sizes to compile (default: 1, 4, 16, ... up to --max-batch-size)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
+    parser.add_argument("--lora", action="append", default=None, metavar="NAME=DIR",
+                        help="also serve the LoRA adapter of a finetune's model directory DIR as model NAME "
+                             "(repeatable; requests of different adapters share decode steps; docs/serving.md)")
     parser.add_argument("--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ops = parser.add_argument_group("running it exposed (docs/serving.md)")

@@ -149,7 +149,7 @@ class GreedySteps(nn.Cell):
     values): one call, one [B, steps] copy back, instead of ``steps`` calls each returning [B, V] logits."""
 
     def __init__(self, cache, steps, with_logits=False):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # as KVCache's: the model's Parameters keep their own names
         self.cache = cache
         self.steps = steps
         self.with_logits = with_logits

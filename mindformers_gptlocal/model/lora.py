@@ -10,7 +10,9 @@ leaves the model's outputs unchanged. The base weight and bias stay the same Par
 """
 import math
 
-from mindspore import nn, ops, Parameter
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
 from .layers import Linear
@@ -98,3 +100,97 @@ def add_lora(model, spec, log=print):
 
 def _short(count):
     return f"{count / 1e6:.0f}M" if count >= 1e7 else f"{count / 1e6:.2f}M" if count >= 1e5 else f"{count:,}"
+
+
+class MultiLoRALinear(Linear):
+    """A Linear serving several LoRA adapters at once (``gptlocal serve --lora``): the base GEMM once for all
+    rows, then each batch row's own low-rank update, picked by the row's adapter index.
+
+    Adapter k's A [r_k, in] and (alpha_k / r_k) B [out, r_k] are stacked into A [K+1, R, in] and B [K+1, out, R]
+    (R: the largest rank; a smaller rank's rows of A / columns of B are zeros, so its product is exactly its
+    own; the scaling is folded into B at start, one multiply fewer per step); slot 0 is all zeros: "no
+    adapter", the base model, as is an adapter's slot on a Linear it does not update. ``scales`` [K+1]: each
+    adapter's alpha / r. ``index`` is a Parameter [max_batch] shared by every
+    MultiLoRALinear of the model: row b of a call with batch B <= max_batch uses adapter index[b]; the server
+    writes it before each compiled call (``MultiLoRA.select``), so the graph never changes with the mix.
+    y[b] = x[b] W^T + bias + (x[b] A[i]^T) (scales[i] B[i])^T, i = index[b] (x: [B, S, in]). The stacks are kept
+    in the compute dtype (no casts per step)."""
+
+    def __init__(self, base, a_stack, b_stack, scales, index):  # pylint: disable=super-init-not-called
+        nn.Cell.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.has_bias = base.has_bias
+        if base.has_bias:
+            self.bias = base.bias
+            self.bias_add = base.bias_add
+        self.skip_bias_add = base.skip_bias_add
+        self.broadcast_bias = base.broadcast_bias
+        self.compute_dtype = base.compute_dtype
+        self.matmul = base.matmul
+        self.cast = base.cast
+        dtype = self.compute_dtype
+        scaled = np.asarray(b_stack, np.float32) * np.asarray(scales, np.float32).reshape(-1, 1, 1)
+        self.multi_lora_a = Parameter(Tensor(a_stack, dtype), name="multi_lora_a", requires_grad=False)
+        self.multi_lora_b = Parameter(Tensor(scaled, dtype), name="multi_lora_b", requires_grad=False)
+        self.adapter_index = index
+        self.gather = ops.Gather()
+        self.lora_a_matmul = ops.BatchMatMul(transpose_b=True)
+        self.lora_b_matmul = ops.BatchMatMul(transpose_b=True)
+
+    def construct(self, x):
+        shape = x.shape
+        batch = shape[0]
+        x, y = self.dense(x)  # [T, in], [T, out]: the base GEMM, once
+        rows = self.adapter_index[:batch]
+        x = ops.reshape(x, (batch, -1, self.in_features))
+        a = self.gather(self.multi_lora_a, rows, 0)  # [B, R, in]
+        b = self.gather(self.multi_lora_b, rows, 0)  # [B, out, R], scaled
+        low = self.lora_b_matmul(self.lora_a_matmul(x, a), b)  # [B, S, out]
+        y = y + ops.reshape(low, (-1, self.out_features))
+        return ops.reshape(y, shape[:-1] + (self.out_features,))
+
+
+class MultiLoRA:
+    """The adapters of a served model (``add_multi_lora``): names in index order (0: the base) and the
+    shared per-row index Parameter."""
+
+    def __init__(self, names, index, max_batch):
+        self.names, self.index, self.max_batch = list(names), index, max_batch
+        self._current = np.zeros(max_batch, np.int32)
+
+    def select(self, rows):
+        """Adapter index per batch row of the next call (``rows``: ints, at most max_batch; the rest 0)."""
+        wanted = np.zeros(self.max_batch, np.int32)
+        wanted[:len(rows)] = rows
+        if not np.array_equal(wanted, self._current):
+            self.index.set_data(Tensor(wanted, ms.int32))
+            self._current = wanted
+
+
+def add_multi_lora(model, adapters, max_batch):
+    """Put a MultiLoRALinear on every Linear of ``model`` that one of ``adapters`` updates.
+
+    ``adapters``: [(name, {Linear path: (A [r, in], B [out, r]) numpy}, alpha / r)], served as indices
+    1..K (0 is the base). Shapes must fit the base Linears (checked by the caller: ``serve/adapters.py``).
+    Returns the MultiLoRA handle whose ``select`` sets each row's adapter before a call."""
+    index = Parameter(Tensor(np.zeros(max_batch, np.int32), ms.int32), name="multi_lora_index",
+                      requires_grad=False)
+    paths = sorted({path for _, pairs, _ in adapters for path in pairs})
+    for path in paths:
+        _, _, layer, parent_name, leaf = path.split(".")
+        parent = getattr(model.model.layers[int(layer)], parent_name)
+        base = getattr(parent, leaf)
+        rank = max(pairs[path][0].shape[0] for _, pairs, _ in adapters if path in pairs)
+        a_stack = np.zeros((len(adapters) + 1, rank, base.in_features), np.float32)
+        b_stack = np.zeros((len(adapters) + 1, base.out_features, rank), np.float32)
+        scales = np.zeros(len(adapters) + 1, np.float32)
+        for k, (_, pairs, scaling) in enumerate(adapters, start=1):
+            if path in pairs:
+                a, b = pairs[path]
+                a_stack[k, :a.shape[0]] = a
+                b_stack[k, :, :b.shape[1]] = b
+                scales[k] = scaling
+        setattr(parent, leaf, MultiLoRALinear(base, a_stack, b_stack, scales, index))
+    model.update_parameters_name()
+    return MultiLoRA([None] + [name for name, _, _ in adapters], index, max_batch)

@@ -72,6 +72,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
         if not engine.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
         return {"status": "ready", "model": model_name, "max_batch_size": engine.max_batch_size,
+                "adapters": engine.adapter_names,
                 "batch_sizes": engine.batches,
                 "max_model_len": engine.max_model_len, "prompt_widths": engine.widths,
                 "warmup_seconds": round(engine.warmup_seconds, 2), **engine.snapshot()}
@@ -83,8 +84,11 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "gptlocal", "max_model_len": engine.max_model_len}]}
+        names = [model_name] + engine.adapter_names
+        return {"object": "list", "data": [dict({"id": name, "object": "model", "created": created,
+                                                 "owned_by": "gptlocal", "max_model_len": engine.max_model_len},
+                                                **({"parent": model_name} if name != model_name else {}))
+                                           for name in names]}
 
     @app.post("/v1/completions")
     async def completions(http_request: HTTPRequest):
@@ -107,11 +111,13 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
         except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nested too deep
             return error_response(400, f"the request body is not valid JSON: {err}", param="body",
                                   code="invalid_json")
+        served = (model_name, *engine.adapter_names)
         try:
-            spec = parse_request(body, chat, model_name, tokenizer, chat_template, engine.config.vocab_size,
+            spec = parse_request(body, chat, served, tokenizer, chat_template, engine.config.vocab_size,
                                  engine.max_model_len, engine.config.eos_token_id)
         except RequestError as err:
-            return error_response(400, str(err), param=err.param, code=err.code)
+            return error_response(404 if err.code == "model_not_found" else 400, str(err), param=err.param,
+                                  code=err.code)
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
 
@@ -125,6 +131,8 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
                           temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"],
                           seed=spec["seed"], stop=spec["stop"], eos=spec["eos"])
         request.emit = metrics.emitter(request, deliver)
+        if body["model"] != model_name:  # a --lora adapter
+            request.adapter = 1 + engine.adapter_names.index(body["model"])
         if state.request_timeout:
             request.deadline = request.arrived + state.request_timeout
         try:
@@ -138,7 +146,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
                                   headers={"Retry-After": "5"})
         http_request.scope.setdefault("gptlocal.requests", []).append(request)  # a send timeout cancels it
         state.live.add(request)
-        reply = Reply(chat, model_name, spec, request, state)
+        reply = Reply(chat, body["model"], spec, request, state)
         events = _events(request, queue, http_request, state)
         if spec["stream"]:
             return StreamingResponse(reply.stream(events), media_type="text/event-stream",
@@ -289,11 +297,19 @@ def serve(options):
                     model_dir)
     widths = [int(w) for w in options.prompt_buckets.split(",")] if options.prompt_buckets else None
     batches = [int(b) for b in options.batch_buckets.split(",")] if options.batch_buckets else None
+    name = options.served_model_name or os.path.basename(os.path.normpath(model_dir))
+    adapters = None
+    if getattr(options, "lora", None):
+        from ..safetensors_io import resolve_weights_file, tensor_shapes
+        from .adapters import parse_lora_options, read_adapters
+        adapters, lines = read_adapters(model_dir, parse_lora_options(options.lora, name),
+                                        tensor_shapes(resolve_weights_file(model_dir)))
+        for line in lines:
+            log.info("gptlocal serve: --lora %s", line)
     engine = Engine(model_dir, max_batch_size=options.max_batch_size, max_queue=options.max_queue,
                     max_model_len=options.max_model_len, device_target=options.device_target,
-                    prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches)
+                    prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches, adapters=adapters)
     engine.start()
-    name = options.served_model_name or os.path.basename(os.path.normpath(model_dir))
     state = State(api_key=api_key, max_request_bytes=options.max_request_bytes, send_timeout=options.send_timeout,
                   request_timeout=options.request_timeout, shutdown_timeout=options.shutdown_timeout)
     app = create_app(engine, name, tokenizer, template, state)

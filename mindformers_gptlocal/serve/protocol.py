@@ -106,8 +106,10 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object.")
     model = body.get("model")
-    if model != model_name:
-        raise RequestError(f"model {model!r} is not served here; this server serves {model_name!r} "
+    names = (model_name,) if isinstance(model_name, str) else tuple(model_name)  # the base, then --lora names
+    if not isinstance(model, str) or model not in names:
+        served = repr(names[0]) if len(names) == 1 else ", ".join(map(repr, names))
+        raise RequestError(f"model {model!r} is not served here; this server serves {served} "
                            f"(GET /v1/models).", "model", "model_not_found")
     n = body.get("n", 1)
     if n != 1:

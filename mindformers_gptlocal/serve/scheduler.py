@@ -56,6 +56,7 @@ class Request:
     the next step boundary; set ``deadline`` (``time.perf_counter()`` seconds, any thread) to end it there.
     """
     _ids = itertools.count(1)
+    adapter = 0  # which --lora adapter generates it (its index in Engine.lora.names; 0: the base model)
 
     def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=(), eos=()):
         self.id = next(self._ids)
@@ -90,7 +91,7 @@ class Engine:
     """Loads the model in its own thread, warms every compiled shape up, then serves ``submit``-ted requests."""
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
-                 prompt_buckets=None, tokenizer=None, batch_buckets=None):
+                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None):
         self.model_dir = model_dir
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
@@ -99,6 +100,9 @@ class Engine:
         self.prompt_buckets = prompt_buckets
         self.batches = batch_sizes(max_batch_size, batch_buckets)
         self.tokenizer = tokenizer
+        self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
+        self.adapter_names = [name for name, _, _ in self.adapters]  # Request.adapter k is adapter_names[k - 1]
+        self.lora = None  # model/lora.py MultiLoRA once loaded with adapters
         self.ready = threading.Event()
         self.failed = None
         self.config = None
@@ -138,7 +142,7 @@ class Engine:
         with self._cond:
             return {"active": sum(s.request is not None for s in self._slots), "queued": len(self._pending),
                     **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled", "expired",
-                                                  "steps")}}
+                                                  "steps", "mixed_adapter_steps")}}
 
     # --- worker thread ------------------------------------------------------------------------------
     def _run(self):
@@ -165,6 +169,12 @@ class Engine:
         start = time.perf_counter()
         self.model = GPTLocalForCausalLM.from_pretrained(self.model_dir, max_batch_size=self.max_batch_size)
         self.model.set_train(False)
+        if self.adapters:
+            from ..model.lora import add_multi_lora
+            self.lora = add_multi_lora(self.model, self.adapters, self.max_batch_size)
+            self.adapters = None  # the numpy copies: the stacked Parameters hold them now
+            log.info("gptlocal serve: %d LoRA adapters on the base; a step mixes requests of different adapters "
+                     "(the base GEMM once, each row's low-rank update by its adapter index)", len(self.lora.names) - 1)
         self.config = self.model.config
         limit = self.model.token_positions  # max_position_embeddings less a prefix-tuning prefix
         self.max_model_len = min(self.requested_len or limit, limit)
@@ -278,6 +288,8 @@ class Engine:
             for i in busy:
                 ids[row_of[i], 0] = self._slots[i].token
                 positions[row_of[i], 0] = self._slots[i].cursor
+        if self.lora is not None:
+            self._select_adapters(rows)
         logits = self.cache.step(ids, positions, last, None if batch == self.max_batch_size else rows)
         self.stats["steps"] += 1
         for i in busy:
@@ -286,6 +298,13 @@ class Engine:
             self._slots[i].cursor = len(self._slots[i].request.prompt)
         for i in busy + admitted:
             self._advance(i, logits[row_of[i]:row_of[i] + 1])
+
+    def _select_adapters(self, rows):
+        """Each row's --lora adapter index for the next call (pad rows: the base)."""
+        picked = [self._slots[i].request.adapter if self._slots[i].request is not None else 0 for i in rows]
+        self.lora.select(picked)
+        if len({picked[r] for r, i in enumerate(rows) if self._slots[i].request is not None}) > 1:
+            self.stats["mixed_adapter_steps"] += 1
 
     def _advance(self, index, logits):
         slot = self._slots[index]
