@@ -1,5 +1,6 @@
 """Shared fixtures: a small prepared corpus and a tiny model config, made once per session."""
 import os
+import socket
 import re
 import subprocess
 import sys
@@ -126,3 +127,40 @@ def tiny_trained_run(corpus, tmp_path_factory):
     code, out = run_launcher(["--config", yaml_path], cwd=str(tmp))
     assert code == 0, out[-3000:]
     return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(tmp), "output", "model")}
+
+
+# --- shared by several test files (were imported from one test file by another) ---
+def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
+               **changes):
+    """A tiny run printing every step and saving a checkpoint every step (keeping 2) with ``monitor``."""
+    tmp_path.mkdir(exist_ok=True)
+    yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
+    config = yaml_io.load_yaml(yaml_path)
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalThroughputMonitor":
+            callback["per_print_times"] = 1
+        if callback["type"] == "GPTLocalCheckpointMonitor":
+            callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=2)
+    return yaml_io.dump_yaml(config, yaml_path)
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1 (for a test server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def save_hf(path, seed=0, **overrides):
+    """A random Hugging Face GPT-2 (non-trivial biases and norms) saved to ``path``; returns the torch model."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(seed)
+    config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # non-trivial biases and norms, so every layout mistake shows
+        for name, param in model.named_parameters():
+            if "ln_" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(str(path))
+    return model

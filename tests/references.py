@@ -9,7 +9,7 @@
 """
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import nn, Tensor
 
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import MASK_VALUE
@@ -69,3 +69,49 @@ def rank_block(config, layer_number, mp):
     mlp.linear_fc2 = linear(local, hidden, arch.bias, residual_init_std(config), partial=True)
     block.update_parameters_name()  # the new Linears' Parameters named by their paths in the block, as before
     return block
+
+
+# --- the per-rank CPU proofs' shared pieces (test_tensor_parallel, test_lora, test_sharding_golden) ---
+SMALL = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
+             max_position_embeddings=16, seq_length=16, hidden_dropout=0.0, attention_dropout=0.0,
+             bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def randomised(cell, seed):
+    """Random values in every parameter (LayerNorm ones and zero biases would hide layout mistakes)."""
+    rng = np.random.default_rng(seed)
+    for _, param in cell.parameters_and_names():
+        param.set_data(Tensor(rng.normal(0, 0.3, param.shape).astype(np.float32)))
+    return cell
+
+
+def params_by_path(cell):
+    return dict(cell.parameters_and_names())
+
+
+class AllReduceParts(nn.Cell):
+    """Stands in for a row-parallel sub-Cell across mp ranks: each rank's part runs on the same
+    (replicated) input, the partial outputs are summed (the all-reduce), then the bias is added."""
+
+    def __init__(self, parts, bias):
+        super().__init__()
+        self.parts = nn.CellList(parts)
+        self.bias = bias
+
+    def construct(self, hidden, *args, **kwargs):
+        total = self.parts[0](hidden, *args, **kwargs)
+        for part in self.parts[1:]:
+            total = total + part(hidden, *args, **kwargs)
+        if self.bias is None:  # add_bias_linear False
+            return total
+        return total + self.bias
+
+
+def value_and_grads(block, weights, x, probe, bias, rotary=None):
+    def loss(hidden):
+        return (block(hidden, bias, None, None, None, None, None, rotary) * probe).sum()
+    out = block(x, bias, None, None, None, None, None, rotary)
+    _, (dx, dweights) = ms.value_and_grad(loss, grad_position=0, weights=weights)(x)
+    return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dweights]
+
+

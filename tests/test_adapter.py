@@ -21,7 +21,7 @@ from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import merge_slices, rank_slice
 from conftest import TINY, launch_in_process, run_launcher, step_losses
-from test_resume import write_yaml
+from conftest import write_yaml
 
 PET = dict(pet_type="adapter", bottleneck_size=16, non_linearity="gelu")
 

@@ -19,7 +19,7 @@ from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from mindformers_gptlocal.errors import CheckpointError
 from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint, resume_info
 from conftest import run_launcher, source_env, step_losses
-from test_resume import write_yaml
+from conftest import write_yaml
 
 STEPS = 40
 KILLS = 6

@@ -82,7 +82,7 @@ def test_bad_input(model, prompts, kwargs, error, pattern):
 @pytest.fixture(scope="module")
 def hf_and_ours(tmp_path_factory):
     """A random HF GPT-2 (non-trivial biases and norms) and the same weights as gpt_local, in graph mode."""
-    from test_hf_interop import save_hf
+    from conftest import save_hf
     ms.set_context(mode=ms.GRAPH_MODE)
     path = tmp_path_factory.mktemp("values")
     hf = save_hf(path / "hf", seed=3, vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)

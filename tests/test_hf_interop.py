@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 import mindspore as ms
 from mindspore import Tensor
@@ -16,7 +16,7 @@ from mindspore import Tensor
 from mindformers_gptlocal import GPTLocalForCausalLM
 from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms, ms_to_hf
 from mindformers_gptlocal.errors import CheckpointError
-from conftest import source_env
+from conftest import save_hf, source_env
 
 CONFIGS = {
     "tiny": dict(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4),
@@ -26,18 +26,6 @@ CONFIGS = {
                                scale_attn_by_inverse_layer_idx=True),
     "exact-gelu": dict(vocab_size=300, n_positions=32, n_embd=32, n_layer=2, n_head=2, activation_function="gelu"),
 }
-
-
-def save_hf(path, seed=0, **overrides):
-    torch.manual_seed(seed)
-    config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # non-trivial biases and norms, so every layout mistake shows
-        for name, param in model.named_parameters():
-            if "ln_" in name or name.endswith("bias"):
-                param.add_(0.1 * torch.randn_like(param))
-    model.save_pretrained(str(path))
-    return model
 
 
 def tokens(config, batch=2, seq=None, seed=1):

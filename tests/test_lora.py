@@ -19,8 +19,8 @@ from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import block_rules, merge_slices, param_layouts, rank_slice, split_axis
 from conftest import TINY, launch_in_process, run_launcher, step_losses
-from test_resume import write_yaml
-from test_tensor_parallel import SMALL, AllReduceParts, params_by_path, randomised, value_and_grads
+from conftest import write_yaml
+from references import SMALL, AllReduceParts, params_by_path, randomised, value_and_grads
 
 TARGETS = ".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"
 PET = dict(pet_type="lora", lora_rank=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS,

@@ -139,7 +139,7 @@ def run(tmp_path_factory, corpus):
     """`gptlocal run` of MindFormers' finetune YAML with pet_type ptuning2 on a saved base (max positions = the
     data's 64 tokens + the 4 prefix tokens): the base directory, the run's folder and its log."""
     from conftest import run_launcher
-    from test_resume import write_yaml
+    from conftest import write_yaml
     root = tmp_path_factory.mktemp("prefix_run")
     ms.set_seed(5)
     base = root / "base"

@@ -7,24 +7,9 @@ resume too; saved by GPTLocalCheckpointMonitor). Single card, fp32 on CPU.
 """
 import os
 
-from mindformers_gptlocal import yaml_io
-from conftest import launch_in_process, run_launcher, step_losses, tiny_yaml
+from conftest import launch_in_process, run_launcher, step_losses, write_yaml
 
 N = 4
-
-
-def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
-               **changes):
-    """A tiny run printing every step and saving a checkpoint every step (keeping 2) with ``monitor``."""
-    tmp_path.mkdir(exist_ok=True)
-    yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
-    config = yaml_io.load_yaml(yaml_path)
-    for callback in config["callbacks"]:
-        if callback["type"] == "GPTLocalThroughputMonitor":
-            callback["per_print_times"] = 1
-        if callback["type"] == "GPTLocalCheckpointMonitor":
-            callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=2)
-    return yaml_io.dump_yaml(config, yaml_path)
 
 
 def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonitor", **changes):

@@ -15,7 +15,7 @@ import pytest
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from conftest import launch_in_process, run_launcher, step_losses
-from test_resume import write_yaml
+from conftest import write_yaml
 
 N = 3
 

@@ -5,7 +5,6 @@ The server runs as a subprocess on a free port; every wait is bounded (no test c
 import asyncio
 import glob
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,16 +16,11 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from conftest import TINY, source_env  # noqa: E402
+from conftest import free_port as _free_port
 
 CONTEXT = 128
 MODEL = "tiny-serve"
 START_TIMEOUT = 300
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def started(dirs, tmp_path_factory):
     """The server process, loading and warming up (while ``expected`` computes the reference)."""
-    from test_serve import _free_port
+    from conftest import free_port as _free_port
     port = _free_port()
     log_path = tmp_path_factory.mktemp("serve_lora_log") / "server.log"
     log = open(log_path, "w")

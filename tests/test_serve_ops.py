@@ -21,7 +21,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from conftest import TINY, source_env  # noqa: E402
-from test_serve import _free_port  # noqa: E402
+from conftest import free_port as _free_port  # noqa: E402
 
 MODEL = "tiny-ops"
 CONTEXT = 4096

@@ -5,7 +5,7 @@ import pytest
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.parallel.sharding import apply_sharding
-from test_tensor_parallel import SMALL
+from references import SMALL
 
 
 # The concrete `shard` strategy of every op at data_parallel 2, model_parallel 4, written out by hand.

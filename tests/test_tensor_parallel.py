@@ -16,14 +16,11 @@ from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import RotaryEmbedding
-from references import causal_bias, rank_block
+from references import SMALL, AllReduceParts, causal_bias, params_by_path, randomised, rank_block, value_and_grads
 from mindformers_gptlocal.parallel.sharding import (check_divisible, block_rules, model_rules, param_layouts, rank_slice, merge_slices,
                                                  split_axis, apply_sharding, concrete, resolve)
 
 SEQ, BATCH = 8, 2
-SMALL = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
-             max_position_embeddings=16, seq_length=16, hidden_dropout=0.0, attention_dropout=0.0,
-             bos_token_id=0, eos_token_id=0, pad_token_id=0)
 # the same block with the Llama and NeoX layer options: GQA (4 heads, 2 groups: one group per rank at mp 2),
 # SwiGLU, RMSNorm, no biases, rope; and parallel residual with rotary on half of each head
 ARCHS = {
@@ -39,36 +36,6 @@ RTOL = 1e-5  # fp32 sums over a few hundred terms; gradients are compared relati
 @pytest.fixture(autouse=True, scope="module")
 def pynative():
     ms.set_context(mode=ms.PYNATIVE_MODE)
-
-
-def randomised(cell, seed):
-    """Random values in every parameter (LayerNorm ones and zero biases would hide layout mistakes)."""
-    rng = np.random.default_rng(seed)
-    for _, param in cell.parameters_and_names():
-        param.set_data(Tensor(rng.normal(0, 0.3, param.shape).astype(np.float32)))
-    return cell
-
-
-def params_by_path(cell):
-    return dict(cell.parameters_and_names())
-
-
-class AllReduceParts(nn.Cell):
-    """Stands in for a row-parallel sub-Cell across mp ranks: each rank's part runs on the same
-    (replicated) input, the partial outputs are summed (the all-reduce), then the bias is added."""
-
-    def __init__(self, parts, bias):
-        super().__init__()
-        self.parts = nn.CellList(parts)
-        self.bias = bias
-
-    def construct(self, hidden, *args, **kwargs):
-        total = self.parts[0](hidden, *args, **kwargs)
-        for part in self.parts[1:]:
-            total = total + part(hidden, *args, **kwargs)
-        if self.bias is None:  # add_bias_linear False
-            return total
-        return total + self.bias
 
 
 def rank_blocks(config, full, mp):
@@ -96,14 +63,6 @@ def joined(parts):
     shell.attention = AllReduceParts(attention, getattr(attention[0].linear_proj, "bias", None))
     shell.mlp = AllReduceParts(mlp, getattr(mlp[0].linear_fc2, "bias", None))
     return shell
-
-
-def value_and_grads(block, weights, x, probe, bias, rotary=None):
-    def loss(hidden):
-        return (block(hidden, bias, None, None, None, None, None, rotary) * probe).sum()
-    out = block(x, bias, None, None, None, None, None, rotary)
-    _, (dx, dweights) = ms.value_and_grad(loss, grad_position=0, weights=weights)(x)
-    return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dweights]
 
 
 @pytest.mark.parametrize("mp,arch", [(2, "gpt2"), (4, "gpt2"), (2, "llama-gqa"), (2, "neox")])
