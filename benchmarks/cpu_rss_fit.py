@@ -7,7 +7,7 @@
         # behind plan/memory.py's CPU constants
 
 Each run is `gptlocal run` on model_configs/pretrain_gpt_local_tiny_cpu.yaml resized to the shape
-(the same setup as tests/test_planner.py: 256-token windows from `prepare-data`, no shuffle,
+(the same setup as tests/plan/test_planner.py: 256-token windows from `prepare-data`, no shuffle,
 GPTLocalTrainOneStepCell with grad clipping, graph mode), ``--steps`` steps, in its own process;
 the peak RSS is the `[gpt_local] training done, peak RSS N MB` line (VmHWM). ``fit`` solves
 peak = runtime + state_factor[optimizer] * (weights+grads+moments)

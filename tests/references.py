@@ -4,7 +4,7 @@
 - ``keep_reference``: numpy's keep mask of ``CounterDropout`` (``model/dropout.py``), from its formula.
 - ``rank_block``: one tensor-parallel rank's part of a real ``GPTLocalBlock`` (local heads, key/value groups
   and intermediate columns; the row-parallel Linears return their partial sums without the bias, which
-  belongs after the all-reduce) for the CPU proofs of tests/test_tensor_parallel.py, test_lora.py and
+  belongs after the all-reduce) for the CPU proofs of tests/parallel/test_tensor_parallel.py, test_lora.py and
   test_dist_checkpoint.py. A parallel build never makes these: the ``shard`` strategies split the full Cells.
 """
 import numpy as np

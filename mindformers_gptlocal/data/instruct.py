@@ -29,7 +29,7 @@ IGNORE = -100
 ROLES = ("system", "user", "assistant")
 
 # The same text as MindFormers 1.8 AlpacaInstructDataHandler.prompt_with_input / prompt_without_input
-# (tests/test_instruct_data.py compares them).
+# (tests/data/test_instruct_data.py compares them).
 ALPACA_PROMPT_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
     "Write a response that appropriately completes the request.\n\n"

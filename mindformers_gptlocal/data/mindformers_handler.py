@@ -5,7 +5,7 @@ The same templates, loss mask and packed rows as ``gptlocal prepare-data --forma
 Why not MindFormers' own handlers: in 1.8, ``AlpacaInstructDataHandler`` ends a response with the
 text "</s>" (not the tokenizer's EOS) and reads no chat records, and ``PackingHandler`` ('pack')
 shifts the labels it gets once more (``labels[1:]``), so Alpaca + PackingHandler trains each token
-on the one two places ahead (tests/test_instruct_data.py shows it). This handler packs by itself;
+on the one two places ahead (tests/data/test_instruct_data.py shows it). This handler packs by itself;
 set ``create_attention_mask: True`` and ``create_compressed_eod_mask: True`` on the HFDataLoader so it
 yields ``input_ids, labels, loss_mask, position_ids, actual_seq_len`` (its packed-data path).
 """

@@ -3,7 +3,7 @@
 Everything that names or sizes a weight reads it from here: HF conversion (``checkpoint/hf_gpt2.py``),
 the checkpoint check before a load (``model/weights.py``), per-rank split/merge
 (``checkpoint/distributed.py``) and the memory estimate (``plan/memory.py``). The names are the
-attribute paths of the Cells in ``gpt.py``; ``tests/test_params.py`` checks the table against a
+attribute paths of the Cells in ``gpt.py``; ``tests/model/test_params.py`` checks the table against a
 built model's ``parameters_and_names()``. Layouts come from the sharding rules
 (``parallel/sharding.py``), stages from the ``Layout``.
 

@@ -9,7 +9,7 @@ and which of its inputs are Parameters. Everything else is derived from these ru
 - ``param_layouts``: each Parameter's layout = its input strategy in the op that reads it
   (a Parameter read by two ops, the tied embedding, must get the same layout from both);
 - ``rank_slice`` / ``merge_slices``: one rank's piece of a full weight, and back, used by the
-  CPU proofs (tests/test_tensor_parallel.py) and, through the parameter table
+  CPU proofs (tests/parallel/test_tensor_parallel.py) and, through the parameter table
   (``model/params.py``), by ``gptlocal ckpt split/merge``.
 
 Parameters are only ever split over ``mp``; over ``dp`` they are replicated (optimizer-state

@@ -58,7 +58,7 @@ ADAM_MOMENT_BYTES = 8  # two fp32 moments
 # RUNTIME_OVERHEAD_CPU (958 MB): what is there with (almost) no model: the Python process with
 #   (measured while MindFormers still loaded PyTorch through tensorboardX in a venv that has it and before
 #   the step cell's malloc_trim after its compile; with both, runs peak ~230-370 MB lower and the estimate
-#   is ~9% high: tests/test_planner.py measured 1,272 vs 1,383 MB (tiny) and 3,933 vs 4,283 MB (GPT-2
+#   is ~9% high: tests/plan/test_planner.py measured 1,272 vs 1,383 MB (tiny) and 3,933 vs 4,283 MB (GPT-2
 #   small); not refitted)
 #   MindSpore and MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU
 #   memory pool.

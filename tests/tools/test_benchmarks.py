@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+from conftest import REPO
+
+BENCH = os.path.join(REPO, "benchmarks")
 sys.path.insert(0, BENCH)
 import _common as C  # noqa: E402
 

@@ -53,7 +53,7 @@ def test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly(tmp_path, 
     """The YAML of the issue trains; the log states the count and share; base weights are bit-identical
     afterwards; the adapters moved and the loss fell; the checkpoints hold the adapters, and a run stopped
     at step N and resumed from them (``--resume_training True --load_checkpoint output/checkpoint``)
-    repeats the uninterrupted run's losses bit for bit (the pattern of tests/test_resume.py)."""
+    repeats the uninterrupted run's losses bit for bit (the pattern of tests/e2e/test_resume.py)."""
     steps = 12
     changes = dict(train_dataset__data_loader__num_samples=4 * steps, **lora_yaml_changes(base_dir))
     full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
@@ -153,7 +153,7 @@ def test_table_and_rules_name_the_adapters():
 
 @pytest.mark.parametrize("mp", [2])
 def test_adapter_layouts_reassemble_per_rank(mp):
-    """The per-rank CPU proof (tests/test_tensor_parallel.py) with adapters on all four Linears: each
+    """The per-rank CPU proof (tests/parallel/test_tensor_parallel.py) with adapters on all four Linears: each
     rank's A/B slices from the declared layouts, joined by the all-reduces the layout implies, give
     the unsharded block's output and every gradient (adapters' included)."""
     ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -2,7 +2,7 @@
 
 A real two-node launch cannot be staged on one machine: msrun starts the scheduler on every node
 whose own address is MASTER_ADDR, so two launches here would both try to be the master. So this
-test puts a stand-in `msrun` first on PATH that prints its arguments; tests/test_msrun.py runs the
+test puts a stand-in `msrun` first on PATH that prints its arguments; tests/e2e/test_msrun.py runs the
 real msrun on one node.
 """
 import os

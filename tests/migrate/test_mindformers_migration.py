@@ -2,7 +2,7 @@
 
 The MindFormers checkpoint is built here exactly as MindFormers' ``mindformers/models/gpt2/convert_weight.py``
 (mindspore-lab/mindformers, branch r1.3.0) builds it from a Hugging Face GPT-2 state dict; the YAMLs in
-``tests/data/mindformers_gpt2/`` are copies of that branch's ``configs/gpt2/`` files.
+``tests/fixtures/mindformers_gpt2/`` are copies of that branch's ``configs/gpt2/`` files.
 """
 import copy
 import os
@@ -20,7 +20,7 @@ from mindformers_gptlocal.checkpoint.mf_gpt2 import mf_to_ms, ms_to_mf
 from mindformers_gptlocal.cli.main import main
 from mindformers_gptlocal.errors import CheckpointError
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mindformers_gpt2")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "mindformers_gpt2")
 # odd sizes: head_dim 12, vocab and positions not powers of two
 HF = dict(vocab_size=301, n_positions=40, n_embd=48, n_layer=3, n_head=4)
 

@@ -113,7 +113,7 @@ def test_lean_step_equals_the_general_step_bit_for_bit(tiny_config, mcore_contex
     for name, value in runs[False, False][1].items():
         np.testing.assert_array_equal(runs[True, False][1][name], value, err_msg=name)
     np.testing.assert_allclose(np.array(runs[True, True][0]), np.array(runs[False, False][0]), rtol=1e-6, atol=0)
-    # one step on equal gradients is within 1e-6 (tests/test_fused_optim.py); over 6 steps of the model the
+    # one step on equal gradients is within 1e-6 (tests/training/test_fused_optim.py); over 6 steps of the model the
     # gradients themselves differ by rounding, most where they are rounding noise (the key bias, whose true
     # gradient is 0): measured 2.9e-6 at most
     for name, value in runs[False, False][1].items():
