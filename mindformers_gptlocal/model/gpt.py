@@ -25,6 +25,7 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
+from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
 from .layers import make_norm, to_mstype
@@ -234,7 +235,19 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
             from .lora import add_lora
             add_lora(self, self.lora)
         self.sharding = apply_sharding(self, config, config.architecture) if is_parallel_build() else {}
+        self.head_loss = self._head_loss_kernel(config)
         self._kv_caches = {}
+
+    def _head_loss_kernel(self, config):
+        """The fused head + cross-entropy of training on CPU (``kernels/head_loss.py``: no [B*S, V] logits), or
+        None: other backends, parallel builds, ``GPTLOCAL_PLAIN_KERNELS=1`` or ``GPTLOCAL_HEAD_LOSS_KERNEL=0``,
+        or it cannot run (not float32, no compiler: one warning). Eval, predict and generation use ``logits``."""
+        if is_parallel_build() or not replace_slow_cpu_kernels():
+            return None
+        if os.environ.get("GPTLOCAL_HEAD_LOSS_KERNEL", "1") == "0":
+            return None
+        from ..kernels.head_loss import head_loss_kernel  # loaded only where the kernel may be used
+        return head_loss_kernel(config.vocab_size, self.compute_dtype)
 
     # --- MindFormers mcore interface -------------------------------------------------------------
     def get_gpt_transformer_config(self):
@@ -330,13 +343,15 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         if self.training and self.model.counter_dropout:
             step = self.dropout_step * 1  # read before this forward's increment below
         hidden = self.model(input_ids, position_ids, attention_bias, None, None, None, actual_seq_len, step)
-        logits = self.logits(hidden)
         if not self.training:
-            logits = ops.reshape(logits, (batch, seq, self.vocab_size))
+            logits = ops.reshape(self.logits(hidden), (batch, seq, self.vocab_size))
             if labels is None:
                 return logits
             return self._perplexity_layout(logits, labels, loss_mask)
-        loss = self.lm_loss(logits, labels, loss_mask)
+        if self.head_loss is not None:
+            loss = self.fused_lm_loss(hidden, labels, loss_mask)
+        else:
+            loss = self.lm_loss(self.logits(hidden), labels, loss_mask)
         if step is not None:
             loss = ops.depend(loss, ops.assign_add(self.dropout_step, self.one))
         zero = ops.zeros((), ms.float32)
@@ -353,6 +368,18 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
         nll = -ops.reshape(picked, (-1,))
         return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
+
+    def fused_lm_loss(self, hidden, labels, loss_mask):
+        """``lm_loss(logits(hidden), ...)`` in one fused CPU kernel (``kernels/head_loss.py``), same value and
+        gradients, without the [B*S, V] logits."""
+        batch, seq, width = hidden.shape
+        hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
+        table = self.output_layer.weight if self.untied else self.model.embedding.word_embeddings
+        labels = ops.reshape(labels, (-1,))
+        keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
+        if loss_mask is not None:
+            keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
+        return self.head_loss(hidden, ops.cast(table, self.compute_dtype), labels, keep)
 
     def _perplexity_layout(self, logits, labels, loss_mask):
         """PerplexityMetric scores logits[:, t] against labels[:, t + 1]; our labels are already
