@@ -139,7 +139,8 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
     std::memset(d_weight, 0, sizeof(float) * static_cast<size_t>(V * H));
     return 0;
   }
-  const int64_t rows_max = std::min<int64_t>(chunk, static_cast<int64_t>(active.size()));
+  const int64_t count = static_cast<int64_t>(active.size()), chunks = (count + chunk - 1) / chunk;
+  const int64_t rows_max = (count + chunks - 1) / chunks;  // balanced chunks of at most `chunk` rows
   const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, vblocks)));
   std::vector<float> h_chunk(static_cast<size_t>(rows_max * H)), logits(static_cast<size_t>(rows_max * V));
   std::vector<float> block_m(static_cast<size_t>(vblocks * rows_max)), block_s(static_cast<size_t>(vblocks * rows_max));
