@@ -11,8 +11,9 @@
 // size in all, as the plain path's forward + backward (a backward that recomputed the logits would be four).
 //
 // Rows with w[r] == 0 (ignored labels, loss_mask 0) are skipped: their d_hidden is 0 and they are not computed.
-// The active rows go in chunks of C rows; per chunk a [C, V] scratch of logits (the only vocab-sized buffer:
-// C x V floats, C chosen in Python from a memory budget). Per chunk, threads over vocab blocks of Vb:
+// The active rows go in balanced chunks of at most C rows; per chunk a [C, V] scratch of logits (the only
+// vocab-sized buffer: C x V floats, C chosen in Python from a memory budget, the buffer kept between calls).
+// Per chunk, threads over vocab blocks of Vb:
 //   phase 1: logits[:, block] = h_chunk @ W[block]^T (dnnl_sgemm), each row's block max and sum of exp
 //            (online log-sum-exp: blocks merged as (m, s) pairs), then lse per row, nll, the loss;
 //   phase 2: dlogits[:, block] = w * (exp(logits - lse) - onehot) in place, d_W[block] (+)= dlogits^T @ h_chunk
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -100,6 +102,11 @@ void head_run_parallel(int threads, int64_t tasks, Worker worker) {
   for (auto &thread : pool) thread.join();
 }
 
+// The [chunk, V] logits scratch, kept between calls (one per process, behind a lock): a fresh 32 MB buffer
+// each call cost its page faults and zero fill every step (~10% of the tiny model's head on this CPU).
+std::mutex scratch_mutex;
+std::vector<float> scratch_logits;
+
 }  // namespace
 
 extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -142,7 +149,10 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
   const int64_t count = static_cast<int64_t>(active.size()), chunks = (count + chunk - 1) / chunk;
   const int64_t rows_max = (count + chunks - 1) / chunks;  // balanced chunks of at most `chunk` rows
   const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, vblocks)));
-  std::vector<float> h_chunk(static_cast<size_t>(rows_max * H)), logits(static_cast<size_t>(rows_max * V));
+  std::lock_guard<std::mutex> hold(scratch_mutex);
+  if (scratch_logits.size() < static_cast<size_t>(rows_max * V)) scratch_logits.resize(static_cast<size_t>(rows_max * V));
+  float *const logits = scratch_logits.data();
+  std::vector<float> h_chunk(static_cast<size_t>(rows_max * H));
   std::vector<float> block_m(static_cast<size_t>(vblocks * rows_max)), block_s(static_cast<size_t>(vblocks * rows_max));
   std::vector<float> lse(static_cast<size_t>(rows_max)), rw(static_cast<size_t>(rows_max));
   std::vector<std::vector<float>> dh(static_cast<size_t>(team));
@@ -158,7 +168,7 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
     head_run_parallel(team, vblocks, [&](std::atomic<int64_t> &next, int) {
       for (int64_t blk = next.fetch_add(1); blk < vblocks; blk = next.fetch_add(1)) {
         const int64_t j0 = blk * vb, cols = std::min<int64_t>(vb, V - j0);
-        float *out = logits.data() + j0;
+        float *out = logits + j0;
         dnnl_sgemm('N', 'T', rows, cols, H, 1.0f, h_chunk.data(), H, weight + j0 * H, H, 0.0f, out, V);
         for (int64_t r = 0; r < rows; ++r) {
           const float m = row_max(out + r * V, cols);
@@ -185,7 +195,7 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
       mine.assign(static_cast<size_t>(rows * H), 0.0f);
       for (int64_t blk = t; blk < vblocks; blk += team) {
         const int64_t j0 = blk * vb, cols = std::min<int64_t>(vb, V - j0);
-        float *g = logits.data() + j0;
+        float *g = logits + j0;
         for (int64_t r = 0; r < rows; ++r) {
           row_softmax_scaled(g + r * V, cols, lse[r], rw[r]);
           const int64_t label = labels[active[c0 + r]];
