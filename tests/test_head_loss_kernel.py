@@ -39,7 +39,8 @@ def _plain_loss(hidden, weight, labels, keep):
 
 # (rows N, hidden H, vocab V, chunk rows, vocab block, threads): N not a multiple of the chunk, V not a multiple
 # of the block; one chunk and one block; more threads than blocks
-CASES = {"odd": (37, 24, 301, 8, 64, 2), "one_chunk": (13, 16, 97, 64, 128, 1), "threads_gt_blocks": (9, 8, 50, 4, 64, 3)}
+CASES = {"odd": (37, 24, 301, 8, 64, 2), "one_chunk": (13, 16, 97, 64, 128, 1),
+         "threads_gt_blocks": (9, 8, 50, 4, 64, 3)}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -56,7 +57,8 @@ def test_loss_and_gradients_match_plain(library, pynative_mode, case):
     scale = 2.5  # an upstream gradient other than 1 (the loss scale, gradient accumulation)
     got, got_grads = ms.value_and_grad(lambda h, w: cell(h, w, labels, keep) * scale, (0, 1))(hidden, weight)
     want, want_grads = ms.value_and_grad(lambda h, w: _plain_loss(h, w, labels, keep) * scale, (0, 1))(hidden, weight)
-    assert got.shape == () and abs(float(got.asnumpy()) - float(want.asnumpy())) <= 1e-5 * max(1.0, float(want.asnumpy()))
+    want_loss = float(want.asnumpy())
+    assert got.shape == () and abs(float(got.asnumpy()) - want_loss) <= 1e-5 * max(1.0, want_loss)
     for name, actual, expected in zip(("hidden", "weight"), got_grads, want_grads):
         np.testing.assert_allclose(actual.asnumpy(), expected.asnumpy(), atol=1e-5, rtol=0, err_msg=name)
     masked = ~keep_np
@@ -72,7 +74,8 @@ def test_all_rows_masked_and_bad_label(library, pynative_mode):
     weight = Tensor(rng.standard_normal((40, 8)).astype(np.float32))
     cell = head_loss.CPUHeadLoss(library, 40, threads=2, rows=4, block=16)
     labels = Tensor(np.full((6,), IGNORE, np.int32))
-    loss, grads = ms.value_and_grad(lambda h, w: cell(h, w, labels, ops.zeros((6,), ms.float32)), (0, 1))(hidden, weight)
+    none_kept = ops.zeros((6,), ms.float32)
+    loss, grads = ms.value_and_grad(lambda h, w: cell(h, w, labels, none_kept), (0, 1))(hidden, weight)
     assert float(loss.asnumpy()) == 0.0 and not any(np.abs(g.asnumpy()).any() for g in grads)
     with pytest.raises(RuntimeError):
         cell(hidden, weight, Tensor(np.full((6,), 40, np.int32)), ops.ones((6,), ms.float32)).asnumpy()
@@ -156,6 +159,12 @@ def test_fp16_and_plain_switch_keep_the_plain_head(monkeypatch, capfd):
     monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "0")  # this kernel alone off
     off = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     assert off.head_loss is None and off.model.layers[0].attention.cpu_attention is not None
+    monkeypatch.delenv("GPTLOCAL_HEAD_LOSS_KERNEL")
+    lora = dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.0, target_modules=".*linear_qkv",
+                freeze_include=["*"], freeze_exclude=["*lora*"])
+    frozen = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, pet_config=lora)))
+    assert not frozen.model.embedding.word_embeddings.requires_grad
+    assert frozen.head_loss is None  # a frozen table: the plain head (the kernel always computes its gradient)
     assert "head + loss kernel off" not in capfd.readouterr().err
 
 

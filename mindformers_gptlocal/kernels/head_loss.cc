@@ -150,7 +150,8 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
   const int64_t rows_max = (count + chunks - 1) / chunks;  // balanced chunks of at most `chunk` rows
   const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, vblocks)));
   std::lock_guard<std::mutex> hold(scratch_mutex);
-  if (scratch_logits.size() < static_cast<size_t>(rows_max * V)) scratch_logits.resize(static_cast<size_t>(rows_max * V));
+  const size_t scratch = static_cast<size_t>(rows_max * V);
+  if (scratch_logits.size() < scratch) scratch_logits.resize(scratch);
   float *const logits = scratch_logits.data();
   std::vector<float> h_chunk(static_cast<size_t>(rows_max * H));
   std::vector<float> block_m(static_cast<size_t>(vblocks * rows_max)), block_s(static_cast<size_t>(vblocks * rows_max));
@@ -182,7 +183,8 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
       for (int64_t blk = 0; blk < vblocks; ++blk) m = std::max(m, block_m[blk * rows_max + r]);
       double s = 0.0;
       for (int64_t blk = 0; blk < vblocks; ++blk)
-        s += static_cast<double>(block_s[blk * rows_max + r]) * std::exp(static_cast<double>(block_m[blk * rows_max + r] - m));
+        s += static_cast<double>(block_s[blk * rows_max + r]) *
+             std::exp(static_cast<double>(block_m[blk * rows_max + r] - m));
       lse[r] = m + static_cast<float>(std::log(s));
       const int32_t label = labels[active[c0 + r]];
       loss += static_cast<double>(rw[r]) * (static_cast<double>(lse[r]) - logits[r * V + label]);

@@ -246,6 +246,8 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
             return None
         if os.environ.get("GPTLOCAL_HEAD_LOSS_KERNEL", "1") == "0":
             return None
+        if not self._head_table().requires_grad:  # frozen (LoRA): the kernel would compute its gradient anyway
+            return None
         from ..kernels.head_loss import head_loss_kernel  # loaded only where the kernel may be used
         return head_loss_kernel(config.vocab_size, self.compute_dtype)
 
@@ -359,10 +361,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
 
     def lm_loss(self, logits, labels, loss_mask):
         """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
-        labels = ops.reshape(labels, (-1,))
-        keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
-        if loss_mask is not None:
-            keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
+        labels, keep = self._loss_rows(labels, loss_mask)
         safe_labels = ops.maximum(labels, 0)
         log_probs = self.log_softmax(logits)
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
@@ -374,12 +373,20 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
         gradients, without the [B*S, V] logits."""
         batch, seq, width = hidden.shape
         hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        table = self.output_layer.weight if self.untied else self.model.embedding.word_embeddings
+        labels, keep = self._loss_rows(labels, loss_mask)
+        return self.head_loss(hidden, ops.cast(self._head_table(), self.compute_dtype), labels, keep)
+
+    def _head_table(self):
+        """The head's [V, H] table: ``output_layer`` when untied, else the token embedding."""
+        return self.output_layer.weight if self.untied else self.model.embedding.word_embeddings
+
+    def _loss_rows(self, labels, loss_mask):
+        """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""
         labels = ops.reshape(labels, (-1,))
         keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
         if loss_mask is not None:
             keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
-        return self.head_loss(hidden, ops.cast(table, self.compute_dtype), labels, keep)
+        return labels, keep
 
     def _perplexity_layout(self, logits, labels, loss_mask):
         """PerplexityMetric scores logits[:, t] against labels[:, t + 1]; our labels are already
