@@ -11,7 +11,7 @@ the thread variables pinned:
   step     one process, the whole model twice (same weights; one with the kernel, one with ``head_loss = None``),
            a GRAPH-mode value_and_grad + AdamWeightDecay step each, alternating; ms per step, and the plain
            head's share of the plain step (head ms / step ms)
-  rss      one worker per side (``GPTLOCAL_HEAD_LOSS_KERNEL=0`` for plain), sides alternating over rounds: the
+  rss      one worker per side (``GPTLOCAL_HEAD_LOSS_KERNEL=0`` plain, 1 fused), sides alternating over rounds: the
            whole training step's peak RSS (VmHWM) after --steps steps
 Medians over rounds with [min-max].
 """
@@ -172,7 +172,7 @@ def main():
                 if part == "rss" and round_ % 2:
                     sides.reverse()
                 for side in sides:
-                    env = {"GPTLOCAL_HEAD_LOSS_KERNEL": "0"} if side == "rss_plain" else {}
+                    env = {"GPTLOCAL_HEAD_LOSS_KERNEL": "0" if side == "rss_plain" else "1"}
                     report, _ = C.run_worker(__file__, ["--worker", side, shape, "--steps", str(args.steps),
                                                         "--threads", str(args.threads)], args.threads, **env)
                     for key, value in report.items():

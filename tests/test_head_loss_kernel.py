@@ -23,6 +23,12 @@ def library():
 
 
 @pytest.fixture
+def head_kernel_on(monkeypatch):
+    """The kernel is opt-in: GPTLOCAL_HEAD_LOSS_KERNEL=1 while the model is built."""
+    monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "1")
+
+
+@pytest.fixture
 def pynative_mode():
     before = ms.get_context("mode")
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -111,7 +117,7 @@ def _train(model, batch, steps=3):
 
 
 @pytest.mark.parametrize("untied", [False, True])
-def test_tiny_training_matches_plain_path(library, untied):
+def test_tiny_training_matches_plain_path(library, head_kernel_on, untied):
     """3 AdamW steps in GRAPH mode: losses step for step and every parameter's first-step gradient within 1e-5 of
     the plain head, with ignored labels and a loss mask; the tied table's gradient sums the lookup's and the
     head's, the untied ``output_layer`` gets the head's."""
@@ -146,8 +152,11 @@ def test_tiny_training_matches_plain_path(library, untied):
 
 
 def test_fp16_and_plain_switch_keep_the_plain_head(monkeypatch, capfd):
-    """float16 compute: no kernel, one warning naming float32; GPTLOCAL_PLAIN_KERNELS=1 (every fast path) and
-    GPTLOCAL_HEAD_LOSS_KERNEL=0 (this one) : no kernel, no warning."""
+    """Off by default; with GPTLOCAL_HEAD_LOSS_KERNEL=1: float16 compute: no kernel, one warning naming float32;
+    GPTLOCAL_PLAIN_KERNELS=1 (every fast path), GPTLOCAL_HEAD_LOSS_KERNEL=0 or a frozen table: no kernel, no
+    warning."""
+    assert GPTLocalForCausalLM(GPTLocalConfig(**TINY)).head_loss is None
+    monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "1")
     monkeypatch.setattr(head_loss, "_WARNED", set())
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, compute_dtype="float16")))
     assert model.head_loss is None
@@ -159,7 +168,7 @@ def test_fp16_and_plain_switch_keep_the_plain_head(monkeypatch, capfd):
     monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "0")  # this kernel alone off
     off = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     assert off.head_loss is None and off.model.layers[0].attention.cpu_attention is not None
-    monkeypatch.delenv("GPTLOCAL_HEAD_LOSS_KERNEL")
+    monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "1")
     lora = dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.0, target_modules=".*linear_qkv",
                 freeze_include=["*"], freeze_exclude=["*lora*"])
     frozen = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, pet_config=lora)))
@@ -168,7 +177,7 @@ def test_fp16_and_plain_switch_keep_the_plain_head(monkeypatch, capfd):
     assert "head + loss kernel off" not in capfd.readouterr().err
 
 
-def test_eval_returns_plain_logits(library, pynative_mode):
+def test_eval_returns_plain_logits(library, head_kernel_on, pynative_mode):
     """With the kernel on, eval and predict still return the [B, S, V] logits of ``logits``."""
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     assert model.head_loss is not None

@@ -5,8 +5,8 @@ forms several times faster than MindSpore 2.7.2's kernels (`python benchmarks/re
 Linear's bias and attention's mask are broadcast explicitly before their Add (less peak memory than the
 broadcasting Add).
 The attention of training, eval and uncached prefill runs gpt_local's fused C++ kernel
-(``kernels/``, chosen in ``ParallelAttention.__init__``), and the training loss the fused head + cross-entropy
-(``kernels/head_loss.py``, chosen in ``GPTLocalForCausalLM.__init__``; ``GPTLOCAL_HEAD_LOSS_KERNEL=0`` alone off).
+(``kernels/``, chosen in ``ParallelAttention.__init__``); with ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (opt-in) the
+training loss runs the fused head + cross-entropy (``kernels/head_loss.py``, chosen in ``GPTLocalForCausalLM``).
 ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the plain matmul + softmax attention, MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
 against the plain path when debugging; other backends always use them.
 """

@@ -240,11 +240,12 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
 
     def _head_loss_kernel(self, config):
         """The fused head + cross-entropy of training on CPU (``kernels/head_loss.py``: no [B*S, V] logits), or
-        None: other backends, parallel builds, ``GPTLOCAL_PLAIN_KERNELS=1`` or ``GPTLOCAL_HEAD_LOSS_KERNEL=0``,
-        or it cannot run (not float32, no compiler: one warning). Eval, predict and generation use ``logits``."""
+        None. Opt-in, ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (the whole step did not measure faster; docs/performance.md);
+        never on other backends, parallel builds, with ``GPTLOCAL_PLAIN_KERNELS=1``, or where it cannot run (not
+        float32, no compiler: one warning). Eval, predict and generation use ``logits``."""
         if is_parallel_build() or not replace_slow_cpu_kernels():
             return None
-        if os.environ.get("GPTLOCAL_HEAD_LOSS_KERNEL", "1") == "0":
+        if os.environ.get("GPTLOCAL_HEAD_LOSS_KERNEL", "0") != "1":
             return None
         if not self._head_table().requires_grad:  # frozen (LoRA): the kernel would compute its gradient anyway
             return None
