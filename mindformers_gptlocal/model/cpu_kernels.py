@@ -7,7 +7,9 @@ broadcasting Add).
 The attention of training, eval and uncached prefill runs gpt_local's fused C++ kernel
 (``kernels/``, chosen in ``ParallelAttention.__init__``); LayerNorm and the MLP's bias + GeLU run its C++
 kernels (``kernels/norm_gelu.py``, chosen in ``LayerNorm`` and ``ParallelFeedForward``) where
-``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only).
+``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only). With
+``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (opt-in) the training loss runs the fused head + cross-entropy
+(``kernels/head_loss.py``, chosen in ``GPTLocalForCausalLM``).
 ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the plain matmul + softmax attention, MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
 against the plain path when debugging; other backends always use them.
 """

@@ -27,6 +27,7 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
+from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
 from .kv_cache import KVCachePool
 from .layers import make_norm, to_mstype
@@ -267,7 +268,22 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
             self.update_parameters_name()
             freeze_base(self)
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
+        self.head_loss = self._head_loss_kernel(config)
         self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
+
+    def _head_loss_kernel(self, config):
+        """The fused head + cross-entropy of training on CPU (``kernels/head_loss.py``: no [B*S, V] logits), or
+        None. Opt-in, ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (the whole step did not measure faster; docs/performance.md);
+        never on other backends, parallel builds, with ``GPTLOCAL_PLAIN_KERNELS=1``, or where it cannot run (not
+        float32, no compiler: one warning). Eval, predict and generation use ``logits``."""
+        if is_parallel_build() or not replace_slow_cpu_kernels():
+            return None
+        if os.environ.get("GPTLOCAL_HEAD_LOSS_KERNEL", "0") != "1":
+            return None
+        if not self._head_table().requires_grad:  # frozen (LoRA): the kernel would compute its gradient anyway
+            return None
+        from ..kernels.head_loss import head_loss_kernel  # loaded only where the kernel may be used
+        return head_loss_kernel(config.vocab_size, self.compute_dtype)
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
@@ -339,13 +355,15 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         if self.training and self.model.counter_dropout:
             step = self.dropout_counter.read(self.dropout_step)  # read before this forward's increment below
         hidden = self.model(input_ids, position_ids, attention_bias, actual_seq_len=actual_seq_len, dropout_step=step)
-        logits = self.logits(hidden)
         if not self.training:
-            logits = ops.reshape(logits, (batch, seq, self.vocab_size))
+            logits = ops.reshape(self.logits(hidden), (batch, seq, self.vocab_size))
             if labels is None:
                 return logits
             return self._perplexity_layout(logits, labels, loss_mask)
-        loss = self.lm_loss(logits, labels, loss_mask)
+        if self.head_loss is not None:
+            loss = self.fused_lm_loss(hidden, labels, loss_mask)
+        else:
+            loss = self.lm_loss(self.logits(hidden), labels, loss_mask)
         if step is not None:
             loss = self.dropout_counter.advance(loss, self.dropout_step)
         zero = ops.zeros((), ms.float32)
@@ -353,15 +371,32 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
 
     def lm_loss(self, logits, labels, loss_mask):
         """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
-        labels = ops.reshape(labels, (-1,))
-        keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
-        if loss_mask is not None:
-            keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
+        labels, keep = self._loss_rows(labels, loss_mask)
         safe_labels = ops.maximum(labels, 0)
         log_probs = self.log_softmax(logits)
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
         nll = -ops.reshape(picked, (-1,))
         return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
+
+    def fused_lm_loss(self, hidden, labels, loss_mask):
+        """``lm_loss(logits(hidden), ...)`` in one fused CPU kernel (``kernels/head_loss.py``), same value and
+        gradients, without the [B*S, V] logits."""
+        batch, seq, width = hidden.shape
+        hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
+        labels, keep = self._loss_rows(labels, loss_mask)
+        return self.head_loss(hidden, ops.cast(self._head_table(), self.compute_dtype), labels, keep)
+
+    def _head_table(self):
+        """The head's [V, H] table: ``output_layer`` when untied, else the token embedding."""
+        return self.output_layer.weight if self.untied else self.model.embedding.word_embeddings
+
+    def _loss_rows(self, labels, loss_mask):
+        """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""
+        labels = ops.reshape(labels, (-1,))
+        keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
+        if loss_mask is not None:
+            keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
+        return labels, keep
 
 
 def _register_auto_class():
