@@ -159,7 +159,9 @@ SEQ = 48
 
 
 def _model_pair(**changes):
-    """The model with the kernel (the CPU default) and the same model, same weights, on the plain path."""
+    """The model with the kernel (the CPU default) and the same model, same weights, on the plain path. Seeded:
+    the "it trains" checks must not depend on the draw."""
+    ms.set_seed(0)
     config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes))
     fused = GPTLocalForCausalLM(config)
     plain = GPTLocalForCausalLM(config)
@@ -186,7 +188,7 @@ def _train(model, batches, steps=3):
     model.set_train(True)
     weights = model.trainable_params()
     grad_fn = ms.jit(ms.value_and_grad(_Loss(model), None, weights=weights))
-    optimizer = nn.AdamWeightDecay(weights, learning_rate=1e-2)
+    optimizer = nn.AdamWeightDecay(weights, learning_rate=3e-3)  # 1e-2 overshot on some draws
     losses, first = [], None
     for step in range(steps):
         loss, grads = grad_fn(*batches[step % len(batches)])
