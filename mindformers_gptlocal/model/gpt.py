@@ -13,15 +13,12 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
-from mindformers.models.modeling_utils import PreTrainedModel
-from mindformers.parallel_core.utils.model_mixin import ModelMixin, TrainModelMixin
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
 from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
+from .bases import LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
@@ -29,7 +26,6 @@ from .dropout import counter_dropout_enabled, make_dropout
 from .kv_cache import KVCache, cache_length
 from .layers import make_norm, to_mstype
 from .params import DROPOUT_STEP
-from .transformer_config import to_transformer_config
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -239,6 +235,7 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
     # --- MindFormers mcore interface -------------------------------------------------------------
     def get_gpt_transformer_config(self):
         if self.transformer_config is None:
+            from .transformer_config import to_transformer_config  # MindFormers' TransformerConfig
             self.transformer_config = to_transformer_config(self.config)
         return self.transformer_config
 
@@ -367,7 +364,9 @@ class GPTLocalForCausalLM(GenerationMixin, TrainModelMixin, GPTLocalPreTrainedMo
 
 
 def _register_auto_class():
-    """MindFormers' AutoModelForCausalLM resolves a GPTLocalConfig to this class."""
+    """MindFormers' AutoModelForCausalLM resolves a GPTLocalConfig to this class (not in a lean process)."""
+    if LEAN:
+        return
     from mindformers import AutoModelForCausalLM
     AutoModelForCausalLM.register(GPTLocalConfig, GPTLocalForCausalLM, exist_ok=True)
 
