@@ -56,6 +56,7 @@ def worker(args):
     env = C.check_threads(args.threads, f"{args.worker} eval worker")
     threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
     if args.worker == "ours":
+        os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal eval` in its own process: no MindFormers
         threads["mindspore"] = C.mindspore_threads(args.threads, "ours eval worker")
     import lm_eval
     from lm_eval.tasks import TaskManager

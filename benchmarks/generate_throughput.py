@@ -31,6 +31,7 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 PROMPT, NEW = 32, 128
+SIDES = ("ours", "ours-mf", "hf")
 
 
 def timed_ours(model, prompts, use_past):
@@ -80,29 +81,46 @@ def setup(work, shape):
 
 
 def worker(side, work, shape, batch, threads, recompute):
-    """One side's numbers for one shape and batch; prints a WORKER line."""
+    """One side's numbers for one shape and batch; prints a WORKER line. ``phases``: VmHWM (peak RSS, MB)
+    after import, after build + load, after the first generation (our compiles) and at the end."""
     env = C.check_threads(threads, f"{side} generate worker")
-    report = {"env": env, "torch_threads": C.torch_threads(threads, f"{side} generate worker")}
+    # PyTorch only where it runs: importing it into our side would add its ~180 MB to our peak RSS
+    report = {"env": env, "torch_threads": C.torch_threads(threads, f"{side} generate worker") if side == "hf"
+              else "not loaded"}
     prompts = np.random.default_rng(batch).integers(0, SHAPES[shape]["vocab_size"], (batch, PROMPT)).tolist()
+    phases = {}
     if side == "hf":
         from transformers import GPT2LMHeadModel
+        phases["import"] = C.vm_hwm_mb()
         model = GPT2LMHeadModel.from_pretrained(os.path.join(work, shape)).eval()
+        phases["load"] = C.vm_hwm_mb()
         timed_hf(model, prompts)  # warm-up
+        phases["first_call"] = C.vm_hwm_mb()
         ttft, total = timed_hf(model, prompts)
-    else:
+    else:  # ours: the lean process (gptlocal generate's: no MindFormers); ours-mf: the model on MindFormers' bases
         import mindspore as ms
         report["runtime_threads"] = C.mindspore_threads(threads, "ours generate worker")
         ms.set_context(mode=ms.GRAPH_MODE)
-        from mindformers_gptlocal import GPTLocalForCausalLM
+        if side == "ours-mf":
+            from mindformers_gptlocal import GPTLocalForCausalLM
+        else:
+            from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+        report["mindformers_loaded"] = "mindformers" in sys.modules
+        phases["import"] = C.vm_hwm_mb()
         model = GPTLocalForCausalLM.from_pretrained(os.path.join(work, shape + "_ms"), max_batch_size=max(8, batch))
+        phases["load"] = C.vm_hwm_mb()
         start = time.perf_counter()
         model.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
         report["first_call_s"] = time.perf_counter() - start
+        phases["first_call"] = C.vm_hwm_mb()
         ttft, total = timed_ours(model, prompts, True)
         if recompute:
             n_ttft, n_total = timed_ours(model, prompts, False)
             report["nocache_rate"] = decode_rate(batch, n_ttft, n_total)
-    report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), peak_rss_mb=C.vm_hwm_mb())
+    phases["end"] = C.vm_hwm_mb()
+    if side != "hf" and "torch" in sys.modules:
+        raise SystemExit("ours generate worker: PyTorch was imported (it would count in our peak RSS)")
+    report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), peak_rss_mb=C.vm_hwm_mb(), phases=phases)
     C.emit(report)
 
 
@@ -114,7 +132,10 @@ def main():
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--recompute-shapes", default="tiny",
                         help="shapes that also time our no-cache path (slow: a full forward per token)")
-    parser.add_argument("--worker", choices=("ours", "hf"), help=argparse.SUPPRESS)
+    parser.add_argument("--sides", default="ours,hf",
+                        help="ours (the lean process gptlocal generate runs: no MindFormers), ours-mf (the model on "
+                             "MindFormers' bases, as after `import mindformers`), hf")
+    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -132,32 +153,45 @@ def main():
                        env=C.worker_env(args.threads), check=True, capture_output=True)
         for batch in (int(b) for b in args.batches.split(",")):
             def one(side, index, shape=shape, batch=batch):
-                extra = ["--recompute"] if side == "ours" and shape in args.recompute_shapes.split(",") else []
+                extra = ["--recompute"] if side.startswith("ours") and shape in args.recompute_shapes.split(",") else []
                 report, _ = C.run_worker(__file__, ["--worker", side, "--work", work, "--shape", shape, "--batch",
-                                                    str(batch), "--threads", str(args.threads), *extra], args.threads)
-                print(f"{shape} batch {batch} round {index + 1} {side:4}: {report['rate']:.1f} tok/s, TTFT "
-                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB, threads: C env "
+                                                    str(batch), "--threads", str(args.threads), *extra], args.threads,
+                                            **({"GPTLOCAL_LEAN": "1"} if side == "ours" else {}))
+                phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
+                print(f"{shape} batch {batch} round {index + 1} {side:7}: {report['rate']:.1f} tok/s, TTFT "
+                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (VmHWM after {phases}), "
+                      f"threads: C env "
                       f"{report['env']}, torch {report['torch_threads']}"
                       + (f", MindSpore {report['runtime_threads']}, first call {report['first_call_s']:.1f} s"
-                         if side == "ours" else ""), flush=True)
+                         if side != "hf" else ""), flush=True)
                 return report
-            runs = C.alternate(("ours", "hf"), args.rounds, one)
+            sides = tuple(args.sides.split(","))
+            unknown = [x for x in sides if x not in SIDES]
+            if unknown or "hf" not in sides or len(sides) < 2:
+                raise SystemExit(f"--sides {args.sides}: give hf and one or both of ours, ours-mf")
+            runs = C.alternate(sides, args.rounds, one)
             rows.append((shape, batch, runs))
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32; {args.rounds} rounds, sides alternating, each "
           f"in its own worker; median [min-max] over rounds\n")
-    print("| shape | batch | ours decode tok/s | HF decode tok/s | ours/HF | ours TTFT s | HF TTFT s | cache/no-cache "
-          "| ours first call s | peak RSS MB ours / HF |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | batch | side | decode tok/s | vs HF | TTFT s | TTFT vs HF | cache/no-cache | first call s "
+          "| peak RSS MB | RSS vs HF | VmHWM MB after import / load / first call |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for shape, batch, runs in rows:
-        ours, hf = runs["ours"], runs["hf"]
-        rate = C.median([r["rate"] for r in ours])
-        nocache = C.median([r.get("nocache_rate") for r in ours])
-        print(f"| {shape} | {batch} | {C.spread([r['rate'] for r in ours], '{:.1f}')} | "
-              f"{C.spread([r['rate'] for r in hf], '{:.1f}')} | {rate / C.median([r['rate'] for r in hf]):.2f}x | "
-              f"{C.median([r['ttft'] for r in ours]):.3f} | {C.median([r['ttft'] for r in hf]):.3f} | "
-              f"{f'{rate / nocache:.1f}x' if nocache else '-'} | {C.median([r['first_call_s'] for r in ours]):.1f} | "
-              f"{C.median([r['peak_rss_mb'] for r in ours]):.0f} / {C.median([r['peak_rss_mb'] for r in hf]):.0f} |")
+        hf = runs["hf"]
+        hf_rate, hf_ttft = C.median([r["rate"] for r in hf]), C.median([r["ttft"] for r in hf])
+        hf_rss = C.median([r["peak_rss_mb"] for r in hf])
+        for side, reports in runs.items():
+            rate, ttft = C.median([r["rate"] for r in reports]), C.median([r["ttft"] for r in reports])
+            rss = C.median([r["peak_rss_mb"] for r in reports])
+            nocache = C.median([r.get("nocache_rate") for r in reports])
+            first = C.median([r.get("first_call_s") for r in reports])
+            phases = " / ".join(f"{C.median([r['phases'][k] for r in reports]):.0f}"
+                                for k in ("import", "load", "first_call"))
+            print(f"| {shape} | {batch} | {side} | {C.spread([r['rate'] for r in reports], '{:.1f}')} | "
+                  f"{rate / hf_rate:.2f}x | {ttft:.3f} | {ttft / hf_ttft:.2f}x | "
+                  f"{f'{rate / nocache:.1f}x' if nocache else '-'} | {f'{first:.1f}' if first else '-'} | "
+                  f"{rss:.0f} | {rss / hf_rss:.2f}x | {phases} |")
 
 
 if __name__ == "__main__":

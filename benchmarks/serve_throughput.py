@@ -46,6 +46,7 @@ def report_threads(side, threads):
 
 
 def ours_server(model_dir, port, batch, threads):
+    os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal serve` in its own process: no MindFormers
     report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
     return main(["serve", "--model", model_dir, "--port", str(port), "--max-batch-size", str(batch),

@@ -23,6 +23,7 @@ it is applied (``mindformers_compat.apply()``). No MindFormers file is edited; o
 untouched.
 """
 import importlib
+import sys
 
 from . import mindformers_compat
 from .mindformers_compat import (BARRIER_USERS, GPTLOCAL_WRAPPERS, mark_checked,  # noqa: F401  (their old home)
@@ -42,6 +43,9 @@ def register():
         return
     _STATE["done"] = True
     import mindformers  # noqa: F401  (with the .pth hook installed, this may re-enter register(): it returns)
+    bases = sys.modules.get(f"{__package__}.model.bases")
+    if bases is not None:  # the model was imported before MindFormers: lean classes are replaced by registered ones
+        bases.reimport_with_mindformers(__package__)
     for name in REGISTERED_MODULES:
         # a module of ours may be importing right now (it imported mindformers first, which fired the hook):
         # import_module then returns it half-built, and its decorators run when it finishes

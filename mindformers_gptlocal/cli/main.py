@@ -7,6 +7,7 @@ Arguments are defined in ``args.py``; each command imports only what its work ne
 ``args.py`` before a command imports its work).
 """
 import json
+import os
 import sys
 
 from ..errors import CheckpointError, ConfigError, GPTLocalError
@@ -212,7 +213,13 @@ def _asks_for_help(argv):
     return any(a in ("-h", "--help") for a in head)
 
 
+# commands that only run the model: their own process imports it without MindFormers (model/bases.py)
+LEAN_COMMANDS = ("generate", "chat", "serve", "eval")
+
+
 def main(argv=None):
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] in LEAN_COMMANDS:  # a process of its own, not a caller's
+        os.environ.setdefault("GPTLOCAL_LEAN", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "--version"):
         cli_args.main_parser().parse_args(argv or ["--help"])

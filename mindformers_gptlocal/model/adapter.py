@@ -14,7 +14,6 @@ An adapter cannot be folded into the base weights (its non-linearity sits betwee
 adapters and loads back with them (``config.json`` holds the pet_config).
 """
 from mindspore import nn, ops
-from mindspore.common.initializer import Normal
 
 from .feedforward import SiLU
 from .layers import Activation, Linear, to_mstype

@@ -11,12 +11,10 @@ The architecture (sizes, layer choices and what they imply) is read once into ``
 import difflib
 import functools
 
-from mindformers.models.configuration_utils import PretrainedConfig
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
 from ..errors import ConfigError
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
+from .bases import LEAN, MindFormerModuleType, MindFormerRegister, PretrainedConfig, moe_keys
 from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
 from .lora_config import check_trainable, read_pet_config, read_prefix_config
 from .params import table_of_dims, dims
@@ -354,11 +352,9 @@ def known_keys():
 
 def _reject_unknown(kwargs):
     # MoE keys arrive flattened from moe_config; a dense GPT ignores them.
-    import inspect
-    from mindformers.modules.transformer.moe import MoEConfig
-    moe_keys = set(inspect.signature(MoEConfig.__init__).parameters) | set(MoEConfig().__dict__)
+    moe = moe_keys()
     # underscore keys are loader bookkeeping (_commit_hash, _from_auto ...), not model settings
-    unknown = [k for k in kwargs if k not in known_keys() and k not in moe_keys and not k.startswith("_")]
+    unknown = [k for k in kwargs if k not in known_keys() and k not in moe and k != "self" and not k.startswith("_")]
     if unknown:
         key = unknown[0]
         close = difflib.get_close_matches(key, sorted(known_keys()), n=1)
@@ -368,7 +364,9 @@ def _reject_unknown(kwargs):
 
 
 def _register_auto_class():
-    """MindFormers' AutoConfig resolves model_type gpt_local to this class."""
+    """MindFormers' AutoConfig resolves model_type gpt_local to this class (not in a lean process)."""
+    if LEAN:
+        return
     from mindformers import AutoConfig
     AutoConfig.register(GPTLocalConfig.model_type, GPTLocalConfig, exist_ok=True)
 

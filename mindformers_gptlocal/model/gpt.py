@@ -16,14 +16,12 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
-from mindformers.models.modeling_utils import PreTrainedModel
-from mindformers.parallel_core.utils.model_mixin import ModelMixin, TrainModelMixin
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
+from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
+from .bases import LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
@@ -400,7 +398,9 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
 
 
 def _register_auto_class():
-    """MindFormers' AutoModelForCausalLM resolves a GPTLocalConfig to this class."""
+    """MindFormers' AutoModelForCausalLM resolves a GPTLocalConfig to this class (not in a lean process)."""
+    if LEAN:
+        return
     from mindformers import AutoModelForCausalLM
     AutoModelForCausalLM.register(GPTLocalConfig, GPTLocalForCausalLM, exist_ok=True)
 

@@ -13,7 +13,6 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from ..errors import ConfigError
-from .transformer_config import to_transformer_config
 
 
 def _argmax(logits, axis=-1):
@@ -33,6 +32,7 @@ class MindFormersAdapter:
 
     def get_gpt_transformer_config(self):
         if self.transformer_config is None:
+            from .transformer_config import to_transformer_config  # imports MindFormers: not in a lean process
             self.transformer_config = to_transformer_config(self.config)
         return self.transformer_config
 

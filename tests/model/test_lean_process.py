@@ -1,0 +1,108 @@
+"""The lean model process (model/bases.py): generate/serve/eval import the model without MindFormers.
+
+A `gptlocal generate` process (the real command line, main() with sys.argv) must never load MindFormers and
+must give the tokens the MindFormers-based model gives; MindFormers imported afterwards in the same process
+must register (and build) classes with its own bases. Each lean stand-in is compared with MindFormers' class.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TINY, source_env
+
+LEAN_SCRIPT = r"""
+import contextlib, io, json, sys
+model_dir, prompt = sys.argv[1], sys.argv[2]
+from mindformers_gptlocal.cli.main import main
+sys.argv = ["gptlocal", "generate", "--model", model_dir, "--prompt", prompt, "--temperature", "0",
+            "--max-new-tokens", "6"]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main()
+report = {"code": code, "cli_text": out.getvalue(), "mindformers_after_cli": "mindformers" in sys.modules}
+from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+from mindformers_gptlocal.model import bases
+lean = GPTLocalForCausalLM.from_pretrained(model_dir)
+report["lean"] = bases.LEAN
+report["greedy_default"] = lean.generate([[5, 6, 7]])
+report["sampled"] = lean.generate([[5, 6, 7], [9]], do_sample=True, top_k=20, seed=3, max_new_tokens=5)
+report["config"] = {k: v for k, v in lean.config.to_dict().items() if k != "pet_config"}
+report["mindformers_after_generate"] = "mindformers" in sys.modules
+import mindformers
+from mindformers.models.modeling_utils import PreTrainedModel
+from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
+from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM as Registered
+built = MindFormerRegister.registry[MindFormerModuleType.MODELS]["mcore_GPTLocalForCausalLM"]
+config_cls = MindFormerRegister.registry[MindFormerModuleType.CONFIG]["mcore_GPTLocalConfig"]
+from mindformers.models.configuration_utils import PretrainedConfig
+from mindformers import AutoConfig
+report["registered_is_mindformers_model"] = (built is Registered and issubclass(built, PreTrainedModel)
+                                             and issubclass(config_cls, PretrainedConfig)
+                                             and type(AutoConfig.for_model("gpt_local")) is config_cls)
+report["lean_class_kept"] = Registered is not GPTLocalForCausalLM and not isinstance(lean, PreTrainedModel)
+report["registered_greedy"] = built.from_pretrained(model_dir).generate([[5, 6, 7]])
+print("REPORT " + json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def lean_run(tmp_path_factory, corpus):
+    """(model directory, the lean subprocess's report): one process for every lean check."""
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    out = str(tmp_path_factory.mktemp("lean_model") / "model")
+    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out, tokenizer_dir=corpus["model_dir"])
+    env = source_env()
+    env.pop("GPTLOCAL_LEAN", None)  # the command line sets it for its own process
+    proc = subprocess.run([sys.executable, "-c", LEAN_SCRIPT, out, "def main():\n    "], env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out, json.loads(lines[-1][len("REPORT "):])
+
+
+def test_generate_process_never_loads_mindformers_and_gives_the_same_tokens(lean_run):
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal import GPTLocalForCausalLM
+    model_dir, report = lean_run
+    assert report["code"] == 0 and report["lean"]
+    assert not report["mindformers_after_cli"] and not report["mindformers_after_generate"]
+    reference = GPTLocalForCausalLM.from_pretrained(model_dir)  # MindFormers' bases (this process loads it)
+    prompt = "def main():\n    "
+    ids = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).encode(prompt).ids
+    eos = reference.config.eos_token_id
+    tokens = reference.generate([ids], do_sample=False, max_new_tokens=6, eos_token_id=eos)[0][len(ids):]
+    text = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).decode([t for t in tokens if t != eos])
+    assert report["cli_text"] == prompt + text + "\n"
+    # the model's default generation options (MindFormers' GenerationConfig: max_length 20, ...) are kept
+    assert report["greedy_default"] == reference.generate([[5, 6, 7]])
+    assert report["sampled"] == reference.generate([[5, 6, 7], [9]], do_sample=True, top_k=20, seed=3,
+                                                   max_new_tokens=5)
+    expected = {k: v for k, v in reference.config.to_dict().items() if k != "pet_config"}
+    assert report["config"] == json.loads(json.dumps(expected))
+
+
+def test_mindformers_imported_later_registers_its_own_kind_of_model(lean_run):
+    _, report = lean_run
+    assert report["registered_is_mindformers_model"] and report["lean_class_kept"]
+    assert report["registered_greedy"] == report["greedy_default"]
+
+
+def test_each_lean_stand_in_holds_what_mindformers_class_holds(tiny_config):
+    import inspect
+    from mindformers.generation import GenerationConfig
+    from mindformers.models.configuration_utils import PretrainedConfig
+    from mindformers.modules.transformer.moe import MoEConfig
+    from mindformers_gptlocal.generation.loop import DEFAULTS
+    from mindformers_gptlocal.model import bases
+    assert bases.LeanPretrainedConfig().to_dict() == PretrainedConfig().to_dict()
+    made = dict(name_or_path="x", eos_token_id=[3, 4], architectures=["A"], quantization="q", extra=1)
+    assert bases.LeanPretrainedConfig(**made).to_dict() == PretrainedConfig(**made).to_dict()
+    live = (set(inspect.signature(MoEConfig.__init__).parameters) | set(MoEConfig().__dict__)) - {"self"}
+    assert bases.LEAN_MOE_KEYS == live
+    for config in (tiny_config, PretrainedConfig(eos_token_id=7, pad_token_id=1, max_length=40, top_k=3)):
+        theirs = GenerationConfig.from_model_config(config).to_dict()
+        ours = bases.LeanGenerationConfig.from_model_config(config)
+        assert {k: ours[k] for k in DEFAULTS} == {k: theirs.get(k) for k in DEFAULTS}
