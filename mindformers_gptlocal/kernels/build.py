@@ -33,6 +33,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(HERE, name) for name in ("cpu_attention.cc", "kv_write.cc", "cpu_norm_gelu.cc",
                                                       "head_loss.cc"))
+HEADERS = (os.path.join(HERE, "common.h"),)  # included by the sources: part of the cache key
 LIBRARY_NAME = "libgptlocal_kernels.so"
 SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate", "gptlocal_layernorm_fwd",
            "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd", "gptlocal_head_loss")
@@ -92,9 +93,9 @@ def _flags():
 
 
 def source_bytes():
-    """Every source file's bytes, in build order (what the cache key hashes)."""
+    """Every source file's bytes, in build order, then the shared header's (what the cache key hashes)."""
     parts = []
-    for path in SOURCES:
+    for path in SOURCES + HEADERS:
         with open(path, "rb") as handle:
             parts.append(handle.read())
     return b"\0".join(parts)

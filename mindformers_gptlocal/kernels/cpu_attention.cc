@@ -34,15 +34,7 @@
 #include <atomic>
 #include <thread>
 
-typedef int64_t dim_t;
-extern "C" int dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha, const float *A,
-                          dim_t lda, const float *B, dim_t ldb, float beta, float *C, dim_t ldc);
-
-#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
-#define VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VEC_CLONES
-#endif
+#include "common.h"
 
 namespace {
 
@@ -108,28 +100,6 @@ inline void gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const
   } else {
     dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-}
-
-// exp(x) for x <= 0 (scores minus their row max), ~2 ulp: Cephes' range reduction and polynomial, written with
-// plain arithmetic and bit casts so the loops around it vectorise. Below -87.3 (masked scores) it is 0 exactly,
-// as expf underflows.
-inline float exp_neg(float x) {
-  const float clamped = x < -87.3f ? -87.3f : x;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float value = p * scale;
-  return x < -87.3f ? 0.0f : value;
 }
 
 struct Dropout {
@@ -244,20 +214,6 @@ bool read_shapes(int nparam, void **params, int *ndims, int64_t **shapes, const 
   return true;
 }
 
-// Runs worker(next) on `threads` threads (this one included); each worker takes tasks from the shared counter
-// (dynamic scheduling). Plain std::threads that end with the call, not an OpenMP team: libgomp's idle threads
-// spin after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads libgomp) and can take CPU from
-// MindSpore's own thread pool running the model's next ops.
-template <class Worker>
-void run_parallel(int threads, int64_t tasks, Worker worker) {
-  std::atomic<int64_t> next(0);
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next] { worker(next); });
-  worker(next);
-  for (auto &thread : pool) thread.join();
-}
-
 }  // namespace
 
 extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -276,7 +232,7 @@ extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int
   const int bq = sh.bq, bk = sh.bk;
   const int64_t qblocks = (S + bq - 1) / bq;
   const int64_t tasks = B * N * qblocks;
-  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next) {
+  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next, int) {
     std::vector<float> scores(static_cast<size_t>(bq) * bk), keep(static_cast<size_t>(bk)),
         dropped(static_cast<size_t>(bq) * bk), acc(static_cast<size_t>(bq) * D), row_max(bq), row_sum(bq);
     for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
@@ -344,7 +300,7 @@ extern "C" int gptlocal_attention_bwd(int nparam, void **params, int *ndims, int
   const int bq = sh.bq, bk = sh.bk;
   const int64_t qblocks = (S + bq - 1) / bq;
   const int64_t tasks = B * G;  // each task owns its key/value head's dK and dV (and its query heads' dQ)
-  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next) {
+  run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next, int) {
     std::vector<float> probs(static_cast<size_t>(bq) * bk), grad(static_cast<size_t>(bq) * bk),
         keep(static_cast<size_t>(bq) * bk), used(static_cast<size_t>(bq) * bk), delta(bq);
     for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {

@@ -8,7 +8,7 @@
 // LayerNorm backward's parameter sums).
 //
 // Rows are split into `threads` contiguous chunks, one std::thread each (not an OpenMP team: see
-// cpu_attention.cc, run_parallel); the parameter-gradient sums over rows are added chunk by chunk in a fixed
+// common.h, run_parallel); the parameter-gradient sums over rows are added chunk by chunk in a fixed
 // order, so the results depend only on the thread count, never on scheduling (a resumed run is bit-exact).
 //
 // gptlocal_layernorm_fwd: x [..., H], gamma [H], beta [H], config float32 [2] (epsilon, threads)
@@ -25,11 +25,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
-#define NG_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NG_CLONES
-#endif
+#include "common.h"
 
 namespace {
 
@@ -37,29 +33,9 @@ constexpr float kTanhScale = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
 constexpr float kCubic = 0.044715f;
 constexpr float kQuick = 1.702f;
 
-// exp(x) for x <= 0, ~2 ulp, written to vectorise (the same reduction and polynomial as cpu_attention.cc).
-inline float ng_exp_neg(float x) {
-  const float clamped = x < -87.3f ? -87.3f : x;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float value = p * scale;
-  return x < -87.3f ? 0.0f : value;
-}
-
 // 1 / (1 + exp(-z)) without overflow: exp of -|z| only.
 inline float ng_sigmoid(float z) {
-  const float e = ng_exp_neg(-std::fabs(z));
+  const float e = exp_neg(-std::fabs(z));
   const float r = 1.0f / (1.0f + e);
   return z >= 0.0f ? r : e * r;
 }
@@ -97,7 +73,7 @@ bool all_float32(int n, const char **dtypes) {
   return true;
 }
 
-NG_CLONES void layernorm_rows(const float *x, const float *gamma, const float *beta, float *y, float *mean,
+VEC_CLONES void layernorm_rows(const float *x, const float *gamma, const float *beta, float *y, float *mean,
                               float *rstd, int64_t begin, int64_t end, int64_t H, float eps) {
   for (int64_t row = begin; row < end; ++row) {
     const float *xr = x + row * H;
@@ -117,7 +93,7 @@ NG_CLONES void layernorm_rows(const float *x, const float *gamma, const float *b
   }
 }
 
-NG_CLONES void layernorm_grad_rows(const float *x, const float *gamma, const float *mean, const float *rstd,
+VEC_CLONES void layernorm_grad_rows(const float *x, const float *gamma, const float *mean, const float *rstd,
                                    const float *dy, float *dx, float *dgamma, float *dbeta, int64_t begin,
                                    int64_t end, int64_t H) {
   std::fill(dgamma, dgamma + H, 0.0f);
@@ -147,7 +123,7 @@ NG_CLONES void layernorm_grad_rows(const float *x, const float *gamma, const flo
   }
 }
 
-NG_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int64_t begin, int64_t end, int64_t F,
+VEC_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int64_t begin, int64_t end, int64_t F,
                               bool quick) {
   for (int64_t row = begin; row < end; ++row) {
     const float *xr = x + row * F;
@@ -168,7 +144,7 @@ NG_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int64
   }
 }
 
-NG_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const float *dy, float *dx, float *dbias,
+VEC_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const float *dy, float *dx, float *dbias,
                                    int64_t begin, int64_t end, int64_t F, bool quick) {
   std::fill(dbias, dbias + F, 0.0f);
   for (int64_t row = begin; row < end; ++row) {

@@ -33,73 +33,32 @@
 #include <thread>
 #include <vector>
 
-typedef int64_t dim_t;
-extern "C" int dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha, const float *A,
-                          dim_t lda, const float *B, dim_t ldb, float beta, float *C, dim_t ldc);
-
-#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
-#define HEAD_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define HEAD_VEC_CLONES
-#endif
+#include "common.h"
 
 namespace {
 
-// exp(x) for x <= 0, ~2 ulp, vectorisable (the attention kernel's exp_neg: Cephes' reduction and polynomial);
-// below -87.3 it is 0 exactly.
-inline float head_exp_neg(float x) {
-  const float clamped = x < -87.3f ? -87.3f : x;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float value = p * scale;
-  return x < -87.3f ? 0.0f : value;
-}
-
-HEAD_VEC_CLONES float row_max(const float *x, int64_t n) {
+VEC_CLONES float row_max(const float *x, int64_t n) {
   float m = -INFINITY;
   for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
   return m;
 }
 
-HEAD_VEC_CLONES float row_exp_sum(const float *x, int64_t n, float m) {
+VEC_CLONES float row_exp_sum(const float *x, int64_t n, float m) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < n; ++j) s += head_exp_neg(x[j] - m);
+  for (int64_t j = 0; j < n; ++j) s += exp_neg(x[j] - m);
   return s;
 }
 
 // x[j] <- w * exp(x[j] - lse)
-HEAD_VEC_CLONES void row_softmax_scaled(float *x, int64_t n, float lse, float w) {
+VEC_CLONES void row_softmax_scaled(float *x, int64_t n, float lse, float w) {
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) x[j] = w * head_exp_neg(x[j] - lse);
+  for (int64_t j = 0; j < n; ++j) x[j] = w * exp_neg(x[j] - lse);
 }
 
-HEAD_VEC_CLONES void add_into(float *dst, const float *src, int64_t n) {
+VEC_CLONES void add_into(float *dst, const float *src, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
-}
-
-// worker(next) on `threads` threads (this one included), tasks taken from a shared counter. Plain std::threads
-// that end with the call (as in cpu_attention.cc: no idle OpenMP team spinning beside MindSpore's pool).
-template <class Worker>
-void head_run_parallel(int threads, int64_t tasks, Worker worker) {
-  std::atomic<int64_t> next(0);
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next, t] { worker(next, t); });
-  worker(next, 0);
-  for (auto &thread : pool) thread.join();
 }
 
 // The [chunk, V] logits scratch, kept between calls (one per process, behind a lock): a fresh 32 MB buffer
@@ -166,7 +125,7 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
       rw[r] = w[active[c0 + r]];
     }
     // phase 1: logits block by block, each row's (max, sum of exp) per block
-    head_run_parallel(team, vblocks, [&](std::atomic<int64_t> &next, int) {
+    run_parallel(team, vblocks, [&](std::atomic<int64_t> &next, int) {
       for (int64_t blk = next.fetch_add(1); blk < vblocks; blk = next.fetch_add(1)) {
         const int64_t j0 = blk * vb, cols = std::min<int64_t>(vb, V - j0);
         float *out = logits + j0;
@@ -192,7 +151,7 @@ extern "C" int gptlocal_head_loss(int nparam, void **params, int *ndims, int64_t
     // phase 2: dlogits in place, then d_weight per block (owned) and d_hidden per thread
     // blocks dealt to the threads statically (t, t + team, ...): each thread's d_h sums the same blocks in the
     // same order on every call, so d_hidden is bitwise reproducible (resume stays bit-exact)
-    head_run_parallel(team, team, [&](std::atomic<int64_t> &, int t) {
+    run_parallel(team, team, [&](std::atomic<int64_t> &, int t) {
       std::vector<float> &mine = dh[static_cast<size_t>(t)];
       mine.assign(static_cast<size_t>(rows * H), 0.0f);
       for (int64_t blk = t; blk < vblocks; blk += team) {
