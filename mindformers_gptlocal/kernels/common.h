@@ -1,0 +1,64 @@
+// What gpt_local's CPU kernels share (cpu_attention.cc, cpu_norm_gelu.cc, head_loss.cc): oneDNN's sgemm, the
+// multi-versioning attribute, the vectorisable exp of x <= 0 and the std::thread task runner. Included by each
+// source of the one library build.py compiles (and hashed into its cache key with them).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+typedef int64_t dim_t;
+extern "C" int dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha, const float *A,
+                          dim_t lda, const float *B, dim_t ldb, float beta, float *C, dim_t ldc);
+
+// Elementwise loops are compiled for a baseline x86-64 plus AVX2 and AVX-512 clones chosen at load time, so one
+// cached library is right on any x86-64 CPU (build.py passes -DGPTLOCAL_NO_CLONES elsewhere).
+#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
+#define VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VEC_CLONES
+#endif
+
+namespace {
+
+// exp(x) for x <= 0 (e.g. scores minus their row max), ~2 ulp: Cephes' range reduction and polynomial, written
+// with plain arithmetic and bit casts so the loops around it vectorise. Below -87.3 (masked scores) it is 0
+// exactly, as expf underflows.
+inline float exp_neg(float x) {
+  const float clamped = x < -87.3f ? -87.3f : x;
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  float r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const float value = p * scale;
+  return x < -87.3f ? 0.0f : value;
+}
+
+// Runs worker(next, t) on `threads` threads (t = 0 is this one); each worker takes tasks from the shared counter
+// (dynamic scheduling) or uses its index t (static). Plain std::threads that end with the call, not an OpenMP
+// team: libgomp's idle threads spin after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads
+// libgomp) and can take CPU from MindSpore's own thread pool running the model's next ops.
+template <class Worker>
+void run_parallel(int threads, int64_t tasks, Worker worker) {
+  std::atomic<int64_t> next(0);
+  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next, t] { worker(next, t); });
+  worker(next, 0);
+  for (auto &thread : pool) thread.join();
+}
+
+}  // namespace
