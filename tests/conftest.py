@@ -164,3 +164,35 @@ def save_hf(path, seed=0, **overrides):
                 param.add_(0.1 * torch.randn_like(param))
     model.save_pretrained(str(path))
     return model
+
+
+@pytest.fixture(scope="session")
+def library():
+    """gpt_local's CPU kernel library, compiled once per test session (or found in the user's cache)."""
+    from mindformers_gptlocal.kernels import build
+    path, reason = build.library()
+    assert path is not None, reason
+    return path
+
+
+def _in_mode(mode):
+    import mindspore as ms
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    yield
+    ms.set_context(mode=before)
+
+
+@pytest.fixture
+def graph_mode():
+    """GRAPH mode for one test, then whatever mode was set before."""
+    import mindspore as ms
+    yield from _in_mode(ms.GRAPH_MODE)
+
+
+@pytest.fixture
+def pynative_mode():
+    """PYNATIVE mode for one test (whatever an earlier test of the session left), then the mode before."""
+    import mindspore as ms
+    yield from _in_mode(ms.PYNATIVE_MODE)
+

@@ -115,3 +115,37 @@ def value_and_grads(block, weights, x, probe, bias, rotary=None):
     return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dweights]
 
 
+# --- what the tests comparing a fast path with the plain one share ---
+class LossOf(nn.Cell):
+    """The loss of a model called on ``inputs`` (the first of its training outputs), for ``value_and_grad``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def construct(self, *inputs):
+        return self.model(*inputs)[0]
+
+
+def copy_weights(source, target):
+    """Every Parameter of ``target`` set to the value of ``source``'s of the same name."""
+    values = dict(source.parameters_and_names())
+    for name, param in target.parameters_and_names():
+        param.set_data(Tensor(values[name].asnumpy()))
+
+
+def train_steps(model, batches, steps=3, learning_rate=1e-3):
+    """Losses of ``steps`` AdamW steps (graph mode, ``batches`` taken in turn) and the first step's gradients by
+    parameter name."""
+    model.set_train(True)
+    weights = model.trainable_params()
+    grad_fn = ms.jit(ms.value_and_grad(LossOf(model), None, weights=weights))
+    optimizer = nn.AdamWeightDecay(weights, learning_rate=learning_rate)
+    losses, first = [], None
+    for step in range(steps):
+        loss, grads = grad_fn(*batches[step % len(batches)])
+        if first is None:
+            first = {p.name: g.asnumpy() for p, g in zip(weights, grads)}
+        optimizer(grads)
+        losses.append(float(loss.asnumpy()))
+    return losses, first

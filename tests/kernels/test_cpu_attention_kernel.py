@@ -14,33 +14,9 @@ from mindspore import Tensor, nn, ops
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import attention as kernel_attention, build
 from mindformers_gptlocal.model.attention import MASK_VALUE
-from references import causal_bias, keep_reference
+from references import causal_bias, keep_reference, train_steps
 from mindformers_gptlocal.model.dropout import CounterDropout
 from conftest import TINY, source_env
-
-
-@pytest.fixture(scope="session")
-def library():
-    """The kernel library, compiled once per test session (or found in the user's cache)."""
-    path, reason = build.library()
-    assert path is not None, reason
-    return path
-
-
-@pytest.fixture
-def pynative_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=before)
-
-
-@pytest.fixture
-def graph_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=before)
 
 
 def _plain(q, k, v, bias, scale, keep=None, keep_scale=1.0):
@@ -174,31 +150,6 @@ def _model_pair(**changes):
     return fused, plain
 
 
-class _Loss(nn.Cell):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def construct(self, *inputs):
-        return self.model(*inputs)[0]
-
-
-def _train(model, batches, steps=3):
-    """Losses of ``steps`` AdamW steps (graph mode) and the first step's gradients."""
-    model.set_train(True)
-    weights = model.trainable_params()
-    grad_fn = ms.jit(ms.value_and_grad(_Loss(model), None, weights=weights))
-    optimizer = nn.AdamWeightDecay(weights, learning_rate=3e-3)  # 1e-2 overshot on some draws
-    losses, first = [], None
-    for step in range(steps):
-        loss, grads = grad_fn(*batches[step % len(batches)])
-        if first is None:
-            first = {p.name: g.asnumpy() for p, g in zip(weights, grads)}
-        optimizer(grads)
-        losses.append(float(loss.asnumpy()))
-    return losses, first
-
-
 def test_tiny_training_matches_plain_path(library, graph_mode):
     """Losses step for step (3 AdamW steps) and every parameter's first-step gradient within 1e-5, with all the
     kernel covers at once: packed documents (actual_seq_len), counter dropout on the attention probabilities,
@@ -209,8 +160,8 @@ def test_tiny_training_matches_plain_path(library, graph_mode):
     ids = Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
     ends = Tensor(np.array([[11, 18, 34, SEQ], [20, 29, SEQ, SEQ]], np.int32))
     batches = [(ids[:, :-1], ids[:, 1:], None, None, None, ends)]
-    losses, grads = _train(fused, batches)
-    plain_losses, plain_grads = _train(plain, batches)
+    losses, grads = train_steps(fused, batches, learning_rate=3e-3)
+    plain_losses, plain_grads = train_steps(plain, batches, learning_rate=3e-3)
     np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
     assert losses[-1] < losses[0]  # it trains
     worst = max(float(np.abs(grads[name] - plain_grads[name]).max()) for name in grads)

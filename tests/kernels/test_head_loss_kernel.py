@@ -5,35 +5,20 @@ masked rows; a tiny model, tied and untied, trains with the plain path's losses 
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import build, head_loss
+from mindformers_gptlocal.kernels import head_loss
 from conftest import TINY
+from references import train_steps
 
 IGNORE = -100
-
-
-@pytest.fixture(scope="module")
-def library():
-    """The kernel library, compiled once per test run (or found in the user's cache)."""
-    path, reason = build.library()
-    assert path is not None, reason
-    return path
 
 
 @pytest.fixture
 def head_kernel_on(monkeypatch):
     """The kernel is opt-in: GPTLOCAL_HEAD_LOSS_KERNEL=1 while the model is built."""
     monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "1")
-
-
-@pytest.fixture
-def pynative_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=before)
 
 
 def _plain_loss(hidden, weight, labels, keep):
@@ -91,31 +76,6 @@ def test_all_rows_masked_and_bad_label(library, pynative_mode):
 SEQ = 40
 
 
-class _Loss(nn.Cell):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def construct(self, *inputs):
-        return self.model(*inputs)[0]
-
-
-def _train(model, batch, steps=3):
-    """Losses of ``steps`` AdamW steps (graph mode) and the first step's gradients by parameter name."""
-    model.set_train(True)
-    weights = model.trainable_params()
-    grad_fn = ms.jit(ms.value_and_grad(_Loss(model), None, weights=weights))
-    optimizer = nn.AdamWeightDecay(weights, learning_rate=1e-3)
-    losses, first = [], None
-    for _ in range(steps):
-        loss, grads = grad_fn(*batch)
-        if first is None:
-            first = {p.name: g.asnumpy() for p, g in zip(weights, grads)}
-        optimizer(grads)
-        losses.append(float(loss.asnumpy()))
-    return losses, first
-
-
 @pytest.mark.parametrize("untied", [False, True])
 def test_tiny_training_matches_plain_path(library, head_kernel_on, untied):
     """3 AdamW steps in GRAPH mode: losses step for step and every parameter's first-step gradient within 1e-5 of
@@ -139,8 +99,8 @@ def test_tiny_training_matches_plain_path(library, head_kernel_on, untied):
         labels[0, :5] = config.ignore_token_id
         loss_mask = (rng.random((3, SEQ)) > 0.2).astype(np.int32)
         batch = (Tensor(ids[:, :-1]), Tensor(labels), Tensor(loss_mask))
-        losses, grads = _train(fused, batch)
-        plain_losses, plain_grads = _train(plain, batch)
+        losses, grads = train_steps(fused, [batch], learning_rate=1e-3)
+        plain_losses, plain_grads = train_steps(plain, [batch], learning_rate=1e-3)
     finally:
         ms.set_context(mode=before)
     np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)

@@ -5,39 +5,16 @@ the plain path."""
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import build, norm_gelu
+from mindformers_gptlocal.kernels import norm_gelu
 from mindformers_gptlocal.model.layers import TanhGeLU
 from conftest import TINY
+from references import train_steps
 
 # T * H >= 32768 runs on several threads (cpu_norm_gelu.cc threads_for); 3 threads split 131 rows unevenly
 SHAPES = [(3, 7, 77), (131, 257)]
-
-
-@pytest.fixture(scope="module")
-def library():
-    """The kernel library, compiled once per test run (or found in the user's cache)."""
-    path, reason = build.library()
-    assert path is not None, reason
-    return path
-
-
-@pytest.fixture
-def pynative_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=before)
-
-
-@pytest.fixture
-def graph_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=before)
 
 
 def _grads(fn, args, weight):
@@ -121,6 +98,19 @@ def test_bias_gelu_matches_mindspore_and_float64(library, pynative_mode, shape, 
     _close(got_grads[1], dx.reshape(-1, shape[-1]).sum(0), "dbias vs float64")
 
 
+def test_an_overflowed_gradient_stays_non_finite(library, pynative_mode):
+    """Loss scaling finds an overflow by the gradients' finiteness: an infinite upstream gradient must leave
+    every gradient of both kernels non-finite (never summed or clamped back into range)."""
+    x, gamma, beta, weight = _data((5, 33))
+    weight[2, 7] = np.inf
+    layernorm = norm_gelu.CPULayerNorm(library, 1e-5, threads=1)
+    _, grads = _grads(layernorm, tuple(Tensor(a) for a in (x, gamma, beta)), Tensor(weight))
+    assert all(not np.isfinite(g).all() for g in grads), [np.isfinite(g).all() for g in grads]
+    for form in ("tanh", "quick"):
+        _, grads = _grads(norm_gelu.CPUBiasGeLU(library, form, threads=1), (Tensor(x), Tensor(beta)), Tensor(weight))
+        assert all(not np.isfinite(g).all() for g in grads), (form, [np.isfinite(g).all() for g in grads])
+
+
 # ---------------------------------------------------------------------------------------- the model
 SEQ = 48
 
@@ -156,31 +146,6 @@ def _model_pair(monkeypatch, lora=False, **changes):
     return fused, plain
 
 
-class _Loss(nn.Cell):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def construct(self, *inputs):
-        return self.model(*inputs)[0]
-
-
-def _train(model, batch, steps=3):
-    """Losses of ``steps`` AdamW steps (graph mode) and the first step's gradients."""
-    model.set_train(True)
-    weights = model.trainable_params()
-    grad_fn = ms.jit(ms.value_and_grad(_Loss(model), None, weights=weights))
-    optimizer = nn.AdamWeightDecay(weights, learning_rate=1e-2)
-    losses, first = [], None
-    for _ in range(steps):
-        loss, grads = grad_fn(*batch)
-        if first is None:
-            first = {p.name: g.asnumpy() for p, g in zip(weights, grads)}
-        optimizer(grads)
-        losses.append(float(loss.asnumpy()))
-    return losses, first
-
-
 @pytest.mark.parametrize("case", [dict(), dict(hidden_act="quick_gelu", lora=True)], ids=["tanh", "quick_lora"])
 def test_tiny_training_matches_plain_path(library, graph_mode, monkeypatch, case):
     """Losses step for step (3 AdamW steps) and every parameter's first-step gradient within 1e-5 of the plain
@@ -188,8 +153,8 @@ def test_tiny_training_matches_plain_path(library, graph_mode, monkeypatch, case
     fused, plain = _model_pair(monkeypatch, **case)
     ids = Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
     batch = (ids[:, :-1], ids[:, 1:])
-    losses, grads = _train(fused, batch)
-    plain_losses, plain_grads = _train(plain, batch)
+    losses, grads = train_steps(fused, [batch], learning_rate=1e-2)
+    plain_losses, plain_grads = train_steps(plain, [batch], learning_rate=1e-2)
     np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
     assert losses[-1] < losses[0]  # it trains
     for name in plain_grads:

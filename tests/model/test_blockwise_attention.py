@@ -4,38 +4,15 @@ with the causal mask, packed documents, counter dropout on the probabilities and
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import ConfigError
-from references import causal_bias
+from references import LossOf, causal_bias, copy_weights
 from mindformers_gptlocal.model.blockwise_attention import BlockwiseAttention
 from conftest import TINY
 
 SEQ = 40  # block 16: blocks of 16, 16 and 8 rows
-
-
-def _in_mode(mode):
-    before = ms.get_context("mode")
-    ms.set_context(mode=mode)
-    yield
-    ms.set_context(mode=before)
-
-
-@pytest.fixture
-def graph_mode():
-    yield from _in_mode(ms.GRAPH_MODE)
-
-
-@pytest.fixture
-def pynative_mode():  # whatever mode an earlier test of the session left
-    yield from _in_mode(ms.PYNATIVE_MODE)
-
-
-def _copy_weights(source, target):
-    values = dict(source.parameters_and_names())
-    for name, param in target.parameters_and_names():
-        param.set_data(Tensor(values[name].asnumpy()))
 
 
 def _pair(block_size=16, **changes):
@@ -43,7 +20,7 @@ def _pair(block_size=16, **changes):
     values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes)
     plain = GPTLocalForCausalLM(GPTLocalConfig(**values))
     blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(values, attention_block_size=block_size)))
-    _copy_weights(plain, blockwise)
+    copy_weights(plain, blockwise)
     for layer in plain.model.layers:  # the plain matmul + softmax path, not the CPU kernel (its own tests)
         layer.attention.cpu_attention = None
     assert blockwise.model.layers[0].attention.blockwise is not None
@@ -51,20 +28,11 @@ def _pair(block_size=16, **changes):
     return plain, blockwise
 
 
-class _Loss(nn.Cell):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def construct(self, *inputs):
-        return self.model(*inputs)[0]
-
-
 def _loss_and_grads(model, *inputs):
     """One training forward + backward of ``model`` (compiled with ms.jit in graph mode)."""
     model.set_train(True)
     weights = model.trainable_params()
-    step = ms.value_and_grad(_Loss(model), None, weights=weights)
+    step = ms.value_and_grad(LossOf(model), None, weights=weights)
     if ms.get_context("mode") == ms.GRAPH_MODE:
         step = ms.jit(step)
     loss, grads = step(*inputs)
@@ -121,7 +89,7 @@ def test_dropout_and_recompute_match_plain(graph_mode):
     assert blockwise.model.counter_dropout
     grads_dropout = _assert_same(plain, blockwise, _ids())
     no_dropout = _pair()[0]
-    _copy_weights(plain, no_dropout)
+    copy_weights(plain, no_dropout)
     grads = _loss_and_grads(no_dropout, _ids())[1]  # dropout did act: the gradients differ (the loss of a
     largest = max(float(np.abs(g).max()) for g in grads.values())  # random tiny model barely moves)
     assert max(float(np.abs(grads[n] - grads_dropout[n]).max()) for n in grads) > 0.05 * largest

@@ -1,10 +1,10 @@
 """recompute_config -> what each block recomputes, set once at build time (MindFormers 1.8.0 key names)."""
 import pytest
-from mindspore import nn
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import ConfigError
 from conftest import TINY
+from references import LossOf
 
 
 def build(**recompute):
@@ -60,15 +60,6 @@ def test_llama_style_blocks_take_the_same_recompute_settings():
     assert layers[1].input_layernorm.weight_mul.attrs.get("recompute_comm_op") is True  # RMSNorm's output op
 
 
-class _LossOnly(nn.Cell):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def construct(self, ids):
-        return self.model(ids)[0]
-
-
 def test_full_recompute_of_rope_gqa_blocks_keeps_loss_and_gradients():
     """Graph mode: the rotary (cos, sin) tuple goes into recomputed blocks; gradients equal no recompute."""
     import numpy as np
@@ -85,7 +76,7 @@ def test_full_recompute_of_rope_gqa_blocks_keeps_loss_and_gradients():
             model.set_train(True)
             ids = Tensor(np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, 17)), ms.int32)
             weights = model.trainable_params()
-            loss, grads = ms.value_and_grad(_LossOnly(model), None, weights)(ids)
+            loss, grads = ms.value_and_grad(LossOf(model), None, weights)(ids)
             results.append((float(loss), {w.name: g.asnumpy() for w, g in zip(weights, grads)}))
         assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
         for name, grad in results[0][1].items():
