@@ -107,6 +107,7 @@ README_ROUTES = {  # YAML -> (its flags as README shows them, YAML changes only 
     "finetune_gpt_local_tiny_sft_cpu.yaml": ((), {}),
     "finetune_gpt_local_tiny_sft_mindrecord_cpu.yaml": ((), {}),
     "finetune_gpt_local_tiny_sft_lora_cpu.yaml": ((), {}),
+    "finetune_gpt_local_tiny_sft_adapter_cpu.yaml": ((), {}),
     "finetune_gpt2_hf_cpu.yaml": (("--train_dataset_dir", "data/ft/train.mindrecord"), GPT2),
     "finetune_gpt2_sft_cpu.yaml": ((), GPT2),
 }
