@@ -41,45 +41,41 @@ ADAM_MOMENT_BYTES = 8  # two fp32 moments
 # by least squares to 9 runs, 7 shapes with GPTLocalAdamW and 2 with AdamW; the held-out shape
 # (GPT-2 small with vocab 8192, batch 2x256) is in neither fit. Peak RSS, MB measured -> fitted
 # (GPTLocalAdamW | AdamW), from `python benchmarks/cpu_rss_fit.py fit benchmarks/cpu_rss_runs.jsonl
-# --held-out small_v8192` (runs of 2026-11-30, after Linear's bias and attention's mask were broadcast
-# explicitly on CPU, which took GPT-2 small's peak from 4,986 to 4,106 MB):
-#   2 layers x 64 wide, vocab 512, batch 4x256       975 -> 1011     |   (not run)
-#   tiny (4 x 256, vocab 8192), batch 4x256         1373 -> 1383     | 1560 -> 1558
-#   tiny, batch 8x256                               1700 -> 1723     |   (not run)
-#   tiny with vocab 50257, batch 4x256              2267 -> 2209     |   (not run)
-#   GPT-2 small (124M), batch 2x256                 4106 -> 4291     | 8382 -> 8382
-#   GPT-2 small, batch 1x256                        3759 -> 3624     |   (not run)
-#   GPT-2 small with vocab 8192, batch 4x256        4512 -> 4453     |   (not run)
-#   held out: GPT-2 small, vocab 8192, batch 2x256  3349 -> 3446 (1.029) | 6582 -> 6475 (0.984)
-# The fit before that change (13 runs) gave runtime 937 MB, GPTLocalAdamW 1.09x, AdamW 3.35x, activations
-# 4.81x; an earlier one (before the CPU GeLU with its own backward and the two-stage gradient checks, and
-# with ru_maxrss, which counts a parent's RSS at fork) 1.11x, 3.25x, 5.39x. Repeated runs differ by ~1%.
+# --held-out small_v8192` (runs of 2026-12-01, with the CPU attention, LayerNorm and bias + GeLU kernels,
+# the step cell's malloc_trim after its compile and no PyTorch in MindFormers' process; measured on a busy
+# machine, which changes time, not bytes):
+#   2 layers x 64 wide, vocab 512, batch 4x256       659 ->  720     |   (not run)
+#   tiny (4 x 256, vocab 8192), batch 4x256          997 ->  992     | 1187 -> 1171
+#   tiny, batch 8x256                               1228 -> 1206     |   (not run)
+#   tiny with vocab 50257, batch 4x256              1761 -> 1744     |   (not run)
+#   GPT-2 small (124M), batch 2x256                 3430 -> 3530     | 7712 -> 7713
+#   GPT-2 small, batch 1x256                        3212 -> 3132     |   (not run)
+#   GPT-2 small with vocab 8192, batch 4x256        3242 -> 3219     |   (not run)
+#   held out: GPT-2 small, vocab 8192, batch 2x256  2697 -> 2711 (1.005) |   (not run)
+# The fit before (runs of 2026-11-30, before the kernels, with PyTorch loaded through tensorboardX and no
+# malloc_trim) gave runtime 958 MB, GPTLocalAdamW 1.05x, AdamW 3.21x, activations 2.60x, head 0.99x; its
+# estimates were 22-39% above today's peaks (tiny 1,383 vs 997 MB). Repeated runs differ by ~1%.
 # One term per line below; the factors multiply this module's analytic byte counts.
-# RUNTIME_OVERHEAD_CPU (958 MB): what is there with (almost) no model: the Python process with
-#   (measured while MindFormers still loaded PyTorch through tensorboardX in a venv that has it and before
-#   the step cell's malloc_trim after its compile; with both, runs peak ~230-370 MB lower and the estimate
-#   is ~9% high: tests/plan/test_planner.py measured 1,272 vs 1,383 MB (tiny) and 3,933 vs 4,283 MB (GPT-2
-#   small); not refitted)
+# RUNTIME_OVERHEAD_CPU (690 MB): what is there with (almost) no model: the Python process with
 #   MindSpore and MindFormers imported, the compiled graph, the dataset pipeline, MindSpore's CPU
 #   memory pool.
 # CPU_STATE_FACTOR, per ``optimizer.type``: weights + grads + two fp32 moments are 16 bytes per fp32
 #   parameter. GPTLocalAdamW (optim.py, one in-place kernel per parameter) holds them about once
-#   (1.05x, 17 bytes per parameter). MindFormers' AdamW writes the update as ~10 element-wise ops per
-#   parameter, each with a parameter-sized fp32 temporary; its peak holds 3.21x (51 bytes per
-#   parameter). An
-#   optimizer not measured here gets AdamW's factor (``cpu_state_factor``), the conservative one.
-# CPU_ACTIVATION_FACTOR (2.60x): the layers' and the embedding's saved activations
-#   (``layer_activation_bytes``, ``embedding_activation_bytes``) grow peak RSS by 2.6x their analytic
-#   count (4.8x before the explicit broadcasts: MindSpore 2.7.2's CPU Add that broadcasts an operand
-#   itself holds about twice the memory). Not itemised further; likely contributors: forward outputs the
-#   CPU graph keeps although the backward does not need them and the backward's own temporaries.
-# CPU_HEAD_FACTOR (0.99x): the head's four fp32 [tokens, vocab] buffers (``head_activation_bytes``)
-#   are there about once; one activation factor for both fits the runs worse, hence two terms.
-RUNTIME_OVERHEAD_CPU = 958 * 2 ** 20
-CPU_STATE_FACTOR = {"GPTLocalAdamW": 1.05, "AdamW": 3.21}
+#   (1.08x, 17 bytes per parameter). MindFormers' AdamW writes the update as ~10 element-wise ops per
+#   parameter, each with a parameter-sized fp32 temporary; its peak holds 3.28x (52 bytes per
+#   parameter). An optimizer not measured here gets AdamW's factor (``cpu_state_factor``), the conservative
+#   one.
+# CPU_ACTIVATION_FACTOR (1.24x): the layers' and the embedding's saved activations
+#   (``layer_activation_bytes``, ``embedding_activation_bytes``) grow peak RSS by 1.24x their analytic
+#   count (2.6x before the CPU kernels, whose backward keeps only its inputs: no [B, N, S, S] attention
+#   probabilities, no GeLU or LayerNorm intermediates; 4.8x before the explicit broadcasts).
+# CPU_HEAD_FACTOR (0.88x): the head's four fp32 [tokens, vocab] buffers (``head_activation_bytes``)
+#   are there a little less than once; one activation factor for both fits the runs worse, hence two terms.
+RUNTIME_OVERHEAD_CPU = 690 * 2 ** 20
+CPU_STATE_FACTOR = {"GPTLocalAdamW": 1.08, "AdamW": 3.28}
 CPU_CONSERVATIVE_OPTIMIZER = "AdamW"
-CPU_ACTIVATION_FACTOR = 2.60
-CPU_HEAD_FACTOR = 0.99
+CPU_ACTIVATION_FACTOR = 1.24
+CPU_HEAD_FACTOR = 0.88
 
 
 def shape_of(model_config):
