@@ -149,20 +149,27 @@ def counter_dropout_enabled(config):
     parallel (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
     arithmetic would need shard strategies, and its counter would be shared across pipeline stages; there
     MindSpore's own Dropout is kept (its masks do not resume)."""
+    spec = config.prefix_spec() if hasattr(config, "prefix_spec") else None
     rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout,
-             getattr(config, "layerdrop", 0.0) or 0.0)
+             getattr(config, "layerdrop", 0.0) or 0.0, 0.0 if spec is None else spec.dropout)
     return any(rate > 0 for rate in rates) and not is_parallel_build()
 
 
-# Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1)
+# Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1);
+# the prefix-tuning prefix's (model/prefix.py) is -1, below every layer's and LayerDrop's 10000+ at any depth
+# (_offsets takes it modulo the table sizes)
 SITES_PER_LAYER = 3
 LAYER_SITES = {"attention_probs": 1, "attention_output": 2, "mlp_output": 3}
+PREFIX_SITE = -1
 
 
 def dropout_site(layer_number=0, part="embedding"):
-    """The site number of a dropout: ``part`` "embedding" (layer_number 0), or one of ``LAYER_SITES`` of a layer."""
+    """The site number of a dropout: ``part`` "embedding" (layer_number 0), "prefix" (the prefix-tuning
+    prefix's, one per model), or one of ``LAYER_SITES`` of a layer."""
     if part == "embedding":
         return 0
+    if part == "prefix":
+        return PREFIX_SITE
     return SITES_PER_LAYER * (layer_number - 1) + LAYER_SITES[part]
 
 

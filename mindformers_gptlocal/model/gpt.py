@@ -70,7 +70,7 @@ class GPTLocalEmbedding(nn.Cell):
         return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
 
 
-def prefix_encoder(config):
+def prefix_encoder(config, counter_dropout=False):
     """The PrefixEncoder of a prefix-tuning pet_config (``prefix.py``), or None; stand-alone and data-parallel
     builds only (the prefix tensors have no shard strategies)."""
     spec = config.prefix_spec()
@@ -80,9 +80,12 @@ def prefix_encoder(config):
         raise ConfigError(f"model_config.pet_config.pet_type {spec.pet_type} is for stand-alone and data-parallel "
                           f"builds (parallel.parallel_mode 0); use pet_type: lora under semi_auto/auto parallel.")
     from .prefix import PrefixEncoder
+    dropout = None
+    if spec.dropout > 0:  # counter-based when the build is (dropout.counter_dropout_enabled): resume is exact
+        dropout = make_dropout(spec.dropout, dropout_site(part="prefix"), config, counter_dropout)
     return PrefixEncoder(spec, config.num_hidden_layers, config.num_query_groups,
                          config.hidden_size // config.num_attention_heads, to_mstype(config.compute_dtype),
-                         to_mstype(config.params_dtype))
+                         to_mstype(config.params_dtype), dropout)
 
 
 class GPTLocalModel(nn.Cell):
@@ -127,7 +130,8 @@ class GPTLocalModel(nn.Cell):
         self.use_flash = flash
         self.stage_ids = stage_ids
         self.num_layers = config.num_hidden_layers
-        self.prefix_encoder = prefix_encoder(config)  # pet_config prefix tuning / P-Tuning v2, else None
+        # pet_config prefix tuning / P-Tuning v2, else None
+        self.prefix_encoder = prefix_encoder(config, self.counter_dropout)
         self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
@@ -147,7 +151,7 @@ class GPTLocalModel(nn.Cell):
             attention_bias = self.causal_mask(seq)
         prefix = None
         if self.prefix_encoder is not None:  # the real tokens' positions follow the prefix (as peft's)
-            prefix = self.prefix_encoder()
+            prefix = self.prefix_encoder(dropout_step)
             position_ids = position_ids + self.prefix_tokens
         hidden = self.embedding(input_ids, position_ids, dropout_step)
         rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed

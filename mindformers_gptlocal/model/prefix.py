@@ -26,10 +26,12 @@ from .lora_config import PREFIX_NAME, is_prefix_name, prefix_shapes
 
 
 class PrefixEncoder(nn.Cell):
-    """The prefix keys and values of every layer: ``construct()`` -> tuple of 2 * layers Tensors [G, P, D]
-    (layer i: keys at 2i, values at 2i + 1), in ``dtype``."""
+    """The prefix keys and values of every layer: ``construct(dropout_step)`` -> tuple of 2 * layers Tensors
+    [G, P, D] (layer i: keys at 2i, values at 2i + 1), in ``dtype``. ``dropout``: the dropout Cell of
+    ``spec.dropout`` (``dropout.make_dropout`` at ``dropout_site(part="prefix")``: counter-based, so a resumed
+    run draws the uninterrupted run's masks; ``dropout_step`` picks them), or None."""
 
-    def __init__(self, spec, num_layers, groups, head_dim, dtype=ms.float32, params_dtype=ms.float32):
+    def __init__(self, spec, num_layers, groups, head_dim, dtype=ms.float32, params_dtype=ms.float32, dropout=None):
         super().__init__()
         self.spec = spec
         self.tokens = spec.tokens
@@ -44,16 +46,16 @@ class PrefixEncoder(nn.Cell):
         if spec.projection:
             self.transform_in = _Dense(*shapes["transform_in.weight"], params_dtype)
             self.transform_out = _Dense(*shapes["transform_out.weight"], params_dtype)
-        self.dropout = nn.Dropout(p=spec.dropout) if spec.dropout > 0 else None
+        self.dropout = dropout if spec.dropout > 0 else None
         self.unstack = ops.Unstack(axis=0)
 
-    def construct(self):
+    def construct(self, dropout_step=None):
         table = ops.cast(self.embedding, self.dtype)
         if self.projection:
             table = self.transform_out(ops.tanh(self.transform_in(table, self.dtype)), self.dtype)
         rows = ops.reshape(table, (self.tokens, self.num_layers * 2, self.groups, self.head_dim))
         if self.dropout is not None:
-            rows = self.dropout(rows)
+            rows = self.dropout(rows, dropout_step)
         return self.unstack(ops.transpose(rows, (1, 2, 0, 3)))  # 2L x [G, P, D]
 
 

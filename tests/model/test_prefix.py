@@ -285,3 +285,59 @@ def test_migrate_yaml_keeps_a_prefix_pet_config():
     assert "seq_length + the prefix must fit max_position_embeddings" in notes[0]
     with pytest.raises(ConfigError, match="'slora': gpt_local has LoRA, prefixtuning and ptuning2"):
         _pet_config({"pet_type": "slora"}, [])
+
+
+def test_prefix_dropout_is_counter_based():
+    """The prefix's dropout (``dropout_prob`` > 0) draws its masks from the counter stream (model/dropout.py,
+    site ``dropout_site(part="prefix")``): each element is 0 or the eval value / (1 - p), the same step gives
+    the same mask, another step another, about p of the rows dropped; at eval it is the identity."""
+    from mindformers_gptlocal.model.dropout import CounterDropout, PREFIX_SITE, dropout_site
+    p = 0.3
+    model = build(dict(PTUNING2, pre_seq_len=6, dropout_prob=p))
+    encoder = model.model.prefix_encoder
+    assert isinstance(encoder.dropout, CounterDropout) and encoder.dropout.site == dropout_site(part="prefix")
+    assert PREFIX_SITE not in {dropout_site(1, part) for part in ("attention_probs", "attention_output",
+                                                                 "mlp_output")}
+    encoder.set_train(False)
+    plain = np.stack([r.asnumpy() for r in encoder(Tensor(3, ms.int32))])
+    encoder.set_train(True)
+    drawn = {step: np.stack([r.asnumpy() for r in encoder(Tensor(step, ms.int32))]) for step in (3, 4)}
+    again = np.stack([r.asnumpy() for r in encoder(Tensor(3, ms.int32))])
+    np.testing.assert_array_equal(again, drawn[3])
+    for rows in drawn.values():
+        kept = rows != 0
+        np.testing.assert_allclose(rows[kept], plain[kept] / (1 - p), rtol=1e-6)
+        assert abs(1 - kept.mean() - p) < 0.05, kept.mean()
+    assert (drawn[3] != drawn[4]).mean() > 0.2
+
+
+def test_prefix_dropout_run_resumes_exactly(tmp_path, corpus):
+    """A P-Tuning v2 run with dropout_prob 0.2 stopped at step 3 and resumed from its checkpoint
+    (``--resume_training True``) repeats the uninterrupted 6-step run's losses bit for bit (the pattern of
+    test_lora.py's resume test): the prefix's dropout masks follow the saved forward counter."""
+    from conftest import run_launcher, step_losses, write_yaml
+    steps, half = 6, 3
+    ms.set_seed(5)
+    base = tmp_path / "base"
+    positions = TINY["seq_length"] + 4
+    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=positions))).save_pretrained(
+        str(base), tokenizer_dir=corpus["model_dir"])
+    changes = dict(train_dataset__data_loader__num_samples=4 * steps,
+                   model__model_config__pet_config=dict(PTUNING2, pre_seq_len=4, dropout_prob=0.2),
+                   model__model_config__max_position_embeddings=positions,
+                   load_checkpoint=str(base), lr_schedule__learning_rate=5e-2, lr_schedule__lr_end=5e-2)
+    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
+    assert code == 0, out[-3000:]
+    reference = step_losses(out)
+    assert len(reference) == steps, reference
+    part = write_yaml(tmp_path / "part", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(half)], cwd=str(tmp_path / "part"))
+    assert code == 0, first[-3000:]
+    assert step_losses(first) == reference[:half]
+    checkpoints = tmp_path / "part" / "output" / "checkpoint"
+    code, second = run_launcher(["--config", part, "--resume_training", "True", "--load_checkpoint", str(checkpoints)],
+                                cwd=str(tmp_path / "part"))
+    assert code == 0, second[-3000:]
+    assert f"(step {half})" in second, second[-3000:]
+    assert step_losses(second) == reference[half:], (step_losses(second), reference)
