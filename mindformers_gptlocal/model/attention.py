@@ -25,7 +25,7 @@ from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import dropout_site, make_dropout
 from .kv_write import cache_write_op
 from .layers import Linear, residual_init_std, to_mstype
-from .prefix import prefix_rows
+from .prefix import PrefixConcat, prefix_rows
 
 MASK_VALUE = -1.0e9
 
@@ -79,6 +79,8 @@ class ParallelAttention(nn.Cell):
         # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
         # them, the fused kernels (CPU kernel, blockwise, Ascend flash) are built for square masks: not used then
         self.prefix = config.prefix_spec() is not None
+        if self.prefix:  # its Concats, sharded over the key/value groups (parallel/sharding.py block_rules)
+            self.prefix_concat = PrefixConcat()
         if self.prefix and (use_flash_attention or config.attention_block_size):
             _plain_for_prefix("use_flash_attention / attention_block_size")
             use_flash_attention = False
@@ -195,7 +197,8 @@ class ParallelAttention(nn.Cell):
                                                            write_index, rotary, prefix))
         query, key, value = self._heads(qkv, rotary)
         if prefix is not None:
-            key, value, attention_bias = prefix_rows(key, value, attention_bias, prefix[0], prefix[1])
+            key, value, attention_bias = prefix_rows(key, value, attention_bias, prefix[0], prefix[1],
+                                                     self.prefix_concat)
         if self.cpu_attention is not None:  # key/value stay [B, G, S, D]: the kernel reads each group's head
             context = self.cpu_attention(query, key, value, self.cast(attention_bias, ms.float32),
                                          self._dropout_offsets(dropout_step))
@@ -283,7 +286,8 @@ class ParallelAttention(nn.Cell):
             key_cache = ops.gather(key_cache, slots, 0)
             value_cache = ops.gather(value_cache, slots, 0)
         if prefix is not None:
-            key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix)
+            key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix,
+                                                                 self.prefix_concat)
         key_cache, value_cache = self._repeat_groups(key_cache), self._repeat_groups(value_cache)
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.merge_heads(context, (0, 2, 1, 3))

@@ -16,7 +16,6 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
-from ..errors import ConfigError
 from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
@@ -71,14 +70,12 @@ class GPTLocalEmbedding(nn.Cell):
 
 
 def prefix_encoder(config, counter_dropout=False):
-    """The PrefixEncoder of a prefix-tuning pet_config (``prefix.py``), or None; stand-alone and data-parallel
-    builds only (the prefix tensors have no shard strategies)."""
+    """The PrefixEncoder of a prefix-tuning pet_config (``prefix.py``), or None. Under semi_auto/auto parallel
+    its tensors are replicated and each rank reads its key/value groups (``parallel/sharding.py`` prefix_rules,
+    PREFIX_BLOCK_RULES)."""
     spec = config.prefix_spec()
     if spec is None:
         return None
-    if is_parallel_build():
-        raise ConfigError(f"model_config.pet_config.pet_type {spec.pet_type} is for stand-alone and data-parallel "
-                          f"builds (parallel.parallel_mode 0); use pet_type: lora under semi_auto/auto parallel.")
     from .prefix import PrefixEncoder
     dropout = None
     if spec.dropout > 0:  # counter-based when the build is (dropout.counter_dropout_enabled): resume is exact

@@ -46,13 +46,15 @@ class PrefixEncoder(nn.Cell):
         if spec.projection:
             self.transform_in = _Dense(*shapes["transform_in.weight"], params_dtype)
             self.transform_out = _Dense(*shapes["transform_out.weight"], params_dtype)
+            self.tanh = ops.Tanh()
         self.dropout = dropout if spec.dropout > 0 else None
         self.unstack = ops.Unstack(axis=0)
+        self.cast = ops.Cast()  # the table's reader: its (replicated) layout in parallel/sharding.py prefix_rules
 
     def construct(self, dropout_step=None):
-        table = ops.cast(self.embedding, self.dtype)
+        table = self.cast(self.embedding, self.dtype)
         if self.projection:
-            table = self.transform_out(ops.tanh(self.transform_in(table, self.dtype)), self.dtype)
+            table = self.transform_out(self.tanh(self.transform_in(table, self.dtype)), self.dtype)
         rows = ops.reshape(table, (self.tokens, self.num_layers * 2, self.groups, self.head_dim))
         if self.dropout is not None:
             rows = self.dropout(rows, dropout_step)
@@ -68,21 +70,37 @@ class _Dense(nn.Cell):
                                 name="weight")
         self.bias = Parameter(initializer(Uniform(1.0 / math.sqrt(inp)), (out,), params_dtype), name="bias")
         self.matmul = ops.MatMul(transpose_b=True)
+        self.bias_add = ops.Add()
 
     def construct(self, x, dtype):
-        return self.matmul(x, ops.cast(self.weight, dtype)) + ops.cast(self.bias, dtype)
+        return self.bias_add(self.matmul(x, ops.cast(self.weight, dtype)), ops.cast(self.bias, dtype))
 
 
-def prefix_rows(key, value, bias, prefix_key, prefix_value):
+class PrefixConcat(nn.Cell):
+    """The three Concat primitives ``prefix_rows`` uses (``ParallelAttention.prefix_concat``), so that
+    ``parallel/sharding.py`` can give them strategies: keys and values (dp, mp, 1, 1) over [B, G, P + K, D]
+    (each rank its own key/value groups, the replicated prefix sliced to them), the mask whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.key = ops.Concat(axis=2)
+        self.value = ops.Concat(axis=2)
+        self.mask = ops.Concat(axis=3)
+
+
+def prefix_rows(key, value, bias, prefix_key, prefix_value, concat=None):
     """key/value [B, G, K, D] -> [B, G, P + K, D] with the prefix rows [G, P, D] in front; the additive
-    mask ``bias`` [b, 1, S, K] -> [b, 1, S, P + K], the prefix visible to every query."""
+    mask ``bias`` [b, 1, S, K] -> [b, 1, S, P + K], the prefix visible to every query. ``concat``: a
+    ``PrefixConcat`` (its primitives carry the shard strategies), or None (functional concats)."""
     batch, groups, _, dim = key.shape
     tokens = prefix_key.shape[1]
     front = (batch, groups, tokens, dim)
-    key = ops.concat((ops.broadcast_to(ops.expand_dims(ops.cast(prefix_key, key.dtype), 0), front), key), 2)
-    value = ops.concat((ops.broadcast_to(ops.expand_dims(ops.cast(prefix_value, value.dtype), 0), front), value), 2)
+    keys = (ops.broadcast_to(ops.expand_dims(ops.cast(prefix_key, key.dtype), 0), front), key)
+    values = (ops.broadcast_to(ops.expand_dims(ops.cast(prefix_value, value.dtype), 0), front), value)
     seen = ops.zeros((bias.shape[0], bias.shape[1], bias.shape[2], tokens), bias.dtype)
-    return key, value, ops.concat((seen, bias), -1)
+    if concat is None:
+        return ops.concat(keys, 2), ops.concat(values, 2), ops.concat((seen, bias), -1)
+    return concat.key(keys), concat.value(values), concat.mask((seen, bias))
 
 
 def freeze_base(model, log=print):
@@ -108,4 +126,4 @@ def prefix_table(model):
     return np.stack(rows)
 
 
-__all__ = ["PrefixEncoder", "prefix_rows", "freeze_base", "prefix_table", "PREFIX_NAME"]
+__all__ = ["PrefixEncoder", "PrefixConcat", "prefix_rows", "freeze_base", "prefix_table", "PREFIX_NAME"]

@@ -120,11 +120,36 @@ LINEAR_SPLITS = {"attention.linear_qkv": "column", "attention.linear_proj": "row
                  "mlp.linear_fc1": "column", "mlp.linear_gate": "column", "mlp.linear_fc2": "row"}
 
 
-def block_rules(seq_parallel=False, lora=(), arch=None, adapters=()):
+# Prefix tuning (model/prefix.py): the prefix tensors stay replicated (the table's columns are peft's layer-major
+# [layers, 2, groups, head_dim], so no one-axis split gives a rank its groups, and they are small); each rank
+# takes its own key/value groups where attention reads them, the Concats in front of the keys and values being
+# (dp, mp, 1, 1) like the keys: a local slice of a replicated tensor (no communication), and the replicated
+# parameters' gradients are all-reduced by MindSpore as for any replicated weight.
+PREFIX_BLOCK_RULES = [
+    OpRule("attention.prefix_concat.key", ((DP, MP, 1, 1), (DP, MP, 1, 1))),  # [B, G, P + K, D]: groups over mp
+    OpRule("attention.prefix_concat.value", ((DP, MP, 1, 1), (DP, MP, 1, 1))),
+    OpRule("attention.prefix_concat.mask", ((1, 1, 1, 1), (1, 1, 1, 1))),  # [b, 1, S, P + K], as add_mask's
+]
+
+
+def prefix_rules(spec, path="model.prefix_encoder"):
+    """The PrefixEncoder's ops (``spec``: a PrefixSpec): everything replicated (see PREFIX_BLOCK_RULES)."""
+    rules = [OpRule(f"{path}.cast", ((1, 1),), {0: f"{path}.embedding"})]
+    if spec.projection:
+        for dense in ("transform_in", "transform_out"):
+            rules += [OpRule(f"{path}.{dense}.matmul", ((1, 1), (1, 1)), {1: f"{path}.{dense}.weight"}),
+                      OpRule(f"{path}.{dense}.bias_add", ((1, 1), (1,)), {1: f"{path}.{dense}.bias"})]
+        rules.append(OpRule(f"{path}.tanh", ((1, 1),)))
+    rules.append(OpRule(f"{path}.dropout.dropout", ((1, 1, 1, 1),), optional=True))  # only with dropout > 0
+    return rules
+
+
+def block_rules(seq_parallel=False, lora=(), arch=None, adapters=(), prefix=False):
     """The rules of one GPTLocalBlock, paths relative to the block; ``lora``: the block's Linears
     (``attention.linear_qkv`` ...) that carry a LoRA adapter; ``adapters``: its bottleneck adapters
     (``attention_adapter``, ``mlp_adapter``: pet_type adapter); ``arch``: the block's layer choices
-    (``model/arch.py`` ``Arch``). With grouped-query attention the fused QKV
+    (``model/arch.py`` ``Arch``); ``prefix``: prefix tuning's Concats (``PREFIX_BLOCK_RULES``). With grouped-query
+    attention the fused QKV
     rows are group-major, [group, (q heads of the group, k, v), head_dim], so the same column split
     hands every rank whole query groups (``parallel/rules.py`` requires mp | num_query_groups)."""
     arch = _arch(arch)
@@ -133,6 +158,8 @@ def block_rules(seq_parallel=False, lora=(), arch=None, adapters=()):
     bottlenecks = [rule for site in adapters for rule in adapter_rules(site, act)]
     adapters = [rule for linear in LINEAR_SPLITS if linear in lora for rule in _lora(linear, LINEAR_SPLITS[linear])]
     adapters += bottlenecks
+    if prefix:
+        adapters += PREFIX_BLOCK_RULES
     gated = [*_column("mlp.linear_gate", arch.bias), OpRule("mlp.activation.sigmoid", ((DP, 1, MP),)),
              OpRule("mlp.activation.mul", ((DP, 1, MP), (DP, 1, MP))),
              OpRule("mlp.gate_mul", ((DP, 1, MP), (DP, 1, MP)))] if arch.gated else []
@@ -186,11 +213,14 @@ def model_rules(config, num_layers=None, lora_paths=(), arch=None, adapter_paths
         rules.append(OpRule("model.embedding.position_gather", ((1, 1), (DP, 1)),
                             {0: "model.embedding.position_embeddings"}))
     rules.append(OpRule("model.embedding.dropout.dropout", (act,)))
+    spec = config.prefix_spec() if hasattr(config, "prefix_spec") else None  # prefix tuning (model/prefix.py)
+    if spec is not None:
+        rules += prefix_rules(spec)
     for index in range(num_layers):
         prefix = f"model.layers.{index}."
         lora = [path[len(prefix):] for path in lora_paths if path.startswith(prefix)]
         sites = [path[len(prefix):] for path in adapter_paths if path.startswith(prefix)]
-        for rule in block_rules(seq, lora, arch, sites):
+        for rule in block_rules(seq, lora, arch, sites, prefix=spec is not None):
             params = {i: prefix + p for i, p in (rule.params or {}).items()} or None
             rules.append(rule._replace(op=prefix + rule.op, params=params))
     rules += [

@@ -25,7 +25,8 @@ On Ascend these analytic numbers are the estimate (plus the runtime's workspace,
 of a MindFormers training run holds much more; ``cpu_peak_rss`` adds a measured runtime term and
 measured factors (below), the state one per optimizer type.
 """
-from ..model.lora_config import is_adapter_name, is_frozen, is_lora_name, read_pet_config
+from ..model.lora_config import is_adapter_name, is_frozen, is_lora_name, is_prefix_name, read_pet_config, \
+    read_prefix_config
 from ..model.params import POSITION_EMBEDDINGS, WORD_EMBEDDINGS, dims, layer_of, table_of_dims
 from ..parallel.layout import Layout
 
@@ -128,15 +129,23 @@ def stage_params(s, layer_counts, t=1, vocab_parallel=False):
         if not s["tied"] and index == last:
             parts["head"] = sizes["words"]
         stages.append(parts)
+    part = "prefix" if read_prefix_config(s.get("pet_config")) is not None else "adapters"
     for parts, (adapters, _) in zip(stages, stage_pet_params(s, layer_counts, t, vocab_parallel) or ()):
-        parts["adapters"] = adapters  # LoRA / bottleneck adapters of the stage's layers (pet_config)
+        parts[part] = adapters  # LoRA / bottleneck adapters of the stage's layers, or the prefix (pet_config)
     return stages
 
 
 def stage_pet_params(s, layer_counts, t=1, vocab_parallel=False):
     """With ``pet_config`` (LoRA or bottleneck adapters): per stage (adapter parameters, trainable parameters)
     one tensor-parallel rank holds, from the full parameter table and the freeze lists (only trainable
-    parameters get gradients and optimizer moments); None without pet_config."""
+    parameters get gradients and optimizer moments); None without pet_config. Prefix tuning (pet_type
+    prefixtuning / ptuning2): the prefix tensors, replicated (``parallel/sharding.py`` prefix_rules), on every
+    stage (each stage's layers read their rows), the only trainable parameters (the base is frozen)."""
+    prefix = read_prefix_config(s.get("pet_config"))
+    if prefix is not None:
+        table = table_of_dims(s, Layout(mp=t, vocab_emb_dp=not vocab_parallel), None, prefix)
+        size = sum(spec.rank_size(t) for name, spec in table.items() if is_prefix_name(name))
+        return [(size, size) for _ in layer_counts]
     spec = read_pet_config(s.get("pet_config"), s["layers"])
     if spec is None:
         return None

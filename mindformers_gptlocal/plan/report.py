@@ -178,7 +178,9 @@ def format_plan(result, path=""):
                      f"{_gib(st['total_bytes'])}  {st['recompute']}")
     if any(st["trainable_params"] != st["params"] for st in result["stages"]):
         lines.append("pet_config: grads and optim for the trainable parameters only: " + ", ".join(
-            f"stage {st['stage']} {st['trainable_params']:,} ({st['param_parts'].get('adapters', 0):,} in adapters)"
+            f"stage {st['stage']} {st['trainable_params']:,} ("
+            + (f"{st['param_parts']['prefix']:,} in the prefix)" if "prefix" in st["param_parts"]
+               else f"{st['param_parts'].get('adapters', 0):,} in adapters)")
             for st in result["stages"]))
     lines.append("communication per step, per device, GiB sent (tp / pp / dp):")
     for com in result["communication"]:

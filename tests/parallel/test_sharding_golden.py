@@ -122,3 +122,63 @@ def test_adapter_strategies_equal_the_golden_table(extra, add):
         assert {op[len(prefix):]: st for op, st in applied.items()
                 if op.startswith(prefix) and "_adapter." in op} == golden, index
         assert applied[prefix + "mlp.linear_fc1.matmul"] == ((2, 1), (4, 1))
+
+
+# Prefix tuning (pet_type ptuning2 / prefixtuning) at data_parallel 2, model_parallel 4: the prefix tensors are
+# replicated (peft's table is layer-major, [P, layers x 2 x groups x D]: no one-axis split gives a rank its
+# groups); the table's reader, the MLP and its tanh whole on every rank. Each layer's Concats put the prefix in
+# front of the keys and values [B, G, P + K, D] split like the keys (batch over dp, key/value groups over mp):
+# rank r reads the prefix rows of its own groups (a local slice of the replicated rows); the mask
+# [b, 1, S, P + K] whole, as add_mask's.
+PREFIX_ENCODER_GOLDEN = {"model.prefix_encoder.cast": ((1, 1),)}
+PREFIX_MLP_GOLDEN = {"model.prefix_encoder.transform_in.matmul": ((1, 1), (1, 1)),
+                     "model.prefix_encoder.transform_in.bias_add": ((1, 1), (1,)),
+                     "model.prefix_encoder.tanh": ((1, 1),),
+                     "model.prefix_encoder.transform_out.matmul": ((1, 1), (1, 1)),
+                     "model.prefix_encoder.transform_out.bias_add": ((1, 1), (1,))}
+PREFIX_DROPOUT_GOLDEN = {"model.prefix_encoder.dropout.dropout": ((1, 1, 1, 1),)}  # [P, 2L, G, D], element-wise
+PREFIX_LAYER_GOLDEN = {"attention.prefix_concat.key": ((2, 4, 1, 1), (2, 4, 1, 1)),
+                       "attention.prefix_concat.value": ((2, 4, 1, 1), (2, 4, 1, 1)),
+                       "attention.prefix_concat.mask": ((1, 1, 1, 1), (1, 1, 1, 1))}
+PREFIX_SMALL = dict(SMALL, seq_length=12)  # + the 4 prefix tokens = max_position_embeddings 16
+
+
+@pytest.mark.parametrize("pet,encoder", [
+    ({"pet_type": "ptuning2", "pre_seq_len": 4, "prefix_projection": False, "dropout_prob": 0.0},
+     PREFIX_ENCODER_GOLDEN),
+    ({"pet_type": "prefixtuning", "prefix_token_num": 4, "mid_dim": 8, "dropout_rate": 0.0},
+     dict(PREFIX_ENCODER_GOLDEN, **PREFIX_MLP_GOLDEN))], ids=["ptuning2", "prefixtuning-mlp"])
+def test_prefix_strategies_equal_the_golden_table(pet, encoder):
+    """The prefix encoder's ops and each layer's prefix Concats; the base ops keep their golden strategies."""
+    config = GPTLocalConfig(**PREFIX_SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4},
+                            pet_config=pet)
+    applied = apply_sharding(GPTLocalForCausalLM(config), config)
+    assert {op: st for op, st in applied.items() if op.startswith("model.prefix_encoder.")} == encoder
+    for index in range(SMALL["num_hidden_layers"]):
+        prefix = f"model.layers.{index}."
+        assert {op[len(prefix):]: st for op, st in applied.items()
+                if op.startswith(prefix) and "prefix_concat" in op} == PREFIX_LAYER_GOLDEN, index
+        assert applied[prefix + "attention.qk_matmul"] == GOLDEN_DP2_MP4["attention.qk_matmul"]
+    from mindformers_gptlocal.model.params import parameter_table
+    for name, spec in parameter_table(config).items():  # the table ckpt split/merge reads: replicated too
+        if ".prefix_encoder." in name:
+            assert set(spec.layout) == {1}, (name, spec.layout)
+
+
+def test_a_parallel_build_takes_a_prefix(monkeypatch):
+    """Prefix tuning under semi-auto/auto parallel is built (it was refused before the strategies) and the
+    model's own call sets the prefix strategies on its primitives, the MLP's and the dropout's too (MindSpore's
+    Dropout there: the counter-based one is for parallel_mode 0)."""
+    import mindformers_gptlocal.model.gpt as gpt
+    import mindformers_gptlocal.model.dropout as dropout
+    monkeypatch.setattr(gpt, "is_parallel_build", lambda: True)
+    monkeypatch.setattr(dropout, "is_parallel_build", lambda: True)
+    config = GPTLocalConfig(**PREFIX_SMALL, parallel_config={"data_parallel": 2, "model_parallel": 4},
+                            pet_config={"pet_type": "prefixtuning", "prefix_token_num": 4, "mid_dim": 8,
+                                        "dropout_rate": 0.1})
+    model = GPTLocalForCausalLM(config)
+    assert not model.model.counter_dropout
+    golden = dict(PREFIX_ENCODER_GOLDEN, **PREFIX_MLP_GOLDEN, **PREFIX_DROPOUT_GOLDEN)
+    assert {op: st for op, st in model.sharding.items() if op.startswith("model.prefix_encoder.")} == golden
+    assert model.model.prefix_encoder.dropout.dropout.attrs["in_strategy"] == ((1, 1, 1, 1),)
+    assert model.model.layers[1].attention.prefix_concat.key.attrs["in_strategy"] == ((2, 4, 1, 1), (2, 4, 1, 1))

@@ -247,3 +247,86 @@ def test_model_parallel_that_splits_a_head_is_refused():
         check_divisible(config, 3)
     with pytest.raises(ConfigError, match="num_attention_heads"):
         rank_block(config, 1, 3)
+
+
+class PrefixSlicedParts(AllReduceParts):
+    """The attention parts across mp ranks with prefix tuning: each rank reads the replicated prefix (keys,
+    values) [G, P, D] sliced to its own key/value groups (what the (dp, mp, 1, 1) Concats of
+    ``sharding.PREFIX_BLOCK_RULES`` make MindSpore do), then the partial outputs are all-reduced. The prefix
+    Parameters are shared by the parts, so autodiff sums the ranks' gradients (the replicated parameter's
+    gradient all-reduce)."""
+
+    def __init__(self, parts, bias, groups):
+        super().__init__(parts, bias)
+        self.groups = groups  # key/value groups per rank
+
+    def construct(self, hidden, *args, prefix=None, **kwargs):
+        total = None
+        for rank, part in enumerate(self.parts):
+            lo, hi = rank * self.groups, (rank + 1) * self.groups
+            out = part(hidden, *args, prefix=(prefix[0][lo:hi], prefix[1][lo:hi]), **kwargs)
+            total = out if total is None else total + out
+        return total if self.bias is None else total + self.bias
+
+
+@pytest.mark.parametrize("mp,arch", [(2, "gpt2"), (2, "llama-gqa")])
+def test_prefix_block_parts_reassemble_to_the_unsharded_block(mp, arch):
+    """Prefix tuning under model_parallel: the real block's rank parts (``references.rank_block``), each with
+    its groups' slice of the replicated prefix keys/values, give the unsharded block's output, input gradient,
+    every weight's gradient and the prefix keys' and values' gradients (P-Tuning v2's rows of this layer)."""
+    from mindformers_gptlocal.parallel.sharding import PREFIX_BLOCK_RULES, MP, DP
+    for rule in PREFIX_BLOCK_RULES[:2]:  # what the slice below stands for: groups (axis 1 of [B, G, P+K, D]) on mp
+        assert rule.strategy == ((DP, MP, 1, 1), (DP, MP, 1, 1)), rule
+    pet = dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False, dropout_prob=0.0)
+    config = GPTLocalConfig(**dict(SMALL, seq_length=SEQ), **ARCHS[arch], pet_config=pet)
+    ms.set_seed(0)
+    full = randomised(GPTLocalBlock(config, 1), seed=20 + mp)
+    rng = np.random.default_rng(30 + mp)
+    groups, dim = config.num_query_groups, SMALL["hidden_size"] // SMALL["num_attention_heads"]
+    prefix = tuple(Parameter(Tensor(rng.normal(0, 1, (groups, 3, dim)).astype(np.float32)), name=name)
+                   for name in ("prefix_key", "prefix_value"))
+    x = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
+    probe = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
+    bias = causal_bias(SEQ)
+    rotary = None
+    if config.rope:
+        positions = Tensor(np.array([np.arange(SEQ), np.arange(SEQ) + 3]) + 3, ms.int32)  # after the prefix
+        rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base)(positions)
+
+    def run(block, weights):
+        def loss(hidden):
+            return (block(hidden, bias, rotary=rotary, prefix=prefix) * probe).sum()
+        out = block(x, bias, rotary=rotary, prefix=prefix)
+        _, (dx, grads) = ms.value_and_grad(loss, grad_position=0, weights=ParameterTuple(weights))(x)
+        return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in grads]
+
+    full_params = params_by_path(full)
+    names = sorted(full_params)
+    ref_out, ref_dx, ref_grads = run(full, [full_params[n] for n in names] + list(prefix))
+    without = full(x, bias, rotary=rotary).asnumpy()
+    assert np.abs(ref_out - without).max() > 1e-2, "the prefix does not change the block's output"
+
+    parts, layouts = rank_blocks(config, full, mp)
+    rank_params = [params_by_path(p) for p in parts]
+    shell = parts[0]
+    shell.attention = PrefixSlicedParts([p.attention for p in parts],
+                                        getattr(parts[0].attention.linear_proj, "bias", None), groups // mp)
+    shell.mlp = AllReduceParts([p.mlp for p in parts], getattr(parts[0].mlp.linear_fc2, "bias", None))
+    used = []
+    for name in names:
+        if split_axis(layouts[name]) is None:
+            used.append((name, 0, rank_params[0][name]))
+        else:
+            used += [(name, rank, rank_params[rank][name]) for rank in range(mp)]
+    used += [(p.name, 0, p) for p in prefix]
+    out, dx, grads = run(shell, [p for _, _, p in used])
+
+    np.testing.assert_allclose(out, ref_out, atol=RTOL * np.abs(ref_out).max())
+    np.testing.assert_allclose(dx, ref_dx, atol=RTOL * np.abs(ref_dx).max())
+    layouts = dict(layouts, prefix_key=(1, 1, 1), prefix_value=(1, 1, 1))  # replicated: one Parameter
+    for name, ref in zip(names + ["prefix_key", "prefix_value"], ref_grads):
+        pieces = [g for (n, _, _), g in zip(used, grads) if n == name]
+        merged = merge_slices(pieces, layouts[name])
+        assert merged.shape == ref.shape, name
+        assert np.abs(ref).max() > 1e-4, f"{name} has no gradient to compare"
+        np.testing.assert_allclose(merged, ref, atol=RTOL * np.abs(ref).max(), err_msg=name)

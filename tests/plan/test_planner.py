@@ -236,3 +236,34 @@ def test_cpu_estimate_uses_the_adamw_factor_for_adamw_and_unknown_optimizers(opt
                      f"AdamW's ({mem.CPU_STATE_FACTOR['AdamW']}x the weights, grads and moments), the conservative one"])
     from mindformers_gptlocal.plan.report import format_plan
     assert f"for optimizer {optimizer}" in format_plan(result)
+
+
+@pytest.mark.parametrize("pet", [{"pet_type": "ptuning2", "pre_seq_len": 4, "prefix_projection": False},
+                                 {"pet_type": "prefixtuning", "prefix_token_num": 4, "mid_dim": 24}],
+                         ids=["ptuning2", "prefixtuning-mlp"])
+def test_planner_counts_the_prefix_on_every_device_and_gives_only_it_gradients(pet):
+    """Prefix tuning: one device counts the built model's parameters, only the prefix trainable (its grads and
+    two moments); at model_parallel 2, pipeline 2 every stage's device holds the whole (replicated) prefix on
+    top of its share of the base, which the plan without the prefix counts."""
+    from mindformers_gptlocal.plan.report import format_plan
+    model_config = dict(TINY, seq_length=TINY["seq_length"] - 4, pet_config=pet)
+    model = GPTLocalForCausalLM(GPTLocalConfig(**model_config))
+    total = sum(p.size for p in model.get_parameters() if p.name != "dropout_step")  # the counter is no weight
+    prefix = sum(p.size for p in model.trainable_params())
+    assert {p.name.split(".")[1] for p in model.trainable_params()} == {"prefix_encoder"}
+    one = plan({"model": {"model_config": model_config}, "context": {"device_target": "CPU"}})
+    stage = one["stages"][0]
+    assert stage["params"] == total and stage["trainable_params"] == prefix == stage["param_parts"]["prefix"]
+    assert stage["grads_bytes"] == 4 * prefix and stage["optimizer_bytes"] == 8 * prefix
+    assert f"stage 0 {prefix:,} ({prefix:,} in the prefix)" in format_plan(one)
+
+    parallel = {"data_parallel": 1, "model_parallel": 2, "pipeline_stage": 2, "micro_batch_num": 2}
+    base = dict(model_config)
+    del base["pet_config"]
+    tuned = plan({"model": {"model_config": model_config}, "parallel_config": parallel}, devices=4)
+    plain = plan({"model": {"model_config": base}, "parallel_config": parallel}, devices=4)
+    assert tuned["problems"] == [] and len(tuned["stages"]) == 2
+    for with_prefix, without in zip(tuned["stages"], plain["stages"]):
+        assert with_prefix["params"] == without["params"] + prefix
+        assert with_prefix["trainable_params"] == prefix and with_prefix["grads_bytes"] == 4 * prefix
+        assert with_prefix["weights_bytes"] == without["weights_bytes"] + 4 * prefix
