@@ -49,6 +49,7 @@ class PrefixEncoder(nn.Cell):
             self.tanh = ops.Tanh()
         self.dropout = dropout if spec.dropout > 0 else None
         self.unstack = ops.Unstack(axis=0)
+        self.transpose = ops.Transpose()
         self.cast = ops.Cast()  # the table's reader: its (replicated) layout in parallel/sharding.py prefix_rules
 
     def construct(self, dropout_step=None):
@@ -58,7 +59,7 @@ class PrefixEncoder(nn.Cell):
         rows = ops.reshape(table, (self.tokens, self.num_layers * 2, self.groups, self.head_dim))
         if self.dropout is not None:
             rows = self.dropout(rows, dropout_step)
-        return self.unstack(ops.transpose(rows, (1, 2, 0, 3)))  # 2L x [G, P, D]
+        return self.unstack(self.transpose(rows, (1, 2, 0, 3)))  # 2L x [G, P, D]
 
 
 class _Dense(nn.Cell):

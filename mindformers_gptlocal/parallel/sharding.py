@@ -141,6 +141,8 @@ def prefix_rules(spec, path="model.prefix_encoder"):
                       OpRule(f"{path}.{dense}.bias_add", ((1, 1), (1,)), {1: f"{path}.{dense}.bias"})]
         rules.append(OpRule(f"{path}.tanh", ((1, 1),)))
     rules.append(OpRule(f"{path}.dropout.dropout", ((1, 1, 1, 1),), optional=True))  # only with dropout > 0
+    rules += [OpRule(f"{path}.transpose", ((1, 1, 1, 1),)),  # [P, 2L, G, D] -> [2L, G, P, D]
+              OpRule(f"{path}.unstack", ((1, 1, 1, 1),))]  # -> 2L x [G, P, D]
     return rules
 
 

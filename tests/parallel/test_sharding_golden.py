@@ -130,7 +130,8 @@ def test_adapter_strategies_equal_the_golden_table(extra, add):
 # front of the keys and values [B, G, P + K, D] split like the keys (batch over dp, key/value groups over mp):
 # rank r reads the prefix rows of its own groups (a local slice of the replicated rows); the mask
 # [b, 1, S, P + K] whole, as add_mask's.
-PREFIX_ENCODER_GOLDEN = {"model.prefix_encoder.cast": ((1, 1),)}
+PREFIX_ENCODER_GOLDEN = {"model.prefix_encoder.cast": ((1, 1),), "model.prefix_encoder.transpose": ((1, 1, 1, 1),),
+                         "model.prefix_encoder.unstack": ((1, 1, 1, 1),)}
 PREFIX_MLP_GOLDEN = {"model.prefix_encoder.transform_in.matmul": ((1, 1), (1, 1)),
                      "model.prefix_encoder.transform_in.bias_add": ((1, 1), (1,)),
                      "model.prefix_encoder.tanh": ((1, 1),),

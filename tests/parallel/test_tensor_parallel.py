@@ -229,6 +229,33 @@ def test_strategies_cover_every_op_and_parameter_of_each_architecture(arch):
         assert layer.input_layernorm.weight_mul.attrs["in_strategy"] == ((2, 1, 1), (1,))
 
 
+@pytest.mark.parametrize("pet", [dict(pet_type="ptuning2", pre_seq_len=4, prefix_projection=False, dropout_prob=0.0),
+                                 dict(pet_type="prefixtuning", prefix_token_num=4, mid_dim=8, dropout_rate=0.0)],
+                         ids=["ptuning2", "prefixtuning-mlp"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_prefix_strategies_cover_every_prefix_op_and_parameter(arch, pet):
+    """With prefix tuning every Parameter has a layout and every primitive of the prefix encoder and of each
+    layer's prefix Concats gets a strategy (no op left to MindSpore's default)."""
+    from mindspore.ops import Primitive
+    config = GPTLocalConfig(**dict(SMALL, seq_length=12), **ARCHS[arch], pet_config=pet,
+                            parallel_config={"data_parallel": 2, "model_parallel": 2})
+    model = GPTLocalForCausalLM(config)
+    applied = apply_sharding(model, config, config.architecture)
+    assert set(param_layouts(model_rules(config, arch=config.architecture))) == {p.name for p in model.get_parameters()}
+    owners = [("model.prefix_encoder", model.model.prefix_encoder)]
+    owners += [(f"model.layers.{i}.attention.prefix_concat", layer.attention.prefix_concat)
+               for i, layer in enumerate(model.model.layers)]
+    found = set()
+    for root, owner in owners:
+        for path, cell in owner.cells_and_names():
+            for attr, value in vars(cell).items():
+                if isinstance(value, Primitive):
+                    found.add(".".join(part for part in (root, path, attr) if part))
+    assert found == {op for op in applied if "prefix" in op}, found ^ {op for op in applied if "prefix" in op}
+    mlp = 5 if pet["pet_type"] == "prefixtuning" else 0  # two matmuls, two bias adds, tanh
+    assert len(found) == 3 + mlp + 3 * SMALL["num_hidden_layers"], sorted(found)  # cast, transpose, unstack
+
+
 def test_model_parallel_that_splits_a_query_group_is_refused():
     from mindformers_gptlocal.errors import ConfigError
     llama = dict(SMALL, **ARCHS["llama-gqa"])
