@@ -23,22 +23,29 @@ def _init(name):
     return HeUniform(negative_slope=math.sqrt(5)) if name in ("heuniform", "he_uniform") else name
 
 
+def _take_over(cell, base):
+    """``cell`` (a Linear subclass built without ``Linear.__init__``) takes over ``base``'s Parameters and ops, so
+    checkpoint names and the shard strategies set on them stay the same. One list for LoRALinear and
+    MultiLoRALinear."""
+    cell.in_features, cell.out_features = base.in_features, base.out_features
+    cell.weight = base.weight
+    cell.has_bias = base.has_bias
+    if base.has_bias:
+        cell.bias = base.bias
+        cell.bias_add = base.bias_add
+    cell.skip_bias_add = base.skip_bias_add
+    cell.broadcast_bias = base.broadcast_bias
+    cell.compute_dtype = base.compute_dtype
+    cell.matmul = base.matmul
+    cell.cast = base.cast
+
+
 class LoRALinear(Linear):
     """A Linear plus a low-rank update; built from an existing Linear, whose Parameters it takes over."""
 
     def __init__(self, base, spec):  # pylint: disable=super-init-not-called
         nn.Cell.__init__(self)
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.has_bias = base.has_bias
-        if base.has_bias:
-            self.bias = base.bias
-            self.bias_add = base.bias_add
-        self.skip_bias_add = base.skip_bias_add
-        self.broadcast_bias = base.broadcast_bias
-        self.compute_dtype = base.compute_dtype
-        self.matmul = base.matmul
-        self.cast = base.cast
+        _take_over(self, base)
         dtype = base.weight.dtype
         self.lora_rank = spec.rank
         self.scaling = spec.alpha / spec.rank
@@ -118,17 +125,7 @@ class MultiLoRALinear(Linear):
 
     def __init__(self, base, a_stack, b_stack, scales, index):  # pylint: disable=super-init-not-called
         nn.Cell.__init__(self)
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.has_bias = base.has_bias
-        if base.has_bias:
-            self.bias = base.bias
-            self.bias_add = base.bias_add
-        self.skip_bias_add = base.skip_bias_add
-        self.broadcast_bias = base.broadcast_bias
-        self.compute_dtype = base.compute_dtype
-        self.matmul = base.matmul
-        self.cast = base.cast
+        _take_over(self, base)
         dtype = self.compute_dtype
         scaled = np.asarray(b_stack, np.float32) * np.asarray(scales, np.float32).reshape(-1, 1, 1)
         self.multi_lora_a = Parameter(Tensor(a_stack, dtype), name="multi_lora_a", requires_grad=False)
