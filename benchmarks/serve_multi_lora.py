@@ -70,14 +70,13 @@ def step_worker(adapters, rank, threads, rounds, shape, steps=30):
     counts["mindspore"] = C.mindspore_threads(threads, "step worker")
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-    from mindformers_gptlocal.model.lora import add_multi_lora
+    from mindformers_gptlocal.model.lora import MultiLoRASpec
     ms.set_context(mode=ms.GRAPH_MODE)
     rng = np.random.default_rng(0)
     caches, handles = {}, {}
     config = SMALL if shape == "small" else SHAPE
     for side in ("plain", "lora"):
-        model = GPTLocalForCausalLM(GPTLocalConfig(**config))
-        model.set_train(False)
+        spec = None
         if side == "lora":
             hidden, inner = config["hidden_size"], 4 * config["hidden_size"]
             dims = {"attention.linear_qkv": (3 * hidden, hidden), "attention.linear_proj": (hidden, hidden),
@@ -86,7 +85,10 @@ def step_worker(adapters, rank, threads, rounds, shape, steps=30):
                                                          rng.normal(0, 0.05, (o, rank)).astype(np.float32))
                       for layer in range(config["num_hidden_layers"]) for linear, (o, n) in dims.items()}
                      for _ in range(adapters)]
-            handles["lora"] = add_multi_lora(model, [(f"a{k}", p, 2.0) for k, p in enumerate(pairs, 1)], adapters)
+            spec = MultiLoRASpec([(f"a{k}", p, 2.0) for k, p in enumerate(pairs, 1)], adapters)
+            handles["lora"] = spec.handle
+        model = GPTLocalForCausalLM(GPTLocalConfig(**config), layer_spec=spec)
+        model.set_train(False)
         caches[side] = model.kv_cache(adapters, 256)
     ids, pos, last = (np.zeros((adapters, 1), np.int32), np.full((adapters, 1), 5, np.int32),
                       np.zeros(adapters, np.int32))

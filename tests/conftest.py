@@ -144,6 +144,45 @@ def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monito
     return yaml_io.dump_yaml(config, yaml_path)
 
 
+def save_tiny_base(path, corpus, seed, **changes):
+    """A tiny gpt_local model directory at ``path`` (TINY with ``changes``, random weights from ``seed``, the corpus
+    tokenizer) to finetune from; returns the path as a string."""
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    ms.set_seed(seed)
+    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes))).save_pretrained(str(path),
+                                                                               tokenizer_dir=corpus["model_dir"])
+    return str(path)
+
+
+def finetune_resumes_exactly(tmp_path, corpus, steps, half, **changes):
+    """The finetune YAML with ``changes`` run through the launcher ``steps`` steps uninterrupted (tmp_path/full),
+    then again stopped at step ``half`` (tmp_path/part) and resumed from its checkpoints (``--resume_training True
+    --load_checkpoint output/checkpoint``). Asserts every run exits 0, the stopped run's losses are the full run's
+    first ``half`` and the resumed run, announced at step ``half``, repeats the rest bit for bit (the pattern of
+    tests/e2e/test_resume.py; shared by the LoRA, adapter and prefix-tuning tests). Returns {"out": the full run's
+    output, "losses": its losses, "model_dir": its model directory, "stopped_names": the tensor names of the stopped
+    run's last checkpoint (read before the resumed run rotates it away)}."""
+    from mindformers_gptlocal.safetensors_io import tensor_shapes
+    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
+    assert code == 0, out[-3000:]
+    reference = step_losses(out)
+    assert len(reference) == steps, reference
+    part = write_yaml(tmp_path / "part", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(half)], cwd=str(tmp_path / "part"))
+    assert code == 0, first[-3000:]
+    assert step_losses(first) == reference[:half]
+    checkpoints = tmp_path / "part" / "output" / "checkpoint"
+    stopped = set(tensor_shapes(str(sorted(checkpoints.glob("*.safetensors"))[-1])))
+    code, second = run_launcher(["--config", part, "--resume_training", "True", "--load_checkpoint", str(checkpoints)],
+                                cwd=str(tmp_path / "part"))
+    assert code == 0, second[-3000:]
+    assert f"(step {half})" in second, second[-3000:]
+    assert step_losses(second) == reference[half:], (step_losses(second), reference)
+    return dict(out=out, losses=reference, model_dir=tmp_path / "full" / "output" / "model", stopped_names=stopped)
+
+
 def free_port():
     """A free TCP port on 127.0.0.1 (for a test server)."""
     with socket.socket() as sock:

@@ -39,34 +39,37 @@ def keep_reference(shape, step, site, seed, p):
     return (differ if p > 0.5 else ~differ).reshape(step.shape[:-1] + tuple(shape))
 
 
-def rank_block(config, layer_number, mp):
+def rank_block(config, layer_number, mp, layer_spec=None):
     """One of ``mp`` tensor-parallel ranks' part of ``GPTLocalBlock(config, layer_number)``: the block with its
     Linears replaced by the rank's shapes (QKV and fc1/gate columns, proj and fc2 rows) and the attention's
-    head counts set to the rank's. Refuses an ``mp`` that splits a head or a group (``check_divisible``)."""
+    head counts set to the rank's. Refuses an ``mp`` that splits a head or a group (``check_divisible``).
+    ``layer_spec``: the layer's spec (model/layer_spec.py), e.g. LoRALinears: the rank's Linears are of its classes."""
     check_divisible(config, mp)
     arch = config.arch
-    block = GPTLocalBlock(config, layer_number)
+    layer_spec = layer_spec or {}
+    block = GPTLocalBlock(config, layer_number, layer_spec=layer_spec)
     params, compute = to_mstype(config.params_dtype), to_mstype(config.compute_dtype)
     hidden, std = arch.hidden_size, config.initializer_range
 
-    def linear(inp, out, has_bias, init=std, partial=False):
-        cell = Linear(inp, out, init, params, compute, has_bias=has_bias)
+    def linear(path, inp, out, has_bias, init=std, partial=False):
+        cell = layer_spec.get(path, Linear)(inp, out, init, params, compute, has_bias=has_bias)
         cell.skip_bias_add = partial  # a row-parallel part: its bias is added after the sum over ranks
         return cell
     attention = block.attention
     attention.num_heads = arch.num_attention_heads // mp
     attention.num_groups = arch.groups // mp
     attention.hidden_size = attention.num_heads * arch.head_dim
-    attention.linear_qkv = linear(hidden, (attention.num_heads + 2 * attention.num_groups) * arch.head_dim,
-                                  arch.qkv_bias)
-    attention.linear_proj = linear(attention.hidden_size, hidden, arch.bias, residual_init_std(config), partial=True)
+    attention.linear_qkv = linear("attention.linear_qkv", hidden,
+                                  (attention.num_heads + 2 * attention.num_groups) * arch.head_dim, arch.qkv_bias)
+    attention.linear_proj = linear("attention.linear_proj", attention.hidden_size, hidden, arch.bias,
+                                   residual_init_std(config), partial=True)
     mlp = block.mlp
     local = arch.inter // mp
     # with the CPU bias + GeLU kernel (feedforward.py) fc1 returns x W^T and the kernel adds fc1's bias
-    mlp.linear_fc1 = linear(hidden, local, arch.bias, partial=mlp.bias_gelu is not None)
+    mlp.linear_fc1 = linear("mlp.linear_fc1", hidden, local, arch.bias, partial=mlp.bias_gelu is not None)
     if arch.gated:
-        mlp.linear_gate = linear(hidden, local, arch.bias)
-    mlp.linear_fc2 = linear(local, hidden, arch.bias, residual_init_std(config), partial=True)
+        mlp.linear_gate = linear("mlp.linear_gate", hidden, local, arch.bias)
+    mlp.linear_fc2 = linear("mlp.linear_fc2", local, hidden, arch.bias, residual_init_std(config), partial=True)
     block.update_parameters_name()  # the new Linears' Parameters named by their paths in the block, as before
     return block
 

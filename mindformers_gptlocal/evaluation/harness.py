@@ -25,7 +25,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator, configure_pad_token, handle_stop_sequences, normalize_gen_kwargs
 
 from ..errors import ConfigError, DataError
-from ..generation.buckets import length_bucket
+from ..model.buckets import length_bucket
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}

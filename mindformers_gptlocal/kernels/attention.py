@@ -5,8 +5,8 @@ second attached as the first's ``bprop``: they run inside the compiled GRAPH-mod
 ``attention_kernel(...)`` decides at build time whether it can be used and returns None otherwise, after one
 warning line saying why and how to fix it; the caller then keeps its plain path.
 """
+import functools
 import os
-import sys
 
 import numpy as np
 import mindspore as ms
@@ -16,18 +16,7 @@ from . import build
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 256
-_WARNED = set()
-
-
-def warn_once(reason):
-    """One warning line per reason and process: the kernel is off, why, and the fix."""
-    if reason in _WARNED:
-        return
-    _WARNED.add(reason)
-    message = (f"gpt_local: CPU attention kernel off, plain attention used instead: {reason}. "
-               f"GPTLOCAL_PLAIN_KERNELS=1 silences this by choosing the plain path.")
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
+warn_once = functools.partial(build.warn_once, "CPU attention kernel off, plain attention used instead")
 
 
 def kernel_threads():

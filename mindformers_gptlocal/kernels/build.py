@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +41,18 @@ SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNd
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)
+_WARNED = set()  # (off, reason) pairs warned about in this process
+
+
+def warn_once(off, reason):
+    """One stderr line per kernel and reason and process, for every kernel: ``off`` says which kernel is off and
+    what runs instead ("CPU attention kernel off, plain attention used instead"), ``reason`` why and how to fix it."""
+    if (off, reason) in _WARNED:
+        return
+    _WARNED.add((off, reason))
+    sys.stderr.write(f"gpt_local: {off}: {reason}. GPTLOCAL_PLAIN_KERNELS=1 silences this by choosing the plain "
+                     "path.\n")
+    sys.stderr.flush()
 
 
 def cache_root():

@@ -6,7 +6,7 @@ incoming d_loss), row chunk by row chunk and vocab block by vocab block: no [N, 
 gradient buffer. ``head_loss_kernel(...)`` decides at build time whether it can be used and returns None
 otherwise (one warning line saying why); the model then keeps its plain head and loss.
 """
-import sys
+import functools
 
 import numpy as np
 import mindspore as ms
@@ -17,17 +17,7 @@ from .attention import kernel_threads
 
 VOCAB_BLOCK = 1024
 CHUNK_BUDGET_BYTES = 32 << 20  # the [chunk rows, V] logits scratch
-_WARNED = set()
-
-
-def warn_once(reason):
-    """One warning line per reason and process: the kernel is off, why, and the fix."""
-    if reason in _WARNED:
-        return
-    _WARNED.add(reason)
-    sys.stderr.write(f"gpt_local: CPU head + loss kernel off, plain logits and LogSoftmax used instead: {reason}. "
-                     "GPTLOCAL_PLAIN_KERNELS=1 silences this by choosing the plain path.\n")
-    sys.stderr.flush()
+warn_once = functools.partial(build.warn_once, "CPU head + loss kernel off, plain logits and LogSoftmax used instead")
 
 
 def chunk_rows(vocab_size, budget=CHUNK_BUDGET_BYTES):

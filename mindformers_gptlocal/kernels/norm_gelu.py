@@ -6,7 +6,7 @@ Each is two AOT ``ops.Custom`` primitives, the forward and the backward, the sec
 for a dtype other than float32 (the model chose it), after one warning line per process where the library
 cannot be built (no compiler...); the caller then keeps its plain MindSpore ops, which stay the reference.
 """
-import sys
+import functools
 
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -16,16 +16,8 @@ from . import build
 from .attention import kernel_threads
 
 GELU_FORMS = {"tanh": 0, "quick": 1}
-_WARNED = set()
-
-
-def _warn_once(reason):
-    if reason in _WARNED:
-        return
-    _WARNED.add(reason)
-    sys.stderr.write(f"gpt_local: CPU LayerNorm and bias + GeLU kernels off, MindSpore's ops used instead: {reason}. "
-                     "GPTLOCAL_PLAIN_KERNELS=1 silences this by choosing the plain path.\n")
-    sys.stderr.flush()
+_warn_once = functools.partial(build.warn_once,
+                               "CPU LayerNorm and bias + GeLU kernels off, MindSpore's ops used instead")
 
 
 def _library(dtype):

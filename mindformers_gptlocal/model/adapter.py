@@ -1,23 +1,27 @@
-"""Houlsby bottleneck adapters (``pet_type: adapter``): ``BottleneckAdapter`` and ``add_adapters``.
+"""Houlsby bottleneck adapters (``pet_type: adapter``): ``BottleneckAdapter``, ``adapter_layer_spec``,
+``freeze_adapters``.
 
 Houlsby et al. 2019 ("Parameter-Efficient Transfer Learning for NLP"): after the attention and after the MLP
 of a layer, before each is added to the residual stream, y -> y + up(act(down(y))), down [m, H], up [H, m]
 with biases. The up-projection starts at zero, so a new adapter leaves the model's outputs unchanged and
 training starts from the base model; the down-projection starts Normal(initializer_range). The settings
 (``AdapterSpec``: bottleneck width, non-linearity, which of the two sites, which layers) are read and checked
-in ``lora_config.py``. The Cells are put on the blocks (``GPTLocalBlock.attention_adapter`` /
-``mlp_adapter``) when ``GPTLocalForCausalLM`` is built, before the shard strategies are set; their tensor
+in ``lora_config.py``. The Cells are built with the blocks (``GPTLocalBlock.attention_adapter`` /
+``mlp_adapter``), chosen by the layer spec (``adapter_layer_spec``, ``layer_spec.py``), so they exist before
+the shard strategies are set; their tensor
 parallel layout (down column-parallel, up row-parallel, like the MLP) is in ``parallel/sharding.py``.
 
 An adapter cannot be folded into the base weights (its non-linearity sits between the two projections), so
 ``gptlocal lora merge`` refuses an adapter checkpoint (``checkpoint/lora.py``); a model directory keeps the
 adapters and loads back with them (``config.json`` holds the pet_config).
 """
+import functools
+
 from mindspore import nn, ops
 
 from .feedforward import SiLU
 from .layers import Activation, Linear, to_mstype
-from .lora_config import adapter_paths, bottleneck_width, check_trainable, is_frozen
+from .lora_config import adapter_paths, bottleneck_width, freeze
 
 
 class BottleneckAdapter(nn.Cell):
@@ -38,23 +42,22 @@ class BottleneckAdapter(nn.Cell):
         return self.add(hidden, ops.cast(update, hidden.dtype))
 
 
-def add_adapters(model, spec, log=print):
-    """Adapters into ``model`` (GPTLocalForCausalLM) as ``spec`` (an AdapterSpec) says, then the freeze lists
-    applied (mindpet's semantics, as for LoRA). Logs and returns (trainable, total) parameter counts."""
-    config = model.config
+def adapter_layer_spec(spec, config, index):
+    """Layer ``index``'s part of the layer spec for ``spec`` (an AdapterSpec): {adapter site of the block
+    (``attention_adapter`` / ``mlp_adapter``): BottleneckAdapter}; empty for a layer not in ``spec.layers``."""
+    if index not in spec.layers:
+        return {}
     width = bottleneck_width(spec, config.hidden_size)
+    return {site: functools.partial(BottleneckAdapter, config, width, spec.non_linearity) for site in spec.sites}
+
+
+def freeze_adapters(model, spec, log=print):
+    """The freeze lists applied to a model built with adapters (mindpet's semantics, as for LoRA). Logs and
+    returns (trainable, total) parameter counts."""
     paths = adapter_paths(spec, len(model.model.layers))
-    for path in paths:
-        index, site = path.split(".")[2:]
-        setattr(model.model.layers[int(index)], site, BottleneckAdapter(config, width, spec.non_linearity))
-    model.update_parameters_name()  # the new Parameters get their full paths
-    params = dict(model.parameters_and_names())
-    check_trainable(spec, list(params))
-    for name, param in params.items():
-        param.requires_grad = not is_frozen(spec, name)
-    total = sum(p.size for p in params.values())
-    trainable = sum(p.size for p in params.values() if p.requires_grad)
+    assert paths == [name for name, cell in model.cells_and_names() if isinstance(cell, BottleneckAdapter)], paths
+    trainable, total = freeze(model, spec)
     log(f"[gpt_local] adapters: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
-        f"{total:,}), bottleneck {width}, {spec.non_linearity}, {len(paths)} adapters in "
-        f"{len(spec.layers)} layers")
+        f"{total:,}), bottleneck {bottleneck_width(spec, model.config.hidden_size)}, {spec.non_linearity}, "
+        f"{len(paths)} adapters in {len(spec.layers)} layers")
     return trainable, total

@@ -73,9 +73,10 @@ class ParallelAttention(nn.Cell):
     tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None):
         super().__init__()
         arch = config.arch
+        linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
         # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
         # them, the fused kernels (CPU kernel, blockwise, Ascend flash) are built for square masks: not used then
         self.prefix = config.prefix_spec() is not None
@@ -97,11 +98,12 @@ class ParallelAttention(nn.Cell):
         if config.scale_attn_by_inverse_layer_idx:
             scale /= float(layer_number)
         self.scale = scale
-        self.linear_qkv = Linear(config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim,
-                                 config.initializer_range, params_dtype, self.compute_dtype,
-                                 has_bias=arch.qkv_bias)
-        self.linear_proj = Linear(self.hidden_size, config.hidden_size, residual_init_std(config),
-                                  params_dtype, self.compute_dtype, has_bias=arch.bias)
+        self.linear_qkv = linear("attention.linear_qkv", Linear)(
+            config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim, config.initializer_range,
+            params_dtype, self.compute_dtype, has_bias=arch.qkv_bias)
+        self.linear_proj = linear("attention.linear_proj", Linear)(
+            self.hidden_size, config.hidden_size, residual_init_std(config), params_dtype, self.compute_dtype,
+            has_bias=arch.bias)
         self.attention_dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"),
                                               config, counter_dropout)
         self.use_flash_attention = use_flash_attention

@@ -3,8 +3,9 @@
 norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm
 or RMSNorm (``normalization``), chosen when the block is built. Each part's residual update passes its
-bottleneck adapter (``pet_type: adapter``, ``adapter.py``; set after build, None otherwise) and LayerDrop's 0/1
-(``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist.
+bottleneck adapter (``pet_type: adapter``, ``adapter.py``; built when the layer spec has one, else None) and
+LayerDrop's 0/1 (``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist. Its Linears and adapter sites
+are built with the Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes.
 Where the layer runs (pipeline stage) and whether it recomputes are set on the
 Cell when it is built (``GPTLocalModel`` from the ``Layout``, ``parallel/``), never decided in ``construct``.
 """
@@ -20,23 +21,26 @@ class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
     Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell."""
 
-    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None):
         super().__init__()
         self.layer_number = layer_number
         self.input_layernorm = make_norm(config)
-        self.attention = ParallelAttention(config, layer_number, use_flash_attention, counter_dropout=counter_dropout)
+        layer_spec = layer_spec or {}  # which Cell each replaceable part is built with (layer_spec.py)
+        self.attention = ParallelAttention(config, layer_number, use_flash_attention, counter_dropout=counter_dropout,
+                                           layer_spec=layer_spec)
         self.post_attention_layernorm = make_norm(config)
         self.parallel_residual = config.arch.parallel_residual
-        self.mlp = ParallelFeedForward(config)
+        self.mlp = ParallelFeedForward(config, layer_spec=layer_spec)
         self.attention_output_dropout = make_dropout(config.hidden_dropout,
                                                      dropout_site(layer_number, "attention_output"), config,
                                                      counter_dropout)
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
                                                counter_dropout)
         self.add = ops.Add()
-        # pet_type: adapter puts BottleneckAdapters here (model/adapter.py); LayerDrop scales both updates by 0/1
-        self.attention_adapter = None
-        self.mlp_adapter = None
+        # pet_type: adapter's BottleneckAdapters (model/adapter.py) when the layer spec has them; LayerDrop scales
+        # both updates by 0/1
+        self.attention_adapter = layer_spec["attention_adapter"]() if "attention_adapter" in layer_spec else None
+        self.mlp_adapter = layer_spec["mlp_adapter"]() if "mlp_adapter" in layer_spec else None
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,

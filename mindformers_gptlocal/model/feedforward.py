@@ -10,25 +10,26 @@ class ParallelFeedForward(nn.Cell):
     """hidden -> intermediate -> hidden (biases with ``add_bias_linear``); fc1 (and the gate) column-parallel,
     fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``)."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_spec=None):
         super().__init__()
         arch = config.arch
+        linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
         params_dtype = to_mstype(config.params_dtype)
         compute_dtype = to_mstype(config.compute_dtype)
         local = arch.inter
         bias = arch.bias
         self.gated = arch.gated
-        self.linear_fc1 = Linear(config.hidden_size, local, config.initializer_range, params_dtype, compute_dtype,
-                                 has_bias=bias)
+        self.linear_fc1 = linear("mlp.linear_fc1", Linear)(config.hidden_size, local, config.initializer_range,
+                                                           params_dtype, compute_dtype, has_bias=bias)
         if self.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
-            self.linear_gate = Linear(config.hidden_size, local, config.initializer_range, params_dtype,
-                                      compute_dtype, has_bias=bias)
+            self.linear_gate = linear("mlp.linear_gate", Linear)(config.hidden_size, local, config.initializer_range,
+                                                                 params_dtype, compute_dtype, has_bias=bias)
             self.activation = SiLU()
             self.gate_mul = ops.Mul()
         else:
             self.activation = Activation(config.hidden_act)
-        self.linear_fc2 = Linear(local, config.hidden_size, residual_init_std(config), params_dtype, compute_dtype,
-                                 has_bias=bias)
+        self.linear_fc2 = linear("mlp.linear_fc2", Linear)(local, config.hidden_size, residual_init_std(config),
+                                                           params_dtype, compute_dtype, has_bias=bias)
         self.bias_gelu = self._bias_gelu_kernel(config, bias, compute_dtype)
         if self.bias_gelu is not None:  # fc1 returns x W^T; the kernel adds the bias (fc1's own Parameter)
             self.linear_fc1.skip_bias_add = True

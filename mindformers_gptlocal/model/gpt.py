@@ -28,7 +28,7 @@ from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
 from .kv_cache import KVCachePool
 from .layers import make_norm, to_mstype
-from .lora_config import is_adapter_spec
+from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
 from .mindformers_adapter import MindFormersAdapter
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -97,7 +97,7 @@ class GPTLocalModel(nn.Cell):
     the owner adds it to the lookup's gradient, so only stage 0's table is updated.
     """
 
-    def __init__(self, config, layout=None):
+    def __init__(self, config, layout=None, layer_spec=None):
         super().__init__()
         self.config = config
         layout = config.layout if layout is None else layout
@@ -109,7 +109,8 @@ class GPTLocalModel(nn.Cell):
         self.embedding = GPTLocalEmbedding(config, self.counter_dropout)
         blocks = []
         for index in range(config.num_hidden_layers):
-            block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout)
+            block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout,
+                                  layer_spec=None if layer_spec is None else layer_spec(index))
             block.pipeline_stage = stage_ids[index]
             block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)
@@ -237,11 +238,13 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
 
     KV_CACHES_KEPT = 4  # cache shapes kept compiled at once
 
-    def __init__(self, config: GPTLocalConfig):
+    def __init__(self, config: GPTLocalConfig, layer_spec=None):
         super().__init__(config)
         self.config = config
         layout = config.layout
-        self.model = GPTLocalModel(config, layout)
+        # which Cell each layer's Linears and adapter sites are built with (layer_spec.py): pet_config's LoRA or
+        # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells
+        self.model = GPTLocalModel(config, layout, pet_layer_spec(config) if layer_spec is None else layer_spec)
         self.untied = config.arch.untied
         if self.untied:  # its own head table, on the last stage
             self.output_layer = OutputLayer(config)
@@ -257,15 +260,8 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        self.lora = config.lora_spec()  # pet_config: LoRA or bottleneck adapters, before the strategies are set
-        if self.lora is not None:
-            from .adapter import add_adapters
-            from .lora import add_lora
-            (add_adapters if is_adapter_spec(self.lora) else add_lora)(self, self.lora)
-        if self.model.prefix_encoder is not None:  # prefix tuning: only the prefix trains
-            from .prefix import freeze_base
-            self.update_parameters_name()
-            freeze_base(self)
+        self.lora = config.lora_spec()  # pet_config: LoRA or bottleneck adapters (built by the layer spec)
+        freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self.head_loss = self._head_loss_kernel(config)
         self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
@@ -290,11 +286,12 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         return load_weights(self, path)
 
     @classmethod
-    def from_pretrained(cls, model_dir, **overrides):
-        """Build from ``model_dir/config.json`` and load ``model_dir``'s safetensors weights if present. The
-        folder's tokenizer files must be those its weights were trained with (``tokenizer_id``)."""
+    def from_pretrained(cls, model_dir, layer_spec=None, **overrides):
+        """Build from ``model_dir/config.json`` (``layer_spec``: as for ``__init__``) and load ``model_dir``'s
+        safetensors weights if present. The folder's tokenizer files must be those its weights were trained with
+        (``tokenizer_id``)."""
         check_tokenizer_id(model_dir)
-        model = cls(GPTLocalConfig.from_model_dir(model_dir, **overrides))
+        model = cls(GPTLocalConfig.from_model_dir(model_dir, **overrides), layer_spec=layer_spec)
         if os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):
             model.load_weights(model_dir)
         return model

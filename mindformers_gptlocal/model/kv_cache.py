@@ -21,7 +21,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from ..generation.buckets import bucket_of, width_buckets
+from .buckets import bucket_of, width_buckets
 from .attention import MASK_VALUE
 
 CACHE_BUCKET = 64

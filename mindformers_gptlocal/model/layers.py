@@ -25,9 +25,10 @@ class Linear(nn.Cell):
     """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
-    ``skip_bias_add`` is for one rank's part of a row-parallel Linear, built only by the CPU proofs
-    (tests/references.py ``rank_block``): the bias belongs after the sum over ranks, so the part returns
-    the bare matmul. It stays here because ``LoRALinear`` (lora.py) takes it over from the Linear it wraps.
+    ``skip_bias_add``: return the bare matmul and leave the bias to the caller: fc1 when the CPU bias + GeLU
+    kernel adds it (feedforward.py), and one rank's part of a row-parallel Linear in the CPU proofs
+    (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
+    ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,

@@ -1,4 +1,5 @@
-"""LoRA adapters on gpt_local's own Linears: ``LoRALinear`` and ``add_lora`` (what ``pet_config`` asks for).
+"""LoRA adapters on gpt_local's own Linears: ``LoRALinear`` (what ``pet_config`` asks for: ``lora_layer_spec``,
+``freeze_lora``) and ``MultiLoRALinear`` (``serve --lora``: ``MultiLoRASpec``).
 
 Our own Cell, not mindpet's ``LoRADense`` that MindFormers' LoraAdapter inserts: that adapter replaces
 only ``nn.Dense``, MindFormers' ``Linear`` and the mcore parallel linears (our Linear is none of them),
@@ -6,8 +7,13 @@ only ``nn.Dense``, MindFormers' ``Linear`` and the mcore parallel linears (our L
 proof), and the adapter must exist before ``apply_sharding`` so that its matmuls carry our strategies.
 The maths and the defaults are PEFT's / LoRADense's: y = x W^T + b + (alpha / r) * B(A(dropout(x))),
 A [r, in] HeUniform(sqrt 5) (PEFT's kaiming_uniform(a=sqrt 5)), B [out, r] zero, so a new adapter
-leaves the model's outputs unchanged. The base weight and bias stay the same Parameter objects.
+leaves the model's outputs unchanged.
+
+Both are Linear subclasses built through ``Linear.__init__`` when the layer is built, chosen per Linear by the
+layer spec (``layer_spec.py``, Megatron-core's layer-spec shape), never put in afterwards: the base weight is the
+one the layer creates, under the plain Linear's name, and no attribute is copied.
 """
+import functools
 import math
 
 import numpy as np
@@ -16,44 +22,28 @@ from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
 from .layers import Linear
-from .lora_config import LINEARS, LORA_A, LORA_B, check_trainable, is_frozen, is_target, targeted_paths
+from .lora_config import LINEARS, LORA_A, LORA_B, freeze, is_target, targeted_paths
 
 
 def _init(name):
     return HeUniform(negative_slope=math.sqrt(5)) if name in ("heuniform", "he_uniform") else name
 
 
-def _take_over(cell, base):
-    """``cell`` (a Linear subclass built without ``Linear.__init__``) takes over ``base``'s Parameters and ops, so
-    checkpoint names and the shard strategies set on them stay the same. One list for LoRALinear and
-    MultiLoRALinear."""
-    cell.in_features, cell.out_features = base.in_features, base.out_features
-    cell.weight = base.weight
-    cell.has_bias = base.has_bias
-    if base.has_bias:
-        cell.bias = base.bias
-        cell.bias_add = base.bias_add
-    cell.skip_bias_add = base.skip_bias_add
-    cell.broadcast_bias = base.broadcast_bias
-    cell.compute_dtype = base.compute_dtype
-    cell.matmul = base.matmul
-    cell.cast = base.cast
-
-
 class LoRALinear(Linear):
-    """A Linear plus a low-rank update; built from an existing Linear, whose Parameters it takes over."""
+    """A Linear plus a low-rank update. Built through ``Linear.__init__`` in place of the plain Linear when the
+    layer is built (the layer spec, ``layer_spec.py``), so its base weight and bias are the ones the layer creates,
+    with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers)."""
 
-    def __init__(self, base, spec):  # pylint: disable=super-init-not-called
-        nn.Cell.__init__(self)
-        _take_over(self, base)
-        dtype = base.weight.dtype
-        self.lora_rank = spec.rank
-        self.scaling = spec.alpha / spec.rank
-        setattr(self, LORA_A, Parameter(initializer(_init(spec.a_init), (spec.rank, self.in_features), dtype),
+    def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
+                 skip_bias_add=False, *, lora):
+        super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add)
+        self.lora_rank = lora.rank
+        self.scaling = lora.alpha / lora.rank
+        setattr(self, LORA_A, Parameter(initializer(_init(lora.a_init), (lora.rank, in_features), params_dtype),
                                         name=LORA_A))
-        setattr(self, LORA_B, Parameter(initializer(_init(spec.b_init), (self.out_features, spec.rank), dtype),
+        setattr(self, LORA_B, Parameter(initializer(_init(lora.b_init), (out_features, lora.rank), params_dtype),
                                         name=LORA_B))
-        self.lora_dropout = nn.Dropout(p=spec.dropout)
+        self.lora_dropout = nn.Dropout(p=lora.dropout)
         self.lora_a_matmul = ops.MatMul(transpose_b=True)
         self.lora_b_matmul = ops.MatMul(transpose_b=True)
         self.lora_mul = ops.Mul()
@@ -68,38 +58,21 @@ class LoRALinear(Linear):
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
-def add_lora_to_block(block, spec, prefix="model.layers.0."):
-    """Replace the targeted Linears of one GPTLocalBlock (``prefix``: its path in the model). Returns the paths."""
-    done = []
-    for linear in LINEARS:
-        if not is_target(spec, prefix + linear):
-            continue
-        parent_name, leaf = linear.split(".")
-        parent = getattr(block, parent_name)
-        base = getattr(parent, leaf, None)
-        if base is None:  # mlp.linear_gate of a model without a gated MLP
-            continue
-        if not isinstance(base, LoRALinear):
-            setattr(parent, leaf, LoRALinear(base, spec))
-        done.append(prefix + linear)
-    return done
+def lora_layer_spec(spec, index):
+    """Layer ``index``'s part of the layer spec for ``spec`` (a LoraSpec): {Linear path in the block:
+    LoRALinear with the spec} for every targeted Linear (``model.layers.{index}.attention.linear_qkv``...);
+    ``mlp.linear_gate`` is used only by a gated MLP."""
+    return {linear: functools.partial(LoRALinear, lora=spec) for linear in LINEARS
+            if is_target(spec, f"model.layers.{index}.{linear}")}
 
 
-def add_lora(model, spec, log=print):
-    """Adapters into ``model`` (GPTLocalForCausalLM) as ``spec`` says, then the freeze lists applied
-    (mindpet's freeze_modules semantics, the same MindFormers' PetModel applies after us). Logs and
-    returns (trainable, total) parameter counts; refuses a freeze that leaves nothing to train."""
-    paths = []
-    for index, block in enumerate(model.model.layers):
-        paths += add_lora_to_block(block, spec, f"model.layers.{index}.")
-    model.update_parameters_name()  # the new Parameters get their full paths
-    params = dict(model.parameters_and_names())
-    check_trainable(spec, list(params))
-    for name, param in params.items():
-        param.requires_grad = not is_frozen(spec, name)
-    assert paths == targeted_paths(spec, len(model.model.layers), model.config.gated)
-    total = sum(p.size for p in params.values())
-    trainable = sum(p.size for p in params.values() if p.requires_grad)
+def freeze_lora(model, spec, log=print):
+    """The freeze lists applied to a model built with LoRA (mindpet's freeze_modules semantics, the same
+    MindFormers' PetModel applies after us). Logs and returns (trainable, total) parameter counts; refuses a
+    freeze that leaves nothing to train."""
+    paths = sorted(name for name, cell in model.cells_and_names() if isinstance(cell, LoRALinear))
+    assert paths == sorted(targeted_paths(spec, len(model.model.layers), model.config.gated)), paths
+    trainable, total = freeze(model, spec)
     log(f"[gpt_local] LoRA: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
         f"{_short(total)}), rank {spec.rank}, alpha {spec.alpha:g}, in {len(paths)} Linears")
     return trainable, total
@@ -123,13 +96,13 @@ class MultiLoRALinear(Linear):
     y[b] = x[b] W^T + bias + (x[b] A[i]^T) (scales[i] B[i])^T, i = index[b] (x: [B, S, in]). The stacks are kept
     in the compute dtype (no casts per step)."""
 
-    def __init__(self, base, a_stack, b_stack, scales, index):  # pylint: disable=super-init-not-called
-        nn.Cell.__init__(self)
-        _take_over(self, base)
-        dtype = self.compute_dtype
+    def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
+                 skip_bias_add=False, *, stacks, index):
+        super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add)
+        a_stack, b_stack, scales = stacks
         scaled = np.asarray(b_stack, np.float32) * np.asarray(scales, np.float32).reshape(-1, 1, 1)
-        self.multi_lora_a = Parameter(Tensor(a_stack, dtype), name="multi_lora_a", requires_grad=False)
-        self.multi_lora_b = Parameter(Tensor(scaled, dtype), name="multi_lora_b", requires_grad=False)
+        self.multi_lora_a = Parameter(Tensor(a_stack, compute_dtype), name="multi_lora_a", requires_grad=False)
+        self.multi_lora_b = Parameter(Tensor(scaled, compute_dtype), name="multi_lora_b", requires_grad=False)
         self.adapter_index = index
         self.gather = ops.Gather()
         self.lora_a_matmul = ops.BatchMatMul(transpose_b=True)
@@ -149,7 +122,7 @@ class MultiLoRALinear(Linear):
 
 
 class MultiLoRA:
-    """The adapters of a served model (``add_multi_lora``): names in index order (0: the base) and the
+    """The adapters of a served model (``MultiLoRASpec.handle``): names in index order (0: the base) and the
     shared per-row index Parameter."""
 
     def __init__(self, names, index, max_batch):
@@ -165,29 +138,37 @@ class MultiLoRA:
             self._current = wanted
 
 
-def add_multi_lora(model, adapters, max_batch):
-    """Put a MultiLoRALinear on every Linear of ``model`` that one of ``adapters`` updates.
+class MultiLoRASpec:
+    """The layer spec of a model serving ``adapters`` (``gptlocal serve --lora``), given when the model is built
+    (``GPTLocalForCausalLM.from_pretrained(dir, layer_spec=...)``): a MultiLoRALinear on every Linear one of
+    them updates, its base weight the layer's own. ``handle``: the MultiLoRA whose ``select`` sets each row's
+    adapter before a call.
 
-    ``adapters``: [(name, {Linear path: (A [r, in], B [out, r]) numpy}, alpha / r)], served as indices
-    1..K (0 is the base). Shapes must fit the base Linears (checked by the caller: ``serve/adapters.py``).
-    Returns the MultiLoRA handle whose ``select`` sets each row's adapter before a call."""
-    index = Parameter(Tensor(np.zeros(max_batch, np.int32), ms.int32), name="multi_lora_index",
-                      requires_grad=False)
-    paths = sorted({path for _, pairs, _ in adapters for path in pairs})
-    for path in paths:
-        _, _, layer, parent_name, leaf = path.split(".")
-        parent = getattr(model.model.layers[int(layer)], parent_name)
-        base = getattr(parent, leaf)
-        rank = max(pairs[path][0].shape[0] for _, pairs, _ in adapters if path in pairs)
-        a_stack = np.zeros((len(adapters) + 1, rank, base.in_features), np.float32)
-        b_stack = np.zeros((len(adapters) + 1, base.out_features, rank), np.float32)
-        scales = np.zeros(len(adapters) + 1, np.float32)
-        for k, (_, pairs, scaling) in enumerate(adapters, start=1):
-            if path in pairs:
-                a, b = pairs[path]
-                a_stack[k, :a.shape[0]] = a
-                b_stack[k, :, :b.shape[1]] = b
-                scales[k] = scaling
-        setattr(parent, leaf, MultiLoRALinear(base, a_stack, b_stack, scales, index))
-    model.update_parameters_name()
-    return MultiLoRA([None] + [name for name, _, _ in adapters], index, max_batch)
+    ``adapters``: [(name, {Linear path: (A [r, in], B [out, r]) numpy}, alpha / r)], served as indices 1..K
+    (0 is the base). Shapes must fit the base Linears (checked by the caller: ``serve/adapters.py``)."""
+
+    def __init__(self, adapters, max_batch):
+        index = Parameter(Tensor(np.zeros(max_batch, np.int32), ms.int32), name="multi_lora_index",
+                          requires_grad=False)
+        self.handle = MultiLoRA([None] + [name for name, _, _ in adapters], index, max_batch)
+        self.stacks = {}  # Linear path -> (A stack, B stack, scales)
+        for path in sorted({path for _, pairs, _ in adapters for path in pairs}):
+            rank = max(pairs[path][0].shape[0] for _, pairs, _ in adapters if path in pairs)
+            a_in = next(pairs[path][0].shape[1] for _, pairs, _ in adapters if path in pairs)
+            b_out = next(pairs[path][1].shape[0] for _, pairs, _ in adapters if path in pairs)
+            a_stack = np.zeros((len(adapters) + 1, rank, a_in), np.float32)
+            b_stack = np.zeros((len(adapters) + 1, b_out, rank), np.float32)
+            scales = np.zeros(len(adapters) + 1, np.float32)
+            for k, (_, pairs, scaling) in enumerate(adapters, start=1):
+                if path in pairs:
+                    a, b = pairs[path]
+                    a_stack[k, :a.shape[0]] = a
+                    b_stack[k, :, :b.shape[1]] = b
+                    scales[k] = scaling
+            self.stacks[path] = (a_stack, b_stack, scales)
+
+    def __call__(self, index):
+        """Layer ``index``'s part: {Linear path in the block: MultiLoRALinear with its stacks}."""
+        head = f"model.layers.{index}."
+        return {path[len(head):]: functools.partial(MultiLoRALinear, stacks=stacks, index=self.handle.index)
+                for path, stacks in self.stacks.items() if path.startswith(head)}

@@ -245,6 +245,23 @@ def check_trainable(spec, names):
     return trainable
 
 
+def freeze(model, spec):
+    """The freeze lists of ``spec`` (LoraSpec or AdapterSpec) applied to every parameter of ``model``; one
+    ConfigError when none is left to train. Returns (trainable, total) parameter counts."""
+    params = dict(model.parameters_and_names())
+    check_trainable(spec, list(params))
+    for name, param in params.items():
+        param.requires_grad = not is_frozen(spec, name)
+    total = sum(p.size for p in params.values())
+    return sum(p.size for p in params.values() if p.requires_grad), total
+
+
+def is_multi_lora_name(name):
+    """A Parameter of ``serve --lora``'s MultiLoRALinear (stacks, index): built from the adapters, never in a
+    checkpoint."""
+    return name.rsplit(".", 1)[-1] in ("multi_lora_a", "multi_lora_b", "adapter_index")
+
+
 # --- prefix tuning / P-Tuning v2 (model/prefix.py) ------------------------------------------------------------
 # MindFormers' keys (mindformers/pet/pet_config.py PrefixTuningConfig / Ptuning2Config) with their defaults:
 # key -> (our field, default). prefixtuning always reparameterises through the MLP (MindFormers' adapter does).

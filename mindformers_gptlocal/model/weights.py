@@ -14,7 +14,7 @@ from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic
                               resolve_weights_file, tensor_shapes, write_json)
 from ..parallel.layout import Layout
 from ..tokenizer_id import write_id
-from .lora_config import is_adapter_name, is_lora_name, is_prefix_name
+from .lora_config import is_adapter_name, is_lora_name, is_multi_lora_name, is_prefix_name
 from .params import WORD_EMBEDDINGS, is_weight, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
@@ -47,7 +47,8 @@ def model_state(tensors, model):
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
     # a LoRA, adapter or prefix model (pet_config) loads its base weights; what the file lacks keeps its init
     missing = [name for name in params if name not in tensors
-               and not is_lora_name(name) and not is_adapter_name(name) and not is_prefix_name(name)]
+               and not is_lora_name(name) and not is_adapter_name(name) and not is_prefix_name(name)
+               and not is_multi_lora_name(name)]  # serve --lora's stacks: built from the adapters
     if missing:
         foreign = sorted(tensors)[:3]
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from ..generation.buckets import bucket_of, buckets, width_buckets
+from ..model.buckets import bucket_of, buckets, width_buckets
 from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
@@ -167,12 +167,16 @@ class Engine:
         from ..model.gpt import GPTLocalForCausalLM
         ms.set_context(mode=ms.GRAPH_MODE, device_target=self.device_target)
         start = time.perf_counter()
-        self.model = GPTLocalForCausalLM.from_pretrained(self.model_dir, max_batch_size=self.max_batch_size)
+        spec = None
+        if self.adapters:  # MultiLoRALinears built with the model, on its own base weights
+            from ..model.lora import MultiLoRASpec
+            spec = MultiLoRASpec(self.adapters, self.max_batch_size)
+        self.model = GPTLocalForCausalLM.from_pretrained(self.model_dir, layer_spec=spec,
+                                                         max_batch_size=self.max_batch_size)
         self.model.set_train(False)
-        if self.adapters:
-            from ..model.lora import add_multi_lora
-            self.lora = add_multi_lora(self.model, self.adapters, self.max_batch_size)
-            self.adapters = None  # the numpy copies: the stacked Parameters hold them now
+        if spec is not None:
+            self.lora = spec.handle
+            self.adapters = spec = None  # the numpy copies: the stacked Parameters hold them now
             log.info("gptlocal serve: %d LoRA adapters on the base; a step mixes requests of different adapters "
                      "(the base GEMM once, each row's low-rank update by its adapter index)", len(self.lora.names) - 1)
         self.config = self.model.config

@@ -171,7 +171,7 @@ def test_tiny_training_matches_plain_path(library, graph_mode):
 def test_fp16_and_plain_switch_keep_the_plain_path(monkeypatch, capfd):
     """float16 compute is refused with one warning line (per process, not per layer); GPTLOCAL_PLAIN_KERNELS=1
     and attention_block_size > 0 choose the plain / blockwise path with no warning."""
-    monkeypatch.setattr(kernel_attention, "_WARNED", set())
+    monkeypatch.setattr(build, "_WARNED", set())
     config = GPTLocalConfig(**dict(TINY, compute_dtype="float16"))
     model = GPTLocalForCausalLM(config)
     assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
@@ -238,7 +238,7 @@ def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, cap
     and the fix."""
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     monkeypatch.setenv("GPTLOCAL_KERNEL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernel_attention, "_WARNED", set())
+    monkeypatch.setattr(build, "_WARNED", set())
     path, reason = build.library()
     assert path is None and "no C++ compiler" in reason and "no-such-g++" in reason
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))

@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import head_loss
+from mindformers_gptlocal.kernels import build, head_loss
 from conftest import TINY
 from references import train_steps
 
@@ -117,7 +117,7 @@ def test_fp16_and_plain_switch_keep_the_plain_head(monkeypatch, capfd):
     warning."""
     assert GPTLocalForCausalLM(GPTLocalConfig(**TINY)).head_loss is None
     monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "1")
-    monkeypatch.setattr(head_loss, "_WARNED", set())
+    monkeypatch.setattr(build, "_WARNED", set())
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, compute_dtype="float16")))
     assert model.head_loss is None
     err = capfd.readouterr().err

@@ -118,20 +118,14 @@ SEQ = 48
 def _model_pair(monkeypatch, lora=False, **changes):
     """The model with the kernels (the CPU default) and the same model, same weights, built with
     GPTLOCAL_NORM_GELU_KERNELS=0 (MindSpore's LayerNorm, the Add and the composed GeLU)."""
-    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes))
+    pet = dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.0, target_modules=".*linear_fc1|.*linear_fc2",
+               freeze_include=["*"], freeze_exclude=["*lora*"]) if lora else None
+    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, pet_config=pet, **changes))
     monkeypatch.delenv("GPTLOCAL_NORM_GELU_KERNELS", raising=False)
     fused = GPTLocalForCausalLM(config)
     monkeypatch.setenv("GPTLOCAL_NORM_GELU_KERNELS", "0")
     plain = GPTLocalForCausalLM(config)
     monkeypatch.delenv("GPTLOCAL_NORM_GELU_KERNELS")
-    if lora:
-        from mindformers_gptlocal.model.lora import add_lora
-        from mindformers_gptlocal.model.lora_config import read_pet_config
-        spec = read_pet_config(dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.0,
-                                    target_modules=".*linear_fc1|.*linear_fc2", freeze_include=["*"],
-                                    freeze_exclude=["*lora*"]), TINY["num_hidden_layers"])
-        for model in (fused, plain):
-            add_lora(model, spec, log=lambda *a: None)
     values = dict(fused.parameters_and_names())
     names = [name for name, _ in plain.parameters_and_names()]
     assert sorted(names) == sorted(values)  # same checkpoint names either way

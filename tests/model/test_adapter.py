@@ -20,7 +20,7 @@ from references import keep_reference
 from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import merge_slices, rank_slice
-from conftest import TINY, launch_in_process, run_launcher, step_losses
+from conftest import TINY, finetune_resumes_exactly, launch_in_process, save_tiny_base
 from conftest import write_yaml
 
 PET = dict(pet_type="adapter", bottleneck_size=16, non_linearity="gelu")
@@ -35,10 +35,7 @@ def adapter_count(config, width, sites=2):
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory, corpus):
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_seed(7)
-    out = tmp_path_factory.mktemp("adapter_base") / "base"
-    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(str(out), tokenizer_dir=corpus["model_dir"])
-    return str(out)
+    return save_tiny_base(tmp_path_factory.mktemp("adapter_base") / "base", corpus, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -52,34 +49,21 @@ def test_run_trains_only_the_adapters_with_layerdrop_and_resumes_exactly(tmp_pat
     step N and resumed from its checkpoint repeats the uninterrupted run's losses bit for bit (the adapters
     and the LayerDrop counter resume)."""
     steps = 8
-    changes = dict(train_dataset__data_loader__num_samples=4 * steps, model__model_config__pet_config=PET,
-                   model__model_config__layerdrop=0.3, load_checkpoint=base_dir,
-                   lr_schedule__learning_rate=5e-3, lr_schedule__lr_end=5e-3)
-    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
-    assert code == 0, out[-3000:]
+    run = finetune_resumes_exactly(tmp_path, corpus, steps, steps // 2,
+                                   train_dataset__data_loader__num_samples=4 * steps,
+                                   model__model_config__pet_config=PET, model__model_config__layerdrop=0.3,
+                                   load_checkpoint=base_dir, lr_schedule__learning_rate=5e-3, lr_schedule__lr_end=5e-3)
+    out = run["out"]
     expected = adapter_count(TINY, 16)
     assert f"adapters: {expected:,} trainable parameters" in out, out[-3000:]
     base = load_file(os.path.join(base_dir, "model.safetensors"))
-    tuned = load_file(str(tmp_path / "full" / "output" / "model" / "model.safetensors"))
+    tuned = load_file(str(run["model_dir"] / "model.safetensors"))
     assert set(tuned) - set(base) == {n for n in tuned if "_adapter." in n} and len(set(tuned) - set(base)) == 16
     for name, value in base.items():
         assert np.array_equal(tuned[name], value), f"{name} changed: a frozen base weight was trained"
     assert min(np.abs(tuned[n]).max() for n in tuned if n.endswith("linear_up.weight")) > 0  # started at zero
-    reference = step_losses(out)
-    assert len(reference) == steps and np.mean(reference[-3:]) < np.mean(reference[:3]) - 0.05, reference
-
-    half = steps // 2
-    part = write_yaml(tmp_path / "part", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(half)], cwd=str(tmp_path / "part"))
-    assert code == 0, first[-3000:]
-    assert step_losses(first) == reference[:half]
-    checkpoints = tmp_path / "part" / "output" / "checkpoint"
-    code, second = run_launcher(["--config", part, "--resume_training", "True", "--load_checkpoint", str(checkpoints)],
-                                cwd=str(tmp_path / "part"))
-    assert code == 0, second[-3000:]
-    assert f"(step {half})" in second, second[-3000:]
-    assert step_losses(second) == reference[half:], (step_losses(second), reference)
+    reference = run["losses"]
+    assert np.mean(reference[-3:]) < np.mean(reference[:3]) - 0.05, reference
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.model import GPTLocalBlock
 from references import causal_bias, rank_block
-from mindformers_gptlocal.model.lora import add_lora_to_block
+from mindformers_gptlocal.model.lora import lora_layer_spec
 from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import block_rules, merge_slices, param_layouts, rank_slice, split_axis
-from conftest import TINY, launch_in_process, run_launcher, step_losses
+from conftest import TINY, finetune_resumes_exactly, launch_in_process, save_tiny_base
 from conftest import write_yaml
 from references import SMALL, AllReduceParts, params_by_path, randomised, value_and_grads
 
@@ -38,10 +38,7 @@ def lora_count(config, rank):
 def base_dir(tmp_path_factory, corpus):
     """A tiny gpt_local model directory (random weights, the corpus tokenizer) to finetune from."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_seed(5)
-    out = tmp_path_factory.mktemp("lora_base") / "base"
-    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(str(out), tokenizer_dir=corpus["model_dir"])
-    return str(out)
+    return save_tiny_base(tmp_path_factory.mktemp("lora_base") / "base", corpus, seed=5)
 
 
 def lora_yaml_changes(base, **pet):
@@ -55,35 +52,22 @@ def test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly(tmp_path, 
     at step N and resumed from them (``--resume_training True --load_checkpoint output/checkpoint``)
     repeats the uninterrupted run's losses bit for bit (the pattern of tests/e2e/test_resume.py)."""
     steps = 12
-    changes = dict(train_dataset__data_loader__num_samples=4 * steps, **lora_yaml_changes(base_dir))
-    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
-    assert code == 0, out[-3000:]
+    run = finetune_resumes_exactly(tmp_path, corpus, steps, steps // 2,
+                                   train_dataset__data_loader__num_samples=4 * steps, **lora_yaml_changes(base_dir))
+    out = run["out"]
     expected = lora_count(TINY, 8)
     total = sum(int(np.prod(s.shape)) for s in parameter_table(TINY, Layout()).values()) + expected
     assert f"LoRA: {expected:,} trainable parameters ({100.0 * expected / total:.2g}% of" in out, out[-3000:]
     base = load_file(os.path.join(base_dir, "model.safetensors"))
-    tuned = load_file(str(tmp_path / "full" / "output" / "model" / "model.safetensors"))
+    tuned = load_file(str(run["model_dir"] / "model.safetensors"))
     assert set(tuned) - set(base) == {n for n in tuned if n.endswith((".lora_a", ".lora_b"))}
     for name, value in base.items():
         assert np.array_equal(tuned[name], value), f"{name} changed: a frozen base weight was trained"
     assert min(np.abs(tuned[n]).max() for n in tuned if n.endswith(".lora_b")) > 0  # B starts at zero
-    reference = step_losses(out)
-    assert len(reference) == steps and np.mean(reference[-3:]) < np.mean(reference[:3]) - 0.05, reference
-
-    half = steps // 2
-    part = write_yaml(tmp_path / "part", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(half)], cwd=str(tmp_path / "part"))
-    assert code == 0, first[-3000:]
-    assert step_losses(first) == reference[:half]
-    checkpoints = tmp_path / "part" / "output" / "checkpoint"
-    saved = load_file(str(sorted(checkpoints.glob("*.safetensors"))[-1]))
+    reference = run["losses"]
+    assert np.mean(reference[-3:]) < np.mean(reference[:3]) - 0.05, reference
+    saved = run["stopped_names"]  # the checkpoints hold the adapters
     assert {n for n in saved if n.startswith("model.") and "lora" in n} == {n for n in tuned if "lora" in n}
-    code, second = run_launcher(["--config", part, "--resume_training", "True", "--load_checkpoint", str(checkpoints)],
-                                cwd=str(tmp_path / "part"))
-    assert code == 0, second[-3000:]
-    assert f"(step {half})" in second, second[-3000:]
-    assert step_losses(second) == reference[half:], (step_losses(second), reference)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +135,27 @@ def test_table_and_rules_name_the_adapters():
     assert layouts["model.layers.1.mlp.linear_fc2.lora_a"].layout == (1, "mp")  # row: A split like W
 
 
+def test_layer_spec_keeps_the_plain_models_names_and_builds_lora_as_a_linear():
+    """The layer spec builds LoRALinear through Linear.__init__ where pet_config targets: the LoRA model's names
+    are the plain model's, in the same order, plus lora_a/lora_b on exactly the targeted Linears (a one-layer
+    target included); each LoRALinear owns its base weight (no Parameter shared with another Cell)."""
+    from mindformers_gptlocal.model.layers import Linear
+    from mindformers_gptlocal.model.lora import LoRALinear
+    plain = [n for n, _ in GPTLocalForCausalLM(GPTLocalConfig(**TINY)).parameters_and_names()]
+    pet = dict(PET, target_modules="model.layers.1.mlp.linear_fc1|.*linear_qkv")
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=pet))
+    names = [n for n, _ in model.parameters_and_names()]
+    assert [n for n in names if not n.endswith((".lora_a", ".lora_b"))] == plain
+    adapted = sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".lora_a", ".lora_b"))})
+    assert adapted == ["model.layers.0.attention.linear_qkv", "model.layers.1.attention.linear_qkv",
+                       "model.layers.1.mlp.linear_fc1"]
+    cells = dict(model.cells_and_names())
+    assert all(isinstance(cells[path], LoRALinear) for path in adapted)
+    assert type(cells["model.layers.0.mlp.linear_fc1"]) is Linear  # pylint: disable=unidiomatic-typecheck
+    weights = [id(cells[path].weight) for path, cell in cells.items() if isinstance(cell, Linear)]
+    assert len(weights) == len(set(weights))
+
+
 @pytest.mark.parametrize("mp", [2])
 def test_adapter_layouts_reassemble_per_rank(mp):
     """The per-rank CPU proof (tests/parallel/test_tensor_parallel.py) with adapters on all four Linears: each
@@ -159,16 +164,14 @@ def test_adapter_layouts_reassemble_per_rank(mp):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     spec = GPTLocalConfig(**SMALL, pet_config=PET).lora_spec()
     config = GPTLocalConfig(**SMALL)
-    full = GPTLocalBlock(config, 1)
-    add_lora_to_block(full, spec)
+    full = GPTLocalBlock(config, 1, layer_spec=lora_layer_spec(spec, 0))
     randomised(full, seed=7)
     layouts = param_layouts(block_rules(lora=list(spec_linears(spec)), arch=config.arch))
     full_params = params_by_path(full)
     assert set(layouts) == set(full_params) and sum("lora" in n for n in layouts) == 8
     parts = []
     for rank in range(mp):
-        part = rank_block(config, 1, mp)
-        add_lora_to_block(part, spec)
+        part = rank_block(config, 1, mp, layer_spec=lora_layer_spec(spec, 0))
         for name, param in params_by_path(part).items():
             piece = rank_slice(full_params[name].asnumpy(), layouts[name], rank, mp)
             assert piece.shape == tuple(param.shape), name

@@ -315,29 +315,11 @@ def test_prefix_dropout_run_resumes_exactly(tmp_path, corpus):
     """A P-Tuning v2 run with dropout_prob 0.2 stopped at step 3 and resumed from its checkpoint
     (``--resume_training True``) repeats the uninterrupted 6-step run's losses bit for bit (the pattern of
     test_lora.py's resume test): the prefix's dropout masks follow the saved forward counter."""
-    from conftest import run_launcher, step_losses, write_yaml
+    from conftest import finetune_resumes_exactly, save_tiny_base
     steps, half = 6, 3
-    ms.set_seed(5)
-    base = tmp_path / "base"
     positions = TINY["seq_length"] + 4
-    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=positions))).save_pretrained(
-        str(base), tokenizer_dir=corpus["model_dir"])
-    changes = dict(train_dataset__data_loader__num_samples=4 * steps,
-                   model__model_config__pet_config=dict(PTUNING2, pre_seq_len=4, dropout_prob=0.2),
-                   model__model_config__max_position_embeddings=positions,
-                   load_checkpoint=str(base), lr_schedule__learning_rate=5e-2, lr_schedule__lr_end=5e-2)
-    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
-    assert code == 0, out[-3000:]
-    reference = step_losses(out)
-    assert len(reference) == steps, reference
-    part = write_yaml(tmp_path / "part", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(half)], cwd=str(tmp_path / "part"))
-    assert code == 0, first[-3000:]
-    assert step_losses(first) == reference[:half]
-    checkpoints = tmp_path / "part" / "output" / "checkpoint"
-    code, second = run_launcher(["--config", part, "--resume_training", "True", "--load_checkpoint", str(checkpoints)],
-                                cwd=str(tmp_path / "part"))
-    assert code == 0, second[-3000:]
-    assert f"(step {half})" in second, second[-3000:]
-    assert step_losses(second) == reference[half:], (step_losses(second), reference)
+    base = save_tiny_base(tmp_path / "base", corpus, seed=5, max_position_embeddings=positions)
+    finetune_resumes_exactly(tmp_path, corpus, steps, half, train_dataset__data_loader__num_samples=4 * steps,
+                             model__model_config__pet_config=dict(PTUNING2, pre_seq_len=4, dropout_prob=0.2),
+                             model__model_config__max_position_embeddings=positions,
+                             load_checkpoint=base, lr_schedule__learning_rate=5e-2, lr_schedule__lr_end=5e-2)

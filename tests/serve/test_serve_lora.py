@@ -185,9 +185,6 @@ def test_multi_lora_linear_equals_per_row_merged_weights():
     rng = np.random.default_rng(3)
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
-        base = Linear(5, 7, 0.5, ms.float32, ms.float32)
-        base.bias.set_data(Tensor(rng.normal(size=7).astype(np.float32)))
-        weight, bias = base.weight.asnumpy().copy(), base.bias.asnumpy().copy()
         pairs = [(rng.normal(size=(r, 5)).astype(np.float32), rng.normal(size=(7, r)).astype(np.float32), s)
                  for r, s in ((3, 0.7), (1, 2.5))]
         a_stack, b_stack, scales = np.zeros((3, 3, 5), np.float32), np.zeros((3, 7, 3), np.float32), [0.0]
@@ -195,7 +192,11 @@ def test_multi_lora_linear_equals_per_row_merged_weights():
             a_stack[k, :len(a)], b_stack[k, :, :b.shape[1]] = a, b
             scales.append(s)
         index = Parameter(Tensor(np.zeros(5, np.int32)), name="index", requires_grad=False)
-        cell, lora = MultiLoRALinear(base, a_stack, b_stack, scales, index), MultiLoRA(["x", "y"], index, 5)
+        cell = MultiLoRALinear(5, 7, 0.5, ms.float32, ms.float32, stacks=(a_stack, b_stack, scales), index=index)
+        assert isinstance(cell, Linear) and cell.weight.name == "weight"  # built as a Linear: the base is its own
+        cell.bias.set_data(Tensor(rng.normal(size=7).astype(np.float32)))
+        weight, bias = cell.weight.asnumpy().copy(), cell.bias.asnumpy().copy()
+        lora = MultiLoRA(["x", "y"], index, 5)
         x = rng.normal(size=(3, 3, 5)).astype(np.float32)
         for rows in ([2, 0, 1], [1, 1, 2], [0, 0, 0]):
             lora.select(rows)

@@ -1,7 +1,8 @@
 """Shape buckets: the few widths (and batch sizes) compiled, so varied prompt lengths share graphs.
 
-Pure Python, one home for every user: ``model/kv_cache.py`` (``generate``'s prefill), ``serve/scheduler.py``
-(the server's refill steps and batch sizes) and ``evaluation/harness.py`` (the scorer's widths, ``length_bucket``).
+Pure Python, one home for every user: ``model/kv_cache.py`` (the cache's widths: ``generate``'s prefill),
+``serve/scheduler.py`` (the server's refill steps and batch sizes) and ``evaluation/harness.py`` (the scorer's
+widths, ``length_bucket``). In ``model/`` because the cache is: the layers above import it from here.
 """
 
 SMALLEST_WIDTH = 16

@@ -1,0 +1,58 @@
+"""docs/ARCHITECTURE.md "Imports point down", read from the source (every import statement, top-level or inside
+a function): ``model/`` imports none of the layers above it (but ``registration.register`` in its lazy loader)
+and, of ``generation/``, only ``GenerationMixin`` in ``model/gpt.py``; ``generation/`` and ``kernels/`` import
+nothing of ours but the base."""
+import ast
+import os
+
+import mindformers_gptlocal
+
+PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
+BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
+ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
+               "registration", "mindformers_compat"}
+
+
+def imports(folder):
+    """(file, line, our top-level module or folder, imported names) for every import of ours in ``folder``."""
+    found = []
+    for root, _, files in os.walk(os.path.join(PACKAGE, folder)):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            parts = os.path.relpath(path, PACKAGE)[:-3].split(os.sep)
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(node, ast.ImportFrom):
+                    if node.level:  # relative: resolved against the file's package
+                        target = parts[:len(parts) - node.level] + (node.module.split(".") if node.module else [])
+                    elif (node.module or "").startswith("mindformers_gptlocal"):
+                        target = node.module.split(".")[1:]
+                    else:
+                        continue
+                    names = [alias.name for alias in node.names]
+                    if not target:  # from .. import x: x is the module
+                        found += [(os.path.relpath(path, PACKAGE), node.lineno, n, [n]) for n in names]
+                    else:
+                        found.append((os.path.relpath(path, PACKAGE), node.lineno, target[0], names))
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.startswith("mindformers_gptlocal."):
+                            found.append((os.path.relpath(path, PACKAGE), node.lineno, alias.name.split(".")[1], []))
+    return found
+
+
+def test_model_imports_nothing_above_it_and_of_generation_only_the_mixin():
+    found = imports("model")
+    assert len(found) > 50  # the scan reads the package
+    above = [(f[0], f[2], f[3]) for f in found if f[2] in ABOVE_MODEL]
+    # the one exception: the package's lazy loader registers with MindFormers before the first Cell loads
+    assert above == [(os.path.join("model", "__init__.py"), "registration", ["register"])], above
+    generation = [(f[0], f[2], f[3]) for f in found if f[2] == "generation"]
+    assert generation == [(os.path.join("model", "gpt.py"), "generation", ["GenerationMixin"])], generation
+
+
+def test_generation_and_kernels_import_only_the_base():
+    for folder in ("generation", "kernels"):
+        ours = {f[2] for f in imports(folder)} - {folder}
+        assert ours <= BASE, (folder, ours)
