@@ -156,6 +156,25 @@ def test_layer_spec_keeps_the_plain_models_names_and_builds_lora_as_a_linear():
     assert len(weights) == len(set(weights))
 
 
+def test_recompute_reaches_the_lora_and_adapter_cells():
+    """Built with the layer, the LoRA Linears and bottleneck adapters get their layer's recompute: full recompute
+    marks them (they were put in after ``Cell.recompute`` before the layer spec, so it missed them), and a
+    select_recompute pattern naming a Linear marks its LoRALinear."""
+    from mindformers_gptlocal.model.adapter import BottleneckAdapter
+    from mindformers_gptlocal.model.lora import LoRALinear
+    for pet, kind in ((PET, LoRALinear), (dict(pet_type="adapter", bottleneck_size=8), BottleneckAdapter)):
+        model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=pet,
+                                                   parallel_config={"recompute": {"recompute": True}}))
+        cells = [c for _, c in model.cells_and_names() if isinstance(c, kind)]
+        assert len(cells) == (8 if kind is LoRALinear else 4)
+        assert all(c._has_config_recompute for c in cells)  # pylint: disable=protected-access
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=PET, parallel_config={
+        "recompute": {"select_recompute": [r"mlp\.linear_fc1"]}}))
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.linear_fc1, LoRALinear) and layer.mlp.linear_fc1._has_config_recompute
+    assert not layer.mlp.linear_fc2._has_config_recompute  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize("mp", [2])
 def test_adapter_layouts_reassemble_per_rank(mp):
     """The per-rank CPU proof (tests/parallel/test_tensor_parallel.py) with adapters on all four Linears: each
