@@ -6,6 +6,7 @@ in ONE process (steps alternating).
     python benchmarks/train_step_profile.py --shape tiny --compare --rounds 8            # kernels vs plain, in-process
     python benchmarks/train_step_profile.py --shape small --batch 2 --seq 256 --lora     # a LoRA step, per op
     python benchmarks/train_step_profile.py --shape tiny --compare --variants full,lora  # LoRA vs full, in-process
+    python benchmarks/train_step_profile.py --shape small --batch 2 --dropout-ops --rounds 20  # LoRA dropout ops
 
 The step is ``GPTLocalTrainOneStepCell`` + ``GPTLocalAdamW`` (clip 1.0) on ``GPTLocalForCausalLM``, GRAPH mode, CPU,
 dropout 0, random tokens; ``runtime_num_threads`` = ``--threads``. The profile (``mindspore.Profiler``, CPU op
@@ -19,8 +20,9 @@ difference (the same batch every step, so the losses must agree step for step).
 
 ``--lora`` profiles a LoRA step instead: the model built with ``benchmarks/finetune_throughput.py``'s ``PET_CONFIG``
 (r=8, alpha 16, lora_dropout 0.05 unless ``--lora-dropout``, on linear_qkv/proj/fc1/fc2, base frozen; the optimizer
-and the clip over the trainable parameters only, as ``gptlocal run`` builds them); op types that run inside a LoRA
-branch are listed as ``lora:<type>``. ``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full
+and the clip over the trainable parameters only, as ``gptlocal run`` builds them); ops inside a ``lora_*`` Cell (the
+dropout) are listed as ``lora:<type>``; the adapters' MatMuls, Mul and Add are primitives of the LoRALinear itself,
+so the profiler's names do not tell them from the base Linear's (they are in the MatMul / Add / Mul rows). ``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full
 finetunes), ``full`` (= kernels), ``lora`` (a LoRA model), ``lora-msdrop`` (its lora_dropout through MindSpore's Dropout,
 ``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the path before the kernel), ``lora-nodrop`` (lora_dropout 0); the losses are compared only between variants
 that train the same parameters.
@@ -58,10 +60,9 @@ GROUPS = (  # (group, op types), in the order of the table
     ("Transpose, Reshape, Unstack, Stack, Cast (data movement)",
      ("Transpose", "Reshape", "Unstack", "Stack", "Cast", "StridedSlice", "Tile", "Concat")),
     ("embedding gradient (UnsortedSegmentSum), Gather", ("UnsortedSegmentSum", "Gather")),
-    ("LoRA branch: MatMul (A, B and their gradients)", ("lora:MatMul",)),
     ("LoRA branch: dropout (MindSpore Dropout + DropoutGrad, or the kernel)",
      ("lora:Dropout", "lora:DropoutGrad", "Dropout", "DropoutGrad", "lora:Custom:CPULoRADropout")),
-    ("LoRA branch: everything else (scale Mul, Add, Cast...)", ("lora:*",)),
+    ("LoRA branch: other ops inside lora_* Cells", ("lora:*",)),
 )
 
 
@@ -200,6 +201,46 @@ def compare(args):
           + ", ".join(parts + ratios + diffs))
 
 
+def dropout_ops(args):
+    """MindSpore's Dropout against the LoRA dropout kernel, forward + backward (``value_and_grad`` of
+    sum(dropout(x) @ w), w [in, 8]: the LoRA A product) on the adapted Linears' input shapes, alternating."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+    from mindformers_gptlocal.kernels.lora_dropout import lora_dropout_kernel
+
+    class Branch(nn.Cell):
+        def __init__(self, dropout):
+            super().__init__()
+            self.dropout = dropout
+
+        def construct(self, x, w):
+            return ops.matmul(self.dropout(x), w).sum()
+
+    _, hidden, _, _ = SHAPES[args.shape]
+    rate = args.lora_dropout if args.lora_dropout is not None else PET_CONFIG["lora_dropout"]
+    tokens = args.batch * args.seq
+    for width in (hidden, 4 * hidden):  # qkv / proj / fc1 inputs, fc2's input
+        x = Tensor(np.random.default_rng(0).standard_normal((tokens, width)).astype(np.float32))
+        w = Tensor(np.ones((width, 8), np.float32))
+        fns = {}
+        for name, cell in (("mindspore", nn.Dropout(p=rate)), ("kernel", lora_dropout_kernel(rate, ms.float32))):
+            net = Branch(cell)
+            net.set_train(True)
+            fns[name] = ms.value_and_grad(net, grad_position=0)
+            fns[name](x, w)
+        times = {name: [] for name in fns}
+        for index in range(args.rounds):
+            for name in (list(fns) if index % 2 == 0 else list(fns)[::-1]):
+                started = time.perf_counter()
+                fns[name](x, w)[1].asnumpy()
+                times[name].append(time.perf_counter() - started)
+        medians = {name: statistics.median(values) * 1000 for name, values in times.items()}
+        print(f"dropout p={rate} on [{tokens}, {width}], {args.rounds} rounds, load {os.getloadavg()[0]:.1f}: "
+              f"MindSpore Dropout {medians['mindspore']:.2f} ms, kernel {medians['kernel']:.2f} ms, "
+              f"MindSpore / kernel {medians['mindspore'] / medians['kernel']:.2f}x")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -212,6 +253,8 @@ def main():
     parser.add_argument("--groups", action="store_true", help="fold op types into the docs' groups")
     parser.add_argument("--min-ms", type=float, default=0.5, help="op types below this many ms a step are not listed")
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--dropout-ops", action="store_true",
+                        help="MindSpore's Dropout vs the LoRA dropout kernel on the LoRA input shapes, alternating")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--variants", default="plain,kernels",
                         help="--compare: comma-separated, of " + ", ".join(VARIANTS) + "; ratios against the last")
@@ -224,7 +267,9 @@ def main():
     from mindformers.core.context.build_context import MFContextOperator
     MFContextOperator(MindFormerConfig(use_legacy=False))
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
-    if args.compare:
+    if args.dropout_ops:
+        dropout_ops(args)
+    elif args.compare:
         compare(args)
     else:
         profile(args)
