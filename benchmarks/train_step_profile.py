@@ -22,10 +22,12 @@ difference (the same batch every step, so the losses must agree step for step).
 (r=8, alpha 16, lora_dropout 0.05 unless ``--lora-dropout``, on linear_qkv/proj/fc1/fc2, base frozen; the optimizer
 and the clip over the trainable parameters only, as ``gptlocal run`` builds them); ops inside a ``lora_*`` Cell (the
 dropout) are listed as ``lora:<type>``; the adapters' MatMuls, Mul and Add are primitives of the LoRALinear itself,
-so the profiler's names do not tell them from the base Linear's (they are in the MatMul / Add / Mul rows). ``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full
-finetunes), ``full`` (= kernels), ``lora`` (a LoRA model), ``lora-msdrop`` (its lora_dropout through MindSpore's Dropout,
-``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the path before the kernel), ``lora-nodrop`` (lora_dropout 0); the losses are compared only between variants
-that train the same parameters.
+so the profiler's names do not tell them from the base Linear's (they are in the MatMul / Add / Mul rows).
+``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full finetunes), ``full`` (= kernels),
+``lora`` (a LoRA model), ``lora-msdrop`` (its lora_dropout through MindSpore's Dropout,
+``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the path before the kernel), ``lora-nodrop`` (lora_dropout 0); ratios are
+against the last; losses are compared between variants that train the same parameters without random masks.
+``--dropout-ops`` times MindSpore's Dropout against the LoRA dropout kernel alone (forward + backward).
 """
 import argparse
 import csv

@@ -94,7 +94,8 @@ def _reference(linear, x, weight, mask):
     return y.reshape(weight.shape), [dx.reshape(x.shape), s * (r @ b).T @ xd, s * r.T @ (xd @ a.T)]
 
 
-@pytest.mark.parametrize("dropout,has_bias", [(0.0, True), (P, True), (P, False)], ids=["p0", "kernel", "kernel_nobias"])
+@pytest.mark.parametrize("dropout,has_bias", [(0.0, True), (P, True), (P, False)],
+                         ids=["p0", "kernel", "kernel_nobias"])
 def test_lora_linear_matches_the_float64_reference(library, pynative_mode, dropout, has_bias):
     """Loss and the gradients of x, lora_a and lora_b within 1e-5 (relative to the largest) of float64, odd shapes;
     with the kernel, for the mask it draws on its first call (a LoRALinear built with the mask as a fixed
