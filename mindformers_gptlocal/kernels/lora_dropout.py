@@ -5,7 +5,9 @@ counter-based hash of (seed, site, call, element) drawn again by the backward fr
 returns, so nothing of the input's size is kept for it (MindSpore's ``Dropout`` keeps a float mask). Each Cell is
 one site; sites are numbered in the order the Cells are built. Like MindSpore's ``Dropout`` (the reference path),
 the masks are not saved with a checkpoint: a resumed run draws other ones. The forward is marked not to be
-recomputed, so under recompute the backward still sees the forward's mask.
+recomputed (a recomputed forward would count a new call and draw another mask). Checked by hand in a GRAPH-mode
+Cell under ``Cell.recompute()``: the loss rebuilt from the backward's mask equals the forward's loss; the same check
+passes without the mark, so MindSpore 2.7.2 on CPU may not recompute it either way (no CI test claims more).
 
 ``lora_dropout_kernel(p, dtype)`` returns the Cell, or None where the plain ``nn.Dropout`` must stay: not CPU,
 ``GPTLOCAL_PLAIN_KERNELS=1``, ``GPTLOCAL_LORA_DROPOUT_KERNEL=0``, a dtype other than float32, p = 0 (the plain
