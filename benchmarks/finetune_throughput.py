@@ -9,6 +9,8 @@ shapes, same machine, same run.
 Sides (each run in its own process, so its peak RSS, VmHWM, is its own):
   ms-lora    ``gptlocal run`` (MindFormers' trainer) with model_config.pet_config (LoRA r=8 on
              linear_qkv/proj/fc1/fc2, base frozen)
+  ms-lora-msdrop  ms-lora with GPTLOCAL_LORA_DROPOUT_KERNEL=0: lora_dropout through MindSpore's Dropout kernel
+             instead of gpt_local's CPU kernel (the path before it; ``--methods lora-dropout``)
   ms-full    the same YAML without pet_config: every weight trains
   torch-lora GPT2LMHeadModel (sdpa) + ``peft.get_peft_model`` (r=8, alpha 16, c_attn/c_proj/c_fc), fused
              AdamW on the adapters, grad-norm clip 1.0 (as our wrapper), same token windows
@@ -35,7 +37,9 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 LORA = dict(rank=8, alpha=16, dropout=0.05)
 TARGETS = ".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"
 SIDES = ("ms-lora", "torch-lora", "ms-full", "ms-prefix", "torch-prefix")
-METHODS = {"lora": ("ms-lora", "torch-lora", "ms-full"), "prefix": ("ms-prefix", "torch-prefix"), "all": SIDES}
+METHODS = {"lora": ("ms-lora", "torch-lora", "ms-full"), "prefix": ("ms-prefix", "torch-prefix"), "all": SIDES,
+           "lora-dropout": ("ms-lora", "torch-lora", "ms-lora-msdrop")}
+SIDE_ENV = {"ms-lora-msdrop": dict(GPTLOCAL_LORA_DROPOUT_KERNEL="0")}
 PREFIX_TOKENS = 20
 PREFIX_CONFIG = dict(pet_type="ptuning2", pre_seq_len=PREFIX_TOKENS, prefix_projection=False, dropout_prob=0.0)
 PET_CONFIG = dict(pet_type="lora", lora_rank=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
@@ -43,7 +47,7 @@ PET_CONFIG = dict(pet_type="lora", lora_rank=LORA["rank"], lora_alpha=LORA["alph
 
 
 def run_side(side, commands, threads):
-    report, text = C.run_worker(__file__, commands[side], threads)
+    report, text = C.run_worker(__file__, commands[side], threads, **SIDE_ENV.get(side, {}))
     if side.startswith("ms-"):
         report["step_times"], report["trainable"] = C.ms_step_times(text)
     return report
@@ -85,6 +89,7 @@ def main():
                                       PREFIX_CONFIG)}
     commands = {"ms-lora": ["--ms-worker", yamls["ms-lora"], "--threads", str(args.threads)],
                 "ms-full": ["--ms-worker", yamls["ms-full"], "--threads", str(args.threads)],
+                "ms-lora-msdrop": ["--ms-worker", yamls["ms-lora"], "--threads", str(args.threads)],
                 "torch-lora": ["--torch-worker", args.shape, "--lora", "--steps", str(args.steps), "--data", data,
                                "--threads", str(args.threads)],
                 "ms-prefix": ["--ms-worker", yamls["ms-prefix"], "--threads", str(args.threads)],
@@ -117,12 +122,23 @@ def main():
     summary = {}
     if "ms-lora" in sides:
         summary.update({
-            "lora_vs_full_rss": median("ms-lora", "peak_rss_mb") / median("ms-full", "peak_rss_mb"),
-            "lora_vs_full_tokens": median("ms-lora", "tokens_per_s") / median("ms-full", "tokens_per_s"),
             "ours_vs_peft_tokens": median("ms-lora", "tokens_per_s") / median("torch-lora", "tokens_per_s"),
             "ours_vs_peft_rss": median("ms-lora", "peak_rss_mb") / median("torch-lora", "peak_rss_mb")})
+    if "ms-full" in sides:
+        summary.update({
+            "lora_vs_full_rss": median("ms-lora", "peak_rss_mb") / median("ms-full", "peak_rss_mb"),
+            "lora_vs_full_tokens": median("ms-lora", "tokens_per_s") / median("ms-full", "tokens_per_s")})
         print(f"LoRA / full finetune (ours): peak RSS {summary['lora_vs_full_rss']:.2f}x, tokens/s "
               f"{summary['lora_vs_full_tokens']:.2f}x")
+    if "ms-lora-msdrop" in sides:
+        summary.update({
+            "kernel_vs_msdrop_tokens": median("ms-lora", "tokens_per_s") / median("ms-lora-msdrop", "tokens_per_s"),
+            "kernel_vs_msdrop_rss": median("ms-lora", "peak_rss_mb") / median("ms-lora-msdrop", "peak_rss_mb"),
+            "msdrop_vs_peft_tokens": median("ms-lora-msdrop", "tokens_per_s") / median("torch-lora", "tokens_per_s")})
+        print(f"LoRA dropout kernel / MindSpore's Dropout (ours): tokens/s {summary['kernel_vs_msdrop_tokens']:.2f}x, "
+              f"peak RSS {summary['kernel_vs_msdrop_rss']:.2f}x; MindSpore's Dropout / peft: tokens/s "
+              f"{summary['msdrop_vs_peft_tokens']:.2f}x")
+    if "ms-lora" in sides:
         print(f"ours / peft LoRA: tokens/s {summary['ours_vs_peft_tokens']:.2f}x (target >= 1.0), peak RSS "
               f"{summary['ours_vs_peft_rss']:.2f}x (target <= 1.0)")
     if "ms-prefix" in sides:

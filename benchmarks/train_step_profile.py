@@ -4,6 +4,9 @@ in ONE process (steps alternating).
     python benchmarks/train_step_profile.py --shape tiny --batch 4 --seq 256            # per-op profile table
     python benchmarks/train_step_profile.py --shape small --batch 2 --seq 256 --steps 2
     python benchmarks/train_step_profile.py --shape tiny --compare --rounds 8            # kernels vs plain, in-process
+    python benchmarks/train_step_profile.py --shape small --batch 2 --seq 256 --lora     # a LoRA step, per op
+    python benchmarks/train_step_profile.py --shape tiny --compare --variants full,lora  # LoRA vs full, in-process
+    python benchmarks/train_step_profile.py --shape small --batch 2 --dropout-ops --rounds 20  # LoRA dropout ops
 
 The step is ``GPTLocalTrainOneStepCell`` + ``GPTLocalAdamW`` (clip 1.0) on ``GPTLocalForCausalLM``, GRAPH mode, CPU,
 dropout 0, random tokens; ``runtime_num_threads`` = ``--threads``. The profile (``mindspore.Profiler``, CPU op
@@ -14,6 +17,17 @@ docs/performance.md. ``--variant plain`` profiles with ``GPTLOCAL_NORM_GELU_KERN
 the Add + composed GeLU). ``--compare`` builds both variants in this process, compiles each, then steps them in
 alternating order for ``--rounds`` rounds and prints the median step time, kernels / plain, and the largest loss
 difference (the same batch every step, so the losses must agree step for step).
+
+``--lora`` profiles a LoRA step instead: the model built with ``benchmarks/finetune_throughput.py``'s ``PET_CONFIG``
+(r=8, alpha 16, lora_dropout 0.05 unless ``--lora-dropout``, on linear_qkv/proj/fc1/fc2, base frozen; the optimizer
+and the clip over the trainable parameters only, as ``gptlocal run`` builds them); ops inside a ``lora_*`` Cell (the
+dropout) are listed as ``lora:<type>``; the adapters' MatMuls, Mul and Add are primitives of the LoRALinear itself,
+so the profiler's names do not tell them from the base Linear's (they are in the MatMul / Add / Mul rows).
+``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full finetunes), ``full`` (= kernels),
+``lora`` (a LoRA model), ``lora-msdrop`` (its lora_dropout through MindSpore's Dropout,
+``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the path before the kernel), ``lora-nodrop`` (lora_dropout 0); ratios are
+against the last; losses are compared between variants that train the same parameters without random masks.
+``--dropout-ops`` times MindSpore's Dropout against the LoRA dropout kernel alone (forward + backward).
 """
 import argparse
 import csv
@@ -27,6 +41,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from finetune_throughput import PET_CONFIG  # noqa: E402  (benchmarks/ is not a package; one pet_config for both)
 
 SHAPES = {  # layers, hidden, heads, vocab
     "tiny": (4, 256, 4, 8192),
@@ -46,11 +62,24 @@ GROUPS = (  # (group, op types), in the order of the table
     ("Transpose, Reshape, Unstack, Stack, Cast (data movement)",
      ("Transpose", "Reshape", "Unstack", "Stack", "Cast", "StridedSlice", "Tile", "Concat")),
     ("embedding gradient (UnsortedSegmentSum), Gather", ("UnsortedSegmentSum", "Gather")),
+    ("LoRA branch: dropout (MindSpore Dropout + DropoutGrad, or the kernel)",
+     ("lora:Dropout", "lora:DropoutGrad", "Dropout", "DropoutGrad", "lora:Custom:CPULoRADropout")),
+    ("LoRA branch: other ops inside lora_* Cells", ("lora:*",)),
 )
 
 
-def build_step(args, kernels):
-    """One compiled train step: (cell, inputs)."""
+def pet_config(args):
+    """``PET_CONFIG`` with ``--lora-dropout`` (None: without ``--lora``)."""
+    if not args.lora:
+        return None
+    config = dict(PET_CONFIG)
+    if args.lora_dropout is not None:
+        config["lora_dropout"] = args.lora_dropout
+    return config
+
+
+def build_step(args, kernels, lora=None):
+    """One compiled train step: (cell, inputs); ``lora``: a pet_config (a LoRA model) or None."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
@@ -61,7 +90,7 @@ def build_step(args, kernels):
     config = GPTLocalConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                             max_position_embeddings=max(1024, args.seq), seq_length=args.seq, hidden_dropout=0.0,
                             attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                            hidden_act=args.hidden_act)
+                            hidden_act=args.hidden_act, pet_config=lora)
     ms.set_seed(0)
     model = GPTLocalForCausalLM(config)
     optimizer = GPTLocalAdamW(model.trainable_params(), learning_rate=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
@@ -75,7 +104,7 @@ def build_step(args, kernels):
 
 def profile(args):
     from mindspore import Profiler
-    cell, inputs = build_step(args, args.variant == "kernels")
+    cell, inputs = build_step(args, args.variant == "kernels", pet_config(args))
     for _ in range(2):
         cell(*inputs)
     out = tempfile.mkdtemp(prefix="gptlocal-profile-")
@@ -93,12 +122,17 @@ def profile(args):
             if name == "Custom":
                 cell = re.search(r"-(CPU\w+)/", row["full_op_name"])
                 name = f"Custom:{cell.group(1) if cell else 'other'}"
+            if "lora" in row["full_op_name"]:  # the LoRA branch's ops: their Cell attributes are lora_*
+                name = f"lora:{name}"
             value, count = totals.get(name, (0.0, 0))
             totals[name] = (value + float(row["op_total_time(ms)"]), count + int(row["op_occurrences"]))
     rows = [(name, value / args.steps, count) for name, (value, count) in totals.items()]
+    if args.keep_csv:
+        shutil.copy(path, args.keep_csv)
     shutil.rmtree(out, ignore_errors=True)
     total = sum(ms_ for _, ms_, _ in rows)
-    print(f"shape {args.shape} {args.batch} x {args.seq}, variant {args.variant}, {args.steps} profiled steps, "
+    print(f"shape {args.shape} {args.batch} x {args.seq}, variant {args.variant}"
+          f"{', LoRA ' + str(pet_config(args)) if args.lora else ''}, {args.steps} profiled steps, "
           f"threads {args.threads}, load {os.getloadavg()[0]:.1f}; wall {wall * 1000:.0f} ms a step, "
           f"op time {total:.0f} ms a step")
     if args.groups:
@@ -106,6 +140,8 @@ def profile(args):
         print("| ops | ms a step | share |\n| --- | ---: | ---: |")
         seen = set()
         for group, names in GROUPS:
+            if names == ("lora:*",):
+                names = tuple(name for name in by_type if name.startswith("lora:") and name not in seen)
             value = sum(by_type.get(name, (0, 0))[0] for name in names)
             seen.update(names)
             print(f"| {group} | {value:.1f} | {value / total:.1%} |")
@@ -119,29 +155,92 @@ def profile(args):
                 print(f"| {name} | {count // args.steps} | {ms_:.1f} | {ms_ / total:.1%} |")
 
 
+VARIANTS = {  # name -> (the norm / GeLU kernels on, a LoRA model, its lora_dropout: None = PET_CONFIG's)
+    "plain": (False, False, None),
+    "kernels": (True, False, None),
+    "full": (True, False, None),
+    "lora": (True, True, None),
+    "lora-msdrop": (True, True, None),  # GPTLOCAL_LORA_DROPOUT_KERNEL=0: MindSpore's Dropout
+    "lora-nodrop": (True, True, 0.0),
+}
+
+
 def compare(args):
     cells = {}
-    for name in ("plain", "kernels"):
-        cell, inputs = build_step(args, name == "kernels")
+    names = args.variants.split(",")
+    for name in names:
+        if name not in VARIANTS:
+            raise SystemExit(f"--variants: {name!r} is not one of {', '.join(VARIANTS)}")
+        kernels, lora, dropout = VARIANTS[name]
+        overrides = {"lora": lora} if dropout is None else {"lora": lora, "lora_dropout": dropout}
+        os.environ["GPTLOCAL_LORA_DROPOUT_KERNEL"] = "0" if name == "lora-msdrop" else "1"  # read at build time
+        cell, inputs = build_step(args, kernels, pet_config(argparse.Namespace(**{**vars(args), **overrides})))
         started = time.perf_counter()
         loss = float(cell(*inputs)[0])
         print(f"{name}: first step (compile) {time.perf_counter() - started:.1f} s, loss {loss:.6f}", flush=True)
         cells[name] = cell
     times = {name: [] for name in cells}
     losses = {name: [] for name in cells}
-    order = list(cells)
     for index in range(args.rounds):
-        for name in (order if index % 2 == 0 else order[::-1]):
+        for name in (names if index % 2 == 0 else names[::-1]):
             started = time.perf_counter()
             losses[name].append(float(cells[name](*inputs)[0]))
             times[name].append(time.perf_counter() - started)
-    plain = statistics.median(times["plain"])
-    kernels = statistics.median(times["kernels"])
-    diff = max(abs(a - b) for a, b in zip(losses["plain"], losses["kernels"]))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    parts = [f"{name} {medians[name] * 1000:.0f} ms [{min(times[name]) * 1000:.0f}-{max(times[name]) * 1000:.0f}]"
+             for name in names]
+    ratios = [f"{name} / {names[-1]} {medians[name] / medians[names[-1]]:.2f}x" for name in names[:-1]]
+    def masks_free(name):  # no LoRA, or LoRA with lora_dropout 0: the losses are comparable
+        _, lora, dropout = VARIANTS[name]
+        rate = dropout if dropout is not None else (
+            args.lora_dropout if args.lora_dropout is not None else PET_CONFIG["lora_dropout"])
+        return not lora or rate == 0.0
+    same = [name for name in names[:-1] if VARIANTS[name][1] == VARIANTS[names[-1]][1]
+            and masks_free(name) and masks_free(names[-1])]
+    diffs = [f"max loss diff {name} vs {names[-1]} "
+             f"{max(abs(a - b) for a, b in zip(losses[name], losses[names[-1]])):.2e}" for name in same]
     print(f"shape {args.shape} {args.batch} x {args.seq}, {args.rounds} rounds, load {os.getloadavg()[0]:.1f}: "
-          f"plain {plain * 1000:.0f} ms [{min(times['plain']) * 1000:.0f}-{max(times['plain']) * 1000:.0f}], "
-          f"kernels {kernels * 1000:.0f} ms [{min(times['kernels']) * 1000:.0f}-{max(times['kernels']) * 1000:.0f}], "
-          f"plain / kernels {plain / kernels:.2f}x, max loss diff {diff:.2e}")
+          + ", ".join(parts + ratios + diffs))
+
+
+def dropout_ops(args):
+    """MindSpore's Dropout against the LoRA dropout kernel, forward + backward (``value_and_grad`` of
+    sum(dropout(x) @ w), w [in, 8]: the LoRA A product) on the adapted Linears' input shapes, alternating."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+    from mindformers_gptlocal.kernels.lora_dropout import lora_dropout_kernel
+
+    class Branch(nn.Cell):
+        def __init__(self, dropout):
+            super().__init__()
+            self.dropout = dropout
+
+        def construct(self, x, w):
+            return ops.matmul(self.dropout(x), w).sum()
+
+    _, hidden, _, _ = SHAPES[args.shape]
+    rate = args.lora_dropout if args.lora_dropout is not None else PET_CONFIG["lora_dropout"]
+    tokens = args.batch * args.seq
+    for width in (hidden, 4 * hidden):  # qkv / proj / fc1 inputs, fc2's input
+        x = Tensor(np.random.default_rng(0).standard_normal((tokens, width)).astype(np.float32))
+        w = Tensor(np.ones((width, 8), np.float32))
+        fns = {}
+        for name, cell in (("mindspore", nn.Dropout(p=rate)), ("kernel", lora_dropout_kernel(rate, ms.float32))):
+            net = Branch(cell)
+            net.set_train(True)
+            fns[name] = ms.value_and_grad(net, grad_position=0)
+            fns[name](x, w)
+        times = {name: [] for name in fns}
+        for index in range(args.rounds):
+            for name in (list(fns) if index % 2 == 0 else list(fns)[::-1]):
+                started = time.perf_counter()
+                fns[name](x, w)[1].asnumpy()
+                times[name].append(time.perf_counter() - started)
+        medians = {name: statistics.median(values) * 1000 for name, values in times.items()}
+        print(f"dropout p={rate} on [{tokens}, {width}], {args.rounds} rounds, load {os.getloadavg()[0]:.1f}: "
+              f"MindSpore Dropout {medians['mindspore']:.2f} ms, kernel {medians['kernel']:.2f} ms, "
+              f"MindSpore / kernel {medians['mindspore'] / medians['kernel']:.2f}x")
 
 
 def main():
@@ -156,14 +255,23 @@ def main():
     parser.add_argument("--groups", action="store_true", help="fold op types into the docs' groups")
     parser.add_argument("--min-ms", type=float, default=0.5, help="op types below this many ms a step are not listed")
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--dropout-ops", action="store_true",
+                        help="MindSpore's Dropout vs the LoRA dropout kernel on the LoRA input shapes, alternating")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--variants", default="plain,kernels",
+                        help="--compare: comma-separated, of " + ", ".join(VARIANTS) + "; ratios against the last")
+    parser.add_argument("--keep-csv", help="copy the profiler's cpu_op_detail_info_0.csv here")
+    parser.add_argument("--lora", action="store_true", help="profile a LoRA step (finetune_throughput's PET_CONFIG)")
+    parser.add_argument("--lora-dropout", type=float, help="--lora: this lora_dropout instead of PET_CONFIG's")
     args = parser.parse_args()
     import mindspore as ms
     from mindformers.tools.register import MindFormerConfig
     from mindformers.core.context.build_context import MFContextOperator
     MFContextOperator(MindFormerConfig(use_legacy=False))
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
-    if args.compare:
+    if args.dropout_ops:
+        dropout_ops(args)
+    elif args.compare:
         compare(args)
     else:
         profile(args)

@@ -21,7 +21,9 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
+from .cpu_kernels import replace_slow_cpu_kernels
 from .layers import Linear
+from ..parallel.sharding import is_parallel_build
 from .lora_config import LINEARS, LORA_A, LORA_B, freeze, is_target, targeted_paths
 
 
@@ -43,7 +45,7 @@ class LoRALinear(Linear):
                                         name=LORA_A))
         setattr(self, LORA_B, Parameter(initializer(_init(lora.b_init), (out_features, lora.rank), params_dtype),
                                         name=LORA_B))
-        self.lora_dropout = nn.Dropout(p=lora.dropout)
+        self.lora_dropout = _lora_dropout(lora.dropout, self.compute_dtype)
         self.lora_a_matmul = ops.MatMul(transpose_b=True)
         self.lora_b_matmul = ops.MatMul(transpose_b=True)
         self.lora_mul = ops.Mul()
@@ -53,8 +55,9 @@ class LoRALinear(Linear):
         shape = x.shape
         x, y = self.dense(x)
         low = self.lora_a_matmul(self.lora_dropout(x), self.cast(self.lora_a, self.compute_dtype))
+        low = self.lora_mul(low, self.scaling)  # on [T, r], not on [T, out]: the same product, r / out the work
         low = self.lora_b_matmul(low, self.cast(self.lora_b, self.compute_dtype))
-        y = self.lora_add(y, self.lora_mul(low, self.scaling))
+        y = self.lora_add(y, low)
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
@@ -64,6 +67,19 @@ def lora_layer_spec(spec, index):
     ``mlp.linear_gate`` is used only by a gated MLP."""
     return {linear: functools.partial(LoRALinear, lora=spec) for linear in LINEARS
             if is_target(spec, f"model.layers.{index}.{linear}")}
+
+
+def _lora_dropout(p, compute_dtype):
+    """lora_dropout's Cell, chosen at build time: gpt_local's CPU kernel (``kernels/lora_dropout.py``: a hashed
+    mask drawn again in the backward, nothing of the input's size kept) on CPU in float32 for 0 < p < 1, one
+    rank or data parallel (``GPTLOCAL_LORA_DROPOUT_KERNEL=0`` or ``GPTLOCAL_PLAIN_KERNELS=1`` turn it off); else
+    MindSpore's ``nn.Dropout``, the reference (the identity for p = 0)."""
+    if replace_slow_cpu_kernels() and not is_parallel_build():
+        from ..kernels.lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
+        kernel = lora_dropout_kernel(p, compute_dtype)
+        if kernel is not None:
+            return kernel
+    return nn.Dropout(p=p)
 
 
 def freeze_lora(model, spec, log=print):
