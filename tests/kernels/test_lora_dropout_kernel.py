@@ -8,7 +8,6 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_gptlocal.kernels import lora_dropout
-from mindformers_gptlocal.model.layers import Linear
 from mindformers_gptlocal.model.lora import LoRALinear
 from mindformers_gptlocal.model.lora_config import LoraSpec
 
@@ -68,10 +67,9 @@ class _FixedMask(nn.Cell):
 
 def _lora_linear(in_features, out_features, dropout, has_bias=True):
     ms.set_seed(3)
-    base = Linear(in_features, out_features, 0.3, ms.float32, ms.float32, has_bias=has_bias)
     spec = LoraSpec(rank=5, alpha=7.0, dropout=dropout, target_modules=".*", exclude_layers=(), freeze_include=(),
                     freeze_exclude=(), a_init="heuniform", b_init="normal")
-    linear = LoRALinear(base, spec)
+    linear = LoRALinear(in_features, out_features, 0.3, ms.float32, ms.float32, has_bias=has_bias, lora=spec)
     rng = np.random.default_rng(1)
     for param in (linear.weight, linear.lora_a, linear.lora_b) + ((linear.bias,) if has_bias else ()):
         param.set_data(Tensor(rng.normal(0, 0.5, param.shape).astype(np.float32)))
