@@ -88,6 +88,12 @@ def hf_server(model_dir, port, threads):
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
+def peak_rss_mb(pid):
+    """A server process's peak RSS so far (VmHWM from /proc; Linux)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -187,8 +193,9 @@ def main():
             server_args = (["--ours-server", ms_dir, str(args.max_batch_size)] if side == "ours"
                            else ["--hf-server", hf_dir])
             proc, base, ready_s = start(server_args + ["--threads", str(args.threads)], args.threads)
+            rss_ready = peak_rss_mb(proc.pid)
             print(f"{shape} {side} round {index + 1}: ready in {ready_s:.1f} s", flush=True)
-            found = {}
+            found = {"ready_s": ready_s}
             try:
                 for clients in levels:
                     per_client = max(1, args.requests // clients)
@@ -198,6 +205,9 @@ def main():
                                           p50=float(np.percentile(lat, 50)), p99=float(np.percentile(lat, 99)))
                     print(f"{shape} {side} {clients:2d} clients: {rate:7.1f} tok/s  p50 {found[clients]['p50']:.2f} s  "
                           f"p99 {found[clients]['p99']:.2f} s", flush=True)
+                found["rss_ready"] = rss_ready
+                found["rss"] = peak_rss_mb(proc.pid)
+                print(f"{shape} {side} peak RSS {found['rss']:.0f} MB (at ready {rss_ready:.0f} MB)", flush=True)
             finally:
                 proc.terminate()
                 try:
@@ -211,19 +221,26 @@ def main():
                 rows.append(dict(shape=shape, side=side, clients=clients, requests=found[0][clients]["requests"],
                                  rates=[f[clients]["rate"] for f in found],
                                  p50=C.median([f[clients]["p50"] for f in found]),
-                                 p99=C.median([f[clients]["p99"] for f in found])))
+                                 p99=C.median([f[clients]["p99"] for f in found]),
+                                 rss=C.median([f["rss"] for f in found]), ready=C.median([f["ready_s"] for f in found])))
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32; ours: --max-batch-size "
           f"{args.max_batch_size}; HF: one generate per request, one at a time; {args.rounds} server starts per side, "
           f"alternating; tokens/s median [min-max], latencies the median of the rounds' p50/p99\n")
-    print("| shape | server | clients | requests | tokens/s | p50 latency s | p99 latency s | vs own 1-client |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | server | clients | requests | tokens/s | vs HF | p50 latency s | p99 latency s | vs own 1-client "
+          "| peak RSS MB | RSS vs HF | ready s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        single = next((C.median(x["rates"]) for x in rows if x["shape"] == r["shape"] and x["side"] == r["side"]
-                       and x["clients"] == 1), None)
-        ratio = f"{C.median(r['rates']) / single:.2f}x" if single else "-"
+        def of(side, clients=None, r=r):
+            return next((x for x in rows if x["shape"] == r["shape"] and x["side"] == side
+                         and x["clients"] == (clients or r["clients"])), None)
+        single, hf = of(r["side"], 1), of("hf")
+        ratio = f"{C.median(r['rates']) / C.median(single['rates']):.2f}x" if single else "-"
+        vs_hf = f"{C.median(r['rates']) / C.median(hf['rates']):.2f}x" if hf else "-"
+        rss_hf = f"{r['rss'] / hf['rss']:.2f}x" if hf else "-"
         print(f"| {r['shape']} | {'gptlocal serve' if r['side'] == 'ours' else 'HF generate'} | {r['clients']} | "
-              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
+              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
+              f"| {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")
 
 
 if __name__ == "__main__":

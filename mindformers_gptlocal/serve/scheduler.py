@@ -20,6 +20,15 @@ Compiled shapes: the batch buckets x (the prompt-width buckets + the decode widt
 (max_model_len); ``warm_up`` compiles them all before the server reports ready. One cache length because a
 sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
 
+Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins and every busy
+request is greedy (temperature 0), a decode iteration is instead ONE ``serve/steps.py`` ``SlotGreedySteps``
+call of k = ``KVCache.decode_steps`` steps (8 for a 4-layer model, 2 for GPT-2's 12), the argmax on the device
+and only [b, k] token ids copied back; the picks are then taken one by one exactly as single steps' picks would
+be, and a request's picks after it finished (EOS, a stop string, max_tokens) are discarded. A chunk runs only
+while each busy request still needs at least k / 2 tokens, so it wastes at most half its steps; a request that
+arrives during a chunk waits for it (k steps). ``GPTLOCAL_SERVE_GREEDY_STEPS=0`` turns chunks off (every
+iteration one step, the reference path).
+
 Sampling per request reuses ``generation/sampling.next_tokens`` with the request's own options and its
 own ``numpy.random.default_rng(seed)``, so a seeded request draws exactly what ``model.generate`` with
 that seed draws for the same prompt.
@@ -27,6 +36,7 @@ that seed draws for the same prompt.
 import collections
 import itertools
 import logging
+import os
 import threading
 import time
 
@@ -37,6 +47,7 @@ from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
+GREEDY_STEPS_ENV = "GPTLOCAL_SERVE_GREEDY_STEPS"  # "0": no greedy chunks (each iteration one step)
 
 
 class QueueFull(Exception):
@@ -114,6 +125,8 @@ class Engine:
         self._cond = threading.Condition()
         self._slots = [_Slot() for _ in range(max_batch_size)]
         self._stopping = False
+        self.chunked = os.environ.get(GREEDY_STEPS_ENV, "1") != "0"
+        self._greedy = {}  # batch bucket -> SlotGreedySteps
         self._thread = threading.Thread(target=self._run, name="gptlocal-engine", daemon=True)
 
     # --- public, any thread -------------------------------------------------------------------------
@@ -142,7 +155,7 @@ class Engine:
         with self._cond:
             return {"active": sum(s.request is not None for s in self._slots), "queued": len(self._pending),
                     **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled", "expired",
-                                                  "steps", "mixed_adapter_steps")}}
+                                                  "steps", "greedy_chunks", "mixed_adapter_steps")}}
 
     # --- worker thread ------------------------------------------------------------------------------
     def _run(self):
@@ -201,10 +214,34 @@ class Engine:
                     cache.step(ids, positions, last, slots)
                 else:
                     cache.compile(*step_inputs(ids, positions, last, slots))
+            if self.chunked:
+                self._greedy_chunk(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), range(batch))
         self.warmup_seconds = time.perf_counter() - start
-        log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1; warm-up "
-                 "(%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
-                 len(self.batches) * (len(self.widths) + 1), self.warmup_seconds)
+        log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1 "
+                 "greedy_chunk=%s; warm-up (%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
+                 self.cache.decode_steps if self.chunked else "off",
+                 len(self.batches) * (len(self.widths) + 1 + self.chunked), self.warmup_seconds)
+
+    def _greedy_chunk(self, ids, positions, rows):
+        """k greedy steps of the rows (in cache slots ``rows``) in one compiled call: picks [b, k]."""
+        from mindspore import Tensor
+        batch = ids.shape[0]
+        if batch not in self._greedy:
+            from .steps import SlotGreedySteps
+            self._greedy[batch] = SlotGreedySteps(self.cache, self.cache.decode_steps)
+        return self._greedy[batch](Tensor(ids), Tensor(positions), Tensor(np.asarray(rows, np.int32))).asnumpy()
+
+    def _chunk_fits(self, busy):
+        """Whether this decode iteration may be a greedy chunk (module docstring): chunks on, nobody waiting,
+        every busy request greedy and needing at least half a chunk more tokens."""
+        if not self.chunked or self._pending:
+            return False
+        half = (self.cache.decode_steps + 1) // 2
+        for i in busy:
+            request = self._slots[i].request
+            if request.options["do_sample"] or request.cancelled or request.max_tokens - len(request.tokens) < half:
+                return False
+        return self.cache.decode_steps > 1
 
     def _expire(self):
         """End the requests whose ``deadline`` passed: a running one finishes "length" with what it has (the
@@ -290,6 +327,16 @@ class Engine:
                 positions[row_of[i], 0] = self._slots[i].cursor
         if self.lora is not None:
             self._select_adapters(rows)
+        if not admitted and self._chunk_fits(busy):
+            picks = self._greedy_chunk(ids, positions, rows)
+            self.stats["steps"] += 1
+            self.stats["greedy_chunks"] += 1
+            for column in range(picks.shape[1]):
+                for i in busy:
+                    if self._slots[i].request is not None:  # not finished by an earlier pick of this chunk
+                        self._slots[i].cursor += 1
+                        self._take(i, int(picks[row_of[i], column]))
+            return
         logits = self.cache.step(ids, positions, last, None if batch == self.max_batch_size else rows)
         self.stats["steps"] += 1
         for i in busy:
@@ -307,11 +354,17 @@ class Engine:
             self.stats["mixed_adapter_steps"] += 1
 
     def _advance(self, index, logits):
+        request = self._slots[index].request
+        if request.cancelled:
+            return
+        self._take(index, int(next_tokens(logits, [request.prompt + request.tokens], request.options, request.rng)[0]))
+
+    def _take(self, index, token):
+        """The slot's request gets ``token``: emit it, and end the request at EOS, a stop string or its limit."""
         slot = self._slots[index]
         request = slot.request
         if request.cancelled:
             return
-        token = int(next_tokens(logits, [request.prompt + request.tokens], request.options, request.rng)[0])
         request.tokens.append(token)
         slot.token = token
         finish = None
