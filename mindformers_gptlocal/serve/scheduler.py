@@ -17,7 +17,9 @@ This works because ``KVCache.step`` takes per-row positions and writes each row'
 batch bucket b that holds every busy slot: with b < max_batch_size the rows name their slots
 (``KVCache.step(..., slots=)``; pad rows use distinct idle slots) and attention reads only those slots.
 Compiled shapes: the batch buckets x (the prompt-width buckets + the decode width 1), one cache length
-(max_model_len); ``warm_up`` compiles them all before the server reports ready. One cache length because a
+(max_model_len); ``warm_up`` compiles those of up to ``warmup_tokens`` (batch x width, default
+WARM_RUN_TOKENS) before the server reports ready, and larger refill shapes compile on first use (each
+compiled graph holds memory: 16 x 256 tokens of a 4-layer model 158 MB, see docs/performance.md "Serving"). One cache length because a
 sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
 
 Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins and every busy
@@ -102,13 +104,15 @@ class Engine:
     """Loads the model in its own thread, warms every compiled shape up, then serves ``submit``-ted requests."""
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
-                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None):
+                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None):
         self.model_dir = model_dir
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.requested_len = max_model_len
         self.device_target = device_target
         self.prompt_buckets = prompt_buckets
+        self.warmup_tokens = WARM_RUN_TOKENS if warmup_tokens is None else warmup_tokens
+        self.lazy = set()  # (batch, width) refill shapes left to compile on first use
         self.batches = batch_sizes(max_batch_size, batch_buckets)
         self.tokenizer = tokenizer
         self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
@@ -198,9 +202,11 @@ class Engine:
                  time.perf_counter() - start, self.config.vocab_size, self.max_model_len)
 
     def warm_up(self):
-        """Compile every shape a request can meet: per batch bucket, one refill graph per prompt width and the
-        decode graph. Shapes of up to WARM_RUN_TOKENS tokens also run once (writes land in idle slots);
-        larger ones are compiled only (running a 16 x 1024 prefill of GPT-2 small takes minutes on a CPU)."""
+        """Compile the shapes a request can meet: per batch bucket, one refill graph per prompt width, the
+        decode graph and the greedy chunk. Shapes of up to WARM_RUN_TOKENS tokens also run once (writes land
+        in idle slots); larger ones up to ``warmup_tokens`` are compiled only (running a 16 x 1024 prefill of
+        GPT-2 small takes minutes on a CPU); refill shapes beyond ``warmup_tokens`` are left to their first use
+        (``self.lazy``): a compile there pauses every running request once."""
         from ..model.kv_cache import step_inputs
         start = time.perf_counter()
         cache = self.cache
@@ -210,7 +216,9 @@ class Engine:
                 ids = np.zeros((batch, width), np.int32)
                 positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
                 last = np.zeros(batch, np.int32)
-                if batch * width <= WARM_RUN_TOKENS:
+                if width > 1 and batch * width > self.warmup_tokens:
+                    self.lazy.add((batch, width))
+                elif batch * width <= WARM_RUN_TOKENS:
                     cache.step(ids, positions, last, slots)
                 else:
                     cache.compile(*step_inputs(ids, positions, last, slots))
@@ -218,9 +226,11 @@ class Engine:
                 self._greedy_chunk(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), range(batch))
         self.warmup_seconds = time.perf_counter() - start
         log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1 "
-                 "greedy_chunk=%s; warm-up (%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
+                 "greedy_chunk=%s; warm-up (%d compiled shapes; %d larger refill shapes compile on first use, "
+                 "--warmup-tokens %d) %.1f s", self.batches, self.max_model_len, self.widths,
                  self.cache.decode_steps if self.chunked else "off",
-                 len(self.batches) * (len(self.widths) + 1 + self.chunked), self.warmup_seconds)
+                 len(self.batches) * (len(self.widths) + 1 + self.chunked) - len(self.lazy), len(self.lazy),
+                 self.warmup_tokens, self.warmup_seconds)
 
     def _greedy_chunk(self, ids, positions, rows):
         """k greedy steps of the rows (in cache slots ``rows``) in one compiled call: picks [b, k]."""
@@ -327,6 +337,10 @@ class Engine:
                 positions[row_of[i], 0] = self._slots[i].cursor
         if self.lora is not None:
             self._select_adapters(rows)
+        if admitted and (batch, ids.shape[1]) in self.lazy:
+            self.lazy.discard((batch, ids.shape[1]))
+            log.info("gptlocal serve: compiling the %d x %d refill shape on its first use (--warmup-tokens %d)",
+                     batch, ids.shape[1], self.warmup_tokens)
         if not admitted and self._chunk_fits(busy):
             picks = self._greedy_chunk(ids, positions, rows)
             self.stats["steps"] += 1

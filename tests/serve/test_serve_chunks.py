@@ -1,6 +1,6 @@
 """The engine's greedy chunks (k greedy steps in one compiled call, ``serve/steps.py``) against the plain path
 (one step per iteration, ``GPTLOCAL_SERVE_GREEDY_STEPS=0``) and against ``model.generate``, by value, in this
-process: odd prompt lengths and max_tokens (finishing mid-chunk), an EOS mid-chunk, a request that runs to the
+process (the 64-token refill compiled on first use, ``warmup_tokens``): odd prompt lengths and max_tokens (finishing mid-chunk), an EOS mid-chunk, a request that runs to the
 cache's last row, and a fifth request that waits for a slot and joins while the others decode."""
 import numpy as np
 import pytest
@@ -19,10 +19,12 @@ def engine(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("chunks") / "tiny")
     ms.set_seed(0)
     GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out)
-    engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[4])
+    engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[4],
+                    warmup_tokens=64)  # the 4 x 64 refill compiles on its first use
     try:
         engine._load()
         engine.warm_up()
+        assert engine.lazy == {(4, CONTEXT)}
         engine.ready.set()
         yield engine
     finally:
@@ -66,4 +68,5 @@ def test_greedy_chunks_equal_single_steps_and_generate(engine):
     for (tokens, finish, count), want, (_, max_tokens, _) in zip(chunked, ref, specs):
         assert tokens == want and count == len(want)
         assert finish == ("stop" if want[-1:] == [eos] else "length")
+    assert not engine.lazy  # the 40-token prompt's refill compiled when first needed
     assert len(chunked[2][0]) == CONTEXT - 40  # ended "length" at the cache's last row, before max_tokens
