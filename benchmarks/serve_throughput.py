@@ -45,12 +45,12 @@ def report_threads(side, threads):
     print(f"[{side} server] threads: {json.dumps(counts)}", flush=True)
 
 
-def ours_server(model_dir, port, batch, threads, plain=False):
-    """``plain``: the reference path of before issue 25 item 5: one step per iteration (no greedy chunks) and
-    every shape compiled at start (no --warmup-tokens threshold)."""
+def ours_server(model_dir, port, batch, threads, variant=None):
+    """``variant`` "plain": every shape compiled at start (no --warmup-tokens threshold), as before issue 25
+    item 5; "chunks": greedy chunks on (GPTLOCAL_SERVE_GREEDY_STEPS=1)."""
     os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal serve` in its own process: no MindFormers
-    if plain:
-        os.environ["GPTLOCAL_SERVE_GREEDY_STEPS"] = "0"
+    plain = variant == "plain"
+    os.environ["GPTLOCAL_SERVE_GREEDY_STEPS"] = "1" if variant == "chunks" else "0"
     report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
     return main(["serve", "--model", model_dir, "--port", str(port), "--max-batch-size", str(batch),
@@ -170,15 +170,15 @@ def main():
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="threads per server process")
     parser.add_argument("--rounds", type=int, default=3, help="server starts per side, alternating")
     parser.add_argument("--max-batch-size", type=int, default=16)
-    parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (no greedy chunks, every shape "
-                        "compiled at start: the path before issue 25 item 5), hf")
+    parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (every shape compiled at start: "
+                        "as before issue 25 item 5), ours-chunks (greedy chunks on), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
-    parser.add_argument("--plain", action="store_true", help="(with --ours-server) the ours-plain side")
+    parser.add_argument("--variant", choices=("plain", "chunks"), help="(with --ours-server) ours-plain / ours-chunks")
     parser.add_argument("--hf-server", metavar="DIR")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
     if args.ours_server:
-        return ours_server(args.ours_server[0], args.port, int(args.ours_server[1]), args.threads, args.plain)
+        return ours_server(args.ours_server[0], args.port, int(args.ours_server[1]), args.threads, args.variant)
     if args.hf_server:
         return hf_server(args.hf_server, args.port, args.threads)
     C.machine_line(args.threads)  # the load average before any worker runs
@@ -196,8 +196,8 @@ def main():
         hf_to_ms(hf_dir, ms_dir)
 
         def serve_round(side, index, shape=shape, hf_dir=hf_dir, ms_dir=ms_dir):
-            server_args = (["--ours-server", ms_dir, str(args.max_batch_size)] + (["--plain"] if side == "ours-plain"
-                                                                                    else [])
+            server_args = (["--ours-server", ms_dir, str(args.max_batch_size)]
+                           + (["--variant", side.split("-")[1]] if "-" in side else [])
                            if side.startswith("ours") else ["--hf-server", hf_dir])
             proc, base, ready_s = start(server_args + ["--threads", str(args.threads)], args.threads)
             rss_ready = peak_rss_mb(proc.pid)
@@ -245,7 +245,8 @@ def main():
         ratio = f"{C.median(r['rates']) / C.median(single['rates']):.2f}x" if single else "-"
         vs_hf = f"{C.median(r['rates']) / C.median(hf['rates']):.2f}x" if hf else "-"
         rss_hf = f"{r['rss'] / hf['rss']:.2f}x" if hf else "-"
-        server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, plain"}.get(r["side"], "HF generate")
+        server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, all shapes at start",
+                  "ours-chunks": "gptlocal serve, greedy chunks"}.get(r["side"], "HF generate")
         print(f"| {r['shape']} | {server} | {r['clients']} | "
               f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
               f"| {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")

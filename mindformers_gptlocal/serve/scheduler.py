@@ -22,14 +22,16 @@ WARM_RUN_TOKENS) before the server reports ready, and larger refill shapes compi
 compiled graph holds memory: 16 x 256 tokens of a 4-layer model 158 MB, see docs/performance.md "Serving"). One cache length because a
 sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
 
-Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins and every busy
-request is greedy (temperature 0), a decode iteration is instead ONE ``serve/steps.py`` ``SlotGreedySteps``
+Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins, every busy
+request is greedy (temperature 0) and the batch bucket has at most ``CHUNK_ROWS`` rows (1: a lone request,
+where a call's fixed cost weighs most), a decode iteration is instead ONE ``serve/steps.py`` ``SlotGreedySteps``
 call of k = ``KVCache.decode_steps`` steps (8 for a 4-layer model, 2 for GPT-2's 12), the argmax on the device
 and only [b, k] token ids copied back; the picks are then taken one by one exactly as single steps' picks would
 be, and a request's picks after it finished (EOS, a stop string, max_tokens) are discarded. A chunk runs only
 while each busy request still needs at least k / 2 tokens, so it wastes at most half its steps; a request that
-arrives during a chunk waits for it (k steps). ``GPTLOCAL_SERVE_GREEDY_STEPS=0`` turns chunks off (every
-iteration one step, the reference path).
+arrives during a chunk waits for it (k steps). Opt-in, ``GPTLOCAL_SERVE_GREEDY_STEPS=1``: on the busy
+machine of 2026-12-01 a chunk of the 16-slot x 256-row cache cost 0.75-1.0x the time of its k single steps
+(docs/performance.md "Serving"), so the default stays one step per iteration (the reference path).
 
 Sampling per request reuses ``generation/sampling.next_tokens`` with the request's own options and its
 own ``numpy.random.default_rng(seed)``, so a seeded request draws exactly what ``model.generate`` with
@@ -49,7 +51,9 @@ from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
-GREEDY_STEPS_ENV = "GPTLOCAL_SERVE_GREEDY_STEPS"  # "0": no greedy chunks (each iteration one step)
+GREEDY_STEPS_ENV = "GPTLOCAL_SERVE_GREEDY_STEPS"  # "1": greedy chunks on (opt-in: no gain measured yet)
+CHUNK_ROWS = 1  # greedy chunks are compiled for the batch buckets of up to this many rows (each graph: k steps
+# unrolled, ~45 MB and ~5-40 s of compile for a 4-layer model; a wide batch gains least from fewer calls)
 
 
 class QueueFull(Exception):
@@ -129,8 +133,9 @@ class Engine:
         self._cond = threading.Condition()
         self._slots = [_Slot() for _ in range(max_batch_size)]
         self._stopping = False
-        self.chunked = os.environ.get(GREEDY_STEPS_ENV, "1") != "0"
+        self.chunked = os.environ.get(GREEDY_STEPS_ENV, "0") == "1"
         self._greedy = {}  # batch bucket -> SlotGreedySteps
+        self.chunk_rows = CHUNK_ROWS
         self._thread = threading.Thread(target=self._run, name="gptlocal-engine", daemon=True)
 
     # --- public, any thread -------------------------------------------------------------------------
@@ -222,14 +227,14 @@ class Engine:
                     cache.step(ids, positions, last, slots)
                 else:
                     cache.compile(*step_inputs(ids, positions, last, slots))
-            if self.chunked:
+            if self.chunked and batch <= self.chunk_rows:
                 self._greedy_chunk(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), range(batch))
         self.warmup_seconds = time.perf_counter() - start
         log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1 "
                  "greedy_chunk=%s; warm-up (%d compiled shapes; %d larger refill shapes compile on first use, "
                  "--warmup-tokens %d) %.1f s", self.batches, self.max_model_len, self.widths,
                  self.cache.decode_steps if self.chunked else "off",
-                 len(self.batches) * (len(self.widths) + 1 + self.chunked) - len(self.lazy), len(self.lazy),
+                 len(self.batches) * (len(self.widths) + 1) + len(self._greedy) - len(self.lazy), len(self.lazy),
                  self.warmup_tokens, self.warmup_seconds)
 
     def _greedy_chunk(self, ids, positions, rows):
@@ -241,10 +246,11 @@ class Engine:
             self._greedy[batch] = SlotGreedySteps(self.cache, self.cache.decode_steps)
         return self._greedy[batch](Tensor(ids), Tensor(positions), Tensor(np.asarray(rows, np.int32))).asnumpy()
 
-    def _chunk_fits(self, busy):
-        """Whether this decode iteration may be a greedy chunk (module docstring): chunks on, nobody waiting,
-        every busy request greedy and needing at least half a chunk more tokens."""
-        if not self.chunked or self._pending:
+    def _chunk_fits(self, busy, batch):
+        """Whether this decode iteration may be a greedy chunk (module docstring): chunks on, a batch bucket of
+        up to ``chunk_rows`` rows, nobody waiting, every busy request greedy and needing at least half a chunk
+        more tokens."""
+        if not self.chunked or batch > self.chunk_rows or self._pending:
             return False
         half = (self.cache.decode_steps + 1) // 2
         for i in busy:
@@ -341,7 +347,7 @@ class Engine:
             self.lazy.discard((batch, ids.shape[1]))
             log.info("gptlocal serve: compiling the %d x %d refill shape on its first use (--warmup-tokens %d)",
                      batch, ids.shape[1], self.warmup_tokens)
-        if not admitted and self._chunk_fits(busy):
+        if not admitted and self._chunk_fits(busy, batch):
             picks = self._greedy_chunk(ids, positions, rows)
             self.stats["steps"] += 1
             self.stats["greedy_chunks"] += 1

@@ -1,5 +1,5 @@
 """The engine's greedy chunks (k greedy steps in one compiled call, ``serve/steps.py``) against the plain path
-(one step per iteration, ``GPTLOCAL_SERVE_GREEDY_STEPS=0``) and against ``model.generate``, by value, in this
+(one step per iteration, the default) and against ``model.generate``, by value, in this
 process (the 64-token refill compiled on first use, ``warmup_tokens``): odd prompt lengths and max_tokens (finishing mid-chunk), an EOS mid-chunk, a request that runs to the
 cache's last row, and a fifth request that waits for a slot and joins while the others decode."""
 import numpy as np
@@ -21,6 +21,8 @@ def engine(tmp_path_factory):
     GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out)
     engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[4],
                     warmup_tokens=64)  # the 4 x 64 refill compiles on its first use
+    engine.chunked = True  # opt-in (GPTLOCAL_SERVE_GREEDY_STEPS=1): compiled at warm-up
+    engine.chunk_rows = 4  # chunks for every bucket here (the default: a lone request's bucket only)
     try:
         engine._load()
         engine.warm_up()
