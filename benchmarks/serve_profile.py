@@ -108,8 +108,8 @@ def main():
             inside = C.median([sum(c[1] for c in r[1]) / r[0] for r in runs])
             host = C.median([(r[0] - sum(c[1] for c in r[1])) / len(r[1]) for r in runs])
             kinds = sorted({c[0] for c in runs[0][1]})
-            made = ", ".join(f"{k} x{sum(c[0] == k for c in runs[0][1])} ({C.median([c[1] for r in runs for c in r[1] if c[0] == k]) * 1e3:.1f})"
-                             for k in kinds)
+            made = ", ".join(f"{k} x{sum(c[0] == k for c in runs[0][1])} "
+                             f"({C.median([c[1] for r in runs for c in r[1] if c[0] == k]) * 1e3:.1f})" for k in kinds)
             row += f" {inside * 100:.0f}% | {host * 1e3:.2f} | {made} |"
         else:
             row += " - | - | - |"

@@ -229,7 +229,8 @@ def main():
                                  rates=[f[clients]["rate"] for f in found],
                                  p50=C.median([f[clients]["p50"] for f in found]),
                                  p99=C.median([f[clients]["p99"] for f in found]),
-                                 rss=C.median([f["rss"] for f in found]), ready=C.median([f["ready_s"] for f in found])))
+                                 rss=C.median([f["rss"] for f in found]),
+                                 ready=C.median([f["ready_s"] for f in found])))
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32; ours: --max-batch-size "
           f"{args.max_batch_size}; HF: one generate per request, one at a time; {args.rounds} server starts per side, "
@@ -248,8 +249,8 @@ def main():
         server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, all shapes at start",
                   "ours-chunks": "gptlocal serve, greedy chunks"}.get(r["side"], "HF generate")
         print(f"| {r['shape']} | {server} | {r['clients']} | "
-              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
-              f"| {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")
+              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | "
+              f"{ratio} | {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")
 
 
 if __name__ == "__main__":

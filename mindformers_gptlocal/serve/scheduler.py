@@ -19,8 +19,8 @@ batch bucket b that holds every busy slot: with b < max_batch_size the rows name
 Compiled shapes: the batch buckets x (the prompt-width buckets + the decode width 1), one cache length
 (max_model_len); ``warm_up`` compiles those of up to ``warmup_tokens`` (batch x width, default
 WARM_RUN_TOKENS) before the server reports ready, and larger refill shapes compile on first use (each
-compiled graph holds memory: 16 x 256 tokens of a 4-layer model 158 MB, see docs/performance.md "Serving"). One cache length because a
-sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
+compiled graph holds memory: 16 x 256 tokens of a 4-layer model 158 MB, see docs/performance.md "Serving").
+One cache length because a sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
 
 Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins, every busy
 request is greedy (temperature 0) and the batch bucket has at most ``CHUNK_ROWS`` rows (1: a lone request,

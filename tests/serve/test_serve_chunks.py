@@ -1,7 +1,8 @@
 """The engine's greedy chunks (k greedy steps in one compiled call, ``serve/steps.py``) against the plain path
-(one step per iteration, the default) and against ``model.generate``, by value, in this
-process (the 64-token refill compiled on first use, ``warmup_tokens``): odd prompt lengths and max_tokens (finishing mid-chunk), an EOS mid-chunk, a request that runs to the
-cache's last row, and a fifth request that waits for a slot and joins while the others decode."""
+(one step per iteration, the default) and against ``model.generate``, by value, in this process (the 64-token
+refill compiled on first use, ``warmup_tokens``): odd prompt lengths and max_tokens (finishing mid-chunk), an
+EOS mid-chunk, a request that runs to the cache's last row, and a fifth request that waits for a slot and joins
+while the others decode."""
 import numpy as np
 import pytest
 
