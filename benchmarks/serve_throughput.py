@@ -45,13 +45,17 @@ def report_threads(side, threads):
     print(f"[{side} server] threads: {json.dumps(counts)}", flush=True)
 
 
-def ours_server(model_dir, port, batch, threads):
+def ours_server(model_dir, port, batch, threads, variant=None):
+    """``variant`` "plain": every shape compiled at start (no --warmup-tokens threshold), as before issue 25
+    item 5; "chunks": greedy chunks on (GPTLOCAL_SERVE_GREEDY_STEPS=1)."""
     os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal serve` in its own process: no MindFormers
+    plain = variant == "plain"
+    os.environ["GPTLOCAL_SERVE_GREEDY_STEPS"] = "1" if variant == "chunks" else "0"
     report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
     return main(["serve", "--model", model_dir, "--port", str(port), "--max-batch-size", str(batch),
                  "--max-model-len", "256", "--prompt-buckets", str(PROMPT), "--served-model-name", "bench",
-                 "--log-level", "warning"])
+                 "--log-level", "warning", *(["--warmup-tokens", str(1 << 30)] if plain else [])])
 
 
 def hf_server(model_dir, port, threads):
@@ -86,6 +90,12 @@ def hf_server(model_dir, port, threads):
                           "total_tokens": len(body["prompt"]) + len(tokens)}}
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def peak_rss_mb(pid):
+    """A server process's peak RSS so far (VmHWM from /proc; Linux)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
 
 
 def free_port():
@@ -160,13 +170,15 @@ def main():
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="threads per server process")
     parser.add_argument("--rounds", type=int, default=3, help="server starts per side, alternating")
     parser.add_argument("--max-batch-size", type=int, default=16)
-    parser.add_argument("--sides", default="ours,hf")
+    parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (every shape compiled at start: "
+                        "as before issue 25 item 5), ours-chunks (greedy chunks on), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
+    parser.add_argument("--variant", choices=("plain", "chunks"), help="(with --ours-server) ours-plain / ours-chunks")
     parser.add_argument("--hf-server", metavar="DIR")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
     if args.ours_server:
-        return ours_server(args.ours_server[0], args.port, int(args.ours_server[1]), args.threads)
+        return ours_server(args.ours_server[0], args.port, int(args.ours_server[1]), args.threads, args.variant)
     if args.hf_server:
         return hf_server(args.hf_server, args.port, args.threads)
     C.machine_line(args.threads)  # the load average before any worker runs
@@ -184,11 +196,13 @@ def main():
         hf_to_ms(hf_dir, ms_dir)
 
         def serve_round(side, index, shape=shape, hf_dir=hf_dir, ms_dir=ms_dir):
-            server_args = (["--ours-server", ms_dir, str(args.max_batch_size)] if side == "ours"
-                           else ["--hf-server", hf_dir])
+            server_args = (["--ours-server", ms_dir, str(args.max_batch_size)]
+                           + (["--variant", side.split("-")[1]] if "-" in side else [])
+                           if side.startswith("ours") else ["--hf-server", hf_dir])
             proc, base, ready_s = start(server_args + ["--threads", str(args.threads)], args.threads)
+            rss_ready = peak_rss_mb(proc.pid)
             print(f"{shape} {side} round {index + 1}: ready in {ready_s:.1f} s", flush=True)
-            found = {}
+            found = {"ready_s": ready_s}
             try:
                 for clients in levels:
                     per_client = max(1, args.requests // clients)
@@ -198,6 +212,9 @@ def main():
                                           p50=float(np.percentile(lat, 50)), p99=float(np.percentile(lat, 99)))
                     print(f"{shape} {side} {clients:2d} clients: {rate:7.1f} tok/s  p50 {found[clients]['p50']:.2f} s  "
                           f"p99 {found[clients]['p99']:.2f} s", flush=True)
+                found["rss_ready"] = rss_ready
+                found["rss"] = peak_rss_mb(proc.pid)
+                print(f"{shape} {side} peak RSS {found['rss']:.0f} MB (at ready {rss_ready:.0f} MB)", flush=True)
             finally:
                 proc.terminate()
                 try:
@@ -211,19 +228,29 @@ def main():
                 rows.append(dict(shape=shape, side=side, clients=clients, requests=found[0][clients]["requests"],
                                  rates=[f[clients]["rate"] for f in found],
                                  p50=C.median([f[clients]["p50"] for f in found]),
-                                 p99=C.median([f[clients]["p99"] for f in found])))
+                                 p99=C.median([f[clients]["p99"] for f in found]),
+                                 rss=C.median([f["rss"] for f in found]),
+                                 ready=C.median([f["ready_s"] for f in found])))
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32; ours: --max-batch-size "
           f"{args.max_batch_size}; HF: one generate per request, one at a time; {args.rounds} server starts per side, "
           f"alternating; tokens/s median [min-max], latencies the median of the rounds' p50/p99\n")
-    print("| shape | server | clients | requests | tokens/s | p50 latency s | p99 latency s | vs own 1-client |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | server | clients | requests | tokens/s | vs HF | p50 latency s | p99 latency s | vs own 1-client "
+          "| peak RSS MB | RSS vs HF | ready s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        single = next((C.median(x["rates"]) for x in rows if x["shape"] == r["shape"] and x["side"] == r["side"]
-                       and x["clients"] == 1), None)
-        ratio = f"{C.median(r['rates']) / single:.2f}x" if single else "-"
-        print(f"| {r['shape']} | {'gptlocal serve' if r['side'] == 'ours' else 'HF generate'} | {r['clients']} | "
-              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
+        def of(side, clients=None, r=r):
+            return next((x for x in rows if x["shape"] == r["shape"] and x["side"] == side
+                         and x["clients"] == (clients or r["clients"])), None)
+        single, hf = of(r["side"], 1), of("hf")
+        ratio = f"{C.median(r['rates']) / C.median(single['rates']):.2f}x" if single else "-"
+        vs_hf = f"{C.median(r['rates']) / C.median(hf['rates']):.2f}x" if hf else "-"
+        rss_hf = f"{r['rss'] / hf['rss']:.2f}x" if hf else "-"
+        server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, all shapes at start",
+                  "ours-chunks": "gptlocal serve, greedy chunks"}.get(r["side"], "HF generate")
+        print(f"| {r['shape']} | {server} | {r['clients']} | "
+              f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | "
+              f"{ratio} | {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")
 
 
 if __name__ == "__main__":

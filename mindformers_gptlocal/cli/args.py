@@ -352,6 +352,10 @@ def serve_parser():
                         help="comma-separated prompt widths to compile (default: 16, 32, 64, ... up to the context)")
     parser.add_argument("--batch-buckets", default=None,
                         help="comma-separated batch sizes to compile (default: 1, 4, 16, ... up to --max-batch-size)")
+    parser.add_argument("--warmup-tokens", type=int, default=512,
+                        help="compile at start-up only the shapes of up to this many tokens (batch x width); larger "
+                             "refill shapes compile when first needed, pausing the running requests for it "
+                             "(default 512; a large value compiles everything at start)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
     parser.add_argument("--lora", action="append", default=None, metavar="NAME=DIR",
                         help="also serve the LoRA adapter of a finetune's model directory DIR as model NAME "

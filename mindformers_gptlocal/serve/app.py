@@ -75,6 +75,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
                 "adapters": engine.adapter_names,
                 "batch_sizes": engine.batches,
                 "max_model_len": engine.max_model_len, "prompt_widths": engine.widths,
+                "compile_on_first_use": sorted(engine.lazy),
                 "warmup_seconds": round(engine.warmup_seconds, 2), **engine.snapshot()}
 
     @app.get("/metrics")
@@ -279,7 +280,7 @@ def serve(options):
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ConfigError(f"--model {model_dir} has no config.json; give a gpt_local model directory "
                           f"(training output, `gptlocal convert hf2ms`, or save_pretrained).")
-    for key in ("max_batch_size", "max_queue", "max_request_bytes"):
+    for key in ("max_batch_size", "max_queue", "max_request_bytes", "warmup_tokens"):
         if getattr(options, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(options, key)}.")
     for key in ("request_timeout", "send_timeout", "shutdown_timeout"):
@@ -308,7 +309,8 @@ def serve(options):
             log.info("gptlocal serve: --lora %s", line)
     engine = Engine(model_dir, max_batch_size=options.max_batch_size, max_queue=options.max_queue,
                     max_model_len=options.max_model_len, device_target=options.device_target,
-                    prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches, adapters=adapters)
+                    prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches, adapters=adapters,
+                    warmup_tokens=getattr(options, "warmup_tokens", None))
     engine.start()
     state = State(api_key=api_key, max_request_bytes=options.max_request_bytes, send_timeout=options.send_timeout,
                   request_timeout=options.request_timeout, shutdown_timeout=options.shutdown_timeout)

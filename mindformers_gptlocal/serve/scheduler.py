@@ -17,8 +17,21 @@ This works because ``KVCache.step`` takes per-row positions and writes each row'
 batch bucket b that holds every busy slot: with b < max_batch_size the rows name their slots
 (``KVCache.step(..., slots=)``; pad rows use distinct idle slots) and attention reads only those slots.
 Compiled shapes: the batch buckets x (the prompt-width buckets + the decode width 1), one cache length
-(max_model_len); ``warm_up`` compiles them all before the server reports ready. One cache length because a
-sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
+(max_model_len); ``warm_up`` compiles those of up to ``warmup_tokens`` (batch x width, default
+WARM_RUN_TOKENS) before the server reports ready, and larger refill shapes compile on first use (each
+compiled graph holds memory: 16 x 256 tokens of a 4-layer model 158 MB, see docs/performance.md "Serving").
+One cache length because a sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
+
+Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins, every busy
+request is greedy (temperature 0) and the batch bucket has at most ``CHUNK_ROWS`` rows (1: a lone request,
+where a call's fixed cost weighs most), a decode iteration is instead ONE ``serve/steps.py`` ``SlotGreedySteps``
+call of k = ``KVCache.decode_steps`` steps (8 for a 4-layer model, 2 for GPT-2's 12), the argmax on the device
+and only [b, k] token ids copied back; the picks are then taken one by one exactly as single steps' picks would
+be, and a request's picks after it finished (EOS, a stop string, max_tokens) are discarded. A chunk runs only
+while each busy request still needs at least k / 2 tokens, so it wastes at most half its steps; a request that
+arrives during a chunk waits for it (k steps). Opt-in, ``GPTLOCAL_SERVE_GREEDY_STEPS=1``: on the busy
+machine of 2026-12-01 a chunk of the 16-slot x 256-row cache cost 0.75-1.0x the time of its k single steps
+(docs/performance.md "Serving"), so the default stays one step per iteration (the reference path).
 
 Sampling per request reuses ``generation/sampling.next_tokens`` with the request's own options and its
 own ``numpy.random.default_rng(seed)``, so a seeded request draws exactly what ``model.generate`` with
@@ -27,6 +40,7 @@ that seed draws for the same prompt.
 import collections
 import itertools
 import logging
+import os
 import threading
 import time
 
@@ -37,6 +51,9 @@ from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
+GREEDY_STEPS_ENV = "GPTLOCAL_SERVE_GREEDY_STEPS"  # "1": greedy chunks on (opt-in: no gain measured yet)
+CHUNK_ROWS = 1  # greedy chunks are compiled for the batch buckets of up to this many rows (each graph: k steps
+# unrolled, ~45 MB and ~5-40 s of compile for a 4-layer model; a wide batch gains least from fewer calls)
 
 
 class QueueFull(Exception):
@@ -91,13 +108,15 @@ class Engine:
     """Loads the model in its own thread, warms every compiled shape up, then serves ``submit``-ted requests."""
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
-                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None):
+                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None):
         self.model_dir = model_dir
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.requested_len = max_model_len
         self.device_target = device_target
         self.prompt_buckets = prompt_buckets
+        self.warmup_tokens = WARM_RUN_TOKENS if warmup_tokens is None else warmup_tokens
+        self.lazy = set()  # (batch, width) refill shapes left to compile on first use
         self.batches = batch_sizes(max_batch_size, batch_buckets)
         self.tokenizer = tokenizer
         self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
@@ -114,6 +133,9 @@ class Engine:
         self._cond = threading.Condition()
         self._slots = [_Slot() for _ in range(max_batch_size)]
         self._stopping = False
+        self.chunked = os.environ.get(GREEDY_STEPS_ENV, "0") == "1"
+        self._greedy = {}  # batch bucket -> SlotGreedySteps
+        self.chunk_rows = CHUNK_ROWS
         self._thread = threading.Thread(target=self._run, name="gptlocal-engine", daemon=True)
 
     # --- public, any thread -------------------------------------------------------------------------
@@ -142,7 +164,7 @@ class Engine:
         with self._cond:
             return {"active": sum(s.request is not None for s in self._slots), "queued": len(self._pending),
                     **{k: self.stats[k] for k in ("accepted", "rejected", "completed", "cancelled", "expired",
-                                                  "steps", "mixed_adapter_steps")}}
+                                                  "steps", "greedy_chunks", "mixed_adapter_steps")}}
 
     # --- worker thread ------------------------------------------------------------------------------
     def _run(self):
@@ -189,9 +211,11 @@ class Engine:
                  time.perf_counter() - start, self.config.vocab_size, self.max_model_len)
 
     def warm_up(self):
-        """Compile every shape a request can meet: per batch bucket, one refill graph per prompt width and the
-        decode graph. Shapes of up to WARM_RUN_TOKENS tokens also run once (writes land in idle slots);
-        larger ones are compiled only (running a 16 x 1024 prefill of GPT-2 small takes minutes on a CPU)."""
+        """Compile the shapes a request can meet: per batch bucket, one refill graph per prompt width, the
+        decode graph and the greedy chunk. Shapes of up to WARM_RUN_TOKENS tokens also run once (writes land
+        in idle slots); larger ones up to ``warmup_tokens`` are compiled only (running a 16 x 1024 prefill of
+        GPT-2 small takes minutes on a CPU); refill shapes beyond ``warmup_tokens`` are left to their first use
+        (``self.lazy``): a compile there pauses every running request once."""
         from ..model.kv_cache import step_inputs
         start = time.perf_counter()
         cache = self.cache
@@ -201,14 +225,43 @@ class Engine:
                 ids = np.zeros((batch, width), np.int32)
                 positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
                 last = np.zeros(batch, np.int32)
-                if batch * width <= WARM_RUN_TOKENS:
+                if width > 1 and batch * width > self.warmup_tokens:
+                    self.lazy.add((batch, width))
+                elif batch * width <= WARM_RUN_TOKENS:
                     cache.step(ids, positions, last, slots)
                 else:
                     cache.compile(*step_inputs(ids, positions, last, slots))
+            if self.chunked and batch <= self.chunk_rows:
+                self._greedy_chunk(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), range(batch))
         self.warmup_seconds = time.perf_counter() - start
-        log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1; warm-up "
-                 "(%d compiled shapes) %.1f s", self.batches, self.max_model_len, self.widths,
-                 len(self.batches) * (len(self.widths) + 1), self.warmup_seconds)
+        log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1 "
+                 "greedy_chunk=%s; warm-up (%d compiled shapes; %d larger refill shapes compile on first use, "
+                 "--warmup-tokens %d) %.1f s", self.batches, self.max_model_len, self.widths,
+                 self.cache.decode_steps if self.chunked else "off",
+                 len(self.batches) * (len(self.widths) + 1) + len(self._greedy) - len(self.lazy), len(self.lazy),
+                 self.warmup_tokens, self.warmup_seconds)
+
+    def _greedy_chunk(self, ids, positions, rows):
+        """k greedy steps of the rows (in cache slots ``rows``) in one compiled call: picks [b, k]."""
+        from mindspore import Tensor
+        batch = ids.shape[0]
+        if batch not in self._greedy:
+            from .steps import SlotGreedySteps
+            self._greedy[batch] = SlotGreedySteps(self.cache, self.cache.decode_steps)
+        return self._greedy[batch](Tensor(ids), Tensor(positions), Tensor(np.asarray(rows, np.int32))).asnumpy()
+
+    def _chunk_fits(self, busy, batch):
+        """Whether this decode iteration may be a greedy chunk (module docstring): chunks on, a batch bucket of
+        up to ``chunk_rows`` rows, nobody waiting, every busy request greedy and needing at least half a chunk
+        more tokens."""
+        if not self.chunked or batch > self.chunk_rows or self._pending:
+            return False
+        half = (self.cache.decode_steps + 1) // 2
+        for i in busy:
+            request = self._slots[i].request
+            if request.options["do_sample"] or request.cancelled or request.max_tokens - len(request.tokens) < half:
+                return False
+        return self.cache.decode_steps > 1
 
     def _expire(self):
         """End the requests whose ``deadline`` passed: a running one finishes "length" with what it has (the
@@ -294,6 +347,20 @@ class Engine:
                 positions[row_of[i], 0] = self._slots[i].cursor
         if self.lora is not None:
             self._select_adapters(rows)
+        if admitted and (batch, ids.shape[1]) in self.lazy:
+            self.lazy.discard((batch, ids.shape[1]))
+            log.info("gptlocal serve: compiling the %d x %d refill shape on its first use (--warmup-tokens %d)",
+                     batch, ids.shape[1], self.warmup_tokens)
+        if not admitted and self._chunk_fits(busy, batch):
+            picks = self._greedy_chunk(ids, positions, rows)
+            self.stats["steps"] += 1
+            self.stats["greedy_chunks"] += 1
+            for column in range(picks.shape[1]):
+                for i in busy:
+                    if self._slots[i].request is not None:  # not finished by an earlier pick of this chunk
+                        self._slots[i].cursor += 1
+                        self._take(i, int(picks[row_of[i], column]))
+            return
         logits = self.cache.step(ids, positions, last, None if batch == self.max_batch_size else rows)
         self.stats["steps"] += 1
         for i in busy:
@@ -311,11 +378,17 @@ class Engine:
             self.stats["mixed_adapter_steps"] += 1
 
     def _advance(self, index, logits):
+        request = self._slots[index].request
+        if request.cancelled:
+            return
+        self._take(index, int(next_tokens(logits, [request.prompt + request.tokens], request.options, request.rng)[0]))
+
+    def _take(self, index, token):
+        """The slot's request gets ``token``: emit it, and end the request at EOS, a stop string or its limit."""
         slot = self._slots[index]
         request = slot.request
         if request.cancelled:
             return
-        token = int(next_tokens(logits, [request.prompt + request.tokens], request.options, request.rng)[0])
         request.tokens.append(token)
         slot.token = token
         finish = None
