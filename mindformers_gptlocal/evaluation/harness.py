@@ -294,6 +294,7 @@ class GPTLocalLM(TemplateLM):
                 rows.append((context_enc + continuation_enc)[-(self.max_length + 1):])  # left truncation, as HFLM
             batches.append(rows)
         needs = [max(len(r) for r in rows) - 1 for rows in batches]
+        self._widths.chosen = None  # plan this call's batches (the compiled widths and measured costs carry over)
         for index, (chunk, rows) in enumerate(zip(chunks, batches)):
             width = self._widths.width(needs[index], needs[index:])
             started = time.perf_counter()
