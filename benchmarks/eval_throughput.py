@@ -101,7 +101,8 @@ def measure(args, side, task):
         raise SystemExit(f"{side} {task} worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     r = json.loads(lines[-1][len("RESULT "):])
     print(f"  {side:4} {task:9} cold {r['requests'] / r['cold_seconds']:7.2f} requests/s ({r['cold_seconds']:.1f} s: "
-          f"import {r['import_seconds']:.1f}, load {r['load_seconds']:.1f}, first evaluate {r['first_eval_seconds']:.1f}"
+          f"import {r['import_seconds']:.1f}, load {r['load_seconds']:.1f}, "
+          f"first evaluate {r['first_eval_seconds']:.1f}"
           f"{'' if r['compiles'] is None else ', compiled shapes ' + str(r['compiles'])}); warm "
           f"{r['requests'] / r['warm_seconds']:7.2f} requests/s ({r['requests']} in {r['warm_seconds']:.1f} s); "
           f"peak RSS {r['peak_rss_mb']:.0f} MB; threads {r['threads']}", flush=True)
@@ -131,7 +132,8 @@ def main():
                 f"setup({args.work!r}, {args.shape!r})")
         subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), check=True)
     tasks = os.path.join(args.work, "tasks")
-    code = f"import sys; sys.path.insert(0, {HERE!r}); from eval_tasks import write_tasks; write_tasks({tasks!r}, {args.docs})"
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_tasks import write_tasks; "
+            f"write_tasks({tasks!r}, {args.docs})")
     subprocess.run([sys.executable, "-c", code], check=True)  # --docs documents a task (cheap: JSONL + YAML)
     rates = {}
     for task in args.tasks.split(","):  # per task: ours, hf, hf, ours, ... (alternating)
