@@ -29,17 +29,19 @@ def _docs(n):
         yield i, a, b, op
 
 
-def write_tasks(out):
+def write_tasks(out, docs=24):
+    """The four tasks' YAML + JSONL in ``out``, ``docs`` documents each (24 for the tests and the docs' table)."""
     os.makedirs(out, exist_ok=True)
     choice, rolling, until, long_ = [], [], [], []
-    for i, a, b, op in _docs(24):
+    for i, a, b, op in _docs(docs):
+        tag = "" if i < 24 else str(i)  # the first 24 as always (tests, the docs' table); later ones all distinct
         choices = [f" {a}{o}{b}" for o in OPS[:4]]
-        choice.append({"question": f"def f({a}, {b}):\n    return", "choices": choices, "label": i % 4})
+        choice.append({"question": f"def f{tag}({a}, {b}):\n    return", "choices": choices, "label": i % 4})
         rolling.append({"text": f"def f{i}({a}, {b}):\n    {a} = {a}{op}{b}\n    return {a}\n\n"
                                 f"for {a} in range({i + 2}):\n    print({a}{op}{b})\n"})
-        until.append({"prompt": f"def g({a}):\n    if {a} is None:\n        return", "answer": " None"})
+        until.append({"prompt": f"def g{tag}({a}):\n    if {a} is None:\n        return", "answer": " None"})
         body = "".join(f"    {n} = {a}{op}{j}\n" for j, n in enumerate(NAMES))
-        long_.append({"question": f"def h({a}, {b}):\n{body}    return", "choices": choices, "label": (i + 1) % 4})
+        long_.append({"question": f"def h{tag}({a}, {b}):\n{body}    return", "choices": choices, "label": (i + 1) % 4})
     tasks = {
         "gl_choice": (choice, {"output_type": "multiple_choice", "doc_to_text": "{{question}}",
                                "doc_to_choice": "{{choices}}", "doc_to_target": "label",

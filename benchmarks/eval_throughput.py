@@ -7,11 +7,14 @@
 Each measurement is its own worker process started with an explicit env (OMP_NUM_THREADS, MKL_NUM_THREADS,
 OPENBLAS_NUM_THREADS = --threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, which
 children would inherit otherwise); every worker checks them in its C environment, sets torch's (and
-MindSpore's) thread count to the same, and prints them with its peak RSS (benchmarks/_common.py). The worker evaluates
-the task once on the same --limit documents (compiles our graphs for those shapes; warms torch), then times
-lm_eval.simple_evaluate on them again. Sides alternate (ours, hf, hf, ours, ...) for --rounds rounds per task; the table
-gives requests/s medians and min-max. Tasks: gl_choice (multiple choice, 4 loglikelihood requests a
-document) and gl_until (generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py.
+MindSpore's) thread count to the same, and prints them with its peak RSS (benchmarks/_common.py). A worker
+times a **cold** run as a user sees one (`lm_eval --model ...` end to end: its imports, the model load and
+lm_eval.simple_evaluate on --limit documents, our graph compiles included), then a **warm** run of the same
+documents in the same process (graphs compiled, torch warm). Sides alternate (ours, hf, hf, ours, ...) for
+--rounds rounds per task; the table gives requests/s medians and min-max of both, the cold run's parts
+(imports, model load, first evaluate; for ours also the graph compiles it made) and each side's peak RSS
+(VmHWM). Tasks: gl_choice (multiple choice, 4 loglikelihood requests a document) and gl_until
+(generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py, --docs documents each.
 """
 import argparse
 import json
@@ -53,6 +56,7 @@ def setup(work, shape):
 
 
 def worker(args):
+    started = time.perf_counter()  # cold: from here (the interpreter is up) to the first results
     env = C.check_threads(args.threads, f"{args.worker} eval worker")
     threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
     if args.worker == "ours":
@@ -63,35 +67,46 @@ def worker(args):
     manager = TaskManager(include_path=os.path.join(args.work, "tasks"))
     if args.worker == "ours":
         from mindformers_gptlocal.evaluation.harness import GPTLocalLM
-        model = GPTLocalLM(pretrained=os.path.join(args.work, "ms"), batch_size=args.batch_size, progress=False)
     else:
         from lm_eval.api.registry import get_model
+    imported = time.perf_counter()
+    if args.worker == "ours":
+        model = GPTLocalLM(pretrained=os.path.join(args.work, "ms"), batch_size=args.batch_size, progress=False)
+    else:
         model = get_model("hf")(pretrained=os.path.join(args.work, "ref"), batch_size=args.batch_size, device="cpu",
                                 dtype="float32")
-    lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
-                            log_samples=False)  # warm-up on the same documents: compile / caches, untimed
-    start = time.perf_counter()
-    out = lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
-                                  log_samples=True)
-    seconds = time.perf_counter() - start
+    loaded = time.perf_counter()
+    runs = {}
+    for run in ("cold", "warm"):
+        start = time.perf_counter()
+        out = lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
+                                      log_samples=True)
+        runs[run] = time.perf_counter() - start
     requests = sum(len(s["arguments"]) for s in out["samples"][args.task])
-    print("RESULT " + json.dumps({"side": args.worker, "task": args.task, "requests": requests, "seconds": seconds,
-                                  "threads": threads, "peak_rss_mb": C.vm_hwm_mb()}), flush=True)
+    compiles = getattr(model, "compiled_shapes", lambda: None)()
+    print("RESULT " + json.dumps({"side": args.worker, "task": args.task, "requests": requests,
+                                  "cold_seconds": loaded - started + runs["cold"], "import_seconds": imported - started,
+                                  "load_seconds": loaded - imported, "first_eval_seconds": runs["cold"],
+                                  "warm_seconds": runs["warm"], "compiles": compiles, "threads": threads,
+                                  "peak_rss_mb": C.vm_hwm_mb()}), flush=True)
 
 
 def measure(args, side, task):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--task", task, "--work", args.work,
-           "--threads", str(args.threads), "--limit", str(args.limit),
+           "--threads", str(args.threads), "--limit", str(args.limit), "--docs", str(args.docs),
            "--batch-size", str(args.batch_size)]
     proc = subprocess.run(cmd, env=C.worker_env(args.threads), capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"{side} {task} worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
-    print(f"  {side:4} {task:9} {result['requests'] / result['seconds']:8.2f} requests/s "
-          f"({result['requests']} in {result['seconds']:.1f} s; peak RSS {result['peak_rss_mb']:.0f} MB; "
-          f"threads {result['threads']})", flush=True)
-    return result["requests"] / result["seconds"]
+    r = json.loads(lines[-1][len("RESULT "):])
+    print(f"  {side:4} {task:9} cold {r['requests'] / r['cold_seconds']:7.2f} requests/s ({r['cold_seconds']:.1f} s: "
+          f"import {r['import_seconds']:.1f}, load {r['load_seconds']:.1f}, "
+          f"first evaluate {r['first_eval_seconds']:.1f}"
+          f"{'' if r['compiles'] is None else ', compiled shapes ' + str(r['compiles'])}); warm "
+          f"{r['requests'] / r['warm_seconds']:7.2f} requests/s ({r['requests']} in {r['warm_seconds']:.1f} s); "
+          f"peak RSS {r['peak_rss_mb']:.0f} MB; threads {r['threads']}", flush=True)
+    return r
 
 
 def main():
@@ -99,7 +114,8 @@ def main():
     parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--limit", type=int, default=16, help="documents timed per task")
+    parser.add_argument("--limit", type=int, default=16, help="documents evaluated per task")
+    parser.add_argument("--docs", type=int, default=24, help="documents written per task (eval_tasks.py)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--work", help="reuse a set-up folder (default: a new temporary one)")
@@ -115,19 +131,37 @@ def main():
         code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_throughput import setup; "
                 f"setup({args.work!r}, {args.shape!r})")
         subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), check=True)
+    tasks = os.path.join(args.work, "tasks")
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_tasks import write_tasks; "
+            f"write_tasks({tasks!r}, {args.docs})")
+    subprocess.run([sys.executable, "-c", code], check=True)  # --docs documents a task (cheap: JSONL + YAML)
     rates = {}
     for task in args.tasks.split(","):  # per task: ours, hf, hf, ours, ... (alternating)
         found = C.alternate(("ours", "hf"), args.rounds, lambda side, _, task=task: measure(args, side, task))
         rates.update({(side, task): found[side] for side in found})
     print(f"\n{C.machine_line(args.threads)}")
-    print(f"{args.shape} shape, batch {args.batch_size}, {args.limit} documents timed, {args.rounds} rounds, sides "
-          f"alternating; requests/s median [min-max] over rounds\n")
-    print("| task | ours requests/s | lm-eval hf requests/s | ours/hf |")
-    print("| --- | ---: | ---: | ---: |")
+    print(f"{args.shape} shape, batch {args.batch_size}, {args.limit} documents a task, {args.rounds} rounds, sides "
+          f"alternating; requests/s median [min-max] over rounds. cold = one process end to end (imports, model load, "
+          f"first simple_evaluate: our compiles included); warm = simple_evaluate again in that process\n")
+    print("| task | requests | ours cold | hf cold | ours/hf cold | ours warm | hf warm | ours/hf warm | "
+          "ours cold parts s (import, load, evaluate) | hf cold parts s | peak RSS ours / hf MB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for task in args.tasks.split(","):
         ours, hf = rates[("ours", task)], rates[("hf", task)]
-        print(f"| {task} ({TASKS.get(task, '')}) | {C.spread(ours, '{:.2f}')} | {C.spread(hf, '{:.2f}')} | "
-              f"{statistics.median(ours) / statistics.median(hf):.2f}x |")
+        row = [f"{task} ({TASKS.get(task, '')})", str(ours[0]["requests"])]
+        for key in ("cold_seconds", "warm_seconds"):
+            a = [r["requests"] / r[key] for r in ours]
+            b = [r["requests"] / r[key] for r in hf]
+            row += [C.spread(a, "{:.2f}"), C.spread(b, "{:.2f}"), f"{statistics.median(a) / statistics.median(b):.2f}x"]
+        for side in (ours, hf):
+            row.append(", ".join(f"{statistics.median(r[k] for r in side):.1f}"
+                                 for k in ("import_seconds", "load_seconds", "first_eval_seconds")))
+        row.append(f"{statistics.median(r['peak_rss_mb'] for r in ours):.0f} / "
+                   f"{statistics.median(r['peak_rss_mb'] for r in hf):.0f}")
+        print("| " + " | ".join(row) + " |")
+    for task in args.tasks.split(","):
+        print(f"ours' compiled shapes, {task} (first round): {rates[('ours', task)][0]['compiles']}")
+
 
 if __name__ == "__main__":
     main()

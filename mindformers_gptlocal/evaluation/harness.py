@@ -11,7 +11,15 @@ and batching (lm-eval's ``Collator``), the same left truncation to ``max_length`
 one-token-continuation sharing. What differs is the model: gpt_local's forward pass (fp32 logits,
 log-softmax and the pick of each target token on the device, so only [B, S] numbers come back) and
 its KV-cached ``generate`` for ``generate_until``.
+
+Compiles are most of a small evaluation's time (a few seconds a graph shape against tens of milliseconds a
+batch), so the shapes are chosen to be few: ``WidthPlan`` picks the scoring widths from all of a call's
+batches at once (a new width is compiled only where the padding it saves costs more than the compile, by the
+compile and call times it measured), and ``generate_until`` fills a greedy chunk with padding rows to the fixed
+batch size, so a task's last, smaller chunk reuses the compiled graphs. After each new shape's first call the
+heap the compile freed goes back to the system (``host_memory.release_freed_heap``).
 """
+import bisect
 import copy
 import os
 import sys
@@ -25,7 +33,9 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator, configure_pad_token, handle_stop_sequences, normalize_gen_kwargs
 
 from ..errors import ConfigError, DataError
-from ..model.buckets import length_bucket
+from ..model.buckets import bucket_of, length_bucket, width_buckets
+from ..generation.loop import is_greedy, resolve_options
+from ..host_memory import release_freed_heap
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
@@ -76,6 +86,77 @@ def _scorer(lm):
     return scorer
 
 
+def plan_widths(needs, compiled, compile_seconds, column_seconds, limit):
+    """The widths to compile and run: ``needs`` (columns each batch needs), ``compiled`` (widths with a graph
+    already), a compile's cost and one batch call's cost per column, in seconds. Minimises compile_seconds
+    per new width + column_seconds x width per batch, each batch at the smallest chosen width that holds it;
+    the candidates are ``length_bucket`` of each need and the compiled widths. Returns the chosen widths
+    (ascending)."""
+    needs = sorted(needs)
+    cands = sorted({length_bucket(n, limit) for n in needs} | {w for w in compiled if w >= needs[0]})
+    best, back = [], []  # best[i]: least cost of serving every need <= cands[i] with cands[i] the largest chosen
+    for i, width in enumerate(cands):
+        opened = 0.0 if width in compiled else compile_seconds
+        options = [(opened + column_seconds * width * bisect.bisect_right(needs, width), -1)]
+        for j in range(i):
+            served = bisect.bisect_right(needs, width) - bisect.bisect_right(needs, cands[j])
+            options.append((best[j] + opened + column_seconds * width * served, j))
+        cost, j = min(options)
+        best.append(cost)
+        back.append(j)
+    last = min((i for i, w in enumerate(cands) if w >= needs[-1]), key=lambda i: (best[i], i))
+    chosen = []
+    while last >= 0:
+        chosen.append(cands[last])
+        last = back[last]
+    return sorted(chosen)
+
+
+class WidthPlan:
+    """The scorer's widths over one model's run: compiled widths, measured costs, the current plan.
+
+    The first batch (the longest: lm-eval sorts by length) compiles its ``length_bucket``; until a call at a
+    compiled width has been timed, batches take the smallest compiled width that holds them (else their
+    bucket). From then on ``plan_widths`` chooses over all batches still to come, with the compile cost (first
+    call less a timed call, per column) and the call cost per column measured here; it re-plans when a new width
+    has compiled. ``adaptive=False`` is the plain path: every batch at its own ``length_bucket``."""
+
+    def __init__(self, limit, adaptive=True):
+        self.limit, self.adaptive = limit, adaptive
+        self.compiled = {}  # width -> seconds of its first call (compile + run)
+        self.column_seconds = None  # median over timed calls of seconds / width
+        self._per_column = []
+        self.chosen = None
+
+    def compile_seconds(self):
+        return float(np.mean([max(t - self.column_seconds * w, 0.0) for w, t in self.compiled.items()]))
+
+    def width(self, need, remaining):
+        """The width for a batch of ``need`` columns; ``remaining``: the needs of it and every later batch."""
+        if not self.adaptive:
+            return length_bucket(need, self.limit)
+        if self.column_seconds is None:
+            held = [w for w in self.compiled if w >= need]
+            return min(held) if held else length_bucket(need, self.limit)
+        if self.chosen is None or need > self.chosen[-1]:
+            self.chosen = plan_widths(remaining, self.compiled, self.compile_seconds(), self.column_seconds,
+                                      self.limit)
+        return self.chosen[bisect.bisect_left(self.chosen, need)]
+
+    def record(self, width, seconds):
+        """A call at ``width`` took ``seconds``; returns whether it was that width's first (a compile)."""
+        if width not in self.compiled:
+            self.compiled[width] = seconds
+            self.chosen = None  # re-plan with the new compile's cost
+            return True
+        self._per_column.append(seconds / width)
+        first = self.column_seconds is None
+        self.column_seconds = float(np.median(self._per_column[-64:]))
+        if first:
+            self.chosen = None
+        return False
+
+
 @register_model("gptlocal")
 class GPTLocalLM(TemplateLM):
     """lm-eval model over a gpt_local model directory (config.json + model.safetensors + tokenizer files).
@@ -83,7 +164,8 @@ class GPTLocalLM(TemplateLM):
     Model args: ``pretrained`` (the directory), ``batch_size`` (default 8), ``max_length`` (default the
     model's max_position_embeddings, as HFLM reads n_positions), ``device_target`` (CPU/GPU/Ascend),
     ``max_gen_toks`` (default 256, as HFLM), ``seed`` (sampling in generate_until), ``add_bos_token``,
-    ``prefix_token_id``, ``progress`` (stderr progress lines, default on).
+    ``prefix_token_id``, ``progress`` (stderr progress lines, default on), ``width_plan`` (``adaptive``, the
+    default: ``WidthPlan``; ``buckets``: every scoring batch at its own length bucket, the plain path).
     """
 
     backend = "causal"
@@ -96,12 +178,17 @@ class GPTLocalLM(TemplateLM):
     think_end_token = None
 
     def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
-                 seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph", **kwargs):
+                 seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph",
+                 width_plan="adaptive", **kwargs):
         super().__init__()
         unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code", "max_batch_size"))
         if unknown:
             raise ConfigError(f"gptlocal model args: unknown '{unknown[0]}'; known: pretrained, batch_size, "
-                              f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id.")
+                              f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id, "
+                              f"progress, width_plan.")
+        if str(width_plan) not in ("adaptive", "buckets"):
+            raise ConfigError(f"gptlocal model args: width_plan={width_plan!r}; use adaptive (the default: few "
+                              f"compiled widths) or buckets (one width per length bucket).")
         if not pretrained or not os.path.isfile(os.path.join(str(pretrained), "config.json")):
             raise ConfigError(f"gptlocal model args: pretrained={pretrained!r} is not a model directory with "
                               f"config.json (give pretrained=DIR, e.g. output/model or a `gptlocal convert "
@@ -138,7 +225,14 @@ class GPTLocalLM(TemplateLM):
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self._scorer = _scorer(self.model)
+        self._widths = WidthPlan(self._max_length, adaptive=str(width_plan) == "adaptive")
         self._generate_calls = 0
+        self._generate_shapes = set()  # (batch, prompt width bucket, cache rows) generate has run
+
+    def compiled_shapes(self):
+        """The graph shapes this model has compiled: scoring widths (batch ``batch_size``) and generate's
+        (batch, prompt width bucket, cache rows)."""
+        return {"score_widths": sorted(self._widths.compiled), "generate": sorted(self._generate_shapes)}
 
     @property
     def max_length(self):
@@ -157,11 +251,12 @@ class GPTLocalLM(TemplateLM):
                 "model_dtype": str(self.config.compute_dtype)}
 
     # --- loglikelihood -----------------------------------------------------------------------------
-    def _score(self, rows):
+    def _score(self, rows, width=None):
         """One compiled call for up to batch_size token rows: per row (target log-probs, greedy ids,
-        log-probs at its last position), with row r's target at position t = rows[r][t + 1]."""
+        log-probs at its last position), with row r's target at position t = rows[r][t + 1]. ``width``: the
+        padded width (default the rows' ``length_bucket``)."""
         import mindspore as ms
-        width = length_bucket(max(len(r) for r in rows) - 1, self.max_length)
+        width = width or length_bucket(max(len(r) for r in rows) - 1, self.max_length)
         ids = np.zeros((self.batch_size, width), np.int32)
         targets = np.zeros((self.batch_size, width), np.int32)
         last = np.zeros(self.batch_size, np.int32)
@@ -186,7 +281,9 @@ class GPTLocalLM(TemplateLM):
         progress = Progress("loglikelihood", len(requests), enabled=self.progress and not disable_tqdm)
         res = []
         placeholder = torch.zeros(1, 1, 1)
-        for chunk in re_ord.get_batched(n=self.batch_size):
+        chunks = list(re_ord.get_batched(n=self.batch_size))  # all batches first: WidthPlan sees what is to come
+        batches = []
+        for chunk in chunks:
             rows = []
             for _, context_enc, continuation_enc in chunk:
                 if not context_enc or not continuation_enc:
@@ -195,7 +292,15 @@ class GPTLocalLM(TemplateLM):
                     raise DataError(f"gptlocal eval: a continuation of {len(continuation_enc)} tokens exceeds "
                                     f"max_length={self.max_length}.")
                 rows.append((context_enc + continuation_enc)[-(self.max_length + 1):])  # left truncation, as HFLM
-            picked, greedy, last_probs = self._score(rows)
+            batches.append(rows)
+        needs = [max(len(r) for r in rows) - 1 for rows in batches]
+        self._widths.chosen = None  # plan this call's batches (the compiled widths and measured costs carry over)
+        for index, (chunk, rows) in enumerate(zip(chunks, batches)):
+            width = self._widths.width(needs[index], needs[index:])
+            started = time.perf_counter()
+            picked, greedy, last_probs = self._score(rows, width)
+            if self._widths.record(width, time.perf_counter() - started):
+                release_freed_heap()  # a new width compiled: hand the compile's freed heap back
             for i, ((request_str, ctx_tokens, cont_toks), row) in enumerate(zip(chunk, rows)):
                 end = len(row) - 1  # scored positions: [end - contlen, end)
                 start = end - len(cont_toks)
@@ -231,6 +336,8 @@ class GPTLocalLM(TemplateLM):
 
     # --- generate_until ------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm=False):
+        from ..model.kv_cache import cache_length  # the cache shape generate will use: compiles are counted by it
+
         def _collate(req):
             toks = self.tok_encode(req[0])
             return -len(toks), req[0]
@@ -262,13 +369,26 @@ class GPTLocalLM(TemplateLM):
                 raise DataError("gptlocal eval: a generate_until context encodes to no tokens.")
             stops = [term for term in until if term]
 
-            def stop_when(rows, generated):
-                return [any(term in self.tok_decode(tokens) for term in stops) for tokens in generated]
+            def stop_when(rows, generated):  # padding rows (index >= real) stop at once
+                return [row >= real or any(term in self.tok_decode(tokens) for term in stops)
+                        for row, tokens in zip(rows, generated)]
             self._generate_calls += 1
             seed = None if self.seed is None else self.seed + self._generate_calls
+            real = len(prompts)
+            padded = real < self.batch_size and is_greedy(resolve_options(None, **options))
+            if padded:
+                # a smaller last chunk: padding rows (copies of its last prompt: no longer; stopped at their first
+                # token) keep the batch, hence the compiled cache graphs. Greedy only: a seeded sampler's draws stay
+                prompts = prompts + [prompts[-1]] * (self.batch_size - real)
+            rows = cache_length(max(map(len, prompts)) + max_gen_toks, self.model.token_positions)
+            shape = (len(prompts), bucket_of(max(map(len, prompts)), width_buckets(rows)), rows)
             sequences = self.model.generate(prompts, generation_config={}, max_new_tokens=max_gen_toks,
                                             eos_token_id=self.config.eos_token_id, seed=seed,
-                                            stop_when=stop_when if stops else None, **options)
+                                            stop_when=stop_when if stops or padded else None, **options)[:real]
+            if shape not in self._generate_shapes:
+                self._generate_shapes.add(shape)
+                release_freed_heap()
+            prompts = prompts[:real]
             for prompt, sequence, context in zip(prompts, sequences, contexts):
                 text = self.tok_decode(sequence[len(prompt):])
                 for term in stops:

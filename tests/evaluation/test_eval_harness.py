@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -191,3 +192,54 @@ def test_lm_eval_finds_gptlocal_by_name_and_import_stays_light():
             "print(heavy, get_model('gptlocal').__name__, get_model('hf').__name__)")
     out = subprocess.run([sys.executable, "-c", code], env=source_env(), capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "[] GPTLocalLM HFLM", out.stdout + out.stderr
+
+
+def test_plan_widths_is_the_least_cost_choice():
+    """plan_widths (a DP over candidate widths) against every subset of the candidates, on random batches."""
+    import itertools
+    import random
+    from mindformers_gptlocal.evaluation.harness import plan_widths
+    from mindformers_gptlocal.generation.buckets import length_bucket
+    rng = random.Random(0)
+
+    def cost(chosen, needs, compiled, compile_s, column_s):
+        total = sum(compile_s for w in chosen if w not in compiled)
+        for need in needs:
+            fits = [w for w in chosen if w >= need]
+            if not fits:
+                return float("inf")
+            total += column_s * min(fits)
+        return total
+    for _ in range(40):
+        limit = rng.choice([64, 100, 256])
+        needs = [rng.randint(1, limit) for _ in range(rng.randint(1, 7))]
+        compiled = set(rng.sample([16, 24, 32, 48, 64, 96, limit], rng.randint(0, 2)))
+        compile_s, column_s = rng.choice([0.0, 0.5, 5.0, 50.0]), rng.choice([1e-4, 1e-2, 1.0])
+        chosen = plan_widths(needs, compiled, compile_s, column_s, limit)
+        cands = sorted({length_bucket(n, limit) for n in needs} | {w for w in compiled if w >= min(needs)})
+        best = min(cost(c, needs, compiled, compile_s, column_s)
+                   for k in range(1, len(cands) + 1) for c in itertools.combinations(cands, k))
+        assert cost(chosen, needs, compiled, compile_s, column_s) == pytest.approx(best, rel=1e-12, abs=1e-12)
+        assert chosen[-1] >= max(needs)
+    # no compile cost: every need its own bucket; a huge one: the one width that holds the longest
+    assert plan_widths([17, 40, 5], set(), 0.0, 1.0, 256) == [16, 24, 48]
+    assert plan_widths([17, 40, 5], set(), 1e9, 1.0, 256) == [48]
+
+
+def test_planned_widths_score_as_the_plain_buckets(tiny):
+    """The scorer at the widths WidthPlan picks (here: everything at the widest compiled one) gives the same
+    per-request numbers as the plain path, every batch at its own length bucket; odd lengths, a partial batch."""
+    from mindformers_gptlocal.evaluation.harness import GPTLocalLM, WidthPlan
+    lm = GPTLocalLM(pretrained=tiny[0], batch_size=4, progress=False, width_plan="buckets")
+    rng = np.random.default_rng(1)
+    requests = [(None, rng.integers(1, 500, n).tolist(), rng.integers(1, 500, m).tolist())
+                for n, m in [(3, 1), (9, 2), (20, 3), (5, 4), (1, 1), (26, 5), (13, 1)]]
+    plain = lm._loglikelihood_tokens(requests)
+    widths = sorted(lm._widths.compiled)
+    assert len(widths) >= 2  # the plain path compiled a width per bucket
+    lm._widths = WidthPlan(lm.max_length)
+    lm._widths.compiled, lm._widths.column_seconds = {widths[-1]: 1.0}, 1e-9  # a compile costs more than padding
+    planned = lm._loglikelihood_tokens(requests)
+    assert sorted(lm._widths.compiled) == [widths[-1]]  # every batch ran at the widest width, nothing new compiled
+    for (a, ga), (b, gb) in zip(planned, plain):
+        assert abs(a - b) <= 1e-5 and ga == gb
