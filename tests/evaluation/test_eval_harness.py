@@ -199,7 +199,7 @@ def test_plan_widths_is_the_least_cost_choice():
     import itertools
     import random
     from mindformers_gptlocal.evaluation.harness import plan_widths
-    from mindformers_gptlocal.generation.buckets import length_bucket
+    from mindformers_gptlocal.model.buckets import length_bucket
     rng = random.Random(0)
 
     def cost(chosen, needs, compiled, compile_s, column_s):
