@@ -19,8 +19,9 @@ for --rounds rounds per shape and batch; the table gives the median over rounds 
     python benchmarks/generate_throughput.py --kernels-vs-plain --shapes small --batches 1,8 --cache-lengths 256,2048
 
 ``--kernels-vs-plain``: in ONE worker, the same random model twice (same seed, so the same weights): once as
-``generate`` runs it (the prefill through the fused CPU attention kernel, ``KVCache.prefill``; the decode step
-through the decode attention kernel) and once with both attention paths plain (``KVCache.step`` for the prefill,
+``generate`` runs it with the opt-in decode kernel on (the prefill through the fused CPU attention kernel,
+``KVCache.prefill``; the decode step through the decode attention kernel, GPTLOCAL_DECODE_ATTENTION_KERNEL=1) and
+once with both attention paths plain (``KVCache.step`` for the prefill,
 ``decode_attention`` off); the calls alternate for --rounds rounds. Prints the prefill (32-token prompts, cache of
 160 rows) and one decode step at each --cache-lengths (at the last row and at the middle one, to show that masked
 rows are not read), wall (median [min]) and the process's CPU time (median), plain / kernels, and the largest
@@ -149,6 +150,7 @@ def kernels_vs_plain(shape, batch, lengths, rounds, threads):
                   seq_length=max(1024, *lengths), hidden_dropout=0.0, attention_dropout=0.0, max_batch_size=8)
 
     def built(plain):
+        os.environ["GPTLOCAL_DECODE_ATTENTION_KERNEL"] = "0" if plain else "1"  # read at build: opt-in kernel
         ms.set_seed(0)
         model = GPTLocalForCausalLM(GPTLocalConfig(**config))
         model.set_train(False)

@@ -5,6 +5,8 @@ stored (GQA read in the kernel, no repeat) with the plain path's additive mask [
 hides are not read, so a step reads each sequence's rows up to its position only. ``decode_attention_kernel``
 returns None (after the attention kernel's one warning) where it cannot run; the caller keeps its plain path.
 """
+import os
+
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -35,8 +37,20 @@ class CPUDecodeAttention(nn.Cell):
         return self.op(query, key, value, bias, self.config)
 
 
+ENV = "GPTLOCAL_DECODE_ATTENTION_KERNEL"
+
+
+def enabled():
+    """Opt-in (``GPTLOCAL_DECODE_ATTENTION_KERNEL=1``, read when the model is built): on the busy machine it was
+    measured on, the kernel was not shown faster than the plain ops (docs/performance.md), so plain stays default."""
+    return os.environ.get(ENV, "0") == "1"
+
+
 def decode_attention_kernel(scale, dtype, **kwargs):
-    """A ``CPUDecodeAttention`` for one layer, or None where it cannot run (not float32, no library)."""
+    """A ``CPUDecodeAttention`` for one layer, or None where it is not asked for (``enabled``) or cannot run (not
+    float32, no library)."""
+    if not enabled():
+        return None
     if dtype != ms.float32:
         return None  # the training kernel's check has said why (attention_kernel), once
     path, reason = build.library()

@@ -69,8 +69,8 @@ class ParallelAttention(nn.Cell):
     On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
     flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path wherever it builds
     (``_cpu_attention_kernel``). On the KV-cache path a prefill into empty rows runs that kernel over the prompt
-    (``_fresh_prefill``) and a one-token step the decode kernel (``kernels/decode_attention.py``); other cached
-    calls (serve's, prefix tuning's) keep the plain ``_core_attention`` over all L rows.
+    (``_fresh_prefill``), and a one-token step the decode kernel (``kernels/decode_attention.py``, opt-in
+    ``GPTLOCAL_DECODE_ATTENTION_KERNEL=1``); other cached calls keep the plain ``_core_attention`` over all L rows.
     A parallel build lets the ``shard`` strategies (``sharding.py``) split the full Cell; the CPU proofs of
     tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
@@ -123,8 +123,9 @@ class ParallelAttention(nn.Cell):
                                                 self.attention_dropout.scale if self.blockwise_dropout else 1.0)
             self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
         self.cpu_attention = self._cpu_attention_kernel(config, counter_dropout)
-        # the KV cache's one-token step (S = 1): the one-row decode kernel where the training kernel runs
-        # (kernels/decode_attention.py), reading each row's cache only up to its position; else the plain ops
+        # the KV cache's one-token step (S = 1): the one-row decode kernel where the training kernel runs and
+        # GPTLOCAL_DECODE_ATTENTION_KERNEL=1 (kernels/decode_attention.py), reading each row's cache only up to its
+        # position; else (the default) the plain ops
         self.decode_attention = None
         if self.cpu_attention is not None:
             from ..kernels.decode_attention import decode_attention_kernel

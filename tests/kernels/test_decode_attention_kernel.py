@@ -1,9 +1,9 @@
-"""The KV cache's one-row decode attention kernel (kernels/decode_attention.py) against the plain path's ops
+"""The KV cache's one-row decode attention kernel (kernels/decode_attention.py, opt-in
+GPTLOCAL_DECODE_ATTENTION_KERNEL=1) against the plain path's ops
 (GQA repeat, BatchMatMul, scale, additive mask, softmax, BatchMatMul; MindSpore, fp32) on odd sizes: GQA and
 MHA, a per-row mask (each row its own position, the rows past it never read) and a shared one, a row with every
 cache row masked, interior masked rows; and a model whose decode steps (one-token and device-side greedy) run it
 gives the logits of the same model built on the plain path (GQA + rope)."""
-import os
 
 import numpy as np
 import pytest
@@ -20,6 +20,11 @@ from conftest import TINY
 @pytest.fixture(scope="module", autouse=True)
 def pynative():
     ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.fixture(autouse=True)
+def kernel_on(monkeypatch):
+    monkeypatch.setenv("GPTLOCAL_DECODE_ATTENTION_KERNEL", "1")
 
 
 def plain(q, k, v, bias, scale):
@@ -58,12 +63,19 @@ def test_decode_kernel_equals_the_plain_ops(batch, heads, groups, length, dim, s
     assert np.abs(out).max() > 0.1
 
 
+def test_decode_kernel_is_opt_in(monkeypatch):
+    monkeypatch.delenv("GPTLOCAL_DECODE_ATTENTION_KERNEL")
+    assert decode_attention_kernel(0.125, ms.float32) is None
+    ms.set_seed(0)
+    assert GPTLocalForCausalLM(GPTLocalConfig(**TINY)).model.layers[0].attention.decode_attention is None
+
+
 def test_model_decode_steps_equal_the_plain_path_model(monkeypatch):
     """GQA + rope, weights equal by seed: prefill, one-token decode and GreedySteps logits, kernels vs plain."""
     config = dict(TINY, num_query_groups=2, position_embedding_type="rope")
 
     def built(plain_kernels):
-        monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1" if plain_kernels else "0")
+        monkeypatch.setenv("GPTLOCAL_DECODE_ATTENTION_KERNEL", "0" if plain_kernels else "1")
         ms.set_seed(2)
         lm = GPTLocalForCausalLM(GPTLocalConfig(**config))
         lm.set_train(False)
