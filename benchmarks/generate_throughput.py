@@ -15,6 +15,17 @@ MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that it checks in its C envi
 anything; torch.set_num_threads / MindSpore's runtime_num_threads get the same count, and each worker
 reports them and its peak RSS (benchmarks/_common.py). The sides run alternately (ours, HF, HF, ours, ...)
 for --rounds rounds per shape and batch; the table gives the median over rounds and [min-max].
+
+    python benchmarks/generate_throughput.py --kernels-vs-plain --shapes small --batches 1,8 --cache-lengths 256,2048
+
+``--kernels-vs-plain``: in ONE worker, the same random model twice (same seed, so the same weights): once as
+``generate`` runs it with the opt-in decode kernel on (the prefill through the fused CPU attention kernel,
+``KVCache.prefill``; the decode step through the decode attention kernel, GPTLOCAL_DECODE_ATTENTION_KERNEL=1) and
+once with both attention paths plain (``KVCache.step`` for the prefill,
+``decode_attention`` off); the calls alternate for --rounds rounds. Prints the prefill (32-token prompts, cache of
+160 rows) and one decode step at each --cache-lengths (at the last row and at the middle one, to show that masked
+rows are not read), wall (median [min]) and the process's CPU time (median), plain / kernels, and the largest
+logit difference.
 """
 import argparse
 import os
@@ -124,6 +135,62 @@ def worker(side, work, shape, batch, threads, recompute):
     C.emit(report)
 
 
+def kernels_vs_plain(shape, batch, lengths, rounds, threads):
+    """Prints kernels vs plain for the prefill and the decode step, in this process (``--kernels-vs-plain``)."""
+    import mindspore as ms
+    from mindformers_gptlocal.generation.buckets import bucket_of
+    from mindformers_gptlocal.model.config import GPTLocalConfig
+    from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+    from mindformers_gptlocal.model.kv_cache import prefill_inputs
+    C.mindspore_threads(threads, "kernels-vs-plain worker")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    sizes = SHAPES[shape]
+    config = dict(vocab_size=sizes["vocab_size"], hidden_size=sizes["n_embd"], num_hidden_layers=sizes["n_layer"],
+                  num_attention_heads=sizes["n_head"], max_position_embeddings=max(1024, *lengths),
+                  seq_length=max(1024, *lengths), hidden_dropout=0.0, attention_dropout=0.0, max_batch_size=8)
+
+    def built(plain):
+        os.environ["GPTLOCAL_DECODE_ATTENTION_KERNEL"] = "0" if plain else "1"  # read at build: opt-in kernel
+        ms.set_seed(0)
+        model = GPTLocalForCausalLM(GPTLocalConfig(**config))
+        model.set_train(False)
+        if plain:  # the plain decode attention (the prefill's plain call is KVCache.step, below)
+            for layer in model.model.layers:
+                layer.attention.decode_attention = None
+        return model
+
+    models = {"kernels": built(False), "plain": built(True)}
+
+    def compare(what, calls):
+        outputs = {side: call() for side, call in calls.items()}  # compiles
+        times = {side: [] for side in calls}
+        for index in range(rounds):
+            for side in (("kernels", "plain") if index % 2 == 0 else ("plain", "kernels")):
+                wall, cpu = time.perf_counter(), time.process_time()
+                calls[side]()
+                times[side].append((time.perf_counter() - wall, time.process_time() - cpu))
+        k, p = np.array(times["kernels"]) * 1e3, np.array(times["plain"]) * 1e3
+        print(f"| {shape} | {batch} | {what} | {np.median(k[:, 0]):.1f} [{k[:, 0].min():.1f}] | "
+              f"{np.median(p[:, 0]):.1f} [{p[:, 0].min():.1f}] | {np.median(k[:, 1]):.1f} | {np.median(p[:, 1]):.1f} | "
+              f"{p[:, 0].min() / k[:, 0].min():.2f}x, {np.median(p[:, 1]) / np.median(k[:, 1]):.2f}x | "
+              f"{np.abs(outputs['kernels'] - outputs['plain']).max():.1e} | {os.getloadavg()[0]:.1f} |", flush=True)
+
+    prompts = np.random.default_rng(batch).integers(0, sizes["vocab_size"], (batch, PROMPT)).tolist()
+    caches = {side: model.kv_cache(batch, PROMPT + NEW) for side, model in models.items()}
+    width = bucket_of(PROMPT, caches["plain"].widths)
+    ids, positions, lengths_ = prefill_inputs(prompts, batch, 0, width)
+    compare(f"prefill {PROMPT} tokens, cache {caches['plain'].max_length}",
+            {"kernels": lambda: caches["kernels"].prefill(prompts),
+             "plain": lambda: caches["plain"].step(ids, positions, lengths_ - 1)})
+    tokens = np.ones(batch, np.int32)
+    for length in lengths:
+        caches = {side: model.kv_cache(batch, length) for side, model in models.items()}
+        for at in (length - 1, length // 2):
+            where = np.full(batch, at, np.int32)
+            compare(f"decode step, cache {length}, position {at}",
+                    {side: (lambda c=cache: c.decode(tokens, where)) for side, cache in caches.items()})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="tiny,small")
@@ -135,6 +202,10 @@ def main():
     parser.add_argument("--sides", default="ours,hf",
                         help="ours (the lean process gptlocal generate runs: no MindFormers), ours-mf (the model on "
                              "MindFormers' bases, as after `import mindformers`), hf")
+    parser.add_argument("--kernels-vs-plain", action="store_true",
+                        help="in one worker: prefill and decode step through the CPU attention kernels vs plain")
+    parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
+    parser.add_argument("--kvp-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
@@ -143,6 +214,23 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.work, args.shape, args.batch, args.threads, args.recompute)
+    lengths = [int(x) for x in args.cache_lengths.split(",")]
+    if args.kvp_worker:
+        C.check_threads(args.threads, "kernels-vs-plain worker")
+        return kernels_vs_plain(args.shape, args.batch, lengths, args.rounds, args.threads)
+    if args.kernels_vs_plain:
+        print(C.machine_line(args.threads), flush=True)
+        print("| shape | batch | call | kernels wall ms | plain wall ms | kernels CPU ms | plain CPU ms | "
+              "plain / kernels (wall min, CPU) | max abs logit diff | 1-min load |")
+        print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
+        import subprocess
+        for shape in args.shapes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                subprocess.run([sys.executable, __file__, "--kvp-worker", "--shapes", shape, "--shape", shape,
+                                "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
+                                "--cache-lengths", args.cache_lengths],
+                               env=dict(C.worker_env(args.threads), GPTLOCAL_LEAN="1"), check=True)
+        return None
     work = C.scratch_dir("gptlocal-gen-")
     print(C.machine_line(args.threads), flush=True)
     rows = []

@@ -2,7 +2,8 @@
 
 ``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused
 attention ``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU
-kernels ``cpu_norm_gelu.cc``, the fused head + loss ``head_loss.cc`` and LoRA's input dropout ``lora_dropout.cc``) with
+kernels ``cpu_norm_gelu.cc``, the fused head + loss ``head_loss.cc``, LoRA's input dropout ``lora_dropout.cc`` and the KV
+cache's one-row decode attention ``decode_attention.cc``) with
 the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, linked to the oneDNN the
 MindSpore wheel ships (``mindspore/lib/libdnnl.so.2``, for ``dnnl_sgemm``). Or None, with the reason, when it
 cannot be built: no compiler, a failed build, no oneDNN.
@@ -33,12 +34,12 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(HERE, name) for name in ("cpu_attention.cc", "kv_write.cc", "cpu_norm_gelu.cc",
-                                                      "head_loss.cc", "lora_dropout.cc"))
+                                                      "head_loss.cc", "lora_dropout.cc", "decode_attention.cc"))
 HEADERS = (os.path.join(HERE, "common.h"),)  # included by the sources: part of the cache key
 LIBRARY_NAME = "libgptlocal_kernels.so"
 SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate", "gptlocal_layernorm_fwd",
            "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd", "gptlocal_head_loss",
-           "gptlocal_lora_dropout_fwd", "gptlocal_lora_dropout_bwd")
+           "gptlocal_lora_dropout_fwd", "gptlocal_lora_dropout_bwd", "gptlocal_decode_attention")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)

@@ -68,7 +68,9 @@ class ParallelAttention(nn.Cell):
     recomputed in the backward: no [B, N, S, S] tensor kept for the backward), also at build time.
     On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
     flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path wherever it builds
-    (``_cpu_attention_kernel``); the KV-cache path keeps the plain ``_core_attention``.
+    (``_cpu_attention_kernel``). On the KV-cache path a prefill into empty rows runs that kernel over the prompt
+    (``_fresh_prefill``), and a one-token step the decode kernel (``kernels/decode_attention.py``, opt-in
+    ``GPTLOCAL_DECODE_ATTENTION_KERNEL=1``); other cached calls keep the plain ``_core_attention`` over all L rows.
     A parallel build lets the ``shard`` strategies (``sharding.py``) split the full Cell; the CPU proofs of
     tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
@@ -123,6 +125,13 @@ class ParallelAttention(nn.Cell):
                                                 self.attention_dropout.scale if self.blockwise_dropout else 1.0)
             self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
         self.cpu_attention = self._cpu_attention_kernel(config, counter_dropout)
+        # the KV cache's one-token step (S = 1): the one-row decode kernel where the training kernel runs and
+        # GPTLOCAL_DECODE_ATTENTION_KERNEL=1 (kernels/decode_attention.py), reading each row's cache only up to its
+        # position; else (the default) the plain ops
+        self.decode_attention = None
+        if self.cpu_attention is not None:
+            from ..kernels.decode_attention import decode_attention_kernel
+            self.decode_attention = decode_attention_kernel(self.scale, self.compute_dtype)
         self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
         # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
         # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
@@ -175,7 +184,7 @@ class ParallelAttention(nn.Cell):
         return attention_kernel(self.scale, dtype)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None, dropout_step=None, rotary=None, prefix=None):
+                  seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
         """hidden [B, S, H]; attention_bias additive [1 or B, 1, S, S] (uint8 keep/drop mask for flash).
         ``prefix``: (keys, values) [G, P, D] of prefix tuning, read in front of the keys and values by every
         query (``prefix.prefix_rows``), with and without the KV cache.
@@ -185,6 +194,9 @@ class ParallelAttention(nn.Cell):
         (``kv_write.cache_write_op``: ScatterNdUpdate's inputs and values, O(new tokens) on CPU),
         attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
         cache holds the present keys and values afterwards.
+        ``fresh_prefill`` (a build-time constant, ``KVCache.prefill``'s graph): the call writes positions 0..S-1 of
+        every row and no cached row comes before them, so attention is the plain causal attention over the S new
+        keys (``attention_bias`` then [1, 1, S, S]); with the fused CPU kernel it runs there, not over all L rows.
         ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch
         ([B * docs], see ``GPTLocalModel.document_mask``); attention then never crosses a document.
         ``dropout_step``: picks the attention-dropout mask (``dropout.py``; flash attention drops inside
@@ -195,6 +207,9 @@ class ParallelAttention(nn.Cell):
         qkv = self.linear_qkv(hidden)
         qkv = ops.reshape(qkv, (batch, seq, self.num_groups, self.group_size + 2, self.head_dim))
         if key_cache is not None:
+            if fresh_prefill and self.cpu_attention is not None and prefix is None:
+                return self.linear_proj(self._fresh_prefill(qkv, attention_bias, key_cache, value_cache,
+                                                            write_index, rotary))
             return self.linear_proj(self._cached_attention(qkv, attention_bias, key_cache, value_cache,
                                                            write_index, rotary, prefix))
         query, key, value = self._heads(qkv, rotary)
@@ -276,6 +291,19 @@ class ParallelAttention(nn.Cell):
         x = ops.broadcast_to(ops.expand_dims(x, 2), (batch, self.num_groups, self.group_size, length, dim))
         return ops.reshape(x, (batch, self.num_heads, length, dim))
 
+    def _fresh_prefill(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None):
+        """A prefill with no cached row before it (positions 0..S-1): the fused kernel's causal attention over the S
+        new keys/values ([B, G, S, D], GQA read in the kernel), which are also written into the caches; the plain
+        path (``_cached_attention``) attends over all L rows with rows S..L-1 masked: the same values."""
+        batch, seq = qkv.shape[0], qkv.shape[1]
+        query, new_key, new_value = self._heads(qkv, rotary)
+        wrote_key = self.scatter_update(key_cache, write_index, new_key)
+        wrote_value = self.scatter_update(value_cache, write_index, new_value)
+        context = self.cpu_attention(query, new_key, new_value, self.cast(attention_bias, ms.float32))
+        context = ops.depend(ops.depend(context, wrote_key), wrote_value)
+        context = self.merge_heads(context, (0, 2, 1, 3))
+        return ops.reshape(context, (batch, seq, self.hidden_size))
+
     def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None, prefix=None):
         """Write this step's K/V into the head-major caches [B, G, L, D] in place (G = num_query_groups),
         then attend over every cached row; the caches are read as they are stored, with no per-step transpose."""
@@ -290,6 +318,9 @@ class ParallelAttention(nn.Cell):
         if prefix is not None:
             key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix,
                                                                  self.prefix_concat)
+        if seq == 1 and self.decode_attention is not None:  # one row per sequence: the decode kernel, GQA inside
+            context = self.decode_attention(query, key_cache, value_cache, self.cast(attention_bias, ms.float32))
+            return ops.reshape(context, (batch, seq, self.hidden_size))
         key_cache, value_cache = self._repeat_groups(key_cache), self._repeat_groups(value_cache)
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.merge_heads(context, (0, 2, 1, 3))

@@ -44,16 +44,18 @@ class GPTLocalBlock(nn.Cell):
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
-                  seq_ends=None, dropout_step=None, rotary=None, prefix=None):
+                  seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
         """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
         ``prefix``: this layer's prefix (keys, values) with prefix tuning (``prefix.py``);
         ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
         ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
-        ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``)."""
+        ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``);
+        ``fresh_prefill``: a KV-cache prefill at positions 0..S-1 (see ParallelAttention)."""
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
                               value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
-                              dropout_step=dropout_step, rotary=rotary, prefix=prefix)
+                              dropout_step=dropout_step, rotary=rotary, prefix=prefix,
+                              fresh_prefill=fresh_prefill)
         # each residual update: dropout, then its adapter and LayerDrop's 0/1 when they exist (None: not built)
         attn = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)
         if self.attention_adapter is not None:

@@ -133,12 +133,13 @@ class GPTLocalModel(nn.Cell):
         self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
-                  write_index=None, actual_seq_len=None, dropout_step=None):
+                  write_index=None, actual_seq_len=None, dropout_step=None, fresh_prefill=False):
         """input_ids/position_ids [B, S] -> hidden [B, S, H]. The causal mask is built here unless given.
 
         Decoding (``kv_cache.py``) passes per-layer caches (``key_caches``/``value_caches``: tuples of
         [B, N, L, D] Parameters), ``write_index`` [B, N, S, 3] and an ``attention_bias`` over the L
-        cached rows; each layer writes its keys and values there (see ParallelAttention).
+        cached rows; each layer writes its keys and values there (see ParallelAttention). ``fresh_prefill``: the
+        call fills positions 0..S-1 of an empty cache (``attention_bias`` then the causal [1, 1, S, S]).
         ``actual_seq_len`` (packed rows, see ``document_mask``) replaces position_ids and the mask.
         ``dropout_step`` (training): the forward counter that picks every dropout mask (``dropout.py``)."""
         seq = input_ids.shape[1]
@@ -165,7 +166,8 @@ class GPTLocalModel(nn.Cell):
                 hidden = self.layers[index](hidden, attention_bias, key_cache=key_caches[index],
                                             value_cache=value_caches[index], write_index=write_index, rotary=rotary,
                                             prefix=None if prefix is None else (prefix[2 * index],
-                                                                                prefix[2 * index + 1]))
+                                                                                prefix[2 * index + 1]),
+                                            fresh_prefill=fresh_prefill)
         return self.final_layernorm(hidden)
 
     def document_mask(self, actual_seq_len, batch, seq):

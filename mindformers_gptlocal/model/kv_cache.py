@@ -12,6 +12,9 @@ overwritten by later tokens before anyone can attend to it. The per-row write in
 attention mask are built inside the graph from the positions (and the rows' cache slots), so a
 call's inputs are the token ids, positions, slots and which position's logits to return.
 
+A prefill writes rows 0..W-1 of empty caches, so on CPU its attention is the fused kernel's causal attention over
+the W prompt rows (``construct(..., fresh_prefill=True)``), not the plain ops over all L cached rows (``step``, the reference).
+
 Compiled per (batch, max_length): one prefill graph per width bucket, the one-token decode graph
 (sampling, repetition penalty) and ``GreedySteps``: ``decode_steps`` greedy steps in ONE call, the
 argmax on the device, only token ids coming back (``decode_greedy``). The cache length is rounded
@@ -88,12 +91,21 @@ class KVCache(nn.Cell):
         self.head_index = Tensor(np.arange(self.num_groups, dtype=np.int32).reshape(1, -1, 1, 1))
         self.key_rows = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, 1, -1))
         self._greedy = {}
+        # the prefill runs the fused CPU attention kernel over the prompt where every layer has it (not with prefix
+        # tuning, whose prefix rows come before the prompt): model/attention.py ParallelAttention._fresh_prefill
+        self.fresh_kernel = causal_lm.model.prefix_encoder is None and all(
+            getattr(layer.attention, "cpu_attention", None) is not None for layer in causal_lm.model.layers)
 
-    def construct(self, input_ids, position_ids, slots, last_index):
+    def construct(self, input_ids, position_ids, slots, last_index, fresh_prefill=False):
         """input_ids/position_ids [B, S]; slots [B]: the cache slot of each row; last_index [B]: which of
-        the S positions' logits to return. The write indices and the mask are built here, from the positions."""
-        hidden = self.lm.model(input_ids, position_ids, self.attention_bias(position_ids), key_caches=self.key_caches,
-                               value_caches=self.value_caches, write_index=self.write_index(position_ids, slots))
+        the S positions' logits to return. The write indices and the mask are built here, from the positions.
+        ``fresh_prefill`` (a constant: its own compiled graph): the call writes positions 0..S-1 of empty rows, so
+        attention is causal attention over the S new keys (the model's [1, 1, S, S] mask; the fused CPU kernel in
+        ``ParallelAttention._fresh_prefill``), not over all L rows; the same logits as without it."""
+        bias = None if fresh_prefill else self.attention_bias(position_ids)  # None: the model's causal mask
+        hidden = self.lm.model(input_ids, position_ids, bias, key_caches=self.key_caches,
+                               value_caches=self.value_caches, write_index=self.write_index(position_ids, slots),
+                               fresh_prefill=fresh_prefill)
         return self.lm.last_logits(hidden, last_index)
 
     def write_index(self, positions, slots):
@@ -119,10 +131,14 @@ class KVCache(nn.Cell):
 
     def prefill(self, prompts, pad_id=0):
         """Write the right-padded prompts into rows 0..W-1 (W: the prompt width's bucket); logits after each
-        prompt's last token."""
+        prompt's last token. Where ``fresh_kernel`` holds, as a ``fresh_prefill`` call (the fused CPU attention
+        over the W prompt rows only); else through ``step``, the plain path and the reference (attention over all
+        L rows, rows W..L-1 masked), which gives the same logits."""
         width = bucket_of(max(len(p) for p in prompts), self.widths)
         ids, positions, lengths = prefill_inputs(prompts, self.batch_size, pad_id, width)
-        return self.step(ids, positions, lengths - 1)
+        if not self.fresh_kernel:
+            return self.step(ids, positions, lengths - 1)
+        return self(*step_inputs(ids, positions, lengths - 1), True).asnumpy()
 
     def decode(self, tokens, positions):
         """Write one token per sequence at its own position; logits after it."""
