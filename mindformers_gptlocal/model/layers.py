@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from .cpu_kernels import norm_gelu_kernels, replace_slow_cpu_kernels
+from .cpu_kernels import norm_gelu_kernels, replace_slow_cpu_kernels, rms_swiglu_kernels
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -97,7 +97,10 @@ class LayerNorm(nn.Cell):
 class RMSNorm(nn.Cell):
     """RMSNorm over the last axis (``normalization: RMSNorm``, Llama's): x * rsqrt(mean(x^2) + eps) * weight,
     computed in ``compute_dtype``, returned in the input's dtype; the weight multiplies after the cast back,
-    as Hugging Face's LlamaRMSNorm does."""
+    as Hugging Face's LlamaRMSNorm does.
+
+    On CPU with float32 compute and weight it runs gpt_local's one-pass kernel (``kernels/rms_swiglu.py``),
+    decided at build time (``cpu_kernels.rms_swiglu_kernels``); else the ops below, the reference."""
 
     def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
         super().__init__()
@@ -110,9 +113,15 @@ class RMSNorm(nn.Cell):
         self.weight_mul = ops.Mul()
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
+        self.kernel = None
+        if compute_dtype == ms.float32 and params_dtype == ms.float32 and rms_swiglu_kernels():
+            from ..kernels.rms_swiglu import rmsnorm_kernel  # pylint: disable=import-outside-toplevel
+            self.kernel = rmsnorm_kernel(eps, compute_dtype)
 
     def construct(self, x):
         dtype = x.dtype
+        if self.kernel is not None:
+            return self.cast(self.kernel(self.cast(x, ms.float32), self.weight), dtype)
         x = self.cast(x, self.compute_dtype)
         y = self.normalize(x, self.rsqrt(self.mean(self.square(x), -1) + self.eps))
         return self.weight_mul(self.cast(y, dtype), self.cast(self.weight, dtype))
