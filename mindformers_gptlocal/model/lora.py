@@ -37,6 +37,7 @@ def _take_over(cell, base):
     cell.broadcast_bias = base.broadcast_bias
     cell.compute_dtype = base.compute_dtype
     cell.matmul = base.matmul
+    cell.gemm = base.gemm  # the CPU GEMM kernel or None (layers.py Linear)
     cell.cast = base.cast
 
 

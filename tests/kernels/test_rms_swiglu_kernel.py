@@ -1,14 +1,15 @@
-"""The CPU RMSNorm and SwiGLU kernels (mindformers_gptlocal/kernels/rms_swiglu.py): outputs and every gradient
-against MindSpore's ops (the plain path of model/layers.py RMSNorm and model/feedforward.py SiLU + Mul) and a
-float64 reference, on odd shapes and the multi-threaded path; a tiny Llama-style model's logits, losses and
-gradients with the kernels equal the plain path's; the switches keep the plain path."""
+"""The CPU RMSNorm and SwiGLU kernels (mindformers_gptlocal/kernels/rms_swiglu.py) and Linear's GEMM kernel
+(kernels/linear.py): outputs and every gradient against MindSpore's ops (the plain path of model/layers.py RMSNorm
+and Linear, model/feedforward.py SiLU + Mul) and a float64 reference, on odd shapes and the multi-threaded path; a
+tiny Llama-style model's logits, losses and gradients with the kernels equal the plain path's; the switches keep
+the plain path."""
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import rms_swiglu
+from mindformers_gptlocal.kernels import linear, rms_swiglu
 from mindformers_gptlocal.model.feedforward import SiLU
 from conftest import TINY
 from references import train_steps
@@ -84,6 +85,23 @@ def test_swiglu_matches_mindspore_and_float64(library, pynative_mode, shape):
         _close(actual, precise, name + " vs float64")
 
 
+@pytest.mark.parametrize("rows,inner,out,threads", [(5, 33, 17, 1), (67, 129, 300, 3), (1, 64, 1000, 2)])
+def test_linear_gemm_matches_matmul_and_float64(library, pynative_mode, rows, inner, out, threads):
+    """x W^T and both gradients; odd sizes, column blocks that do not divide evenly, a one-row (decode) GEMV."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
+    w = rng.standard_normal((out, inner)).astype(np.float32)
+    weight = rng.standard_normal((rows, out)).astype(np.float32)
+    args = (Tensor(x), Tensor(w))
+    got, got_grads = _grads(linear.CPULinearGEMM(library, threads=threads), args, Tensor(weight))
+    want, want_grads = _grads(ops.MatMul(transpose_b=True), args, Tensor(weight))
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, weight))
+    for name, actual, expected, precise in zip(("y", "dx", "dw"), [got] + got_grads, [want] + want_grads,
+                                               [x64 @ w64.T, g64 @ w64, g64.T @ x64]):
+        _close(actual, expected, name + " vs MindSpore")
+        _close(actual, precise, name + " vs float64")
+
+
 def test_an_overflowed_gradient_stays_non_finite(library, pynative_mode):
     """An infinite upstream gradient leaves every gradient of both kernels non-finite (loss scaling's check)."""
     rng = np.random.default_rng(2)
@@ -91,7 +109,8 @@ def test_an_overflowed_gradient_stays_non_finite(library, pynative_mode):
     weight = rng.standard_normal((5, 33)).astype(np.float32)
     weight[2, 7] = np.inf
     for kernel, args in ((rms_swiglu.CPURMSNorm(library, 1e-6, threads=1), (x, x[0])),
-                         (rms_swiglu.CPUSwiGLU(library, threads=1), (x, x + 1))):
+                         (rms_swiglu.CPUSwiGLU(library, threads=1), (x, x + 1)),
+                         (linear.CPULinearGEMM(library, threads=1), (x, rng.standard_normal((33, 33)).astype(np.float32)))):
         _, grads = _grads(kernel, tuple(Tensor(a) for a in args), Tensor(weight))
         assert all(not np.isfinite(g).all() for g in grads), (kernel, [np.isfinite(g).all() for g in grads])
 
@@ -102,13 +121,16 @@ SEQ = 48
 
 def _model_pair(monkeypatch):
     """A tiny Llama-style model with the kernels (the CPU default) and the same model, same weights, built with
-    GPTLOCAL_RMS_SWIGLU_KERNELS=0."""
+    GPTLOCAL_RMS_SWIGLU_KERNELS=0 and GPTLOCAL_LINEAR_KERNEL=0."""
     config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **LLAMA))
     monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS", raising=False)
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
     fused = GPTLocalForCausalLM(config)
     monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
     plain = GPTLocalForCausalLM(config)
     monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS")
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL")
     values = dict(fused.parameters_and_names())
     assert sorted(name for name, _ in plain.parameters_and_names()) == sorted(values)
     rng = np.random.default_rng(3)
@@ -118,13 +140,15 @@ def _model_pair(monkeypatch):
         param.set_data(Tensor(value))
     layer, plain_layer = fused.model.layers[0], plain.model.layers[0]
     assert layer.input_layernorm.kernel is not None and layer.mlp.swiglu is not None
+    assert layer.mlp.linear_gate.gemm is not None and layer.attention.linear_qkv.gemm is not None
     assert plain_layer.input_layernorm.kernel is None and plain_layer.mlp.swiglu is None
+    assert plain_layer.mlp.linear_gate.gemm is None
     return fused, plain
 
 
-def test_tiny_llama_logits_and_training_match_plain_path(library, graph_mode, monkeypatch):
-    """Logits of an odd-length batch, then losses step for step (3 AdamW steps) and every parameter's first-step
-    gradient within 1e-5 of the plain path."""
+def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode, monkeypatch):
+    """Logits of an odd-length batch (PYNATIVE: no compile), then losses step for step (3 AdamW steps, compiled
+    by ``train_steps``' ms.jit) and every parameter's first-step gradient within 1e-5 of the plain path."""
     fused, plain = _model_pair(monkeypatch)
     rng = np.random.default_rng(0)
     odd = Tensor(rng.integers(1, TINY["vocab_size"], (3, 37)).astype(np.int32))
@@ -146,16 +170,20 @@ def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
     warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on."""
     def kernels(**changes):
         layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **LLAMA, **changes))).model.layers[0]
-        return layer.input_layernorm.kernel is not None, layer.mlp.swiglu is not None
+        return (layer.input_layernorm.kernel is not None, layer.mlp.swiglu is not None,
+                layer.mlp.linear_fc2.gemm is not None)
 
-    assert kernels() == (True, True)
-    assert kernels(compute_dtype="float16") == (True, False)  # RMSNorm computes in layernorm_compute_dtype
-    assert kernels(layernorm_compute_dtype="float16") == (False, True)
+    assert kernels() == (True, True, True)
+    assert kernels(compute_dtype="float16") == (True, False, False)  # RMSNorm computes in layernorm_compute_dtype
+    assert kernels(layernorm_compute_dtype="float16") == (False, True, True)
     monkeypatch.setenv("GPTLOCAL_NORM_GELU_KERNELS", "0")
-    assert kernels() == (True, True)
+    assert kernels() == (True, True, True)
     monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
-    assert kernels() == (False, False)
+    assert kernels() == (False, False, True)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
+    assert kernels() == (False, False, False)
     monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS")
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL")
     monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    assert kernels() == (False, False)
-    assert "RMSNorm and SwiGLU kernels off" not in capfd.readouterr().err
+    assert kernels() == (False, False, False)
+    assert "kernels off" not in capfd.readouterr().err and "kernel off" not in capfd.readouterr().err
