@@ -37,7 +37,7 @@ HEADERS = (os.path.join(HERE, "common.h"),)  # included by the sources: part of 
 LIBRARY_NAME = "libgptlocal_kernels.so"
 SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate", "gptlocal_layernorm_fwd",
            "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd", "gptlocal_head_loss")
-SOURCES += tuple(os.path.join(HERE, name) for name in ("cpu_rms_swiglu.cc", "cpu_linear.cc"))  # rms_swiglu.py, linear.py
+SOURCES += tuple(os.path.join(HERE, name) for name in ("cpu_rms_swiglu.cc", "cpu_linear.cc"))  # + .py Cells
 SYMBOLS += ("gptlocal_rmsnorm_fwd", "gptlocal_rmsnorm_bwd", "gptlocal_swiglu_fwd", "gptlocal_swiglu_bwd",
             "gptlocal_linear_fwd", "gptlocal_linear_bwd")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
