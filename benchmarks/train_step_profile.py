@@ -57,7 +57,7 @@ def build_step(args, kernels):
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTrainOneStepCell
     from mindformers_gptlocal.training.optim import GPTLocalAdamW
     layers, hidden, heads, vocab = SHAPES[args.shape]
-    os.environ["GPTLOCAL_NORM_GELU_KERNELS"] = "1" if kernels else "0"  # read when the Cells are built
+    os.environ[args.switch] = "1" if kernels else "0"  # read when the Cells are built
     config = GPTLocalConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                             max_position_embeddings=max(1024, args.seq), seq_length=args.seq, hidden_dropout=0.0,
                             attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
@@ -156,6 +156,8 @@ def main():
     parser.add_argument("--groups", action="store_true", help="fold op types into the docs' groups")
     parser.add_argument("--min-ms", type=float, default=0.5, help="op types below this many ms a step are not listed")
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--switch", default="GPTLOCAL_NORM_GELU_KERNELS",
+                        help="the variable 'plain' sets to 0, e.g. GPTLOCAL_LINEAR_KERNEL (Linear's GEMM kernel)")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     import mindspore as ms
