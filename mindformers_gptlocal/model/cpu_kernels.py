@@ -10,8 +10,8 @@ kernels (``kernels/norm_gelu.py``, chosen in ``LayerNorm`` and ``ParallelFeedFor
 ``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only); the
 Llama-style RMSNorm and SwiGLU's silu(gate) * up run ``kernels/rms_swiglu.py`` where ``rms_swiglu_kernels()``
 says so (``GPTLOCAL_RMS_SWIGLU_KERNELS=0`` keeps MindSpore's ops for these two only); Linear's GEMM runs
-``kernels/linear.py`` (oneDNN's sgemm) where ``linear_gemm_kernel()`` says so (``GPTLOCAL_LINEAR_KERNEL=0`` keeps
-MindSpore's MatMul). With
+``kernels/linear.py`` (oneDNN's sgemm) where ``linear_gemm_kernel()`` says so (opt-in: ``GPTLOCAL_LINEAR_KERNEL=1``).
+With
 ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (opt-in) the training loss runs the fused head + cross-entropy
 (``kernels/head_loss.py``, chosen in ``GPTLocalForCausalLM``).
 ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the plain matmul + softmax attention, MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
@@ -47,9 +47,10 @@ def rms_swiglu_kernels():
 
 
 def linear_gemm_kernel():
-    """True where Linear's x W^T uses gpt_local's CPU GEMM kernel: as ``norm_gelu_kernels()`` (CPU, not
-    GPTLOCAL_PLAIN_KERNELS, not a semi-auto/auto parallel build), with GPTLOCAL_LINEAR_KERNEL not 0."""
-    if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_LINEAR_KERNEL", "1") == "0":
+    """True where Linear's x W^T uses gpt_local's CPU GEMM kernel: opt-in, GPTLOCAL_LINEAR_KERNEL=1 (a busy-machine
+    comparison found Llama-style generation 0.82-0.92x with it, a tiny training step 1.85x: off until measured
+    quietly, docs/performance.md), on CPU, not GPTLOCAL_PLAIN_KERNELS, not a semi-auto/auto parallel build."""
+    if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_LINEAR_KERNEL", "0") != "1":
         return False
     from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
     return not is_parallel_build()

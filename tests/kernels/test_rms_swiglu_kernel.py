@@ -120,11 +120,12 @@ SEQ = 48
 
 
 def _model_pair(monkeypatch):
-    """A tiny Llama-style model with the kernels (the CPU default) and the same model, same weights, built with
-    GPTLOCAL_RMS_SWIGLU_KERNELS=0 and GPTLOCAL_LINEAR_KERNEL=0."""
+    """A tiny Llama-style model with the kernels (RMSNorm/SwiGLU: the CPU default; the Linear GEMM: opt-in
+    GPTLOCAL_LINEAR_KERNEL=1) and the same model, same weights, built with GPTLOCAL_RMS_SWIGLU_KERNELS=0 and
+    GPTLOCAL_LINEAR_KERNEL=0."""
     config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **LLAMA))
     monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS", raising=False)
-    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
     fused = GPTLocalForCausalLM(config)
     monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
     monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
@@ -167,12 +168,16 @@ def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode,
 
 def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
     """GPTLOCAL_PLAIN_KERNELS=1, GPTLOCAL_RMS_SWIGLU_KERNELS=0 and float16 compute build the plain ops, with no
-    warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on."""
+    warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on; the Linear GEMM only with
+    GPTLOCAL_LINEAR_KERNEL=1."""
     def kernels(**changes):
         layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **LLAMA, **changes))).model.layers[0]
         return (layer.input_layernorm.kernel is not None, layer.mlp.swiglu is not None,
                 layer.mlp.linear_fc2.gemm is not None)
 
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
+    assert kernels() == (True, True, False)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
     assert kernels() == (True, True, True)
     assert kernels(compute_dtype="float16") == (True, False, False)  # RMSNorm computes in layernorm_compute_dtype
     assert kernels(layernorm_compute_dtype="float16") == (False, True, True)
