@@ -1,19 +1,26 @@
 """A Llama-style gpt_local model (~125M: rope, GQA, SwiGLU, RMSNorm, no biases, untied head) against
-transformers' LlamaForCausalLM with the same weights: forward tokens/s and greedy decode tokens/s, plus the
-decode KV-cache memory that grouped-query attention saves (arithmetic).
+transformers' LlamaForCausalLM with the same weights: forward tokens/s over [batch, 256], greedy generation
+tokens/s (32-token prompts + 64 new tokens) and each side's peak RSS, plus the decode KV-cache memory that
+grouped-query attention saves (arithmetic).
 
-    python benchmarks/llama_style_vs_transformers.py                 # ~125M, batch 1 and 4
-    python benchmarks/llama_style_vs_transformers.py --shape tiny --batches 1 --threads 2
+    python benchmarks/llama_style_vs_transformers.py --rounds 3 --threads 2            # ~125M, batch 1 and 4
+    python benchmarks/llama_style_vs_transformers.py --rounds 3 --plain                # + ours without the kernels
+    python benchmarks/llama_style_vs_transformers.py --shape tiny --batches 1 --rounds 2
 
 The parent builds a random LlamaForCausalLM, saves it and converts it with `gptlocal convert hf2ms`
-(``checkpoint/hf_models.py``); each side then runs in its own worker subprocess with an explicit
-OMP/MKL/OpenBLAS thread count (``import mindspore`` would otherwise set OMP_NUM_THREADS=1 for children),
-which the worker checks and prints. fp32, CPU, graph mode for gpt_local.
+(``checkpoint/hf_models.py``); it imports neither MindSpore nor PyTorch itself. Every round starts one worker
+per side (``_common.run_worker``: OMP/MKL/OpenBLAS threads set explicitly and checked inside the worker, MindSpore's
+``runtime_num_threads`` and torch's threads set and checked), the sides alternating (ours, HF, HF, ours, ...;
+``_common.alternate``). A worker times every batch: one warm-up (our graphs compile there) then ``--repeats``
+forwards and ``--repeats`` generations, and reports their medians and its peak RSS (VmHWM). The table gives the
+median over rounds with [min-max], and ours/HF as the median of the per-round ratios. ``--plain`` adds ours with
+``GPTLOCAL_RMS_SWIGLU_KERNELS=0`` (MindSpore's RMSNorm and SiLU * up ops: the state before the kernels).
+fp32, CPU, graph mode for gpt_local (the lean process: MindFormers not loaded).
 """
 import argparse
 import json
 import os
-import subprocess
+import statistics
 import sys
 import time
 
@@ -21,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402  (benchmarks/ is not a package; scratch_dir)
+import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SHAPES = {  # ~125M: GPT-2 small's width and depth with Llama's layers, 12 heads over 4 key/value groups
     "120m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
@@ -30,6 +37,9 @@ SHAPES = {  # ~125M: GPT-2 small's width and depth with Llama's layers, 12 heads
                  intermediate_size=688, vocab_size=8192),
 }
 PROMPT, NEW, FORWARD_SEQ = 32, 64, 256
+SIDES = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours_plain": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_RMS_SWIGLU_KERNELS": "0"},
+         "hf": {}}  # each worker's extra environment (GPTLOCAL_LEAN=1: gptlocal generate's process)
+LABELS = {"ours": "gpt_local", "ours_plain": "gpt_local, GPTLOCAL_RMS_SWIGLU_KERNELS=0", "hf": "HF LlamaForCausalLM"}
 
 
 def kv_cache_bytes(shape, batch, length, groups, dtype_bytes=4):
@@ -37,18 +47,24 @@ def kv_cache_bytes(shape, batch, length, groups, dtype_bytes=4):
     return 2 * shape["num_hidden_layers"] * batch * groups * length * head_dim * dtype_bytes
 
 
-def worker(side, directory, batches, threads):
-    """One side's timings as a JSON line: forward tokens/s at [batch, FORWARD_SEQ], greedy decode tokens/s."""
-    env_threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-    assert all(v == str(threads) for v in env_threads.values()), env_threads
-    rows = []
-    if side == "hf":
+def worker(side, directory, batches, threads, repeats):
+    """One side's medians as a WORKER line: forward tokens/s at [batch, FORWARD_SEQ], greedy generation tokens/s
+    (batch * NEW / wall time of the whole call), the first (compiling) call's seconds, peak RSS. ``directory``
+    "-": no model, only the thread checks (tests/tools/test_benchmarks.py)."""
+    report = {"env": C.check_threads(threads, f"{side} llama worker")}
+    hf = side == "hf"
+    if hf:
+        report["runtime_threads"] = C.torch_threads(threads, "hf llama worker")
+    else:
+        import mindspore as ms
+        report["runtime_threads"] = C.mindspore_threads(threads, f"{side} llama worker")
+        ms.set_context(mode=ms.GRAPH_MODE)
+    if directory == "-":
+        return C.emit(report)
+    if hf:
         import torch
         from transformers import LlamaForCausalLM
-        torch.set_num_threads(threads)
-        print(f"[hf worker] torch threads {torch.get_num_threads()}, env {env_threads}", flush=True)
         model = LlamaForCausalLM.from_pretrained(os.path.join(directory, "hf")).eval()
-        vocab = model.config.vocab_size
 
         def forward(ids):
             with torch.no_grad():
@@ -61,90 +77,118 @@ def worker(side, directory, batches, threads):
                                      min_new_tokens=NEW, do_sample=False, pad_token_id=0)
             assert out.shape[1] == PROMPT + NEW
     else:
-        import mindspore as ms
         from mindspore import Tensor
-        from mindformers_gptlocal import GPTLocalForCausalLM
-        ms.set_context(mode=ms.GRAPH_MODE)
-        print(f"[ours worker] env {env_threads}, OMP_NUM_THREADS now {os.environ.get('OMP_NUM_THREADS')}",
-              flush=True)
+        from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM  # the lean process, as gptlocal generate
         model = GPTLocalForCausalLM.from_pretrained(os.path.join(directory, "ms"), max_batch_size=8,
                                                     seq_length=FORWARD_SEQ)
         model.set_train(False)
-        vocab = model.config.vocab_size
+        layer = model.model.layers[0]
+        report["kernels"] = dict(rmsnorm=layer.input_layernorm.kernel is not None,
+                                 swiglu=getattr(layer.mlp, "swiglu", None) is not None)
 
         def forward(ids):
-            model(Tensor(ids, ms.int32)).asnumpy()
+            model(Tensor(ids.astype(np.int32))).asnumpy()
 
         def generate(prompts):
             out = model.generate(prompts, max_new_tokens=NEW, do_sample=False, eos_token_id=-1)
             assert all(len(row) == PROMPT + NEW for row in out)
+    vocab = model.config.vocab_size
+    rows = []
+
+    def timed(fn, arg):
+        start = time.perf_counter()
+        fn(arg)
+        return time.perf_counter() - start
+
     for batch in batches:
         rng = np.random.default_rng(batch)
         ids = rng.integers(0, vocab, (batch, FORWARD_SEQ)).astype(np.int64)
-        forward(ids)  # warm-up (our graph compiles here)
-        start = time.perf_counter()
-        for _ in range(3):
-            forward(ids)
-        forward_rate = 3 * batch * FORWARD_SEQ / (time.perf_counter() - start)
         prompts = rng.integers(0, vocab, (batch, PROMPT)).tolist()
-        generate(prompts)  # warm-up
-        start = time.perf_counter()
-        generate(prompts)
-        decode_rate = batch * NEW / (time.perf_counter() - start)
-        rows.append(dict(side=side, batch=batch, forward=forward_rate, generate=decode_rate))
-    print("RESULT " + json.dumps(rows), flush=True)
+        first = timed(forward, ids) + timed(generate, prompts)  # warm-ups: our graphs compile here
+        forwards = [timed(forward, ids) for _ in range(repeats)]
+        generations = [timed(generate, prompts) for _ in range(repeats)]
+        rows.append(dict(batch=batch, forward=batch * FORWARD_SEQ / statistics.median(forwards),
+                         generate=batch * NEW / statistics.median(generations), first_calls_s=first))
+    report.update(rows=rows, peak_rss_mb=C.vm_hwm_mb())
+    C.emit(report)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="120m", choices=list(SHAPES))
     parser.add_argument("--batches", default="1,4")
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--worker", choices=("ours", "hf"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="workers per side, the sides alternating")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per batch inside a worker")
+    parser.add_argument("--plain", action="store_true", help="also ours with GPTLOCAL_RMS_SWIGLU_KERNELS=0")
+    parser.add_argument("--worker", choices=tuple(SIDES))
     parser.add_argument("--dir")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.worker:
-        return worker(args.worker, args.dir, batches, args.threads)
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
+        return worker(args.worker, args.dir, batches, args.threads, args.repeats)
+    print(C.machine_line(args.threads), flush=True)
     shape = SHAPES[args.shape]
     work = C.scratch_dir("gptlocal-llama-")
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
-                                      eos_token_id=0, **shape))
-    params = sum(p.numel() for p in hf.parameters())
-    hf.save_pretrained(os.path.join(work, "hf"))
-    del hf
-    hf_to_ms(os.path.join(work, "hf"), os.path.join(work, "ms"))
-    env = dict(os.environ, **{k: str(args.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                                               "OPENBLAS_NUM_THREADS")})
-    rows = []
-    for side in ("ours", "hf"):
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", side, "--dir", work,
-                               "--batches", args.batches, "--threads", str(args.threads)],
-                              env=env, capture_output=True, text=True, check=False)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith(("RESULT", "["))]
-        print("\n".join(line for line in lines if not line.startswith("RESULT")))
-        if proc.returncode:
-            raise SystemExit(f"{side} worker failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-        rows += json.loads(next(line for line in lines if line.startswith("RESULT"))[len("RESULT "):])
-    print(f"\n{args.shape}: {params / 1e6:.1f}M parameters, {shape['num_attention_heads']} heads over "
+    params = prepare(shape, work)
+    sides = ("ours", "ours_plain", "hf") if args.plain else ("ours", "hf")
+
+    def one(side, index):
+        report, _ = C.run_worker(__file__, ["--worker", side, "--dir", work, "--batches", args.batches,
+                                            "--threads", str(args.threads), "--repeats", str(args.repeats)],
+                                 args.threads, **SIDES[side])
+        print(f"round {index} {side}: " + ", ".join(f"b{r['batch']} fwd {r['forward']:.0f} gen {r['generate']:.1f}"
+                                                   for r in report["rows"])
+              + f", peak RSS {report['peak_rss_mb']:.0f} MB, threads {report['runtime_threads']}"
+              + (f", kernels {report['kernels']}" if "kernels" in report else ""), flush=True)
+        return report
+
+    runs = C.alternate(sides, args.rounds, one)
+    print(f"\n{C.machine_line(args.threads)}")
+    print(f"{args.shape}: {params / 1e6:.1f}M parameters, {shape['num_attention_heads']} heads over "
           f"{shape['num_key_value_heads']} key/value groups; fp32 CPU, {args.threads} threads; forward "
-          f"[batch, {FORWARD_SEQ}], generate {PROMPT}-token prompts + {NEW} greedy tokens")
-    print(f"{'batch':>5} {'ours fwd tok/s':>14} {'HF fwd tok/s':>12} {'ours gen tok/s':>14} {'HF gen tok/s':>12}")
-    for batch in batches:
-        ours = next(r for r in rows if r["side"] == "ours" and r["batch"] == batch)
-        theirs = next(r for r in rows if r["side"] == "hf" and r["batch"] == batch)
-        print(f"{batch:5d} {ours['forward']:14.0f} {theirs['forward']:12.0f} {ours['generate']:14.1f} "
-              f"{theirs['generate']:12.1f}")
+          f"[batch, {FORWARD_SEQ}], generate {PROMPT}-token prompts + {NEW} greedy tokens; {args.rounds} rounds "
+          f"alternating, {args.repeats} timed calls each; median [min-max] over rounds")
+    print("| batch | side | forward tok/s | vs HF | generate tok/s | vs HF | peak RSS MB |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for position, batch in enumerate(batches):
+        for side in sides:
+            rows = [run["rows"][position] for run in runs[side]]
+            theirs = [run["rows"][position] for run in runs["hf"]]
+            ratio = {key: "1.00x" if side == "hf" else C.spread(
+                [r[key] / t[key] for r, t in zip(rows, theirs)], "{:.2f}") + "x" for key in ("forward", "generate")}
+            print(f"| {batch} | {LABELS[side]} | {C.spread([r['forward'] for r in rows])} | {ratio['forward']} | "
+                  f"{C.spread([r['generate'] for r in rows], '{:.1f}')} | {ratio['generate']} | "
+                  f"{C.spread([run['peak_rss_mb'] for run in runs[side]])} |")
     length = 1024
     gqa = kv_cache_bytes(shape, 1, length, shape["num_key_value_heads"])
     mha = kv_cache_bytes(shape, 1, length, shape["num_attention_heads"])
     print(f"decode KV cache per {length}-token sequence (fp32): {gqa / 2 ** 20:.1f} MiB with "
           f"{shape['num_key_value_heads']} key/value heads, {mha / 2 ** 20:.1f} MiB with "
           f"{shape['num_attention_heads']} ({mha / gqa:.0f}x)")
+    return None
+
+
+def prepare(shape, work):
+    """The random LlamaForCausalLM saved to work/hf and converted to work/ms, in a worker-free child (the parent
+    keeps PyTorch and MindSpore out); returns its parameter count."""
+    import subprocess
+    code = ("import json, os, sys, torch\n"
+            "from transformers import LlamaConfig, LlamaForCausalLM\n"
+            "from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms\n"
+            "shape, work = json.loads(sys.argv[1]), sys.argv[2]\n"
+            "torch.manual_seed(0)\n"
+            "hf = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False,\n"
+            "                                  bos_token_id=0, eos_token_id=0, **shape))\n"
+            "print('PARAMS', sum(p.numel() for p in hf.parameters()))\n"
+            "hf.save_pretrained(os.path.join(work, 'hf'))\n"
+            "del hf\n"
+            "hf_to_ms(os.path.join(work, 'hf'), os.path.join(work, 'ms'))\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(shape), work], capture_output=True, text=True,
+                         env=C.worker_env(os.cpu_count()), check=False)
+    if out.returncode:
+        raise SystemExit(f"preparing the models failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return int(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("PARAMS")))
 
 
 if __name__ == "__main__":

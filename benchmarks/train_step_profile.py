@@ -86,7 +86,7 @@ def build_step(args, kernels, lora=None):
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTrainOneStepCell
     from mindformers_gptlocal.training.optim import GPTLocalAdamW
     layers, hidden, heads, vocab = SHAPES[args.shape]
-    os.environ["GPTLOCAL_NORM_GELU_KERNELS"] = "1" if kernels else "0"  # read when the Cells are built
+    os.environ[args.switch] = "1" if kernels else "0"  # read when the Cells are built
     config = GPTLocalConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                             max_position_embeddings=max(1024, args.seq), seq_length=args.seq, hidden_dropout=0.0,
                             attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
@@ -257,6 +257,8 @@ def main():
     parser.add_argument("--compare", action="store_true")
     parser.add_argument("--dropout-ops", action="store_true",
                         help="MindSpore's Dropout vs the LoRA dropout kernel on the LoRA input shapes, alternating")
+    parser.add_argument("--switch", default="GPTLOCAL_NORM_GELU_KERNELS",
+                        help="the variable 'plain' sets to 0, e.g. GPTLOCAL_LINEAR_KERNEL (Linear's GEMM kernel)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--variants", default="plain,kernels",
                         help="--compare: comma-separated, of " + ", ".join(VARIANTS) + "; ratios against the last")

@@ -2,8 +2,9 @@
 
 ``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused
 attention ``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU
-kernels ``cpu_norm_gelu.cc``, the fused head + loss ``head_loss.cc``, LoRA's input dropout ``lora_dropout.cc`` and the KV
-cache's one-row decode attention ``decode_attention.cc``) with
+kernels ``cpu_norm_gelu.cc``, the fused head + loss ``head_loss.cc``, LoRA's input dropout ``lora_dropout.cc``, the KV
+cache's one-row decode attention ``decode_attention.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``, Linear's GEMM
+``cpu_linear.cc``) with
 the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, linked to the oneDNN the
 MindSpore wheel ships (``mindspore/lib/libdnnl.so.2``, for ``dnnl_sgemm``). Or None, with the reason, when it
 cannot be built: no compiler, a failed build, no oneDNN.
@@ -40,6 +41,9 @@ LIBRARY_NAME = "libgptlocal_kernels.so"
 SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate", "gptlocal_layernorm_fwd",
            "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd", "gptlocal_head_loss",
            "gptlocal_lora_dropout_fwd", "gptlocal_lora_dropout_bwd", "gptlocal_decode_attention")
+SOURCES += tuple(os.path.join(HERE, name) for name in ("cpu_rms_swiglu.cc", "cpu_linear.cc"))  # + .py Cells
+SYMBOLS += ("gptlocal_rmsnorm_fwd", "gptlocal_rmsnorm_bwd", "gptlocal_swiglu_fwd", "gptlocal_swiglu_bwd",
+            "gptlocal_linear_fwd", "gptlocal_linear_bwd")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)

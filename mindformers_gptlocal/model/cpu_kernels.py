@@ -7,7 +7,11 @@ broadcasting Add).
 The attention of training, eval and uncached prefill runs gpt_local's fused C++ kernel
 (``kernels/``, chosen in ``ParallelAttention.__init__``); LayerNorm and the MLP's bias + GeLU run its C++
 kernels (``kernels/norm_gelu.py``, chosen in ``LayerNorm`` and ``ParallelFeedForward``) where
-``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only). With
+``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only); the
+Llama-style RMSNorm and SwiGLU's silu(gate) * up run ``kernels/rms_swiglu.py`` where ``rms_swiglu_kernels()``
+says so (``GPTLOCAL_RMS_SWIGLU_KERNELS=0`` keeps MindSpore's ops for these two only); Linear's GEMM runs
+``kernels/linear.py`` (oneDNN's sgemm) where ``linear_gemm_kernel()`` says so (opt-in: ``GPTLOCAL_LINEAR_KERNEL=1``).
+With
 ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (opt-in) the training loss runs the fused head + cross-entropy
 (``kernels/head_loss.py``, chosen in ``GPTLocalForCausalLM``).
 ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the plain matmul + softmax attention, MindSpore's GeLU kernel, the broadcasting Add and MindFormers' ClipGradNorm, to compare
@@ -28,6 +32,25 @@ def norm_gelu_kernels():
     semi-auto/auto parallel build (its strategies live on MindSpore's primitives) and GPTLOCAL_NORM_GELU_KERNELS
     not 0."""
     if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_NORM_GELU_KERNELS", "1") == "0":
+        return False
+    from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
+    return not is_parallel_build()
+
+
+def rms_swiglu_kernels():
+    """True where RMSNorm and SwiGLU's silu(gate) * up use gpt_local's CPU kernels: as ``norm_gelu_kernels()``
+    (CPU, not GPTLOCAL_PLAIN_KERNELS, not a semi-auto/auto parallel build), with GPTLOCAL_RMS_SWIGLU_KERNELS not 0."""
+    if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_RMS_SWIGLU_KERNELS", "1") == "0":
+        return False
+    from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
+    return not is_parallel_build()
+
+
+def linear_gemm_kernel():
+    """True where Linear's x W^T uses gpt_local's CPU GEMM kernel: opt-in, GPTLOCAL_LINEAR_KERNEL=1 (a busy-machine
+    comparison found Llama-style generation 0.82-0.92x with it, a tiny training step 1.85x: off until measured
+    quietly, docs/performance.md), on CPU, not GPTLOCAL_PLAIN_KERNELS, not a semi-auto/auto parallel build."""
+    if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_LINEAR_KERNEL", "0") != "1":
         return False
     from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
     return not is_parallel_build()

@@ -1,8 +1,9 @@
 """ParallelFeedForward: the MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with
 ``gated_linear_unit`` (SwiGLU, Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear."""
+import mindspore as ms
 from mindspore import nn, ops
 
-from .cpu_kernels import norm_gelu_kernels
+from .cpu_kernels import norm_gelu_kernels, rms_swiglu_kernels
 from .layers import Linear, Activation, residual_init_std, to_mstype
 
 
@@ -24,8 +25,12 @@ class ParallelFeedForward(nn.Cell):
         if self.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
             self.linear_gate = linear("mlp.linear_gate", Linear)(config.hidden_size, local, config.initializer_range,
                                                                  params_dtype, compute_dtype, has_bias=bias)
-            self.activation = SiLU()
+            self.activation = SiLU()  # the plain path (and the ops the shard strategies name)
             self.gate_mul = ops.Mul()
+            self.swiglu = None  # gpt_local's CPU silu(gate) * up kernel (kernels/rms_swiglu.py): fp32, CPU, one rank
+            if compute_dtype == ms.float32 and rms_swiglu_kernels():
+                from ..kernels.rms_swiglu import swiglu_kernel  # pylint: disable=import-outside-toplevel
+                self.swiglu = swiglu_kernel(compute_dtype)
         else:
             self.activation = Activation(config.hidden_act)
         self.linear_fc2 = linear("mlp.linear_fc2", Linear)(local, config.hidden_size, residual_init_std(config),
@@ -47,6 +52,8 @@ class ParallelFeedForward(nn.Cell):
         if self.bias_gelu is not None:
             y = self.linear_fc1(hidden)  # with LoRA on fc1: its low-rank update included
             return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)))
+        if self.gated and self.swiglu is not None:
+            return self.linear_fc2(self.swiglu(self.linear_gate(hidden), self.linear_fc1(hidden)))
         if self.gated:
             return self.linear_fc2(self.gate_mul(self.activation(self.linear_gate(hidden)), self.linear_fc1(hidden)))
         return self.linear_fc2(self.activation(self.linear_fc1(hidden)))

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from .cpu_kernels import norm_gelu_kernels, replace_slow_cpu_kernels
+from .cpu_kernels import linear_gemm_kernel, norm_gelu_kernels, replace_slow_cpu_kernels, rms_swiglu_kernels
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -21,6 +21,15 @@ def to_mstype(name):
     return DTYPE[name] if isinstance(name, str) else name
 
 
+def cpu_gemm(compute_dtype):
+    """gpt_local's CPU GEMM kernel for x W^T (``kernels/linear.py``) or None (``ops.MatMul(transpose_b=True)``):
+    CPU, float32 compute, one rank, ``cpu_kernels.linear_gemm_kernel()``. Linear's and the output head's."""
+    if compute_dtype != ms.float32 or not linear_gemm_kernel():
+        return None
+    from ..kernels.linear import linear_gemm_kernel as kernel  # pylint: disable=import-outside-toplevel
+    return kernel(compute_dtype)
+
+
 class Linear(nn.Cell):
     """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
 
@@ -29,6 +38,9 @@ class Linear(nn.Cell):
     kernel adds it (feedforward.py), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
+    On CPU with float32 compute x W^T runs gpt_local's GEMM kernel (``kernels/linear.py``, ``gemm``) where
+    ``GPTLOCAL_LINEAR_KERNEL=1`` asks for it, decided at build time (``cpu_kernels.linear_gemm_kernel``); else
+    ``matmul``, the reference, which also carries the shard strategies.
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
@@ -49,6 +61,7 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
+        self.gemm = cpu_gemm(compute_dtype)  # the CPU GEMM kernel Cell, or None: ``matmul``
 
     def construct(self, x):
         shape = x.shape
@@ -58,7 +71,8 @@ class Linear(nn.Cell):
     def dense(self, x):
         """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it."""
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
-        y = self.matmul(x, self.cast(self.weight, self.compute_dtype))
+        weight = self.cast(self.weight, self.compute_dtype)
+        y = self.matmul(x, weight) if self.gemm is None else self.gemm(x, weight)
         if self.has_bias and not self.skip_bias_add:
             bias = self.cast(self.bias, self.compute_dtype)
             y = self.bias_add(y, ops.broadcast_to(bias, y.shape) if self.broadcast_bias else bias)
@@ -98,7 +112,10 @@ class LayerNorm(nn.Cell):
 class RMSNorm(nn.Cell):
     """RMSNorm over the last axis (``normalization: RMSNorm``, Llama's): x * rsqrt(mean(x^2) + eps) * weight,
     computed in ``compute_dtype``, returned in the input's dtype; the weight multiplies after the cast back,
-    as Hugging Face's LlamaRMSNorm does."""
+    as Hugging Face's LlamaRMSNorm does.
+
+    On CPU with float32 compute and weight it runs gpt_local's one-pass kernel (``kernels/rms_swiglu.py``),
+    decided at build time (``cpu_kernels.rms_swiglu_kernels``); else the ops below, the reference."""
 
     def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
         super().__init__()
@@ -111,9 +128,15 @@ class RMSNorm(nn.Cell):
         self.weight_mul = ops.Mul()
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
+        self.kernel = None
+        if compute_dtype == ms.float32 and params_dtype == ms.float32 and rms_swiglu_kernels():
+            from ..kernels.rms_swiglu import rmsnorm_kernel  # pylint: disable=import-outside-toplevel
+            self.kernel = rmsnorm_kernel(eps, compute_dtype)
 
     def construct(self, x):
         dtype = x.dtype
+        if self.kernel is not None:
+            return self.cast(self.kernel(self.cast(x, ms.float32), self.weight), dtype)
         x = self.cast(x, self.compute_dtype)
         y = self.normalize(x, self.rsqrt(self.mean(self.square(x), -1) + self.eps))
         return self.weight_mul(self.cast(y, dtype), self.cast(self.weight, dtype))

@@ -1,0 +1,208 @@
+// RMSNorm and SwiGLU's silu(gate) * up for CPU, forward and backward, as MindSpore AOT kernels (gpt_local,
+// kernels/rms_swiglu.py): the Llama-style block's two elementwise stages.
+//
+// Built with the other sources into one library by mindformers_gptlocal/kernels/build.py; called through
+// ops.Custom("lib.so:gptlocal_rmsnorm_fwd", ..., func_type="aot", bprop=...) inside the compiled graph.
+// Why: MindSpore's RMSNorm from Square, ReduceMean, Add, Rsqrt, Mul, Mul is six passes over [T, H] (and more in
+// its backward), SiLU(gate) * up from Sigmoid, Mul, Mul three passes over [T, F] plus their gradients; here each
+// is one pass (the RMSNorm backward two: its row sum, then dx and the weight-gradient sum).
+//
+// Rows are split into `threads` contiguous chunks, one std::thread each (common.h's reasons); the weight-gradient
+// sum over rows is added chunk by chunk in a fixed order, so results depend only on the thread count.
+//
+// gptlocal_rmsnorm_fwd: x [..., H], weight [H], config float32 [2] (epsilon, threads) -> y [..., H], rstd [...]
+//                       y = x * rsqrt(mean(x^2) + eps) * weight
+// gptlocal_rmsnorm_bwd: x, weight, rstd, dy, config -> dx [..., H], dweight [H]
+// gptlocal_swiglu_fwd:  gate [..., F], up [..., F], config float32 [2] (unused, threads) -> y = silu(gate) * up
+// gptlocal_swiglu_bwd:  gate, up, dy, config -> dgate [..., F], dup [..., F]  (sigmoid recomputed from gate)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+inline float rs_sigmoid(float z) {  // 1 / (1 + exp(-z)) without overflow: exp of -|z| only
+  const float e = exp_neg(-std::fabs(z));
+  const float r = 1.0f / (1.0f + e);
+  return z >= 0.0f ? r : e * r;
+}
+
+template <class Work>
+int rs_chunks(int threads, int64_t rows, Work work) {
+  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, rows)));
+  const int64_t step = (rows + count - 1) / count;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) {
+    pool.emplace_back([&work, t, step, rows] { work(t, t * step, std::min<int64_t>(rows, (t + 1) * step)); });
+  }
+  work(0, 0, std::min<int64_t>(rows, step));
+  for (auto &thread : pool) thread.join();
+  return count;
+}
+
+int rs_threads(float requested, int64_t elements) {  // decode steps' few rows: one thread
+  const int threads = std::max(1, static_cast<int>(requested));
+  return elements < 32768 ? 1 : threads;
+}
+
+int64_t rs_rows(int ndim, const int64_t *shape) {
+  int64_t rows = 1;
+  for (int axis = 0; axis < ndim - 1; ++axis) rows *= shape[axis];
+  return rows;
+}
+
+bool rs_float32(int n, const char **dtypes) {
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(dtypes[i], "float32") != 0) return false;
+  }
+  return true;
+}
+
+VEC_CLONES void rmsnorm_rows(const float *x, const float *w, float *y, float *rstd, int64_t begin, int64_t end,
+                            int64_t H, float eps) {
+  for (int64_t row = begin; row < end; ++row) {
+    const float *xr = x + row * H;
+    float *yr = y + row * H;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < H; ++j) sum += xr[j] * xr[j];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) yr[j] = (xr[j] * inv) * w[j];
+    rstd[row] = inv;
+  }
+}
+
+VEC_CLONES void rmsnorm_grad_rows(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
+                                 float *dw, int64_t begin, int64_t end, int64_t H) {
+  std::fill(dw, dw + H, 0.0f);
+  const float inv_h = 1.0f / static_cast<float>(H);
+  for (int64_t row = begin; row < end; ++row) {
+    const float *xr = x + row * H;
+    const float *dyr = dy + row * H;
+    float *dxr = dx + row * H;
+    const float inv = rstd[row];
+    float c = 0.0f;
+#pragma omp simd reduction(+ : c)
+    for (int64_t j = 0; j < H; ++j) c += dyr[j] * w[j] * xr[j];
+    c *= inv * inv_h;  // mean(g * xhat), g = dy * w, xhat = x * inv
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const float xhat = xr[j] * inv;
+      dxr[j] = inv * (dyr[j] * w[j] - xhat * c);
+      dw[j] += dyr[j] * xhat;
+    }
+  }
+}
+
+VEC_CLONES void swiglu_rows(const float *gate, const float *up, float *y, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = gate[i];
+    y[i] = g * rs_sigmoid(g) * up[i];
+  }
+}
+
+VEC_CLONES void swiglu_grad_rows(const float *gate, const float *up, const float *dy, float *dgate, float *dup,
+                                int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = gate[i];
+    const float s = rs_sigmoid(g);
+    const float silu = g * s;
+    dup[i] = dy[i] * silu;
+    dgate[i] = dy[i] * up[i] * (s + silu * (1.0f - s));
+  }
+}
+
+}  // namespace
+
+extern "C" int gptlocal_rmsnorm_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                    void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 5 || !rs_float32(nparam, dtypes)) return 1;
+  const int64_t H = shapes[0][ndims[0] - 1], T = rs_rows(ndims[0], shapes[0]);
+  if (shapes[1][0] != H) return 2;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *config = static_cast<const float *>(params[2]);
+  float *y = static_cast<float *>(params[3]);
+  float *rstd = static_cast<float *>(params[4]);
+  const float eps = config[0];
+  rs_chunks(rs_threads(config[1], T * H), T, [&](int, int64_t begin, int64_t end) {
+    rmsnorm_rows(x, w, y, rstd, begin, end, H, eps);
+  });
+  return 0;
+}
+
+extern "C" int gptlocal_rmsnorm_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                    void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 7 || !rs_float32(nparam, dtypes)) return 1;
+  const int64_t H = shapes[0][ndims[0] - 1], T = rs_rows(ndims[0], shapes[0]);
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *rstd = static_cast<const float *>(params[2]);
+  const float *dy = static_cast<const float *>(params[3]);
+  const float *config = static_cast<const float *>(params[4]);
+  float *dx = static_cast<float *>(params[5]);
+  float *dw = static_cast<float *>(params[6]);
+  const int threads = rs_threads(config[1], T * H);
+  std::vector<float> partial(static_cast<size_t>(threads * H));
+  const int chunks = rs_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
+    rmsnorm_grad_rows(x, w, rstd, dy, dx, partial.data() + chunk * H, begin, end, H);
+  });
+  std::memcpy(dw, partial.data(), sizeof(float) * H);
+  for (int t = 1; t < chunks; ++t) {
+    const float *p = partial.data() + t * H;
+    for (int64_t j = 0; j < H; ++j) dw[j] += p[j];
+  }
+  return 0;
+}
+
+extern "C" int gptlocal_swiglu_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                   void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 4 || !rs_float32(nparam, dtypes)) return 1;
+  if (ndims[0] != ndims[1]) return 2;
+  int64_t total = 1;  // every element: gate and up have one shape
+  for (int axis = 0; axis < ndims[0]; ++axis) {
+    if (shapes[0][axis] != shapes[1][axis]) return 2;
+    total *= shapes[0][axis];
+  }
+  const float *gate = static_cast<const float *>(params[0]);
+  const float *up = static_cast<const float *>(params[1]);
+  const float *config = static_cast<const float *>(params[2]);
+  float *y = static_cast<float *>(params[3]);
+  rs_chunks(rs_threads(config[1], total), total, [&](int, int64_t begin, int64_t end) {
+    swiglu_rows(gate, up, y, begin, end);
+  });
+  return 0;
+}
+
+extern "C" int gptlocal_swiglu_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                   void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 6 || !rs_float32(nparam, dtypes)) return 1;
+  int64_t total = 1;
+  for (int axis = 0; axis < ndims[0]; ++axis) total *= shapes[0][axis];
+  const float *gate = static_cast<const float *>(params[0]);
+  const float *up = static_cast<const float *>(params[1]);
+  const float *dy = static_cast<const float *>(params[2]);
+  const float *config = static_cast<const float *>(params[3]);
+  float *dgate = static_cast<float *>(params[4]);
+  float *dup = static_cast<float *>(params[5]);
+  rs_chunks(rs_threads(config[1], total), total, [&](int, int64_t begin, int64_t end) {
+    swiglu_grad_rows(gate, up, dy, dgate, dup, begin, end);
+  });
+  return 0;
+}

@@ -1,0 +1,55 @@
+"""``CPULinearGEMM``: Linear's y = x W^T (``cpu_linear.cc``, oneDNN's sgemm on column blocks) as a Cell.
+
+Two AOT ``ops.Custom`` primitives, the forward and the backward (dx and dW), the second attached as the first's
+``bprop``, so they run inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
+``linear_gemm_kernel`` returns None where it cannot run: silently for a dtype other than float32, after one warning
+line per process where the library cannot be built; ``model/layers.py`` Linear then keeps ``ops.MatMul``, the
+reference.
+"""
+import functools
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+import mindspore as ms
+
+from . import build
+from .attention import kernel_threads
+
+_warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
+
+
+def _custom(path, symbol, shape, dtype, bprop=None):
+    op = ops.Custom(f"{path}:{symbol}", shape, dtype, "aot", bprop=bprop)
+    op.add_prim_attr("primitive_target", "CPU")
+    return op
+
+
+class CPULinearGEMM(nn.Cell):
+    """``construct(x [T, K], w [N, K])`` -> x w^T [T, N], float32, as ``ops.MatMul(transpose_b=True)``."""
+
+    def __init__(self, library_path, threads=None):
+        super().__init__()
+        threads = kernel_threads() if threads is None else threads
+        self.config = Tensor(np.array([threads], np.float32))
+        self.backward = _custom(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
+                                lambda x, w, dy, c: (x, w))
+        self.forward = _custom(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
+                               lambda x, w, c: x, bprop=self._bprop)
+
+    def _bprop(self, x, weight, config, out, dout):
+        dx, dweight = self.backward(x, weight, dout, config)
+        return dx, dweight, ops.zeros_like(config)
+
+    def construct(self, x, weight):
+        return self.forward(x, weight, self.config)
+
+
+def linear_gemm_kernel(dtype, **kwargs):
+    """A ``CPULinearGEMM`` or None (after one warning) where it cannot run."""
+    if dtype != ms.float32:
+        return None
+    path, reason = build.library()
+    if path is None:
+        _warn_once(reason)
+        return None
+    return CPULinearGEMM(path, **kwargs)

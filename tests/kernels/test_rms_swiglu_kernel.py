@@ -1,0 +1,194 @@
+"""The CPU RMSNorm and SwiGLU kernels (mindformers_gptlocal/kernels/rms_swiglu.py) and Linear's GEMM kernel
+(kernels/linear.py): outputs and every gradient against MindSpore's ops (the plain path of model/layers.py RMSNorm
+and Linear, model/feedforward.py SiLU + Mul) and a float64 reference, on odd shapes and the multi-threaded path; a
+tiny Llama-style model's logits, losses and gradients with the kernels equal the plain path's; the switches keep
+the plain path."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.kernels import linear, rms_swiglu
+from mindformers_gptlocal.model.feedforward import SiLU
+from conftest import TINY
+from references import train_steps
+
+# T * H >= 32768 runs on several threads (cpu_rms_swiglu.cc rs_threads); 3 threads split 131 rows unevenly
+SHAPES = [(3, 7, 77), (131, 257)]
+LLAMA = dict(position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu", normalization="RMSNorm",
+             add_bias_linear=False, untie_embeddings_and_output_weights=True, ffn_hidden_size=176)
+
+
+def _grads(fn, args, weight):
+    """fn's output and the gradients of sum(fn(*args) * weight) for every argument."""
+    value = fn(*args)
+    grads = ms.grad(lambda *a: (fn(*a) * weight).sum(), tuple(range(len(args))))(*args)
+    return value.asnumpy(), [g.asnumpy() for g in grads]
+
+
+def _close(actual, expected, name):
+    """Within 1e-5 of the reference, relative to its largest value where that is above 1 (the weight gradient is a
+    sum over up to 131 rows, whose order differs)."""
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(actual, expected, atol=1e-5 * scale, rtol=0, err_msg=name)
+
+
+def _plain_rmsnorm(eps):
+    """model/layers.py RMSNorm's plain ops, with the kernel off."""
+    square, mean, rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Rsqrt()
+    return lambda x, w: x * rsqrt(mean(square(x), -1) + eps) * w
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_rmsnorm_matches_mindspore_and_float64(library, pynative_mode, shape, threads):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 2.5 + 0.5).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    weight = rng.standard_normal(shape).astype(np.float32)
+    eps = 1e-6
+    args = (Tensor(x), Tensor(w))
+    got, got_grads = _grads(rms_swiglu.CPURMSNorm(library, eps, threads=threads), args, Tensor(weight))
+    want, want_grads = _grads(_plain_rmsnorm(eps), args, Tensor(weight))
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, weight))
+    rstd = 1.0 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps)
+    xhat = x64 * rstd
+    g = g64 * w64
+    exact_grads = [rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)),
+                   (g64 * xhat).sum(tuple(range(x.ndim - 1)))]
+    _close(got, want, "y vs MindSpore")
+    _close(got, xhat * w64, "y vs float64")
+    for name, actual, expected, precise in zip(("dx", "dweight"), got_grads, want_grads, exact_grads):
+        _close(actual, expected, name + " vs MindSpore")
+        _close(actual, precise, name + " vs float64")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_swiglu_matches_mindspore_and_float64(library, pynative_mode, shape):
+    rng = np.random.default_rng(1)
+    gate = (rng.standard_normal(shape) * 3).astype(np.float32)
+    gate.flat[0], gate.flat[-1] = 60.0, -60.0  # far tails of the sigmoid
+    up = rng.standard_normal(shape).astype(np.float32)
+    weight = rng.standard_normal(shape).astype(np.float32)
+    silu = SiLU()
+    args = (Tensor(gate), Tensor(up))
+    got, got_grads = _grads(rms_swiglu.CPUSwiGLU(library, threads=3), args, Tensor(weight))
+    want, want_grads = _grads(lambda g, u: silu(g) * u, args, Tensor(weight))
+    g64, u64, w64 = (a.astype(np.float64) for a in (gate, up, weight))
+    s = 1.0 / (1.0 + np.exp(-g64))
+    exact_grads = [w64 * u64 * (s + g64 * s * (1 - s)), w64 * g64 * s]
+    _close(got, want, "y vs MindSpore")
+    _close(got, g64 * s * u64, "y vs float64")
+    for name, actual, expected, precise in zip(("dgate", "dup"), got_grads, want_grads, exact_grads):
+        _close(actual, expected, name + " vs MindSpore")
+        _close(actual, precise, name + " vs float64")
+
+
+@pytest.mark.parametrize("rows,inner,out,threads", [(5, 33, 17, 1), (67, 129, 300, 3), (1, 64, 1000, 2)])
+def test_linear_gemm_matches_matmul_and_float64(library, pynative_mode, rows, inner, out, threads):
+    """x W^T and both gradients; odd sizes, column blocks that do not divide evenly, a one-row (decode) GEMV."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
+    w = rng.standard_normal((out, inner)).astype(np.float32)
+    weight = rng.standard_normal((rows, out)).astype(np.float32)
+    args = (Tensor(x), Tensor(w))
+    got, got_grads = _grads(linear.CPULinearGEMM(library, threads=threads), args, Tensor(weight))
+    want, want_grads = _grads(ops.MatMul(transpose_b=True), args, Tensor(weight))
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, weight))
+    for name, actual, expected, precise in zip(("y", "dx", "dw"), [got] + got_grads, [want] + want_grads,
+                                               [x64 @ w64.T, g64 @ w64, g64.T @ x64]):
+        _close(actual, expected, name + " vs MindSpore")
+        _close(actual, precise, name + " vs float64")
+
+
+def test_an_overflowed_gradient_stays_non_finite(library, pynative_mode):
+    """An infinite upstream gradient leaves every gradient of both kernels non-finite (loss scaling's check)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 33)).astype(np.float32)
+    weight = rng.standard_normal((5, 33)).astype(np.float32)
+    weight[2, 7] = np.inf
+    for kernel, args in ((rms_swiglu.CPURMSNorm(library, 1e-6, threads=1), (x, x[0])),
+                         (rms_swiglu.CPUSwiGLU(library, threads=1), (x, x + 1)),
+                         (linear.CPULinearGEMM(library, threads=1), (x, (x[:4].T @ x[:4]).astype(np.float32)))):
+        _, grads = _grads(kernel, tuple(Tensor(a) for a in args), Tensor(weight))
+        assert all(not np.isfinite(g).all() for g in grads), (kernel, [np.isfinite(g).all() for g in grads])
+
+
+# ---------------------------------------------------------------------------------------- the model
+SEQ = 48
+
+
+def _model_pair(monkeypatch):
+    """A tiny Llama-style model with the kernels (RMSNorm/SwiGLU: the CPU default; the Linear GEMM: opt-in
+    GPTLOCAL_LINEAR_KERNEL=1) and the same model, same weights, built with GPTLOCAL_RMS_SWIGLU_KERNELS=0 and
+    GPTLOCAL_LINEAR_KERNEL=0."""
+    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **LLAMA))
+    monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS", raising=False)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
+    fused = GPTLocalForCausalLM(config)
+    monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
+    plain = GPTLocalForCausalLM(config)
+    monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS")
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL")
+    values = dict(fused.parameters_and_names())
+    assert sorted(name for name, _ in plain.parameters_and_names()) == sorted(values)
+    rng = np.random.default_rng(3)
+    for name, param in plain.parameters_and_names():  # norm weights away from 1: every path carries values
+        value = values[name].asnumpy() + (0.1 * rng.standard_normal(param.shape)).astype(np.float32)
+        values[name].set_data(Tensor(value))
+        param.set_data(Tensor(value))
+    layer, plain_layer = fused.model.layers[0], plain.model.layers[0]
+    assert layer.input_layernorm.kernel is not None and layer.mlp.swiglu is not None
+    assert layer.mlp.linear_gate.gemm is not None and layer.attention.linear_qkv.gemm is not None
+    assert plain_layer.input_layernorm.kernel is None and plain_layer.mlp.swiglu is None
+    assert plain_layer.mlp.linear_gate.gemm is None
+    return fused, plain
+
+
+def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode, monkeypatch):
+    """Logits of an odd-length batch (PYNATIVE: no compile), then losses step for step (3 AdamW steps, compiled
+    by ``train_steps``' ms.jit) and every parameter's first-step gradient within 1e-5 of the plain path."""
+    fused, plain = _model_pair(monkeypatch)
+    rng = np.random.default_rng(0)
+    odd = Tensor(rng.integers(1, TINY["vocab_size"], (3, 37)).astype(np.int32))
+    for model in (fused, plain):
+        model.set_train(False)
+    _close(fused(odd).asnumpy(), plain(odd).asnumpy(), "logits")
+    ids = Tensor(rng.integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
+    batch = (ids[:, :-1], ids[:, 1:])
+    losses, grads = train_steps(fused, [batch], learning_rate=1e-2)
+    plain_losses, plain_grads = train_steps(plain, [batch], learning_rate=1e-2)
+    np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
+    assert losses[-1] < losses[0]  # it trains
+    for name in plain_grads:
+        _close(grads[name], plain_grads[name], name)
+
+
+def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
+    """GPTLOCAL_PLAIN_KERNELS=1, GPTLOCAL_RMS_SWIGLU_KERNELS=0 and float16 compute build the plain ops, with no
+    warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on; the Linear GEMM only with
+    GPTLOCAL_LINEAR_KERNEL=1."""
+    def kernels(**changes):
+        layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **LLAMA, **changes))).model.layers[0]
+        return (layer.input_layernorm.kernel is not None, layer.mlp.swiglu is not None,
+                layer.mlp.linear_fc2.gemm is not None)
+
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
+    assert kernels() == (True, True, False)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
+    assert kernels() == (True, True, True)
+    assert kernels(compute_dtype="float16") == (True, False, False)  # RMSNorm computes in layernorm_compute_dtype
+    assert kernels(layernorm_compute_dtype="float16") == (False, True, True)
+    monkeypatch.setenv("GPTLOCAL_NORM_GELU_KERNELS", "0")
+    assert kernels() == (True, True, True)
+    monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
+    assert kernels() == (False, False, True)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
+    assert kernels() == (False, False, False)
+    monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS")
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL")
+    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
+    assert kernels() == (False, False, False)
+    assert "kernels off" not in capfd.readouterr().err and "kernel off" not in capfd.readouterr().err
