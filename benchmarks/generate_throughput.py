@@ -138,7 +138,7 @@ def worker(side, work, shape, batch, threads, recompute):
 def kernels_vs_plain(shape, batch, lengths, rounds, threads):
     """Prints kernels vs plain for the prefill and the decode step, in this process (``--kernels-vs-plain``)."""
     import mindspore as ms
-    from mindformers_gptlocal.generation.buckets import bucket_of
+    from mindformers_gptlocal.model.buckets import bucket_of
     from mindformers_gptlocal.model.config import GPTLocalConfig
     from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
     from mindformers_gptlocal.model.kv_cache import prefill_inputs

@@ -9,7 +9,7 @@ import pytest
 import mindspore as ms
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.generation.buckets import bucket_of
+from mindformers_gptlocal.model.buckets import bucket_of
 from mindformers_gptlocal.model.kv_cache import prefill_inputs
 from conftest import TINY
 
