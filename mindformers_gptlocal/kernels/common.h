@@ -61,4 +61,46 @@ void run_parallel(int threads, int64_t tasks, Worker worker) {
   for (auto &thread : pool) thread.join();
 }
 
+// 1 / (1 + exp(-z)) without overflow: exp of -|z| only.
+inline float sigmoid(float z) {
+  const float e = exp_neg(-std::fabs(z));
+  const float r = 1.0f / (1.0f + e);
+  return z >= 0.0f ? r : e * r;
+}
+
+// Runs work(chunk, begin, end) over `rows` split into at most `threads` contiguous chunks; returns the chunk count.
+template <class Work>
+int run_chunks(int threads, int64_t rows, Work work) {
+  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, rows)));
+  const int64_t step = (rows + count - 1) / count;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) {
+    pool.emplace_back([&work, t, step, rows] { work(t, t * step, std::min<int64_t>(rows, (t + 1) * step)); });
+  }
+  work(0, 0, std::min<int64_t>(rows, step));
+  for (auto &thread : pool) thread.join();
+  return count;
+}
+
+// Few elements: one thread (a thread start costs more than the work; decode steps have a handful of rows).
+inline int threads_for(float requested, int64_t elements) {
+  const int threads = std::max(1, static_cast<int>(requested));
+  return elements < 32768 ? 1 : threads;
+}
+
+// The product of every axis but the last: the rows of a [..., H] tensor.
+inline int64_t leading(int ndim, const int64_t *shape) {
+  int64_t rows = 1;
+  for (int axis = 0; axis < ndim - 1; ++axis) rows *= shape[axis];
+  return rows;
+}
+
+// Every input and output of an AOT call is float32 (the kernels' one dtype).
+inline bool all_float32(int n, const char **dtypes) {
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(dtypes[i], "float32") != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace

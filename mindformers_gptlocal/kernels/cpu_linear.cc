@@ -39,12 +39,6 @@ int lin_threads(float requested, int64_t work) {  // a GEMM below ~256K multiply
   return work < (int64_t(1) << 18) ? 1 : threads;
 }
 
-bool lin_float32(int n, const char **dtypes) {
-  for (int i = 0; i < n; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -52,7 +46,7 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 4 || !lin_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2) return 1;
+  if (nparam != 4 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2) return 1;
   const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
   if (shapes[1][1] != K) return 2;
   const float *x = static_cast<const float *>(params[0]);
@@ -74,7 +68,7 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 6 || !lin_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2) return 1;
+  if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2) return 1;
   const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);

@@ -33,46 +33,6 @@ constexpr float kTanhScale = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
 constexpr float kCubic = 0.044715f;
 constexpr float kQuick = 1.702f;
 
-// 1 / (1 + exp(-z)) without overflow: exp of -|z| only.
-inline float ng_sigmoid(float z) {
-  const float e = exp_neg(-std::fabs(z));
-  const float r = 1.0f / (1.0f + e);
-  return z >= 0.0f ? r : e * r;
-}
-
-// Runs work(chunk, begin, end) over `rows` split into at most `threads` contiguous chunks; returns the chunk count.
-template <class Work>
-int run_chunks(int threads, int64_t rows, Work work) {
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, rows)));
-  const int64_t step = (rows + count - 1) / count;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) {
-    pool.emplace_back([&work, t, step, rows] { work(t, t * step, std::min<int64_t>(rows, (t + 1) * step)); });
-  }
-  work(0, 0, std::min<int64_t>(rows, step));
-  for (auto &thread : pool) thread.join();
-  return count;
-}
-
-// Few elements: one thread (a thread start costs more than the work; decode steps have a handful of rows).
-int threads_for(float requested, int64_t elements) {
-  const int threads = std::max(1, static_cast<int>(requested));
-  return elements < 32768 ? 1 : threads;
-}
-
-int64_t leading(int ndim, const int64_t *shape) {
-  int64_t rows = 1;
-  for (int axis = 0; axis < ndim - 1; ++axis) rows *= shape[axis];
-  return rows;
-}
-
-bool all_float32(int n, const char **dtypes) {
-  for (int i = 0; i < n; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0) return false;
-  }
-  return true;
-}
-
 VEC_CLONES void layernorm_rows(const float *x, const float *gamma, const float *beta, float *y, float *mean,
                               float *rstd, int64_t begin, int64_t end, int64_t H, float eps) {
   for (int64_t row = begin; row < end; ++row) {
@@ -132,13 +92,13 @@ VEC_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int6
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
         const float u = xr[j] + bias[j];
-        yr[j] = u * ng_sigmoid(kQuick * u);
+        yr[j] = u * sigmoid(kQuick * u);
       }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
         const float u = xr[j] + bias[j];
-        yr[j] = u * ng_sigmoid(kTanhScale * (u + kCubic * u * u * u));
+        yr[j] = u * sigmoid(kTanhScale * (u + kCubic * u * u * u));
       }
     }
   }
@@ -155,7 +115,7 @@ VEC_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const flo
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
         const float u = xr[j] + bias[j];
-        const float s = ng_sigmoid(kQuick * u);
+        const float s = sigmoid(kQuick * u);
         const float g = dyr[j] * (s + u * s * (1.0f - s) * kQuick);
         dxr[j] = g;
         dbias[j] += g;
@@ -165,7 +125,7 @@ VEC_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const flo
       for (int64_t j = 0; j < F; ++j) {
         const float u = xr[j] + bias[j];
         const float square = u * u;
-        const float s = ng_sigmoid(kTanhScale * (u + kCubic * square * u));
+        const float s = sigmoid(kTanhScale * (u + kCubic * square * u));
         const float g = dyr[j] * (s + u * s * (1.0f - s) * (kTanhScale * (1.0f + 3.0f * kCubic * square)));
         dxr[j] = g;
         dbias[j] += g;

@@ -26,43 +26,6 @@
 
 namespace {
 
-inline float rs_sigmoid(float z) {  // 1 / (1 + exp(-z)) without overflow: exp of -|z| only
-  const float e = exp_neg(-std::fabs(z));
-  const float r = 1.0f / (1.0f + e);
-  return z >= 0.0f ? r : e * r;
-}
-
-template <class Work>
-int rs_chunks(int threads, int64_t rows, Work work) {
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, rows)));
-  const int64_t step = (rows + count - 1) / count;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) {
-    pool.emplace_back([&work, t, step, rows] { work(t, t * step, std::min<int64_t>(rows, (t + 1) * step)); });
-  }
-  work(0, 0, std::min<int64_t>(rows, step));
-  for (auto &thread : pool) thread.join();
-  return count;
-}
-
-int rs_threads(float requested, int64_t elements) {  // decode steps' few rows: one thread
-  const int threads = std::max(1, static_cast<int>(requested));
-  return elements < 32768 ? 1 : threads;
-}
-
-int64_t rs_rows(int ndim, const int64_t *shape) {
-  int64_t rows = 1;
-  for (int axis = 0; axis < ndim - 1; ++axis) rows *= shape[axis];
-  return rows;
-}
-
-bool rs_float32(int n, const char **dtypes) {
-  for (int i = 0; i < n; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0) return false;
-  }
-  return true;
-}
-
 VEC_CLONES void rmsnorm_rows(const float *x, const float *w, float *y, float *rstd, int64_t begin, int64_t end,
                             int64_t H, float eps) {
   for (int64_t row = begin; row < end; ++row) {
@@ -104,7 +67,7 @@ VEC_CLONES void swiglu_rows(const float *gate, const float *up, float *y, int64_
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float g = gate[i];
-    y[i] = g * rs_sigmoid(g) * up[i];
+    y[i] = g * sigmoid(g) * up[i];
   }
 }
 
@@ -113,7 +76,7 @@ VEC_CLONES void swiglu_grad_rows(const float *gate, const float *up, const float
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float g = gate[i];
-    const float s = rs_sigmoid(g);
+    const float s = sigmoid(g);
     const float silu = g * s;
     dup[i] = dy[i] * silu;
     dgate[i] = dy[i] * up[i] * (s + silu * (1.0f - s));
@@ -126,8 +89,8 @@ extern "C" int gptlocal_rmsnorm_fwd(int nparam, void **params, int *ndims, int64
                                     void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 5 || !rs_float32(nparam, dtypes)) return 1;
-  const int64_t H = shapes[0][ndims[0] - 1], T = rs_rows(ndims[0], shapes[0]);
+  if (nparam != 5 || !all_float32(nparam, dtypes)) return 1;
+  const int64_t H = shapes[0][ndims[0] - 1], T = leading(ndims[0], shapes[0]);
   if (shapes[1][0] != H) return 2;
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
@@ -135,7 +98,7 @@ extern "C" int gptlocal_rmsnorm_fwd(int nparam, void **params, int *ndims, int64
   float *y = static_cast<float *>(params[3]);
   float *rstd = static_cast<float *>(params[4]);
   const float eps = config[0];
-  rs_chunks(rs_threads(config[1], T * H), T, [&](int, int64_t begin, int64_t end) {
+  run_chunks(threads_for(config[1], T * H), T, [&](int, int64_t begin, int64_t end) {
     rmsnorm_rows(x, w, y, rstd, begin, end, H, eps);
   });
   return 0;
@@ -145,8 +108,8 @@ extern "C" int gptlocal_rmsnorm_bwd(int nparam, void **params, int *ndims, int64
                                     void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 7 || !rs_float32(nparam, dtypes)) return 1;
-  const int64_t H = shapes[0][ndims[0] - 1], T = rs_rows(ndims[0], shapes[0]);
+  if (nparam != 7 || !all_float32(nparam, dtypes)) return 1;
+  const int64_t H = shapes[0][ndims[0] - 1], T = leading(ndims[0], shapes[0]);
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
   const float *rstd = static_cast<const float *>(params[2]);
@@ -154,9 +117,9 @@ extern "C" int gptlocal_rmsnorm_bwd(int nparam, void **params, int *ndims, int64
   const float *config = static_cast<const float *>(params[4]);
   float *dx = static_cast<float *>(params[5]);
   float *dw = static_cast<float *>(params[6]);
-  const int threads = rs_threads(config[1], T * H);
+  const int threads = threads_for(config[1], T * H);
   std::vector<float> partial(static_cast<size_t>(threads * H));
-  const int chunks = rs_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
+  const int chunks = run_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
     rmsnorm_grad_rows(x, w, rstd, dy, dx, partial.data() + chunk * H, begin, end, H);
   });
   std::memcpy(dw, partial.data(), sizeof(float) * H);
@@ -171,7 +134,7 @@ extern "C" int gptlocal_swiglu_fwd(int nparam, void **params, int *ndims, int64_
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 4 || !rs_float32(nparam, dtypes)) return 1;
+  if (nparam != 4 || !all_float32(nparam, dtypes)) return 1;
   if (ndims[0] != ndims[1]) return 2;
   int64_t total = 1;  // every element: gate and up have one shape
   for (int axis = 0; axis < ndims[0]; ++axis) {
@@ -182,7 +145,7 @@ extern "C" int gptlocal_swiglu_fwd(int nparam, void **params, int *ndims, int64_
   const float *up = static_cast<const float *>(params[1]);
   const float *config = static_cast<const float *>(params[2]);
   float *y = static_cast<float *>(params[3]);
-  rs_chunks(rs_threads(config[1], total), total, [&](int, int64_t begin, int64_t end) {
+  run_chunks(threads_for(config[1], total), total, [&](int, int64_t begin, int64_t end) {
     swiglu_rows(gate, up, y, begin, end);
   });
   return 0;
@@ -192,7 +155,7 @@ extern "C" int gptlocal_swiglu_bwd(int nparam, void **params, int *ndims, int64_
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 6 || !rs_float32(nparam, dtypes)) return 1;
+  if (nparam != 6 || !all_float32(nparam, dtypes)) return 1;
   int64_t total = 1;
   for (int axis = 0; axis < ndims[0]; ++axis) total *= shapes[0][axis];
   const float *gate = static_cast<const float *>(params[0]);
@@ -201,7 +164,7 @@ extern "C" int gptlocal_swiglu_bwd(int nparam, void **params, int *ndims, int64_
   const float *config = static_cast<const float *>(params[3]);
   float *dgate = static_cast<float *>(params[4]);
   float *dup = static_cast<float *>(params[5]);
-  rs_chunks(rs_threads(config[1], total), total, [&](int, int64_t begin, int64_t end) {
+  run_chunks(threads_for(config[1], total), total, [&](int, int64_t begin, int64_t end) {
     swiglu_grad_rows(gate, up, dy, dgate, dup, begin, end);
   });
   return 0;

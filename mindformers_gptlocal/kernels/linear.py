@@ -10,18 +10,12 @@ import functools
 
 import numpy as np
 from mindspore import Tensor, nn, ops
-import mindspore as ms
 
 from . import build
+from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
-
-
-def _custom(path, symbol, shape, dtype, bprop=None):
-    op = ops.Custom(f"{path}:{symbol}", shape, dtype, "aot", bprop=bprop)
-    op.add_prim_attr("primitive_target", "CPU")
-    return op
 
 
 class CPULinearGEMM(nn.Cell):
@@ -31,9 +25,9 @@ class CPULinearGEMM(nn.Cell):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.config = Tensor(np.array([threads], np.float32))
-        self.backward = _custom(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
+        self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
                                 lambda x, w, dy, c: (x, w))
-        self.forward = _custom(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
+        self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
                                lambda x, w, c: x, bprop=self._bprop)
 
     def _bprop(self, x, weight, config, out, dout):
@@ -46,10 +40,5 @@ class CPULinearGEMM(nn.Cell):
 
 def linear_gemm_kernel(dtype, **kwargs):
     """A ``CPULinearGEMM`` or None (after one warning) where it cannot run."""
-    if dtype != ms.float32:
-        return None
-    path, reason = build.library()
-    if path is None:
-        _warn_once(reason)
-        return None
-    return CPULinearGEMM(path, **kwargs)
+    path = float32_library(dtype, _warn_once)
+    return None if path is None else CPULinearGEMM(path, **kwargs)

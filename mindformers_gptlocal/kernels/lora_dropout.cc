@@ -81,12 +81,6 @@ void run(const float *in, float *out, int64_t n, const Params &q) {
   });
 }
 
-bool all_float32(int n, const char **dtypes) {
-  for (int i = 0; i < n; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0) return false;
-  }
-  return true;
-}
 
 }  // namespace
 

@@ -13,25 +13,20 @@ passes without the mark, so MindSpore 2.7.2 on CPU may not recompute it either w
 ``GPTLOCAL_PLAIN_KERNELS=1``, ``GPTLOCAL_LORA_DROPOUT_KERNEL=0``, a dtype other than float32, p = 0 (the plain
 path is then the identity) or no library (one warning line per process).
 """
+import functools
 import itertools
 import os
-import sys
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 import mindspore as ms
 
 from . import build
+from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
 _SITES = itertools.count()
-_WARNED = set()
-
-
-def _custom(path, symbol, shape, dtype, bprop=None):
-    op = ops.Custom(f"{path}:{symbol}", shape, dtype, "aot", bprop=bprop)
-    op.add_prim_attr("primitive_target", "CPU")
-    return op
+_warn_once = functools.partial(build.warn_once, "CPU LoRA dropout kernel off, MindSpore's Dropout used instead")
 
 
 class CPULoRADropout(nn.Cell):
@@ -42,8 +37,8 @@ class CPULoRADropout(nn.Cell):
         self.p = float(p)
         threads = kernel_threads() if threads is None else threads
         self.config = Tensor(np.array([self.p, next(_SITES) % 65536, seed, threads], np.float32))
-        self.backward = _custom(library_path, "gptlocal_lora_dropout_bwd", lambda dy, k, c: dy, lambda dy, k, c: dy)
-        self.forward = _custom(library_path, "gptlocal_lora_dropout_fwd", lambda x, c: (x, [2]),
+        self.backward = custom_op(library_path, "gptlocal_lora_dropout_bwd", lambda dy, k, c: dy, lambda dy, k, c: dy)
+        self.forward = custom_op(library_path, "gptlocal_lora_dropout_fwd", lambda x, c: (x, [2]),
                                lambda x, c: (x, ms.float32), bprop=self._bprop)
         self.forward.recompute(False)  # the backward's mask is the forward's, also in a recomputed block
 
@@ -62,10 +57,5 @@ def lora_dropout_kernel(p, dtype, **kwargs):
             or os.environ.get("GPTLOCAL_PLAIN_KERNELS", "0") not in ("", "0")
             or os.environ.get("GPTLOCAL_LORA_DROPOUT_KERNEL", "1") == "0"):
         return None
-    path, reason = build.library()
-    if path is None:
-        if reason not in _WARNED:
-            _WARNED.add(reason)
-            sys.stderr.write(f"gpt_local: CPU LoRA dropout kernel off, MindSpore's Dropout used instead: {reason}.\n")
-        return None
-    return CPULoRADropout(path, p, **kwargs)
+    path = float32_library(dtype, _warn_once)
+    return None if path is None else CPULoRADropout(path, p, **kwargs)

@@ -10,30 +10,14 @@ import functools
 
 import numpy as np
 from mindspore import Tensor, nn, ops
-import mindspore as ms
 
 from . import build
+from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
 GELU_FORMS = {"tanh": 0, "quick": 1}
 _warn_once = functools.partial(build.warn_once,
                                "CPU LayerNorm and bias + GeLU kernels off, MindSpore's ops used instead")
-
-
-def _library(dtype):
-    """The library path, or None: silently for a dtype other than float32, after one warning without a library."""
-    if dtype != ms.float32:
-        return None
-    path, reason = build.library()
-    if path is None:
-        _warn_once(reason)
-    return path
-
-
-def _custom(path, symbol, shape, dtype, bprop=None):
-    op = ops.Custom(f"{path}:{symbol}", shape, dtype, "aot", bprop=bprop)
-    op.add_prim_attr("primitive_target", "CPU")
-    return op
 
 
 class CPULayerNorm(nn.Cell):
@@ -44,9 +28,9 @@ class CPULayerNorm(nn.Cell):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.config = Tensor(np.array([epsilon, threads], np.float32))
-        self.backward = _custom(library_path, "gptlocal_layernorm_bwd", lambda x, g, m, r, dy, c: (x, g, g),
+        self.backward = custom_op(library_path, "gptlocal_layernorm_bwd", lambda x, g, m, r, dy, c: (x, g, g),
                                 lambda x, g, m, r, dy, c: (x, g, g))
-        self.forward = _custom(library_path, "gptlocal_layernorm_fwd", lambda x, g, b, c: (x, x[:-1], x[:-1]),
+        self.forward = custom_op(library_path, "gptlocal_layernorm_fwd", lambda x, g, b, c: (x, x[:-1], x[:-1]),
                                lambda x, g, b, c: (x, x, x), bprop=self._bprop)
 
     def _bprop(self, x, gamma, beta, config, out, dout):
@@ -66,9 +50,9 @@ class CPUBiasGeLU(nn.Cell):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.config = Tensor(np.array([GELU_FORMS[form], threads], np.float32))
-        self.backward = _custom(library_path, "gptlocal_bias_gelu_bwd", lambda x, b, dy, c: (x, b),
+        self.backward = custom_op(library_path, "gptlocal_bias_gelu_bwd", lambda x, b, dy, c: (x, b),
                                 lambda x, b, dy, c: (x, b))
-        self.forward = _custom(library_path, "gptlocal_bias_gelu_fwd", lambda x, b, c: x, lambda x, b, c: x,
+        self.forward = custom_op(library_path, "gptlocal_bias_gelu_fwd", lambda x, b, c: x, lambda x, b, c: x,
                                bprop=self._bprop)
 
     def _bprop(self, x, bias, config, out, dout):
@@ -81,11 +65,11 @@ class CPUBiasGeLU(nn.Cell):
 
 def layernorm_kernel(epsilon, dtype, **kwargs):
     """A ``CPULayerNorm`` or None (after one warning) where it cannot run."""
-    path = _library(dtype)
+    path = float32_library(dtype, _warn_once)
     return None if path is None else CPULayerNorm(path, epsilon, **kwargs)
 
 
 def bias_gelu_kernel(form, dtype, **kwargs):
     """A ``CPUBiasGeLU`` for ``form`` ("tanh" or "quick") or None (after one warning) where it cannot run."""
-    path = _library(dtype)
+    path = float32_library(dtype, _warn_once)
     return None if path is None else CPUBiasGeLU(path, form, **kwargs)

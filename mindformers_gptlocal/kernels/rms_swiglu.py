@@ -11,28 +11,12 @@ import functools
 
 import numpy as np
 from mindspore import Tensor, nn, ops
-import mindspore as ms
 
 from . import build
+from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
 _warn_once = functools.partial(build.warn_once, "CPU RMSNorm and SwiGLU kernels off, MindSpore's ops used instead")
-
-
-def _library(dtype):
-    """The library path, or None: silently for a dtype other than float32, after one warning without a library."""
-    if dtype != ms.float32:
-        return None
-    path, reason = build.library()
-    if path is None:
-        _warn_once(reason)
-    return path
-
-
-def _custom(path, symbol, shape, dtype, bprop=None):
-    op = ops.Custom(f"{path}:{symbol}", shape, dtype, "aot", bprop=bprop)
-    op.add_prim_attr("primitive_target", "CPU")
-    return op
 
 
 class CPURMSNorm(nn.Cell):
@@ -43,9 +27,9 @@ class CPURMSNorm(nn.Cell):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.config = Tensor(np.array([epsilon, threads], np.float32))
-        self.backward = _custom(library_path, "gptlocal_rmsnorm_bwd", lambda x, w, r, dy, c: (x, w),
+        self.backward = custom_op(library_path, "gptlocal_rmsnorm_bwd", lambda x, w, r, dy, c: (x, w),
                                 lambda x, w, r, dy, c: (x, w))
-        self.forward = _custom(library_path, "gptlocal_rmsnorm_fwd", lambda x, w, c: (x, x[:-1]),
+        self.forward = custom_op(library_path, "gptlocal_rmsnorm_fwd", lambda x, w, c: (x, x[:-1]),
                                lambda x, w, c: (x, x), bprop=self._bprop)
 
     def _bprop(self, x, weight, config, out, dout):
@@ -64,9 +48,9 @@ class CPUSwiGLU(nn.Cell):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.config = Tensor(np.array([0, threads], np.float32))
-        self.backward = _custom(library_path, "gptlocal_swiglu_bwd", lambda g, u, dy, c: (g, g),
+        self.backward = custom_op(library_path, "gptlocal_swiglu_bwd", lambda g, u, dy, c: (g, g),
                                 lambda g, u, dy, c: (g, g))
-        self.forward = _custom(library_path, "gptlocal_swiglu_fwd", lambda g, u, c: g, lambda g, u, c: g,
+        self.forward = custom_op(library_path, "gptlocal_swiglu_fwd", lambda g, u, c: g, lambda g, u, c: g,
                                bprop=self._bprop)
 
     def _bprop(self, gate, up, config, out, dout):
@@ -79,11 +63,11 @@ class CPUSwiGLU(nn.Cell):
 
 def rmsnorm_kernel(epsilon, dtype, **kwargs):
     """A ``CPURMSNorm`` or None (after one warning) where it cannot run."""
-    path = _library(dtype)
+    path = float32_library(dtype, _warn_once)
     return None if path is None else CPURMSNorm(path, epsilon, **kwargs)
 
 
 def swiglu_kernel(dtype, **kwargs):
     """A ``CPUSwiGLU`` or None (after one warning) where it cannot run."""
-    path = _library(dtype)
+    path = float32_library(dtype, _warn_once)
     return None if path is None else CPUSwiGLU(path, **kwargs)
