@@ -136,9 +136,10 @@ class KVCache(nn.Cell):
         L rows, rows W..L-1 masked), which gives the same logits."""
         width = bucket_of(max(len(p) for p in prompts), self.widths)
         ids, positions, lengths = prefill_inputs(prompts, self.batch_size, pad_id, width)
+        last = lengths - 1  # the logits after each prompt's last token, not after the padding
         if not self.fresh_kernel:
-            return self.step(ids, positions, lengths - 1)
-        return self(*step_inputs(ids, positions, lengths - 1), True).asnumpy()
+            return self.step(ids, positions, last)
+        return self(*step_inputs(ids, positions, last), True).asnumpy()
 
     def decode(self, tokens, positions):
         """Write one token per sequence at its own position; logits after it."""
