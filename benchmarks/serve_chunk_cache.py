@@ -21,11 +21,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=8)
     args = parser.parse_args()
-    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[key] = str(args.threads)
-    os.environ.setdefault("GPTLOCAL_LEAN", "1")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _common as C  # noqa: E402
+    import _common as C  # noqa: E402  (imports neither MindSpore nor PyTorch)
+    os.environ.update({k: str(args.threads) for k in C.THREAD_VARS})  # this process is the worker
+    os.environ.setdefault("GPTLOCAL_LEAN", "1")
+    C.check_threads(args.threads, "serve_chunk_cache")
     print(C.machine_line(args.threads), flush=True)
     import numpy as np
     import torch
