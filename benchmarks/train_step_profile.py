@@ -24,10 +24,12 @@ and the clip over the trainable parameters only, as ``gptlocal run`` builds them
 dropout) are listed as ``lora:<type>``; the adapters' MatMuls, Mul and Add are primitives of the LoRALinear itself,
 so the profiler's names do not tell them from the base Linear's (they are in the MatMul / Add / Mul rows).
 ``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full finetunes), ``full`` (= kernels),
-``lora`` (a LoRA model), ``lora-msdrop`` (its lora_dropout through MindSpore's Dropout,
-``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the path before the kernel), ``lora-nodrop`` (lora_dropout 0); ratios are
-against the last; losses are compared between variants that train the same parameters without random masks.
-``--dropout-ops`` times MindSpore's Dropout against the LoRA dropout kernel alone (forward + backward).
+``lora`` (a LoRA model), ``lora-plaindrop`` (its lora_dropout through the plain counter dropout's graph ops,
+``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the kernel's reference), ``lora-nodrop`` (lora_dropout 0); ratios are
+against the last; losses are compared between variants that train the same parameters with the same masks
+(lora and lora-plaindrop draw the same counter masks).
+``--dropout-ops`` times MindSpore's Dropout, the plain counter dropout and the LoRA dropout kernel alone (forward +
+backward).
 """
 import argparse
 import csv
@@ -160,7 +162,7 @@ VARIANTS = {  # name -> (the norm / GeLU kernels on, a LoRA model, its lora_drop
     "kernels": (True, False, None),
     "full": (True, False, None),
     "lora": (True, True, None),
-    "lora-msdrop": (True, True, None),  # GPTLOCAL_LORA_DROPOUT_KERNEL=0: MindSpore's Dropout
+    "lora-plaindrop": (True, True, None),  # GPTLOCAL_LORA_DROPOUT_KERNEL=0: the plain counter dropout
     "lora-nodrop": (True, True, 0.0),
 }
 
@@ -173,7 +175,7 @@ def compare(args):
             raise SystemExit(f"--variants: {name!r} is not one of {', '.join(VARIANTS)}")
         kernels, lora, dropout = VARIANTS[name]
         overrides = {"lora": lora} if dropout is None else {"lora": lora, "lora_dropout": dropout}
-        os.environ["GPTLOCAL_LORA_DROPOUT_KERNEL"] = "0" if name == "lora-msdrop" else "1"  # read at build time
+        os.environ["GPTLOCAL_LORA_DROPOUT_KERNEL"] = "0" if name == "lora-plaindrop" else "1"  # read at build time
         cell, inputs = build_step(args, kernels, pet_config(argparse.Namespace(**{**vars(args), **overrides})))
         started = time.perf_counter()
         loss = float(cell(*inputs)[0])
@@ -190,13 +192,13 @@ def compare(args):
     parts = [f"{name} {medians[name] * 1000:.0f} ms [{min(times[name]) * 1000:.0f}-{max(times[name]) * 1000:.0f}]"
              for name in names]
     ratios = [f"{name} / {names[-1]} {medians[name] / medians[names[-1]]:.2f}x" for name in names[:-1]]
-    def masks_free(name):  # no LoRA, or LoRA with lora_dropout 0: the losses are comparable
+    def masks(name):  # the LoRA dropout rate of a variant (0: none); equal rates draw equal counter masks
         _, lora, dropout = VARIANTS[name]
         rate = dropout if dropout is not None else (
             args.lora_dropout if args.lora_dropout is not None else PET_CONFIG["lora_dropout"])
-        return not lora or rate == 0.0
+        return rate if lora else 0.0
     same = [name for name in names[:-1] if VARIANTS[name][1] == VARIANTS[names[-1]][1]
-            and masks_free(name) and masks_free(names[-1])]
+            and masks(name) == masks(names[-1])]
     diffs = [f"max loss diff {name} vs {names[-1]} "
              f"{max(abs(a - b) for a, b in zip(losses[name], losses[names[-1]])):.2e}" for name in same]
     print(f"shape {args.shape} {args.batch} x {args.seq}, {args.rounds} rounds, load {os.getloadavg()[0]:.1f}: "
@@ -204,20 +206,22 @@ def compare(args):
 
 
 def dropout_ops(args):
-    """MindSpore's Dropout against the LoRA dropout kernel, forward + backward (``value_and_grad`` of
-    sum(dropout(x) @ w), w [in, 8]: the LoRA A product) on the adapted Linears' input shapes, alternating."""
+    """MindSpore's Dropout, the plain counter dropout and the LoRA dropout kernel, forward + backward
+    (``value_and_grad`` of sum(dropout(x) @ w), w [in, 8]: the LoRA A product) on the adapted Linears' input shapes,
+    alternating."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor, nn, ops
     from mindformers_gptlocal.kernels.lora_dropout import lora_dropout_kernel
+    from mindformers_gptlocal.model.dropout import CounterDropout, KernelDropout, lora_dropout_site
 
     class Branch(nn.Cell):
         def __init__(self, dropout):
             super().__init__()
             self.dropout = dropout
 
-        def construct(self, x, w):
-            return ops.matmul(self.dropout(x), w).sum()
+        def construct(self, x, w, step):
+            return ops.matmul(self.dropout(x, step), w).sum()
 
     _, hidden, _, _ = SHAPES[args.shape]
     rate = args.lora_dropout if args.lora_dropout is not None else PET_CONFIG["lora_dropout"]
@@ -226,21 +230,25 @@ def dropout_ops(args):
         x = Tensor(np.random.default_rng(0).standard_normal((tokens, width)).astype(np.float32))
         w = Tensor(np.ones((width, 8), np.float32))
         fns = {}
-        for name, cell in (("mindspore", nn.Dropout(p=rate)), ("kernel", lora_dropout_kernel(rate, ms.float32))):
+        step = Tensor(3, ms.int32)
+        plain = CounterDropout(rate, lora_dropout_site(1, "attention.linear_qkv"))
+        for name, cell in (("mindspore", KernelDropout(p=rate)), ("plain", plain),
+                           ("kernel", lora_dropout_kernel(plain, ms.float32))):
             net = Branch(cell)
             net.set_train(True)
             fns[name] = ms.value_and_grad(net, grad_position=0)
-            fns[name](x, w)
+            fns[name](x, w, step)
         times = {name: [] for name in fns}
         for index in range(args.rounds):
             for name in (list(fns) if index % 2 == 0 else list(fns)[::-1]):
                 started = time.perf_counter()
-                fns[name](x, w)[1].asnumpy()
+                fns[name](x, w, step)[1].asnumpy()
                 times[name].append(time.perf_counter() - started)
         medians = {name: statistics.median(values) * 1000 for name, values in times.items()}
         print(f"dropout p={rate} on [{tokens}, {width}], {args.rounds} rounds, load {os.getloadavg()[0]:.1f}: "
-              f"MindSpore Dropout {medians['mindspore']:.2f} ms, kernel {medians['kernel']:.2f} ms, "
-              f"MindSpore / kernel {medians['mindspore'] / medians['kernel']:.2f}x")
+              f"MindSpore Dropout {medians['mindspore']:.2f} ms, plain counter dropout {medians['plain']:.2f} ms, "
+              f"kernel {medians['kernel']:.2f} ms, MindSpore / kernel {medians['mindspore'] / medians['kernel']:.2f}x, "
+              f"plain / kernel {medians['plain'] / medians['kernel']:.2f}x")
 
 
 def main():
@@ -256,7 +264,8 @@ def main():
     parser.add_argument("--min-ms", type=float, default=0.5, help="op types below this many ms a step are not listed")
     parser.add_argument("--compare", action="store_true")
     parser.add_argument("--dropout-ops", action="store_true",
-                        help="MindSpore's Dropout vs the LoRA dropout kernel on the LoRA input shapes, alternating")
+                        help="MindSpore's Dropout, the plain counter dropout and the LoRA dropout kernel on the LoRA "
+                             "input shapes, alternating")
     parser.add_argument("--switch", default="GPTLOCAL_NORM_GELU_KERNELS",
                         help="the variable 'plain' sets to 0, e.g. GPTLOCAL_LINEAR_KERNEL (Linear's GEMM kernel)")
     parser.add_argument("--rounds", type=int, default=6)

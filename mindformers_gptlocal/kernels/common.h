@@ -1,6 +1,7 @@
-// What gpt_local's CPU kernels share (cpu_attention.cc, cpu_norm_gelu.cc, head_loss.cc): oneDNN's sgemm, the
-// multi-versioning attribute, the vectorisable exp of x <= 0 and the std::thread task runner. Included by each
-// source of the one library build.py compiles (and hashed into its cache key with them).
+// What gpt_local's CPU kernels share (cpu_attention.cc, cpu_norm_gelu.cc, head_loss.cc, lora_dropout.cc...): oneDNN's
+// sgemm, the multi-versioning attribute, the vectorisable exp of x <= 0, the std::thread task runner and the counter
+// dropout's mask (drop_row). Included by each source of the one library build.py compiles (and hashed into its
+// cache key with them).
 #pragma once
 
 #include <algorithm>
@@ -101,6 +102,37 @@ inline bool all_float32(int n, const char **dtypes) {
     if (std::strcmp(dtypes[i], "float32") != 0) return false;
   }
   return true;
+}
+
+struct Dropout {
+  const float *t1, *t2;
+  int32_t a, b;
+  int mode;  // 0 none, 1 keep where equal, 2 keep where differ
+  float scale;
+  int64_t p1, p2;
+};
+
+// gpt_local's counter dropout (model/dropout.py CounterDropout) for a kernel: element idx of a flattened tensor is
+// kept by T1[(idx + a) % P1] vs T2[(idx + b) % P2] (mode 1 kept where the bits agree, 2 where they differ), a and b
+// the step/site offsets computed in the graph (CounterDropout.offsets). The attention kernel's probabilities
+// (cpu_attention.cc) and LoRA's input dropout (lora_dropout.cc) draw their masks with it.
+// keep[j] (0 or the dropout scale) for elements idx0 .. idx0 + n of the flattened tensor.
+VEC_CLONES void drop_row(const Dropout &d, int64_t idx0, int n, float *keep) {
+  int64_t s1 = (idx0 + d.a) % d.p1, s2 = (idx0 + d.b) % d.p2;
+  const float keep_equal = d.mode == 1 ? d.scale : 0.0f, keep_differ = d.mode == 2 ? d.scale : 0.0f;
+  int j = 0;
+  while (j < n) {  // segments without a wrap of either table
+    const int run = static_cast<int>(std::min<int64_t>(n - j, std::min(d.p1 - s1, d.p2 - s2)));
+    const float *b1 = d.t1 + s1, *b2 = d.t2 + s2;
+    float *out = keep + j;
+#pragma omp simd
+    for (int x = 0; x < run; ++x) out[x] = b1[x] != b2[x] ? keep_differ : keep_equal;
+    j += run;
+    s1 += run;
+    s2 += run;
+    if (s1 == d.p1) s1 = 0;
+    if (s2 == d.p2) s2 = 0;
+  }
 }
 
 }  // namespace

@@ -102,33 +102,6 @@ inline void gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const
   }
 }
 
-struct Dropout {
-  const float *t1, *t2;
-  int32_t a, b;
-  int mode;  // 0 none, 1 keep where equal, 2 keep where differ
-  float scale;
-  int64_t p1, p2;
-};
-
-// keep[j] (0 or the dropout scale) for elements idx0 .. idx0 + n of the flattened [B, N, S, S] probabilities.
-VEC_CLONES void drop_row(const Dropout &d, int64_t idx0, int n, float *keep) {
-  int64_t s1 = (idx0 + d.a) % d.p1, s2 = (idx0 + d.b) % d.p2;
-  const float keep_equal = d.mode == 1 ? d.scale : 0.0f, keep_differ = d.mode == 2 ? d.scale : 0.0f;
-  int j = 0;
-  while (j < n) {  // segments without a wrap of either table
-    const int run = static_cast<int>(std::min<int64_t>(n - j, std::min(d.p1 - s1, d.p2 - s2)));
-    const float *b1 = d.t1 + s1, *b2 = d.t2 + s2;
-    float *out = keep + j;
-#pragma omp simd
-    for (int x = 0; x < run; ++x) out[x] = b1[x] != b2[x] ? keep_differ : keep_equal;
-    j += run;
-    s1 += run;
-    s2 += run;
-    if (s1 == d.p1) s1 = 0;
-    if (s2 == d.p2) s2 = 0;
-  }
-}
-
 // Adds the bias row, masks keys past the query (causal), returns the row max.
 VEC_CLONES float bias_mask_max(float *s, const float *bias, int n, int valid) {
   float m = -INFINITY;

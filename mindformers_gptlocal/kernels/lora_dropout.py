@@ -1,20 +1,19 @@
 """``CPULoRADropout``: LoRA's input dropout (``lora_dropout``) through the CPU kernel ``lora_dropout.cc``, as a Cell.
 
-Two AOT ``ops.Custom`` primitives, the forward and the backward (attached as the forward's ``bprop``). The mask is a
-counter-based hash of (seed, site, call, element) drawn again by the backward from the two numbers the forward
-returns, so nothing of the input's size is kept for it (MindSpore's ``Dropout`` keeps a float mask). Each Cell is
-one site; sites are numbered in the order the Cells are built. Like MindSpore's ``Dropout`` (the reference path),
-the masks are not saved with a checkpoint: a resumed run draws other ones. The forward is marked not to be
-recomputed (a recomputed forward would count a new call and draw another mask). Checked by hand in a GRAPH-mode
-Cell under ``Cell.recompute()``: the loss rebuilt from the backward's mask equals the forward's loss; the same check
-passes without the mark, so MindSpore 2.7.2 on CPU may not recompute it either way (no CI test claims more).
+Two AOT ``ops.Custom`` primitives, the forward and the backward (attached as the forward's ``bprop``). The mask is
+gpt_local's counter dropout's (``model/dropout.py`` ``CounterDropout``, the plain path and the reference): the
+kernel reads the Cell's two bit tables at the offsets ``CounterDropout.offsets(step)`` of this LoRA Linear's site
+(``dropout.lora_dropout_site``) and the model's forward counter ``dropout_step``, so its values are the plain
+path's bit for bit and a run resumed from a training checkpoint (which holds the counter) draws the uninterrupted
+run's masks. The backward gets the same inputs and draws the mask again: nothing of the input's size is kept (the
+plain path tiles both tables to the input's size; MindSpore's ``Dropout`` keeps a float mask), and a recomputed
+forward draws the same mask.
 
-``lora_dropout_kernel(p, dtype)`` returns the Cell, or None where the plain ``nn.Dropout`` must stay: not CPU,
-``GPTLOCAL_PLAIN_KERNELS=1``, ``GPTLOCAL_LORA_DROPOUT_KERNEL=0``, a dtype other than float32, p = 0 (the plain
-path is then the identity) or no library (one warning line per process).
+``lora_dropout_kernel(dropout, dtype)`` returns the Cell for a ``CounterDropout``, or None where the plain Cell
+must stay: not CPU, ``GPTLOCAL_PLAIN_KERNELS=1``, ``GPTLOCAL_LORA_DROPOUT_KERNEL=0``, a dtype other than float32,
+p = 0 (the plain path is then the identity) or no library (one warning line per process).
 """
 import functools
-import itertools
 import os
 
 import numpy as np
@@ -25,37 +24,43 @@ from . import build
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
-_SITES = itertools.count()
-_warn_once = functools.partial(build.warn_once, "CPU LoRA dropout kernel off, MindSpore's Dropout used instead")
+_warn_once = functools.partial(build.warn_once, "CPU LoRA dropout kernel off, gpt_local's counter dropout used instead")
 
 
 class CPULoRADropout(nn.Cell):
-    """``construct(x)`` -> inverted dropout of float32 ``x`` with probability ``p`` in training, ``x`` otherwise."""
+    """``construct(x, step)`` -> the counter dropout ``counter`` (a ``CounterDropout``, 0 < p < 1) of float32 ``x``
+    at ``step`` (int32 scalar) in training; ``x`` otherwise, or when ``step`` is None (as ``CounterDropout``)."""
 
-    def __init__(self, library_path, p, seed=0, threads=None):
+    def __init__(self, library_path, counter, threads=None):
         super().__init__()
-        self.p = float(p)
+        self.counter = counter  # the plain Cell: its tables, site and offsets (not called in construct)
+        self.p = counter.p
         threads = kernel_threads() if threads is None else threads
-        self.config = Tensor(np.array([self.p, next(_SITES) % 65536, seed, threads], np.float32))
-        self.backward = custom_op(library_path, "gptlocal_lora_dropout_bwd", lambda dy, k, c: dy, lambda dy, k, c: dy)
-        self.forward = custom_op(library_path, "gptlocal_lora_dropout_fwd", lambda x, c: (x, [2]),
-                               lambda x, c: (x, ms.float32), bprop=self._bprop)
-        self.forward.recompute(False)  # the backward's mask is the forward's, also in a recomputed block
+        mode = 2 if counter.keep_when_differ else 1
+        self.config = Tensor(np.array([counter.scale, mode, threads], np.float32))
+        shape = lambda x, t1, t2, o, c: x  # noqa: E731
+        dtype = lambda x, t1, t2, o, c: x  # noqa: E731
+        self.backward = custom_op(library_path, "gptlocal_lora_dropout_bwd", shape, dtype)
+        self.forward = custom_op(library_path, "gptlocal_lora_dropout_fwd", shape, dtype, bprop=self._bprop)
 
-    def _bprop(self, x, config, out, dout):
-        return self.backward(dout[0], out[1], config), ops.zeros_like(config)
+    def _bprop(self, x, bits1, bits2, offsets, config, out, dout):
+        return (self.backward(dout, bits1, bits2, offsets, config), ops.zeros_like(bits1), ops.zeros_like(bits2),
+                ops.zeros_like(offsets), ops.zeros_like(config))
 
-    def construct(self, x):
-        if not self.training:
+    def construct(self, x, step=None):
+        if not self.training or step is None:
             return x
-        return self.forward(x, self.config)[0]
+        return self.forward(x, self.counter.bits1, self.counter.bits2, self.counter.offsets(step), self.config)
 
 
-def lora_dropout_kernel(p, dtype, **kwargs):
-    """A ``CPULoRADropout`` where it applies (module docstring), else None."""
-    if (not 0.0 < float(p) < 1.0 or dtype != ms.float32 or ms.get_context("device_target") != "CPU"
+def lora_dropout_kernel(dropout, dtype, **kwargs):
+    """A ``CPULoRADropout`` for the plain Cell ``dropout`` (a ``CounterDropout``: anything with its ``p``,
+    ``offsets`` and tables; MindSpore's Dropout, under parallel builds, stays) where it applies (module
+    docstring), else None."""
+    if (not hasattr(dropout, "offsets") or not 0.0 < dropout.p < 1.0 or dtype != ms.float32
+            or ms.get_context("device_target") != "CPU"
             or os.environ.get("GPTLOCAL_PLAIN_KERNELS", "0") not in ("", "0")
             or os.environ.get("GPTLOCAL_LORA_DROPOUT_KERNEL", "1") == "0"):
         return None
     path = float32_library(dtype, _warn_once)
-    return None if path is None else CPULoRADropout(path, p, **kwargs)
+    return None if path is None else CPULoRADropout(path, dropout, **kwargs)

@@ -204,7 +204,7 @@ class ParallelAttention(nn.Cell):
         ``rotary``: (cos, sin) [B, 1, S, rotary_dim] of the tokens' positions (``RotaryEmbedding``), with rope.
         """
         batch, seq, _ = hidden.shape
-        qkv = self.linear_qkv(hidden)
+        qkv = self.linear_qkv(hidden, dropout_step)  # the step: LoRA's input dropout, if any
         qkv = ops.reshape(qkv, (batch, seq, self.num_groups, self.group_size + 2, self.head_dim))
         if key_cache is not None:
             if fresh_prefill and self.cpu_attention is not None and prefix is None:
@@ -220,10 +220,10 @@ class ParallelAttention(nn.Cell):
             context = self.cpu_attention(query, key, value, self.cast(attention_bias, ms.float32),
                                          self._dropout_offsets(dropout_step))
             context = self.merge_heads(context, (0, 2, 1, 3))
-            return self.linear_proj(ops.reshape(context, (batch, seq, self.hidden_size)))
+            return self.linear_proj(ops.reshape(context, (batch, seq, self.hidden_size)), dropout_step)
         key, value = self._repeat_groups(key), self._repeat_groups(value)
         if self.use_flash_attention and seq_ends is not None:
-            return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends))
+            return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends), dropout_step)
         if self.use_flash_attention:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
         elif self.blockwise is not None:
@@ -232,7 +232,7 @@ class ParallelAttention(nn.Cell):
             context = self._core_attention(query, key, value, attention_bias, dropout_step)
         context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq, self.hidden_size))
-        return self.linear_proj(context)
+        return self.linear_proj(context, dropout_step)
 
     def _dropout_offsets(self, dropout_step):
         """The counter dropout's table offsets of this step for the CPU kernel, or None (no dropout now)."""

@@ -63,11 +63,11 @@ class GPTLocalBlock(nn.Cell):
         if self.layerdrop is not None:
             attn = self.layerdrop(attn, dropout_step)
         if self.parallel_residual:
-            mlp = self.mlp(self.post_attention_layernorm(hidden))
+            mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
             hidden = self.add(hidden, attn)
         else:
             hidden = self.add(hidden, attn)
-            mlp = self.mlp(self.post_attention_layernorm(hidden))
+            mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
         mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
         if self.mlp_adapter is not None:
             mlp = self.mlp_adapter(mlp)

@@ -151,8 +151,14 @@ def counter_dropout_enabled(config):
     MindSpore's own Dropout is kept (its masks do not resume)."""
     spec = config.prefix_spec() if hasattr(config, "prefix_spec") else None
     rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout,
-             getattr(config, "layerdrop", 0.0) or 0.0, 0.0 if spec is None else spec.dropout)
+             getattr(config, "layerdrop", 0.0) or 0.0, 0.0 if spec is None else spec.dropout, lora_rate(config))
     return any(rate > 0 for rate in rates) and not is_parallel_build()
+
+
+def lora_rate(config):
+    """pet_config's ``lora_dropout`` (0 without LoRA: no pet_config, adapters, prefix tuning)."""
+    spec = config.lora_spec() if hasattr(config, "lora_spec") else None
+    return float(getattr(spec, "dropout", 0.0) or 0.0) if spec is not None and hasattr(spec, "rank") else 0.0
 
 
 # Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1);
@@ -161,6 +167,19 @@ def counter_dropout_enabled(config):
 SITES_PER_LAYER = 3
 LAYER_SITES = {"attention_probs": 1, "attention_output": 2, "mlp_output": 3}
 PREFIX_SITE = -1
+
+
+# LoRA's input dropouts (lora_dropout, one site per adapted Linear): LORA_SITE + 5 (layer_number - 1) + the Linear's
+# index in LORA_LINEARS, 5000-9999 up to layer 1,000, apart from the layers' 3 per layer (< 5000 up to layer 1,666)
+# and LayerDrop's 10000+
+LORA_SITE = 5000
+LORA_LINEARS = ("attention.linear_qkv", "attention.linear_proj", "mlp.linear_fc1", "mlp.linear_gate",
+                "mlp.linear_fc2")
+
+
+def lora_dropout_site(layer_number, linear):
+    """The site number of LoRA's input dropout on ``linear`` (a path of ``LORA_LINEARS``) of a layer."""
+    return LORA_SITE + len(LORA_LINEARS) * (layer_number - 1) + LORA_LINEARS.index(linear)
 
 
 def dropout_site(layer_number=0, part="embedding"):

@@ -48,15 +48,18 @@ class ParallelFeedForward(nn.Cell):
         from ..kernels.norm_gelu import bias_gelu_kernel  # pylint: disable=import-outside-toplevel
         return bias_gelu_kernel(form, compute_dtype)
 
-    def construct(self, hidden):
+    def construct(self, hidden, dropout_step=None):
+        """``dropout_step``: the model's forward counter, for LoRA's input dropout on the Linears (``lora.py``)."""
+        step = dropout_step
         if self.bias_gelu is not None:
-            y = self.linear_fc1(hidden)  # with LoRA on fc1: its low-rank update included
-            return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)))
+            y = self.linear_fc1(hidden, step)  # with LoRA on fc1: its low-rank update included
+            return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)), step)
         if self.gated and self.swiglu is not None:
-            return self.linear_fc2(self.swiglu(self.linear_gate(hidden), self.linear_fc1(hidden)))
+            return self.linear_fc2(self.swiglu(self.linear_gate(hidden, step), self.linear_fc1(hidden, step)), step)
         if self.gated:
-            return self.linear_fc2(self.gate_mul(self.activation(self.linear_gate(hidden)), self.linear_fc1(hidden)))
-        return self.linear_fc2(self.activation(self.linear_fc1(hidden)))
+            gate = self.activation(self.linear_gate(hidden, step))
+            return self.linear_fc2(self.gate_mul(gate, self.linear_fc1(hidden, step)), step)
+        return self.linear_fc2(self.activation(self.linear_fc1(hidden, step)), step)
 
 
 class SiLU(nn.Cell):

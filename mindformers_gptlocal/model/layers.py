@@ -63,7 +63,9 @@ class Linear(nn.Cell):
         self.cast = ops.Cast()
         self.gemm = cpu_gemm(compute_dtype)  # the CPU GEMM kernel Cell, or None: ``matmul``
 
-    def construct(self, x):
+    def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
+        """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
+        dropout (unused here)."""
         shape = x.shape
         _, y = self.dense(x)
         return ops.reshape(y, shape[:-1] + (self.out_features,))

@@ -18,10 +18,11 @@ import math
 
 import numpy as np
 import mindspore as ms
-from mindspore import nn, ops, Parameter, Tensor
+from mindspore import ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
 from .cpu_kernels import replace_slow_cpu_kernels
+from .dropout import LORA_SITE, CounterDropout, KernelDropout, lora_dropout_site
 from .layers import Linear
 from ..parallel.sharding import is_parallel_build
 from .lora_config import LINEARS, LORA_A, LORA_B, freeze, is_target, targeted_paths
@@ -34,10 +35,13 @@ def _init(name):
 class LoRALinear(Linear):
     """A Linear plus a low-rank update. Built through ``Linear.__init__`` in place of the plain Linear when the
     layer is built (the layer spec, ``layer_spec.py``), so its base weight and bias are the ones the layer creates,
-    with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers)."""
+    with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers); ``dropout_site``
+    and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``) and tables' seed
+    (``model_config.dropout_seed``). ``construct(x, dropout_step)``: the model's forward counter picks the mask
+    (``dropout.py``; None: no dropout)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, *, lora):
+                 skip_bias_add=False, *, lora, dropout_site=LORA_SITE, dropout_seed=0):
         super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add)
         self.lora_rank = lora.rank
         self.scaling = lora.alpha / lora.rank
@@ -45,41 +49,48 @@ class LoRALinear(Linear):
                                         name=LORA_A))
         setattr(self, LORA_B, Parameter(initializer(_init(lora.b_init), (out_features, lora.rank), params_dtype),
                                         name=LORA_B))
-        self.lora_dropout = _lora_dropout(lora.dropout, self.compute_dtype)
+        self.lora_dropout = _lora_dropout(lora.dropout, self.compute_dtype, dropout_site, dropout_seed)
         self.lora_a_matmul = ops.MatMul(transpose_b=True)
         self.lora_b_matmul = ops.MatMul(transpose_b=True)
         self.lora_mul = ops.Mul()
         self.lora_add = ops.Add()
 
-    def construct(self, x):
+    def construct(self, x, dropout_step=None):
         shape = x.shape
         x, y = self.dense(x)
-        low = self.lora_a_matmul(self.lora_dropout(x), self.cast(self.lora_a, self.compute_dtype))
+        low = self.lora_a_matmul(self.lora_dropout(x, dropout_step), self.cast(self.lora_a, self.compute_dtype))
         low = self.lora_mul(low, self.scaling)  # on [T, r], not on [T, out]: the same product, r / out the work
         low = self.lora_b_matmul(low, self.cast(self.lora_b, self.compute_dtype))
         y = self.lora_add(y, low)
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
-def lora_layer_spec(spec, index):
+def lora_layer_spec(spec, index, dropout_seed=0):
     """Layer ``index``'s part of the layer spec for ``spec`` (a LoraSpec): {Linear path in the block:
-    LoRALinear with the spec} for every targeted Linear (``model.layers.{index}.attention.linear_qkv``...);
-    ``mlp.linear_gate`` is used only by a gated MLP."""
-    return {linear: functools.partial(LoRALinear, lora=spec) for linear in LINEARS
-            if is_target(spec, f"model.layers.{index}.{linear}")}
+    LoRALinear with the spec and its dropout site} for every targeted Linear
+    (``model.layers.{index}.attention.linear_qkv``...); ``mlp.linear_gate`` is used only by a gated MLP."""
+    return {linear: functools.partial(LoRALinear, lora=spec, dropout_site=lora_dropout_site(index + 1, linear),
+                                      dropout_seed=dropout_seed)
+            for linear in LINEARS if is_target(spec, f"model.layers.{index}.{linear}")}
 
 
-def _lora_dropout(p, compute_dtype):
-    """lora_dropout's Cell, chosen at build time: gpt_local's CPU kernel (``kernels/lora_dropout.py``: a hashed
-    mask drawn again in the backward, nothing of the input's size kept) on CPU in float32 for 0 < p < 1, one
-    rank or data parallel (``GPTLOCAL_LORA_DROPOUT_KERNEL=0`` or ``GPTLOCAL_PLAIN_KERNELS=1`` turn it off); else
-    MindSpore's ``nn.Dropout``, the reference (the identity for p = 0)."""
-    if replace_slow_cpu_kernels() and not is_parallel_build():
+def _lora_dropout(p, compute_dtype, site, seed):
+    """lora_dropout's Cell, chosen at build time, called as ``(x, dropout_step)``. For 0 < p < 1 on one rank or data
+    parallel: gpt_local's counter dropout at ``site`` (``dropout.CounterDropout``, the plain path and reference: the
+    mask a function of the model's forward counter, so resume is exact), on CPU in float32 through its kernel
+    (``kernels/lora_dropout.py``: the same mask in one pass, drawn again in the backward, nothing of the input's
+    size kept; ``GPTLOCAL_LORA_DROPOUT_KERNEL=0`` or ``GPTLOCAL_PLAIN_KERNELS=1`` keep the plain Cell). Under
+    semi-auto/auto parallel MindSpore's Dropout (``KernelDropout``, as the model's other dropouts there; its masks
+    do not resume); for p = 0 the identity."""
+    if not 0.0 < p < 1.0 or is_parallel_build():
+        return KernelDropout(p=p)
+    plain = CounterDropout(p, site, seed)
+    if replace_slow_cpu_kernels():
         from ..kernels.lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
-        kernel = lora_dropout_kernel(p, compute_dtype)
+        kernel = lora_dropout_kernel(plain, compute_dtype)
         if kernel is not None:
             return kernel
-    return nn.Dropout(p=p)
+    return plain
 
 
 def freeze_lora(model, spec, log=print):
@@ -124,7 +135,7 @@ class MultiLoRALinear(Linear):
         self.lora_a_matmul = ops.BatchMatMul(transpose_b=True)
         self.lora_b_matmul = ops.BatchMatMul(transpose_b=True)
 
-    def construct(self, x):
+    def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         shape = x.shape
         batch = shape[0]
         x, y = self.dense(x)  # [T, in], [T, out]: the base GEMM, once

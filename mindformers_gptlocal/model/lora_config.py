@@ -247,8 +247,10 @@ def check_trainable(spec, names):
 
 def freeze(model, spec):
     """The freeze lists of ``spec`` (LoraSpec or AdapterSpec) applied to every parameter of ``model``; one
-    ConfigError when none is left to train. Returns (trainable, total) parameter counts."""
-    params = dict(model.parameters_and_names())
+    ConfigError when none is left to train. Returns (trainable, total) parameter counts. Training state that is
+    not a weight (the dropout counter ``dropout_step``) is left as it is and not counted."""
+    from .params import is_weight  # pylint: disable=import-outside-toplevel  (params imports this module)
+    params = {name: param for name, param in model.parameters_and_names() if is_weight(name)}
     check_trainable(spec, list(params))
     for name, param in params.items():
         param.requires_grad = not is_frozen(spec, name)

@@ -51,9 +51,10 @@ def test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly(tmp_path, 
     afterwards; the adapters moved and the loss fell; the checkpoints hold the adapters, and a run stopped
     at step N and resumed from them (``--resume_training True --load_checkpoint output/checkpoint``)
     repeats the uninterrupted run's losses bit for bit (the pattern of tests/e2e/test_resume.py)."""
-    steps = 12
+    steps = 12  # lora_dropout 0.1: its masks come from the model's forward counter, saved in the checkpoints
     run = finetune_resumes_exactly(tmp_path, corpus, steps, steps // 2,
-                                   train_dataset__data_loader__num_samples=4 * steps, **lora_yaml_changes(base_dir))
+                                   train_dataset__data_loader__num_samples=4 * steps,
+                                   **lora_yaml_changes(base_dir, lora_dropout=0.1))
     out = run["out"]
     expected = lora_count(TINY, 8)
     total = sum(int(np.prod(s.shape)) for s in parameter_table(TINY, Layout()).values()) + expected
@@ -66,7 +67,8 @@ def test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly(tmp_path, 
     assert min(np.abs(tuned[n]).max() for n in tuned if n.endswith(".lora_b")) > 0  # B starts at zero
     reference = run["losses"]
     assert np.mean(reference[-3:]) < np.mean(reference[:3]) - 0.05, reference
-    saved = run["stopped_names"]  # the checkpoints hold the adapters
+    saved = run["stopped_names"]  # the checkpoints hold the adapters, and the dropout counter
+    assert "dropout_step" in saved, sorted(saved)
     assert {n for n in saved if n.startswith("model.") and "lora" in n} == {n for n in tuned if "lora" in n}
 
 

@@ -147,7 +147,7 @@ def test_lora_on_the_gated_mlp_and_grouped_qkv():
     config = GPTLocalConfig(**dict(TINY, intermediate_size=96), **ARCHS["llama"], pet_config=pet)
     model = GPTLocalForCausalLM(config)
     table = parameter_table(config, Layout(mp=2))
-    built = {name: tuple(param.shape) for name, param in model.parameters_and_names()}
+    built = {name: tuple(param.shape) for name, param in model.parameters_and_names() if name != "dropout_step"}
     assert {name: spec.shape for name, spec in table.items()} == built
     assert table["model.layers.1.mlp.linear_gate.lora_b"].shape == (96, 4)
     assert table["model.layers.1.mlp.linear_gate.lora_b"].split_axis == 0
