@@ -10,10 +10,12 @@ Per Linear ``y = x W^T`` (x [T, in], W [out, in], T = batch x seq) the step runs
 same three products: ``x @ W.t()``, ``dY @ W``, ``dY.t() @ X``). The Linears are qkv [3H, H], proj [H, H], fc1 [4H, H]
 and fc2 [H, 4H] per layer and the tied output head [V, H] once. Each GEMM is a compiled GRAPH-mode Cell of that one
 MatMul (MindSpore) and the same product on torch tensors (transposes as views, as autograd passes them); the
-probe is ``_common``'s square n = 2048 GEMM of each framework, timed in the same rounds. Reported per GEMM: the
-best time of ``--rounds`` (each round calls each side ``--calls`` times back to back), GFLOP/s, its fraction of
-its framework's probe, and MindSpore / PyTorch time; then the step's GEMM time per framework, summed with the
-layer count. A busy machine inflates every time: read the fractions and ratios (same process, same rounds), not
+probe is ``_common``'s square n = 2048 GEMM of each framework, timed in the same rounds; the same-shape probe is
+MindSpore's plain ``MatMul(A [M, K], B [K, N])`` (no transpose) at the GEMM's own M, N, K, so "form / plain" says
+what the transposed operand costs at that shape. Reported per GEMM: the best time of ``--rounds`` (each round
+calls each side ``--calls`` times back to back), GFLOP/s, its fraction of its framework's square probe, MindSpore
+/ PyTorch time and MindSpore's form / plain time; then the step's GEMM time per framework, summed with the layer
+count. A busy machine inflates every time: read the fractions and ratios (same process, same rounds), not
 the GFLOP/s.
 """
 import argparse
@@ -107,12 +109,14 @@ def main():
     for name, _, m, nn_, k, form in cases:
         a, b = operands(m, nn_, k, form, rng)
         fns[name] = {"mindspore": mindspore_fn(form, a, b), "torch": torch_fn(form, a, b)}
+        if form != "nn":  # the same shape without a transpose: MindSpore's plain MatMul
+            fns[name]["plain"] = mindspore_fn("nn", *operands(m, nn_, k, "nn", rng))
         for fn in fns[name].values():
             fn()  # warm
-    times = {name: {"mindspore": [], "torch": []} for name in fns}
+    times = {name: {side: [] for side in sides} for name, sides in fns.items()}
     for index in range(args.rounds):
         for name in fns:
-            sides = ("mindspore", "torch") if index % 2 == 0 else ("torch", "mindspore")
+            sides = list(fns[name]) if index % 2 == 0 else list(fns[name])[::-1]
             for side in sides:
                 for _ in range(args.calls):
                     best_of(fns[name][side], times[name][side])
@@ -122,7 +126,8 @@ def main():
           f"{os.getloadavg()[0]:.1f}; probe (square n={n}) MindSpore {probe['mindspore']:.1f}, torch "
           f"{probe['torch']:.1f} GFLOP/s\n")
     print("| GEMM | calls a step | M x N x K | MindSpore ms | GFLOP/s | of its probe | torch ms | GFLOP/s | "
-          "of its probe | MindSpore / torch time |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "of its probe | MindSpore / torch time | MindSpore form / plain |\n"
+          "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     totals = {"mindspore": 0.0, "torch": 0.0}
     flops_total = 0.0
     for name, count, m, nn_, k, _ in rows:
@@ -134,8 +139,9 @@ def main():
             totals[side] += seconds * count
             gflops = flops / seconds / 1e9
             cells.append(f"{seconds * 1000:.2f} | {gflops:.1f} | {gflops / probe[side]:.0%}")
+        plain = best[name].get("plain", best[name]["mindspore"])
         print(f"| {name} | {count} | {m} x {nn_} x {k} | {cells[0]} | {cells[1]} | "
-              f"{best[name]['mindspore'] / best[name]['torch']:.2f}x |")
+              f"{best[name]['mindspore'] / best[name]['torch']:.2f}x | {best[name]['mindspore'] / plain:.2f}x |")
     for side in ("mindspore", "torch"):
         gflops = flops_total / totals[side] / 1e9
         print(f"{side}: the step's GEMMs {totals[side] * 1000:.1f} ms at their best, {gflops:.1f} GFLOP/s = "
