@@ -23,7 +23,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..parallel.sharding import is_parallel_build
+from ..parallel.sharding import LINEAR_SPLITS, is_parallel_build
 
 TABLE_SIZES = (65521, 65537)
 STEP_MULTIPLIERS = (7919, 6007)  # per table: (step % P) * m < 2**31
@@ -170,11 +170,10 @@ PREFIX_SITE = -1
 
 
 # LoRA's input dropouts (lora_dropout, one site per adapted Linear): LORA_SITE + 5 (layer_number - 1) + the Linear's
-# index in LORA_LINEARS, 5000-9999 up to layer 1,000, apart from the layers' 3 per layer (< 5000 up to layer 1,666)
-# and LayerDrop's 10000+
+# index in LORA_LINEARS (a block's 5 Linear paths, parallel/sharding.py's order), 5000-9999 up to layer 1,000, apart
+# from the layers' 3 per layer (< 5000 up to layer 1,666) and LayerDrop's 10000+
 LORA_SITE = 5000
-LORA_LINEARS = ("attention.linear_qkv", "attention.linear_proj", "mlp.linear_fc1", "mlp.linear_gate",
-                "mlp.linear_fc2")
+LORA_LINEARS = tuple(LINEAR_SPLITS)
 
 
 def lora_dropout_site(layer_number, linear):
