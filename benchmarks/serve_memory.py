@@ -157,13 +157,18 @@ def main():
         if line is None:
             raise SystemExit(f"{setting}: worker failed\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
         found[setting] = json.loads(line[len(C.WORKER_TAG):])["rows"]
-    phases = [r["phase"] for r in next(iter(found.values()))]
-    print(f"\n{args.shape}: VmRSS / VmHWM MB per phase (RssAnon in brackets)\n")
+    phases = [r["phase"] for r in max(found.values(), key=len)]  # the setting with the most compiled shapes
+    for rows in found.values():
+        ready = phases.index("ready")  # other settings' shapes go before "ready" and the bursts
+        phases[ready:ready] = [r["phase"] for r in rows if r["phase"] not in phases]
+    print(f"\n{args.shape}: VmRSS / VmHWM MB per phase (RssAnon in brackets; '-': the setting has no such phase)\n")
     print("| phase | " + " | ".join(found) + " |")
     print("| --- |" + " ---: |" * len(found))
-    for index, phase in enumerate(phases):
-        cells = [f"{rows[index]['VmRSS']:.0f} / {rows[index]['VmHWM']:.0f} ({rows[index]['RssAnon']:.0f})"
-                 if index < len(rows) else "-" for rows in found.values()]
+    for phase in phases:
+        cells = []
+        for rows in found.values():
+            row = next((r for r in rows if r["phase"] == phase), None)
+            cells.append(f"{row['VmRSS']:.0f} / {row['VmHWM']:.0f} ({row['RssAnon']:.0f})" if row else "-")
         print(f"| {phase} | " + " | ".join(cells) + " |")
 
 
