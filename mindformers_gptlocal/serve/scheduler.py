@@ -255,8 +255,10 @@ class Engine:
                 self._greedy_chunk(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), range(batch))
         self.warmup_seconds = time.perf_counter() - start
         log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1 "
-                 "greedy_chunk=%s; warm-up (%d compiled shapes; %d larger refill shapes compile on first use, "
+                 "prefill=%s greedy_chunk=%s; warm-up (%d compiled shapes; %d larger shapes compile on first use, "
                  "--warmup-tokens %d) %.1f s", self.batches, self.max_model_len, self.widths,
+                 f"{self.prefill_batches} x {self.prefill_widths}, <= {self.prefill_tokens} tokens a call"
+                 if self.prefill_batches else "off (refills)",
                  self.cache.decode_steps if self.chunked else "off",
                  sum(len(self.prompt_widths(b)) + 1 for b in self.batches) + len(self._greedy) - len(self.lazy),
                  len(self.lazy), self.warmup_tokens, self.warmup_seconds)
