@@ -87,7 +87,6 @@ def worker(args):
     import numpy as np
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
-    from mindformers_gptlocal.serve import scheduler
     from mindformers_gptlocal.serve.scheduler import Engine, Request
     snapshot("import", rows)
     engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT],
@@ -126,7 +125,6 @@ def worker(args):
                                      "scheduler_env": {k: os.environ.get(k) for k in sorted(os.environ)
                                                        if k.startswith(("GPTLOCAL_SERVE", "MALLOC", "ONEDNN",
                                                                         "MS_ALLOC"))}}), flush=True)
-    del scheduler
 
 
 def main():
