@@ -67,3 +67,13 @@ def test_prefill_calls_equal_generate(engine):
     assert prefill.stats["prefill_calls"] - before == 5
     assert [tokens for tokens, _ in got] == ref
     assert all(finish == "length" for _, finish in got)
+
+
+def test_a_negative_max_prefill_tokens_is_one_clear_error(tmp_path):
+    from mindformers_gptlocal.cli import args as cli_args
+    from mindformers_gptlocal.errors import ConfigError
+    from mindformers_gptlocal.serve.app import serve
+    (tmp_path / "config.json").write_text("{}")
+    options = cli_args.PARSERS["serve"]().parse_args(["--model", str(tmp_path), "--max-prefill-tokens", "-1"])
+    with pytest.raises(ConfigError, match=r"--max-prefill-tokens must be 0 .* got -1"):
+        serve(options)
