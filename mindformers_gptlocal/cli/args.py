@@ -356,6 +356,11 @@ def serve_parser():
                         help="compile at start-up only the shapes of up to this many tokens (batch x width); larger "
                              "refill shapes compile when first needed, pausing the running requests for it "
                              "(default 512; a large value compiles everything at start)")
+    parser.add_argument("--max-prefill-tokens", type=int, default=128,
+                        help="tokens per prefill call (batch x width): arriving prompts are prefilled apart from "
+                             "the decoding rows, in chunks of at most this many tokens, so no prompt shape of the "
+                             "full batch is compiled (default 128; 0: prompts join the decode call of every busy "
+                             "slot, one refill shape per batch bucket, as before; docs/serving.md)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
     parser.add_argument("--lora", action="append", default=None, metavar="NAME=DIR",
                         help="also serve the LoRA adapter of a finetune's model directory DIR as model NAME "

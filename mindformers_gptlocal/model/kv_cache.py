@@ -83,10 +83,10 @@ class KVCache(nn.Cell):
         shape = (batch_size, self.num_groups, max_length, arch.head_dim)
         dtype = causal_lm.compute_dtype
         self.key_caches = ms.ParameterTuple(
-            [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.key.{i}", requires_grad=False)
+            [Parameter(zeros(shape, dtype), name=f"kv_cache.key.{i}", requires_grad=False)
              for i in range(config.num_hidden_layers)])
         self.value_caches = ms.ParameterTuple(
-            [Parameter(Tensor(np.zeros(shape), dtype), name=f"kv_cache.value.{i}", requires_grad=False)
+            [Parameter(zeros(shape, dtype), name=f"kv_cache.value.{i}", requires_grad=False)
              for i in range(config.num_hidden_layers)])
         self.head_index = Tensor(np.arange(self.num_groups, dtype=np.int32).reshape(1, -1, 1, 1))
         self.key_rows = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, 1, -1))
@@ -188,6 +188,15 @@ class GreedySteps(nn.Cell):
         if self.with_logits:
             return ops.concat(picked, 1), ops.concat(logits_seen, 1)
         return ops.concat(picked, 1)
+
+
+def zeros(shape, dtype):
+    """A zero Tensor whose bytes come from the allocator untouched (a Zero initializer): on CPU the pages of rows
+    never written stay unmapped, so a cache costs RSS for the rows its sequences reach, not for its full size
+    (reads of unwritten rows see zeros without mapping memory). ``Tensor(np.zeros(shape), dtype)`` writes every
+    byte (a float64 array converted)."""
+    from mindspore.common.initializer import Zero
+    return Tensor(shape=shape, dtype=dtype, init=Zero())
 
 
 def step_inputs(ids, positions, last_index, slots=None):

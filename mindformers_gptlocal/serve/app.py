@@ -283,6 +283,10 @@ def serve(options):
     for key in ("max_batch_size", "max_queue", "max_request_bytes", "warmup_tokens"):
         if getattr(options, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(options, key)}.")
+    prefill_tokens = getattr(options, "max_prefill_tokens", None)
+    if prefill_tokens is not None and prefill_tokens < 0:
+        raise ConfigError(f"--max-prefill-tokens must be 0 (prompts join the decode call) or a positive number of "
+                          f"tokens per prefill call, got {prefill_tokens}.")
     for key in ("request_timeout", "send_timeout", "shutdown_timeout"):
         if getattr(options, key) < 0 or (key == "send_timeout" and options.send_timeout == 0):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
@@ -310,7 +314,7 @@ def serve(options):
     engine = Engine(model_dir, max_batch_size=options.max_batch_size, max_queue=options.max_queue,
                     max_model_len=options.max_model_len, device_target=options.device_target,
                     prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches, adapters=adapters,
-                    warmup_tokens=getattr(options, "warmup_tokens", None))
+                    warmup_tokens=getattr(options, "warmup_tokens", None), prefill_tokens=prefill_tokens)
     engine.start()
     state = State(api_key=api_key, max_request_bytes=options.max_request_bytes, send_timeout=options.send_timeout,
                   request_timeout=options.request_timeout, shutdown_timeout=options.shutdown_timeout)

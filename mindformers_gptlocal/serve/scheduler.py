@@ -3,23 +3,31 @@
 The cache (``model/kv_cache.py``) has ``max_batch_size`` slots of ``max_model_len`` rows. Every scheduler
 iteration is ONE compiled call:
 
-* a decode step ([B, 1] tokens) when no request is waiting for a free slot: each busy slot places its
-  last sampled token at its own position; or
-* a refill step ([B, W] tokens, W the prompt-width bucket) when requests wait and slots are free: the new
-  prompts are written into their slots' rows 0..n-1 (right padding writes rows that later tokens
-  overwrite before anyone attends to them), and in the SAME call every busy slot places its last sampled
-  token at its position c (column 0; columns j > 0 write the same token at rows c+j, capped at the last
-  row: rows beyond c are overwritten by that slot's own later decode steps before they are read). So
-  running requests never pause when others join.
+* a prefill ([b, W] tokens, the default, ``prefill_tokens`` > 0) while some slot's prompt is not yet written:
+  up to b of those slots (first come, first served) write the next W columns of their prompts (W a
+  prompt-width bucket, b x W <= ``prefill_tokens``, b a batch bucket below max_batch_size) into their own
+  rows; the decoding slots wait for that call. A prompt longer than the widest such W is written in chunks
+  (each chunk attends to the rows before it, as a decode step does); a row's logits are sampled once its
+  prompt is complete. Pad rows repeat the first row (the same values into the same rows). So a prompt's
+  shape never involves the busy slots, and no [max_batch_size, W] graph is compiled (16 x 32 tokens of
+  GPT-2 small: ~300 MB of compiled graph and pool, docs/performance.md "Serving");
+* else a decode step ([B, 1] tokens): each busy slot places its last sampled token at its own position; or
+* with ``prefill_tokens`` 0 (or no batch bucket below max_batch_size), a refill step ([B, W] tokens) when
+  requests wait and slots are free: the new prompts are written into their slots' rows 0..n-1 (right padding
+  writes rows that later tokens overwrite before anyone attends to them), and in the SAME call every busy slot
+  places its last sampled token at its position c (column 0; columns j > 0 write the same token at rows c+j,
+  capped at the last row: rows beyond c are overwritten by that slot's own later decode steps before they are
+  read). So running requests never pause when others join, at the price of a refill graph per batch bucket.
 
 This works because ``KVCache.step`` takes per-row positions and writes each row's keys/values only at
 (slot, position) -- a slot's rows are never touched by another slot's prompt. A call covers the smallest
-batch bucket b that holds every busy slot: with b < max_batch_size the rows name their slots
-(``KVCache.step(..., slots=)``; pad rows use distinct idle slots) and attention reads only those slots.
-Compiled shapes: the batch buckets x (the prompt-width buckets + the decode width 1), one cache length
+batch bucket b that holds its rows: with b < max_batch_size the rows name their slots
+(``KVCache.step(..., slots=)``; a decode's pad rows use distinct idle slots) and attention reads only those slots.
+Compiled shapes: the prefill (or refill) shapes x the batch buckets' decode width 1, one cache length
 (max_model_len); ``warm_up`` compiles those of up to ``warmup_tokens`` (batch x width, default
 WARM_RUN_TOKENS) before the server reports ready, and larger refill shapes compile on first use (each
-compiled graph holds memory: 16 x 256 tokens of a 4-layer model 158 MB, see docs/performance.md "Serving").
+compiled graph holds memory, see docs/performance.md "Serving"); after each compile the heap it freed goes
+back to the system (``host_memory.release_freed_heap``).
 One cache length because a sequence stays in its slot for its whole life (other lengths would mean copying caches between shapes).
 
 Greedy chunks (as ``model.generate``'s ``decode_greedy``): when no request waits, no one joins, every busy
@@ -46,11 +54,13 @@ import time
 
 import numpy as np
 
+from ..host_memory import release_freed_heap
 from ..model.buckets import bucket_of, buckets, width_buckets
 from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
+PREFILL_TOKENS = 128  # --max-prefill-tokens: tokens per prefill call (0: refills as one call with the busy rows)
 GREEDY_STEPS_ENV = "GPTLOCAL_SERVE_GREEDY_STEPS"  # "1": greedy chunks on (opt-in: no gain measured yet)
 CHUNK_ROWS = 1  # greedy chunks are compiled for the batch buckets of up to this many rows (each graph: k steps
 # unrolled, ~45 MB and ~5-40 s of compile for a 4-layer model; a wide batch gains least from fewer calls)
@@ -108,7 +118,8 @@ class Engine:
     """Loads the model in its own thread, warms every compiled shape up, then serves ``submit``-ted requests."""
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
-                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None):
+                 prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None,
+                 prefill_tokens=None):
         self.model_dir = model_dir
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
@@ -117,6 +128,9 @@ class Engine:
         self.prompt_buckets = prompt_buckets
         self.warmup_tokens = WARM_RUN_TOKENS if warmup_tokens is None else warmup_tokens
         self.lazy = set()  # (batch, width) refill shapes left to compile on first use
+        self.prefill_tokens = PREFILL_TOKENS if prefill_tokens is None else prefill_tokens
+        self.prefill_batches = []  # batch buckets of a prefill call ([]: refills with the busy rows), set by _load
+        self.prefill_widths = []
         self.batches = batch_sizes(max_batch_size, batch_buckets)
         self.tokenizer = tokenizer
         self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
@@ -207,6 +221,10 @@ class Engine:
         self.cache = self.model.kv_cache(self.max_batch_size, self.max_model_len)
         self.max_model_len = self.cache.max_length
         self.widths = width_buckets(self.max_model_len, given=self.prompt_buckets)
+        if self.prefill_tokens:  # a prefill call needs a bucket below max_batch_size (else: refills, as before)
+            self.prefill_batches = [b for b in self.batches if b < self.max_batch_size]
+        if self.prefill_batches:
+            self.prefill_widths = [w for w in self.widths if w <= self.prefill_tokens] or self.widths[:1]
         log.info("gptlocal serve: loaded %s in %.1f s (vocab %d, context %d)", self.model_dir,
                  time.perf_counter() - start, self.config.vocab_size, self.max_model_len)
 
@@ -221,25 +239,39 @@ class Engine:
         cache = self.cache
         for batch in self.batches:
             slots = None if batch == self.max_batch_size else list(range(batch))
-            for width in self.widths + [1]:
+            for width in self.prompt_widths(batch) + [1]:
                 ids = np.zeros((batch, width), np.int32)
                 positions = np.tile(np.arange(width, dtype=np.int32), (batch, 1))
                 last = np.zeros(batch, np.int32)
                 if width > 1 and batch * width > self.warmup_tokens:
                     self.lazy.add((batch, width))
-                elif batch * width <= WARM_RUN_TOKENS:
+                    continue
+                if batch * width <= WARM_RUN_TOKENS:
                     cache.step(ids, positions, last, slots)
                 else:
                     cache.compile(*step_inputs(ids, positions, last, slots))
+                release_freed_heap()  # what the compile freed, before the next one grows on top of it
             if self.chunked and batch <= self.chunk_rows:
                 self._greedy_chunk(np.zeros((batch, 1), np.int32), np.zeros((batch, 1), np.int32), range(batch))
         self.warmup_seconds = time.perf_counter() - start
         log.info("gptlocal serve: buckets batch_sizes=%s cache_length=%d prompt_widths=%s decode_width=1 "
-                 "greedy_chunk=%s; warm-up (%d compiled shapes; %d larger refill shapes compile on first use, "
+                 "prefill=%s greedy_chunk=%s; warm-up (%d compiled shapes; %d larger shapes compile on first use, "
                  "--warmup-tokens %d) %.1f s", self.batches, self.max_model_len, self.widths,
+                 f"{self.prefill_batches} x {self.prefill_widths}, <= {self.prefill_tokens} tokens a call"
+                 if self.prefill_batches else "off (refills)",
                  self.cache.decode_steps if self.chunked else "off",
-                 len(self.batches) * (len(self.widths) + 1) + len(self._greedy) - len(self.lazy), len(self.lazy),
-                 self.warmup_tokens, self.warmup_seconds)
+                 sum(len(self.prompt_widths(b)) + 1 for b in self.batches) + len(self._greedy) - len(self.lazy),
+                 len(self.lazy), self.warmup_tokens, self.warmup_seconds)
+
+    def prompt_widths(self, batch):
+        """The prompt widths compiled at batch bucket ``batch``: every width bucket for refills; for prefills
+        (``prefill_tokens``) the widths of at most prefill_tokens with batch x width <= prefill_tokens (batch 1:
+        every prefill width), none at max_batch_size."""
+        if not self.prefill_batches:
+            return list(self.widths)
+        if batch not in self.prefill_batches:
+            return []
+        return [w for w in self.prefill_widths if batch == 1 or batch * w <= self.prefill_tokens]
 
     def _greedy_chunk(self, ids, positions, rows):
         """k greedy steps of the rows (in cache slots ``rows``) in one compiled call: picks [b, k]."""
@@ -307,6 +339,7 @@ class Engine:
                         self.stats["cancelled"] += 1
                     if self._pending:
                         slot.request = self._pending.popleft()
+                        slot.cursor = 0  # prompt tokens written so far (a prefill may take several calls)
                         admitted.append(index)
         return admitted
 
@@ -314,6 +347,12 @@ class Engine:
         """One scheduler iteration = one compiled call (see the module docstring) over the smallest batch
         bucket that holds every busy slot."""
         admitted = self._admit()
+        if self.prefill_batches:
+            filling = [i for i, s in enumerate(self._slots)
+                       if s.request is not None and s.cursor < len(s.request.prompt)]
+            if filling:
+                return self._prefill(filling)
+            admitted = []  # every admitted prompt was written by earlier prefill calls
         busy = [i for i, s in enumerate(self._slots) if s.request is not None and i not in admitted]
         used = sorted(busy + admitted)
         if not used:  # every request was cancelled or expired
@@ -347,7 +386,8 @@ class Engine:
                 positions[row_of[i], 0] = self._slots[i].cursor
         if self.lora is not None:
             self._select_adapters(rows)
-        if admitted and (batch, ids.shape[1]) in self.lazy:
+        compiling = admitted and (batch, ids.shape[1]) in self.lazy
+        if compiling:
             self.lazy.discard((batch, ids.shape[1]))
             log.info("gptlocal serve: compiling the %d x %d refill shape on its first use (--warmup-tokens %d)",
                      batch, ids.shape[1], self.warmup_tokens)
@@ -362,6 +402,8 @@ class Engine:
                         self._take(i, int(picks[row_of[i], column]))
             return
         logits = self.cache.step(ids, positions, last, None if batch == self.max_batch_size else rows)
+        if compiling:
+            release_freed_heap()
         self.stats["steps"] += 1
         for i in busy:
             self._slots[i].cursor += 1
@@ -369,6 +411,44 @@ class Engine:
             self._slots[i].cursor = len(self._slots[i].request.prompt)
         for i in busy + admitted:
             self._advance(i, logits[row_of[i]:row_of[i] + 1])
+
+    def _prefill(self, filling):
+        """One prefill call (module docstring): the next chunk of the prompts of up to b of the ``filling`` slots
+        (earliest arrival first); rows whose prompt is then complete get their first token."""
+        order = sorted(filling, key=lambda i: self._slots[i].request.arrived)
+        left = {i: len(self._slots[i].request.prompt) - self._slots[i].cursor for i in order}
+        width = bucket_of(min(max(left.values()), self.prefill_widths[-1]), self.prefill_widths)
+        fits = [b for b in self.prefill_batches if b == 1 or b * width <= self.prefill_tokens]
+        chosen = order[:fits[-1]]
+        batch = next(b for b in fits if b >= len(chosen))
+        rows = chosen + chosen[:1] * (batch - len(chosen))  # pad rows: the first row again, same writes
+        last_row = self.max_model_len - 1
+        ids = np.zeros((batch, width), np.int32)
+        positions = np.zeros((batch, width), np.int32)
+        last = np.zeros(batch, np.int32)
+        for r, i in enumerate(rows):
+            slot = self._slots[i]
+            part = slot.request.prompt[slot.cursor:slot.cursor + width]
+            ids[r, :len(part)] = part
+            positions[r] = np.minimum(slot.cursor + np.arange(width), last_row)
+            last[r] = len(part) - 1
+        if self.lora is not None:
+            self._select_adapters(rows)
+        compiling = (batch, width) in self.lazy
+        if compiling:
+            self.lazy.discard((batch, width))
+            log.info("gptlocal serve: compiling the %d x %d prefill shape on its first use (--warmup-tokens %d)",
+                     batch, width, self.warmup_tokens)
+        logits = self.cache.step(ids, positions, last, rows)
+        if compiling:
+            release_freed_heap()
+        self.stats["steps"] += 1
+        self.stats["prefill_calls"] += 1
+        for r, i in enumerate(chosen):
+            slot = self._slots[i]
+            slot.cursor += min(left[i], width)
+            if slot.cursor == len(slot.request.prompt):
+                self._advance(i, logits[r:r + 1])
 
     def _select_adapters(self, rows):
         """Each row's --lora adapter index for the next call (pad rows: the base)."""
