@@ -6,8 +6,8 @@
 
 It answers lm-eval's three request types the way lm-eval's own Hugging Face backend (``HFLM``) does,
 so results on weights exported with ``gptlocal convert ms2hf`` are the same: the same tokenizer
-(``AutoTokenizer`` of the model directory, HFLM's own encode/decode methods), the same request order
-and batching (lm-eval's ``Collator``), the same left truncation to ``max_length`` and the same
+(``AutoTokenizer`` of the model directory, ``HFLMTokens``: encode/decode as HFLM's), the same request order and
+batching (lm-eval's ``Collator``), the same left truncation to ``max_length`` and the same
 one-token-continuation sharing. What differs is the model: gpt_local's forward pass (fp32 logits,
 log-softmax and the pick of each target token on the device, so only [B, S] numbers come back) and
 its KV-cached ``generate`` for ``generate_until``.
@@ -29,8 +29,8 @@ import numpy as np
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils import Collator, configure_pad_token, handle_stop_sequences, normalize_gen_kwargs
+from lm_eval.models.utils import (Collator, _add_special_kwargs, configure_pad_token, handle_stop_sequences,
+                                  has_bos_prefix, normalize_gen_kwargs)
 
 from ..errors import ConfigError, DataError
 from ..model.buckets import bucket_of, length_bucket, width_buckets
@@ -39,6 +39,91 @@ from ..host_memory import release_freed_heap
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+
+
+def auto_tokenizer():
+    """transformers' ``AutoTokenizer``; in a lean eval process (``GPTLOCAL_LEAN=1``: ``gptlocal eval``'s own, the
+    benchmark's worker) imported with ``USE_TORCH=0`` when transformers is not loaded yet, because transformers
+    imports torch at its import wherever torch is installed (``transformers/utils/generic.py``), ~230 MB and
+    ~2 s an eval over MindSpore never uses; a tokenizer needs none of it. The variable is only read at that
+    import and is put back at once; another process (``lm_eval --model gptlocal``, a test) keeps its torch."""
+    if (os.environ.get("GPTLOCAL_LEAN") != "1" or "transformers" in sys.modules or "torch" in sys.modules
+            or "USE_TORCH" in os.environ):
+        from transformers import AutoTokenizer
+        return AutoTokenizer
+    quiet = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ.update(USE_TORCH="0", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")  # and no "None of PyTorch..." line
+    try:
+        from transformers import AutoTokenizer
+    finally:
+        del os.environ["USE_TORCH"]
+        if quiet is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = quiet
+    return AutoTokenizer
+
+
+class HFLMTokens:
+    """lm-eval's ``HFLM`` tokenizer methods (tok_encode, tok_batch_encode, tok_decode, eot_token_id,
+    prefix_token_id; lm-eval 0.4.x ``models/huggingface.py``), so every request is tokenized exactly as lm-eval's
+    hf model does it. Ours, not HFLM's borrowed: ``lm_eval.models.huggingface`` imports torch, accelerate and
+    peft (~230-480 MB of RSS and ~4 s of import) for five methods that need a tokenizer only.
+    ``tests/evaluation/test_eval_tokens.py`` compares them with HFLM's. Reads ``self.tokenizer``,
+    ``self.add_bos_token``, ``self.custom_prefix_token_id`` and ``self.backend``. Batches come back as numpy
+    arrays (HFLM's are torch tensors of the same values)."""
+
+    @property
+    def eot_token_id(self):
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self):
+        if self.custom_prefix_token_id is not None:
+            return self.custom_prefix_token_id
+        if self.tokenizer.bos_token_id is not None:
+            return self.tokenizer.bos_token_id
+        return self.tokenizer.eos_token_id
+
+    def tok_encode(self, string, add_special_tokens=None, left_truncate_len=None, **kwargs):
+        special = _add_special_kwargs(add_special_tokens, self.add_bos_token)
+        if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+            special["add_special_tokens"] = False  # the string starts with the prefix token already
+        encoding = self.tokenizer.encode(string, **special)
+        if left_truncate_len:
+            encoding = encoding[-left_truncate_len:]
+        return encoding
+
+    def tok_batch_encode(self, strings, padding_side="left", left_truncate_len=None, truncation=False):
+        old_padding_side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = padding_side
+        special = {}
+        if self.backend == "causal":
+            if has_bos_prefix(strings[0], getattr(self.tokenizer, "bos_token", None)):
+                special = {"add_special_tokens": False}
+            elif self.add_bos_token is not None:
+                special = {"add_special_tokens": self.add_bos_token}
+        encoding = self.tokenizer(strings, truncation=truncation, padding="longest", return_tensors="np", **special)
+        input_ids, attention_mask = encoding["input_ids"], encoding["attention_mask"]
+        if left_truncate_len:
+            input_ids, attention_mask = input_ids[:, -left_truncate_len:], attention_mask[:, -left_truncate_len:]
+        self.tokenizer.padding_side = old_padding_side
+        return input_ids, attention_mask
+
+    def tok_decode(self, tokens, skip_special_tokens=True):
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+
+class _SharedLogits:
+    """``Collator.get_cache``'s ``logits`` argument, which it expands and chunks (torch's ``expand``/``chunk``)
+    once per request sharing a batch row; ours reads the row's numbers from the batch's numpy results instead, so
+    this stands in for the tensor lm-eval would hand around, without importing torch."""
+
+    def expand(self, *shape):
+        return self
+
+    def chunk(self, count):
+        return [self] * count
 
 
 class Progress:
@@ -158,7 +243,7 @@ class WidthPlan:
 
 
 @register_model("gptlocal")
-class GPTLocalLM(TemplateLM):
+class GPTLocalLM(HFLMTokens, TemplateLM):
     """lm-eval model over a gpt_local model directory (config.json + model.safetensors + tokenizer files).
 
     Model args: ``pretrained`` (the directory), ``batch_size`` (default 8), ``max_length`` (default the
@@ -169,12 +254,6 @@ class GPTLocalLM(TemplateLM):
     """
 
     backend = "causal"
-    # HFLM's own tokenizer handling, so every request is tokenized exactly as lm-eval's hf model does it
-    tok_encode = HFLM.tok_encode
-    tok_batch_encode = HFLM.tok_batch_encode
-    tok_decode = HFLM.tok_decode
-    eot_token_id = HFLM.eot_token_id
-    prefix_token_id = HFLM.prefix_token_id
     think_end_token = None
 
     def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
@@ -204,7 +283,6 @@ class GPTLocalLM(TemplateLM):
         if self.batch_size < 1:
             raise ConfigError(f"gptlocal model args: batch_size={batch_size} must be at least 1.")
         import mindspore as ms
-        from transformers import AutoTokenizer
         from ..model.gpt import GPTLocalForCausalLM
         ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
         self.pretrained = str(pretrained)
@@ -220,8 +298,10 @@ class GPTLocalLM(TemplateLM):
                               f" less a prefix-tuning prefix).")
         self._max_gen_toks = int(max_gen_toks)
         self.seed = None if seed is None else int(seed)
-        self.tokenizer = configure_pad_token(AutoTokenizer.from_pretrained(self.pretrained))
         self.add_bos_token = None if add_bos_token is None else bool(add_bos_token)
+        # as HFLM._create_tokenizer: the fast tokenizer, add_bos_token passed on when given
+        extra = {} if self.add_bos_token is None else {"add_bos_token": self.add_bos_token}
+        self.tokenizer = configure_pad_token(auto_tokenizer().from_pretrained(self.pretrained, use_fast=True, **extra))
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self._scorer = _scorer(self.model)
@@ -268,8 +348,6 @@ class GPTLocalLM(TemplateLM):
         return picked.asnumpy(), greedy.asnumpy(), last_probs.asnumpy()
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
-        import torch  # lm-eval's Collator hands the shared scores around as a tensor
-
         def _collate(req):
             toks = req[1] + req[2]
             return -len(toks), tuple(toks)
@@ -280,7 +358,7 @@ class GPTLocalLM(TemplateLM):
         re_ord = Collator(requests, sort_fn=_collate, group_by="contexts", group_fn=_lookup_one_token_cont)
         progress = Progress("loglikelihood", len(requests), enabled=self.progress and not disable_tqdm)
         res = []
-        placeholder = torch.zeros(1, 1, 1)
+        placeholder = _SharedLogits()
         chunks = list(re_ord.get_batched(n=self.batch_size))  # all batches first: WidthPlan sees what is to come
         batches = []
         for chunk in chunks:
