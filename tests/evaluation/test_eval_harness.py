@@ -170,21 +170,38 @@ def test_sampling_is_seeded_and_stops(tiny):
 
 
 def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_path, capsys):
-    """`gptlocal eval` in a process of its own (as from the console script: main() reads sys.argv) prints the
-    table, writes the JSON, and never imports torch nor HFLM's module (nor MindFormers)."""
+    """`gptlocal eval` in a process of its own (a script calling main(), which reads sys.argv, as the console
+    script does) prints the table, writes the JSON, and never imports torch nor HFLM's module (nor MindFormers).
+    Run twice over one compile cache: the first run writes the scoring graph, the second loads it (no new graph
+    file) and gives the same per-request numbers, both equal to hf's."""
     from mindformers_gptlocal.cli.main import main
-    out = tmp_path / "results.json"
-    argv = ["gptlocal", "eval", "--model", tiny[0], "--tasks", "gl_choice", "--include_path", task_manager[1],
-            "--limit", "8", "--batch_size", "4", "--output_path", str(out)]
+    cache = tmp_path / "compile-cache"
     heavy = ("torch", "lm_eval.models.huggingface", "accelerate", "peft", "mindformers")
-    code = (f"import sys; sys.argv = {argv!r}; from mindformers_gptlocal.cli.main import main; code = main(); "
-            f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], code)")
-    proc = subprocess.run([sys.executable, "-c", code], env=source_env(**OFFLINE), capture_output=True, text=True,
-                          timeout=600)
-    printed = proc.stdout
-    assert printed.strip().splitlines()[-1] == "LOADED [] 0", printed + proc.stderr
-    assert "|gl_choice|" in printed and "acc_norm" in printed
-    saved = json.loads(out.read_text())
+    script = tmp_path / "run_eval.py"
+    script.write_text(f"import sys\nfrom mindformers_gptlocal.cli.main import main\ncode = main()\n"
+                      f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], code)\n")
+    runs = []
+    for run in ("first", "cached"):
+        out = tmp_path / f"results-{run}.json"
+        argv = ["eval", "--model", tiny[0], "--tasks", "gl_choice", "--include_path", task_manager[1], "--limit", "8",
+                "--batch_size", "4", "--output_path", str(out), "--log_samples", "--compile_cache", str(cache)]
+        proc = subprocess.run([sys.executable, str(script), *argv], env=source_env(**OFFLINE), capture_output=True,
+                              text=True, timeout=600)
+        printed = proc.stdout
+        assert printed.strip().splitlines()[-1] == "LOADED [] 0", printed + proc.stderr
+        assert "|gl_choice|" in printed and "acc_norm" in printed
+        runs.append(json.loads(out.read_text()))
+        graphs = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.mindir"))
+        if run == "first":
+            written = graphs
+            assert written and all(g.startswith("score-") for g in written), written
+    assert graphs == written  # the cached run compiled nothing new: it loaded the graph
+    first, cached = ([s["resps"] for s in r["samples"]["gl_choice"]] for r in runs)
+    assert first == cached
+    for mine, sample in zip(first, tiny_runs[1]["samples"]["gl_choice"]):  # hf, same 8 documents
+        for ((a, ga),), ((b, gb),) in zip(mine, sample["resps"]):
+            assert abs(a - b) <= 1e-4 and ga == gb
+    saved = runs[0]
     assert "torch not imported" in saved["pretty_env_info"]
     results, ref = saved["results"], tiny_runs[1]["results"]  # hf, same 8 documents
     assert results["gl_choice"]["acc,none"] == ref["gl_choice"]["acc,none"]
