@@ -13,7 +13,11 @@ lm_eval.simple_evaluate on --limit documents, our graph compiles included), then
 documents in the same process (graphs compiled, torch warm). Sides alternate (ours, hf, hf, ours, ...) for
 --rounds rounds per task; the table gives requests/s medians and min-max of both, the cold run's parts
 (imports, model load, first evaluate; for ours also the graph compiles it made) and each side's peak RSS
-(VmHWM). Tasks: gl_choice (multiple choice, 4 loglikelihood requests a document) and gl_until
+(VmHWM; per worker also after each step). Each round ours runs twice over a new compile-cache folder (as
+`gptlocal eval`, whose default is on): **first-ever cold** (its columns "ours cold") and **cached cold** (a second
+process loading the scoring graphs the first one wrote; generate's graphs are not cached); `--no-compile-cache`:
+once, without it. Ours runs as `gptlocal eval` does: no torch in the process (it prints
+whether torch got imported), no torch seed, lm-eval's env info without torch (evaluation/run.py). Tasks: gl_choice (multiple choice, 4 loglikelihood requests a document) and gl_until
 (generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py, --docs documents each.
 """
 import argparse
@@ -58,54 +62,80 @@ def setup(work, shape):
 def worker(args):
     started = time.perf_counter()  # cold: from here (the interpreter is up) to the first results
     env = C.check_threads(args.threads, f"{args.worker} eval worker")
-    threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
     if args.worker == "ours":
-        os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal eval` in its own process: no MindFormers
-        threads["mindspore"] = C.mindspore_threads(args.threads, "ours eval worker")
+        # as `gptlocal eval` in its own process: no MindFormers, no torch (the harness never imports it)
+        os.environ.setdefault("GPTLOCAL_LEAN", "1")
+        threads = {"mindspore": C.mindspore_threads(args.threads, "ours eval worker"), **env}
+    else:
+        threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
     import lm_eval
     from lm_eval.tasks import TaskManager
     manager = TaskManager(include_path=os.path.join(args.work, "tasks"))
     if args.worker == "ours":
         from mindformers_gptlocal.evaluation.harness import GPTLocalLM
+        from mindformers_gptlocal.evaluation.run import env_info_without_torch
+        lean, seeds = env_info_without_torch(), {"torch_random_seed": None}  # as run_eval: torch never imported
     else:
+        import contextlib
         from lm_eval.api.registry import get_model
+        lean, seeds = contextlib.nullcontext(), {}
     imported = time.perf_counter()
+    rss = {"imported": C.vm_hwm_mb()}
     if args.worker == "ours":
-        model = GPTLocalLM(pretrained=os.path.join(args.work, "ms"), batch_size=args.batch_size, progress=False)
+        model = GPTLocalLM(pretrained=os.path.join(args.work, "ms"), batch_size=args.batch_size, progress=False,
+                           compile_cache=args.compile_cache or "off")
     else:
         model = get_model("hf")(pretrained=os.path.join(args.work, "ref"), batch_size=args.batch_size, device="cpu",
                                 dtype="float32")
     loaded = time.perf_counter()
+    rss["loaded"] = C.vm_hwm_mb()
     runs = {}
-    for run in ("cold", "warm"):
-        start = time.perf_counter()
-        out = lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
-                                      log_samples=True)
-        runs[run] = time.perf_counter() - start
+    with lean:
+        for run in ("cold", "warm"):
+            start = time.perf_counter()
+            out = lm_eval.simple_evaluate(model=model, tasks=[args.task], task_manager=manager, limit=args.limit,
+                                          log_samples=True, **seeds)
+            runs[run] = time.perf_counter() - start
+            rss[run] = C.vm_hwm_mb()
     requests = sum(len(s["arguments"]) for s in out["samples"][args.task])
     compiles = getattr(model, "compiled_shapes", lambda: None)()
     print("RESULT " + json.dumps({"side": args.worker, "task": args.task, "requests": requests,
                                   "cold_seconds": loaded - started + runs["cold"], "import_seconds": imported - started,
                                   "load_seconds": loaded - imported, "first_eval_seconds": runs["cold"],
                                   "warm_seconds": runs["warm"], "compiles": compiles, "threads": threads,
+                                  "torch_imported": "torch" in sys.modules, "peak_rss_steps_mb": rss,
                                   "peak_rss_mb": C.vm_hwm_mb()}), flush=True)
 
 
-def measure(args, side, task):
+def measure(args, side, task, round_index=0):
+    """One worker; for ours two, over one new compile-cache folder: the first-ever cold run, then a cached cold
+    run (a second process loading the scoring graphs the first wrote), the second as ``r["cached"]``."""
+    if side == "ours" and not args.no_cache:
+        folder = os.path.join(args.work, f"compile-cache-{task}-{round_index}-{os.getpid()}")
+        shutil.rmtree(folder, ignore_errors=True)
+        first = run_one(args, side, task, folder, "first-ever")
+        first["cached"] = run_one(args, side, task, folder, "cached")
+        return first
+    return run_one(args, side, task, None, "")
+
+
+def run_one(args, side, task, cache, label):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--task", task, "--work", args.work,
            "--threads", str(args.threads), "--limit", str(args.limit), "--docs", str(args.docs),
-           "--batch-size", str(args.batch_size)]
+           "--batch-size", str(args.batch_size)] + (["--compile-cache", cache] if cache else [])
     proc = subprocess.run(cmd, env=C.worker_env(args.threads), capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"{side} {task} worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     r = json.loads(lines[-1][len("RESULT "):])
-    print(f"  {side:4} {task:9} cold {r['requests'] / r['cold_seconds']:7.2f} requests/s ({r['cold_seconds']:.1f} s: "
+    print(f"  {side + (' ' + label if label else ''):15} {task:9} cold {r['requests'] / r['cold_seconds']:7.2f} requests/s ({r['cold_seconds']:.1f} s: "
           f"import {r['import_seconds']:.1f}, load {r['load_seconds']:.1f}, "
           f"first evaluate {r['first_eval_seconds']:.1f}"
           f"{'' if r['compiles'] is None else ', compiled shapes ' + str(r['compiles'])}); warm "
           f"{r['requests'] / r['warm_seconds']:7.2f} requests/s ({r['requests']} in {r['warm_seconds']:.1f} s); "
-          f"peak RSS {r['peak_rss_mb']:.0f} MB; threads {r['threads']}", flush=True)
+          f"peak RSS {r['peak_rss_mb']:.0f} MB (after imports, load, cold, warm: "
+          f"{', '.join(f'{v:.0f}' for v in r['peak_rss_steps_mb'].values())}); torch imported "
+          f"{r['torch_imported']}; threads {r['threads']}", flush=True)
     return r
 
 
@@ -119,6 +149,10 @@ def main():
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--work", help="reuse a set-up folder (default: a new temporary one)")
+    parser.add_argument("--no-compile-cache", dest="no_cache", action="store_true",
+                        help="ours without the compile cache (default: each round ours runs twice over a new cache "
+                             "folder, first-ever cold then cached cold, as `gptlocal eval` does by default)")
+    parser.add_argument("--compile-cache", help=argparse.SUPPRESS)  # a worker's folder
     parser.add_argument("--worker", choices=("ours", "hf"), help=argparse.SUPPRESS)
     parser.add_argument("--task", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,22 +171,28 @@ def main():
     subprocess.run([sys.executable, "-c", code], check=True)  # --docs documents a task (cheap: JSONL + YAML)
     rates = {}
     for task in args.tasks.split(","):  # per task: ours, hf, hf, ours, ... (alternating)
-        found = C.alternate(("ours", "hf"), args.rounds, lambda side, _, task=task: measure(args, side, task))
+        found = C.alternate(("ours", "hf"), args.rounds,
+                            lambda side, index, task=task: measure(args, side, task, index))
         rates.update({(side, task): found[side] for side in found})
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{args.shape} shape, batch {args.batch_size}, {args.limit} documents a task, {args.rounds} rounds, sides "
           f"alternating; requests/s median [min-max] over rounds. cold = one process end to end (imports, model load, "
           f"first simple_evaluate: our compiles included); warm = simple_evaluate again in that process\n")
-    print("| task | requests | ours cold | hf cold | ours/hf cold | ours warm | hf warm | ours/hf warm | "
-          "ours cold parts s (import, load, evaluate) | hf cold parts s | peak RSS ours / hf MB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
+    print("| task | requests | ours cold | hf cold | ours/hf cold | ours cached cold | ours cached/hf cold | "
+          "ours warm | hf warm | ours/hf warm | ours cold parts s (import, load, evaluate) | hf cold parts s | "
+          "peak RSS ours / hf MB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for task in args.tasks.split(","):
         ours, hf = rates[("ours", task)], rates[("hf", task)]
         row = [f"{task} ({TASKS.get(task, '')})", str(ours[0]["requests"])]
+        cached = [r["cached"]["requests"] / r["cached"]["cold_seconds"] for r in ours if "cached" in r]
         for key in ("cold_seconds", "warm_seconds"):
             a = [r["requests"] / r[key] for r in ours]
             b = [r["requests"] / r[key] for r in hf]
             row += [C.spread(a, "{:.2f}"), C.spread(b, "{:.2f}"), f"{statistics.median(a) / statistics.median(b):.2f}x"]
+            if key == "cold_seconds":
+                row += [C.spread(cached, "{:.2f}") if cached else "-",
+                        f"{statistics.median(cached) / statistics.median(b):.2f}x" if cached else "-"]
         for side in (ours, hf):
             row.append(", ".join(f"{statistics.median(r[k] for r in side):.1f}"
                                  for k in ("import_seconds", "load_seconds", "first_eval_seconds")))

@@ -6,8 +6,8 @@
 
 It answers lm-eval's three request types the way lm-eval's own Hugging Face backend (``HFLM``) does,
 so results on weights exported with ``gptlocal convert ms2hf`` are the same: the same tokenizer
-(``AutoTokenizer`` of the model directory, HFLM's own encode/decode methods), the same request order
-and batching (lm-eval's ``Collator``), the same left truncation to ``max_length`` and the same
+(``AutoTokenizer`` of the model directory, ``HFLMTokens``: encode/decode as HFLM's), the same request order and
+batching (lm-eval's ``Collator``), the same left truncation to ``max_length`` and the same
 one-token-continuation sharing. What differs is the model: gpt_local's forward pass (fp32 logits,
 log-softmax and the pick of each target token on the device, so only [B, S] numbers come back) and
 its KV-cached ``generate`` for ``generate_until``.
@@ -21,6 +21,9 @@ heap the compile freed goes back to the system (``host_memory.release_freed_heap
 """
 import bisect
 import copy
+import functools
+import hashlib
+import json
 import os
 import sys
 import time
@@ -29,8 +32,8 @@ import numpy as np
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils import Collator, configure_pad_token, handle_stop_sequences, normalize_gen_kwargs
+from lm_eval.models.utils import (Collator, _add_special_kwargs, configure_pad_token, handle_stop_sequences,
+                                  has_bos_prefix, normalize_gen_kwargs)
 
 from ..errors import ConfigError, DataError
 from ..model.buckets import bucket_of, length_bucket, width_buckets
@@ -39,6 +42,178 @@ from ..host_memory import release_freed_heap
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+
+
+def auto_tokenizer():
+    """transformers' ``AutoTokenizer``; in a lean eval process (``GPTLOCAL_LEAN=1``: ``gptlocal eval``'s own, the
+    benchmark's worker) imported with ``USE_TORCH=0`` when transformers is not loaded yet, because transformers
+    imports torch at its import wherever torch is installed (``transformers/utils/generic.py``), ~230 MB and
+    ~2 s an eval over MindSpore never uses; a tokenizer needs none of it. The variable is only read at that
+    import and is put back at once; another process (``lm_eval --model gptlocal``, a test) keeps its torch."""
+    if (os.environ.get("GPTLOCAL_LEAN") != "1" or "transformers" in sys.modules or "torch" in sys.modules
+            or "USE_TORCH" in os.environ):
+        from transformers import AutoTokenizer
+        return AutoTokenizer
+    quiet = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ.update(USE_TORCH="0", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")  # and no "None of PyTorch..." line
+    try:
+        from transformers import AutoTokenizer
+    finally:
+        del os.environ["USE_TORCH"]
+        if quiet is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = quiet
+    return AutoTokenizer
+
+
+class HFLMTokens:
+    """lm-eval's ``HFLM`` tokenizer methods (tok_encode, tok_batch_encode, tok_decode, eot_token_id,
+    prefix_token_id; lm-eval 0.4.x ``models/huggingface.py``), so every request is tokenized exactly as lm-eval's
+    hf model does it. Ours, not HFLM's borrowed: ``lm_eval.models.huggingface`` imports torch, accelerate and
+    peft (~230-480 MB of RSS and ~4 s of import) for five methods that need a tokenizer only.
+    ``tests/evaluation/test_eval_tokens.py`` compares them with HFLM's. Reads ``self.tokenizer``,
+    ``self.add_bos_token``, ``self.custom_prefix_token_id`` and ``self.backend``. Batches come back as numpy
+    arrays (HFLM's are torch tensors of the same values)."""
+
+    @property
+    def eot_token_id(self):
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self):
+        if self.custom_prefix_token_id is not None:
+            return self.custom_prefix_token_id
+        if self.tokenizer.bos_token_id is not None:
+            return self.tokenizer.bos_token_id
+        return self.tokenizer.eos_token_id
+
+    def tok_encode(self, string, add_special_tokens=None, left_truncate_len=None, **kwargs):
+        special = _add_special_kwargs(add_special_tokens, self.add_bos_token)
+        if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+            special["add_special_tokens"] = False  # the string starts with the prefix token already
+        encoding = self.tokenizer.encode(string, **special)
+        if left_truncate_len:
+            encoding = encoding[-left_truncate_len:]
+        return encoding
+
+    def tok_batch_encode(self, strings, padding_side="left", left_truncate_len=None, truncation=False):
+        old_padding_side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = padding_side
+        special = {}
+        if self.backend == "causal":
+            if has_bos_prefix(strings[0], getattr(self.tokenizer, "bos_token", None)):
+                special = {"add_special_tokens": False}
+            elif self.add_bos_token is not None:
+                special = {"add_special_tokens": self.add_bos_token}
+        encoding = self.tokenizer(strings, truncation=truncation, padding="longest", return_tensors="np", **special)
+        input_ids, attention_mask = encoding["input_ids"], encoding["attention_mask"]
+        if left_truncate_len:
+            input_ids, attention_mask = input_ids[:, -left_truncate_len:], attention_mask[:, -left_truncate_len:]
+        self.tokenizer.padding_side = old_padding_side
+        return input_ids, attention_mask
+
+    def tok_decode(self, tokens, skip_special_tokens=True):
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+
+class _SharedLogits:
+    """``Collator.get_cache``'s ``logits`` argument, which it expands and chunks (torch's ``expand``/``chunk``)
+    once per request sharing a batch row; ours reads the row's numbers from the batch's numpy results instead, so
+    this stands in for the tensor lm-eval would hand around, without importing torch."""
+
+    def expand(self, *shape):
+        return self
+
+    def chunk(self, count):
+        return [self] * count
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest():
+    """sha256 of gpt_local's own sources (Python and kernel C++): a cached graph is only reused by the same code."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".cc", ".h", ".c", ".cpp")):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as handle:
+                    digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def compile_cache_root():
+    """The default folder of the scorer's compile cache: ``$XDG_CACHE_HOME/mindformers_gptlocal/compile`` (else
+    ``~/.cache/...``), beside the kernels' builds."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mindformers_gptlocal", "compile")
+
+
+class ScorerCompileCache:
+    """MindSpore's compile cache (``enable_compile_cache``) for the scorer's graphs, one folder per graph.
+
+    Measured on CPU with MindSpore 2.7.2 (docs/performance.md "Evaluation"): a cached scoring graph loads in
+    ~0.15x of its compile and gives identical numbers (the weights are not in the cache: another model of the
+    same config loads its own). But MindSpore names a cached graph by the process's compile count
+    (``compile_cache_0.mindir``, ``_1``...) and checks only the entry script's imports outside site-packages, so
+    one shared folder loads the wrong graph when shapes come in another order (a crash, or wrong numbers where
+    shapes agree). Here each graph gets a folder of its own, keyed by everything that shapes it: gpt_local's
+    sources, MindSpore's version, the model's config.json, the mode and device, ``GPTLOCAL_*`` / ``MS_*``
+    switches, and the scorer's batch and width; a folder only ever holds that graph, so the worst case is a miss
+    (a compile, as without the cache). The cache is on only around a new width's first call: other graphs
+    (``generate``'s) are never cached."""
+
+    def __init__(self, root, model_dir):
+        self.root = os.path.abspath(os.path.expanduser(str(root)))
+        with open(os.path.join(model_dir, "config.json"), "rb") as handle:
+            self.config_digest = hashlib.sha256(handle.read()).hexdigest()
+
+    def folder(self, kind, **shape):
+        import mindspore as ms
+        switches = {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith(("GPTLOCAL_", "MS_")) and not k.startswith("MS_COMPILER_CACHE")}
+        key = json.dumps({"kind": kind, "shape": shape, "source": _source_digest(), "mindspore": ms.__version__,
+                          "config": self.config_digest, "mode": ms.get_context("mode"),
+                          "device": ms.get_context("device_target"), "switches": switches}, sort_keys=True)
+        return os.path.join(self.root, f"{kind}-" + hashlib.sha256(key.encode()).hexdigest()[:24])
+
+    def around(self, call, kind, **shape):
+        """``call()`` with the compile cache on in this graph's folder, the context as it was afterwards; returns
+        (its result, the seconds this graph's first-ever call took: its compile, kept in the folder). A loaded
+        graph's first call is fast, so ``WidthPlan`` is told the kept compile time instead: the plan stays the one
+        a compiling run makes, and a width is not opened because a cached one looked cheap."""
+        import mindspore as ms
+        from mindspore.common import api
+        entry = getattr(api, "entry_script_path", None)  # MindSpore hashes the entry script (sys.argv[0]) and its
+        if entry is not None and not os.path.isfile(entry):  # imports: `python -c` has none to read, so no cache
+            return call(), None
+        folder = self.folder(kind, **shape)
+        os.makedirs(folder, exist_ok=True)
+        timing = os.path.join(folder, "first_call_seconds")
+        try:
+            with open(timing, encoding="ascii") as handle:
+                kept = float(handle.read())
+        except (OSError, ValueError):
+            kept = None
+        enabled, path = ms.get_context("enable_compile_cache"), ms.get_context("compile_cache_path")
+        if enabled is None:  # unset: MindSpore reads MS_COMPILER_CACHE_ENABLE instead
+            enabled = os.environ.get("MS_COMPILER_CACHE_ENABLE") == "1"
+        # the path is read again only with enable_compile_cache set (measured: MS_COMPILER_CACHE_PATH and a
+        # compile_cache_path alone are read once a process)
+        ms.set_context(enable_compile_cache=True, compile_cache_path=folder)
+        started = time.perf_counter()
+        try:
+            result = call()
+        finally:
+            ms.set_context(enable_compile_cache=bool(enabled), compile_cache_path=path or ".")
+        if kept is None:
+            kept = time.perf_counter() - started
+            with open(timing, "w", encoding="ascii") as handle:
+                handle.write(f"{kept:.6f}")
+        return result, kept
 
 
 class Progress:
@@ -158,34 +333,30 @@ class WidthPlan:
 
 
 @register_model("gptlocal")
-class GPTLocalLM(TemplateLM):
+class GPTLocalLM(HFLMTokens, TemplateLM):
     """lm-eval model over a gpt_local model directory (config.json + model.safetensors + tokenizer files).
 
     Model args: ``pretrained`` (the directory), ``batch_size`` (default 8), ``max_length`` (default the
     model's max_position_embeddings, as HFLM reads n_positions), ``device_target`` (CPU/GPU/Ascend),
     ``max_gen_toks`` (default 256, as HFLM), ``seed`` (sampling in generate_until), ``add_bos_token``,
     ``prefix_token_id``, ``progress`` (stderr progress lines, default on), ``width_plan`` (``adaptive``, the
-    default: ``WidthPlan``; ``buckets``: every scoring batch at its own length bucket, the plain path).
+    default: ``WidthPlan``; ``buckets``: every scoring batch at its own length bucket, the plain path),
+    ``compile_cache`` (``off``, the default here; ``on``: ``compile_cache_root()``; or a folder: the scoring
+    graphs through MindSpore's compile cache, ``ScorerCompileCache``; ``gptlocal eval`` turns it on).
     """
 
     backend = "causal"
-    # HFLM's own tokenizer handling, so every request is tokenized exactly as lm-eval's hf model does it
-    tok_encode = HFLM.tok_encode
-    tok_batch_encode = HFLM.tok_batch_encode
-    tok_decode = HFLM.tok_decode
-    eot_token_id = HFLM.eot_token_id
-    prefix_token_id = HFLM.prefix_token_id
     think_end_token = None
 
     def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
                  seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph",
-                 width_plan="adaptive", **kwargs):
+                 width_plan="adaptive", compile_cache="off", **kwargs):
         super().__init__()
         unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code", "max_batch_size"))
         if unknown:
             raise ConfigError(f"gptlocal model args: unknown '{unknown[0]}'; known: pretrained, batch_size, "
                               f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id, "
-                              f"progress, width_plan.")
+                              f"progress, width_plan, compile_cache.")
         if str(width_plan) not in ("adaptive", "buckets"):
             raise ConfigError(f"gptlocal model args: width_plan={width_plan!r}; use adaptive (the default: few "
                               f"compiled widths) or buckets (one width per length bucket).")
@@ -204,7 +375,6 @@ class GPTLocalLM(TemplateLM):
         if self.batch_size < 1:
             raise ConfigError(f"gptlocal model args: batch_size={batch_size} must be at least 1.")
         import mindspore as ms
-        from transformers import AutoTokenizer
         from ..model.gpt import GPTLocalForCausalLM
         ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
         self.pretrained = str(pretrained)
@@ -220,12 +390,24 @@ class GPTLocalLM(TemplateLM):
                               f" less a prefix-tuning prefix).")
         self._max_gen_toks = int(max_gen_toks)
         self.seed = None if seed is None else int(seed)
-        self.tokenizer = configure_pad_token(AutoTokenizer.from_pretrained(self.pretrained))
         self.add_bos_token = None if add_bos_token is None else bool(add_bos_token)
+        # as HFLM._create_tokenizer: the fast tokenizer, add_bos_token passed on when given
+        extra = {} if self.add_bos_token is None else {"add_bos_token": self.add_bos_token}
+        self.tokenizer = configure_pad_token(auto_tokenizer().from_pretrained(self.pretrained, use_fast=True, **extra))
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self._scorer = _scorer(self.model)
+        cache = str(compile_cache)
+        if cache.lower() in ("off", "false", "0", "no", "none", ""):
+            self._compile_cache = None
+        else:
+            root = compile_cache_root() if cache.lower() in ("on", "true", "1", "yes") else cache
+            if os.path.exists(root) and not os.path.isdir(root):
+                raise ConfigError(f"gptlocal model args: compile_cache={compile_cache!r} is a file; give on, off or "
+                                  f"a folder for the scorer's cached graphs.")
+            self._compile_cache = ScorerCompileCache(root, self.pretrained)
         self._widths = WidthPlan(self._max_length, adaptive=str(width_plan) == "adaptive")
+        self._kept_compile = None  # the last _score's first-call seconds from the compile cache
         self._generate_calls = 0
         self._generate_shapes = set()  # (batch, prompt width bucket, cache rows) generate has run
 
@@ -264,12 +446,16 @@ class GPTLocalLM(TemplateLM):
             ids[i, :len(row) - 1] = row[:-1]
             targets[i, :len(row) - 1] = row[1:]
             last[i] = len(row) - 2
-        picked, greedy, last_probs = self._scorer(ms.Tensor(ids), ms.Tensor(targets), ms.Tensor(last))
+        inputs = ms.Tensor(ids), ms.Tensor(targets), ms.Tensor(last)
+        self._kept_compile = None
+        if self._compile_cache is not None and width not in self._widths.compiled:  # a new graph: cached
+            (picked, greedy, last_probs), self._kept_compile = self._compile_cache.around(
+                lambda: self._scorer(*inputs), "score", batch=self.batch_size, width=width)
+        else:
+            picked, greedy, last_probs = self._scorer(*inputs)
         return picked.asnumpy(), greedy.asnumpy(), last_probs.asnumpy()
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
-        import torch  # lm-eval's Collator hands the shared scores around as a tensor
-
         def _collate(req):
             toks = req[1] + req[2]
             return -len(toks), tuple(toks)
@@ -280,7 +466,7 @@ class GPTLocalLM(TemplateLM):
         re_ord = Collator(requests, sort_fn=_collate, group_by="contexts", group_fn=_lookup_one_token_cont)
         progress = Progress("loglikelihood", len(requests), enabled=self.progress and not disable_tqdm)
         res = []
-        placeholder = torch.zeros(1, 1, 1)
+        placeholder = _SharedLogits()
         chunks = list(re_ord.get_batched(n=self.batch_size))  # all batches first: WidthPlan sees what is to come
         batches = []
         for chunk in chunks:
@@ -299,7 +485,10 @@ class GPTLocalLM(TemplateLM):
             width = self._widths.width(needs[index], needs[index:])
             started = time.perf_counter()
             picked, greedy, last_probs = self._score(rows, width)
-            if self._widths.record(width, time.perf_counter() - started):
+            seconds = time.perf_counter() - started
+            if self._kept_compile is not None:  # from the compile cache: the plan counts the compile it saved
+                seconds = max(seconds, self._kept_compile)
+            if self._widths.record(width, seconds):
                 release_freed_heap()  # a new width compiled: hand the compile's freed heap back
             for i, ((request_str, ctx_tokens, cont_toks), row) in enumerate(zip(chunk, rows)):
                 end = len(row) - 1  # scored positions: [end - contlen, end)

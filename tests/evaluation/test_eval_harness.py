@@ -170,13 +170,37 @@ def test_sampling_is_seeded_and_stops(tiny):
 
 
 def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_path, capsys):
+    """`gptlocal eval` in a process of its own (a script calling main(), which reads sys.argv, as the console
+    script does) prints the table, writes the JSON, and never imports torch nor HFLM's module (nor MindFormers);
+    its scoring graph goes into a compile-cache folder of its own. (A second run over the cache, loading the graph
+    with the same numbers, was measured, docs/performance.md: one more process, ~20 s, is over the suite's budget.)"""
     from mindformers_gptlocal.cli.main import main
-    out = tmp_path / "results.json"
-    assert main(["eval", "--model", tiny[0], "--tasks", "gl_choice", "--include_path", task_manager[1],
-                 "--limit", "8", "--batch_size", "4", "--output_path", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "|gl_choice|" in printed and "acc_norm" in printed
-    results, ref = json.loads(out.read_text())["results"], tiny_runs[1]["results"]  # hf, same 8 documents
+    cache = tmp_path / "compile-cache"
+    heavy = ("torch", "lm_eval.models.huggingface", "accelerate", "peft", "mindformers")
+    script = tmp_path / "run_eval.py"
+    script.write_text(f"import sys\nfrom mindformers_gptlocal.cli.main import main\ncode = main()\n"
+                      f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], code)\n")
+    runs = []
+    for run in ("first",):
+        out = tmp_path / f"results-{run}.json"
+        argv = ["eval", "--model", tiny[0], "--tasks", "gl_choice", "--include_path", task_manager[1], "--limit", "8",
+                "--batch_size", "4", "--output_path", str(out), "--log_samples", "--compile_cache", str(cache)]
+        proc = subprocess.run([sys.executable, str(script), *argv], env=source_env(**OFFLINE), capture_output=True,
+                              text=True, timeout=600)
+        printed = proc.stdout
+        assert printed.strip().splitlines()[-1] == "LOADED [] 0", printed + proc.stderr
+        assert "|gl_choice|" in printed and "acc_norm" in printed
+        runs.append(json.loads(out.read_text()))
+        graphs = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.mindir"))
+        assert len(graphs) == 1 and graphs[0].startswith("score-"), graphs  # one width, its own folder
+        assert (cache / graphs[0].split("/")[0] / "first_call_seconds").is_file()
+    first = [s["resps"] for s in runs[0]["samples"]["gl_choice"]]
+    for mine, sample in zip(first, tiny_runs[1]["samples"]["gl_choice"]):  # hf, same 8 documents
+        for ((a, ga),), ((b, gb),) in zip(mine, sample["resps"]):
+            assert abs(a - b) <= 1e-4 and ga == gb
+    saved = runs[0]
+    assert "torch not imported" in saved["pretty_env_info"]
+    results, ref = saved["results"], tiny_runs[1]["results"]  # hf, same 8 documents
     assert results["gl_choice"]["acc,none"] == ref["gl_choice"]["acc,none"]
     assert results["gl_choice"]["acc_norm,none"] == ref["gl_choice"]["acc_norm,none"]
     assert main(["eval", "--model", tiny[0], "--tasks", "no_such_task", "--include_path", task_manager[1]]) == 2
@@ -243,3 +267,59 @@ def test_planned_widths_score_as_the_plain_buckets(tiny):
     assert sorted(lm._widths.compiled) == [widths[-1]]  # every batch ran at the widest width, nothing new compiled
     for (a, ga), (b, gb) in zip(planned, plain):
         assert abs(a - b) <= 1e-5 and ga == gb
+
+
+def test_tokenizer_methods_equal_hflm(tiny, tmp_path):
+    """HFLMTokens (ours, so the eval process needs no torch) against HFLM's own methods on the requests of every
+    type: loglikelihood pairs (trailing spaces, a BOS-prefixed context), rolling documents, generate_until batches
+    (left truncation, both padding sides, truncation on either side), decode with and without special tokens;
+    add_bos_token None / True / False and a custom prefix_token_id, on the plain tokenizer and on one whose
+    post-processor adds a BOS (so add_special_tokens changes the ids)."""
+    from lm_eval.models.huggingface import HFLM
+    from mindformers_gptlocal.evaluation.harness import GPTLocalLM
+    from tokenizers import Tokenizer, processors
+    with_bos = {}
+    for side, folder in zip(("ms", "ref"), tiny):
+        with_bos[side] = str(tmp_path / side)
+        shutil.copytree(folder, with_bos[side])
+        tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        bos = "<|endoftext|>"
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                           special_tokens=[(bos, tok.token_to_id(bos))])
+        tok.save(os.path.join(with_bos[side], "tokenizer.json"))
+    long_text = "def add(a, b):\n    return a + b  # " * 12
+    contexts = ["Question: what is 2 + 2?\nAnswer:", "x = 1 ", "<|endoftext|>import os\n", "  print(", long_text]
+    continuations = [" 4", "\n", "os.path", " 'hi')", " done"]
+    batches = [contexts, contexts[2:] + contexts[:2], ["ü ñ 日本", "a"]]
+    checked = 0
+    for ms_dir, ref_dir in ((tiny[0], tiny[1]), (with_bos["ms"], with_bos["ref"])):
+        for add_bos, prefix in ((None, None), (True, None), (False, 7)):
+            ours = GPTLocalLM(pretrained=ms_dir, batch_size=2, progress=False, add_bos_token=add_bos,
+                              prefix_token_id=prefix)
+            ref = HFLM(pretrained=ref_dir, batch_size=2, device="cpu", dtype="float32", add_bos_token=add_bos,
+                       prefix_token_id=prefix)
+            assert (ours.eot_token_id, ours.prefix_token_id) == (ref.eot_token_id, ref.prefix_token_id)
+            for context, continuation in zip(contexts, continuations):
+                assert ours._encode_pair(context, continuation) == ref._encode_pair(context, continuation)
+                for special in (None, True, False):
+                    assert ours.tok_encode(context, add_special_tokens=special) == \
+                        ref.tok_encode(context, add_special_tokens=special)
+                assert ours.tok_encode(context, left_truncate_len=5) == ref.tok_encode(context, left_truncate_len=5)
+                ids = ref.tok_encode(context, add_special_tokens=True)
+                for skip in (True, False):
+                    assert ours.tok_decode(ids, skip_special_tokens=skip) == ref.tok_decode(ids, skip_special_tokens=skip)
+                checked += 1
+            assert ours.tok_decode(ours.eot_token_id, skip_special_tokens=False) == \
+                ref.tok_decode(ref.eot_token_id, skip_special_tokens=False)
+            for strings in batches:
+                for kwargs in (dict(left_truncate_len=6), dict(padding_side="right"), dict(truncation=True), {}):
+                    for side in ("left", "right"):
+                        ours.tokenizer.truncation_side = ref.tokenizer.truncation_side = side
+                        mine, theirs = ours.tok_batch_encode(strings, **kwargs), ref.tok_batch_encode(strings, **kwargs)
+                        assert isinstance(mine[0], np.ndarray)
+                        for a, b in zip(mine, theirs):
+                            np.testing.assert_array_equal(a, b.numpy())
+                        assert ours.tokenizer.padding_side == ref.tokenizer.padding_side
+    assert checked == 30
+    assert len(ref.tok_encode(long_text)) > 64  # the truncation=True batches did truncate (model_max_length 64)
+    assert ref.tok_encode("x", add_special_tokens=True) != ref.tok_encode("x", add_special_tokens=False)  # a BOS
