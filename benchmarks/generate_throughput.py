@@ -254,7 +254,8 @@ def main():
                                             **({"GPTLOCAL_LEAN": "1"} if side == "ours" else {}))
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
                 print(f"{shape} batch {batch} round {index + 1} {side:7}: {report['rate']:.1f} tok/s, TTFT "
-                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own peak: {phases}"
+                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own peak: "
+                      f"{phases}"
                       f"{'' if report['peak_resets'] else '; VmHWM not resettable here: cumulative'}), "
                       f"threads: C env "
                       f"{report['env']}, torch {report['torch_threads']}"
