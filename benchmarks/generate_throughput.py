@@ -25,7 +25,8 @@ once with both attention paths plain (``KVCache.step`` for the prefill,
 ``decode_attention`` off); the calls alternate for --rounds rounds. Prints the prefill (32-token prompts, cache of
 160 rows) and one decode step at each --cache-lengths (at the last row and at the middle one, to show that masked
 rows are not read), wall (median [min]) and the process's CPU time (median), plain / kernels, and the largest
-logit difference.
+logit difference. ``--linear-kernel``: the kernels side also runs its Linears and head through the opt-in GEMM kernel
+(GPTLOCAL_LINEAR_KERNEL=1; the batch-1 prefill is 84% MatMul, docs/performance.md).
 """
 import argparse
 import os
@@ -142,7 +143,7 @@ def worker(side, work, shape, batch, threads, recompute):
     C.emit(report)
 
 
-def kernels_vs_plain(shape, batch, lengths, rounds, threads):
+def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel=False):
     """Prints kernels vs plain for the prefill and the decode step, in this process (``--kernels-vs-plain``)."""
     import mindspore as ms
     from mindformers_gptlocal.model.buckets import bucket_of
@@ -158,6 +159,7 @@ def kernels_vs_plain(shape, batch, lengths, rounds, threads):
 
     def built(plain):
         os.environ["GPTLOCAL_DECODE_ATTENTION_KERNEL"] = "0" if plain else "1"  # read at build: opt-in kernel
+        os.environ["GPTLOCAL_LINEAR_KERNEL"] = "1" if linear_kernel and not plain else "0"  # --linear-kernel
         ms.set_seed(0)
         model = GPTLocalForCausalLM(GPTLocalConfig(**config))
         model.set_train(False)
@@ -212,6 +214,9 @@ def main():
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU attention kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
+    parser.add_argument("--linear-kernel", action="store_true",
+                        help="--kernels-vs-plain: the kernels side also runs every Linear and the head through the "
+                             "opt-in GEMM kernel (GPTLOCAL_LINEAR_KERNEL=1), the plain side through MatMul")
     parser.add_argument("--kvp-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -224,7 +229,7 @@ def main():
     lengths = [int(x) for x in args.cache_lengths.split(",")]
     if args.kvp_worker:
         C.check_threads(args.threads, "kernels-vs-plain worker")
-        return kernels_vs_plain(args.shape, args.batch, lengths, args.rounds, args.threads)
+        return kernels_vs_plain(args.shape, args.batch, lengths, args.rounds, args.threads, args.linear_kernel)
     if args.kernels_vs_plain:
         print(C.machine_line(args.threads), flush=True)
         print("| shape | batch | call | kernels wall ms | plain wall ms | kernels CPU ms | plain CPU ms | "
@@ -235,7 +240,8 @@ def main():
             for batch in (int(b) for b in args.batches.split(",")):
                 subprocess.run([sys.executable, __file__, "--kvp-worker", "--shapes", shape, "--shape", shape,
                                 "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
-                                "--cache-lengths", args.cache_lengths],
+                                "--cache-lengths", args.cache_lengths,
+                                *(["--linear-kernel"] if args.linear_kernel else [])],
                                env=dict(C.worker_env(args.threads), GPTLOCAL_LEAN="1"), check=True)
         return None
     work = C.scratch_dir("gptlocal-gen-")
