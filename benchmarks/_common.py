@@ -90,6 +90,43 @@ def vm_hwm_mb():
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
 
 
+def reset_peak():
+    """Reset this process's VmHWM to its current RSS (Linux >= 4.0: ``5`` into ``/proc/self/clear_refs``), so the
+    next :func:`vm_hwm_mb` is the peak of what ran since: a phase's own peak in a worker that runs several.
+    Returns False where the kernel refuses (VmHWM then stays the peak since the process started)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class Phases:
+    """Peak RSS per phase of one worker: ``with phases("load"): ...`` records the phase's own VmHWM (reset at its
+    start, :func:`reset_peak`) and the RSS after it, in MB. ``peak(names)``: the worker's peak over those phases
+    (the max of their peaks: the process's peak while they ran), e.g. generation without a later extra job."""
+
+    def __init__(self):
+        self.peaks, self.after = {}, {}
+        self.resets = True
+
+    def __call__(self, name):
+        import contextlib
+
+        @contextlib.contextmanager
+        def phase():
+            self.resets = reset_peak() and self.resets
+            yield
+            self.peaks[name] = vm_hwm_mb()
+            with open("/proc/self/status", encoding="ascii") as status:
+                self.after[name] = next(int(x.split()[1]) / 1024 for x in status if x.startswith("VmRSS:"))
+        return phase()
+
+    def peak(self, names=None):
+        return max(v for k, v in self.peaks.items() if names is None or k in names)
+
+
 # ---------------------------------------------------------------------------------------------- workers
 def emit(report):
     """A worker's one result line, read back by :func:`run_worker`."""

@@ -25,7 +25,8 @@ once with both attention paths plain (``KVCache.step`` for the prefill,
 ``decode_attention`` off); the calls alternate for --rounds rounds. Prints the prefill (32-token prompts, cache of
 160 rows) and one decode step at each --cache-lengths (at the last row and at the middle one, to show that masked
 rows are not read), wall (median [min]) and the process's CPU time (median), plain / kernels, and the largest
-logit difference.
+logit difference. ``--linear-kernel``: the kernels side also runs its Linears and head through the opt-in GEMM kernel
+(GPTLOCAL_LINEAR_KERNEL=1; the batch-1 prefill is 84% MatMul, docs/performance.md).
 """
 import argparse
 import os
@@ -92,50 +93,57 @@ def setup(work, shape):
 
 
 def worker(side, work, shape, batch, threads, recompute):
-    """One side's numbers for one shape and batch; prints a WORKER line. ``phases``: VmHWM (peak RSS, MB)
-    after import, after build + load, after the first generation (our compiles) and at the end."""
+    """One side's numbers for one shape and batch; prints a WORKER line. ``phases``: each phase's own peak RSS
+    (MB; VmHWM reset at the phase's start): import, build + load, the first generation (our compiles), the timed
+    generations, and (``recompute``) our no-cache path; ``peak_rss_mb`` is generate's peak, without the no-cache
+    path's full-width compiles (before, they counted in the tiny rows' peak)."""
     env = C.check_threads(threads, f"{side} generate worker")
     # PyTorch only where it runs: importing it into our side would add its ~180 MB to our peak RSS
     report = {"env": env, "torch_threads": C.torch_threads(threads, f"{side} generate worker") if side == "hf"
               else "not loaded"}
     prompts = np.random.default_rng(batch).integers(0, SHAPES[shape]["vocab_size"], (batch, PROMPT)).tolist()
-    phases = {}
+    phases = C.Phases()  # each phase's own peak RSS (VmHWM reset at its start) and the RSS after it
     if side == "hf":
-        from transformers import GPT2LMHeadModel
-        phases["import"] = C.vm_hwm_mb()
-        model = GPT2LMHeadModel.from_pretrained(os.path.join(work, shape)).eval()
-        phases["load"] = C.vm_hwm_mb()
-        timed_hf(model, prompts)  # warm-up
-        phases["first_call"] = C.vm_hwm_mb()
-        ttft, total = timed_hf(model, prompts)
+        with phases("import"):
+            from transformers import GPT2LMHeadModel
+        with phases("load"):
+            model = GPT2LMHeadModel.from_pretrained(os.path.join(work, shape)).eval()
+        with phases("first_call"):
+            timed_hf(model, prompts)  # warm-up
+        with phases("timed"):
+            ttft, total = timed_hf(model, prompts)
     else:  # ours: the lean process (gptlocal generate's: no MindFormers); ours-mf: the model on MindFormers' bases
         import mindspore as ms
         report["runtime_threads"] = C.mindspore_threads(threads, "ours generate worker")
         ms.set_context(mode=ms.GRAPH_MODE)
-        if side == "ours-mf":
-            from mindformers_gptlocal import GPTLocalForCausalLM
-        else:
-            from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+        with phases("import"):
+            if side == "ours-mf":
+                from mindformers_gptlocal import GPTLocalForCausalLM
+            else:
+                from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
         report["mindformers_loaded"] = "mindformers" in sys.modules
-        phases["import"] = C.vm_hwm_mb()
-        model = GPTLocalForCausalLM.from_pretrained(os.path.join(work, shape + "_ms"), max_batch_size=max(8, batch))
-        phases["load"] = C.vm_hwm_mb()
-        start = time.perf_counter()
-        model.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
-        report["first_call_s"] = time.perf_counter() - start
-        phases["first_call"] = C.vm_hwm_mb()
-        ttft, total = timed_ours(model, prompts, True)
-        if recompute:
-            n_ttft, n_total = timed_ours(model, prompts, False)
+        with phases("load"):
+            model = GPTLocalForCausalLM.from_pretrained(os.path.join(work, shape + "_ms"),
+                                                        max_batch_size=max(8, batch))
+        with phases("first_call"):
+            start = time.perf_counter()
+            model.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
+            report["first_call_s"] = time.perf_counter() - start
+        with phases("timed"):
+            ttft, total = timed_ours(model, prompts, True)
+        if recompute:  # our no-cache path compiles full-width forwards: its own phase, not generate's peak
+            with phases("recompute"):
+                n_ttft, n_total = timed_ours(model, prompts, False)
             report["nocache_rate"] = decode_rate(batch, n_ttft, n_total)
-    phases["end"] = C.vm_hwm_mb()
+            report["recompute_peak_rss_mb"] = phases.peaks["recompute"]
     if side != "hf" and "torch" in sys.modules:
         raise SystemExit("ours generate worker: PyTorch was imported (it would count in our peak RSS)")
-    report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), peak_rss_mb=C.vm_hwm_mb(), phases=phases)
+    report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), phases=phases.peaks, rss_after=phases.after,
+                  peak_rss_mb=phases.peak(("import", "load", "first_call", "timed")), peak_resets=phases.resets)
     C.emit(report)
 
 
-def kernels_vs_plain(shape, batch, lengths, rounds, threads):
+def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel=False):
     """Prints kernels vs plain for the prefill and the decode step, in this process (``--kernels-vs-plain``)."""
     import mindspore as ms
     from mindformers_gptlocal.model.buckets import bucket_of
@@ -151,6 +159,7 @@ def kernels_vs_plain(shape, batch, lengths, rounds, threads):
 
     def built(plain):
         os.environ["GPTLOCAL_DECODE_ATTENTION_KERNEL"] = "0" if plain else "1"  # read at build: opt-in kernel
+        os.environ["GPTLOCAL_LINEAR_KERNEL"] = "1" if linear_kernel and not plain else "0"  # --linear-kernel
         ms.set_seed(0)
         model = GPTLocalForCausalLM(GPTLocalConfig(**config))
         model.set_train(False)
@@ -205,6 +214,9 @@ def main():
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU attention kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
+    parser.add_argument("--linear-kernel", action="store_true",
+                        help="--kernels-vs-plain: the kernels side also runs every Linear and the head through the "
+                             "opt-in GEMM kernel (GPTLOCAL_LINEAR_KERNEL=1), the plain side through MatMul")
     parser.add_argument("--kvp-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -217,7 +229,7 @@ def main():
     lengths = [int(x) for x in args.cache_lengths.split(",")]
     if args.kvp_worker:
         C.check_threads(args.threads, "kernels-vs-plain worker")
-        return kernels_vs_plain(args.shape, args.batch, lengths, args.rounds, args.threads)
+        return kernels_vs_plain(args.shape, args.batch, lengths, args.rounds, args.threads, args.linear_kernel)
     if args.kernels_vs_plain:
         print(C.machine_line(args.threads), flush=True)
         print("| shape | batch | call | kernels wall ms | plain wall ms | kernels CPU ms | plain CPU ms | "
@@ -228,7 +240,8 @@ def main():
             for batch in (int(b) for b in args.batches.split(",")):
                 subprocess.run([sys.executable, __file__, "--kvp-worker", "--shapes", shape, "--shape", shape,
                                 "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
-                                "--cache-lengths", args.cache_lengths],
+                                "--cache-lengths", args.cache_lengths,
+                                *(["--linear-kernel"] if args.linear_kernel else [])],
                                env=dict(C.worker_env(args.threads), GPTLOCAL_LEAN="1"), check=True)
         return None
     work = C.scratch_dir("gptlocal-gen-")
@@ -247,7 +260,9 @@ def main():
                                             **({"GPTLOCAL_LEAN": "1"} if side == "ours" else {}))
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
                 print(f"{shape} batch {batch} round {index + 1} {side:7}: {report['rate']:.1f} tok/s, TTFT "
-                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (VmHWM after {phases}), "
+                      f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own peak: "
+                      f"{phases}"
+                      f"{'' if report['peak_resets'] else '; VmHWM not resettable here: cumulative'}), "
                       f"threads: C env "
                       f"{report['env']}, torch {report['torch_threads']}"
                       + (f", MindSpore {report['runtime_threads']}, first call {report['first_call_s']:.1f} s"
@@ -261,9 +276,10 @@ def main():
             rows.append((shape, batch, runs))
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32; {args.rounds} rounds, sides alternating, each "
-          f"in its own worker; median [min-max] over rounds\n")
+          f"in its own worker; median [min-max] over rounds; peak RSS = generate's (import, load, first call, timed "
+          f"calls), without our no-cache path's compiles (given apart where it ran)\n")
     print("| shape | batch | side | decode tok/s | vs HF | TTFT s | TTFT vs HF | cache/no-cache | first call s "
-          "| peak RSS MB | RSS vs HF | VmHWM MB after import / load / first call |")
+          "| peak RSS MB | RSS vs HF | each phase's peak MB: import / load / first call / timed |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for shape, batch, runs in rows:
         hf = runs["hf"]
@@ -274,11 +290,13 @@ def main():
             rss = C.median([r["peak_rss_mb"] for r in reports])
             nocache = C.median([r.get("nocache_rate") for r in reports])
             first = C.median([r.get("first_call_s") for r in reports])
+            nocache_rss = C.median([r.get("recompute_peak_rss_mb") for r in reports])
             phases = " / ".join(f"{C.median([r['phases'][k] for r in reports]):.0f}"
-                                for k in ("import", "load", "first_call"))
+                                for k in ("import", "load", "first_call", "timed"))
             print(f"| {shape} | {batch} | {side} | {C.spread([r['rate'] for r in reports], '{:.1f}')} | "
                   f"{rate / hf_rate:.2f}x | {ttft:.3f} | {ttft / hf_ttft:.2f}x | "
-                  f"{f'{rate / nocache:.1f}x' if nocache else '-'} | {f'{first:.1f}' if first else '-'} | "
+                  f"{f'{rate / nocache:.1f}x (its peak {nocache_rss:.0f} MB)' if nocache else '-'} | "
+                  f"{f'{first:.1f}' if first else '-'} | "
                   f"{rss:.0f} | {rss / hf_rss:.2f}x | {phases} |")
 
 

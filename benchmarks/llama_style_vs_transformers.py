@@ -11,9 +11,12 @@ The parent builds a random LlamaForCausalLM, saves it and converts it with `gptl
 (``checkpoint/hf_models.py``); it imports neither MindSpore nor PyTorch itself. Every round starts one worker
 per side (``_common.run_worker``: OMP/MKL/OpenBLAS threads set explicitly and checked inside the worker, MindSpore's
 ``runtime_num_threads`` and torch's threads set and checked), the sides alternating (ours, HF, HF, ours, ...;
-``_common.alternate``). A worker times every batch: one warm-up (our graphs compile there) then ``--repeats``
-forwards and ``--repeats`` generations, and reports their medians and its peak RSS (VmHWM). The table gives the
-median over rounds with [min-max], and ours/HF as the median of the per-round ratios. ``--plain`` adds ours with
+``_common.alternate``). A worker runs ONE job (the forward or generation) at ONE batch: one warm-up (our graphs
+compile there) then ``--repeats`` timed calls, and reports their median and the job's peak RSS (each phase's own
+VmHWM: import, load, first call, timed calls); one job per process, so the forward's graphs and [4, 256]
+activations never count in generation's peak (before, one worker ran both jobs at both batches and reported one
+peak for all four). The table gives the median over rounds with [min-max], and ours/HF as the median of the
+per-round ratios. ``--plain`` adds ours with
 ``GPTLOCAL_RMS_SWIGLU_KERNELS=0`` (MindSpore's RMSNorm and SiLU * up ops: the state before the kernels).
 fp32, CPU, graph mode for gpt_local (the lean process: MindFormers not loaded).
 """
@@ -37,6 +40,7 @@ SHAPES = {  # ~125M: GPT-2 small's width and depth with Llama's layers, 12 heads
                  intermediate_size=688, vocab_size=8192),
 }
 PROMPT, NEW, FORWARD_SEQ = 32, 64, 256
+JOBS = ("forward", "generate")
 SIDES = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours_plain": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_RMS_SWIGLU_KERNELS": "0"},
          "hf": {}}  # each worker's extra environment (GPTLOCAL_LEAN=1: gptlocal generate's process)
 LABELS = {"ours": "gpt_local", "ours_plain": "gpt_local, GPTLOCAL_RMS_SWIGLU_KERNELS=0", "hf": "HF LlamaForCausalLM"}
@@ -47,10 +51,12 @@ def kv_cache_bytes(shape, batch, length, groups, dtype_bytes=4):
     return 2 * shape["num_hidden_layers"] * batch * groups * length * head_dim * dtype_bytes
 
 
-def worker(side, directory, batches, threads, repeats):
-    """One side's medians as a WORKER line: forward tokens/s at [batch, FORWARD_SEQ], greedy generation tokens/s
-    (batch * NEW / wall time of the whole call), the first (compiling) call's seconds, peak RSS. ``directory``
-    "-": no model, only the thread checks (tests/tools/test_benchmarks.py)."""
+def worker(side, directory, job, batch, threads, repeats):
+    """One side's one job at one batch, as a WORKER line: ``forward`` tokens/s at [batch, FORWARD_SEQ] or greedy
+    ``generate`` tokens/s (batch * NEW / wall time of the whole call), the first (compiling) call's seconds, and
+    the job's peak RSS per phase (import, load, first call, timed calls; VmHWM reset at each phase's start,
+    ``_common.Phases``): one process per job, so neither job's graphs or activations count in the other's peak.
+    ``directory`` "-": no model, only the thread checks (tests/tools/test_benchmarks.py)."""
     report = {"env": C.check_threads(threads, f"{side} llama worker")}
     hf = side == "hf"
     if hf:
@@ -61,10 +67,13 @@ def worker(side, directory, batches, threads, repeats):
         ms.set_context(mode=ms.GRAPH_MODE)
     if directory == "-":
         return C.emit(report)
+    phases = C.Phases()
     if hf:
         import torch
-        from transformers import LlamaForCausalLM
-        model = LlamaForCausalLM.from_pretrained(os.path.join(directory, "hf")).eval()
+        with phases("import"):
+            from transformers import LlamaForCausalLM
+        with phases("load"):
+            model = LlamaForCausalLM.from_pretrained(os.path.join(directory, "hf")).eval()
 
         def forward(ids):
             with torch.no_grad():
@@ -78,10 +87,12 @@ def worker(side, directory, batches, threads, repeats):
             assert out.shape[1] == PROMPT + NEW
     else:
         from mindspore import Tensor
-        from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM  # the lean process, as gptlocal generate
-        model = GPTLocalForCausalLM.from_pretrained(os.path.join(directory, "ms"), max_batch_size=8,
-                                                    seq_length=FORWARD_SEQ)
-        model.set_train(False)
+        with phases("import"):
+            from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM  # the lean process, as gptlocal generate
+        with phases("load"):
+            model = GPTLocalForCausalLM.from_pretrained(os.path.join(directory, "ms"), max_batch_size=8,
+                                                        seq_length=FORWARD_SEQ)
+            model.set_train(False)
         layer = model.model.layers[0]
         report["kernels"] = dict(rmsnorm=layer.input_layernorm.kernel is not None,
                                  swiglu=getattr(layer.mlp, "swiglu", None) is not None)
@@ -92,25 +103,25 @@ def worker(side, directory, batches, threads, repeats):
         def generate(prompts):
             out = model.generate(prompts, max_new_tokens=NEW, do_sample=False, eos_token_id=-1)
             assert all(len(row) == PROMPT + NEW for row in out)
+    rng = np.random.default_rng(batch)
     vocab = model.config.vocab_size
-    rows = []
+    if job == "forward":
+        fn, arg, tokens = forward, rng.integers(0, vocab, (batch, FORWARD_SEQ)).astype(np.int64), batch * FORWARD_SEQ
+    else:
+        fn, arg, tokens = generate, rng.integers(0, vocab, (batch, PROMPT)).tolist(), batch * NEW
 
-    def timed(fn, arg):
+    def timed():
         start = time.perf_counter()
         fn(arg)
         return time.perf_counter() - start
 
-    for batch in batches:
-        rng = np.random.default_rng(batch)
-        ids = rng.integers(0, vocab, (batch, FORWARD_SEQ)).astype(np.int64)
-        prompts = rng.integers(0, vocab, (batch, PROMPT)).tolist()
-        first = timed(forward, ids) + timed(generate, prompts)  # warm-ups: our graphs compile here
-        forwards = [timed(forward, ids) for _ in range(repeats)]
-        generations = [timed(generate, prompts) for _ in range(repeats)]
-        rows.append(dict(batch=batch, forward=batch * FORWARD_SEQ / statistics.median(forwards),
-                         generate=batch * NEW / statistics.median(generations), first_calls_s=first))
-    report.update(rows=rows, peak_rss_mb=C.vm_hwm_mb())
-    C.emit(report)
+    with phases("first_call"):
+        first = timed()  # the warm-up: our graphs compile here
+    with phases("timed"):
+        times = [timed() for _ in range(repeats)]
+    report.update(job=job, batch=batch, rate=tokens / statistics.median(times), first_call_s=first,
+                  phases=phases.peaks, peak_rss_mb=phases.peak(), peak_resets=phases.resets)
+    return C.emit(report)
 
 
 def main():
@@ -122,44 +133,54 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per batch inside a worker")
     parser.add_argument("--plain", action="store_true", help="also ours with GPTLOCAL_RMS_SWIGLU_KERNELS=0")
     parser.add_argument("--worker", choices=tuple(SIDES))
+    parser.add_argument("--job", choices=JOBS, default="forward", help=argparse.SUPPRESS)
     parser.add_argument("--dir")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.worker:
-        return worker(args.worker, args.dir, batches, args.threads, args.repeats)
+        return worker(args.worker, args.dir, args.job, batches[0], args.threads, args.repeats)
     print(C.machine_line(args.threads), flush=True)
     shape = SHAPES[args.shape]
     work = C.scratch_dir("gptlocal-llama-")
     params = prepare(shape, work)
     sides = ("ours", "ours_plain", "hf") if args.plain else ("ours", "hf")
-
-    def one(side, index):
-        report, _ = C.run_worker(__file__, ["--worker", side, "--dir", work, "--batches", args.batches,
-                                            "--threads", str(args.threads), "--repeats", str(args.repeats)],
-                                 args.threads, **SIDES[side])
-        print(f"round {index} {side}: " + ", ".join(f"b{r['batch']} fwd {r['forward']:.0f} gen {r['generate']:.1f}"
-                                                   for r in report["rows"])
-              + f", peak RSS {report['peak_rss_mb']:.0f} MB, threads {report['runtime_threads']}"
-              + (f", kernels {report['kernels']}" if "kernels" in report else ""), flush=True)
-        return report
-
-    runs = C.alternate(sides, args.rounds, one)
+    runs = {}  # (batch, job) -> {side: [reports]}
+    for batch in batches:
+        for job in JOBS:
+            def one(side, index, batch=batch, job=job):
+                report, _ = C.run_worker(__file__, ["--worker", side, "--dir", work, "--job", job, "--batches",
+                                                    str(batch), "--threads", str(args.threads), "--repeats",
+                                                    str(args.repeats)], args.threads, **SIDES[side])
+                phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
+                print(f"b{batch} {job} round {index + 1} {side}: {report['rate']:.1f} tok/s, first call "
+                      f"{report['first_call_s']:.1f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own "
+                      f"peak: {phases}), threads {report['runtime_threads']}"
+                      + (f", kernels {report['kernels']}" if "kernels" in report else ""), flush=True)
+                return report
+            runs[batch, job] = C.alternate(sides, args.rounds, one)
     print(f"\n{C.machine_line(args.threads)}")
     print(f"{args.shape}: {params / 1e6:.1f}M parameters, {shape['num_attention_heads']} heads over "
           f"{shape['num_key_value_heads']} key/value groups; fp32 CPU, {args.threads} threads; forward "
-          f"[batch, {FORWARD_SEQ}], generate {PROMPT}-token prompts + {NEW} greedy tokens; {args.rounds} rounds "
-          f"alternating, {args.repeats} timed calls each; median [min-max] over rounds")
-    print("| batch | side | forward tok/s | vs HF | generate tok/s | vs HF | peak RSS MB |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    for position, batch in enumerate(batches):
+          f"[batch, {FORWARD_SEQ}], generate {PROMPT}-token prompts + {NEW} greedy tokens; one worker per side, job "
+          f"and batch (its peak RSS is that job's alone), {args.rounds} rounds alternating, {args.repeats} timed calls "
+          f"each; median [min-max] over rounds, ours/HF the median of the per-round ratios")
+    print("| batch | side | forward tok/s | vs HF | forward peak RSS MB | generate tok/s | vs HF "
+          "| generate peak RSS MB |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for batch in batches:
         for side in sides:
-            rows = [run["rows"][position] for run in runs[side]]
-            theirs = [run["rows"][position] for run in runs["hf"]]
-            ratio = {key: "1.00x" if side == "hf" else C.spread(
-                [r[key] / t[key] for r, t in zip(rows, theirs)], "{:.2f}") + "x" for key in ("forward", "generate")}
-            print(f"| {batch} | {LABELS[side]} | {C.spread([r['forward'] for r in rows])} | {ratio['forward']} | "
-                  f"{C.spread([r['generate'] for r in rows], '{:.1f}')} | {ratio['generate']} | "
-                  f"{C.spread([run['peak_rss_mb'] for run in runs[side]])} |")
+            cells = []
+            for job in JOBS:
+                mine, theirs = runs[batch, job][side], runs[batch, job]["hf"]
+                ratio = "1.00x" if side == "hf" else C.spread(
+                    [r["rate"] / t["rate"] for r, t in zip(mine, theirs)], "{:.2f}") + "x"
+                rss = C.spread([r["peak_rss_mb"] for r in mine])
+                mb = {who: C.median([r["peak_rss_mb"] for r in reports]) for who, reports in (("mine", mine),
+                                                                                              ("hf", theirs))}
+                rss_ratio = "" if side == "hf" else f" ({mb['mine'] / mb['hf']:.2f}x)"
+                cells += [C.spread([r["rate"] for r in mine], "{:.0f}" if job == "forward" else "{:.1f}"), ratio,
+                          rss + rss_ratio]
+            print(f"| {batch} | {LABELS[side]} | " + " | ".join(cells) + " |")
     length = 1024
     gqa = kv_cache_bytes(shape, 1, length, shape["num_key_value_heads"])
     mha = kv_cache_bytes(shape, 1, length, shape["num_attention_heads"])
