@@ -4,6 +4,7 @@ import socket
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -80,12 +81,40 @@ def source_env(**extra):
     return dict(os.environ, PYTHONPATH=path, **extra)
 
 
+class Launch:
+    """``gptlocal run ARGS`` (or another ``command`` line) started now in a subprocess; ``result()`` waits and returns
+    (exit code, its stdout then its stderr), and sets ``returncode``, ``stdout`` and ``stderr`` as
+    ``subprocess.run`` would. Start two independent runs before asking for either result and they overlap: a tiny
+    run spends most of its ~10 s importing MindFormers and compiling, on about one core, and the machine has two.
+    The output goes to temporary files, not pipes, so a run is never held up waiting for its output to be read.
+    ``result()`` may be called again: the same answer."""
+
+    def __init__(self, args, cwd, env=None, command=None):
+        self._files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") for _ in range(2)]
+        self.proc = subprocess.Popen(command or [sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args],
+                                     cwd=cwd, env=source_env(**(env or {})), stdout=self._files[0],
+                                     stderr=self._files[1])
+
+    def result(self, timeout=600):
+        if self._files:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+            for handle in self._files:
+                handle.seek(0)
+            self.stdout, self.stderr = (handle.read() for handle in self._files)
+            for handle in self._files:
+                handle.close()
+            self._files, self.returncode = [], self.proc.returncode
+        return self.returncode, self.stdout + self.stderr
+
+
 def run_launcher(args, cwd, env=None, timeout=600):
     """``gptlocal run ARGS`` in a subprocess; returns (exit code, combined output)."""
-    full_env = source_env(**(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args], cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr
+    return Launch(args, cwd, env).result(timeout)
 
 
 def launch_in_process(args, cwd, capsys, monkeypatch):
