@@ -9,7 +9,7 @@ import pytest
 from mindformers_gptlocal.data import instruct
 from mindformers_gptlocal.data.prepare import prepare
 from mindformers_gptlocal.errors import DataError
-from conftest import Launch, step_losses, tiny_yaml
+from conftest import run_launcher, step_losses, tiny_yaml
 
 EOS = "<|endoftext|>"
 
@@ -211,10 +211,8 @@ def test_hfdataloader_route_trains_as_the_prepare_data_route(corpus, tmp_path):
                         callbacks=callbacks, train_dataset__data_loader__shuffle=False,
                         train_dataset__data_loader__dataset_dir=summary["train_mindrecord"])
     losses = []
-    launches = [Launch(["--config", yaml_path], cwd=os.path.dirname(yaml_path))  # the two routes' runs overlap
-                for yaml_path in (hf_yaml, mr_yaml)]
-    for launch in launches:
-        code, out = launch.result()
+    for yaml_path in (hf_yaml, mr_yaml):
+        code, out = run_launcher(["--config", yaml_path], cwd=os.path.dirname(yaml_path))
         assert code == 0, out[-3000:]
         losses.append(step_losses(out))
     assert len(losses[0]) == len(rows) // 4 > 0
