@@ -4,6 +4,7 @@ import socket
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -80,12 +81,40 @@ def source_env(**extra):
     return dict(os.environ, PYTHONPATH=path, **extra)
 
 
+class Launch:
+    """``gptlocal run ARGS`` (or another ``command`` line) started now in a subprocess; ``result()`` waits and returns
+    (exit code, its stdout then its stderr), and sets ``returncode``, ``stdout`` and ``stderr`` as
+    ``subprocess.run`` would. Start two independent runs before asking for either result and they overlap: a tiny
+    run spends most of its ~10 s importing MindFormers and compiling, on about one core, and the machine has two.
+    The output goes to temporary files, not pipes, so a run is never held up waiting for its output to be read.
+    ``result()`` may be called again: the same answer."""
+
+    def __init__(self, args, cwd, env=None, command=None):
+        self._files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") for _ in range(2)]
+        self.proc = subprocess.Popen(command or [sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args],
+                                     cwd=cwd, env=source_env(**(env or {})), stdout=self._files[0],
+                                     stderr=self._files[1])
+
+    def result(self, timeout=600):
+        if self._files:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+            for handle in self._files:
+                handle.seek(0)
+            self.stdout, self.stderr = (handle.read() for handle in self._files)
+            for handle in self._files:
+                handle.close()
+            self._files, self.returncode = [], self.proc.returncode
+        return self.returncode, self.stdout + self.stderr
+
+
 def run_launcher(args, cwd, env=None, timeout=600):
     """``gptlocal run ARGS`` in a subprocess; returns (exit code, combined output)."""
-    full_env = source_env(**(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args], cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr
+    return Launch(args, cwd, env).result(timeout)
 
 
 def launch_in_process(args, cwd, capsys, monkeypatch):
@@ -131,8 +160,8 @@ def tiny_trained_run(corpus, tmp_path_factory):
 
 # --- shared by several test files (were imported from one test file by another) ---
 def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
-               **changes):
-    """A tiny run printing every step and saving a checkpoint every step (keeping 2) with ``monitor``."""
+               keep=2, **changes):
+    """A tiny run printing every step and saving a checkpoint every step (keeping ``keep``) with ``monitor``."""
     tmp_path.mkdir(exist_ok=True)
     yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
     config = yaml_io.load_yaml(yaml_path)
@@ -140,7 +169,7 @@ def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monito
         if callback["type"] == "GPTLocalThroughputMonitor":
             callback["per_print_times"] = 1
         if callback["type"] == "GPTLocalCheckpointMonitor":
-            callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=2)
+            callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=keep)
     return yaml_io.dump_yaml(config, yaml_path)
 
 
@@ -157,26 +186,26 @@ def save_tiny_base(path, corpus, seed, **changes):
 
 def finetune_resumes_exactly(tmp_path, corpus, steps, half, **changes):
     """The finetune YAML with ``changes`` run through the launcher ``steps`` steps uninterrupted (tmp_path/full),
-    then again stopped at step ``half`` (tmp_path/part) and resumed from its checkpoints (``--resume_training True
-    --load_checkpoint output/checkpoint``). Asserts every run exits 0, the stopped run's losses are the full run's
-    first ``half`` and the resumed run, announced at step ``half``, repeats the rest bit for bit (the pattern of
-    tests/e2e/test_resume.py; shared by the LoRA, adapter and prefix-tuning tests). Returns {"out": the full run's
-    output, "losses": its losses, "model_dir": its model directory, "stopped_names": the tensor names of the stopped
-    run's last checkpoint (read before the resumed run rotates it away)}."""
+    saving every step and keeping every checkpoint, then resumed in a new process from its step-``half`` checkpoint
+    (``--load_checkpoint full/output/checkpoint --resume_training <that file> --output_dir tmp_path/resumed``: the
+    route of tests/e2e/test_resume_shipped.py; a run stopped by ``runner_config.stop_step`` and resumed with
+    ``--resume_training True`` is tests/e2e/test_resume.py's, so the stopped run these tests once launched too is
+    left out). Asserts both runs exit 0 and the resumed run, announced at step ``half``, repeats the rest bit for
+    bit (shared by the LoRA, adapter and prefix-tuning tests). Returns {"out": the full run's output, "losses": its
+    losses, "model_dir": its model directory, "stopped_names": the tensor names of its step-``half`` checkpoint}."""
+    from mindformers_gptlocal.checkpoint import manifest
     from mindformers_gptlocal.safetensors_io import tensor_shapes
-    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
+    full = write_yaml(tmp_path / "full", corpus, "finetune_gpt_local_tiny_cpu.yaml", keep=steps, **changes)
     code, out = run_launcher(["--config", full], cwd=str(tmp_path / "full"))
     assert code == 0, out[-3000:]
     reference = step_losses(out)
     assert len(reference) == steps, reference
-    part = write_yaml(tmp_path / "part", corpus, "finetune_gpt_local_tiny_cpu.yaml", **changes)
-    code, first = run_launcher(["--config", part, "--runner_config.stop_step", str(half)], cwd=str(tmp_path / "part"))
-    assert code == 0, first[-3000:]
-    assert step_losses(first) == reference[:half]
-    checkpoints = tmp_path / "part" / "output" / "checkpoint"
-    stopped = set(tensor_shapes(str(sorted(checkpoints.glob("*.safetensors"))[-1])))
-    code, second = run_launcher(["--config", part, "--resume_training", "True", "--load_checkpoint", str(checkpoints)],
-                                cwd=str(tmp_path / "part"))
+    checkpoints = tmp_path / "full" / "output" / "checkpoint"
+    saved = {entry["step"]: entry["file"] for entry in manifest.read_manifest(str(checkpoints))}
+    assert sorted(saved) == list(range(1, steps + 1)), saved
+    stopped = set(tensor_shapes(str(checkpoints / saved[half])))
+    code, second = run_launcher(["--config", full, "--load_checkpoint", str(checkpoints), "--resume_training",
+                                 saved[half], "--output_dir", str(tmp_path / "resumed")], cwd=str(tmp_path / "full"))
     assert code == 0, second[-3000:]
     assert f"(step {half})" in second, second[-3000:]
     assert step_losses(second) == reference[half:], (step_losses(second), reference)

@@ -7,7 +7,7 @@ import pytest
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 
 import mindformers_gptlocal
-from conftest import REPO, TINY, source_env
+from conftest import REPO, TINY, Launch, source_env
 
 CHECK = ("import mindformers, sys\n"
          "from mindformers.tools.register import MindFormerRegister as R\n"
@@ -70,18 +70,31 @@ NLTK_CHECK = ("import sys\n"
 
 
 @pytest.fixture(scope="module")
-def default_start():
-    """One fresh interpreter with the default environment runs both checks (CHECK, then TORCH_CHECK): the two tests
-    below read its output, so MindFormers is imported once for them instead of twice."""
-    return subprocess.run([sys.executable, "-c", CHECK + TORCH_CHECK + NLTK_CHECK], capture_output=True, text=True,
-                          env=source_env())
+def starts():
+    """The three fresh interpreters the tests below read, started at once (independent: they overlap, each mostly
+    importing MindFormers on one core): "default", the default environment running all the checks (CHECK,
+    TORCH_CHECK, NLTK_CHECK), so MindFormers is imported once for three tests; "off", the hook switched off running
+    CHECK; "old", both of the hook's keep-the-old-import switches (tensorboardX with torch, nltk whole)."""
+    runs = {"default": ({}, CHECK + TORCH_CHECK + NLTK_CHECK),
+            "off": ({"GPTLOCAL_NO_AUTOREGISTER": "1"}, CHECK),
+            "old": ({"GPTLOCAL_TENSORBOARDX_TORCH": "1", "GPTLOCAL_NLTK_FULL": "1"},
+                    TORCH_CHECK + "print('NLTK', 'nltk' in sys.modules)\n")}
+    launches = {name: Launch(None, None, env, command=[sys.executable, "-c", code])
+                for name, (env, code) in runs.items()}
+    for launch in launches.values():
+        launch.result(timeout=300)
+    return launches
 
 
-def test_importing_mindformers_registers_the_plugin(default_start):
+@pytest.fixture(scope="module")
+def default_start(starts):
+    return starts["default"]
+
+
+def test_importing_mindformers_registers_the_plugin(default_start, starts):
     """The installed .pth hook imports the plugin right after mindformers; the env switch turns it off."""
     on = default_start
-    off = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True,
-                         env=source_env(GPTLOCAL_NO_AUTOREGISTER="1"))
+    off = starts["off"]
     assert "LOADED True True" in on.stdout, on.stdout + on.stderr
     assert "LOADED False False" in off.stdout, off.stdout + off.stderr
 
@@ -108,11 +121,8 @@ def test_planning_and_conversion_load_neither_mindspore_nor_mindformers():
 
 
 @pytest.fixture(scope="module")
-def old_behaviour():
-    """One interpreter with both of the hook's keep-the-old-import switches (tensorboardX with torch, nltk whole)."""
-    return subprocess.run([sys.executable, "-c", TORCH_CHECK + "print('NLTK', 'nltk' in sys.modules)\n"],
-                          capture_output=True, text=True,
-                          env=source_env(GPTLOCAL_TENSORBOARDX_TORCH="1", GPTLOCAL_NLTK_FULL="1"))
+def old_behaviour(starts):
+    return starts["old"]
 
 
 def test_mindformers_does_not_load_torch_through_tensorboardx(default_start, old_behaviour):

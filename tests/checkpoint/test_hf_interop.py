@@ -156,7 +156,7 @@ def _windows(path):
 def test_launcher_eval_and_finetune_from_converted_weights(corpus, tmp_path):
     """Eval perplexity through MindFormers equals HF's on the same tokens; finetune starts at HF's loss."""
     import re
-    from conftest import run_launcher, step_losses, tiny_yaml
+    from conftest import Launch, step_losses, tiny_yaml
     config = dict(vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     hf = save_hf(tmp_path / "hf", **config)
     hf_to_ms(str(tmp_path / "hf"), str(tmp_path / "ms"))
@@ -164,27 +164,33 @@ def test_launcher_eval_and_finetune_from_converted_weights(corpus, tmp_path):
                            model__model_config__hidden_size=64, model__model_config__num_hidden_layers=2,
                            model__model_config__num_attention_heads=4, model__model_config__intermediate_size=256)
 
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "ft").mkdir()
+    eval_yaml = tiny_yaml(tmp_path / "eval", "eval_gpt_local_tiny_cpu.yaml", corpus=corpus, eval_dataset__batch_size=1,
+                          **model_overrides)
+    ft_yaml = tiny_yaml(tmp_path / "ft", "finetune_gpt2_hf_cpu.yaml", corpus=corpus, runner_config__batch_size=4,
+                        train_dataset__batch_size=4, train_dataset__data_loader__shuffle=False,
+                        train_dataset__data_loader__num_samples=8, model__model_config__seq_length=64,
+                        **model_overrides)
+    # the two runs are independent: they overlap each other and the transformers references computed meanwhile
+    evaluation = Launch(["--config", eval_yaml, "--load_checkpoint", str(tmp_path / "ms")], cwd=str(tmp_path / "eval"))
+    finetune = Launch(["--config", ft_yaml, "--load_checkpoint", str(tmp_path / "ms"),
+                       "--pretrained_model_dir", str(tmp_path / "ms")], cwd=str(tmp_path / "ft"))
+
     inputs, labels = _windows(corpus["eval_mindrecord"])
     with torch.no_grad():
         logits = hf(torch.from_numpy(inputs).long()).logits
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), torch.from_numpy(labels).long().reshape(-1))
     hf_ppl = float(torch.exp(nll))
-    eval_yaml = tiny_yaml(tmp_path, "eval_gpt_local_tiny_cpu.yaml", corpus=corpus, eval_dataset__batch_size=1,
-                          **model_overrides)
-    code, out = run_launcher(["--config", eval_yaml, "--load_checkpoint", str(tmp_path / "ms")], cwd=str(tmp_path))
-    assert code == 0, out[-3000:]
-    ppl = float(re.search(r"'PPL': ([0-9.]+)", out).group(1))
-    assert abs(ppl - hf_ppl) <= 1e-4 * hf_ppl, (ppl, hf_ppl)
-
     train_inputs, train_labels = _windows(corpus["train_mindrecord"])
     with torch.no_grad():
         first = torch.nn.functional.cross_entropy(hf(torch.from_numpy(train_inputs[:4]).long()).logits.reshape(-1, 512),
                                                   torch.from_numpy(train_labels[:4]).long().reshape(-1))
-    ft_yaml = tiny_yaml(tmp_path, "finetune_gpt2_hf_cpu.yaml", corpus=corpus, runner_config__batch_size=4,
-                        train_dataset__batch_size=4, train_dataset__data_loader__shuffle=False,
-                        train_dataset__data_loader__num_samples=8, model__model_config__seq_length=64,
-                        **model_overrides)
-    code, out = run_launcher(["--config", ft_yaml, "--load_checkpoint", str(tmp_path / "ms"),
-                              "--pretrained_model_dir", str(tmp_path / "ms")], cwd=str(tmp_path))
+
+    code, out = evaluation.result()
+    assert code == 0, out[-3000:]
+    ppl = float(re.search(r"'PPL': ([0-9.]+)", out).group(1))
+    assert abs(ppl - hf_ppl) <= 1e-4 * hf_ppl, (ppl, hf_ppl)
+    code, out = finetune.result()
     assert code == 0, out[-3000:]
     assert abs(step_losses(out)[0] - float(first)) < 1e-3, (step_losses(out), float(first))

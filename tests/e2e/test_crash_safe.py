@@ -18,7 +18,7 @@ import pytest
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from mindformers_gptlocal.errors import CheckpointError
 from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint, resume_info
-from conftest import run_launcher, source_env, step_losses
+from conftest import Launch, source_env, step_losses
 from conftest import write_yaml
 
 STEPS = 40
@@ -91,13 +91,15 @@ def test_each_kill_leaves_a_complete_checkpoint(killed_run):
 
 def test_resume_after_kills_finishes_like_an_uninterrupted_run(killed_run, corpus, tmp_path):
     yaml_path, cwd, _, records = killed_run
-    code, out = run_launcher(["--config", yaml_path, "--resume_training", "True"], cwd=cwd)
+    reference_yaml = write_yaml(tmp_path, corpus, train_dataset__data_loader__num_samples=4 * STEPS)
+    resume = Launch(["--config", yaml_path, "--resume_training", "True"], cwd=cwd)
+    reference = Launch(["--config", reference_yaml], cwd=str(tmp_path))  # independent of the resume: they overlap
+    code, out = resume.result()
     assert code == 0, out[-3000:]
     resumed = step_losses(out)
     assert resumed and f"step {STEPS}/{STEPS}" in out, out[-3000:]
 
-    reference_yaml = write_yaml(tmp_path, corpus, train_dataset__data_loader__num_samples=4 * STEPS)
-    code, ref = run_launcher(["--config", reference_yaml], cwd=str(tmp_path))
+    code, ref = reference.result()
     assert code == 0, ref[-3000:]
     assert resumed == step_losses(ref)[-len(resumed):]
 

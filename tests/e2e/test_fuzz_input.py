@@ -3,7 +3,7 @@ one of our clear errors (a GPTLocalError; exit code 2 and one ``gpt_local: error
 launcher), never a raw traceback from deep inside MindSpore.
 
 The launcher's config loading and pre-flight run in this process for every mutation (fast); only
-mutations the pre-flight accepts are trained for real, in a subprocess (2 steps).
+mutations the pre-flight accepts are trained for real, in a subprocess (2 steps; two such runs at a time).
 """
 import os
 import random
@@ -15,7 +15,7 @@ import yaml
 
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.errors import GPTLocalError
-from conftest import run_launcher, tiny_yaml
+from conftest import Launch, tiny_yaml
 
 MUTATIONS = 25
 MAX_REAL_RUNS = int(os.environ.get("GPTLOCAL_FUZZ_REAL_RUNS", "5"))
@@ -125,6 +125,15 @@ def test_fuzzed_inputs_work_or_fail_clearly(tmp_path, corpus):
              "megatron_section": megatron["train_dataset"]}
     rng = random.Random(int(os.environ.get("GPTLOCAL_FUZZ_SEED", "1234")))  # other seeds explore more
     outcomes, failures, real_runs = [], [], 0
+    running = []  # (what, Launch): real runs under way, two at a time (independent: they overlap)
+
+    def finish(what, launch):
+        code, out = launch.result()
+        errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+        if code == 0 or (code == 2 and len(errors) == 1 and "Traceback" not in out):
+            outcomes.append((what, "trained" if code == 0 else "clear error at run", (errors or [""])[0][:100]))
+        else:
+            failures.append((what, out[-1500:]))
     for number in range(MUTATIONS):
         case = tmp_path / f"case{number}"
         case.mkdir()
@@ -151,12 +160,11 @@ def test_fuzzed_inputs_work_or_fail_clearly(tmp_path, corpus):
             outcomes.append((what, "accepted by pre-flight (not trained: run cap)", ""))
             continue
         real_runs += 1
-        code, out = run_launcher(["--config", yaml_path], cwd=str(case))
-        errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
-        if code == 0 or (code == 2 and len(errors) == 1 and "Traceback" not in out):
-            outcomes.append((what, "trained" if code == 0 else "clear error at run", (errors or [""])[0][:100]))
-        else:
-            failures.append((what, out[-1500:]))
+        if len(running) == 2:
+            finish(*running.pop(0))
+        running.append((what, Launch(["--config", yaml_path], cwd=str(case))))
+    for what, launch in running:
+        finish(what, launch)
     print("\n[fuzz] outcomes:")
     for item in outcomes + [(w, "FAILED", "") for w, _ in failures]:
         print("  ", item)

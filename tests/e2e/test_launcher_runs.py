@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import REPO, TRAINED_STEPS, run_launcher, source_env, step_losses, tiny_yaml
+from conftest import REPO, TRAINED_STEPS, Launch, run_launcher, source_env, step_losses, tiny_yaml
 
 STEPS = TRAINED_STEPS  # conftest.tiny_trained_run: one 20-step launch shared with test_optim
 
@@ -38,22 +38,39 @@ def test_train_loss_decreases_and_writes_model_dir(trained):
 
 def test_eval_reports_perplexity_lower_than_untrained(trained, corpus, tmp_path):
     _, model_dir = trained
-    yaml_path = tiny_yaml(tmp_path, "eval_gpt_local_tiny_cpu.yaml", corpus=corpus)
-    code, untrained = run_launcher(["--config", yaml_path], cwd=str(tmp_path))
-    assert code == 0, untrained[-3000:]
-    code, after = run_launcher(["--config", yaml_path, "--load_checkpoint", model_dir], cwd=str(tmp_path))
-    assert code == 0, after[-3000:]
-    ppl = [float(re.search(r"'PPL': ([0-9.]+)", text).group(1)) for text in (untrained, after)]
+    launches = []
+    for folder, flags in (("untrained", []), ("trained", ["--load_checkpoint", model_dir])):
+        (tmp_path / folder).mkdir()
+        yaml_path = tiny_yaml(tmp_path / folder, "eval_gpt_local_tiny_cpu.yaml", corpus=corpus)
+        launches.append(Launch(["--config", yaml_path, *flags], cwd=str(tmp_path / folder)))  # the two overlap
+    texts = []
+    for launch in launches:
+        code, text = launch.result()
+        assert code == 0, text[-3000:]
+        texts.append(text)
+    ppl = [float(re.search(r"'PPL': ([0-9.]+)", text).group(1)) for text in texts]
     assert ppl[0] > 400  # random init over a 512-token vocabulary
     assert ppl[1] < 0.7 * ppl[0], ppl
 
 
-def test_predict_returns_text(trained, corpus, tmp_path):
+@pytest.fixture(scope="module")
+def from_trained(trained, corpus, tmp_path_factory):
+    """The predict run and the finetune run (8 steps) from the trained model directory, started at once
+    (independent: they overlap); {"predict": Launch, "finetune": Launch}."""
     _, model_dir = trained
-    yaml_path = tiny_yaml(tmp_path, "predict_gpt_local_tiny_cpu.yaml", corpus=corpus,
-                          pretrained_model_dir=model_dir, generation_config__max_new_tokens=8)
-    code, out = run_launcher(["--config", yaml_path, "--load_checkpoint", model_dir,
-                              "--predict_data", "def main(", "--predict_batch_size", "1"], cwd=str(tmp_path))
+    predict_dir, finetune_dir = tmp_path_factory.mktemp("predict"), tmp_path_factory.mktemp("finetune")
+    predict_yaml = tiny_yaml(predict_dir, "predict_gpt_local_tiny_cpu.yaml", corpus=corpus,
+                             pretrained_model_dir=model_dir, generation_config__max_new_tokens=8)
+    finetune_yaml = tiny_yaml(finetune_dir, "finetune_gpt_local_tiny_cpu.yaml", corpus=corpus,
+                              train_dataset__data_loader__num_samples=8)
+    _set_print_every_step(finetune_yaml)
+    return {"predict": Launch(["--config", predict_yaml, "--load_checkpoint", model_dir, "--predict_data",
+                               "def main(", "--predict_batch_size", "1"], cwd=str(predict_dir)),
+            "finetune": Launch(["--config", finetune_yaml, "--load_checkpoint", model_dir], cwd=str(finetune_dir))}
+
+
+def test_predict_returns_text(from_trained):
+    code, out = from_trained["predict"].result()
     assert code == 0, out[-3000:]
     texts = [json.loads(t) for t in re.findall(r"\[gpt_local\] generated: (.*)", out)]
     assert len(texts) == 1 and texts[0].startswith("def main(") and len(texts[0]) > len("def main(")
@@ -101,15 +118,12 @@ def test_register_path_route_without_autoregistration(corpus, tmp_path):
     assert "TRAINED True" in out
 
 
-def test_finetune_starts_from_loaded_weights(trained, corpus, tmp_path):
+def test_finetune_starts_from_loaded_weights(trained, from_trained):
     """run_mode finetune with load_checkpoint = a model directory: the first loss is the trained model's,
     not a fresh model's (ln 512 = 6.24)."""
-    out, model_dir = trained
+    out, _ = trained
     trained_last = step_losses(out)[-1]
-    yaml_path = tiny_yaml(tmp_path, "finetune_gpt_local_tiny_cpu.yaml", corpus=corpus,
-                          train_dataset__data_loader__num_samples=8)
-    _set_print_every_step(yaml_path)
-    code, text = run_launcher(["--config", yaml_path, "--load_checkpoint", model_dir], cwd=str(tmp_path))
+    code, text = from_trained["finetune"].result()
     assert code == 0, text[-3000:]
     first = step_losses(text)[0]
     assert first < 6.0 and abs(first - trained_last) < 0.6, (first, trained_last)

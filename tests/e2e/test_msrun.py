@@ -5,9 +5,10 @@ batch 2 see, at every step, exactly the 4 samples a single process with batch 4 
 ``gradients_mean`` the averaged gradient equals the single process's, so the mean of the two
 workers' losses must follow the single-process loss curve step by step.
 
-Resume and crash safety with two processes: a run stopped at step N and resumed, and a run whose
-worker 1 is SIGKILLed (during a save, which is slowed down), both finish with each worker's losses
-equal to the uninterrupted two-process run's, bit for bit.
+Resume and crash safety with two processes, in one chain of launches: a run stopped at step N is
+resumed, that resumed run has its worker 1 SIGKILLed (during a save, which is slowed down), and the run
+resumed after the kill finishes; every stretch has each worker's losses equal to the uninterrupted
+two-process run's, bit for bit.
 """
 import glob
 import os
@@ -23,6 +24,7 @@ from conftest import REPO, run_launcher, source_env, step_losses, tiny_yaml
 from mindformers_gptlocal import yaml_io
 
 STEPS = 8
+STOP = 3  # the stopped run's last step
 GLOBAL_BATCH = 4
 
 
@@ -101,18 +103,6 @@ def test_two_process_data_parallel_matches_single_process_and_exports(corpus, tm
     assert model.config.hidden_size == 64
 
 
-def test_two_process_run_stopped_and_resumed_is_exact(corpus, tmp_path, dp_reference):
-    _, reference = dp_reference
-    yaml_path = _dp_yaml(tmp_path, corpus)
-    first = _msrun(tmp_path, yaml_path, "first", "--runner_config.stop_step", str(STEPS // 2))
-    assert first == [losses[:STEPS // 2] for losses in reference]
-    second = _msrun(tmp_path, yaml_path, "second", "--resume_training", "True")
-    assert second == [losses[STEPS // 2:] for losses in reference]
-    for rank in (0, 1):
-        assert f"rank {rank} resumes from step {STEPS // 2}" in open(
-            tmp_path / "msrun_log_second" / f"worker_{rank}.log").read()
-
-
 def _worker_pids(yaml_path):
     """{rank: pid} of the msrun workers running ``yaml_path`` (rank from the environment msrun gives them)."""
     pids = {}
@@ -130,19 +120,26 @@ def _worker_pids(yaml_path):
     return pids
 
 
-def test_sigkill_of_one_worker_during_a_save_resumes_both_ranks_at_one_step(corpus, tmp_path, dp_reference):
+def test_stopped_resumed_then_killed_during_a_save_resumes_both_ranks_exactly(corpus, tmp_path, dp_reference):
+    """One chain of three launches (it was two tests of two launches each): a run stopped at step STOP; its resume
+    (announced on each rank at step STOP, its losses the reference's) has worker 1 SIGKILLed during a slowed-down
+    save; the run resumed after the kill (from the newest step both ranks share) finishes like the reference."""
     from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
     _, reference = dp_reference
     yaml_path = _dp_yaml(tmp_path, corpus)
+    first = _msrun(tmp_path, yaml_path, "first", "--runner_config.stop_step", str(STOP))
+    assert first == [losses[:STOP] for losses in reference]
+
     log_dir = tmp_path / "msrun_log_killed"
-    proc = subprocess.Popen(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", yaml_path],
+    proc = subprocess.Popen(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", yaml_path,
+                             "--resume_training", "True"],
                             cwd=str(tmp_path), env=_msrun_env(tmp_path, "killed", GPTLOCAL_TEST_SAVE_DELAY="0.5"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:  # until worker 1 has saved twice
+        while time.time() < deadline and proc.poll() is None:  # until worker 1 has saved once since the resume
             log = log_dir / "worker_1.log"
-            if log.exists() and len(step_losses(log.read_text())) >= 3:
+            if log.exists() and len(step_losses(log.read_text())) >= 2:
                 break
             time.sleep(0.2)
         time.sleep(0.25)  # inside the next slowed-down save
@@ -159,7 +156,12 @@ def test_sigkill_of_one_worker_during_a_save_resumes_both_ranks_at_one_step(corp
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    resumed_first = _worker_losses(tmp_path, "killed")
+    assert len(resumed_first[1]) >= 2, resumed_first
+    for rank in (0, 1):  # the resumed run, up to the kill: announced at step STOP, the reference's losses
+        assert f"rank {rank} resumes from step {STOP}" in open(log_dir / f"worker_{rank}.log").read()
+        assert resumed_first[rank] == reference[rank][STOP:STOP + len(resumed_first[rank])], (rank, resumed_first)
     name, step, _ = common_rank_checkpoint(str(tmp_path / "output" / "checkpoint"), 0, log=print)
-    assert 1 <= step < STEPS, step
+    assert STOP < step < STEPS, step
     resumed = _msrun(tmp_path, yaml_path, "resumed", "--resume_training", "True")
     assert resumed == [losses[step:] for losses in reference], (step, resumed, reference)

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from mindformers_gptlocal import yaml_io
-from conftest import TINY, run_launcher, step_losses, tiny_yaml
+from conftest import TINY, Launch, run_launcher, step_losses, tiny_yaml
 
 STEPS = 4
 WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta"]
@@ -59,11 +59,27 @@ def _shipped_yaml(tmp_path, name, base, **changes):
     return yaml_io.dump_yaml(config, path)
 
 
-def _assert_resumes(tmp_path, name, base, **changes):
+RUNS = {"lora": ("finetune_gpt_local_tiny_sft_lora_cpu.yaml", dict(model__model_config__pet_config__lora_dropout=0.0)),
+        "sft": ("finetune_gpt_local_tiny_sft_cpu.yaml", {})}
+
+
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory, base):
+    """Both shipped YAMLs' 4-step runs, started at once (independent: they overlap); {key: (folder, yaml, Launch)}."""
+    runs = {}
+    for key, (name, changes) in RUNS.items():
+        folder = tmp_path_factory.mktemp(f"shipped_{key}")
+        (folder / "full").mkdir()
+        path = _shipped_yaml(folder / "full", name, base, **changes)
+        runs[key] = folder, path, Launch(["--config", path, "--runner_config.stop_step", str(STEPS)],
+                                         cwd=str(folder / "full"))
+    return runs
+
+
+def _assert_resumes(full_runs, key):
     from mindformers_gptlocal.checkpoint import manifest
-    (tmp_path / "full").mkdir()
-    path = _shipped_yaml(tmp_path / "full", name, base, **changes)
-    code, out = run_launcher(["--config", path, "--runner_config.stop_step", str(STEPS)], cwd=str(tmp_path / "full"))
+    tmp_path, path, launch = full_runs[key]
+    code, out = launch.result()
     assert code == 0, out[-3000:]
     reference = step_losses(out)
     assert len(reference) == STEPS, out[-3000:]
@@ -78,9 +94,14 @@ def _assert_resumes(tmp_path, name, base, **changes):
     assert step_losses(resumed) == reference[2:], (step_losses(resumed), reference)
 
 
+<<<<<<< HEAD
 def test_shipped_lora_yaml_writes_checkpoints_and_resumes_exactly(tmp_path, base):
     _assert_resumes(tmp_path, "finetune_gpt_local_tiny_sft_lora_cpu.yaml", base)
+=======
+def test_shipped_lora_yaml_writes_checkpoints_and_resumes_exactly(full_runs):
+    _assert_resumes(full_runs, "lora")
+>>>>>>> suite
 
 
-def test_shipped_sft_yaml_writes_checkpoints_and_resumes_exactly(tmp_path, base):
-    _assert_resumes(tmp_path, "finetune_gpt_local_tiny_sft_cpu.yaml", base)
+def test_shipped_sft_yaml_writes_checkpoints_and_resumes_exactly(full_runs):
+    _assert_resumes(full_runs, "sft")

@@ -45,9 +45,9 @@ def ids():
 
 def test_run_trains_only_the_adapters_with_layerdrop_and_resumes_exactly(tmp_path, corpus, base_dir):
     """A finetune YAML with pet_type adapter and layerdrop 0.3: the log states the trainable count; the base
-    weights are bit-identical afterwards, the up-projections moved off zero, the loss fell; a run stopped at
-    step N and resumed from its checkpoint repeats the uninterrupted run's losses bit for bit (the adapters
-    and the LayerDrop counter resume)."""
+    weights are bit-identical afterwards, the up-projections moved off zero, the loss fell; a new run resumed
+    from its step-N checkpoint repeats the uninterrupted run's losses bit for bit (the adapters and the LayerDrop
+    counter resume; conftest.finetune_resumes_exactly)."""
     steps = 8
     run = finetune_resumes_exactly(tmp_path, corpus, steps, steps // 2,
                                    train_dataset__data_loader__num_samples=4 * steps,

@@ -48,9 +48,9 @@ def lora_yaml_changes(base, **pet):
 
 def test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly(tmp_path, corpus, base_dir):
     """The YAML of the issue trains; the log states the count and share; base weights are bit-identical
-    afterwards; the adapters moved and the loss fell; the checkpoints hold the adapters, and a run stopped
-    at step N and resumed from them (``--resume_training True --load_checkpoint output/checkpoint``)
-    repeats the uninterrupted run's losses bit for bit (the pattern of tests/e2e/test_resume.py)."""
+    afterwards; the adapters moved and the loss fell; the checkpoints hold the adapters, and a new run
+    resumed from the step-N one (``--resume_training <file> --load_checkpoint output/checkpoint``) repeats
+    the uninterrupted run's losses bit for bit (conftest.finetune_resumes_exactly)."""
     steps = 12  # lora_dropout 0.1: its masks come from the model's forward counter, saved in the checkpoints
     run = finetune_resumes_exactly(tmp_path, corpus, steps, steps // 2,
                                    train_dataset__data_loader__num_samples=4 * steps,

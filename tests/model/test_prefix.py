@@ -312,8 +312,8 @@ def test_prefix_dropout_is_counter_based():
 
 
 def test_prefix_dropout_run_resumes_exactly(tmp_path, corpus):
-    """A P-Tuning v2 run with dropout_prob 0.2 stopped at step 3 and resumed from its checkpoint
-    (``--resume_training True``) repeats the uninterrupted 6-step run's losses bit for bit (the pattern of
+    """A new run resumed from the step-3 checkpoint of a 6-step P-Tuning v2 run with dropout_prob 0.2
+    (``--resume_training <file>``) repeats the uninterrupted run's losses bit for bit (the pattern of
     test_lora.py's resume test): the prefix's dropout masks follow the saved forward counter."""
     from conftest import finetune_resumes_exactly, save_tiny_base
     steps, half = 6, 3
