@@ -23,6 +23,7 @@ up to ``CACHE_BUCKET`` rows so nearby lengths share one compiled graph.
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
+from mindspore.common.initializer import Zero
 
 from .buckets import bucket_of, width_buckets
 from .attention import MASK_VALUE
@@ -195,7 +196,6 @@ def zeros(shape, dtype):
     never written stay unmapped, so a cache costs RSS for the rows its sequences reach, not for its full size
     (reads of unwritten rows see zeros without mapping memory). ``Tensor(np.zeros(shape), dtype)`` writes every
     byte (a float64 array converted)."""
-    from mindspore.common.initializer import Zero
     return Tensor(shape=shape, dtype=dtype, init=Zero())
 
 
