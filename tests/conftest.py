@@ -175,12 +175,12 @@ def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monito
 
 def save_tiny_base(path, corpus, seed, **changes):
     """A tiny gpt_local model directory at ``path`` (TINY with ``changes``, random weights from ``seed``, the corpus
-    tokenizer) to finetune from; returns the path as a string."""
+    tokenizer, or none with ``corpus`` None) to finetune or serve from; returns the path as a string."""
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
     ms.set_seed(seed)
-    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes))).save_pretrained(str(path),
-                                                                               tokenizer_dir=corpus["model_dir"])
+    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes))).save_pretrained(
+        str(path), tokenizer_dir=None if corpus is None else corpus["model_dir"])
     return str(path)
 
 

@@ -6,7 +6,7 @@ while the others decode."""
 import numpy as np
 import pytest
 
-from conftest import TINY
+from conftest import TINY, save_tiny_base
 
 CONTEXT = TINY["max_position_embeddings"]  # 64
 
@@ -15,11 +15,8 @@ CONTEXT = TINY["max_position_embeddings"]  # 64
 def engine(tmp_path_factory):
     """A tiny model served by an Engine driven from this thread (no worker thread, no HTTP)."""
     import mindspore as ms
-    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
     from mindformers_gptlocal.serve.scheduler import Engine
-    out = str(tmp_path_factory.mktemp("chunks") / "tiny")
-    ms.set_seed(0)
-    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out)
+    out = save_tiny_base(tmp_path_factory.mktemp("chunks") / "tiny", None, 0)
     engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[4],
                     warmup_tokens=64)  # the 4 x 64 refill compiles on its first use
     engine.chunked = True  # opt-in (GPTLOCAL_SERVE_GREEDY_STEPS=1): compiled at warm-up

@@ -5,7 +5,7 @@ waits for a slot and joins while the others decode, a seeded sampled request."""
 import numpy as np
 import pytest
 
-from conftest import TINY
+from conftest import TINY, save_tiny_base
 
 CONTEXT = TINY["max_position_embeddings"]  # 64
 
@@ -14,11 +14,8 @@ CONTEXT = TINY["max_position_embeddings"]  # 64
 def engine(tmp_path_factory):
     """An Engine on a tiny model driven from this thread: prefill calls of at most 32 tokens."""
     import mindspore as ms
-    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
     from mindformers_gptlocal.serve.scheduler import Engine
-    out = str(tmp_path_factory.mktemp("prefill") / "tiny")
-    ms.set_seed(0)
-    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out)
+    out = save_tiny_base(tmp_path_factory.mktemp("prefill") / "tiny", None, 0)
     engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[1, 2, 4],
                     prefill_tokens=32)
     try:
