@@ -220,7 +220,7 @@ def torch_gemm_gflops(n=2048, repeats=7):
     import torch
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    best = min(timed(lambda: a @ b) for _ in range(repeats))
     return 2 * n ** 3 / best / 1e9
 
 
@@ -228,27 +228,33 @@ def mindspore_gemm_gflops(n=2048, repeats=7):
     """fp32 GEMM peak through MindSpore's MatMul in a compiled graph: best of ``repeats`` n^3 products."""
     import numpy as np
     import mindspore as ms
-    from mindspore import nn, ops
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-
-    class _MatMul(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.matmul = ops.MatMul()
-
-        def construct(self, x, y):
-            return self.matmul(x, y)
-
-    net = _MatMul()
+    net = mindspore_matmul()
     rng = np.random.default_rng(0)
     a = ms.Tensor(rng.standard_normal((n, n), dtype=np.float32))
     b = ms.Tensor(rng.standard_normal((n, n), dtype=np.float32))
     net(a, b).asnumpy()
-    best = min(_timed(lambda: net(a, b).asnumpy()) for _ in range(repeats))
+    best = min(timed(lambda: net(a, b).asnumpy()) for _ in range(repeats))
     return 2 * n ** 3 / best / 1e9
 
 
-def _timed(fn):
+def mindspore_matmul(transpose_a=False, transpose_b=False):
+    """A GRAPH-mode Cell of one MindSpore MatMul with these transposes (imports MindSpore only when called)."""
+    from mindspore import nn, ops
+
+    class _MatMul(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.matmul = ops.MatMul(transpose_a=transpose_a, transpose_b=transpose_b)
+
+        def construct(self, x, y):
+            return self.matmul(x, y)
+
+    return _MatMul()
+
+
+def timed(fn):
+    """Seconds one call of ``fn`` takes."""
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

@@ -215,17 +215,12 @@ def model_worker(spec, rounds, threads):
         start = time.perf_counter()
         step()
         compile_s[side] = time.perf_counter() - start
-    times = C.alternate(("kernel", "plain"), rounds, lambda side, _index: _timed(steps[side]))
+    times = C.alternate(("kernel", "plain"), rounds, lambda side, _index: C.timed(steps[side]))
     tokens = s["batch"] * s["seq"]
     C.emit(dict(env=env, runtime_threads=runtime, spec=spec, first_step_s=compile_s,
                 tokens_per_s={side: tokens / C.median(t) for side, t in times.items()},
                 step_ms={side: [1000 * x for x in t] for side, t in times.items()}))
 
-
-def _timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def main(argv=None):

@@ -10,7 +10,7 @@ Per Linear ``y = x W^T`` (x [T, in], W [out, in], T = batch x seq) the step runs
 same three products: ``x @ W.t()``, ``dY @ W``, ``dY.t() @ X``). The Linears are qkv [3H, H], proj [H, H], fc1 [4H, H]
 and fc2 [H, 4H] per layer and the tied output head [V, H] once. Each GEMM is a compiled GRAPH-mode Cell of that one
 MatMul (MindSpore) and the same product on torch tensors (transposes as views, as autograd passes them); the
-probe is ``_common``'s square n = 2048 GEMM of each framework, timed in the same rounds; the same-shape probe is
+probe is a square n = 2048 GEMM of each framework (``--probe``), timed in the same rounds; the same-shape probe is
 MindSpore's plain ``MatMul(A [M, K], B [K, N])`` (no transpose) at the GEMM's own M, N, K, so "form / plain" says
 what the transposed operand costs at that shape. Reported per GEMM: the best time of ``--rounds`` (each round
 calls each side ``--calls`` times back to back), GFLOP/s, its fraction of its framework's square probe, MindSpore
@@ -21,11 +21,11 @@ the GFLOP/s.
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import SHAPES, cpu_model  # noqa: E402  (benchmarks/ is not a package)
+import _common as C  # noqa: E402  (benchmarks/ is not a package; imports neither MindSpore nor PyTorch)
+from _common import SHAPES  # noqa: E402
 
 
 def gemms(shape, batch, seq):
@@ -51,17 +51,7 @@ def operands(m, n, k, form, rng):
 
 def mindspore_fn(form, a, b):
     import mindspore as ms
-    from mindspore import nn, ops
-
-    class _MatMul(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.matmul = ops.MatMul(transpose_a=form == "tn", transpose_b=form == "nt")
-
-        def construct(self, x, y):
-            return self.matmul(x, y)
-
-    net, x, y = _MatMul(), ms.Tensor(a), ms.Tensor(b)
+    net, x, y = C.mindspore_matmul(transpose_a=form == "tn", transpose_b=form == "nt"), ms.Tensor(a), ms.Tensor(b)
     net(x, y).asnumpy()  # compile
     return lambda: net(x, y).asnumpy()
 
@@ -76,12 +66,6 @@ def torch_fn(form, a, b):
     return lambda: torch.matmul(x, y).numpy()
 
 
-def best_of(fn, rounds_times):
-    start = time.perf_counter()
-    fn()
-    rounds_times.append(time.perf_counter() - start)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -92,15 +76,14 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--probe", type=int, default=2048, help="the square probe's n")
     args = parser.parse_args()
+    os.environ.update({k: str(args.threads) for k in C.THREAD_VARS})  # this process is the worker
+    C.check_threads(args.threads, "train_gemms")
+    print(C.machine_line(args.threads), flush=True)
     import numpy as np
     import mindspore as ms
-    import torch
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
-    torch.set_num_threads(args.threads)
-    load = os.getloadavg()[0]
-    print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, 1-min load {load:.1f}; MindSpore "
-          f"runtime_num_threads={args.threads}, torch threads={torch.get_num_threads()}"
-          + ("  BUSY MACHINE: ratios only, indicative" if load > 0.5 * os.cpu_count() else ""), flush=True)
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    print(f"MindSpore runtime_num_threads={C.mindspore_threads(args.threads, 'train_gemms')}, torch threads="
+          f"{C.torch_threads(args.threads, 'train_gemms')}", flush=True)
     rng = np.random.default_rng(0)
     rows = gemms(args.shape, args.batch, args.seq)
     n = args.probe
@@ -119,7 +102,7 @@ def main():
             sides = list(fns[name]) if index % 2 == 0 else list(fns[name])[::-1]
             for side in sides:
                 for _ in range(args.calls):
-                    best_of(fns[name][side], times[name][side])
+                    times[name][side].append(C.timed(fns[name][side]))
     best = {name: {side: min(values) for side, values in sides.items()} for name, sides in times.items()}
     probe = {side: 2 * n ** 3 / best[cases[0][0]][side] / 1e9 for side in ("mindspore", "torch")}
     print(f"shape {args.shape} {args.batch} x {args.seq}, {args.rounds} rounds x {args.calls} calls, load at the end "
