@@ -84,10 +84,25 @@ def mindspore_threads(threads, who):
 
 
 # ---------------------------------------------------------------------------------------------- memory
+def status_mb(*fields):
+    """{field: MB} of this process's ``/proc/self/status`` memory fields (VmRSS, VmHWM, RssAnon, RssFile...)."""
+    found = {}
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            key = line.split(":")[0]
+            if key in fields:
+                found[key] = int(line.split()[1]) / 1024
+    return found
+
+
 def vm_hwm_mb():
     """This process's peak RSS: VmHWM (exec resets it; ``ru_maxrss`` would carry the parent's at fork)."""
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+    return status_mb("VmHWM")["VmHWM"]
+
+
+def rss_mb():
+    """This process's resident memory now: VmRSS."""
+    return status_mb("VmRSS")["VmRSS"]
 
 
 def reset_peak():
@@ -118,9 +133,8 @@ class Phases:
         def phase():
             self.resets = reset_peak() and self.resets
             yield
-            self.peaks[name] = vm_hwm_mb()
-            with open("/proc/self/status", encoding="ascii") as status:
-                self.after[name] = next(int(x.split()[1]) / 1024 for x in status if x.startswith("VmRSS:"))
+            now = status_mb("VmHWM", "VmRSS")
+            self.peaks[name], self.after[name] = now["VmHWM"], now["VmRSS"]
         return phase()
 
     def peak(self, names=None):

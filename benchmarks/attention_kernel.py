@@ -25,33 +25,19 @@ SIDES = ("plain", "blockwise", "kernel", "kernel_loops", "torch_sdpa")
 BLOCK = 256
 
 
-def _rss_mb(field):
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith(field + ":"))
-
-
-def _reset_peak():
-    """Reset VmHWM to the current RSS (Linux: clear_refs 5), so the peak that follows is the step's own."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
-            refs.write("5")
-    except OSError:
-        pass
-    return _rss_mb("VmRSS")
-
-
 def _timings(step, steps, memory):
     """Step seconds after one warm-up call (the compile); ``memory['step_peak_mb']``: the peak RSS from the
     warm-up on, above the RSS before it (MindSpore's memory pool keeps what the first call took, so the
     peak is reached there: the working memory of one forward + backward, with the small compile)."""
-    base = _reset_peak()
+    C.reset_peak()  # the peak that follows is the step's own
+    base = C.rss_mb()
     step()  # compile / warm up
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    memory["step_peak_mb"] = _rss_mb("VmHWM") - base
+    memory["step_peak_mb"] = C.vm_hwm_mb() - base
     return times
 
 

@@ -29,17 +29,6 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT = 32
 
 
-def status_mb():
-    """VmRSS, VmHWM, RssAnon, RssFile from /proc/self/status, MB."""
-    found = {}
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            key = line.split(":")[0]
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-                found[key] = int(line.split()[1]) / 1024
-    return found
-
-
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -65,7 +54,7 @@ def pool_mb():
 
 
 def snapshot(label, rows):
-    row = {"phase": label, **status_mb(), **glibc_mb(), **pool_mb()}
+    row = {"phase": label, **C.status_mb("VmRSS", "VmHWM", "RssAnon", "RssFile"), **glibc_mb(), **pool_mb()}
     rows.append(row)
     print(json.dumps(row), flush=True)
 

@@ -21,11 +21,6 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT = 32
 
 
-def rss_mb():
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
@@ -54,10 +49,10 @@ def main():
     engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT])
     engine.chunked = True  # opt-in in the server (GPTLOCAL_SERVE_GREEDY_STEPS=1); compiled at warm-up here
     engine._load()
-    loaded = rss_mb()
+    loaded = C.rss_mb()
     engine.warm_up()
     engine.ready.set()
-    print(f"VmRSS after load {loaded:.0f} MB, after warm-up {rss_mb():.0f} MB; warm-up {engine.warmup_seconds:.1f} s; "
+    print(f"VmRSS after load {loaded:.0f} MB, after warm-up {C.rss_mb():.0f} MB; warm-up {engine.warmup_seconds:.1f} s; "
           f"chunk k = {engine.cache.decode_steps}", flush=True)
     calls = []
     step, chunk = engine.cache.step, engine._greedy_chunk
