@@ -39,6 +39,7 @@ from ..errors import ConfigError, DataError
 from ..model.buckets import bucket_of, length_bucket, width_buckets
 from ..generation.loop import is_greedy, resolve_options
 from ..host_memory import release_freed_heap
+from ..kernels.build import user_cache
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
@@ -148,8 +149,7 @@ def _source_digest():
 def compile_cache_root():
     """The default folder of the scorer's compile cache: ``$XDG_CACHE_HOME/mindformers_gptlocal/compile`` (else
     ``~/.cache/...``), beside the kernels' builds."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mindformers_gptlocal", "compile")
+    return user_cache("compile")
 
 
 class ScorerCompileCache:

@@ -61,13 +61,19 @@ def warn_once(off, reason):
     sys.stderr.flush()
 
 
+def user_cache(name):
+    """gpt_local's per-user cache folder ``name``: ``$XDG_CACHE_HOME/mindformers_gptlocal/<name>`` (else
+    ``~/.cache/...``); the kernels' builds and the eval compile cache live there."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mindformers_gptlocal", name)
+
+
 def cache_root():
     """The folder the per-key builds live under."""
     explicit = os.environ.get("GPTLOCAL_KERNEL_CACHE")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mindformers_gptlocal", "kernels")
+    return user_cache("kernels")
 
 
 def compiler():
