@@ -78,8 +78,9 @@ def worker(args):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
     from mindformers_gptlocal.serve.scheduler import Engine, Request
     snapshot("import", rows)
+    batches = [int(b) for b in args.batch_buckets.split(",")] if args.batch_buckets else None
     engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT],
-                    prefill_tokens=args.max_prefill_tokens)
+                    prefill_tokens=args.max_prefill_tokens, batch_buckets=batches)
     engine._load()
     snapshot("load + cache", rows)
     cache = engine.cache
@@ -124,22 +125,28 @@ def main():
     parser.add_argument("--bursts", type=int, default=2)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--max-prefill-tokens", type=int, default=None, help="as gptlocal serve's (default its own)")
-    parser.add_argument("--compare", help="comma-separated settings, one worker each: VAR=VALUE (an environment "
-                        "variable) or --max-prefill-tokens=N")
+    parser.add_argument("--batch-buckets", default=None, help="as gptlocal serve's (comma-separated; default its own)")
+    parser.add_argument("--compare", help="settings, one worker each, separated by ';' (or ',' where no setting "
+                        "holds one); a setting is space-separated VAR=VALUE (an environment variable) or "
+                        "--max-prefill-tokens=N / --batch-buckets=1,16 items")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     if args.worker or not args.compare:
         return worker(args)
     print(C.machine_line(args.threads), flush=True)
     found = {}
-    for setting in args.compare.split(","):
-        key, _, value = setting.partition("=")
-        flag = [key, value] if key.startswith("--") else []
+    for setting in args.compare.split(";" if ";" in args.compare else ","):
+        flags, env = [], {}
+        for item in setting.split():
+            key, _, value = item.partition("=")
+            if key.startswith("--"):
+                flags += [key, value]
+            else:
+                env[key] = value
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--shape", args.shape,
                               "--new", str(args.new), "--clients", str(args.clients), "--bursts", str(args.bursts),
-                              "--threads", str(args.threads), *flag],
-                             env=C.worker_env(args.threads, **({} if flag else {key: value})), capture_output=True,
-                             text=True)
+                              "--threads", str(args.threads), *flags],
+                             env=C.worker_env(args.threads, **env), capture_output=True, text=True)
         line = next((x for x in out.stdout.splitlines() if x.startswith(C.WORKER_TAG)), None)
         if line is None:
             raise SystemExit(f"{setting}: worker failed\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")

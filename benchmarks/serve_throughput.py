@@ -48,10 +48,13 @@ def report_threads(side, threads):
 def ours_server(model_dir, port, batch, threads, variant=None):
     """``variant`` "plain": every shape compiled at start (no --warmup-tokens threshold), as before issue 25
     item 5; "chunks": greedy chunks on (GPTLOCAL_SERVE_GREEDY_STEPS=1); "refill": prompts join the decode call
-    (--max-prefill-tokens 0, before issue 25 item 4's prefill calls)."""
+    (--max-prefill-tokens 0, before issue 25 item 4's prefill calls); "wide": the defaults before the lean ones
+    (--batch-buckets 1,4,16 --max-prefill-tokens 128: 4 x 32 prefills and a 4-row decode graph)."""
     os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal serve` in its own process: no MindFormers
     plain = variant == "plain"
     refill = ["--max-prefill-tokens", "0"] if variant in ("refill", "plain") else []
+    if variant == "wide":
+        refill = ["--batch-buckets", "1,4,16", "--max-prefill-tokens", "128"]
     os.environ["GPTLOCAL_SERVE_GREEDY_STEPS"] = "1" if variant == "chunks" else "0"
     report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
@@ -174,9 +177,10 @@ def main():
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (every shape compiled at start: "
                         "as before issue 25 item 5), ours-chunks (greedy chunks on), ours-refill (prompts join the "
-                        "decode call: --max-prefill-tokens 0), hf")
+                        "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch buckets 1,4,16, "
+                        "--max-prefill-tokens 128), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
-    parser.add_argument("--variant", choices=("plain", "chunks", "refill"),
+    parser.add_argument("--variant", choices=("plain", "chunks", "refill", "wide"),
                         help="(with --ours-server) ours-plain / ours-chunks / ours-refill")
     parser.add_argument("--hf-server", metavar="DIR")
     parser.add_argument("--port", type=int)
@@ -252,7 +256,8 @@ def main():
         rss_hf = f"{r['rss'] / hf['rss']:.2f}x" if hf else "-"
         server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, all shapes at start",
                   "ours-chunks": "gptlocal serve, greedy chunks",
-                  "ours-refill": "gptlocal serve, refills (--max-prefill-tokens 0)"}.get(r["side"], "HF generate")
+                  "ours-refill": "gptlocal serve, refills (--max-prefill-tokens 0)",
+                  "ours-wide": "gptlocal serve, buckets 1,4,16, --max-prefill-tokens 128"}.get(r["side"], "HF generate")
         print(f"| {r['shape']} | {server} | {r['clients']} | "
               f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | "
               f"{ratio} | {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")

@@ -351,15 +351,15 @@ def serve_parser():
     parser.add_argument("--prompt-buckets", default=None,
                         help="comma-separated prompt widths to compile (default: 16, 32, 64, ... up to the context)")
     parser.add_argument("--batch-buckets", default=None,
-                        help="comma-separated batch sizes to compile (default: 1, 4, 16, ... up to --max-batch-size)")
+                        help="comma-separated batch sizes to compile (default: 1, 16, 256, ... up to --max-batch-size)")
     parser.add_argument("--warmup-tokens", type=int, default=512,
                         help="compile at start-up only the shapes of up to this many tokens (batch x width); larger "
                              "refill shapes compile when first needed, pausing the running requests for it "
                              "(default 512; a large value compiles everything at start)")
-    parser.add_argument("--max-prefill-tokens", type=int, default=128,
+    parser.add_argument("--max-prefill-tokens", type=int, default=32,
                         help="tokens per prefill call (batch x width): arriving prompts are prefilled apart from "
                              "the decoding rows, in chunks of at most this many tokens, so no prompt shape of the "
-                             "full batch is compiled (default 128; 0: prompts join the decode call of every busy "
+                             "full batch is compiled (default 32; 0: prompts join the decode call of every busy "
                              "slot, one refill shape per batch bucket, as before; docs/serving.md)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: folder name)")
     parser.add_argument("--lora", action="append", default=None, metavar="NAME=DIR",

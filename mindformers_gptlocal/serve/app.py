@@ -5,7 +5,9 @@ ending ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (503 until every c
 after SIGTERM), ``GET /metrics`` (Prometheus text). ``ops.py`` adds the API key, the body limit, the send
 timeout, the metrics and the SIGTERM drain (see there).
 The HTTP side is async; every model call runs on the engine's one worker thread (MindSpore runs a
-model from one thread). Bad input is a 400 with OpenAI's error body ``{"error": {"message", "type",
+model from one thread); a request that is not streamed gets its events in one hand-off to the event loop when
+it ends (a stream: one per token), so the loop's thread does not wake, and take the GIL, per generated token.
+Bad input is a 400 with OpenAI's error body ``{"error": {"message", "type",
 "param", "code"}}`` naming the field; a full queue is a 429 with ``Retry-After``. ``--request-timeout``: a
 request still generating at its deadline (from arrival) ends with ``finish_reason: "length"`` and what it has;
 one still waiting for a slot gets a 504 (a stream: an ``error`` event).
@@ -122,9 +124,22 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
 
+        held = None if spec["stream"] else []  # a whole reply: its events reach the loop in one hand-off
+
+        def put_all(events):
+            for event in events:
+                queue.put_nowait(event)
+
         def deliver(event):
+            if held is not None:  # not streamed: wake the event loop (its thread takes the GIL) once, at the end
+                held.append(event)
+                if event[0] not in ("done", "expired"):
+                    return
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
+                if held is None:
+                    loop.call_soon_threadsafe(queue.put_nowait, event)
+                else:
+                    loop.call_soon_threadsafe(put_all, list(held))
             except RuntimeError:  # the event loop is gone (the server stopped): nobody reads this request
                 request.cancelled = True
 

@@ -60,7 +60,9 @@ from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
-PREFILL_TOKENS = 128  # --max-prefill-tokens: tokens per prefill call (0: refills as one call with the busy rows)
+PREFILL_TOKENS = 32  # --max-prefill-tokens: tokens per prefill call (0: refills as one call with the busy rows)
+BATCH_FACTOR = 16  # default batch buckets 1, 16, 256, ... ending at max_batch_size: each bucket is a decode graph
+# (GPT-2 small: 30-43 MB each) and a burst of clients fills the largest one anyway (docs/performance.md "Serving")
 GREEDY_STEPS_ENV = "GPTLOCAL_SERVE_GREEDY_STEPS"  # "1": greedy chunks on (opt-in: no gain measured yet)
 CHUNK_ROWS = 1  # greedy chunks are compiled for the batch buckets of up to this many rows (each graph: k steps
 # unrolled, ~45 MB and ~5-40 s of compile for a 4-layer model; a wide batch gains least from fewer calls)
@@ -110,8 +112,8 @@ class _Slot:
 
 
 def batch_sizes(max_batch_size, given=None):
-    """Batch sizes compiled: ``given`` or 1, 4, 16, ... always ending at max_batch_size."""
-    return buckets(max_batch_size, 1, 4, given, minimum=1)
+    """Batch sizes compiled: ``given`` or 1, 16, 256, ... (``BATCH_FACTOR``) always ending at max_batch_size."""
+    return buckets(max_batch_size, 1, BATCH_FACTOR, given, minimum=1)
 
 
 class Engine:

@@ -74,3 +74,16 @@ def test_a_negative_max_prefill_tokens_is_one_clear_error(tmp_path):
     options = cli_args.PARSERS["serve"]().parse_args(["--model", str(tmp_path), "--max-prefill-tokens", "-1"])
     with pytest.raises(ConfigError, match=r"--max-prefill-tokens must be 0 .* got -1"):
         serve(options)
+
+
+def test_the_default_buckets_compile_no_prompt_graph_above_one_row(engine):
+    """The defaults (``PREFILL_TOKENS``, ``BATCH_FACTOR``): a lone-row prefill of at most PREFILL_TOKENS tokens,
+    decode graphs at 1 and max_batch_size only (a burst of clients fills the largest one; every graph costs RSS)."""
+    from mindformers_gptlocal.serve.scheduler import BATCH_FACTOR, PREFILL_TOKENS, Engine, batch_sizes
+    assert batch_sizes(16) == [1, 16] and batch_sizes(8) == [1, 8] and batch_sizes(BATCH_FACTOR * 4) == [
+        1, BATCH_FACTOR, BATCH_FACTOR * 4]
+    default = Engine(engine.model_dir, max_batch_size=16, max_model_len=CONTEXT)
+    default._load()
+    assert default.prefill_tokens == PREFILL_TOKENS and default.batches == [1, 16]
+    assert default.prefill_batches == [1] and max(default.prefill_widths) <= PREFILL_TOKENS
+    assert default.prompt_widths(16) == [] and default.prompt_widths(1) == default.prefill_widths
