@@ -3,6 +3,7 @@ engine with one step per iteration, and `model.generate` at batch 1, alternating
 call (prefill, single step, chunk) and the host work between calls; VmRSS after load and after warm-up.
 
     python benchmarks/serve_profile.py --shape tiny --new 32 --rounds 6 --threads 2
+    python benchmarks/serve_profile.py --shape tiny --new 32 --rounds 6 --threads 2 --refills   # + refills' engine
 
 Same server shapes as benchmarks/serve_throughput.py (--max-batch-size 16, --max-model-len 256, prompt
 bucket 32, a random GPT-2 of the shape, converted with hf2ms). The engine runs from this thread
@@ -27,6 +28,8 @@ def main():
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--refills", action="store_true", help="also a second engine with --max-prefill-tokens 0 "
+                        "(a lone prompt's refill call instead of a prefill call), alternating with the others")
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _common as C  # noqa: E402  (imports neither MindSpore nor PyTorch)
@@ -46,32 +49,37 @@ def main():
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
     from mindformers_gptlocal.serve.scheduler import Engine, Request
-    engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT])
-    engine.chunked = True  # opt-in in the server (GPTLOCAL_SERVE_GREEDY_STEPS=1); compiled at warm-up here
-    engine._load()
-    loaded = C.rss_mb()
-    engine.warm_up()
-    engine.ready.set()
-    print(f"VmRSS after load {loaded:.0f} MB, after warm-up {C.rss_mb():.0f} MB; warm-up {engine.warmup_seconds:.1f} s; "
-          f"chunk k = {engine.cache.decode_steps}", flush=True)
     calls = []
-    step, chunk = engine.cache.step, engine._greedy_chunk
 
-    def timed_step(*a, **k):
-        start = time.perf_counter()
-        out = step(*a, **k)
-        calls.append(("prefill" if a[0].shape[1] > 1 else "step", time.perf_counter() - start))
-        return out
+    def make_engine(**options):
+        engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT], **options)
+        engine.chunked = True  # opt-in in the server (GPTLOCAL_SERVE_GREEDY_STEPS=1); compiled at warm-up here
+        engine._load()
+        loaded = C.rss_mb()
+        engine.warm_up()
+        engine.ready.set()
+        print(f"{options or 'defaults'}: VmRSS after load {loaded:.0f} MB, after warm-up {C.rss_mb():.0f} MB; warm-up "
+              f"{engine.warmup_seconds:.1f} s; chunk k = {engine.cache.decode_steps}", flush=True)
+        step, chunk = engine.cache.step, engine._greedy_chunk
 
-    def timed_chunk(*a):
-        start = time.perf_counter()
-        out = chunk(*a)
-        calls.append(("chunk", time.perf_counter() - start))
-        return out
-    engine.cache.step, engine._greedy_chunk = timed_step, timed_chunk
+        def timed_step(*a, **k):
+            start = time.perf_counter()
+            out = step(*a, **k)
+            calls.append(("prefill" if a[0].shape[1] > 1 else "step", time.perf_counter() - start))
+            return out
+
+        def timed_chunk(*a):
+            start = time.perf_counter()
+            out = chunk(*a)
+            calls.append(("chunk", time.perf_counter() - start))
+            return out
+        engine.cache.step, engine._greedy_chunk = timed_step, timed_chunk
+        return engine
+    engine = make_engine()
+    refills = make_engine(prefill_tokens=0) if args.refills else None  # --max-prefill-tokens 0
     prompt = np.random.default_rng(0).integers(0, SHAPES[args.shape]["vocab_size"], PROMPT).tolist()
 
-    def serve_one(chunked):
+    def serve_one(chunked, engine=engine):
         engine.chunked = chunked
         events = []
         engine.submit(Request(prompt, args.new, events.append, temperature=0))
@@ -82,16 +90,20 @@ def main():
         return time.perf_counter() - start, list(calls), [e[2] for e in events if e[0] == "token"]
 
     results = {"engine, chunks": [], "engine, one step per call": [], "model.generate": []}
+    if refills is not None:
+        results["engine, refills (--max-prefill-tokens 0)"] = []
     for index in range(args.rounds):
         for side in (list(results) if index % 2 == 0 else list(reversed(results))):
             if side == "model.generate":
                 start = time.perf_counter()
                 out = engine.model.generate([prompt], max_new_tokens=args.new, do_sample=False)
                 results[side].append((time.perf_counter() - start, [], out[0][PROMPT:]))
+            elif side.startswith("engine, refills"):
+                results[side].append(serve_one(False, refills))
             else:
                 results[side].append(serve_one(side == "engine, chunks"))
     tokens = {tuple(r[2]) for rs in results.values() for r in rs}
-    assert len(tokens) == 1, "the three sides generated different tokens"
+    assert len(tokens) == 1, "the sides generated different tokens"
     print(f"\n{args.shape}, {PROMPT}-token prompt, {args.new} new tokens, greedy; median of {args.rounds} rounds "
           f"(alternating)\n")
     print("| side | one request ms | tokens/s | in compiled calls | host ms per call | calls (median ms) |")
