@@ -177,11 +177,11 @@ def main():
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (every shape compiled at start: "
                         "as before issue 25 item 5), ours-chunks (greedy chunks on), ours-refill (prompts join the "
-                        "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch buckets 1,4,16, "
-                        "--max-prefill-tokens 128), hf")
+                        "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch "
+                        "buckets 1,4,16, --max-prefill-tokens 128), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
     parser.add_argument("--variant", choices=("plain", "chunks", "refill", "wide"),
-                        help="(with --ours-server) ours-plain / ours-chunks / ours-refill")
+                        help="(with --ours-server) ours-plain / ours-chunks / ours-refill / ours-wide")
     parser.add_argument("--hf-server", metavar="DIR")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
