@@ -6,6 +6,7 @@ grouped-query attention saves (arithmetic).
     python benchmarks/llama_style_vs_transformers.py --rounds 3 --threads 2            # ~125M, batch 1 and 4
     python benchmarks/llama_style_vs_transformers.py --rounds 3 --plain                # + ours without the kernels
     python benchmarks/llama_style_vs_transformers.py --shape tiny --batches 1 --rounds 2
+    python benchmarks/llama_style_vs_transformers.py --rounds 2 --compile-cache        # round 1 cold, 2 warm
 
 The parent builds a random LlamaForCausalLM, saves it and converts it with `gptlocal convert hf2ms`
 (``checkpoint/hf_models.py``); it imports neither MindSpore nor PyTorch itself. Every round starts one worker
@@ -51,12 +52,14 @@ def kv_cache_bytes(shape, batch, length, groups, dtype_bytes=4):
     return 2 * shape["num_hidden_layers"] * batch * groups * length * head_dim * dtype_bytes
 
 
-def worker(side, directory, job, batch, threads, repeats):
+def worker(side, directory, job, batch, threads, repeats, cache=None):
     """One side's one job at one batch, as a WORKER line: ``forward`` tokens/s at [batch, FORWARD_SEQ] or greedy
     ``generate`` tokens/s (batch * NEW / wall time of the whole call), the first (compiling) call's seconds, and
     the job's peak RSS per phase (import, load, first call, timed calls; VmHWM reset at each phase's start,
     ``_common.Phases``): one process per job, so neither job's graphs or activations count in the other's peak.
-    ``directory`` "-": no model, only the thread checks (tests/tools/test_benchmarks.py)."""
+    ``directory`` "-": no model, only the thread checks (tests/tools/test_benchmarks.py). ``cache``: our side with
+    MindSpore's compile cache in that folder (one per side, job and batch, so one compile order writes and reads it):
+    "cold" when the folder holds no graph yet (the compiles write it), else "warm" (they load it)."""
     report = {"env": C.check_threads(threads, f"{side} llama worker")}
     hf = side == "hf"
     if hf:
@@ -65,6 +68,9 @@ def worker(side, directory, job, batch, threads, repeats):
         import mindspore as ms
         report["runtime_threads"] = C.mindspore_threads(threads, f"{side} llama worker")
         ms.set_context(mode=ms.GRAPH_MODE)
+        if cache:
+            report["compile_cache"] = "warm" if any(files for _, _, files in os.walk(cache)) else "cold"
+            ms.set_context(enable_compile_cache=True, compile_cache_path=cache)
     if directory == "-":
         return C.emit(report)
     phases = C.Phases()
@@ -132,13 +138,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="workers per side, the sides alternating")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per batch inside a worker")
     parser.add_argument("--plain", action="store_true", help="also ours with GPTLOCAL_RMS_SWIGLU_KERNELS=0")
+    parser.add_argument("--compile-cache", action="store_true",
+                        help="our side through MindSpore's compile cache (a folder per side, job and batch): round 1 "
+                             "compiles and writes it (cold), later rounds load it (warm); the round lines say which")
+    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=tuple(SIDES))
     parser.add_argument("--job", choices=JOBS, default="forward", help=argparse.SUPPRESS)
     parser.add_argument("--dir")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.worker:
-        return worker(args.worker, args.dir, args.job, batches[0], args.threads, args.repeats)
+        return worker(args.worker, args.dir, args.job, batches[0], args.threads, args.repeats, args.cache_dir)
     print(C.machine_line(args.threads), flush=True)
     shape = SHAPES[args.shape]
     work = C.scratch_dir("gptlocal-llama-")
@@ -148,14 +158,18 @@ def main():
     for batch in batches:
         for job in JOBS:
             def one(side, index, batch=batch, job=job):
+                cache = (["--cache-dir", os.path.join(work, f"compile_cache_{side}_{job}_{batch}")]
+                         if args.compile_cache and side != "hf" else [])
                 report, _ = C.run_worker(__file__, ["--worker", side, "--dir", work, "--job", job, "--batches",
                                                     str(batch), "--threads", str(args.threads), "--repeats",
-                                                    str(args.repeats)], args.threads, **SIDES[side])
+                                                    str(args.repeats), *cache], args.threads, **SIDES[side])
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
                 print(f"b{batch} {job} round {index + 1} {side}: {report['rate']:.1f} tok/s, first call "
                       f"{report['first_call_s']:.1f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own "
                       f"peak: {phases}), threads {report['runtime_threads']}"
-                      + (f", kernels {report['kernels']}" if "kernels" in report else ""), flush=True)
+                      + (f", kernels {report['kernels']}" if "kernels" in report else "")
+                      + (f", compile cache {report['compile_cache']}" if "compile_cache" in report else ""),
+                      flush=True)
                 return report
             runs[batch, job] = C.alternate(sides, args.rounds, one)
     print(f"\n{C.machine_line(args.threads)}")
