@@ -114,8 +114,10 @@ def worker(args):
 
 def trace_graphs(model, graphs):
     """Record [call, compiled graphs in the process, VmRSS MB] after each scoring or generate call of ``model``
-    (a GPTLocalLM) that added a graph (MindSpore's per-Cell compile sets, ``cells_compile_cache``)."""
+    (a GPTLocalLM) that added a graph (MindSpore's per-Cell compile sets, ``cells_compile_cache``), the compile's
+    freed heap handed back first (as the harness does right after such a call: ``release_freed_heap``)."""
     from mindspore.common import api
+    from mindformers_gptlocal.host_memory import release_freed_heap
 
     def count():
         return sum(len(phases) for phases in api.cells_compile_cache.values())
@@ -127,6 +129,7 @@ def trace_graphs(model, graphs):
             before = count()
             out = original(*a, **k)
             if count() != before:
+                release_freed_heap()
                 graphs.append([label, count(), round(C.rss_mb())])
             return out
         setattr(owner, name, call)

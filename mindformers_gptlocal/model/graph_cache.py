@@ -251,9 +251,8 @@ class GraphCache:
         if signature in seen:
             return cell(*args), None
         seen.add(signature)
-        why = self.disabled or _why_not()
-        if why:
-            self.disabled = why
+        self.disabled = _why_not()
+        if self.disabled:
             return cell(*args), None
         return self._through_cache(cell, args)
 
@@ -263,7 +262,7 @@ class GraphCache:
         graphs = os.path.join(staging, "rank_0", "graph_cache")
         staged = os.path.join(graphs, f"compile_cache_{index}.mindir")
         if os.path.exists(staged):  # a cached compile this process did not make through here: stop trusting k
-            self.disabled = f"{staged} exists before compile {index}"
+            self.disabled = _disable(f"{staged} exists before compile {index}")
             return cell(*args), None
         folder = os.path.join(self.root, self.key(cell, args))
         stored = os.path.join(folder, STORED)
@@ -283,12 +282,12 @@ class GraphCache:
             if hit:
                 os.remove(staged)
             if compiled > 1:
-                self.disabled = f"{compiled} compiles in one call"
+                self.disabled = _disable(f"{compiled} compiles in one call")
             return result, None
         _PROCESS["count"] = index + 1
         written = _written_hash(graphs)
         if written is not None and written != _PROCESS["hash"]:
-            self.disabled = "MindSpore's dependency hash differs from ours"
+            self.disabled = _disable("MindSpore's dependency hash differs from ours")
         if hit:
             self.hits += 1
             os.remove(staged)  # loaded: the copy is not read again
@@ -297,9 +296,9 @@ class GraphCache:
             return result, kept
         self.misses += 1
         if not os.path.isfile(staged):  # MindSpore wrote it elsewhere (or not at all): the index is not ours
-            self.disabled = f"compile {index} was not written to {staged}"
+            self.disabled = _disable(f"compile {index} was not written to {staged}")
             return result, None
-        if self.disabled is None:
+        if not self.disabled:
             _store(folder, staged, seconds)
         os.remove(staged)
         return result, seconds
@@ -317,6 +316,15 @@ def _why_not():
         else:
             _PROCESS["hash"] = dependency_hash()
             _PROCESS["why"] = None if _PROCESS["hash"] else "no entry script on disk (python -c)"
+    return _PROCESS["why"]
+
+
+def _disable(why):
+    """Stop caching in this process (every GraphCache: they share MindSpore's one count), saying why once."""
+    if not _PROCESS.get("why"):
+        _PROCESS["why"] = why
+        sys.stderr.write(f"gpt_local: compile cache off for the rest of this process: {why}; graphs compile as "
+                         "without it.\n")
     return _PROCESS["why"]
 
 
