@@ -48,6 +48,9 @@ TIMING = "first_call_seconds"
 DAYS_VAR, MB_VAR = "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"
 DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0
 _PRUNED = set()  # roots pruned in this process
+# switches that change no graph: GPTLOCAL_LEAN picks the model classes' bases (MindFormers' or the stand-ins of
+# model/bases.py), not their Cells, whose tree and settings are in the key anyway
+NOT_GRAPH = frozenset(("GPTLOCAL_LEAN",))
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",
                       "exist_names", "exist_objs", "is_top_cell", "create_time", "total_instance_count"))
@@ -224,7 +227,6 @@ class GraphCache:
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise ConfigError(f"compile cache {root!r} is a file; give on, off or a folder for the cached graphs.")
         self.salt = salt
-        self.disabled = None  # the reason caching stopped in this process, once it has
         self._seen = weakref.WeakKeyDictionary()  # Cell -> argument signatures it has run
         self.hits = self.misses = 0
         if self.root not in _PRUNED:
@@ -235,7 +237,7 @@ class GraphCache:
         """The key of ``cell(*args)``'s graph: a folder name under ``root``."""
         import mindspore as ms
         switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("GPTLOCAL_", "MS_"))
-                    and not k.startswith(("MS_COMPILER_CACHE", "GPTLOCAL_COMPILE_CACHE"))}
+                    and not k.startswith(("MS_COMPILER_CACHE", "GPTLOCAL_COMPILE_CACHE")) and k not in NOT_GRAPH}
         text = json.dumps({"source": source_digest(), "mindspore": ms.__version__, "mode": ms.get_context("mode"),
                            "device": ms.get_context("device_target"), "switches": switches, "salt": self.salt,
                            "cell": cell_description(cell), "args": _describe(list(args))}, sort_keys=True)
@@ -251,57 +253,76 @@ class GraphCache:
         if signature in seen:
             return cell(*args), None
         seen.add(signature)
-        self.disabled = _why_not()
-        if self.disabled:
+        if _why_not():
             return cell(*args), None
         return self._through_cache(cell, args)
 
+    @property
+    def disabled(self):
+        """Why caching stopped in this process, or None."""
+        return _PROCESS.get("why")
+
     def _through_cache(self, cell, args):
-        import mindspore as ms
-        staging, index = _staging(), _PROCESS["count"]
-        graphs = os.path.join(staging, "rank_0", "graph_cache")
-        staged = os.path.join(graphs, f"compile_cache_{index}.mindir")
-        if os.path.exists(staged):  # a cached compile this process did not make through here: stop trusting k
-            self.disabled = _disable(f"{staged} exists before compile {index}")
+        _staging(self.root)
+        if _PROCESS.get("why"):
             return cell(*args), None
         folder = os.path.join(self.root, self.key(cell, args))
-        stored = os.path.join(folder, STORED)
-        hit = os.path.isfile(stored)
-        if hit:
-            shutil.copyfile(stored, staged)
-        before = len(cell.compile_cache)
-        ms.set_context(enable_compile_cache=True, compile_cache_path=staging)
-        started = time.perf_counter()
-        try:
-            result = cell(*args)
-        finally:
-            ms.set_context(enable_compile_cache=False, compile_cache_path=".")
-        seconds = time.perf_counter() - started
-        compiled = len(cell.compile_cache) - before
-        if compiled != 1:  # no compile (the graph existed already) or more than one: k is not ours to know
-            if hit:
-                os.remove(staged)
-            if compiled > 1:
-                self.disabled = _disable(f"{compiled} compiles in one call")
+        result, seconds, hit = _cached_compile(cell, args, folder)
+        if seconds is None:  # not a compile of ours (or caching just stopped)
             return result, None
-        _PROCESS["count"] = index + 1
-        written = _written_hash(graphs)
-        if written is not None and written != _PROCESS["hash"]:
-            self.disabled = _disable("MindSpore's dependency hash differs from ours")
         if hit:
             self.hits += 1
-            os.remove(staged)  # loaded: the copy is not read again
-            kept = _read_seconds(os.path.join(folder, TIMING))
-            _touch(folder)
-            return result, kept
+            return result, _read_seconds(os.path.join(folder, TIMING))
         self.misses += 1
-        if not os.path.isfile(staged):  # MindSpore wrote it elsewhere (or not at all): the index is not ours
-            self.disabled = _disable(f"compile {index} was not written to {staged}")
-            return result, None
-        if not self.disabled:
-            _store(folder, staged, seconds)
-        os.remove(staged)
         return result, seconds
+
+
+def _cached_compile(cell, args, folder):
+    """``cell(*args)`` as the process's next cached compile k: the graph stored in ``folder`` copied in as file
+    k first, or (a miss) the file MindSpore writes moved into ``folder`` after. Returns (result, the call's
+    seconds or None where it compiled nothing or caching stopped, whether MindSpore loaded the stored graph: the
+    copy is dated 1970 and a compile rewrites it)."""
+    import mindspore as ms
+    index = _PROCESS["count"]
+    graphs = os.path.join(_PROCESS["staging"], "rank_0", "graph_cache")
+    staged = os.path.join(graphs, f"compile_cache_{index}.mindir")
+    if os.path.exists(staged):  # a cached compile this process did not make through here: stop trusting k
+        _disable(f"{staged} exists before compile {index}")
+        return cell(*args), None, False
+    stored = os.path.join(folder, STORED)
+    copied = os.path.isfile(stored)
+    if copied:
+        shutil.copyfile(stored, staged)
+        os.utime(staged, (0, 0))
+    before = len(cell.compile_cache)
+    ms.set_context(enable_compile_cache=True, compile_cache_path=_PROCESS["staging"])
+    started = time.perf_counter()
+    try:
+        result = cell(*args)
+    finally:
+        ms.set_context(enable_compile_cache=False, compile_cache_path=".")
+    seconds = time.perf_counter() - started
+    compiled = len(cell.compile_cache) - before
+    if compiled != 1:  # no compile (the graph existed already) or more than one: k is not ours to know
+        if copied:
+            os.remove(staged)
+        if compiled > 1:
+            _disable(f"{compiled} compiles in one call")
+        return result, None, False
+    _PROCESS["count"] = index + 1
+    written = _written_hash(graphs)
+    if written is not None and written != _PROCESS["hash"]:
+        _disable("MindSpore's dependency hash differs from ours")
+    if not os.path.isfile(staged):  # MindSpore wrote it elsewhere (or not at all): the index is not ours
+        _disable(f"compile {index} was not written to {staged}")
+        return result, None, False
+    hit = copied and os.stat(staged).st_mtime == 0
+    if hit:
+        _touch(folder)
+    elif not _PROCESS.get("why"):
+        _store(folder, staged, seconds)
+    os.remove(staged)
+    return result, seconds, hit
 
 
 def _why_not():
@@ -328,9 +349,9 @@ def _disable(why):
     return _PROCESS["why"]
 
 
-def _staging():
+def _staging(root):
     """This process's one staging folder (MindSpore reads its cache path once a process), with the dependency
-    hash MindSpore checks written in; removed at exit."""
+    hash MindSpore checks written in, removed at exit; its compile 0 is the anchor (``_anchor``)."""
     if "staging" not in _PROCESS:
         base = staging_base()
         os.makedirs(base, exist_ok=True)
@@ -341,7 +362,27 @@ def _staging():
             handle.write(_PROCESS["hash"])
         _PROCESS["staging"], _PROCESS["count"] = folder, 0
         atexit.register(shutil.rmtree, folder, True)
+        _anchor(root)
     return _PROCESS["staging"]
+
+
+def _anchor(root):
+    """Compile 0 of the process: a one-op graph of its own, loaded from the store from the second process on.
+    Measured with MindSpore 2.7.2: where a process's first cached compile finds no file, every later one in that
+    process compiles too ("Check the consistency of dependency files hash failed"), stored graph or not; so the
+    first is one that is always there after the first-ever run, and the real graphs load whatever their order."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+
+    class Anchor(nn.Cell):
+        def construct(self, x):
+            return x + 1
+
+    key = json.dumps({"mindspore": ms.__version__, "mode": ms.get_context("mode"),
+                      "device": ms.get_context("device_target")}, sort_keys=True)
+    folder = os.path.join(root, "anchor-" + hashlib.sha256(key.encode()).hexdigest()[:32])
+    _cached_compile(Anchor(), (ms.Tensor(np.zeros(1, np.float32)),), folder)
 
 
 def _written_hash(graphs):

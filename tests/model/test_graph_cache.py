@@ -1,50 +1,85 @@
 """model/graph_cache.py: generate's graphs through MindSpore's compile cache, a stored graph per key.
 
-A reader loads the graphs a writer stored, at other compile positions than the writer's (the case where
-MindSpore's own folder hands back another graph), and generates what an uncached model generates; the key
-changes with everything that shapes a graph and stays put for an equal model; eviction by age and size."""
+A second process loads the graphs a writer stored, at other compile numbers than the writer's (the case where
+MindSpore's own folder hands back another graph), and generates what the plain path generates; the key changes
+with everything that shapes a graph and stays put for an equal model; eviction by age and size."""
+import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import TINY
+from conftest import TINY, source_env
 
 PROMPTS = [[5, 17, 3], [9, 2, 44, 61, 8, 30, 7]]  # ragged: both rows padded into one prefill width
 
 
-def tiny_model(seed=0, **changes):
+def tiny_model(**changes):
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-    ms.set_seed(seed)
+    ms.set_seed(0)
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
     model.set_train(False)
     return model
 
 
-def test_loaded_graphs_generate_as_compiled_ones(graph_mode, tmp_path):
-    from mindformers_gptlocal.model.graph_cache import GraphCache
-    root = tmp_path / "store"
-    plain = tiny_model(num_hidden_layers=1)  # one layer: the 8 greedy steps' unrolled graph compiles in half the time
-    reference = plain.generate(PROMPTS, max_new_tokens=11, do_sample=False)
-    writer = tiny_model(num_hidden_layers=1)  # a second model: its own Cells, compiled again, this time stored
-    writer.graph_cache = GraphCache(root, salt="test")
-    written = writer.generate(PROMPTS, max_new_tokens=11, do_sample=False)
-    assert written == reference
-    assert (writer.graph_cache.hits, writer.graph_cache.misses) == (0, 2)  # the prefill and the greedy steps
-    stored = sorted(p.name for p in root.iterdir())
-    assert [name.split("-")[0] for name in stored] == ["greedysteps", "kvcache"]
-    assert all((root / name / "graph.mindir").stat().st_size > 0 for name in stored)
+SIDE = """
+import json, os, sys
+os.environ["GPTLOCAL_LEAN"] = "1"  # as gptlocal eval's process (a MindFormers process builds other attributes)
+import mindspore as ms
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+from mindformers_gptlocal.model.config import GPTLocalConfig
+from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+from mindformers_gptlocal.model.graph_cache import GraphCache
+config, root, prompts = json.loads(sys.argv[1])
+ms.set_seed(0)
+model = GPTLocalForCausalLM(GPTLocalConfig(**config))
+model.set_train(False)
+cache = model.graph_cache = GraphCache(root, salt="test")
+tokens = [model.generate(prompts, max_new_tokens=11, do_sample=False)]
+if sys.argv[2] == "read":  # a second model, its own Cells: its cached compiles are 3 and 4, the writer's were 1 and 2
+    ms.set_seed(0)
+    again = GPTLocalForCausalLM(GPTLocalConfig(**config))
+    again.set_train(False)
+    again.graph_cache = cache
+    tokens.append(again.generate(prompts, max_new_tokens=11, do_sample=False))
+print("SIDE", json.dumps([tokens, cache.hits, cache.misses, cache.disabled]))
+"""
 
-    reader = tiny_model(num_hidden_layers=1)
-    reader.graph_cache = GraphCache(root, salt="test")
-    # this process has made its cached compiles 0 and 1 already: the reader's are 2 and 3, not where MindSpore
-    # wrote them, so only the store (not MindSpore's own folder) can hand it the right graph
-    loaded = reader.generate(PROMPTS, max_new_tokens=11, do_sample=False)
-    assert (reader.graph_cache.hits, reader.graph_cache.misses) == (2, 0)
-    assert loaded == reference
-    assert sorted(p.name for p in root.iterdir()) == stored
+
+def test_a_second_process_loads_the_graphs_and_generates_the_same(graph_mode, tmp_path):
+    """A writer process compiles and stores generate's prefill and greedy-steps graphs; a second process loads
+    them twice, for two models, the second time at other compile numbers than the writer's (MindSpore really
+    loads: a compile would rewrite the copy it is given), and generates the plain path's tokens (this process: no
+    KV cache, the sequence recomputed per token)."""
+    root = tmp_path / "store"
+    config = dict(TINY, num_hidden_layers=1)  # one layer: the 8 greedy steps' unrolled graph compiles faster
+    script = tmp_path / "side.py"  # MindSpore hashes the entry script: a file, not python -c
+    script.write_text(SIDE)
+
+    def side(role):
+        return subprocess.Popen([sys.executable, str(script), json.dumps([config, str(root), PROMPTS]), role],
+                                env=source_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(proc):
+        out, err = proc.communicate(timeout=600)
+        line = [x for x in out.splitlines() if x.startswith("SIDE ")]
+        assert line, out + err[-3000:]
+        return json.loads(line[0][5:])
+    writer = side("write")
+    reference = tiny_model(**config).generate(PROMPTS, max_new_tokens=11, do_sample=False, use_past=False)
+    written, hits, misses, why = result(writer)
+    assert (hits, misses, why) == (0, 2, None) and written == [reference]
+    stored = sorted(p.name.split("-")[0] for p in root.iterdir())
+    assert stored == ["anchor", "greedysteps", "kvcache"]
+    assert all((p / "graph.mindir").stat().st_size > 0 for p in root.iterdir())
+    loaded, hits, misses, why = result(side("read"))
+    assert (hits, misses, why) == (4, 0, None)
+    assert loaded == [reference, reference]
+    assert sorted(p.name.split("-")[0] for p in root.iterdir()) == stored
 
 
 def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
