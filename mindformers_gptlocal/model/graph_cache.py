@@ -17,7 +17,11 @@ error). So MindSpore's folder is used here only as a per-process staging folder,
 store of our own, one folder per key: before the process's ``k``-th cached compile the graph stored under this
 call's key (if any) is copied in as ``compile_cache_<k>.mindir``; after a miss the file MindSpore wrote there is
 moved into the key's folder. A stored file is only ever handed to a compile of the same key, so the worst case
-is a miss (a compile, as without the cache).
+is a miss (a compile, as without the cache). Also measured: once a cached compile of a process finds no file,
+MindSpore loads nothing more in that process ("Check the consistency of dependency files hash failed"); so
+compile 0 of every process is a one-op anchor graph that is stored from the first run on (``_anchor``), a process
+whose graphs are all stored loads them all, and one with a new graph loads those before it and compiles (and
+stores again) those after it: a run repeated loads everything, a changed run converges in the next one.
 
 The key is everything that shapes the graph: gpt_local's sources (Python and C++), MindSpore's version, mode and
 device, the ``GPTLOCAL_*`` / ``MS_*`` switches, the caller's ``salt`` (the eval's: the model's config.json), the

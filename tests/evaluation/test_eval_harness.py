@@ -197,9 +197,9 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
         assert "|gl_choice|" in printed and "acc_norm" in printed
         runs.append(json.loads(out.read_text()))
         graphs = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.mindir"))
-        assert graphs == [graphs[0].split("/")[0] + "/graph.mindir"] and graphs[0].startswith("scorer-"), graphs
-        # one width, stored in a folder of its own (model/graph_cache.py)
-        assert (cache / graphs[0].split("/")[0] / "first_call_seconds").is_file()
+        kinds = [g.split("-")[0] for g in graphs]  # one width, stored in a folder of its own (model/graph_cache.py)
+        assert kinds == ["anchor", "scorer"] and all(g.endswith("/graph.mindir") for g in graphs), graphs
+        assert (cache / graphs[1].split("/")[0] / "first_call_seconds").is_file()
     first = [s["resps"] for s in runs[0]["samples"]["gl_choice"]]
     for mine, sample in zip(first, tiny_runs[1]["samples"]["gl_choice"]):  # hf, same 8 documents
         for ((a, ga),), ((b, gb),) in zip(mine, sample["resps"]):
