@@ -6,14 +6,13 @@ and, through ``cached_call`` in ``model/kv_cache.py``, for ``generate``'s (the K
 and greedy-steps graphs). ``generate`` elsewhere (``gptlocal generate``, ``serve``, ``model.generate``) is
 uncached: nothing sets the attribute there.
 
-What MindSpore 2.7.2 does on CPU, measured (docs/performance.md "Evaluation, 2026-12-02"): with
+What MindSpore 2.7.2 does on CPU, measured (docs/performance.md "Evaluation", its 2026-12-02 part): with
 ``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
 ``<path>/rank_0/graph_cache/compile_cache_<k>.mindir``, where ``k`` counts the process's compiles with the cache
 on (loads included), and ``<path>`` is read at the process's first such compile and never again. A load is
 checked only against ``compile_dependency.hash`` (written at ``k`` = 0: a sha256 over the entry script and its
 imports outside site-packages), never against the graph it stands for: a process caching graphs in another
-order than the one that wrote the folder loads another graph's file (seen: wrong numbers, nan, or a shape
-error). So MindSpore's folder is used here only as a per-process staging folder, and the graphs live in a
+order than the one that wrote the folder loads another graph's file (seen: nan, or a shape error). So MindSpore's folder is used here only as a per-process staging folder, and the graphs live in a
 store of our own, one folder per key: before the process's ``k``-th cached compile the graph stored under this
 call's key (if any) is copied in as ``compile_cache_<k>.mindir``; after a miss the file MindSpore wrote there is
 moved into the key's folder. A stored file is only ever handed to a compile of the same key, so the worst case
@@ -164,7 +163,7 @@ def prune(root, days=None, max_mb=None, now=None):
 
 
 def _describe(value):
-    """A value's part of a key: plain values as they are, Tensors by shape and dtype (``values``: and content)."""
+    """A value's part of a key: plain values as they are, Tensors by shape and dtype."""
     from mindspore import Tensor
     if isinstance(value, Tensor):
         return ["tensor", list(value.shape), str(value.dtype)]
