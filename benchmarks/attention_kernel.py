@@ -96,7 +96,6 @@ def _ms_worker(side, shape, steps, threads):
 
 def _plain_ops(plain, q, k, bias, steps):
     """The plain forward's ops, each compiled alone: median ms of QK^T, scale + mask, softmax, PV."""
-    import mindspore as ms
     from mindspore import nn, ops
 
     class Op(nn.Cell):

@@ -15,8 +15,9 @@ documents in the same process (graphs compiled, torch warm). Sides alternate (ou
 (imports, model load, first evaluate; for ours also the graph compiles it made) and each side's peak RSS
 (VmHWM; per worker also after each step). Each round ours runs twice over a new compile-cache folder (as
 `gptlocal eval`, whose default is on): **first-ever cold** (its columns "ours cold") and **cached cold** (a second
-process loading the scoring graphs the first one wrote; generate's graphs are not cached); `--no-compile-cache`:
-once, without it. Ours runs as `gptlocal eval` does: no torch in the process (it prints
+process loading the graphs the first one stored: the scoring graphs and generate's, model/graph_cache.py);
+`--no-compile-cache`: once, without it. Ours' worker also prints VmRSS after each call that compiled (or loaded)
+a graph ("graphs": the call, the process's compiled graph count, VmRSS MB), where its memory goes. Ours runs as `gptlocal eval` does: no torch in the process (it prints
 whether torch got imported), no torch seed, lm-eval's env info without torch (evaluation/run.py). Tasks: gl_choice (multiple choice, 4 loglikelihood requests a document) and gl_until
 (generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py, --docs documents each.
 """
@@ -89,6 +90,9 @@ def worker(args):
                                 dtype="float32")
     loaded = time.perf_counter()
     rss["loaded"] = C.vm_hwm_mb()
+    graphs = []
+    if args.worker == "ours":
+        trace_graphs(model, graphs)
     runs = {}
     with lean:
         for run in ("cold", "warm"):
@@ -104,7 +108,34 @@ def worker(args):
                                   "load_seconds": loaded - imported, "first_eval_seconds": runs["cold"],
                                   "warm_seconds": runs["warm"], "compiles": compiles, "threads": threads,
                                   "torch_imported": "torch" in sys.modules, "peak_rss_steps_mb": rss,
+                                  "graphs": graphs,
                                   "peak_rss_mb": C.vm_hwm_mb()}), flush=True)
+
+
+def trace_graphs(model, graphs):
+    """Record [call, compiled graphs in the process, VmRSS MB] after each scoring or generate call of ``model``
+    (a GPTLocalLM) that added a graph (MindSpore's per-Cell compile sets, ``cells_compile_cache``), the compile's
+    freed heap handed back first (as the harness does right after such a call: ``release_freed_heap``)."""
+    from mindspore.common import api
+    from mindformers_gptlocal.host_memory import release_freed_heap
+
+    def count():
+        return sum(len(phases) for phases in api.cells_compile_cache.values())
+
+    def traced(owner, name, label):
+        original = getattr(owner, name)
+
+        def call(*a, **k):
+            before = count()
+            out = original(*a, **k)
+            if count() != before:
+                release_freed_heap()
+                graphs.append([label, count(), round(C.rss_mb())])
+            return out
+        setattr(owner, name, call)
+    graphs.append(["loaded", count(), round(C.rss_mb())])
+    traced(model, "_score", "score")
+    traced(model.model, "generate", "generate")
 
 
 def measure(args, side, task, round_index=0):
@@ -135,7 +166,8 @@ def run_one(args, side, task, cache, label):
           f"{r['requests'] / r['warm_seconds']:7.2f} requests/s ({r['requests']} in {r['warm_seconds']:.1f} s); "
           f"peak RSS {r['peak_rss_mb']:.0f} MB (after imports, load, cold, warm: "
           f"{', '.join(f'{v:.0f}' for v in r['peak_rss_steps_mb'].values())}); torch imported "
-          f"{r['torch_imported']}; threads {r['threads']}", flush=True)
+          f"{r['torch_imported']}; threads {r['threads']}"
+          f"{'; graphs (call, count, VmRSS MB) ' + str(r['graphs']) if r.get('graphs') else ''}", flush=True)
     return r
 
 
@@ -180,7 +212,7 @@ def main():
           f"first simple_evaluate: our compiles included); warm = simple_evaluate again in that process\n")
     print("| task | requests | ours cold | hf cold | ours/hf cold | ours cached cold | ours cached/hf cold | "
           "ours warm | hf warm | ours/hf warm | ours cold parts s (import, load, evaluate) | hf cold parts s | "
-          "peak RSS ours / hf MB |")
+          "peak RSS ours / cached / hf MB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for task in args.tasks.split(","):
         ours, hf = rates[("ours", task)], rates[("hf", task)]
@@ -196,7 +228,9 @@ def main():
         for side in (ours, hf):
             row.append(", ".join(f"{statistics.median(r[k] for r in side):.1f}"
                                  for k in ("import_seconds", "load_seconds", "first_eval_seconds")))
+        cached_rss = [r["cached"]["peak_rss_mb"] for r in ours if "cached" in r]
         row.append(f"{statistics.median(r['peak_rss_mb'] for r in ours):.0f} / "
+                   f"{statistics.median(cached_rss) if cached_rss else float('nan'):.0f} / "
                    f"{statistics.median(r['peak_rss_mb'] for r in hf):.0f}")
         print("| " + " | ".join(row) + " |")
     for task in args.tasks.split(","):

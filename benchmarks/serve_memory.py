@@ -62,7 +62,10 @@ def snapshot(label, rows):
 def worker(args):
     os.environ.update({k: str(args.threads) for k in C.THREAD_VARS})
     os.environ.setdefault("GPTLOCAL_LEAN", "1")
-    C.check_threads(args.threads, "serve_memory")
+    seen = C.check_threads(args.threads, "serve_memory")
+    if args.noop:  # tests/tools/test_benchmarks.py: the threads checked, nothing measured
+        C.emit({"env": seen, "runtime_threads": C.mindspore_threads(args.threads, "serve_memory")})
+        return
     rows = []
     work = C.scratch_dir("gptlocal-serve-memory-")
     hf_dir, ms_dir = os.path.join(work, "hf"), os.path.join(work, "ms")
@@ -130,6 +133,7 @@ def main():
                         "holds one); a setting is space-separated VAR=VALUE (an environment variable) or "
                         "--max-prefill-tokens=N / --batch-buckets=1,16 items")
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--noop", action="store_true", help="the worker checks its threads and stops (tests)")
     args = parser.parse_args()
     if args.worker or not args.compare:
         return worker(args)

@@ -77,13 +77,18 @@ def main():
     parser.add_argument("--probe", type=int, default=2048, help="the square probe's n")
     args = parser.parse_args()
     os.environ.update({k: str(args.threads) for k in C.THREAD_VARS})  # this process is the worker
-    C.check_threads(args.threads, "train_gemms")
+    seen = C.check_threads(args.threads, "train_gemms")
     print(C.machine_line(args.threads), flush=True)
     import numpy as np
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    print(f"MindSpore runtime_num_threads={C.mindspore_threads(args.threads, 'train_gemms')}, torch threads="
-          f"{C.torch_threads(args.threads, 'train_gemms')}", flush=True)
+    threads = {"runtime_threads": C.mindspore_threads(args.threads, "train_gemms"),
+               "torch_threads": C.torch_threads(args.threads, "train_gemms")}
+    print(f"MindSpore runtime_num_threads={threads['runtime_threads']}, torch threads={threads['torch_threads']}",
+          flush=True)
+    if args.rounds == 0:  # tests/tools/test_benchmarks.py: the threads checked, nothing measured
+        C.emit({"env": seen, **threads})
+        return
     rng = np.random.default_rng(0)
     rows = gemms(args.shape, args.batch, args.seq)
     n = args.probe

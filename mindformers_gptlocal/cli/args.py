@@ -402,8 +402,8 @@ def eval_parser():
     parser.add_argument("--seed", type=int, default=1234, help="seed of lm-eval and of sampled generation")
     parser.add_argument("--log-samples", action="store_true", help="also keep every request's responses in the JSON")
     parser.add_argument("--compile-cache", default="on",
-                        help="the scoring graphs through MindSpore's compile cache: on (default; "
-                             "$XDG_CACHE_HOME/mindformers_gptlocal/compile), off, or a folder")
+                        help="the scoring and generate_until graphs through MindSpore's compile cache: on "
+                             "(default; $XDG_CACHE_HOME/mindformers_gptlocal/compile), off, or a folder")
     return parser
 
 

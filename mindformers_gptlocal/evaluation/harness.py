@@ -17,13 +17,13 @@ batch), so the shapes are chosen to be few: ``WidthPlan`` picks the scoring widt
 batches at once (a new width is compiled only where the padding it saves costs more than the compile, by the
 compile and call times it measured), and ``generate_until`` fills a greedy chunk with padding rows to the fixed
 batch size, so a task's last, smaller chunk reuses the compiled graphs. After each new shape's first call the
-heap the compile freed goes back to the system (``host_memory.release_freed_heap``).
+heap the compile freed goes back to the system (``host_memory.release_freed_heap``). With ``compile_cache`` on,
+the scoring graphs and ``generate``'s go through ``model/graph_cache.py`` (``GraphCache``: loaded, not compiled, by
+a second run).
 """
 import bisect
 import copy
-import functools
 import hashlib
-import json
 import os
 import sys
 import time
@@ -39,7 +39,7 @@ from ..errors import ConfigError, DataError
 from ..model.buckets import bucket_of, length_bucket, width_buckets
 from ..generation.loop import is_greedy, resolve_options
 from ..host_memory import release_freed_heap
-from ..kernels.build import user_cache
+from ..model.graph_cache import GraphCache, default_root
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
@@ -128,92 +128,6 @@ class _SharedLogits:
 
     def chunk(self, count):
         return [self] * count
-
-
-@functools.lru_cache(maxsize=1)
-def _source_digest():
-    """sha256 of gpt_local's own sources (Python and kernel C++): a cached graph is only reused by the same code."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest = hashlib.sha256()
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".py", ".cc", ".h", ".c", ".cpp")):
-                path = os.path.join(folder, name)
-                digest.update(os.path.relpath(path, root).encode())
-                with open(path, "rb") as handle:
-                    digest.update(handle.read())
-    return digest.hexdigest()
-
-
-def compile_cache_root():
-    """The default folder of the scorer's compile cache: ``$XDG_CACHE_HOME/mindformers_gptlocal/compile`` (else
-    ``~/.cache/...``), beside the kernels' builds."""
-    return user_cache("compile")
-
-
-class ScorerCompileCache:
-    """MindSpore's compile cache (``enable_compile_cache``) for the scorer's graphs, one folder per graph.
-
-    Measured on CPU with MindSpore 2.7.2 (docs/performance.md "Evaluation"): a cached scoring graph loads in
-    ~0.15x of its compile and gives identical numbers (the weights are not in the cache: another model of the
-    same config loads its own). But MindSpore names a cached graph by the process's compile count
-    (``compile_cache_0.mindir``, ``_1``...) and checks only the entry script's imports outside site-packages, so
-    one shared folder loads the wrong graph when shapes come in another order (a crash, or wrong numbers where
-    shapes agree). Here each graph gets a folder of its own, keyed by everything that shapes it: gpt_local's
-    sources, MindSpore's version, the model's config.json, the mode and device, ``GPTLOCAL_*`` / ``MS_*``
-    switches, and the scorer's batch and width; a folder only ever holds that graph, so the worst case is a miss
-    (a compile, as without the cache). The cache is on only around a new width's first call: other graphs
-    (``generate``'s) are never cached."""
-
-    def __init__(self, root, model_dir):
-        self.root = os.path.abspath(os.path.expanduser(str(root)))
-        with open(os.path.join(model_dir, "config.json"), "rb") as handle:
-            self.config_digest = hashlib.sha256(handle.read()).hexdigest()
-
-    def folder(self, kind, **shape):
-        import mindspore as ms
-        switches = {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith(("GPTLOCAL_", "MS_")) and not k.startswith("MS_COMPILER_CACHE")}
-        key = json.dumps({"kind": kind, "shape": shape, "source": _source_digest(), "mindspore": ms.__version__,
-                          "config": self.config_digest, "mode": ms.get_context("mode"),
-                          "device": ms.get_context("device_target"), "switches": switches}, sort_keys=True)
-        return os.path.join(self.root, f"{kind}-" + hashlib.sha256(key.encode()).hexdigest()[:24])
-
-    def around(self, call, kind, **shape):
-        """``call()`` with the compile cache on in this graph's folder, the context as it was afterwards; returns
-        (its result, the seconds this graph's first-ever call took: its compile, kept in the folder). A loaded
-        graph's first call is fast, so ``WidthPlan`` is told the kept compile time instead: the plan stays the one
-        a compiling run makes, and a width is not opened because a cached one looked cheap."""
-        import mindspore as ms
-        from mindspore.common import api
-        entry = getattr(api, "entry_script_path", None)  # MindSpore hashes the entry script (sys.argv[0]) and its
-        if entry is not None and not os.path.isfile(entry):  # imports: `python -c` has none to read, so no cache
-            return call(), None
-        folder = self.folder(kind, **shape)
-        os.makedirs(folder, exist_ok=True)
-        timing = os.path.join(folder, "first_call_seconds")
-        try:
-            with open(timing, encoding="ascii") as handle:
-                kept = float(handle.read())
-        except (OSError, ValueError):
-            kept = None
-        enabled, path = ms.get_context("enable_compile_cache"), ms.get_context("compile_cache_path")
-        if enabled is None:  # unset: MindSpore reads MS_COMPILER_CACHE_ENABLE instead
-            enabled = os.environ.get("MS_COMPILER_CACHE_ENABLE") == "1"
-        # the path is read again only with enable_compile_cache set (measured: MS_COMPILER_CACHE_PATH and a
-        # compile_cache_path alone are read once a process)
-        ms.set_context(enable_compile_cache=True, compile_cache_path=folder)
-        started = time.perf_counter()
-        try:
-            result = call()
-        finally:
-            ms.set_context(enable_compile_cache=bool(enabled), compile_cache_path=path or ".")
-        if kept is None:
-            kept = time.perf_counter() - started
-            with open(timing, "w", encoding="ascii") as handle:
-                handle.write(f"{kept:.6f}")
-        return result, kept
 
 
 class Progress:
@@ -341,8 +255,9 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
     ``max_gen_toks`` (default 256, as HFLM), ``seed`` (sampling in generate_until), ``add_bos_token``,
     ``prefix_token_id``, ``progress`` (stderr progress lines, default on), ``width_plan`` (``adaptive``, the
     default: ``WidthPlan``; ``buckets``: every scoring batch at its own length bucket, the plain path),
-    ``compile_cache`` (``off``, the default here; ``on``: ``compile_cache_root()``; or a folder: the scoring
-    graphs through MindSpore's compile cache, ``ScorerCompileCache``; ``gptlocal eval`` turns it on).
+    ``compile_cache`` (``off``, the default here; ``on``: ``model.graph_cache.default_root()``; or a folder: the
+    scoring graphs and generate_until's through MindSpore's compile cache, ``model/graph_cache.py``
+    ``GraphCache``, set on the model as ``model.graph_cache``; ``gptlocal eval`` turns it on).
     """
 
     backend = "causal"
@@ -401,11 +316,14 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
         if cache.lower() in ("off", "false", "0", "no", "none", ""):
             self._compile_cache = None
         else:
-            root = compile_cache_root() if cache.lower() in ("on", "true", "1", "yes") else cache
+            root = default_root() if cache.lower() in ("on", "true", "1", "yes") else cache
             if os.path.exists(root) and not os.path.isdir(root):
                 raise ConfigError(f"gptlocal model args: compile_cache={compile_cache!r} is a file; give on, off or "
                                   f"a folder for the scorer's cached graphs.")
-            self._compile_cache = ScorerCompileCache(root, self.pretrained)
+            with open(os.path.join(self.pretrained, "config.json"), "rb") as handle:
+                salt = {"config.json": hashlib.sha256(handle.read()).hexdigest()}
+            self._compile_cache = GraphCache(root, salt)
+        self.model.graph_cache = self._compile_cache  # generate's graphs too (model/kv_cache.py cached_call)
         self._widths = WidthPlan(self._max_length, adaptive=str(width_plan) == "adaptive")
         self._kept_compile = None  # the last _score's first-call seconds from the compile cache
         self._generate_calls = 0
@@ -449,8 +367,7 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
         inputs = ms.Tensor(ids), ms.Tensor(targets), ms.Tensor(last)
         self._kept_compile = None
         if self._compile_cache is not None and width not in self._widths.compiled:  # a new graph: cached
-            (picked, greedy, last_probs), self._kept_compile = self._compile_cache.around(
-                lambda: self._scorer(*inputs), "score", batch=self.batch_size, width=width)
+            (picked, greedy, last_probs), self._kept_compile = self._compile_cache.call(self._scorer, inputs)
         else:
             picked, greedy, last_probs = self._scorer(*inputs)
         return picked.asnumpy(), greedy.asnumpy(), last_probs.asnumpy()

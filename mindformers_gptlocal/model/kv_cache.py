@@ -27,6 +27,7 @@ from mindspore.common.initializer import Zero
 
 from .buckets import bucket_of, width_buckets
 from .attention import MASK_VALUE
+from .graph_cache import cached_call
 
 CACHE_BUCKET = 64
 STEPS_BUDGET = 32  # decode_steps x layers unrolled in one GreedySteps graph, at most 8 steps
@@ -128,7 +129,7 @@ class KVCache(nn.Cell):
         """One compiled call on host arrays: next-token logits [B, V] as numpy float32. ``slots``: the
         cache slot of each of the b <= batch_size rows (default row i = slot i); b < batch_size reads only
         those slots (a server decoding some of its slots, each batch size its own compiled graph)."""
-        return self(*step_inputs(ids, positions, last_index, slots)).asnumpy()
+        return cached_call(self.lm, self, *step_inputs(ids, positions, last_index, slots)).asnumpy()
 
     def prefill(self, prompts, pad_id=0):
         """Write the right-padded prompts into rows 0..W-1 (W: the prompt width's bucket); logits after each
@@ -140,7 +141,7 @@ class KVCache(nn.Cell):
         last = lengths - 1  # the logits after each prompt's last token, not after the padding
         if not self.fresh_kernel:
             return self.step(ids, positions, last)
-        return self(*step_inputs(ids, positions, last), True).asnumpy()
+        return cached_call(self.lm, self, *step_inputs(ids, positions, last), True).asnumpy()
 
     def decode(self, tokens, positions):
         """Write one token per sequence at its own position; logits after it."""
@@ -155,8 +156,8 @@ class KVCache(nn.Cell):
         key = bool(with_logits)
         if key not in self._greedy:
             self._greedy[key] = GreedySteps(self, self.decode_steps, key)
-        out = self._greedy[key](Tensor(np.asarray(tokens, np.int32)[:, None]),
-                                Tensor(np.asarray(positions, np.int32)[:, None]))
+        out = cached_call(self.lm, self._greedy[key], Tensor(np.asarray(tokens, np.int32)[:, None]),
+                          Tensor(np.asarray(positions, np.int32)[:, None]))
         if with_logits:
             return out[0].asnumpy(), out[1].asnumpy()
         return out.asnumpy()

@@ -31,6 +31,8 @@ def mindspore_imported():
     ("train_throughput.py", ["--gemm-worker", "torch"]),
     ("attention_kernel.py", ["--worker", "kernel", "noop", "--steps", "0"]),
     ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
+    ("train_gemms.py", ["--rounds", "0"]),
+    ("serve_memory.py", ["--worker", "--noop"]),
 ])
 def test_workers_run_with_the_threads_asked(mindspore_imported, script, args):
     report, _ = C.run_worker(os.path.join(BENCH, script), args + ["--threads", str(THREADS)], THREADS)

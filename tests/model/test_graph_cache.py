@@ -1,0 +1,137 @@
+"""model/graph_cache.py: generate's graphs through MindSpore's compile cache, a stored graph per key.
+
+A second process loads the graphs a writer stored, at other compile numbers than the writer's (the case where
+MindSpore's own folder hands back another graph), and generates what the plain path generates; the key changes
+with everything that shapes a graph and stays put for an equal model; eviction by age and size."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TINY, source_env
+
+PROMPTS = [[5, 17, 3], [9, 2, 44, 61, 8, 30, 7]]  # ragged: both rows padded into one prefill width
+
+
+def tiny_model(**changes):
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    ms.set_seed(0)
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
+    model.set_train(False)
+    return model
+
+
+SIDE = """
+import json, os, sys
+os.environ["GPTLOCAL_LEAN"] = "1"  # as gptlocal eval's process (a MindFormers process builds other attributes)
+import mindspore as ms
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+from mindformers_gptlocal.model.config import GPTLocalConfig
+from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+from mindformers_gptlocal.model.graph_cache import GraphCache
+config, root, prompts = json.loads(sys.argv[1])
+ms.set_seed(0)
+model = GPTLocalForCausalLM(GPTLocalConfig(**config))
+model.set_train(False)
+cache = model.graph_cache = GraphCache(root, salt="test")
+tokens = [model.generate(prompts, max_new_tokens=11, do_sample=False)]
+if sys.argv[2] == "read":  # a second model, its own Cells: its cached compiles are 3 and 4, the writer's were 1 and 2
+    ms.set_seed(0)
+    again = GPTLocalForCausalLM(GPTLocalConfig(**config))
+    again.set_train(False)
+    again.graph_cache = cache
+    tokens.append(again.generate(prompts, max_new_tokens=11, do_sample=False))
+print("SIDE", json.dumps([tokens, cache.hits, cache.misses, cache.disabled]))
+"""
+
+
+def test_a_second_process_loads_the_graphs_and_generates_the_same(graph_mode, tmp_path):
+    """A writer process compiles and stores generate's prefill and greedy-steps graphs; a second process loads
+    them twice, for two models, the second time at other compile numbers than the writer's (MindSpore really
+    loads: a compile would rewrite the copy it is given), and generates the plain path's tokens (this process: no
+    KV cache, the sequence recomputed per token)."""
+    root = tmp_path / "store"
+    config = dict(TINY, num_hidden_layers=1)  # one layer: the 8 greedy steps' unrolled graph compiles faster
+    script = tmp_path / "side.py"  # MindSpore hashes the entry script: a file, not python -c
+    script.write_text(SIDE)
+
+    def side(role):
+        return subprocess.Popen([sys.executable, str(script), json.dumps([config, str(root), PROMPTS]), role],
+                                env=source_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(proc):
+        out, err = proc.communicate(timeout=600)
+        line = [x for x in out.splitlines() if x.startswith("SIDE ")]
+        assert line, out + err[-3000:]
+        return json.loads(line[0][5:])
+    writer = side("write")
+    reference = tiny_model(**config).generate(PROMPTS, max_new_tokens=11, do_sample=False, use_past=False)
+    written, hits, misses, why = result(writer)
+    assert (hits, misses, why) == (0, 2, None) and written == [reference]
+    stored = sorted(p.name.split("-")[0] for p in root.iterdir())
+    assert stored == ["anchor", "greedysteps", "kvcache"]
+    assert all((p / "graph.mindir").stat().st_size > 0 for p in root.iterdir())
+    loaded, hits, misses, why = result(side("read"))
+    assert (hits, misses, why) == (4, 0, None)
+    assert loaded == [reference, reference]
+    assert sorted(p.name.split("-")[0] for p in root.iterdir()) == stored
+
+
+def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
+    import mindspore as ms
+    from mindformers_gptlocal.model.graph_cache import GraphCache
+    from mindformers_gptlocal.model.kv_cache import GreedySteps, KVCache, prefill_inputs, step_inputs
+    cache = GraphCache(tmp_path, salt="a")
+    model, twin = tiny_model(), tiny_model()
+    for param in twin.get_parameters():  # other weights: a graph holds none (they are bound by name at a load)
+        param.set_data(ms.Tensor(np.random.default_rng(1).normal(size=param.shape).astype(np.float32)))
+
+    def prefill_args(batch, fresh=True):
+        ids, positions, lengths = prefill_inputs(PROMPTS, batch, 0, 16)
+        return step_inputs(ids, positions, lengths - 1) + (fresh,)
+
+    base = cache.key(KVCache(model, 2, 64), prefill_args(2))
+    assert base == cache.key(KVCache(twin, 2, 64), prefill_args(2))  # an equal model, other weights: a hit
+    changed = {
+        "batch": cache.key(KVCache(model, 3, 64), prefill_args(3)),
+        "cache length": cache.key(KVCache(model, 2, 128), prefill_args(2)),
+        "plain prefill": cache.key(KVCache(model, 2, 64), prefill_args(2, fresh=False)),
+        "salt": GraphCache(tmp_path, salt="b").key(KVCache(model, 2, 64), prefill_args(2)),
+        "config": cache.key(KVCache(tiny_model(layer_norm_epsilon=1e-6), 2, 64), prefill_args(2)),
+        "layers": cache.key(KVCache(tiny_model(num_hidden_layers=3), 2, 64), prefill_args(2)),
+    }
+    monkeypatch.setenv("GPTLOCAL_DECODE_ATTENTION_KERNEL", "1")
+    changed["switch"] = cache.key(KVCache(model, 2, 64), prefill_args(2))
+    monkeypatch.delenv("GPTLOCAL_DECODE_ATTENTION_KERNEL")
+    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_DAYS", "3")  # the cache's own bounds are not the graph's
+    assert cache.key(KVCache(model, 2, 64), prefill_args(2)) == base
+    kv = KVCache(model, 2, 64)
+    tokens = (ms.Tensor(np.zeros((2, 1), np.int32)), ms.Tensor(np.zeros((2, 1), np.int32)))
+    steps = {n: cache.key(GreedySteps(kv, n), tokens) for n in (4, 8)}
+    logits = cache.key(GreedySteps(kv, 8, with_logits=True), tokens)
+    keys = [base, *changed.values(), steps[4], steps[8], logits]
+    assert len(set(keys)) == len(keys), changed
+
+
+def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path, monkeypatch):
+    from mindformers_gptlocal.errors import ConfigError
+    from mindformers_gptlocal.model.graph_cache import GraphCache, prune
+    now = time.time()
+    ages = {"old": 20, "a": 0.1, "b": 1, "c": 2, "d": 3}  # days since last use
+    for name, days in ages.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "graph.mindir").write_bytes(b"x" * 400_000)
+        os.utime(folder, (now - days * 86400,) * 2)
+    removed = prune(str(tmp_path), days=14, max_mb=1.2, now=now)  # room for three 0.4 MB graphs
+    assert sorted(removed) == ["d", "old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]
+    assert prune(str(tmp_path), days=1.5, max_mb=100, now=now) == ["c"]
+    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_MB", "lots")
+    with pytest.raises(ConfigError, match="GPTLOCAL_COMPILE_CACHE_MB='lots'"):
+        GraphCache(tmp_path / "other")
