@@ -49,18 +49,21 @@ def ours_server(model_dir, port, batch, threads, variant=None):
     """``variant`` "plain": every shape compiled at start (no --warmup-tokens threshold), as before issue 25
     item 5; "chunks": greedy chunks on (GPTLOCAL_SERVE_GREEDY_STEPS=1); "refill": prompts join the decode call
     (--max-prefill-tokens 0, before issue 25 item 4's prefill calls); "wide": the defaults before the lean ones
-    (--batch-buckets 1,4,16 --max-prefill-tokens 128: 4 x 32 prefills and a 4-row decode graph)."""
+    (--batch-buckets 1,4,16 --max-prefill-tokens 128: 4 x 32 prefills and a 4-row decode graph); "cached": the
+    defaults through a compile-cache folder beside the model (round 1 compiles and stores, later rounds load);
+    every other variant runs with --compile-cache off (each start compiles, as a first-ever run)."""
     os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal serve` in its own process: no MindFormers
     plain = variant == "plain"
     refill = ["--max-prefill-tokens", "0"] if variant in ("refill", "plain") else []
     if variant == "wide":
         refill = ["--batch-buckets", "1,4,16", "--max-prefill-tokens", "128"]
     os.environ["GPTLOCAL_SERVE_GREEDY_STEPS"] = "1" if variant == "chunks" else "0"
+    cache = os.path.join(os.path.dirname(os.path.abspath(model_dir)), "compile-cache") if variant == "cached" else "off"
     report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
     return main(["serve", "--model", model_dir, "--port", str(port), "--max-batch-size", str(batch),
                  "--max-model-len", "256", "--prompt-buckets", str(PROMPT), "--served-model-name", "bench",
-                 "--log-level", "warning", *(["--warmup-tokens", str(1 << 30)] if plain else []), *refill])
+                 "--log-level", "warning", "--compile-cache", cache, *(["--warmup-tokens", str(1 << 30)] if plain else []), *refill])
 
 
 def hf_server(model_dir, port, threads):
@@ -178,10 +181,11 @@ def main():
     parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (every shape compiled at start: "
                         "as before issue 25 item 5), ours-chunks (greedy chunks on), ours-refill (prompts join the "
                         "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch "
-                        "buckets 1,4,16, --max-prefill-tokens 128), hf")
+                        "buckets 1,4,16, --max-prefill-tokens 128), ours-cached (the defaults through a compile cache: "
+                        "round 1 stores, later rounds load; the others run with --compile-cache off), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
-    parser.add_argument("--variant", choices=("plain", "chunks", "refill", "wide"),
-                        help="(with --ours-server) ours-plain / ours-chunks / ours-refill / ours-wide")
+    parser.add_argument("--variant", choices=("plain", "chunks", "refill", "wide", "cached"),
+                        help="(with --ours-server) ours-plain / ours-chunks / ours-refill / ours-wide / ours-cached")
     parser.add_argument("--hf-server", metavar="DIR")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
@@ -257,7 +261,9 @@ def main():
         server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, all shapes at start",
                   "ours-chunks": "gptlocal serve, greedy chunks",
                   "ours-refill": "gptlocal serve, refills (--max-prefill-tokens 0)",
-                  "ours-wide": "gptlocal serve, buckets 1,4,16, --max-prefill-tokens 128"}.get(r["side"], "HF generate")
+                  "ours-wide": "gptlocal serve, buckets 1,4,16, --max-prefill-tokens 128",
+                  "ours-cached": "gptlocal serve, compile cache (round 1 stores, later rounds load)",
+                  }.get(r["side"], "HF generate")
         print(f"| {r['shape']} | {server} | {r['clients']} | "
               f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | "
               f"{ratio} | {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")

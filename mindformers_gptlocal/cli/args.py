@@ -111,6 +111,15 @@ def _sampling_flags(parser, max_new_tokens):
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
     parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234): same seed, same text")
     parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+    compile_cache_flag(parser, "generation's graphs")
+
+
+def compile_cache_flag(parser, what):
+    """``--compile-cache on|off|DIR`` (``model/graph_cache.py attach`` reads it)."""
+    parser.add_argument("--compile-cache", default="on",
+                        help=f"{what} through MindSpore's compile cache, loaded instead of compiled in a later run "
+                             f"(less time and memory): on (default; $XDG_CACHE_HOME/mindformers_gptlocal/compile), "
+                             f"off, or a folder")
 
 
 def generate_parser():
@@ -366,6 +375,7 @@ def serve_parser():
                         help="also serve the LoRA adapter of a finetune's model directory DIR as model NAME "
                              "(repeatable; requests of different adapters share decode steps; docs/serving.md)")
     parser.add_argument("--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
+    compile_cache_flag(parser, "the server's graphs")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ops = parser.add_argument_group("running it exposed (docs/serving.md)")
     ops.add_argument("--api-key", default=None,
@@ -401,9 +411,7 @@ def eval_parser():
     parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
     parser.add_argument("--seed", type=int, default=1234, help="seed of lm-eval and of sampled generation")
     parser.add_argument("--log-samples", action="store_true", help="also keep every request's responses in the JSON")
-    parser.add_argument("--compile-cache", default="on",
-                        help="the scoring and generate_until graphs through MindSpore's compile cache: on "
-                             "(default; $XDG_CACHE_HOME/mindformers_gptlocal/compile), off, or a folder")
+    compile_cache_flag(parser, "the scoring and generate_until graphs")
     return parser
 
 

@@ -13,8 +13,9 @@ import sys
 from ..errors import ConfigError, DataError
 
 
-def load(model_dir, device_target="CPU"):
-    """(model, tokenizers.Tokenizer, chat template or None) of a model directory."""
+def load(model_dir, device_target="CPU", compile_cache="off"):
+    """(model, tokenizers.Tokenizer, chat template or None) of a model directory; ``compile_cache``: the
+    ``--compile-cache`` value (``model/graph_cache.py attach``)."""
     if not os.path.isdir(model_dir):
         raise ConfigError(f"--model {model_dir} does not exist; give a gpt_local model directory (config.json, "
                           f"model.safetensors, tokenizer.json), e.g. runs/quickstart/train/model.")
@@ -23,10 +24,12 @@ def load(model_dir, device_target="CPU"):
         raise DataError(f"--model {model_dir} has no tokenizer.json, so text cannot be turned into token ids; "
                         f"copy in the tokenizer the model was trained with (prepare-data's <out>/model).")
     import mindspore as ms
-    ms.set_context(device_target=device_target)
+    ms.set_context(mode=ms.GRAPH_MODE, device_target=device_target)  # as serve: MindSpore's default is PyNative
     from tokenizers import Tokenizer
     from ..model.gpt import GPTLocalForCausalLM
+    from ..model.graph_cache import attach
     model = GPTLocalForCausalLM.from_pretrained(model_dir)
+    attach(model, compile_cache, model_dir)
     template = None
     settings = os.path.join(model_dir, "tokenizer_config.json")
     if os.path.isfile(settings):
@@ -104,7 +107,7 @@ def complete(model, tokenizer, ids, kwargs, out=None, stop=()):
 def generate(options):
     """``gptlocal generate``: the prompt, then its continuation, on stdout."""
     kwargs = sampling(options)
-    model, tokenizer, _ = load(options.model, options.device_target)
+    model, tokenizer, _ = load(options.model, options.device_target, options.compile_cache)
     ids = tokenizer.encode(options.prompt).ids
     if not ids:
         raise ConfigError("--prompt is empty; give some text to continue.")
@@ -140,7 +143,7 @@ def chat(options, stdin=None, stdout=None):
     from ..serve.protocol import PLAIN_CHAT_STOP
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     kwargs = sampling(options)
-    model, tokenizer, template = load(options.model, options.device_target)
+    model, tokenizer, template = load(options.model, options.device_target, options.compile_cache)
     stop = () if template else (PLAIN_CHAT_STOP,)
     room = model.token_positions - options.max_new_tokens
     if room < 1:

@@ -23,7 +23,6 @@ a second run).
 """
 import bisect
 import copy
-import hashlib
 import os
 import sys
 import time
@@ -39,7 +38,7 @@ from ..errors import ConfigError, DataError
 from ..model.buckets import bucket_of, length_bucket, width_buckets
 from ..generation.loop import is_greedy, resolve_options
 from ..host_memory import release_freed_heap
-from ..model.graph_cache import GraphCache, default_root
+from ..model.graph_cache import attach
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
@@ -312,18 +311,9 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self._scorer = _scorer(self.model)
-        cache = str(compile_cache)
-        if cache.lower() in ("off", "false", "0", "no", "none", ""):
-            self._compile_cache = None
-        else:
-            root = default_root() if cache.lower() in ("on", "true", "1", "yes") else cache
-            if os.path.exists(root) and not os.path.isdir(root):
-                raise ConfigError(f"gptlocal model args: compile_cache={compile_cache!r} is a file; give on, off or "
-                                  f"a folder for the scorer's cached graphs.")
-            with open(os.path.join(self.pretrained, "config.json"), "rb") as handle:
-                salt = {"config.json": hashlib.sha256(handle.read()).hexdigest()}
-            self._compile_cache = GraphCache(root, salt)
-        self.model.graph_cache = self._compile_cache  # generate's graphs too (model/kv_cache.py cached_call)
+        # the scoring graphs, and generate's through model/kv_cache.py cached_call
+        self._compile_cache = attach(self.model, compile_cache, self.pretrained,
+                                     flag="gptlocal model args: compile_cache=")
         self._widths = WidthPlan(self._max_length, adaptive=str(width_plan) == "adaptive")
         self._kept_compile = None  # the last _score's first-call seconds from the compile cache
         self._generate_calls = 0

@@ -1,10 +1,12 @@
 """Compiled graphs kept across processes: MindSpore's compile cache, one stored graph per key (``GraphCache``).
 
-Off unless a caller puts a ``GraphCache`` on a model (``model.graph_cache = GraphCache(root, salt)``): the
-``gptlocal`` lm-eval model does (``gptlocal eval --compile-cache on``, the default there) for its scoring graphs
-and, through ``cached_call`` in ``model/kv_cache.py``, for ``generate``'s (the KV cache's prefill, one-token
-and greedy-steps graphs). ``generate`` elsewhere (``gptlocal generate``, ``serve``, ``model.generate``) is
-uncached: nothing sets the attribute there.
+Off unless a caller puts a ``GraphCache`` on a model (``attach(model, setting, model_dir)``, or
+``model.graph_cache = GraphCache(root, salt)``): the CLI does, through its ``--compile-cache on|off|DIR`` (default
+on): ``gptlocal eval`` for its scoring graphs, and ``gptlocal eval``, ``generate``, ``chat`` and ``serve`` for
+``generate``'s and the server's (the KV cache's prefill, one-token and greedy-steps graphs, through
+``cached_call`` in ``model/kv_cache.py`` and ``serve/scheduler.py``). ``model.generate`` in a user's own script is
+uncached unless the script attaches one. A loaded graph skips the compile's time and, measured, most of the host
+heap the compile leaves behind (docs/performance.md "What holds a compiled graph's host heap").
 
 What MindSpore 2.7.2 does on CPU, measured (docs/performance.md "Evaluation", its 2026-12-02 part): with
 ``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
@@ -70,6 +72,26 @@ def default_root():
 def staging_base():
     """Where the processes' staging folders live (one each, removed at exit): ``$TMPDIR/gptlocal-graph-staging``."""
     return os.path.join(tempfile.gettempdir(), "gptlocal-graph-staging")
+
+
+OFF = ("off", "false", "0", "no", "none", "")
+
+
+def attach(model, setting, model_dir, flag="--compile-cache"):
+    """Put a ``GraphCache`` on ``model`` as a ``--compile-cache`` value says (``off``: none; ``on``:
+    ``default_root()``; else a folder), salted with the digest of ``model_dir``'s config.json; returns it (or None).
+    Every ``gptlocal`` command that takes the flag reads it here."""
+    text = "off" if setting is None else str(setting)
+    cache = None
+    if text.lower() not in OFF:
+        root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{setting!r} is a file; give on, off or a "
+                              f"folder for the cached graphs.")
+        with open(os.path.join(model_dir, "config.json"), "rb") as handle:
+            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()})
+    model.graph_cache = cache
+    return cache
 
 
 def cached_call(lm, cell, *args):
@@ -298,12 +320,12 @@ def _cached_compile(cell, args, folder):
         shutil.copyfile(stored, staged)
         os.utime(staged, (0, 0))
     before = len(cell.compile_cache)
-    ms.set_context(enable_compile_cache=True, compile_cache_path=_PROCESS["staging"])
+    _set_cache(ms, True, _PROCESS["staging"])
     started = time.perf_counter()
     try:
         result = cell(*args)
     finally:
-        ms.set_context(enable_compile_cache=False, compile_cache_path=".")
+        _set_cache(ms, False, ".")
     seconds = time.perf_counter() - started
     compiled = len(cell.compile_cache) - before
     if compiled != 1:  # no compile (the graph existed already) or more than one: k is not ours to know
@@ -326,6 +348,20 @@ def _cached_compile(cell, args, folder):
         _store(folder, staged, seconds)
     os.remove(staged)
     return result, seconds, hit
+
+
+def _set_cache(ms, enabled, path):
+    """MindSpore's compile cache on or off, without its Python deprecation warning for ``enable_compile_cache``
+    on every call (MindSpore 2.7.2's env replacement, MS_COMPILER_CACHE_*, is read once a process)."""
+    import logging
+    from mindspore import log
+    logger = log._get_logger()  # pylint: disable=protected-access
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        ms.set_context(enable_compile_cache=enabled, compile_cache_path=path)
+    finally:
+        logger.setLevel(level)
 
 
 def _why_not():

@@ -56,6 +56,7 @@ import numpy as np
 
 from ..host_memory import release_freed_heap
 from ..model.buckets import bucket_of, buckets, width_buckets
+from ..model.graph_cache import attach, cached_call
 from ..generation.sampling import next_tokens
 
 log = logging.getLogger("gptlocal.serve")
@@ -121,8 +122,9 @@ class Engine:
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
                  prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None,
-                 prefill_tokens=None):
+                 prefill_tokens=None, compile_cache="off"):
         self.model_dir = model_dir
+        self.compile_cache = compile_cache  # --compile-cache: model/graph_cache.py attach, in _load
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.requested_len = max_model_len
@@ -212,6 +214,7 @@ class Engine:
         self.model = GPTLocalForCausalLM.from_pretrained(self.model_dir, layer_spec=spec,
                                                          max_batch_size=self.max_batch_size)
         self.model.set_train(False)
+        attach(self.model, self.compile_cache, self.model_dir)
         if spec is not None:
             self.lora = spec.handle
             self.adapters = spec = None  # the numpy copies: the stacked Parameters hold them now
@@ -282,7 +285,8 @@ class Engine:
         if batch not in self._greedy:
             from .steps import SlotGreedySteps
             self._greedy[batch] = SlotGreedySteps(self.cache, self.cache.decode_steps)
-        return self._greedy[batch](Tensor(ids), Tensor(positions), Tensor(np.asarray(rows, np.int32))).asnumpy()
+        return cached_call(self.model, self._greedy[batch], Tensor(ids), Tensor(positions),
+                           Tensor(np.asarray(rows, np.int32))).asnumpy()
 
     def _chunk_fits(self, busy, batch):
         """Whether this decode iteration may be a greedy chunk (module docstring): chunks on, a batch bucket of

@@ -153,33 +153,50 @@ def model_dir(tmp_path_factory, corpus):
 
 
 def _reference(model_dir, ids, max_new, stop=None):
-    """What model.generate gives, greedy, decoded (cut at ``stop``)."""
+    """What model.generate gives, greedy, decoded (cut at ``stop``): in PyNative mode, uncached (the CLI runs in
+    GRAPH mode, through its compile cache)."""
+    import mindspore as ms
     from tokenizers import Tokenizer
     from mindformers_gptlocal import GPTLocalForCausalLM
-    model = GPTLocalForCausalLM.from_pretrained(model_dir)
-    eos = model.config.eos_token_id
-    out = model.generate([ids], do_sample=False, max_new_tokens=max_new, eos_token_id=eos)[0][len(ids):]
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        model = GPTLocalForCausalLM.from_pretrained(model_dir)
+        eos = model.config.eos_token_id
+        out = model.generate([ids], do_sample=False, max_new_tokens=max_new, eos_token_id=eos)[0][len(ids):]
+    finally:
+        ms.set_context(mode=before)
     text = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).decode([t for t in out if t != eos])
     return text[:text.index(stop)] if stop and stop in text else text
 
 
-def test_generate_greedy_equals_model_generate(model_dir, capsys):
+def test_generate_greedy_equals_model_generate(model_dir, capsys, tmp_path, graph_mode):
+    """Streamed and not, both through a compile-cache folder (on by default): the first run stores its graphs,
+    the second loads them; both print what an uncached model.generate gives. (``gptlocal generate`` sets GRAPH
+    mode, as serve does; ``graph_mode`` gives the suite its mode back after.)"""
     from tokenizers import Tokenizer
     prompt = "def main(args):\n    "
     ids = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).encode(prompt).ids
     expected = prompt + _reference(model_dir, ids, 6) + "\n"
-    assert main(["generate", "--model", model_dir, "--prompt", prompt, "--temperature", "0", "--max_new_tokens",
-                 "6", "--stream"]) == 0  # streamed through stop_when; without --stream it is model.generate itself
+    cache = tmp_path / "compile"
+    flags = ["--model", model_dir, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "6",
+             "--compile-cache", str(cache)]
+    assert main(["generate", *flags, "--stream"]) == 0  # streamed through stop_when
+    assert capsys.readouterr().out == expected
+    stored = sorted(p.parent.name.split("-")[0] for p in cache.glob("*/graph.mindir"))
+    assert "anchor" in stored and "kvcache" in stored, stored  # the prefill's graph at least
+    assert main(["generate", *flags]) == 0  # model.generate itself, its graphs loaded where stored
     assert capsys.readouterr().out == expected
 
 
-def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch, capsys):
+def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch, capsys, graph_mode):
     """Two lines on stdin: two replies, the second with the first turn in its prompt (plain template)."""
     from tokenizers import Tokenizer
     from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, render_chat
     tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\nand again\n"))
-    assert main(["chat", "--model", model_dir, "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    assert main(["chat", "--model", model_dir, "--temperature", "0", "--max-new-tokens", "5",
+                 "--compile-cache", "off"]) == 0
     out = capsys.readouterr().out
     messages = [{"role": "user", "content": "print hello"}]
     first = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
