@@ -47,7 +47,10 @@ def rms_swiglu_kernels():
     return not is_parallel_build()
 
 
-LINEAR_GEMM_ROWS = 16  # placeholder, set from the sweep below
+# From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
+# head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
+# (benchmarks/linear_rows.py, docs/performance.md "Linear's GEMM kernel by row count")
+LINEAR_GEMM_ROWS = 16
 HEAD_GEMM_ROWS = 16
 
 
