@@ -84,9 +84,9 @@ def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode
     assert layer.gemm_rows == threshold
     layer.set_train(False)
     _check(layer, weight, bias, (threshold - 1, 1, IN), False)
-    _check(layer, weight, bias, (3, threshold // 3 + 1, IN), True)
+    _check(layer, weight, bias, (2, threshold // 2, IN), True)  # exactly the threshold
     layer.set_train(True)
-    _check(layer, weight, bias, (3, threshold // 3 + 1, IN), False)
+    _check(layer, weight, bias, (2, threshold // 2, IN), False)
 
 
 def test_always_and_never(library, pynative_mode, monkeypatch):
