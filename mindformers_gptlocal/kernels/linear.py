@@ -1,7 +1,8 @@
 """``CPULinearGEMM``: Linear's y = x W^T (+ b) (``cpu_linear.cc``, oneDNN's sgemm on column blocks) as a Cell.
 
 AOT ``ops.Custom`` primitives: the forward without and with the bias (one node for x W^T + b: no BroadcastTo + Add
-after it) and the backward (dx and dW; db is dy's column sum), attached as the forwards' ``bprop``, so they run inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
+after it) and the backward (dx and dW; db is dy's column sum), attached as the forwards' ``bprop``, so they run
+inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
 ``linear_gemm_kernel`` returns None where it cannot run: silently for a dtype other than float32, after one warning
 line per process where the library cannot be built; ``model/layers.py`` Linear then keeps ``ops.MatMul``, the
 reference.

@@ -64,8 +64,8 @@ def linear_gemm_kernel(head=False):
     mode = os.environ.get("GPTLOCAL_LINEAR_KERNEL", "")
     if mode not in ("", "auto", "0", "1"):
         from ..errors import ConfigError  # pylint: disable=import-outside-toplevel
-        raise ConfigError(f"GPTLOCAL_LINEAR_KERNEL={mode!r} is not a setting: leave it unset (the GEMM kernel in "
-                          "inference graphs of many rows), 1 (every graph, training too) or 0 (MatMul only)")
+        raise ConfigError(f"GPTLOCAL_LINEAR_KERNEL={mode!r} is not a setting: leave it unset or auto (the GEMM kernel "
+                          "in inference graphs of many rows), 1 (every graph, training too) or 0 (MatMul only)")
     if mode == "0" or not replace_slow_cpu_kernels():
         return None
     from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
