@@ -6,9 +6,9 @@ cache), same weights, same prompts, same machine, same run.
 
 For each shape a random HF GPT-2 is saved and converted with `gptlocal convert hf2ms`. Prompts are
 32 random tokens, 128 new tokens, greedy (no EOS). Time to first token (TTFT) = the prefill call;
-decode tokens/s = batch x (new tokens - 1) / time after the first token. Each side gets one
-warm-up generation first (ours compiles its prefill and decode graphs there; the compile time is
-printed). Also reported: our cache against our own recomputation of the whole sequence per token.
+decode tokens/s = batch x (new tokens - 1) / time after the first token; the TTFT is the median of TTFT_CALLS
+calls. Each side gets one warm-up generation first (ours compiles its prefill and decode graphs there; the
+compile time is printed). Also reported: our cache against our own recomputation of the whole sequence per token.
 
 Each measurement is its own worker process, started with an explicit environment (OMP_NUM_THREADS =
 MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that it checks in its C environment before importing
@@ -47,6 +47,7 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 PROMPT, NEW = 32, 128
+TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 SIDES = ("ours", "ours-mf", "ours-matmul", "hf")
 SIDE_ENV = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours-mf": {},  # ours-matmul: ours with every Linear on MatMul
             "ours-matmul": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_LINEAR_KERNEL": "0"}, "hf": {}}
@@ -60,9 +61,7 @@ def timed_ours(model, prompts, use_past):
     total = time.perf_counter() - start
     if use_past:  # TTFT: the prefill call of the cache that generation used (compiled by the warm-up)
         cache = model.kv_cache(len(prompts), PROMPT + NEW)
-        start = time.perf_counter()
-        cache.prefill(prompts)
-        return time.perf_counter() - start, total
+        return C.median([C.timed(lambda: cache.prefill(prompts)) for _ in range(TTFT_CALLS)]), total
     start = time.perf_counter()
     model.generate(prompts, max_new_tokens=1, do_sample=False, use_past=use_past)
     return time.perf_counter() - start, total
@@ -73,9 +72,8 @@ def timed_hf(model, prompts):
     ids = torch.tensor(prompts)
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        start = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
-        ttft = time.perf_counter() - start
+        ttft = C.median([C.timed(lambda: model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
+                                                         pad_token_id=0)) for _ in range(TTFT_CALLS)])
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
                              pad_token_id=0, use_cache=True)
