@@ -6,9 +6,9 @@ cache), same weights, same prompts, same machine, same run.
 
 For each shape a random HF GPT-2 is saved and converted with `gptlocal convert hf2ms`. Prompts are
 32 random tokens, 128 new tokens, greedy (no EOS). Time to first token (TTFT) = the prefill call;
-decode tokens/s = batch x (new tokens - 1) / time after the first token. Each side gets one
-warm-up generation first (ours compiles its prefill and decode graphs there; the compile time is
-printed). Also reported: our cache against our own recomputation of the whole sequence per token.
+decode tokens/s = batch x (new tokens - 1) / time after the first token; the TTFT is the median of TTFT_CALLS
+calls. Each side gets one warm-up generation first (ours compiles its prefill and decode graphs there; the
+compile time is printed). Also reported: our cache against our own recomputation of the whole sequence per token.
 
 Each measurement is its own worker process, started with an explicit environment (OMP_NUM_THREADS =
 MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that it checks in its C environment before importing
@@ -25,8 +25,12 @@ once with both attention paths plain (``KVCache.step`` for the prefill,
 ``decode_attention`` off); the calls alternate for --rounds rounds. Prints the prefill (32-token prompts, cache of
 160 rows) and one decode step at each --cache-lengths (at the last row and at the middle one, to show that masked
 rows are not read), wall (median [min]) and the process's CPU time (median), plain / kernels, and the largest
-logit difference. ``--linear-kernel``: the kernels side also runs its Linears and head through the opt-in GEMM kernel
-(GPTLOCAL_LINEAR_KERNEL=1; the batch-1 prefill is 84% MatMul, docs/performance.md).
+logit difference. The kernels side runs its Linears and head as ``generate`` does by default (the GEMM kernel in graphs
+of at least ``cpu_kernels.LINEAR_GEMM_ROWS`` rows: the prefill, not the decode step), the plain side through MatMul
+(GPTLOCAL_LINEAR_KERNEL=0); ``--linear-kernel always``: the kernels side's in every graph (=1), ``off``: MatMul too.
+
+``--sides ours,ours-matmul,hf``: ours-matmul is ours with GPTLOCAL_LINEAR_KERNEL=0 (every Linear and the head on
+MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others in the same run.
 """
 import argparse
 import os
@@ -43,7 +47,10 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 PROMPT, NEW = 32, 128
-SIDES = ("ours", "ours-mf", "hf")
+TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
+SIDES = ("ours", "ours-mf", "ours-matmul", "hf")
+SIDE_ENV = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours-mf": {},  # ours-matmul: ours with every Linear on MatMul
+            "ours-matmul": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_LINEAR_KERNEL": "0"}, "hf": {}}
 
 
 def timed_ours(model, prompts, use_past):
@@ -54,9 +61,7 @@ def timed_ours(model, prompts, use_past):
     total = time.perf_counter() - start
     if use_past:  # TTFT: the prefill call of the cache that generation used (compiled by the warm-up)
         cache = model.kv_cache(len(prompts), PROMPT + NEW)
-        start = time.perf_counter()
-        cache.prefill(prompts)
-        return time.perf_counter() - start, total
+        return C.median([C.timed(lambda: cache.prefill(prompts)) for _ in range(TTFT_CALLS)]), total
     start = time.perf_counter()
     model.generate(prompts, max_new_tokens=1, do_sample=False, use_past=use_past)
     return time.perf_counter() - start, total
@@ -67,9 +72,8 @@ def timed_hf(model, prompts):
     ids = torch.tensor(prompts)
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        start = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
-        ttft = time.perf_counter() - start
+        ttft = C.median([C.timed(lambda: model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
+                                                         pad_token_id=0)) for _ in range(TTFT_CALLS)])
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
                              pad_token_id=0, use_cache=True)
@@ -143,7 +147,7 @@ def worker(side, work, shape, batch, threads, recompute):
     C.emit(report)
 
 
-def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel=False):
+def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel="rows"):
     """Prints kernels vs plain for the prefill and the decode step, in this process (``--kernels-vs-plain``)."""
     import mindspore as ms
     from mindformers_gptlocal.model.buckets import bucket_of
@@ -159,7 +163,8 @@ def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel=False
 
     def built(plain):
         os.environ["GPTLOCAL_DECODE_ATTENTION_KERNEL"] = "0" if plain else "1"  # read at build: opt-in kernel
-        os.environ["GPTLOCAL_LINEAR_KERNEL"] = "1" if linear_kernel and not plain else "0"  # --linear-kernel
+        flag = {"rows": "", "always": "1", "off": "0"}[linear_kernel]  # --linear-kernel; read at build
+        os.environ["GPTLOCAL_LINEAR_KERNEL"] = "0" if plain else flag
         ms.set_seed(0)
         model = GPTLocalForCausalLM(GPTLocalConfig(**config))
         model.set_train(False)
@@ -210,13 +215,15 @@ def main():
                         help="shapes that also time our no-cache path (slow: a full forward per token)")
     parser.add_argument("--sides", default="ours,hf",
                         help="ours (the lean process gptlocal generate runs: no MindFormers), ours-mf (the model on "
-                             "MindFormers' bases, as after `import mindformers`), hf")
+                             "MindFormers' bases, as after `import mindformers`), ours-matmul (ours with "
+                             "GPTLOCAL_LINEAR_KERNEL=0: MatMul in every Linear), hf")
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU attention kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
-    parser.add_argument("--linear-kernel", action="store_true",
-                        help="--kernels-vs-plain: the kernels side also runs every Linear and the head through the "
-                             "opt-in GEMM kernel (GPTLOCAL_LINEAR_KERNEL=1), the plain side through MatMul")
+    parser.add_argument("--linear-kernel", choices=("rows", "always", "off"), default="rows",
+                        help="--kernels-vs-plain: the kernels side's Linears and head on the GEMM kernel in graphs of "
+                             "many rows (rows: the default), in every graph (always: GPTLOCAL_LINEAR_KERNEL=1) or "
+                             "never (off); the plain side's always on MatMul")
     parser.add_argument("--kvp-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -241,7 +248,7 @@ def main():
                 subprocess.run([sys.executable, __file__, "--kvp-worker", "--shapes", shape, "--shape", shape,
                                 "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
                                 "--cache-lengths", args.cache_lengths,
-                                *(["--linear-kernel"] if args.linear_kernel else [])],
+                                "--linear-kernel", args.linear_kernel],
                                env=dict(C.worker_env(args.threads), GPTLOCAL_LEAN="1"), check=True)
         return None
     work = C.scratch_dir("gptlocal-gen-")
@@ -257,7 +264,7 @@ def main():
                 extra = ["--recompute"] if side.startswith("ours") and shape in args.recompute_shapes.split(",") else []
                 report, _ = C.run_worker(__file__, ["--worker", side, "--work", work, "--shape", shape, "--batch",
                                                     str(batch), "--threads", str(args.threads), *extra], args.threads,
-                                            **({"GPTLOCAL_LEAN": "1"} if side == "ours" else {}))
+                                            **SIDE_ENV[side])
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
                 print(f"{shape} batch {batch} round {index + 1} {side:7}: {report['rate']:.1f} tok/s, TTFT "
                       f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own peak: "
@@ -271,7 +278,7 @@ def main():
             sides = tuple(args.sides.split(","))
             unknown = [x for x in sides if x not in SIDES]
             if unknown or "hf" not in sides or len(sides) < 2:
-                raise SystemExit(f"--sides {args.sides}: give hf and one or both of ours, ours-mf")
+                raise SystemExit(f"--sides {args.sides}: give hf and one or more of ours, ours-mf, ours-matmul")
             runs = C.alternate(sides, args.rounds, one)
             rows.append((shape, batch, runs))
     print(f"\n{C.machine_line(args.threads)}")

@@ -80,6 +80,13 @@ MUTATIONS = [
     Mutation("kernel fallback warned once per layer", PKG + "kernels/build.py",
              "    if (off, reason) in _WARNED:\n        return\n", "",
              ["tests/kernels/test_cpu_attention_kernel.py", "-k", "fp16_and_plain"]),
+    Mutation("Linear's GEMM kernel from one row past its threshold", PKG + "model/layers.py",
+             "(not training and rows >= gemm_rows)", "(not training and rows > gemm_rows)",
+             ["tests/kernels/test_linear_gemm_kernel.py"]),
+    Mutation("the GEMM kernel drops Linear's bias", PKG + "kernels/cpu_linear.cc",
+             "for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);",
+             "for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + n0, y + t * N + n1, 0.0f);",
+             ["tests/kernels/test_linear_gemm_kernel.py"]),
     # KV cache and generation
     Mutation("cached decode sees the next cache row", PKG + "model/kv_cache.py",
              "ops.greater(self.key_rows, ops.expand_dims(positions, 2))",

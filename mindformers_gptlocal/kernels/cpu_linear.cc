@@ -7,7 +7,9 @@
 // call. The work is split into `threads` contiguous column blocks, one std::thread each (common.h's reasons), each
 // one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the thread count.
 //
-// gptlocal_linear_fwd: x [T, K], w [N, K], config float32 [1] (threads) -> y [T, N] = x w^T
+// gptlocal_linear_fwd: x [T, K], w [N, K], config float32 [1] (threads) -> y [T, N] = x w^T; or, with five
+//   parameters, x, w, b [N], config -> y = x w^T + b: each thread writes b into its column block's rows, then its
+//   sgemm adds x w^T to them (beta 1), so the bias costs no node and no pass of its own (Linear's bias inside)
 // gptlocal_linear_bwd: x, w, dy [T, N], config -> dx [T, K] = dy w, dw [N, K] = dy^T x
 #include <algorithm>
 #include <cstdint>
@@ -46,20 +48,23 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 4 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2) return 1;
+  const bool has_bias = nparam == 5;
+  if ((nparam != 4 && !has_bias) || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2) return 1;
   const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K) return 2;
+  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
-  const float *config = static_cast<const float *>(params[2]);
-  float *y = static_cast<float *>(params[3]);
+  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
+  const float *config = static_cast<const float *>(params[has_bias ? 3 : 2]);
+  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
   if (T == 0 || N == 0) return 0;
-  if (K == 0) {
-    std::fill(y, y + T * N, 0.0f);
-    return 0;
-  }
-  lin_blocks(lin_threads(config[0], T * N * K), N, [&](int64_t n0, int64_t n1) {
-    dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, 0.0f, y + n0, N);
+  lin_blocks(lin_threads(config[0], T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
+    if (b != nullptr) {
+      for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
+    } else if (K == 0) {
+      for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + n0, y + t * N + n1, 0.0f);
+    }
+    if (K > 0) dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, b != nullptr ? 1.0f : 0.0f, y + n0, N);
   });
   return 0;
 }

@@ -1,7 +1,8 @@
-"""``CPULinearGEMM``: Linear's y = x W^T (``cpu_linear.cc``, oneDNN's sgemm on column blocks) as a Cell.
+"""``CPULinearGEMM``: Linear's y = x W^T (+ b) (``cpu_linear.cc``, oneDNN's sgemm on column blocks) as a Cell.
 
-Two AOT ``ops.Custom`` primitives, the forward and the backward (dx and dW), the second attached as the first's
-``bprop``, so they run inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
+AOT ``ops.Custom`` primitives: the forward without and with the bias (one node for x W^T + b: no BroadcastTo + Add
+after it) and the backward (dx and dW; db is dy's column sum), attached as the forwards' ``bprop``, so they run
+inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
 ``linear_gemm_kernel`` returns None where it cannot run: silently for a dtype other than float32, after one warning
 line per process where the library cannot be built; ``model/layers.py`` Linear then keeps ``ops.MatMul``, the
 reference.
@@ -19,7 +20,8 @@ _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, Min
 
 
 class CPULinearGEMM(nn.Cell):
-    """``construct(x [T, K], w [N, K])`` -> x w^T [T, N], float32, as ``ops.MatMul(transpose_b=True)``."""
+    """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
+    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``)."""
 
     def __init__(self, library_path, threads=None):
         super().__init__()
@@ -29,13 +31,22 @@ class CPULinearGEMM(nn.Cell):
                                 lambda x, w, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
                                lambda x, w, c: x, bprop=self._bprop)
+        self.forward_bias = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, b, c: [x[0], w[0]],
+                                    lambda x, w, b, c: x, bprop=self._bprop_bias)
+        self.bias_grad = ops.ReduceSum()
 
     def _bprop(self, x, weight, config, out, dout):
         dx, dweight = self.backward(x, weight, dout, config)
         return dx, dweight, ops.zeros_like(config)
 
-    def construct(self, x, weight):
-        return self.forward(x, weight, self.config)
+    def _bprop_bias(self, x, weight, bias, config, out, dout):
+        dx, dweight = self.backward(x, weight, dout, config)
+        return dx, dweight, self.bias_grad(dout, 0), ops.zeros_like(config)
+
+    def construct(self, x, weight, bias=None):
+        if bias is None:
+            return self.forward(x, weight, self.config)
+        return self.forward_bias(x, weight, bias, self.config)
 
 
 def linear_gemm_kernel(dtype, **kwargs):

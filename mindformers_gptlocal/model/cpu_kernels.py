@@ -10,7 +10,8 @@ kernels (``kernels/norm_gelu.py``, chosen in ``LayerNorm`` and ``ParallelFeedFor
 ``norm_gelu_kernels()`` says so (``GPTLOCAL_NORM_GELU_KERNELS=0`` keeps MindSpore's ops for these two only); the
 Llama-style RMSNorm and SwiGLU's silu(gate) * up run ``kernels/rms_swiglu.py`` where ``rms_swiglu_kernels()``
 says so (``GPTLOCAL_RMS_SWIGLU_KERNELS=0`` keeps MindSpore's ops for these two only); Linear's GEMM runs
-``kernels/linear.py`` (oneDNN's sgemm) where ``linear_gemm_kernel()`` says so (opt-in: ``GPTLOCAL_LINEAR_KERNEL=1``).
+``kernels/linear.py`` (oneDNN's sgemm) where ``linear_gemm_kernel()`` says so (by default in inference graphs of
+at least ``LINEAR_GEMM_ROWS`` rows; ``GPTLOCAL_LINEAR_KERNEL=1`` every graph, ``=0`` none).
 With
 ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (opt-in) the training loss runs the fused head + cross-entropy
 (``kernels/head_loss.py``, chosen in ``GPTLocalForCausalLM``).
@@ -46,11 +47,30 @@ def rms_swiglu_kernels():
     return not is_parallel_build()
 
 
-def linear_gemm_kernel():
-    """True where Linear's x W^T uses gpt_local's CPU GEMM kernel: opt-in, GPTLOCAL_LINEAR_KERNEL=1 (a busy-machine
-    comparison found Llama-style generation 0.82-0.92x with it, a tiny training step 1.85x: off until measured
-    quietly, docs/performance.md), on CPU, not GPTLOCAL_PLAIN_KERNELS, not a semi-auto/auto parallel build."""
-    if not replace_slow_cpu_kernels() or os.environ.get("GPTLOCAL_LINEAR_KERNEL", "0") != "1":
-        return False
+# From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
+# head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
+# (benchmarks/linear_rows.py, docs/performance.md "Linear's GEMM kernel by row count")
+LINEAR_GEMM_ROWS = 16
+HEAD_GEMM_ROWS = 16
+
+
+def linear_gemm_kernel(head=False):
+    """From how many rows (of a compiled graph's static [T, in] input) Linear's x W^T (``head``: the output head's)
+    uses gpt_local's CPU GEMM kernel: ``LINEAR_GEMM_ROWS`` (``HEAD_GEMM_ROWS``) in inference graphs by default,
+    where it measured faster (docs/performance.md "Linear's GEMM kernel by row count"): prefill and eval graphs,
+    not the few-row decode step, not training (issue 24 kept MatMul there); 0 in every graph, training too, with
+    GPTLOCAL_LINEAR_KERNEL=1; None (MatMul always) with GPTLOCAL_LINEAR_KERNEL=0, off CPU, with
+    GPTLOCAL_PLAIN_KERNELS, in a semi-auto/auto parallel build."""
+    mode = os.environ.get("GPTLOCAL_LINEAR_KERNEL", "")
+    if mode not in ("", "auto", "0", "1"):
+        from ..errors import ConfigError  # pylint: disable=import-outside-toplevel
+        raise ConfigError(f"GPTLOCAL_LINEAR_KERNEL={mode!r} is not a setting: leave it unset or auto (the GEMM kernel "
+                          "in inference graphs of many rows), 1 (every graph, training too) or 0 (MatMul only)")
+    if mode == "0" or not replace_slow_cpu_kernels():
+        return None
     from ..parallel.sharding import is_parallel_build  # pylint: disable=import-outside-toplevel
-    return not is_parallel_build()
+    if is_parallel_build():
+        return None
+    if mode == "1":
+        return 0
+    return HEAD_GEMM_ROWS if head else LINEAR_GEMM_ROWS

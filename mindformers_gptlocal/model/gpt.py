@@ -27,7 +27,7 @@ from .config import GPTLocalConfig
 from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
 from .kv_cache import KVCachePool
-from .layers import cpu_gemm, make_norm, to_mstype
+from .layers import cpu_gemm, make_norm, to_mstype, use_gemm
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
 from .mindformers_adapter import MindFormersAdapter
@@ -257,7 +257,7 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         self.init_mindformers_adapter()
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.head_matmul = ops.MatMul(transpose_b=True)
-        self.head_gemm = cpu_gemm(self.compute_dtype)  # the CPU GEMM kernel (layers.py) or None: head_matmul
+        self.head_gemm, self.head_gemm_rows = cpu_gemm(self.compute_dtype, head=True)  # layers.py; or head_matmul
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()
         self.ignore_token_id = config.ignore_token_id
@@ -325,7 +325,10 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:
             weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
-        logits = self.head_matmul(hidden, weight) if self.head_gemm is None else self.head_gemm(hidden, weight)
+        if use_gemm(self.head_gemm_rows, self.training, batch * seq):  # fixed at compile time (layers.py)
+            logits = self.head_gemm(hidden, weight)
+        else:
+            logits = self.head_matmul(hidden, weight)
         return ops.cast(logits, ms.float32)
 
     def last_logits(self, hidden, last_index):

@@ -21,13 +21,23 @@ def to_mstype(name):
     return DTYPE[name] if isinstance(name, str) else name
 
 
-def cpu_gemm(compute_dtype):
-    """gpt_local's CPU GEMM kernel for x W^T (``kernels/linear.py``) or None (``ops.MatMul(transpose_b=True)``):
-    CPU, float32 compute, one rank, ``cpu_kernels.linear_gemm_kernel()``. Linear's and the output head's."""
-    if compute_dtype != ms.float32 or not linear_gemm_kernel():
-        return None
+def cpu_gemm(compute_dtype, head=False):
+    """(gpt_local's CPU GEMM kernel for x W^T (``kernels/linear.py``) or None, the rows from which it runs or None):
+    CPU, float32 compute, one rank, ``cpu_kernels.linear_gemm_kernel(head)`` (0: every graph; n: inference graphs
+    of at least n rows). Without it ``ops.MatMul(transpose_b=True)``. Linear's and the output head's."""
+    rows = linear_gemm_kernel(head) if compute_dtype == ms.float32 else None
+    if rows is None:
+        return None, None
     from ..kernels.linear import linear_gemm_kernel as kernel  # pylint: disable=import-outside-toplevel
-    return kernel(compute_dtype)
+    gemm = kernel(compute_dtype)
+    return gemm, None if gemm is None else rows
+
+
+def use_gemm(gemm_rows, training, rows):
+    """True where a graph of ``rows`` static rows runs the GEMM kernel (``cpu_gemm``'s rows; ``training``: the
+    Cell's flag). Shapes and the flag are constants in a compiled graph, so this is decided at compile time: the
+    graph holds one of the two paths, never a branch."""
+    return gemm_rows is not None and (gemm_rows == 0 or (not training and rows >= gemm_rows))
 
 
 class Linear(nn.Cell):
@@ -38,9 +48,10 @@ class Linear(nn.Cell):
     kernel adds it (feedforward.py), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
-    On CPU with float32 compute x W^T runs gpt_local's GEMM kernel (``kernels/linear.py``, ``gemm``) where
-    ``GPTLOCAL_LINEAR_KERNEL=1`` asks for it, decided at build time (``cpu_kernels.linear_gemm_kernel``); else
-    ``matmul``, the reference, which also carries the shard strategies.
+    On CPU with float32 compute x W^T (+ b, in the same node) runs gpt_local's GEMM kernel (``kernels/linear.py``,
+    ``gemm``) in inference graphs whose static row count is at least ``gemm_rows`` (prefill, eval; every graph with
+    ``GPTLOCAL_LINEAR_KERNEL=1``; ``cpu_kernels.linear_gemm_kernel``, ``use_gemm``), fixed when the graph compiles;
+    else ``matmul``, the reference, which also carries the shard strategies (then BroadcastTo + Add for the bias).
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
@@ -61,7 +72,7 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
-        self.gemm = cpu_gemm(compute_dtype)  # the CPU GEMM kernel Cell, or None: ``matmul``
+        self.gemm, self.gemm_rows = cpu_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -72,9 +83,14 @@ class Linear(nn.Cell):
 
     def dense(self, x):
         """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it."""
+        rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
         weight = self.cast(self.weight, self.compute_dtype)
-        y = self.matmul(x, weight) if self.gemm is None else self.gemm(x, weight)
+        if use_gemm(self.gemm_rows, self.training, rows):
+            if self.has_bias and not self.skip_bias_add:
+                return x, self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
+            return x, self.gemm(x, weight)
+        y = self.matmul(x, weight)
         if self.has_bias and not self.skip_bias_add:
             bias = self.cast(self.bias, self.compute_dtype)
             y = self.bias_add(y, ops.broadcast_to(bias, y.shape) if self.broadcast_bias else bias)

@@ -165,14 +165,17 @@ def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode,
 
 def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
     """GPTLOCAL_PLAIN_KERNELS=1, GPTLOCAL_RMS_SWIGLU_KERNELS=0 and float16 compute build the plain ops, with no
-    warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on; the Linear GEMM only with
-    GPTLOCAL_LINEAR_KERNEL=1."""
+    warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on; the Linear GEMM is built by
+    default (used by row count: tests/kernels/test_linear_gemm_kernel.py) and with GPTLOCAL_LINEAR_KERNEL=1, not
+    with =0."""
     def kernels(**changes):
         layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **LLAMA, **changes))).model.layers[0]
         return (layer.input_layernorm.kernel is not None, layer.mlp.swiglu is not None,
                 layer.mlp.linear_fc2.gemm is not None)
 
     monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
+    assert kernels() == (True, True, True)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
     assert kernels() == (True, True, False)
     monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
     assert kernels() == (True, True, True)

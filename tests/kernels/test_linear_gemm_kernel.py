@@ -1,0 +1,120 @@
+"""Linear's GEMM kernel with the bias inside (kernels/linear.py, cpu_linear.cc) against MindSpore's MatMul + Add (the
+plain path of model/layers.py Linear) and float64, forward and gradients, on odd shapes; Linear and the output head
+choosing it by their compiled graph's static row count (inference only by default, every graph with
+GPTLOCAL_LINEAR_KERNEL=1, never with =0); the switch's values."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.errors import ConfigError
+from mindformers_gptlocal.kernels import linear
+from mindformers_gptlocal.model import cpu_kernels
+from mindformers_gptlocal.model.layers import Linear, use_gemm
+from conftest import TINY
+
+IN, OUT = 77, 109  # not multiples of 8; 33 x 109 x 77 multiply-adds run on 2 threads (cpu_linear.cc lin_threads):
+# 7 groups of 16 columns split 4 + 3, the bias copied per block
+
+
+def _close(actual, expected, name):
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(actual, expected, atol=1e-5 * scale, rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 33])
+def test_bias_inside_matches_matmul_add_and_float64(library, pynative_mode, rows):
+    """x W^T + b in one kernel call, and dx, dW, db, against MatMul + Add and float64."""
+    rng = np.random.default_rng(rows)
+    x, w = rng.standard_normal((rows, IN)).astype(np.float32), rng.standard_normal((OUT, IN)).astype(np.float32)
+    b, weight = rng.standard_normal(OUT).astype(np.float32), rng.standard_normal((rows, OUT)).astype(np.float32)
+    args = tuple(Tensor(a) for a in (x, w, b))
+    kernel = linear.CPULinearGEMM(library, threads=2)
+    matmul = ops.MatMul(transpose_b=True)
+
+    def grads(fn):
+        value = fn(*args)
+        got = ms.grad(lambda *a: (fn(*a) * Tensor(weight)).sum(), (0, 1, 2))(*args)
+        return [value.asnumpy()] + [g.asnumpy() for g in got]
+
+    got, want = grads(kernel), grads(lambda x_, w_, b_: matmul(x_, w_) + b_)
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, weight))
+    exact = [x64 @ w64.T + b, g64 @ w64, g64.T @ x64, g64.sum(0)]
+    for name, actual, expected, precise in zip(("y", "dx", "dw", "db"), got, want, exact):
+        _close(actual, expected, name + " vs MindSpore")
+        _close(actual, precise, name + " vs float64")
+    _close(kernel(args[0], args[1]).asnumpy(), x64 @ w64.T, "y without bias")  # the four-parameter call still
+
+
+class _Marked(linear.CPULinearGEMM):
+    """The real kernel, its output doubled: tells which path a compiled graph took (values alone cannot: both
+    paths agree to 1e-6)."""
+
+    def construct(self, x, weight, bias=None):
+        return 2.0 * super().construct(x, weight, bias)
+
+
+def _marked_linear(library, monkeypatch, flag):
+    """A Linear built with GPTLOCAL_LINEAR_KERNEL=flag (None: unset), its gemm marked, and its (W, b) in float64."""
+    if flag is None:
+        monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
+    else:
+        monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", flag)
+    layer = Linear(IN, OUT, 0.5, ms.float32, ms.float32)
+    assert layer.gemm is not None
+    layer.gemm = _Marked(library)
+    bias = np.random.default_rng(7).standard_normal(OUT).astype(np.float32)
+    layer.bias.set_data(Tensor(bias))
+    return layer, layer.weight.asnumpy().astype(np.float64), bias.astype(np.float64)
+
+
+def _check(layer, weight, bias, shape, kernel_expected):
+    """layer(x) == x W^T + b (float64), doubled where the kernel ran."""
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    want = (x.astype(np.float64) @ weight.T + bias) * (2.0 if kernel_expected else 1.0)
+    _close(layer(Tensor(x)).asnumpy(), want, f"training={layer.training} shape={shape}")
+
+
+def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode, monkeypatch):
+    """Default: compiled inference graphs of >= LINEAR_GEMM_ROWS rows run the kernel (bias inside), fewer rows and
+    training graphs MatMul; [B, S, in] inputs count as B * S rows."""
+    threshold = cpu_kernels.LINEAR_GEMM_ROWS
+    layer, weight, bias = _marked_linear(library, monkeypatch, None)
+    assert layer.gemm_rows == threshold
+    layer.set_train(False)
+    _check(layer, weight, bias, (threshold - 1, 1, IN), False)
+    _check(layer, weight, bias, (2, threshold // 2, IN), True)  # exactly the threshold
+    layer.set_train(True)
+    _check(layer, weight, bias, (2, threshold // 2, IN), False)
+
+
+def test_always_and_never(library, pynative_mode, monkeypatch):
+    """GPTLOCAL_LINEAR_KERNEL=1: the kernel in every graph, one row and training too; =0 builds none; anything else
+    is refused naming the variable."""
+    layer, weight, bias = _marked_linear(library, monkeypatch, "1")
+    assert layer.gemm_rows == 0
+    for train in (False, True):
+        layer.set_train(train)
+        _check(layer, weight, bias, (1, IN), True)
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
+    assert Linear(IN, OUT, 0.5, ms.float32, ms.float32).gemm is None
+    assert [use_gemm(rows_at, False, 5) for rows_at in (None, 0, 5, 6)] == [False, True, True, False]
+    assert [use_gemm(rows_at, True, 99) for rows_at in (None, 0, 5)] == [False, True, False]
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "yes")
+    with pytest.raises(ConfigError, match="GPTLOCAL_LINEAR_KERNEL='yes'"):
+        cpu_kernels.linear_gemm_kernel()
+
+
+def test_model_builds_the_row_thresholds(monkeypatch):
+    """A tiny GPT-2's Linears and head get the default thresholds (their values against transformers by default:
+    tests/generation/test_generation.py, tests/checkpoint's conversions), none with GPTLOCAL_LINEAR_KERNEL=0."""
+    config = GPTLocalConfig(**TINY)
+    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
+    model = GPTLocalForCausalLM(config)
+    layer = model.model.layers[0]
+    assert [layer.attention.linear_qkv.gemm_rows, layer.mlp.linear_fc2.gemm_rows, model.head_gemm_rows] == [
+        cpu_kernels.LINEAR_GEMM_ROWS, cpu_kernels.LINEAR_GEMM_ROWS, cpu_kernels.HEAD_GEMM_ROWS]
+    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
+    plain = GPTLocalForCausalLM(config)
+    assert plain.head_gemm is None and plain.model.layers[0].attention.linear_qkv.gemm_rows is None
