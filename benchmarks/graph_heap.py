@@ -92,7 +92,7 @@ def worker(kind, cells, threads, cache):
     import numpy as np
     import mindspore as ms
     from mindspore import nn, Tensor
-    C.mindspore_threads(threads, "graph_heap worker")
+    runtime_threads = C.mindspore_threads(threads, "graph_heap worker")
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     if cache:
         ms.set_context(enable_compile_cache=True, compile_cache_path=cache)
@@ -108,7 +108,7 @@ def worker(kind, cells, threads, cache):
     net(x).asnumpy()
     rss1, heap1 = C.rss_mb(), heap_mb()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    C.emit(dict(env=env, rss=rss1 - rss0, arena=heap1[0] - heap0[0], live=heap1[1] - heap0[1],
+    C.emit(dict(env=env, runtime_threads=runtime_threads, rss=rss1 - rss0, arena=heap1[0] - heap0[0], live=heap1[1] - heap0[1],
                 free=heap1[2] - heap0[2], trimmed=C.rss_mb() - rss0))
 
 

@@ -33,6 +33,7 @@ def mindspore_imported():
     ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
     ("train_gemms.py", ["--rounds", "0"]),
     ("serve_memory.py", ["--worker", "--noop"]),
+    ("graph_heap.py", ["--worker", "mul", "1", ""]),
 ])
 def test_workers_run_with_the_threads_asked(mindspore_imported, script, args):
     report, _ = C.run_worker(os.path.join(BENCH, script), args + ["--threads", str(THREADS)], THREADS)
