@@ -48,9 +48,10 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
-SIDES = ("ours", "ours-mf", "ours-matmul", "hf")
+SIDES = ("ours", "ours-mf", "ours-matmul", "ours-cached", "hf")
 SIDE_ENV = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours-mf": {},  # ours-matmul: ours with every Linear on MatMul
-            "ours-matmul": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_LINEAR_KERNEL": "0"}, "hf": {}}
+            "ours-matmul": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_LINEAR_KERNEL": "0"}, "hf": {},
+            "ours-cached": {"GPTLOCAL_LEAN": "1"}}  # ours through a compile cache (the CLI's default)
 
 
 def timed_ours(model, prompts, use_past):
@@ -127,8 +128,11 @@ def worker(side, work, shape, batch, threads, recompute):
                 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
         report["mindformers_loaded"] = "mindformers" in sys.modules
         with phases("load"):
-            model = GPTLocalForCausalLM.from_pretrained(os.path.join(work, shape + "_ms"),
-                                                        max_batch_size=max(8, batch))
+            model_dir = os.path.join(work, shape + "_ms")
+            model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch))
+        if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
+            from mindformers_gptlocal.model.graph_cache import attach
+            attach(model, os.path.join(work, "compile-cache"), model_dir)
         with phases("first_call"):
             start = time.perf_counter()
             model.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
@@ -216,7 +220,9 @@ def main():
     parser.add_argument("--sides", default="ours,hf",
                         help="ours (the lean process gptlocal generate runs: no MindFormers), ours-mf (the model on "
                              "MindFormers' bases, as after `import mindformers`), ours-matmul (ours with "
-                             "GPTLOCAL_LINEAR_KERNEL=0: MatMul in every Linear), hf")
+                             "GPTLOCAL_LINEAR_KERNEL=0: MatMul in every Linear), ours-cached (ours through a "
+                             "compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
+                             "round 1 compiles and stores, later rounds load), hf")
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU attention kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
@@ -278,7 +284,8 @@ def main():
             sides = tuple(args.sides.split(","))
             unknown = [x for x in sides if x not in SIDES]
             if unknown or "hf" not in sides or len(sides) < 2:
-                raise SystemExit(f"--sides {args.sides}: give hf and one or more of ours, ours-mf, ours-matmul")
+                raise SystemExit(f"--sides {args.sides}: give hf and one or more of ours, ours-mf, ours-matmul, "
+                                 f"ours-cached")
             runs = C.alternate(sides, args.rounds, one)
             rows.append((shape, batch, runs))
     print(f"\n{C.machine_line(args.threads)}")
