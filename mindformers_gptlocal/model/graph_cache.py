@@ -317,8 +317,13 @@ def _cached_compile(cell, args, folder):
     stored = os.path.join(folder, STORED)
     copied = os.path.isfile(stored)
     if copied:
-        shutil.copyfile(stored, staged)
-        os.utime(staged, (0, 0))
+        try:
+            shutil.copyfile(stored, staged)
+            os.utime(staged, (0, 0))
+        except OSError:  # pruned by another process meanwhile: a miss
+            copied = False
+            if os.path.exists(staged):
+                os.remove(staged)
     before = len(cell.compile_cache)
     _set_cache(ms, True, _PROCESS["staging"])
     started = time.perf_counter()
@@ -450,7 +455,11 @@ def _touch(folder):
 def _store(folder, staged, seconds):
     """Move a graph MindSpore wrote into its key's folder: a temporary name, then a rename (readers never see a
     half-written file); its first call's seconds beside it."""
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:  # a read-only or full cache folder: the graph is used, not kept
+        _store_failed(folder, err)
+        return
     for name, write in ((TIMING, lambda tmp: _write_text(tmp, f"{seconds:.6f}")),
                         (STORED, lambda tmp: shutil.copyfile(staged, tmp))):
         handle, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
@@ -459,13 +468,21 @@ def _store(folder, staged, seconds):
             write(tmp)
             os.replace(tmp, os.path.join(folder, name))
         except OSError as err:
-            sys.stderr.write(f"gpt_local: compile cache: could not store {folder}: {err}\n")
+            _store_failed(folder, err)
             try:
                 os.remove(tmp)
             except OSError:
                 pass
             return
     _touch(folder)
+
+
+def _store_failed(folder, err):
+    """One stderr line a process: the graphs are used, not kept (a read-only or full cache folder)."""
+    if not _PROCESS.get("store_failed"):
+        _PROCESS["store_failed"] = True
+        sys.stderr.write(f"gpt_local: compile cache: could not store {folder}: {err}; graphs are compiled and "
+                         f"used, not kept (give --compile-cache a writable folder, or off).\n")
 
 
 def _write_text(path, text):

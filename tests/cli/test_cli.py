@@ -187,6 +187,12 @@ def test_generate_greedy_equals_model_generate(model_dir, capsys, tmp_path, grap
     assert "anchor" in stored and "kvcache" in stored, stored  # the prefill's graph at least
     assert main(["generate", *flags]) == 0  # model.generate itself, its graphs loaded where stored
     assert capsys.readouterr().out == expected
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    flags[flags.index(str(cache))] = str(blocked / "compile")  # a store that cannot be made: used, not kept
+    assert main(["generate", *flags]) == 0
+    out = capsys.readouterr()
+    assert out.out == expected and "could not store" in out.err and out.err.count("could not store") == 1
 
 
 def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch, capsys, graph_mode):
