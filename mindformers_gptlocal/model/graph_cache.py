@@ -85,11 +85,8 @@ def attach(model, setting, model_dir, flag="--compile-cache"):
     cache = None
     if text.lower() not in OFF:
         root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
-        if os.path.exists(root) and not os.path.isdir(root):
-            raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{setting!r} is a file; give on, off or a "
-                              f"folder for the cached graphs.")
         with open(os.path.join(model_dir, "config.json"), "rb") as handle:
-            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()})
+            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()}, flag=flag)
     model.graph_cache = cache
     return cache
 
@@ -247,10 +244,11 @@ class GraphCache:
     the caller knows shapes the graphs (JSON-able; the eval's: its config.json digest). ``call(cell, args)`` runs
     one call; only a call whose (Cell, argument signature) this process has not run yet goes through the cache."""
 
-    def __init__(self, root, salt=None):
+    def __init__(self, root, salt=None, flag="compile cache"):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
-        if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise ConfigError(f"compile cache {root!r} is a file; give on, off or a folder for the cached graphs.")
+        if os.path.exists(self.root) and not os.path.isdir(self.root):  # ``flag``: the setting the error names
+            raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{root!r} is a file; give on, off or a "
+                              f"folder for the cached graphs.")
         self.salt = salt
         self._seen = weakref.WeakKeyDictionary()  # Cell -> argument signatures it has run
         self.hits = self.misses = 0
