@@ -1,5 +1,12 @@
-"""Safetensors files: finding the weights file a path stands for, reading headers and tensors, checking a
-file is whole, and atomic writes. Knows nothing of the model (``model/weights.py`` does the loading).
+"""The one home of weight-file I/O: finding the weights file a path stands for, reading safetensors
+headers and tensors (one reader, one dtype table, one "not a readable file" error), checking a file is
+whole, writing safetensors (whole dicts through the ``safetensors`` library, or streamed tensor by tensor)
+and atomic writes. Knows nothing of the model (``model/weights.py`` loads a model, ``checkpoint/`` converts).
+
+Reading is our own plain file reads rather than ``safetensors.numpy``: numpy has no bfloat16 (the library
+refuses BF16 tensors; we widen them to float32 exactly), the library memory-maps the whole file (its pages
+count against the process's RSS; a converter's peak stays near the largest tensor here), and a model's
+Parameters are read into in place (no second copy). No torch, no MindSpore: lean processes import it.
 
 Writes go to a temporary name and are renamed into place, so a crash never leaves a
 half-written file under the final name.
@@ -9,6 +16,8 @@ import json
 import os
 import re
 import struct
+
+import numpy as np
 
 from .errors import CheckpointError
 
@@ -60,18 +69,20 @@ def read_header(path):
 
 
 def _inspect(path):
-    """(problem or None, header or None): the header is readable and its tensors end exactly at the file's end."""
+    """(problem or None, header length, header or None): the header is readable and its tensors end exactly at
+    the file's end."""
     try:
         length, header = read_header(path)
         ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     except HeaderPastEnd as err:
-        return str(err), None
+        return str(err), 0, None
     except (OSError, struct.error, ValueError, TypeError, KeyError, AttributeError) as err:
-        return f"unreadable safetensors header ({err.__class__.__name__})", None
+        return f"unreadable safetensors header ({err.__class__.__name__})", 0, None
     size = os.path.getsize(path)
     if 8 + length + max(ends, default=0) != size:
-        return f"{size} bytes but the header describes {8 + length + max(ends, default=0)} (truncated or padded)", None
-    return None, header
+        return (f"{size} bytes but the header describes {8 + length + max(ends, default=0)} (truncated or padded)",
+                0, None)
+    return None, length, header
 
 
 def safetensors_problem(path):
@@ -79,23 +90,122 @@ def safetensors_problem(path):
     return _inspect(path)[0]
 
 
+def unreadable(path, detail):
+    """The one error for a file that is not a readable safetensors file (``detail`` says what is wrong)."""
+    return CheckpointError(f"{path} is not a readable safetensors file: {detail}; it may be truncated or "
+                           f"corrupt. Use an earlier checkpoint or re-export it.")
+
+
 def tensor_shapes(path):
     """name -> shape from a safetensors header; CheckpointError naming the file if it is damaged."""
-    problem, header = _inspect(path)
-    if problem:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {problem}; it may be truncated or "
-                              f"corrupt. Use an earlier checkpoint or re-export it.")
-    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    return SafetensorsReader(path).shapes()
+
+
+# safetensors dtype -> numpy dtype of the stored bytes. BF16 (numpy has none) is stored as its upper 16 bits
+# and read widened to float32 exactly (``SafetensorsReader.get``); it is never written.
+DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+          "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+          "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
+WRITABLE = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
+
+
+class SafetensorsReader:
+    """One safetensors file, read one tensor at a time with plain file reads (no mmap), so the file's pages
+    never count against this process's memory. The header is checked whole at construction (the tensors end
+    exactly at the file's end), else ``unreadable``."""
+
+    def __init__(self, path):
+        self.path = path
+        problem, length, header = _inspect(path)
+        if problem:
+            raise unreadable(path, problem)
+        self.data_start = 8 + length
+        header.pop("__metadata__", None)
+        self.header = header
+
+    def names(self):
+        return list(self.header)
+
+    def shape(self, name):
+        return tuple(self.header[name]["shape"])
+
+    def shapes(self):
+        return {name: self.shape(name) for name in self.header}
+
+    def _stored(self, name):
+        info = self.header[name]
+        dtype = DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{self.path}: tensor '{name}' has dtype {info['dtype']}, which is not supported "
+                                  f"(supported: {', '.join(DTYPES)}).")
+        return info, np.dtype(dtype)
+
+    def _read(self, name, info, into=None):
+        start, stop = info["data_offsets"]
+        with open(self.path, "rb") as handle:
+            handle.seek(self.data_start + start)
+            if into is None:
+                raw = handle.read(stop - start)
+                got = len(raw)
+            else:
+                got = handle.readinto(into)
+        if got != stop - start:
+            raise unreadable(self.path, f"tensor '{name}' ends early")
+        return raw if into is None else None
+
+    def get(self, name):
+        """The tensor as a writable numpy array of its stored dtype (BF16 widened to float32 exactly)."""
+        info, dtype = self._stored(name)
+        array = np.frombuffer(self._read(name, info), dtype=dtype).reshape(info["shape"])
+        if info["dtype"] == "BF16":
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        return array.copy()
+
+    def read_into(self, name, target):
+        """Read the tensor straight into numpy array ``target``'s memory when it has the stored dtype and shape
+        and is C-contiguous; True when done, False when the caller must ``get`` and convert."""
+        info, dtype = self._stored(name)
+        if (info["dtype"] == "BF16" or target.dtype != dtype or tuple(target.shape) != self.shape(name)
+                or not target.flags["C_CONTIGUOUS"] or not target.flags["WRITEABLE"]):
+            return False
+        self._read(name, info, memoryview(target).cast("B"))
+        return True
 
 
 def read_safetensors(path):
-    """name -> numpy array; a truncated or corrupt file raises CheckpointError naming it."""
-    from safetensors.numpy import load_file
-    try:
-        return load_file(path)
-    except Exception as err:  # safetensors raises several types for damaged files
-        raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated or "
-                              f"corrupt. Use an earlier checkpoint or re-export it.") from err
+    """name -> numpy array of a whole file; a truncated or corrupt file raises ``unreadable``."""
+    reader = SafetensorsReader(path)
+    return {name: reader.get(name) for name in reader.names()}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """name -> array to one safetensors file (the ``safetensors`` library's layout), written atomically."""
+    from safetensors.numpy import save_file
+    tensors = {name: np.asarray(array, order="C") for name, array in tensors.items()}  # 0-d stays 0-d
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def write_safetensors_streamed(path, plan, metadata=None):
+    """Write safetensors from ``plan``: list of (name, shape, dtype, produce) where produce() returns
+    the array. Only one tensor is in memory at a time."""
+    header, offset = {}, 0
+    for name, shape, dtype, _ in plan:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": WRITABLE[np.dtype(dtype)], "shape": list(shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    if metadata:
+        header["__metadata__"] = metadata
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(blob)))
+        handle.write(blob)
+        for name, shape, dtype, produce in plan:
+            array = np.asarray(produce(), dtype=dtype, order="C")
+            if tuple(array.shape) != tuple(shape):
+                raise CheckpointError(f"tensor '{name}' came out {array.shape}, expected {tuple(shape)}.")
+            handle.write(array.tobytes())
 
 
 def atomic_write(path, write):

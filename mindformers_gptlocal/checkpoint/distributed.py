@@ -20,13 +20,12 @@ import json
 import os
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from .. import yaml_io
 from ..errors import CheckpointError, ConfigError
 from ..model.params import parameter_table
 from ..parallel.sharding import check_divisible, merge_slices, rank_slice
-from ..safetensors_io import atomic_write, read_safetensors
+from ..safetensors_io import read_safetensors, write_safetensors
 from ..staging import write_folder
 
 SHARD_NAME = "gpt_local.safetensors"
@@ -131,7 +130,7 @@ def split_checkpoint(ckpt, config, out, overwrite=False):
         for rank, shard in shards.items():
             folder = os.path.join(staging, f"rank_{rank}")
             os.makedirs(folder)
-            save_file(shard, os.path.join(folder, SHARD_NAME), metadata={"format": FORMAT, "rank": str(rank)})
+            write_safetensors(os.path.join(folder, SHARD_NAME), shard, {"format": FORMAT, "rank": str(rank)})
         with open(os.path.join(staging, STRATEGY_NAME), "w", encoding="utf-8") as handle:
             json.dump(plan.metadata(entries), handle, indent=1)
         return {"ranks": plan.ranks, "tensors": len(tensors), "out": os.path.abspath(out)}
@@ -193,5 +192,5 @@ def merge_checkpoint(directory, out):
         raise CheckpointError(f"--out {out} is a folder; give a .safetensors file name.")
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    atomic_write(out, lambda tmp: save_file(merged, tmp, metadata={"format": "gpt_local"}))
+    write_safetensors(out, merged, {"format": "gpt_local"})
     return {"tensors": len(merged), "ranks": meta["rank_size"], "out": os.path.abspath(out)}

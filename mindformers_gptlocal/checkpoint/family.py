@@ -24,10 +24,9 @@ import numpy as np
 from ..errors import CheckpointError
 from ..model.params import architecture, parameter_table, rotary_dim
 from ..parallel.layout import Layout
-from ..safetensors_io import resolve_weights_file
+from ..safetensors_io import SafetensorsReader, resolve_weights_file, write_safetensors_streamed
 from ..staging import write_folder
-from .weights_io import SafetensorsReader, TensorSource, copy_tokenizer, read_json, read_ms_config, write_ms_dir, \
-    write_safetensors_streamed
+from .weights_io import TensorSource, copy_tokenizer, read_json, read_ms_config, write_ms_dir
 
 KINDS = ("copy", "transpose", "groups", "qkv_weight", "qkv_bias")
 

@@ -14,11 +14,11 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..model.lora_config import LORA_A, LORA_B, is_adapter_name, is_lora_name
-from ..safetensors_io import read_safetensors, resolve_weights_file
+from ..safetensors_io import (SafetensorsReader, read_safetensors, resolve_weights_file, write_safetensors,
+                              write_safetensors_streamed)
 from ..staging import write_folder
 from .hf_gpt2 import local_to_hf_name
-from .weights_io import SafetensorsReader, copy_tokenizer as _copy_tokenizer, read_json as _read_json, \
-    write_safetensors_streamed
+from .weights_io import copy_tokenizer as _copy_tokenizer, read_json as _read_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -111,8 +111,7 @@ def merge(base_dir, adapter, out, alpha=None, overwrite=False):
     config = {k: v for k, v in base_config.items() if k != "pet_config"}
 
     def build(staging):
-        from safetensors.numpy import save_file
-        save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "gpt_local"})
+        write_safetensors(os.path.join(staging, "model.safetensors"), tensors, {"format": "gpt_local"})
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
         for name in os.listdir(base_dir):

@@ -36,9 +36,9 @@ import numpy as np
 from .. import yaml_io
 from ..errors import CheckpointError
 from ..model.params import architecture
-from ..safetensors_io import resolve_weights_file
+from ..safetensors_io import SafetensorsReader, resolve_weights_file
 from .family import Family, expected_shapes, foreign_shapes, to_foreign, to_local
-from .weights_io import SafetensorsReader, read_ms_config, write_ms_dir
+from .weights_io import read_ms_config, write_ms_dir
 
 # (gpt_local name, MindFormers names, kind); "{}" is the layer index.
 # kinds (family.py): copy; transpose ([in, out] <-> [out, in]); groups (dense1/2/3, each [out, in] or [out], <->

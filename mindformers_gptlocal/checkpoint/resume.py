@@ -16,7 +16,7 @@ import glob
 import os
 
 from ..errors import CheckpointError
-from ..safetensors_io import safetensors_problem, step_of
+from ..safetensors_io import SafetensorsReader, safetensors_problem, step_of
 from . import manifest as ckpt_manifest
 
 RESUME_KEYS = ("step_num", "epoch_num", "global_batch_size", "loss_scale")
@@ -24,14 +24,12 @@ RESUME_KEYS = ("step_num", "epoch_num", "global_batch_size", "loss_scale")
 
 def resume_info(path):
     """step_num, epoch_num, ... stored in a training checkpoint; CheckpointError if it has none."""
-    from safetensors import safe_open
     problem = safetensors_problem(path)
     if problem:
         raise CheckpointError(f"resume checkpoint {path}: {problem}. Resume from an earlier checkpoint (point "
                               f"load_checkpoint at its folder to pick the newest complete one).")
-    with safe_open(path, framework="numpy") as handle:
-        keys = set(handle.keys())
-        info = {k: handle.get_tensor(k).item() for k in RESUME_KEYS if k in keys}
+    reader = SafetensorsReader(path)
+    info = {k: reader.get(k).item() for k in RESUME_KEYS if k in reader.names()}
     if "step_num" not in info:
         raise CheckpointError(f"resume checkpoint {path} holds weights only (no step_num / optimizer state), so "
                               f"training cannot resume from it. Use it as load_checkpoint without resume_training, "

@@ -1,20 +1,18 @@
-"""Reading and writing the weight files the converters stream, one tensor at a time: Hugging Face
-directories (``model.safetensors``, a sharded index, a weights-only ``pytorch_model.bin``), safetensors
-written tensor by tensor, a gpt_local model directory (config.json + model.safetensors + tokenizer) written
-all at once through ``staging.write_folder``. Knows no weight names (the families in ``family.py`` do).
+"""The folders the converters read and write: Hugging Face directories read lazily, one tensor at a time
+(``model.safetensors``, a sharded index, a weights-only ``pytorch_model.bin``), and a gpt_local model
+directory (config.json + model.safetensors + tokenizer) written all at once through ``staging.write_folder``.
+Safetensors files themselves are read and written by ``safetensors_io`` (the one reader and dtype table).
+Knows no weight names (the families in ``family.py`` do).
 
 Pure numpy; torch only to read a ``.bin``, with ``weights_only=True`` unless ``--allow-pickle``.
 """
 import json
 import os
 import shutil
-import struct
-
-import numpy as np
 
 from ..data.tokenizer import EOD_TOKEN, from_gpt2_files
 from ..errors import CheckpointError
-from ..safetensors_io import TOKENIZER_FILES, read_header
+from ..safetensors_io import TOKENIZER_FILES, SafetensorsReader, write_safetensors_streamed
 from ..staging import write_folder
 from ..tokenizer_id import write_id
 
@@ -77,75 +75,6 @@ class TensorSource:
     def get(self, name):
         reader, ref = self.files[name]
         return ref if reader is None else reader.get(ref)
-
-
-class SafetensorsReader:
-    """Reads one tensor at a time with plain file reads (no mmap), so the source file's pages never
-    count against this process's memory: peak RSS stays near the largest tensor, not the file."""
-
-    DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64, "I64": np.int64,
-              "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
-
-    def __init__(self, path):
-        self.path = path
-        try:
-            length, self.header = read_header(path)
-            self.data_start = 8 + length
-        except (OSError, ValueError, struct.error) as err:
-            raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated.") from err
-        self.header.pop("__metadata__", None)
-        end = max((info["data_offsets"][1] for info in self.header.values()), default=0)
-        if self.data_start + end > os.path.getsize(path):
-            raise CheckpointError(f"{path} is truncated: its header describes {self.data_start + end} bytes, the "
-                                  f"file has {os.path.getsize(path)}.")
-
-    def names(self):
-        return list(self.header)
-
-    def shape(self, name):
-        return tuple(self.header[name]["shape"])
-
-    def get(self, name):
-        info = self.header[name]
-        start, stop = info["data_offsets"]
-        with open(self.path, "rb") as handle:
-            handle.seek(self.data_start + start)
-            raw = handle.read(stop - start)
-        if info["dtype"] == "BF16":  # widen bfloat16 to float32 exactly
-            bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
-            return bits.view(np.float32).reshape(info["shape"])
-        dtype = self.DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise CheckpointError(f"{self.path}: tensor '{name}' has dtype {info['dtype']}, which is not supported.")
-        return np.frombuffer(raw, dtype=dtype).reshape(info["shape"]).copy()
-
-
-# ---------------------------------------------------------------------------------------------
-# writing safetensors one tensor at a time
-_DTYPES = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("int64"): "I64",
-           np.dtype("int32"): "I32"}
-
-
-def write_safetensors_streamed(path, plan, metadata=None):
-    """Write safetensors from ``plan``: list of (name, shape, dtype, produce) where produce() returns
-    the array. Only one tensor is in memory at a time."""
-    header, offset = {}, 0
-    for name, shape, dtype, _ in plan:
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": _DTYPES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    if metadata:
-        header["__metadata__"] = metadata
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(blob)))
-        handle.write(blob)
-        for name, shape, dtype, produce in plan:
-            array = np.ascontiguousarray(produce(), dtype=dtype)
-            if tuple(array.shape) != tuple(shape):
-                raise CheckpointError(f"tensor '{name}' came out {array.shape}, expected {tuple(shape)}.")
-            handle.write(array.tobytes())
 
 
 # ---------------------------------------------------------------------------------------------

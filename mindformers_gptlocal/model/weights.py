@@ -6,12 +6,11 @@ import json
 import os
 import shutil
 
-import numpy as np
 import mindspore as ms
 
 from ..errors import CheckpointError
-from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, atomic_write, read_header,
-                              resolve_weights_file, tensor_shapes, write_json)
+from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, SafetensorsReader, atomic_write,
+                              resolve_weights_file, tensor_shapes, write_json, write_safetensors)
 from ..parallel.layout import Layout
 from ..tokenizer_id import write_id
 from .lora_config import is_adapter_name, is_lora_name, is_multi_lora_name, is_prefix_name
@@ -92,52 +91,21 @@ def load_weights(model, path):
     alone and converted, so the process never holds a second copy of the model (GPT-2 small, fp32: peak
     RSS of building + loading 2,039 -> 1,090 MB, measured)."""
     path = resolve_weights_file(path)
-    names = model_state(tensor_shapes(path), model)
+    reader = SafetensorsReader(path)
+    names = model_state(reader.shapes(), model)
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
-    length, header = read_header(path)
-    try:
-        with open(path, "rb") as handle:
-            for name in names:
-                _read_into(handle, 8 + length, header[name], params[name], path)
-    except CheckpointError:
-        raise
-    except Exception as err:  # a file damaged past its header
-        raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated or "
-                              f"corrupt. Use an earlier checkpoint or re-export it.") from err
+    for name in names:
+        param = params[name]
+        target = param.asnumpy() if param.dtype in (ms.float32, ms.float16, ms.float64) else None
+        if target is None or not reader.read_into(name, target):
+            param.set_data(ms.Tensor(reader.get(name), param.dtype))
     return path
-
-
-_NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I32": np.int32, "I64": np.int64}
-
-
-def _read_into(handle, data_start, entry, param, path):
-    """One tensor of the file (header ``entry``) into ``param``: in place when dtypes agree, else converted."""
-    begin, end = entry["data_offsets"]
-    source = _NUMPY_DTYPES.get(entry["dtype"])
-    handle.seek(data_start + begin)
-    if source is None:  # BF16 and other types numpy lacks: safetensors converts this one tensor
-        from safetensors import safe_open
-        with safe_open(path, framework="np") as weights:
-            array = weights.get_tensor(param.name)
-        param.set_data(ms.Tensor(array, param.dtype))
-        return
-    target = param.asnumpy() if param.dtype in (ms.float32, ms.float16, ms.float64) else None
-    if target is not None and target.dtype == source and target.flags["C_CONTIGUOUS"]:
-        view = memoryview(target).cast("B")
-        if handle.readinto(view) != end - begin:
-            raise CheckpointError(f"{path}: tensor '{param.name}' ends early; the file is truncated. Use an "
-                                  f"earlier checkpoint or re-export it.")
-        return
-    array = np.frombuffer(handle.read(end - begin), dtype=source).reshape(tuple(entry["shape"]))
-    param.set_data(ms.Tensor(array, param.dtype))
 
 
 def save_weights(model, path):
     """All model parameters to one safetensors file, written atomically."""
-    from safetensors.numpy import save_file
-    tensors = {p.name: np.ascontiguousarray(p.asnumpy()) for p in model.get_parameters()
-               if is_weight(p.name)}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "gpt_local"}))
+    write_safetensors(path, {p.name: p.asnumpy() for p in model.get_parameters() if is_weight(p.name)},
+                      {"format": "gpt_local"})
 
 
 def save_model_dir(model, out_dir, tokenizer_dir=None):

@@ -92,3 +92,27 @@ def test_a_model_that_built_a_kv_cache_keeps_its_checkpoint_names(saved, tmp_pat
     model.save_pretrained(str(tmp_path / "again"))
     assert sorted(load_file(str(tmp_path / "again" / "model.safetensors"))) == sorted(
         load_file(str(saved / "model.safetensors")))
+
+
+def test_bf16_weights_load_widened_to_float32(saved, tmp_path):
+    """A BF16 file (numpy has no bfloat16; ``safetensors.numpy`` refuses it) loads its values exactly."""
+    import json
+    import struct
+    reference = load_file(str(saved / "model.safetensors"))
+    header, blobs, offset = {}, [], 0
+    for name, array in sorted(reference.items()):
+        raw = (array.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (tmp_path / "bf").mkdir()
+    with open(tmp_path / "bf" / "model.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    model.load_weights(str(tmp_path / "bf"))
+    params = _params(model)
+    for name, array in reference.items():
+        widened = ((array.astype(np.float32).view(np.uint32) >> 16) << 16).astype(np.uint32).view(np.float32)
+        np.testing.assert_array_equal(params[name].asnumpy(), widened, err_msg=name)
