@@ -200,14 +200,24 @@ def cpu_model():
     return platform.processor() or "unknown CPU"
 
 
+# ``--keep`` on any benchmark's command line (``run.py`` passes it on) keeps the scratch folders; taken out of
+# sys.argv here, before the script's own parser sees it, so every script accepts it without declaring it.
+KEEP = "--keep" in sys.argv[1:]
+if KEEP:
+    sys.argv.remove("--keep")
+if os.environ.get("GPTLOCAL_KEEP_BENCH"):
+    print("GPTLOCAL_KEEP_BENCH is no longer read; pass --keep to the benchmark (or to benchmarks/run.py).",
+          file=sys.stderr, flush=True)
+
+
 def scratch_dir(prefix):
     """A temporary work folder removed when the benchmark exits (converted models and data run to GBs:
-    17 generate runs filled the disk); GPTLOCAL_KEEP_BENCH=1 keeps it (its path is printed)."""
+    17 generate runs filled the disk); ``--keep`` keeps it (its path is printed)."""
     path = tempfile.mkdtemp(prefix=prefix)
-    if os.environ.get("GPTLOCAL_KEEP_BENCH", "0") in ("", "0"):
-        atexit.register(shutil.rmtree, path, True)
-    else:
+    if KEEP:
         print(f"work folder kept: {path}", flush=True)
+    else:
+        atexit.register(shutil.rmtree, path, True)
     return path
 
 

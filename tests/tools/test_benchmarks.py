@@ -31,9 +31,7 @@ def mindspore_imported():
     ("train_throughput.py", ["--gemm-worker", "torch"]),
     ("attention_kernel.py", ["--worker", "kernel", "noop", "--steps", "0"]),
     ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
-    ("train_gemms.py", ["--rounds", "0"]),
     ("serve_memory.py", ["--worker", "--noop"]),
-    ("graph_heap.py", ["--worker", "mul", "1", ""]),
 ])
 def test_workers_run_with_the_threads_asked(mindspore_imported, script, args):
     report, _ = C.run_worker(os.path.join(BENCH, script), args + ["--threads", str(THREADS)], THREADS)
@@ -57,3 +55,39 @@ def test_alternate_orders_and_spread():
     assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert results == {"a": [10, 20, 30], "b": [10, 20, 30], "c": [10, 20, 30]}
     assert C.spread([3.0, 1.0, 2.0]) == "2 [1-3]"
+
+
+def test_run_py_names_every_benchmark_and_runs_a_part():
+    """benchmarks/run.py is the one entry point: every script here but the shared helpers (and the ones other work
+    removes) is a part of a suite, the listed commands are those run, and extra arguments reach the script."""
+    import run
+    scripts = {script for _, parts in run.SUITES.values() for _, script, _ in parts}
+    here = {name for name in os.listdir(BENCH) if name.endswith(".py")}
+    assert scripts <= here
+    assert here - scripts == {"_common.py", "run.py", "eval_tasks.py",
+                              "head_loss.py", "fused_optimizer.py", "serve_chunk_cache.py"}
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "train", "--part", "small", "--dry-run",
+                          "--rounds", "1"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ("== train/small: python benchmarks/train_throughput.py --shapes small --rounds 2 --steps 5 "
+                           "--warmup 2 --torch-variants compile --rounds 1")
+    listed = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--list"], capture_output=True, text=True,
+                            check=True).stdout
+    assert all(f"python benchmarks/{script}" in listed for script in scripts)
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "train", "--part", "huge"],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "suite train has no part 'huge'; its parts: tiny, small" in bad.stderr
+
+
+def test_run_py_runs_the_part_with_keep(tmp_path, capfd):
+    """A part really runs (train's torch worker with zero steps) and ``--keep`` reaches ``_common``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nsys.path.insert(0, %r)\nimport _common as C\nprint('keep', C.KEEP, sys.argv[1:])\n"
+                     % BENCH)
+    import run
+    run.SUITES["probe"] = ("test", [("p", str(probe), "--x 1")])
+    try:
+        code = run.main(["probe", "--keep", "--y", "2"])
+    finally:
+        del run.SUITES["probe"]
+    assert code == 0
+    assert "keep True ['--x', '1', '--y', '2']" in capfd.readouterr().out

@@ -1,0 +1,135 @@
+"""The one entry point of the benchmarks: named suites, each a list of parts, each part one benchmark script of this
+folder with the arguments that produced docs/performance.md's table for that job.
+
+    python benchmarks/run.py --list                    # every suite, its parts and the exact commands
+    python benchmarks/run.py train                     # regenerate performance.md's training table
+    python benchmarks/run.py serve --part tiny         # one part of a suite
+    python benchmarks/run.py generate --part gpt2 --rounds 1 --shapes tiny   # extra arguments go to the part's script
+    python benchmarks/run.py kernels --dry-run         # print the commands, run nothing
+    python benchmarks/run.py lora --keep               # keep the scratch folders (converted models, data)
+
+Every part runs as its own process (``python benchmarks/SCRIPT ARGS``), one after another, so nothing of one is
+left in the next; each script starts its measuring workers through ``_common.run_worker`` (threads pinned and
+checked, sides alternating, median [min-max] over rounds, peak RSS) and prints the machine line. Arguments after
+the suite's own options are appended to each part's (argparse takes the last value of a repeated option), so a
+part's default can be overridden. ``--keep`` is passed on: ``_common.scratch_dir`` keeps its folder and prints
+its path. Exit status: 0 when every part succeeded, else the first failing part's.
+
+Run the suites on a quiet machine, one at a time (the scripts print BUSY when the 1-min load says otherwise).
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# suite -> (what it measures, [(part, script, arguments)]); the arguments are those of docs/performance.md's table
+SUITES = {
+    "train": ("pretraining tokens/s, MFU and peak RSS against HF GPT-2 under torch.compile", [
+        ("tiny", "train_throughput.py", "--shapes tiny --rounds 3 --torch-variants compile"),
+        ("small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --torch-variants compile"),
+    ]),
+    "long": ("long-sequence training (the fused attention kernel) against HF with SDPA and fused AdamW", [
+        ("small1024", "train_throughput.py", "--shapes small --seq-length 1024 --batch-size 1 --steps 5 --warmup 2 "
+                                             "--rounds 2 --torch-variants sdpa+fused"),
+        ("tiny2048", "train_throughput.py", "--shapes tiny --seq-length 2048 --batch-size 1 --steps 8 --rounds 2 "
+                                            "--torch-variants sdpa+fused"),
+    ]),
+    "lora": ("parameter-efficient finetuning against Hugging Face peft (LoRA, prefix tuning)", [
+        ("lora", "finetune_throughput.py", "--shape small --steps 5 --warmup 2 --rounds 2 --threads 2 --methods lora"),
+        ("prefix", "finetune_throughput.py", "--shape tiny --steps 8 --rounds 2 --methods prefix"),
+    ]),
+    "generate": ("KV-cache generation (decode tok/s, TTFT, peak RSS) against transformers' generate", [
+        ("gpt2", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
+                                           "--sides ours,ours-cached,hf"),
+        ("llama", "llama_style_vs_transformers.py", "--shape 120m --batches 1,4 --rounds 2 --repeats 1 --threads 2 "
+                                                    "--compile-cache"),
+    ]),
+    "serve": ("gptlocal serve (continuous batching) against transformers, one generate per request", [
+        ("tiny", "serve_throughput.py", "--shapes tiny --clients 1,16 --new 32 --requests 16 --threads 2 --rounds 2 "
+                                        "--sides ours,ours-cached,hf"),
+        ("small", "serve_throughput.py", "--shapes small --clients 1,16 --new 16 --requests 16 --threads 2 --rounds 2 "
+                                         "--sides ours,ours-cached,hf"),
+    ]),
+    "multi-lora": ("gptlocal serve --lora with one client per adapter against one adapter and the merged model", [
+        ("tiny", "serve_multi_lora.py", "--adapters 4 --requests 2 --new 32 --rounds 5 --threads 2"),
+    ]),
+    "eval": ("gptlocal eval (lm-eval) against lm-eval's hf backend on the same weights, cold and warm", [
+        ("tiny", "eval_throughput.py", "--shape tiny --rounds 2 --threads 2 --limit 48 --docs 48"),
+    ]),
+    "kernels": ("each CPU kernel against the plain MindSpore ops it replaces, in one process, alternating", [
+        ("attention", "attention_kernel.py", "--rounds 3"),
+        ("norm-gelu", "norm_gelu_kernels.py", "--rounds 20 --threads 2"),
+        ("linear", "linear_rows.py", "--rounds 20 --threads 2"),
+        ("kv-write", "kv_cache_lengths.py", "--shapes small --batches 1 8 --cache-lengths 64 512 2048 --steps 5 "
+                                            "--rounds 2"),
+        ("reduce", "reduce_kernels.py", ""),
+    ]),
+    "memory": ("where the bytes go: conversion, a server process, the planner's CPU memory fit", [
+        ("convert", "convert_memory.py", ""),
+        ("serve", "serve_memory.py", "--shape small --threads 2"),
+        ("rss-fit", "cpu_rss_fit.py", "fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192"),
+    ]),
+    "profile": ("per-op profiles (MindSpore's profiler) of a training step and of Llama-style inference", [
+        ("train", "train_step_profile.py", "--shape tiny --batch 4 --seq 256"),
+        ("llama", "llama_style_profile.py", "--batch 1 --seq 256 --new 32"),
+    ]),
+    "soak": ("a long training run: does memory creep, does the checkpoint folder stay bounded", [
+        ("tiny", "soak.py", ""),
+    ]),
+}
+
+
+def command(script, arguments, extra=(), keep=False):
+    """The argv of one part: this interpreter, the script, its arguments, the extra ones, ``--keep``."""
+    return [sys.executable, os.path.join(HERE, script), *shlex.split(arguments), *extra] + (["--keep"] if keep else [])
+
+
+def shown(argv):
+    """``python benchmarks/SCRIPT ARGS`` as a reader would type it from the repository's root."""
+    return " ".join(["python", os.path.join("benchmarks", os.path.basename(argv[1])), *map(shlex.quote, argv[2:])])
+
+
+def listing():
+    lines = []
+    for suite, (what, parts) in SUITES.items():
+        lines.append(f"{suite}: {what}")
+        lines += [f"  {part:<11} {shown(command(script, arguments))}" for part, script, arguments in parts]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=listing(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", nargs="?", choices=list(SUITES), help="the suite to run")
+    parser.add_argument("--part", action="append", help="run only this part (repeatable); default every part")
+    parser.add_argument("--list", action="store_true", help="print every suite, its parts and commands")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
+    parser.add_argument("--keep", action="store_true", help="keep the benchmarks' scratch folders")
+    args, extra = parser.parse_known_args(argv)
+    if args.list or not args.suite:
+        print(listing())
+        return 0 if args.list else 2
+    _, parts = SUITES[args.suite]
+    names = [part for part, _, _ in parts]
+    unknown = [p for p in args.part or () if p not in names]
+    if unknown:
+        parser.error(f"suite {args.suite} has no part {unknown[0]!r}; its parts: {', '.join(names)}")
+    chosen = [p for p in parts if not args.part or p[0] in args.part]
+    status = 0
+    for part, script, arguments in chosen:
+        argv_ = command(script, arguments, extra, args.keep)
+        print(f"== {args.suite}/{part}: {shown(argv_)}", flush=True)
+        if args.dry_run:
+            continue
+        code = subprocess.run(argv_, cwd=os.path.dirname(HERE), check=False).returncode
+        if code and not status:
+            status = code
+            print(f"== {args.suite}/{part} failed with exit status {code}", file=sys.stderr, flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
