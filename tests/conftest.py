@@ -160,8 +160,9 @@ def tiny_trained_run(corpus, tmp_path_factory):
 
 # --- shared by several test files (were imported from one test file by another) ---
 def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
-               keep=2, **changes):
-    """A tiny run printing every step and saving a checkpoint every step (keeping ``keep``) with ``monitor``."""
+               keep=2, save_delay=0.0, **changes):
+    """A tiny run printing every step and saving a checkpoint every step (keeping ``keep``) with ``monitor``;
+    ``save_delay``: seconds each save waits before its rename (the monitor's ``test_save_delay``: kill tests)."""
     tmp_path.mkdir(exist_ok=True)
     yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
     config = yaml_io.load_yaml(yaml_path)
@@ -170,6 +171,8 @@ def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monito
             callback["per_print_times"] = 1
         if callback["type"] == "GPTLocalCheckpointMonitor":
             callback.update(type=monitor, save_checkpoint_steps=1, keep_checkpoint_max=keep)
+            if save_delay:
+                callback["test_save_delay"] = save_delay
     return yaml_io.dump_yaml(config, yaml_path)
 
 

@@ -36,8 +36,7 @@ from . import manifest as ckpt_manifest
 SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 ON_SAVE_ERROR = ("stop", "continue")
 
-# Test hook: seconds to wait between writing a checkpoint's temp file and renaming it, so a
-# kill test can land inside a save. Unset in normal use.
+# Replaced by the callback key ``test_save_delay``; when still set, one line names the key.
 SAVE_DELAY_ENV = "GPTLOCAL_TEST_SAVE_DELAY"
 
 
@@ -55,7 +54,7 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
     """CheckpointMonitor with temp-name + fsync + rename writes and a manifest of complete files."""
 
     def __init__(self, *args, checkpoint_format="safetensors", async_save=False, run_record=None,
-                 checksum="sha256", on_save_error="stop", **kwargs):
+                 checksum="sha256", on_save_error="stop", test_save_delay=0.0, **kwargs):
         if checksum not in ckpt_manifest.CHECKSUMS:
             raise CheckpointError(f"GPTLocalCheckpointMonitor.checksum is {checksum!r}; use one of "
                                   f"{', '.join(ckpt_manifest.CHECKSUMS)}.")
@@ -63,6 +62,11 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
             raise CheckpointError(f"GPTLocalCheckpointMonitor.on_save_error is {on_save_error!r}; use one of "
                                   f"{', '.join(ON_SAVE_ERROR)}.")
         self._run_record, self._checksum, self._on_save_error = run_record, checksum, on_save_error
+        # tests only: seconds between writing a checkpoint's temp file and renaming it, so a kill lands in a save
+        self._test_save_delay = float(test_save_delay or 0)
+        if os.environ.get(SAVE_DELAY_ENV):
+            print(f"[gpt_local] {SAVE_DELAY_ENV} is no longer read; set test_save_delay on the "
+                  f"GPTLocalCheckpointMonitor callback in the YAML.", flush=True)
         if async_save:
             print("[gpt_local] GPTLocalCheckpointMonitor: async_save is off (a file must be whole before it is "
                   "recorded).", flush=True)
@@ -101,9 +105,8 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         partial = os.path.join(directory, f"{ckpt_manifest.PARTIAL_PREFIX}{os.getpid()}-{name}")
         try:
             super().remove_redundancy(network, partial, append_dict, train_network)
-            delay = float(os.environ.get(SAVE_DELAY_ENV) or 0)
-            if delay:
-                time.sleep(delay)
+            if self._test_save_delay:
+                time.sleep(self._test_save_delay)
             ckpt_manifest.fsync_path(partial)
         except Exception as err:  # pylint: disable=broad-except  (safetensors raises its own SafetensorError)
             if not self._out_of_space(err, partial):

@@ -1,6 +1,6 @@
 """Crash-safe checkpoints: SIGKILL training at seeded random moments, many of them inside a save.
 
-Every save is slowed (GPTLOCAL_TEST_SAVE_DELAY) so kills often land between writing a checkpoint's
+Every save is slowed (the monitor's ``test_save_delay``) so kills often land between writing a checkpoint's
 temp file and renaming it. After each kill there must be a newest complete checkpoint that
 verifies and loads; at the end a resumed run finishes and its last losses equal an
 uninterrupted run's. Bounded: at most KILLS kills and BUDGET_S seconds of killing.
@@ -32,7 +32,7 @@ def _start(yaml_path, cwd, resume, log_path):
         args += ["--resume_training", "True"]
     log = open(log_path, "w")
     proc = subprocess.Popen(args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                            env=source_env(GPTLOCAL_TEST_SAVE_DELAY="0.15"))
+                            env=source_env())
     return proc, log
 
 
@@ -50,7 +50,7 @@ def _wait_for_training(proc, log_path, deadline):
 def killed_run(corpus, tmp_path_factory):
     """Train with repeated SIGKILLs; returns (yaml, cwd, output checkpoint dir, kill records)."""
     tmp = tmp_path_factory.mktemp("crash")
-    yaml_path = write_yaml(tmp, corpus, train_dataset__data_loader__num_samples=4 * STEPS)
+    yaml_path = write_yaml(tmp, corpus, save_delay=0.15, train_dataset__data_loader__num_samples=4 * STEPS)
     ckpt_dir = str(tmp / "output" / "checkpoint")
     rng = random.Random(7)
     records, start = [], time.time()

@@ -131,9 +131,14 @@ def test_stopped_resumed_then_killed_during_a_save_resumes_both_ranks_exactly(co
     assert first == [losses[:STOP] for losses in reference]
 
     log_dir = tmp_path / "msrun_log_killed"
-    proc = subprocess.Popen(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", yaml_path,
+    config = yaml_io.load_yaml(yaml_path)  # the same run, each save slowed down (the monitor's test_save_delay)
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalCheckpointMonitor":
+            callback["test_save_delay"] = 0.5
+    slowed = yaml_io.dump_yaml(config, str(tmp_path / "pretrain_gpt_local_tiny_cpu_dp2_slowed.yaml"))
+    proc = subprocess.Popen(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", slowed,
                              "--resume_training", "True"],
-                            cwd=str(tmp_path), env=_msrun_env(tmp_path, "killed", GPTLOCAL_TEST_SAVE_DELAY="0.5"),
+                            cwd=str(tmp_path), env=_msrun_env(tmp_path, "killed"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 300
@@ -143,7 +148,7 @@ def test_stopped_resumed_then_killed_during_a_save_resumes_both_ranks_exactly(co
                 break
             time.sleep(0.2)
         time.sleep(0.25)  # inside the next slowed-down save
-        pids = _worker_pids(yaml_path)
+        pids = _worker_pids(slowed)
         assert 1 in pids, pids
         os.kill(pids[1], signal.SIGKILL)
         killed_at = time.time()
