@@ -108,6 +108,13 @@ MUTATIONS = [
     Mutation("repetition penalty rewards repeats", PKG + "generation/sampling.py",
              "np.where(values > 0, values / penalty, values * penalty)",
              "np.where(values > 0, values * penalty, values / penalty)", ["tests/generation/test_sampling.py"]),
+    # weight files
+    Mutation("BF16 read as integers, not widened", PKG + "safetensors_io.py",
+             "return (array.astype(np.uint32) << 16).view(np.float32)", "return array.astype(np.float32)",
+             ["tests/checkpoint/test_safetensors_io.py"]),
+    Mutation("in-place read ignores the stored dtype", PKG + "safetensors_io.py",
+             "target.dtype != dtype or", "False and target.dtype != dtype or",
+             ["tests/checkpoint/test_safetensors_io.py", "tests/checkpoint/test_lean_loading.py"]),
     # conversion
     Mutation("HF c_proj not transposed", PKG + "checkpoint/hf_gpt2.py",
              '("attention.linear_proj.weight", "attn.c_proj.weight", "transpose")',
