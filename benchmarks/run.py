@@ -101,7 +101,8 @@ def listing():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=listing(),
+    # allow_abbrev=False: a script's option that begins like one of ours (--k, --li) goes to the script
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=listing(), allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", nargs="?", choices=list(SUITES), help="the suite to run")
     parser.add_argument("--part", action="append", help="run only this part (repeatable); default every part")
