@@ -1,6 +1,6 @@
-"""Where one `gptlocal serve` request's time goes, in one process: the engine (no HTTP) with greedy chunks, the
-engine with one step per iteration, and `model.generate` at batch 1, alternating over --rounds; per compiled
-call (prefill, single step, chunk) and the host work between calls; VmRSS after load and after warm-up.
+"""Where one `gptlocal serve` request's time goes, in one process: the engine (no HTTP, one step per iteration)
+and `model.generate` at batch 1, alternating over --rounds; per compiled call (prefill, single step) and the host
+work between calls; VmRSS after load and after warm-up.
 
     python benchmarks/serve_profile.py --shape tiny --new 32 --rounds 6 --threads 2
     python benchmarks/serve_profile.py --shape tiny --new 32 --rounds 6 --threads 2 --refills   # + refills' engine
@@ -48,39 +48,32 @@ def main():
     hf_to_ms(hf_dir, ms_dir)
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
-    from mindformers_gptlocal.serve.scheduler import Engine, Request
+    from mindformers_gptlocal.serve.engine import Engine
+    from mindformers_gptlocal.serve.scheduler import Request
     calls = []
 
     def make_engine(**options):
         engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT], **options)
-        engine.chunked = True  # opt-in in the server (GPTLOCAL_SERVE_GREEDY_STEPS=1); compiled at warm-up here
         engine._load()
         loaded = C.rss_mb()
         engine.warm_up()
         engine.ready.set()
         print(f"{options or 'defaults'}: VmRSS after load {loaded:.0f} MB, after warm-up {C.rss_mb():.0f} MB; warm-up "
-              f"{engine.warmup_seconds:.1f} s; chunk k = {engine.cache.decode_steps}", flush=True)
-        step, chunk = engine.cache.step, engine._greedy_chunk
+              f"{engine.warmup_seconds:.1f} s", flush=True)
+        step = engine.cache.step
 
         def timed_step(*a, **k):
             start = time.perf_counter()
             out = step(*a, **k)
             calls.append(("prefill" if a[0].shape[1] > 1 else "step", time.perf_counter() - start))
             return out
-
-        def timed_chunk(*a):
-            start = time.perf_counter()
-            out = chunk(*a)
-            calls.append(("chunk", time.perf_counter() - start))
-            return out
-        engine.cache.step, engine._greedy_chunk = timed_step, timed_chunk
+        engine.cache.step = timed_step
         return engine
     engine = make_engine()
     refills = make_engine(prefill_tokens=0) if args.refills else None  # --max-prefill-tokens 0
     prompt = np.random.default_rng(0).integers(0, SHAPES[args.shape]["vocab_size"], PROMPT).tolist()
 
-    def serve_one(chunked, engine=engine):
-        engine.chunked = chunked
+    def serve_one(engine=engine):
         events = []
         engine.submit(Request(prompt, args.new, events.append, temperature=0))
         calls.clear()
@@ -89,7 +82,7 @@ def main():
             engine.step()
         return time.perf_counter() - start, list(calls), [e[2] for e in events if e[0] == "token"]
 
-    results = {"engine, chunks": [], "engine, one step per call": [], "model.generate": []}
+    results = {"engine, one step per call": [], "model.generate": []}
     if refills is not None:
         results["engine, refills (--max-prefill-tokens 0)"] = []
     for index in range(args.rounds):
@@ -99,9 +92,9 @@ def main():
                 out = engine.model.generate([prompt], max_new_tokens=args.new, do_sample=False)
                 results[side].append((time.perf_counter() - start, [], out[0][PROMPT:]))
             elif side.startswith("engine, refills"):
-                results[side].append(serve_one(False, refills))
+                results[side].append(serve_one(refills))
             else:
-                results[side].append(serve_one(side == "engine, chunks"))
+                results[side].append(serve_one())
     tokens = {tuple(r[2]) for rs in results.values() for r in rs}
     assert len(tokens) == 1, "the sides generated different tokens"
     print(f"\n{args.shape}, {PROMPT}-token prompt, {args.new} new tokens, greedy; median of {args.rounds} rounds "

@@ -3,8 +3,8 @@
 Off unless a caller puts a ``GraphCache`` on a model (``attach(model, setting, model_dir)``, or
 ``model.graph_cache = GraphCache(root, salt)``): the CLI does, through its ``--compile-cache on|off|DIR`` (default
 on): ``gptlocal eval`` for its scoring graphs, and ``gptlocal eval``, ``generate``, ``chat`` and ``serve`` for
-``generate``'s and the server's (the KV cache's prefill, one-token and greedy-steps graphs, through
-``cached_call`` in ``model/kv_cache.py`` and ``serve/scheduler.py``). ``model.generate`` in a user's own script is
+``generate``'s and the server's (the runner's prefill, one-token and greedy-steps graphs, through
+``cached_call`` in ``runtime/runner.py``). ``model.generate`` in a user's own script is
 uncached unless the script attaches one. A loaded graph skips the compile's time and, measured, most of the host
 heap the compile leaves behind (docs/performance.md "What holds a compiled graph's host heap").
 
@@ -24,17 +24,19 @@ compile 0 of every process is a one-op anchor graph that is stored from the firs
 whose graphs are all stored loads them all, and one with a new graph loads those before it and compiles (and
 stores again) those after it: a run repeated loads everything, a changed run converges in the next one.
 
-The key is everything that shapes the graph: gpt_local's sources (Python and C++), MindSpore's version, mode and
-device, the ``GPTLOCAL_*`` / ``MS_*`` switches, the caller's ``salt`` (the eval's: the model's config.json), the
+The key is everything that shapes the graph: gpt_local's own sources (every .py/.cc/.h of the package, hashed once
+per process: ``source_digest``; MindSpore's own dependency check does not look into site-packages), MindSpore's
+version, mode and device, its ``MS_*`` switches, the caller's ``salt`` (the commands': the model's config.json,
+which holds every setting that picks a kernel), the
 called Cell's tree (each sub-Cell's class and plain attributes such as ``decode_steps``, ``batch_size``,
 ``max_length``; every Parameter's name, shape and dtype; the values of its constant Tensors; its primitives'
-attributes) and the call's arguments (shapes and dtypes of Tensors, values of constants such as
+attributes) and the call's arguments (shapes and dtypes of Tensors and numpy arrays, values of constants such as
 ``fresh_prefill``). Weights are not in a graph: a model of the same config with other weights loads the graph
 and computes with its own.
 
-Eviction (``prune``, once per root per process, at the first ``GraphCache``): stored graphs not used for
-``GPTLOCAL_COMPILE_CACHE_DAYS`` days (default 14) go, then the least recently used until the store is under
-``GPTLOCAL_COMPILE_CACHE_MB`` (default 1024); staging folders of processes gone. A use touches the key's folder.
+Eviction (``prune``, once per root per process, at the first ``GraphCache``): stored graphs not used for ``days``
+(``GraphCache(..., days=)``, default 14) go, then the least recently used until the store is under ``max_mb``
+(default 1024); staging folders of processes gone. A use touches the key's folder.
 """
 import atexit
 import hashlib
@@ -53,9 +55,6 @@ TIMING = "first_call_seconds"
 DAYS_VAR, MB_VAR = "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"
 DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0
 _PRUNED = set()  # roots pruned in this process
-# switches that change no graph: GPTLOCAL_LEAN picks the model classes' bases (MindFormers' or the stand-ins of
-# model/bases.py), not their Cells, whose tree and settings are in the key anyway
-NOT_GRAPH = frozenset(("GPTLOCAL_LEAN",))
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",
                       "exist_names", "exist_objs", "is_top_cell", "create_time", "total_instance_count"))
@@ -99,10 +98,18 @@ def cached_call(lm, cell, *args):
     return cache.call(cell, args)[0]
 
 
-def source_digest():
-    """sha256 of gpt_local's own sources (Python and kernel C++): a cached graph is only reused by the same code."""
-    if "source" not in _PROCESS:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def package_root():
+    """The folder of gpt_local's package (whose sources ``source_digest`` hashes)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_digest(root=None):
+    """sha256 of gpt_local's own sources (every .py and kernel .cc/.h/.c/.cpp under the package folder, by relative
+    path and content), once per process: a cached graph is only reused by the same code. ``root``: another copy
+    of the package (tests)."""
+    root = package_root() if root is None else os.path.abspath(root)
+    memo = _PROCESS.setdefault("sources", {})
+    if root not in memo:
         digest = hashlib.sha256()
         for folder, dirs, files in sorted(os.walk(root)):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -112,8 +119,8 @@ def source_digest():
                     digest.update(os.path.relpath(path, root).encode())
                     with open(path, "rb") as handle:
                         digest.update(handle.read())
-        _PROCESS["source"] = digest.hexdigest()
-    return _PROCESS["source"]
+        memo[root] = digest.hexdigest()
+    return memo[root]
 
 
 def bound(name, default):
@@ -186,6 +193,8 @@ def _describe(value):
     from mindspore import Tensor
     if isinstance(value, Tensor):
         return ["tensor", list(value.shape), str(value.dtype)]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # a numpy array (or scalar)
+        return ["array", list(value.shape), str(value.dtype)]
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (tuple, list)):
@@ -259,8 +268,8 @@ class GraphCache:
     def key(self, cell, args):
         """The key of ``cell(*args)``'s graph: a folder name under ``root``."""
         import mindspore as ms
-        switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("GPTLOCAL_", "MS_"))
-                    and not k.startswith(("MS_COMPILER_CACHE", "GPTLOCAL_COMPILE_CACHE")) and k not in NOT_GRAPH}
+        switches = {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith("MS_") and not k.startswith("MS_COMPILER_CACHE")}  # MindSpore's, not ours
         text = json.dumps({"source": source_digest(), "mindspore": ms.__version__, "mode": ms.get_context("mode"),
                            "device": ms.get_context("device_target"), "switches": switches, "salt": self.salt,
                            "cell": cell_description(cell), "args": _describe(list(args))}, sort_keys=True)

@@ -1,8 +1,9 @@
-"""model/graph_cache.py: generate's graphs through MindSpore's compile cache, a stored graph per key.
+"""runtime/graph_cache.py: generate's graphs through MindSpore's compile cache, a stored graph per key.
 
 A second process loads the graphs a writer stored, at other compile numbers than the writer's (the case where
 MindSpore's own folder hands back another graph), and generates what the plain path generates; the key changes
-with everything that shapes a graph and stays put for an equal model; eviction by age and size."""
+with everything that shapes a graph (gpt_local's own sources and the arguments' dtypes included) and stays put for an
+equal model; eviction by age and size."""
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ import mindspore as ms
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 from mindformers_gptlocal.model.config import GPTLocalConfig
 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
-from mindformers_gptlocal.model.graph_cache import GraphCache
+from mindformers_gptlocal.runtime.graph_cache import GraphCache
 config, root, prompts = json.loads(sys.argv[1])
 ms.set_seed(0)
 model = GPTLocalForCausalLM(GPTLocalConfig(**config))
@@ -74,7 +75,7 @@ def test_a_second_process_loads_the_graphs_and_generates_the_same(graph_mode, tm
     written, hits, misses, why = result(writer)
     assert (hits, misses, why) == (0, 2, None) and written == [reference]
     stored = sorted(p.name.split("-")[0] for p in root.iterdir())
-    assert stored == ["anchor", "greedysteps", "kvcache"]
+    assert stored == ["anchor", "cachedforward", "greedysteps"]
     assert all((p / "graph.mindir").stat().st_size > 0 for p in root.iterdir())
     loaded, hits, misses, why = result(side("read"))
     assert (hits, misses, why) == (4, 0, None)
@@ -84,8 +85,9 @@ def test_a_second_process_loads_the_graphs_and_generates_the_same(graph_mode, tm
 
 def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
     import mindspore as ms
-    from mindformers_gptlocal.model.graph_cache import GraphCache
-    from mindformers_gptlocal.model.kv_cache import GreedySteps, KVCache, prefill_inputs, step_inputs
+    from mindformers_gptlocal.runtime import graph_cache
+    from mindformers_gptlocal.runtime.graph_cache import GraphCache
+    from mindformers_gptlocal.runtime.runner import ModelRunner, GreedySteps, prefill_inputs, step_inputs
     cache = GraphCache(tmp_path, salt="a")
     model, twin = tiny_model(), tiny_model()
     for param in twin.get_parameters():  # other weights: a graph holds none (they are bound by name at a load)
@@ -95,32 +97,65 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
         ids, positions, lengths = prefill_inputs(PROMPTS, batch, 0, 16)
         return step_inputs(ids, positions, lengths - 1) + (fresh,)
 
-    base = cache.key(KVCache(model, 2, 64), prefill_args(2))
-    assert base == cache.key(KVCache(twin, 2, 64), prefill_args(2))  # an equal model, other weights: a hit
+    def forward(lm, batch, length):
+        return ModelRunner(lm, batch, length).forward
+
+    base = cache.key(forward(model, 2, 64), prefill_args(2))
+    assert base == cache.key(forward(twin, 2, 64), prefill_args(2))  # an equal model, other weights: a hit
+    int64 = list(prefill_args(2))
+    int64[0] = ms.Tensor(int64[0].asnumpy().astype(np.int64))
     changed = {
-        "batch": cache.key(KVCache(model, 3, 64), prefill_args(3)),
-        "cache length": cache.key(KVCache(model, 2, 128), prefill_args(2)),
-        "plain prefill": cache.key(KVCache(model, 2, 64), prefill_args(2, fresh=False)),
-        "salt": GraphCache(tmp_path, salt="b").key(KVCache(model, 2, 64), prefill_args(2)),
-        "config": cache.key(KVCache(tiny_model(layer_norm_epsilon=1e-6), 2, 64), prefill_args(2)),
-        "layers": cache.key(KVCache(tiny_model(num_hidden_layers=3), 2, 64), prefill_args(2)),
+        "batch": cache.key(forward(model, 3, 64), prefill_args(3)),
+        "cache length": cache.key(forward(model, 2, 128), prefill_args(2)),
+        "plain prefill": cache.key(forward(model, 2, 64), prefill_args(2, fresh=False)),
+        "argument dtype": cache.key(forward(model, 2, 64), tuple(int64)),
+        "salt": GraphCache(tmp_path, salt="b").key(forward(model, 2, 64), prefill_args(2)),
+        "config": cache.key(forward(tiny_model(layer_norm_epsilon=1e-6), 2, 64), prefill_args(2)),
+        "layers": cache.key(forward(tiny_model(num_hidden_layers=3), 2, 64), prefill_args(2)),
     }
+    # gpt_local's own code: another source digest (as a changed .py gives, test_source_digest_...) is another key
+    monkeypatch.setitem(graph_cache._PROCESS, "sources",  # pylint: disable=protected-access
+                        {graph_cache.package_root(): "another version of the package"})
+    changed["sources"] = cache.key(forward(model, 2, 64), prefill_args(2))
+    monkeypatch.undo()
+    # environment switches are not the graph's (kernels are chosen by config: config.json is the salt)
     monkeypatch.setenv("GPTLOCAL_DECODE_ATTENTION_KERNEL", "1")
-    changed["switch"] = cache.key(KVCache(model, 2, 64), prefill_args(2))
-    monkeypatch.delenv("GPTLOCAL_DECODE_ATTENTION_KERNEL")
-    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_DAYS", "3")  # the cache's own bounds are not the graph's
-    assert cache.key(KVCache(model, 2, 64), prefill_args(2)) == base
-    kv = KVCache(model, 2, 64)
-    tokens = (ms.Tensor(np.zeros((2, 1), np.int32)), ms.Tensor(np.zeros((2, 1), np.int32)))
-    steps = {n: cache.key(GreedySteps(kv, n), tokens) for n in (4, 8)}
-    logits = cache.key(GreedySteps(kv, 8, with_logits=True), tokens)
+    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_DAYS", "3")  # nor are the cache's own bounds
+    assert cache.key(forward(model, 2, 64), prefill_args(2)) == base
+    runner = ModelRunner(model, 2, 64)
+    tokens = (ms.Tensor(np.zeros((2, 1), np.int32)), ms.Tensor(np.zeros((2, 1), np.int32)),
+              ms.Tensor(np.arange(2, dtype=np.int32)))
+    steps = {n: cache.key(GreedySteps(runner.forward, n), tokens) for n in (4, 8)}
+    logits = cache.key(GreedySteps(runner.forward, 8, with_logits=True), tokens)
     keys = [base, *changed.values(), steps[4], steps[8], logits]
     assert len(set(keys)) == len(keys), changed
 
 
+def test_source_digest_changes_with_any_source_file_of_the_package(tmp_path):
+    """The key's ``source`` part: a copy of the package has the package's digest; one changed byte in a .py (or a
+    kernel's .cc) gives another; files that are not sources (a README) do not count."""
+    import shutil
+    from mindformers_gptlocal.runtime.graph_cache import package_root, source_digest
+    copy = tmp_path / "mindformers_gptlocal"
+    shutil.copytree(package_root(), copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
+    assert source_digest(str(copy)) == source_digest()
+    digests = {source_digest(str(copy))}
+    for name in ("runtime/runner.py", "kernels/kv_write.cc"):
+        edited = tmp_path / f"edit-{len(digests)}"
+        shutil.copytree(copy, edited)
+        path = edited / name
+        path.write_bytes(path.read_bytes() + b"\n")
+        digests.add(source_digest(str(edited)))
+    notes = tmp_path / "notes"
+    shutil.copytree(copy, notes)
+    (notes / "NOTES.txt").write_text("not a source")
+    assert source_digest(str(notes)) == source_digest(str(copy))
+    assert len(digests) == 3
+
+
 def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path, monkeypatch):
     from mindformers_gptlocal.errors import ConfigError
-    from mindformers_gptlocal.model.graph_cache import GraphCache, prune
+    from mindformers_gptlocal.runtime.graph_cache import GraphCache, prune
     now = time.time()
     ages = {"old": 20, "a": 0.1, "b": 1, "c": 2, "d": 3}  # days since last use
     for name, days in ages.items():
