@@ -120,11 +120,15 @@ def _sampling_flags(parser, max_new_tokens):
 
 
 def compile_cache_flag(parser, what):
-    """``--compile-cache on|off|DIR`` (``model/graph_cache.py attach`` reads it)."""
+    """``--compile-cache on|off|DIR`` and its bounds (``runtime/graph_cache.py attach`` reads them)."""
     parser.add_argument("--compile-cache", default="on",
                         help=f"{what} through MindSpore's compile cache, loaded instead of compiled in a later run "
                              f"(less time and memory): on (default; $XDG_CACHE_HOME/mindformers_gptlocal/compile), "
                              f"off, or a folder")
+    parser.add_argument("--compile-cache-days", type=float, default=None,
+                        help="drop stored graphs unused for this many days (default 14)")
+    parser.add_argument("--compile-cache-mb", type=float, default=None,
+                        help="then the least recently used until the store holds at most this many MB (default 1024)")
 
 
 def generate_parser():

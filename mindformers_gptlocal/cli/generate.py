@@ -12,10 +12,12 @@ import sys
 from ..errors import ConfigError
 
 
-def load(model_dir, device_target="CPU", compile_cache="off"):
-    """(model, tokenizers.Tokenizer, chat template or None) of a model directory (``runtime/loader.py load``)."""
+def load(options):
+    """(model, tokenizers.Tokenizer, chat template or None) of ``--model`` (``runtime/loader.py load``)."""
     from ..runtime.loader import load as load_model_dir
-    return load_model_dir(model_dir, device_target, compile_cache)
+    return load_model_dir(options.model, options.device_target, options.compile_cache,
+                          cache_days=getattr(options, "compile_cache_days", None),
+                          cache_mb=getattr(options, "compile_cache_mb", None))
 
 
 def sampling(options):
@@ -78,7 +80,7 @@ def complete(model, tokenizer, ids, kwargs, out=None, stop=()):
 def generate(options):
     """``gptlocal generate``: the prompt, then its continuation, on stdout."""
     kwargs = sampling(options)
-    model, tokenizer, _ = load(options.model, options.device_target, options.compile_cache)
+    model, tokenizer, _ = load(options)
     ids = tokenizer.encode(options.prompt).ids
     if not ids:
         raise ConfigError("--prompt is empty; give some text to continue.")
@@ -114,7 +116,7 @@ def chat(options, stdin=None, stdout=None):
     from ..serve.protocol import PLAIN_CHAT_STOP
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     kwargs = sampling(options)
-    model, tokenizer, template = load(options.model, options.device_target, options.compile_cache)
+    model, tokenizer, template = load(options)
     stop = () if template else (PLAIN_CHAT_STOP,)
     room = model.token_positions - options.max_new_tokens
     if room < 1:

@@ -258,7 +258,8 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
     default: ``WidthPlan``; ``buckets``: every scoring batch at its own length bucket, the plain path),
     ``compile_cache`` (``off``, the default here; ``on``: ``runtime.graph_cache.default_root()``; or a folder: the
     scoring graphs and generate_until's through MindSpore's compile cache, ``runtime/graph_cache.py``
-    ``GraphCache``, set on the model as ``model.graph_cache``; ``gptlocal eval`` turns it on).
+    ``GraphCache``, set on the model as ``model.graph_cache``; ``gptlocal eval`` turns it on),
+    ``compile_cache_days`` / ``compile_cache_mb`` (its bounds: default 14 days, 1024 MB).
     """
 
     backend = "causal"
@@ -266,13 +267,14 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
 
     def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
                  seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph",
-                 width_plan="adaptive", compile_cache="off", **kwargs):
+                 width_plan="adaptive", compile_cache="off", compile_cache_days=None, compile_cache_mb=None,
+                 **kwargs):
         super().__init__()
         unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code", "max_batch_size"))
         if unknown:
             raise ConfigError(f"gptlocal model args: unknown '{unknown[0]}'; known: pretrained, batch_size, "
                               f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id, "
-                              f"progress, width_plan, compile_cache.")
+                              f"progress, width_plan, compile_cache, compile_cache_days, compile_cache_mb.")
         if str(width_plan) not in ("adaptive", "buckets"):
             raise ConfigError(f"gptlocal model args: width_plan={width_plan!r}; use adaptive (the default: few "
                               f"compiled widths) or buckets (one width per length bucket).")
@@ -293,7 +295,8 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
         self.pretrained = str(pretrained)
         # the scoring graphs, and generate's, through the compile cache where ``compile_cache`` asks for one
         self.model = load_model(self.pretrained, device_target, compile_cache, mode=mode,
-                                cache_flag="gptlocal model args: compile_cache=",
+                                cache_flag="gptlocal model args: compile_cache=", cache_days=compile_cache_days,
+                                cache_mb=compile_cache_mb,
                                 max_batch_size=max(self.batch_size, 8))
         self.config = self.model.config
         positions = int(self.model.token_positions)  # max_position_embeddings less a prefix-tuning prefix

@@ -69,7 +69,9 @@ def run_eval(options):
     from .harness import GPTLocalLM
     model = GPTLocalLM(pretrained=options.model, batch_size=options.batch_size, max_length=options.max_length,
                        device_target=options.device_target, seed=options.seed,
-                       compile_cache=getattr(options, "compile_cache", "on"))
+                       compile_cache=getattr(options, "compile_cache", "on"),
+                       compile_cache_days=getattr(options, "compile_cache_days", None),
+                       compile_cache_mb=getattr(options, "compile_cache_mb", None))
     limit = None if options.limit is None else (int(options.limit) if options.limit >= 1 else options.limit)
     start = time.perf_counter()
     with env_info_without_torch():  # gpt_local draws no torch numbers: no torch seed (setting one imports torch)

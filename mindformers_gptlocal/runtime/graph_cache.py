@@ -35,8 +35,8 @@ attributes) and the call's arguments (shapes and dtypes of Tensors and numpy arr
 and computes with its own.
 
 Eviction (``prune``, once per root per process, at the first ``GraphCache``): stored graphs not used for ``days``
-(``GraphCache(..., days=)``, default 14) go, then the least recently used until the store is under ``max_mb``
-(default 1024); staging folders of processes gone. A use touches the key's folder.
+(``--compile-cache-days``, ``GraphCache(..., days=)``, default 14) go, then the least recently used until the store
+is under ``max_mb`` (``--compile-cache-mb``, default 1024); staging folders of processes gone. A use touches the key's folder.
 """
 import atexit
 import hashlib
@@ -52,8 +52,8 @@ from ..errors import ConfigError
 
 STORED = "graph.mindir"
 TIMING = "first_call_seconds"
-DAYS_VAR, MB_VAR = "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"
-DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0
+DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0  # --compile-cache-days / --compile-cache-mb
+REMOVED_VARS = {"GPTLOCAL_COMPILE_CACHE_DAYS": "--compile-cache-days", "GPTLOCAL_COMPILE_CACHE_MB": "--compile-cache-mb"}
 _PRUNED = set()  # roots pruned in this process
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",
@@ -76,16 +76,18 @@ def staging_base():
 OFF = ("off", "false", "0", "no", "none", "")
 
 
-def attach(model, setting, model_dir, flag="--compile-cache"):
+def attach(model, setting, model_dir, flag="--compile-cache", days=None, max_mb=None):
     """Put a ``GraphCache`` on ``model`` as a ``--compile-cache`` value says (``off``: none; ``on``:
-    ``default_root()``; else a folder), salted with the digest of ``model_dir``'s config.json; returns it (or None).
-    Every ``gptlocal`` command that takes the flag reads it here."""
+    ``default_root()``; else a folder), salted with the digest of ``model_dir``'s config.json, kept within ``days``
+    / ``max_mb`` (``--compile-cache-days`` / ``--compile-cache-mb``; None: the defaults); returns it (or None).
+    Every ``gptlocal`` command that takes the flags reads them here."""
     text = "off" if setting is None else str(setting)
     cache = None
     if text.lower() not in OFF:
         root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
         with open(os.path.join(model_dir, "config.json"), "rb") as handle:
-            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()}, flag=flag)
+            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()}, flag=flag,
+                               days=days, max_mb=max_mb)
     model.graph_cache = cache
     return cache
 
@@ -123,19 +125,32 @@ def source_digest(root=None):
     return memo[root]
 
 
-def bound(name, default):
-    """A positive number from the environment variable ``name`` (else ``default``); a gpt_local error if not one."""
-    text = os.environ.get(name)
-    if text is None or text == "":
+def bound(value, default, flag):
+    """``value`` (None: ``default``) as a number >= 0, else one gpt_local error naming ``flag``."""
+    if value is None:
         return default
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ConfigError(f"{name}={text!r} must be a number >= 0 (days / MB of the compile cache to keep; "
-                          f"unset it for the default {default:g}).")
-    return value
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if number < 0:
+        raise ConfigError(f"{flag} {value!r} must be a number >= 0 (days / MB of the compile cache to keep; leave it "
+                          f"out for the default {default:g}).")
+    return number
+
+
+def bounds(days=None, max_mb=None):
+    """(days, max_mb) as numbers, their defaults where None; one error naming the flag of a bad one."""
+    return bound(days, DEFAULT_DAYS, "--compile-cache-days"), bound(max_mb, DEFAULT_MB, "--compile-cache-mb")
+
+
+def warn_removed_variables():
+    """One stderr line a process for each removed bound variable that is set, naming its replacement."""
+    for name, flag in REMOVED_VARS.items():
+        if os.environ.get(name) is not None and name not in _PROCESS.setdefault("warned", set()):
+            _PROCESS["warned"].add(name)
+            sys.stderr.write(f"gpt_local: {name} is no longer read: give {flag} N on gptlocal generate/chat/serve/"
+                             f"eval ({flag[2:].replace('-', '_')}=N as an lm-eval model arg); unset it.\n")
 
 
 def _folder_bytes(folder):
@@ -148,13 +163,10 @@ def _folder_bytes(folder):
     return total
 
 
-def prune(root, days=None, max_mb=None, now=None):
-    """Remove stored graphs unused for ``days`` (default ``GPTLOCAL_COMPILE_CACHE_DAYS``), then the least
-    recently used until the store holds at most ``max_mb`` MB (default ``GPTLOCAL_COMPILE_CACHE_MB``), and
-    staging folders whose process is gone. Returns the names removed. One ``listdir`` and a few ``stat`` per
-    folder: cheap at startup."""
-    days = bound(DAYS_VAR, DEFAULT_DAYS) if days is None else days
-    max_mb = bound(MB_VAR, DEFAULT_MB) if max_mb is None else max_mb
+def prune(root, days=DEFAULT_DAYS, max_mb=DEFAULT_MB, now=None):
+    """Remove stored graphs unused for ``days``, then the least recently used until the store holds at most
+    ``max_mb`` MB, and staging folders whose process is gone. Returns the names removed. One ``listdir`` and a few
+    ``stat`` per folder: cheap at startup."""
     now = time.time() if now is None else now
     removed = []
     try:
@@ -253,17 +265,19 @@ class GraphCache:
     the caller knows shapes the graphs (JSON-able; the eval's: its config.json digest). ``call(cell, args)`` runs
     one call; only a call whose (Cell, argument signature) this process has not run yet goes through the cache."""
 
-    def __init__(self, root, salt=None, flag="compile cache"):
+    def __init__(self, root, salt=None, flag="compile cache", days=None, max_mb=None):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         if os.path.exists(self.root) and not os.path.isdir(self.root):  # ``flag``: the setting the error names
             raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{root!r} is a file; give on, off or a "
                               f"folder for the cached graphs.")
         self.salt = salt
+        self.days, self.max_mb = bounds(days, max_mb)
+        warn_removed_variables()
         self._seen = weakref.WeakKeyDictionary()  # Cell -> argument signatures it has run
         self.hits = self.misses = 0
         if self.root not in _PRUNED:
             _PRUNED.add(self.root)
-            prune(self.root)
+            prune(self.root, self.days, self.max_mb)
 
     def key(self, cell, args):
         """The key of ``cell(*args)``'s graph: a folder name under ``root``."""

@@ -49,24 +49,25 @@ def read_tokenizer(model_dir):
 
 
 def load_model(model_dir, device_target="CPU", compile_cache="off", cache_flag="--compile-cache", mode="graph",
-               **from_pretrained):
+               cache_days=None, cache_mb=None, **from_pretrained):
     """The model of a checked directory, ready for inference: MindSpore's mode (graph by default: MindSpore's own
     default is PyNative) and device set, ``GPTLocalForCausalLM.from_pretrained(model_dir, **from_pretrained)``
     (``layer_spec``, ``max_batch_size`` ...), eval mode, the compile cache attached as ``compile_cache`` (the
-    value of ``cache_flag``) says."""
+    value of ``cache_flag``) says, within ``cache_days`` / ``cache_mb`` (None: its defaults)."""
+    from .graph_cache import attach, bounds
+    bounds(cache_days, cache_mb)  # a bad bound: one line before anything is built
     import mindspore as ms
     from ..model.gpt import GPTLocalForCausalLM
-    from .graph_cache import attach
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
     model = GPTLocalForCausalLM.from_pretrained(model_dir, **from_pretrained)
     model.set_train(False)
-    attach(model, compile_cache, model_dir, flag=cache_flag)
+    attach(model, compile_cache, model_dir, flag=cache_flag, days=cache_days, max_mb=cache_mb)
     return model
 
 
-def load(model_dir, device_target="CPU", compile_cache="off", flag="--model"):
+def load(model_dir, device_target="CPU", compile_cache="off", flag="--model", cache_days=None, cache_mb=None):
     """(model, tokenizers.Tokenizer, chat template or None) of a model directory (``generate``, ``chat``)."""
     check_model_dir(model_dir, flag)
-    model = load_model(model_dir, device_target, compile_cache)
+    model = load_model(model_dir, device_target, compile_cache, cache_days=cache_days, cache_mb=cache_mb)
     tokenizer, template = read_tokenizer(model_dir)
     return model, tokenizer, template

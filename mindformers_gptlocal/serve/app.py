@@ -322,7 +322,9 @@ def serve(options):
                     max_model_len=options.max_model_len, device_target=options.device_target,
                     prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches, adapters=adapters,
                     warmup_tokens=getattr(options, "warmup_tokens", None), prefill_tokens=prefill_tokens,
-                    compile_cache=getattr(options, "compile_cache", "off"))
+                    compile_cache=getattr(options, "compile_cache", "off"),
+                    compile_cache_bounds=(getattr(options, "compile_cache_days", None),
+                                          getattr(options, "compile_cache_mb", None)))
     engine.start()
     state = State(api_key=api_key, max_request_bytes=options.max_request_bytes, send_timeout=options.send_timeout,
                   request_timeout=options.request_timeout, shutdown_timeout=options.shutdown_timeout)

@@ -39,12 +39,15 @@ class Engine:
 
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
                  prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None,
-                 prefill_tokens=None, compile_cache="off"):
+                 prefill_tokens=None, compile_cache="off", compile_cache_bounds=(None, None)):
         if os.environ.get(REMOVED_GREEDY_STEPS):
             sys.stderr.write(f"gpt_local: {REMOVED_GREEDY_STEPS} is gone: the server decodes one step per "
                              f"iteration (greedy chunks were never measured faster); unset it.\n")
         self.model_dir = model_dir
         self.compile_cache = compile_cache  # --compile-cache: runtime/graph_cache.py attach, in _load
+        self.compile_cache_bounds = compile_cache_bounds  # --compile-cache-days, --compile-cache-mb
+        from ..runtime.graph_cache import bounds
+        bounds(*compile_cache_bounds)  # a bad one: one line before the server starts
         self.max_batch_size = max_batch_size
         self.requested_len = max_model_len
         self.device_target = device_target
@@ -119,8 +122,9 @@ class Engine:
         if self.adapters:  # MultiLoRALinears built with the model, on its own base weights
             from ..model.lora import MultiLoRASpec
             spec = MultiLoRASpec(self.adapters, self.max_batch_size)
-        self.model = load_model(self.model_dir, self.device_target, self.compile_cache, layer_spec=spec,
-                                max_batch_size=self.max_batch_size)
+        days, max_mb = self.compile_cache_bounds
+        self.model = load_model(self.model_dir, self.device_target, self.compile_cache, cache_days=days,
+                                cache_mb=max_mb, layer_spec=spec, max_batch_size=self.max_batch_size)
         if spec is not None:
             self.lora = spec.handle
             self.adapters = spec = None  # the numpy copies: the stacked Parameters hold them now

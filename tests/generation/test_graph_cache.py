@@ -153,7 +153,7 @@ def test_source_digest_changes_with_any_source_file_of_the_package(tmp_path):
     assert len(digests) == 3
 
 
-def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path, monkeypatch):
+def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path):
     from mindformers_gptlocal.errors import ConfigError
     from mindformers_gptlocal.runtime.graph_cache import GraphCache, prune
     now = time.time()
@@ -167,6 +167,22 @@ def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path, monkeypatch):
     assert sorted(removed) == ["d", "old"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]
     assert prune(str(tmp_path), days=1.5, max_mb=100, now=now) == ["c"]
-    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_MB", "lots")
-    with pytest.raises(ConfigError, match="GPTLOCAL_COMPILE_CACHE_MB='lots'"):
-        GraphCache(tmp_path / "other")
+    with pytest.raises(ConfigError, match="--compile-cache-mb 'lots' must be a number >= 0"):
+        GraphCache(tmp_path / "other", max_mb="lots")
+    with pytest.raises(ConfigError, match="--compile-cache-days -1 must be a number >= 0"):
+        GraphCache(tmp_path / "other", days=-1)
+    assert (GraphCache(tmp_path / "other", days="3", max_mb=5).days, GraphCache(tmp_path / "o2").max_mb) == (3.0, 1024.0)
+
+
+def test_the_removed_bound_variables_are_one_line_each(tmp_path, monkeypatch, capsys):
+    from mindformers_gptlocal.runtime import graph_cache
+    from mindformers_gptlocal.runtime.graph_cache import GraphCache
+    monkeypatch.setitem(graph_cache._PROCESS, "warned", set())  # pylint: disable=protected-access
+    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_DAYS", "3")
+    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_MB", "10")
+    GraphCache(tmp_path / "a")
+    GraphCache(tmp_path / "b")  # once a process
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert "GPTLOCAL_COMPILE_CACHE_DAYS is no longer read: give --compile-cache-days N" in lines[0]
+    assert "GPTLOCAL_COMPILE_CACHE_MB is no longer read: give --compile-cache-mb N" in lines[1]
