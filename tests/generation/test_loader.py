@@ -65,3 +65,11 @@ def test_check_model_dir_names_the_folder_and_what_it_lacks(dirs, tmp_path):
     check_model_dir(str(no_tokenizer), tokenizer=False)  # serve: token ids only
     with pytest.raises(DataError, match="has no tokenizer.json"):
         check_model_dir(str(no_tokenizer))
+
+
+def test_a_bad_compile_cache_bound_is_one_line_before_loading(dirs, capsys):
+    from mindformers_gptlocal.cli.main import main
+    full, _ = dirs
+    assert main(["generate", "--model", full, "--prompt", "x", "--compile-cache-days", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gptlocal generate: error: --compile-cache-days -1.0 must be")
