@@ -246,8 +246,9 @@ class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
 @MindFormerRegister.register(MindFormerModuleType.MODELS, legacy=False)
 class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTrainedModel):
     """A causal LM (GPT-2, Llama-style or NeoX-style, ``config.arch``): its output head tied to the token embedding
-    or its own (``untie_embeddings_and_output_weights``); ``generate`` from the runtime (``runtime/generate.py``), what MindFormers'
-    trainer and pipelines call besides ``construct`` from ``MindFormersAdapter``."""
+    or its own (``untie_embeddings_and_output_weights``); ``generate`` and ``kv_cache`` hand over to the inference
+    runtime (``runtime/``); what MindFormers' trainer and pipelines call besides ``construct`` from
+    ``MindFormersAdapter``."""
 
     def __init__(self, config: GPTLocalConfig, layer_spec=None):
         super().__init__(config)

@@ -36,7 +36,8 @@ and computes with its own.
 
 Eviction (``prune``, once per root per process, at the first ``GraphCache``): stored graphs not used for ``days``
 (``--compile-cache-days``, ``GraphCache(..., days=)``, default 14) go, then the least recently used until the store
-is under ``max_mb`` (``--compile-cache-mb``, default 1024); staging folders of processes gone. A use touches the key's folder.
+is under ``max_mb`` (``--compile-cache-mb``, default 1024); staging folders of processes gone. A use touches the
+key's folder.
 """
 import atexit
 import hashlib
@@ -53,7 +54,8 @@ from ..errors import ConfigError
 STORED = "graph.mindir"
 TIMING = "first_call_seconds"
 DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0  # --compile-cache-days / --compile-cache-mb
-REMOVED_VARS = {"GPTLOCAL_COMPILE_CACHE_DAYS": "--compile-cache-days", "GPTLOCAL_COMPILE_CACHE_MB": "--compile-cache-mb"}
+REMOVED_VARS = {"GPTLOCAL_COMPILE_CACHE_DAYS": "--compile-cache-days",  # no longer read: one line names the flag
+                "GPTLOCAL_COMPILE_CACHE_MB": "--compile-cache-mb"}
 _PRUNED = set()  # roots pruned in this process
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",

@@ -167,7 +167,8 @@ class Scheduler:
         request was cancelled or expired)."""
         admitted = self._admit()
         if self.prefill_batches:
-            filling = [i for i, s in enumerate(self.slots) if s.request is not None and s.cursor < len(s.request.prompt)]
+            filling = [i for i, s in enumerate(self.slots)
+                       if s.request is not None and s.cursor < len(s.request.prompt)]
             if filling:
                 return self._prefill(filling)
             admitted = []  # every admitted prompt was written by earlier prefill calls

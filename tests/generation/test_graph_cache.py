@@ -171,7 +171,8 @@ def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path):
         GraphCache(tmp_path / "other", max_mb="lots")
     with pytest.raises(ConfigError, match="--compile-cache-days -1 must be a number >= 0"):
         GraphCache(tmp_path / "other", days=-1)
-    assert (GraphCache(tmp_path / "other", days="3", max_mb=5).days, GraphCache(tmp_path / "o2").max_mb) == (3.0, 1024.0)
+    assert GraphCache(tmp_path / "other", days="3", max_mb=5).days == 3.0
+    assert GraphCache(tmp_path / "o2").max_mb == 1024.0
 
 
 def test_the_removed_bound_variables_are_one_line_each(tmp_path, monkeypatch, capsys):

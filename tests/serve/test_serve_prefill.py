@@ -1,6 +1,7 @@
 """The engine's prefill calls (``--max-prefill-tokens``, ``serve/scheduler.py``): prompts written apart from the
 decoding rows, at most ``prefill_tokens`` tokens a call, a long prompt in chunks, pad rows repeating a row; by
-value against ``model.generate`` (the refill path, ``prefill_tokens=0``, is test_serve_chunks.py's), in this process: prompts of odd lengths, one chunked (40 tokens in chunks of 16), a fifth request that
+value against ``model.generate`` (the refill path, ``prefill_tokens=0``, is test_serve_engine.py's), in this
+process: prompts of odd lengths, one chunked (40 tokens in chunks of 16), a fifth request that
 waits for a slot and joins while the others decode, a seeded sampled request."""
 import numpy as np
 import pytest
