@@ -98,7 +98,7 @@ def worker(args):
 
     def traced_compile(*inputs, **kw):
         out = compile_only(*inputs, **kw)
-        if not engine.ready.is_set():  # Cell.__call__ compiles (a no-op once compiled) before each run
+        if not engine.ready.is_set():  # the shapes warm-up compiles without running them
             snapshot(f"warm {inputs[0].shape[0]} x {inputs[0].shape[1]} (compiled)", rows)
         return out
     cache.step, cache.compile = traced_step, traced_compile
