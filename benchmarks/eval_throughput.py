@@ -15,7 +15,7 @@ documents in the same process (graphs compiled, torch warm). Sides alternate (ou
 (imports, model load, first evaluate; for ours also the graph compiles it made) and each side's peak RSS
 (VmHWM; per worker also after each step). Each round ours runs twice over a new compile-cache folder (as
 `gptlocal eval`, whose default is on): **first-ever cold** (its columns "ours cold") and **cached cold** (a second
-process loading the graphs the first one stored: the scoring graphs and generate's, model/graph_cache.py);
+process loading the graphs the first one stored: the scoring graphs and generate's, runtime/graph_cache.py);
 `--no-compile-cache`: once, without it. Ours' worker also prints VmRSS after each call that compiled (or loaded)
 a graph ("graphs": the call, the process's compiled graph count, VmRSS MB), where its memory goes. Ours runs as `gptlocal eval` does: no torch in the process (it prints
 whether torch got imported), no torch seed, lm-eval's env info without torch (evaluation/run.py). Tasks: gl_choice (multiple choice, 4 loglikelihood requests a document) and gl_until

@@ -131,7 +131,7 @@ def worker(side, work, shape, batch, threads, recompute):
             model_dir = os.path.join(work, shape + "_ms")
             model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch))
         if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
-            from mindformers_gptlocal.model.graph_cache import attach
+            from mindformers_gptlocal.runtime.graph_cache import attach
             attach(model, os.path.join(work, "compile-cache"), model_dir)
         with phases("first_call"):
             start = time.perf_counter()
@@ -154,10 +154,10 @@ def worker(side, work, shape, batch, threads, recompute):
 def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel="rows"):
     """Prints kernels vs plain for the prefill and the decode step, in this process (``--kernels-vs-plain``)."""
     import mindspore as ms
-    from mindformers_gptlocal.model.buckets import bucket_of
+    from mindformers_gptlocal.runtime.buckets import bucket_of
     from mindformers_gptlocal.model.config import GPTLocalConfig
     from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
-    from mindformers_gptlocal.model.kv_cache import prefill_inputs
+    from mindformers_gptlocal.runtime.runner import prefill_inputs
     C.mindspore_threads(threads, "kernels-vs-plain worker")
     ms.set_context(mode=ms.GRAPH_MODE)
     sizes = SHAPES[shape]

@@ -79,7 +79,8 @@ def worker(args):
     import numpy as np
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=args.threads)
-    from mindformers_gptlocal.serve.scheduler import Engine, Request
+    from mindformers_gptlocal.serve.engine import Engine
+    from mindformers_gptlocal.serve.scheduler import Request
     snapshot("import", rows)
     batches = [int(b) for b in args.batch_buckets.split(",")] if args.batch_buckets else None
     engine = Engine(ms_dir, max_batch_size=16, max_model_len=256, prompt_buckets=[PROMPT],
@@ -97,7 +98,7 @@ def worker(args):
 
     def traced_compile(*inputs, **kw):
         out = compile_only(*inputs, **kw)
-        if not engine.ready.is_set():  # Cell.__call__ compiles (a no-op once compiled) before each run
+        if not engine.ready.is_set():  # the shapes warm-up compiles without running them
             snapshot(f"warm {inputs[0].shape[0]} x {inputs[0].shape[1]} (compiled)", rows)
         return out
     cache.step, cache.compile = traced_step, traced_compile

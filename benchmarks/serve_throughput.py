@@ -47,7 +47,7 @@ def report_threads(side, threads):
 
 def ours_server(model_dir, port, batch, threads, variant=None):
     """``variant`` "plain": every shape compiled at start (no --warmup-tokens threshold), as before issue 25
-    item 5; "chunks": greedy chunks on (GPTLOCAL_SERVE_GREEDY_STEPS=1); "refill": prompts join the decode call
+    item 5; "refill": prompts join the decode call
     (--max-prefill-tokens 0, before issue 25 item 4's prefill calls); "wide": the defaults before the lean ones
     (--batch-buckets 1,4,16 --max-prefill-tokens 128: 4 x 32 prefills and a 4-row decode graph); "cached": the
     defaults through a compile-cache folder beside the model (round 1 compiles and stores, later rounds load);
@@ -57,7 +57,6 @@ def ours_server(model_dir, port, batch, threads, variant=None):
     refill = ["--max-prefill-tokens", "0"] if variant in ("refill", "plain") else []
     if variant == "wide":
         refill = ["--batch-buckets", "1,4,16", "--max-prefill-tokens", "128"]
-    os.environ["GPTLOCAL_SERVE_GREEDY_STEPS"] = "1" if variant == "chunks" else "0"
     cache = os.path.join(os.path.dirname(os.path.abspath(model_dir)), "compile-cache") if variant == "cached" else "off"
     report_threads("ours", threads)
     from mindformers_gptlocal.cli.main import main
@@ -179,13 +178,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="server starts per side, alternating")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--sides", default="ours,hf", help="of ours, ours-plain (every shape compiled at start: "
-                        "as before issue 25 item 5), ours-chunks (greedy chunks on), ours-refill (prompts join the "
+                        "as before issue 25 item 5), ours-refill (prompts join the "
                         "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch "
                         "buckets 1,4,16, --max-prefill-tokens 128), ours-cached (the defaults through a compile cache: "
                         "round 1 stores, later rounds load; the others run with --compile-cache off), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
-    parser.add_argument("--variant", choices=("plain", "chunks", "refill", "wide", "cached"),
-                        help="(with --ours-server) ours-plain / ours-chunks / ours-refill / ours-wide / ours-cached")
+    parser.add_argument("--variant", choices=("plain", "refill", "wide", "cached"),
+                        help="(with --ours-server) ours-plain / ours-refill / ours-wide / ours-cached")
     parser.add_argument("--hf-server", metavar="DIR")
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
@@ -259,7 +258,6 @@ def main():
         vs_hf = f"{C.median(r['rates']) / C.median(hf['rates']):.2f}x" if hf else "-"
         rss_hf = f"{r['rss'] / hf['rss']:.2f}x" if hf else "-"
         server = {"ours": "gptlocal serve", "ours-plain": "gptlocal serve, all shapes at start",
-                  "ours-chunks": "gptlocal serve, greedy chunks",
                   "ours-refill": "gptlocal serve, refills (--max-prefill-tokens 0)",
                   "ours-wide": "gptlocal serve, buckets 1,4,16, --max-prefill-tokens 128",
                   "ours-cached": "gptlocal serve, compile cache (round 1 stores, later rounds load)",

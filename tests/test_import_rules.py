@@ -1,7 +1,9 @@
 """docs/ARCHITECTURE.md "Imports point down", read from the source (every import statement, top-level or inside
-a function): ``model/`` imports none of the layers above it (but ``registration.register`` in its lazy loader)
-and, of ``generation/``, only ``GenerationMixin`` in ``model/gpt.py``; ``generation/`` and ``kernels/`` import
-nothing of ours but the base."""
+a function): ``model/`` imports none of the layers above it (but ``registration.register`` in its lazy loader, and
+the inference runtime's ``runner_for`` / ``generate`` in ``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate``
+hooks) and, of ``generation/``, only the defaults table (``model/bases.py``'s stand-in for MindFormers'
+GenerationConfig reads MindFormers' column); ``generation/`` and ``kernels/`` import nothing of ours but the base;
+``runtime/`` imports none of the commands that use it."""
 import ast
 import os
 
@@ -10,7 +12,8 @@ import mindformers_gptlocal
 PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
 BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
 ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-               "registration", "mindformers_compat"}
+               "registration", "mindformers_compat", "runtime"}
+ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation"}
 
 
 def imports(folder):
@@ -42,14 +45,23 @@ def imports(folder):
     return found
 
 
-def test_model_imports_nothing_above_it_and_of_generation_only_the_mixin():
+def test_model_imports_nothing_above_it_but_its_two_runtime_hooks():
     found = imports("model")
     assert len(found) > 50  # the scan reads the package
-    above = [(f[0], f[2], f[3]) for f in found if f[2] in ABOVE_MODEL]
-    # the one exception: the package's lazy loader registers with MindFormers before the first Cell loads
-    assert above == [(os.path.join("model", "__init__.py"), "registration", ["register"])], above
+    above = sorted((f[0], f[2], f[3]) for f in found if f[2] in ABOVE_MODEL)
+    # the exceptions: the package's lazy loader registers with MindFormers before the first Cell loads; the model's
+    # kv_cache and generate methods hand over to the inference runtime (MindFormers calls model.generate)
+    gpt = os.path.join("model", "gpt.py")
+    assert above == [(os.path.join("model", "__init__.py"), "registration", ["register"]),
+                     (gpt, "runtime", ["generate"]), (gpt, "runtime", ["runner_for"])], above
     generation = [(f[0], f[2], f[3]) for f in found if f[2] == "generation"]
-    assert generation == [(os.path.join("model", "gpt.py"), "generation", ["GenerationMixin"])], generation
+    assert generation == [(os.path.join("model", "bases.py"), "generation", ["MINDFORMERS"])], generation
+
+
+def test_runtime_imports_none_of_its_users():
+    found = imports("runtime")
+    assert len(found) > 5
+    assert not [f for f in found if f[2] in ABOVE_RUNTIME], found
 
 
 def test_generation_and_kernels_import_only_the_base():

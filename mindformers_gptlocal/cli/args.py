@@ -11,6 +11,8 @@ import argparse
 import difflib
 import sys
 
+from ..generation.defaults import CLI as CLI_DEFAULTS
+
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
     "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact (mf2ms/ms2mf: MindFormers 1.x GPT-2)",
@@ -104,22 +106,29 @@ def _sampling_flags(parser, max_new_tokens):
                                                        "tokenizer.json), e.g. runs/quickstart/train/model")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                         help=f"tokens to generate at most (default {max_new_tokens})")
-    parser.add_argument("--temperature", type=float, default=0.8,
-                        help="sampling temperature (default 0.8); 0 = greedy (the most likely token each step)")
-    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default 50; "
-                                                              "0 = all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
-    parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234): same seed, same text")
+    parser.add_argument("--temperature", type=float, default=CLI_DEFAULTS["temperature"],
+                        help=f"sampling temperature (default {CLI_DEFAULTS['temperature']}); 0 = greedy (the most "
+                             f"likely token each step)")
+    parser.add_argument("--top-k", type=int, default=CLI_DEFAULTS["top_k"],
+                        help=f"sample among the k most likely tokens (default {CLI_DEFAULTS['top_k']}; 0 = all)")
+    parser.add_argument("--top-p", type=float, default=CLI_DEFAULTS["top_p"],
+                        help=f"nucleus sampling mass (default {CLI_DEFAULTS['top_p']} = off)")
+    parser.add_argument("--seed", type=int, default=CLI_DEFAULTS["seed"],
+                        help=f"sampling seed (default {CLI_DEFAULTS['seed']}): same seed, same text")
     parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
     compile_cache_flag(parser, "generation's graphs")
 
 
 def compile_cache_flag(parser, what):
-    """``--compile-cache on|off|DIR`` (``model/graph_cache.py attach`` reads it)."""
+    """``--compile-cache on|off|DIR`` and its bounds (``runtime/graph_cache.py attach`` reads them)."""
     parser.add_argument("--compile-cache", default="on",
                         help=f"{what} through MindSpore's compile cache, loaded instead of compiled in a later run "
                              f"(less time and memory): on (default; $XDG_CACHE_HOME/mindformers_gptlocal/compile), "
                              f"off, or a folder")
+    parser.add_argument("--compile-cache-days", type=float, default=None,
+                        help="drop stored graphs unused for this many days (default 14)")
+    parser.add_argument("--compile-cache-mb", type=float, default=None,
+                        help="then the least recently used until the store holds at most this many MB (default 1024)")
 
 
 def generate_parser():
@@ -127,7 +136,7 @@ def generate_parser():
                     description="Continue a prompt with a gpt_local model directory (no YAML): "
                                 "GPTLocalForCausalLM.from_pretrained + model.generate.")
     parser.add_argument("--prompt", required=True, help="the text to continue")
-    _sampling_flags(parser, 64)
+    _sampling_flags(parser, CLI_DEFAULTS["max_new_tokens"])
     parser.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     return parser
 
@@ -138,7 +147,7 @@ def chat_parser():
                                 "rendered with the directory's chat template (tokenizer_config.json; else a plain "
                                 "'User: ... / Assistant:' form, as gptlocal serve does); replies are streamed. "
                                 "Works through a pipe: printf 'hi\\n' | gptlocal chat --model DIR.")
-    _sampling_flags(parser, 128)
+    _sampling_flags(parser, CLI_DEFAULTS["chat_max_new_tokens"])
     parser.add_argument("--system", help="a system message put first")
     return parser
 

@@ -1,41 +1,23 @@
 """``gptlocal generate`` and ``gptlocal chat``: a model directory, no YAML (as ``litgpt generate``/``chat``).
 
-Both load with ``GPTLocalForCausalLM.from_pretrained`` (which checks the folder's tokenizer against the one
-its weights were trained with) and call the public ``model.generate``; tokens are streamed through its
-``stop_when`` hook, which sees every new token. Chat renders the conversation with the model directory's
-chat template, or the plain ``User: ... / Assistant:`` form, exactly as ``gptlocal serve`` does
-(``serve/protocol.py``), and stops a reply at the next ``User:`` turn in the plain form.
+Both load through the inference runtime's one loader (``runtime/loader.py``: the folder checked, then
+``GPTLocalForCausalLM.from_pretrained``) and call ``runtime/generate.py``'s ``generate`` (what ``model.generate``
+is); tokens are streamed through its ``stop_when`` hook, which sees every new token, into the runtime's
+``Detokenizer`` (stop strings, hold-back). Chat renders the conversation with the model directory's chat template,
+or the plain ``User: ... / Assistant:`` form, exactly as ``gptlocal serve`` does (``serve/protocol.py``), and
+stops a reply at the next ``User:`` turn in the plain form.
 """
-import json
-import os
 import sys
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError
 
 
-def load(model_dir, device_target="CPU", compile_cache="off"):
-    """(model, tokenizers.Tokenizer, chat template or None) of a model directory; ``compile_cache``: the
-    ``--compile-cache`` value (``model/graph_cache.py attach``)."""
-    if not os.path.isdir(model_dir):
-        raise ConfigError(f"--model {model_dir} does not exist; give a gpt_local model directory (config.json, "
-                          f"model.safetensors, tokenizer.json), e.g. runs/quickstart/train/model.")
-    path = os.path.join(model_dir, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise DataError(f"--model {model_dir} has no tokenizer.json, so text cannot be turned into token ids; "
-                        f"copy in the tokenizer the model was trained with (prepare-data's <out>/model).")
-    import mindspore as ms
-    ms.set_context(mode=ms.GRAPH_MODE, device_target=device_target)  # as serve: MindSpore's default is PyNative
-    from tokenizers import Tokenizer
-    from ..model.gpt import GPTLocalForCausalLM
-    from ..model.graph_cache import attach
-    model = GPTLocalForCausalLM.from_pretrained(model_dir)
-    attach(model, compile_cache, model_dir)
-    template = None
-    settings = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.isfile(settings):
-        with open(settings, encoding="utf-8") as handle:
-            template = json.load(handle).get("chat_template")
-    return model, Tokenizer.from_file(path), template
+def load(options):
+    """(model, tokenizers.Tokenizer, chat template or None) of ``--model`` (``runtime/loader.py load``)."""
+    from ..runtime.loader import load as load_model_dir
+    return load_model_dir(options.model, options.device_target, options.compile_cache,
+                          cache_days=getattr(options, "compile_cache_days", None),
+                          cache_mb=getattr(options, "compile_cache_mb", None))
 
 
 def sampling(options):
@@ -54,47 +36,38 @@ def sampling(options):
 
 
 class Streamer:
-    """Decodes the generated ids after each token and writes the new text; holds back an incomplete UTF-8
-    character and any tail that may begin a stop string; ``stop`` strings end the reply (not printed)."""
+    """``stop_when`` hook of one prompt: the runtime's ``Detokenizer`` over the generated ids (EOS left out, special
+    tokens skipped), its new text written to ``out``; a stop string ends the reply (not printed)."""
 
     def __init__(self, tokenizer, out, stop=(), eos=None):
-        self.tokenizer, self.out, self.stop, self.eos = tokenizer, out, list(stop), eos
-        self.shown, self.text, self.stopped = 0, "", False
+        from ..runtime.detokenizer import Detokenizer
+        self.out, self.eos = out, eos
+        self.text_of = Detokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), stop)
 
     def __call__(self, rows, generated):
-        ids = [t for t in generated[0] if t != self.eos]
-        self.text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        for stop in self.stop:
-            if stop in self.text:
-                self.text, self.stopped = self.text[:self.text.index(stop)], True
-        safe = len(self.text)
-        if not self.stopped:
-            while safe and self.text[safe - 1] == "\ufffd":
-                safe -= 1
-            for stop in self.stop:
-                for keep in range(min(len(stop) - 1, safe), 0, -1):
-                    if self.text[:safe].endswith(stop[:keep]):
-                        safe -= keep
-                        break
-        self._write(safe)
-        return [self.stopped for _ in rows]
+        self._write(self.text_of.update([t for t in generated[0] if t != self.eos]))
+        return [self.text_of.stopped for _ in rows]
 
-    def _write(self, upto):
-        if upto > self.shown and self.out is not None:
-            self.out.write(self.text[self.shown:upto])
+    @property
+    def text(self):
+        return self.text_of.text
+
+    def _write(self, delta):
+        if delta and self.out is not None:
+            self.out.write(delta)
             self.out.flush()
-            self.shown = upto
 
     def finish(self):
-        self._write(len(self.text))
+        self._write(self.text_of.rest())
         return self.text
 
 
 def complete(model, tokenizer, ids, kwargs, out=None, stop=()):
     """Generate after ``ids``; the reply text (cut at a stop string), streamed to ``out`` if given."""
+    from ..runtime.generate import generate
     eos = model.config.eos_token_id
     streamer = Streamer(tokenizer, out, stop, eos) if out is not None or stop else None
-    sequences = model.generate([ids], stop_when=streamer, eos_token_id=eos, **kwargs)
+    sequences = generate(model, [ids], stop_when=streamer, eos_token_id=eos, **kwargs)
     if streamer is None:
         new = [t for t in sequences[0][len(ids):] if t != eos]
         return tokenizer.decode(new, skip_special_tokens=True)
@@ -107,7 +80,7 @@ def complete(model, tokenizer, ids, kwargs, out=None, stop=()):
 def generate(options):
     """``gptlocal generate``: the prompt, then its continuation, on stdout."""
     kwargs = sampling(options)
-    model, tokenizer, _ = load(options.model, options.device_target, options.compile_cache)
+    model, tokenizer, _ = load(options)
     ids = tokenizer.encode(options.prompt).ids
     if not ids:
         raise ConfigError("--prompt is empty; give some text to continue.")
@@ -143,7 +116,7 @@ def chat(options, stdin=None, stdout=None):
     from ..serve.protocol import PLAIN_CHAT_STOP
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     kwargs = sampling(options)
-    model, tokenizer, template = load(options.model, options.device_target, options.compile_cache)
+    model, tokenizer, template = load(options)
     stop = () if template else (PLAIN_CHAT_STOP,)
     room = model.token_positions - options.max_new_tokens
     if room < 1:

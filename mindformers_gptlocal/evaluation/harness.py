@@ -18,8 +18,8 @@ batches at once (a new width is compiled only where the padding it saves costs m
 compile and call times it measured), and ``generate_until`` fills a greedy chunk with padding rows to the fixed
 batch size, so a task's last, smaller chunk reuses the compiled graphs. After each new shape's first call the
 heap the compile freed goes back to the system (``host_memory.release_freed_heap``). With ``compile_cache`` on,
-the scoring graphs and ``generate``'s go through ``model/graph_cache.py`` (``GraphCache``: loaded, not compiled, by
-a second run).
+the scoring graphs and ``generate``'s go through ``runtime/graph_cache.py`` (``GraphCache``: loaded, not compiled,
+by a second run).
 """
 import bisect
 import copy
@@ -35,10 +35,12 @@ from lm_eval.models.utils import (Collator, _add_special_kwargs, configure_pad_t
                                   has_bos_prefix, normalize_gen_kwargs)
 
 from ..errors import ConfigError, DataError
-from ..model.buckets import bucket_of, length_bucket, width_buckets
 from ..generation.loop import is_greedy, resolve_options
 from ..host_memory import release_freed_heap
-from ..model.graph_cache import attach
+from ..runtime.buckets import bucket_of, length_bucket, width_buckets
+from ..runtime.detokenizer import cut_at_stop, find_stop
+from ..runtime.generate import generate
+from ..runtime.loader import check_model_dir, load_model
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
@@ -254,9 +256,10 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
     ``max_gen_toks`` (default 256, as HFLM), ``seed`` (sampling in generate_until), ``add_bos_token``,
     ``prefix_token_id``, ``progress`` (stderr progress lines, default on), ``width_plan`` (``adaptive``, the
     default: ``WidthPlan``; ``buckets``: every scoring batch at its own length bucket, the plain path),
-    ``compile_cache`` (``off``, the default here; ``on``: ``model.graph_cache.default_root()``; or a folder: the
-    scoring graphs and generate_until's through MindSpore's compile cache, ``model/graph_cache.py``
-    ``GraphCache``, set on the model as ``model.graph_cache``; ``gptlocal eval`` turns it on).
+    ``compile_cache`` (``off``, the default here; ``on``: ``runtime.graph_cache.default_root()``; or a folder: the
+    scoring graphs and generate_until's through MindSpore's compile cache, ``runtime/graph_cache.py``
+    ``GraphCache``, set on the model as ``model.graph_cache``; ``gptlocal eval`` turns it on),
+    ``compile_cache_days`` / ``compile_cache_mb`` (its bounds: default 14 days, 1024 MB).
     """
 
     backend = "causal"
@@ -264,20 +267,21 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
 
     def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
                  seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph",
-                 width_plan="adaptive", compile_cache="off", **kwargs):
+                 width_plan="adaptive", compile_cache="off", compile_cache_days=None, compile_cache_mb=None,
+                 **kwargs):
         super().__init__()
         unknown = sorted(k for k in kwargs if k not in ("device", "dtype", "trust_remote_code", "max_batch_size"))
         if unknown:
             raise ConfigError(f"gptlocal model args: unknown '{unknown[0]}'; known: pretrained, batch_size, "
                               f"max_length, device_target, max_gen_toks, seed, add_bos_token, prefix_token_id, "
-                              f"progress, width_plan, compile_cache.")
+                              f"progress, width_plan, compile_cache, compile_cache_days, compile_cache_mb.")
         if str(width_plan) not in ("adaptive", "buckets"):
             raise ConfigError(f"gptlocal model args: width_plan={width_plan!r}; use adaptive (the default: few "
                               f"compiled widths) or buckets (one width per length bucket).")
-        if not pretrained or not os.path.isfile(os.path.join(str(pretrained), "config.json")):
-            raise ConfigError(f"gptlocal model args: pretrained={pretrained!r} is not a model directory with "
-                              f"config.json (give pretrained=DIR, e.g. output/model or a `gptlocal convert "
-                              f"hf2ms` folder).")
+        if not pretrained:
+            raise ConfigError("gptlocal model args: pretrained is not given, so there is no model directory; give "
+                              "pretrained=DIR, e.g. output/model or a `gptlocal convert hf2ms` folder.")
+        check_model_dir(str(pretrained), "gptlocal model args: pretrained=", tokenizer=False)
         if str(device_target) not in DEVICE_TARGETS:
             raise ConfigError(f"gptlocal model args: device_target={device_target!r}; use one of "
                               f"{', '.join(DEVICE_TARGETS)}.")
@@ -288,13 +292,12 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
                               f"('auto' is not supported).") from None
         if self.batch_size < 1:
             raise ConfigError(f"gptlocal model args: batch_size={batch_size} must be at least 1.")
-        import mindspore as ms
-        from ..model.gpt import GPTLocalForCausalLM
-        ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
         self.pretrained = str(pretrained)
-        self.model = GPTLocalForCausalLM.from_pretrained(self.pretrained,
-                                                         max_batch_size=max(self.batch_size, 8))
-        self.model.set_train(False)
+        # the scoring graphs, and generate's, through the compile cache where ``compile_cache`` asks for one
+        self.model = load_model(self.pretrained, device_target, compile_cache, mode=mode,
+                                cache_flag="gptlocal model args: compile_cache=", cache_days=compile_cache_days,
+                                cache_mb=compile_cache_mb,
+                                max_batch_size=max(self.batch_size, 8))
         self.config = self.model.config
         positions = int(self.model.token_positions)  # max_position_embeddings less a prefix-tuning prefix
         self._max_length = int(max_length) if max_length else positions
@@ -311,9 +314,7 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self._scorer = _scorer(self.model)
-        # the scoring graphs, and generate's through model/kv_cache.py cached_call
-        self._compile_cache = attach(self.model, compile_cache, self.pretrained,
-                                     flag="gptlocal model args: compile_cache=")
+        self._compile_cache = self.model.graph_cache
         self._widths = WidthPlan(self._max_length, adaptive=str(width_plan) == "adaptive")
         self._kept_compile = None  # the last _score's first-call seconds from the compile cache
         self._generate_calls = 0
@@ -432,7 +433,7 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
 
     # --- generate_until ------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm=False):
-        from ..model.kv_cache import cache_length  # the cache shape generate will use: compiles are counted by it
+        from ..runtime.runner import cache_length  # the cache shape generate will use: compiles are counted by it
 
         def _collate(req):
             toks = self.tok_encode(req[0])
@@ -466,7 +467,7 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
             stops = [term for term in until if term]
 
             def stop_when(rows, generated):  # padding rows (index >= real) stop at once
-                return [row >= real or any(term in self.tok_decode(tokens) for term in stops)
+                return [row >= real or find_stop(self.tok_decode(tokens), stops) >= 0
                         for row, tokens in zip(rows, generated)]
             self._generate_calls += 1
             seed = None if self.seed is None else self.seed + self._generate_calls
@@ -478,17 +479,15 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
                 prompts = prompts + [prompts[-1]] * (self.batch_size - real)
             rows = cache_length(max(map(len, prompts)) + max_gen_toks, self.model.token_positions)
             shape = (len(prompts), bucket_of(max(map(len, prompts)), width_buckets(rows)), rows)
-            sequences = self.model.generate(prompts, generation_config={}, max_new_tokens=max_gen_toks,
-                                            eos_token_id=self.config.eos_token_id, seed=seed,
-                                            stop_when=stop_when if stops or padded else None, **options)[:real]
+            sequences = generate(self.model, prompts, generation_config={}, max_new_tokens=max_gen_toks,
+                                 eos_token_id=self.config.eos_token_id, seed=seed,
+                                 stop_when=stop_when if stops or padded else None, **options)[:real]
             if shape not in self._generate_shapes:
                 self._generate_shapes.add(shape)
                 release_freed_heap()
             prompts = prompts[:real]
             for prompt, sequence, context in zip(prompts, sequences, contexts):
-                text = self.tok_decode(sequence[len(prompt):])
-                for term in stops:
-                    text = text.split(term)[0]
+                text = cut_at_stop(self.tok_decode(sequence[len(prompt):]), stops)
                 res.append(text)
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
                 progress.update(1, len(sequence) - len(prompt))

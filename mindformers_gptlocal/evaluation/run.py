@@ -8,6 +8,7 @@ import sys
 import time
 
 from ..errors import ConfigError
+from ..runtime.loader import check_model_dir
 from ..safetensors_io import atomic_write
 
 
@@ -58,9 +59,7 @@ def run_eval(options):
         raise ConfigError(f"--include_path {options.include_path} is not a folder of task YAMLs.")
     if options.output_path and os.path.isdir(options.output_path):
         raise ConfigError(f"--out {options.output_path} is a folder; give a file name, e.g. --out results.json.")
-    if not os.path.isfile(os.path.join(str(options.model), "config.json")):  # before lm-eval's task index (~15 s)
-        raise ConfigError(f"--model {options.model} is not a model directory with config.json (give a gpt_local "
-                          f"model directory, e.g. output/model or a `gptlocal convert hf2ms` folder).")
+    check_model_dir(str(options.model), "--model", tokenizer=False)  # before lm-eval's task index (~15 s)
     manager = TaskManager(include_path=options.include_path)
     tasks = [t.strip() for t in options.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if not manager.match_tasks([t])]
@@ -70,7 +69,9 @@ def run_eval(options):
     from .harness import GPTLocalLM
     model = GPTLocalLM(pretrained=options.model, batch_size=options.batch_size, max_length=options.max_length,
                        device_target=options.device_target, seed=options.seed,
-                       compile_cache=getattr(options, "compile_cache", "on"))
+                       compile_cache=getattr(options, "compile_cache", "on"),
+                       compile_cache_days=getattr(options, "compile_cache_days", None),
+                       compile_cache_mb=getattr(options, "compile_cache_mb", None))
     limit = None if options.limit is None else (int(options.limit) if options.limit >= 1 else options.limit)
     start = time.perf_counter()
     with env_info_without_torch():  # gpt_local draws no torch numbers: no torch seed (setting one imports torch)

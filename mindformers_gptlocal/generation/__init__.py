@@ -1,7 +1,7 @@
-"""Text generation: sampling (``sampling.py``), the decode loop (``loop.py``) and the ``generate`` method
-causal LMs mix in (``mixin.py``). Imports nothing from ``model/``: it uses only the interface a causal
-LM offers (``config``, ``kv_cache(batch, length)``, calling the model on token ids)."""
+"""Generation's host side, pure Python and numpy: the one table of defaults (``defaults.py``), options
+(``loop.resolve_options``), sampling (``sampling.py``) and the decode loop (``loop.py``) over any step function.
+Imports nothing from ``model/``; what runs the model (``generate``, the KV cache's compiled graphs) is
+``runtime/``."""
 from .loop import resolve_options
-from .mixin import GenerationMixin
 
-__all__ = ["GenerationMixin", "resolve_options"]
+__all__ = ["resolve_options"]

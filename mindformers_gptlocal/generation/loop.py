@@ -2,16 +2,15 @@
 
 Options are MindFormers' GenerationConfig names: max_new_tokens / max_length, do_sample,
 temperature, top_k, top_p, repetition_penalty, eos_token_id, pad_token_id, use_past (cache on/off),
-seed. Nothing here knows the model: ``GenerationMixin`` (``mixin.py``) hands in its cache's steps.
+seed. Nothing here knows the model: ``runtime/generate.py`` hands in its runner's steps.
 """
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from .defaults import LIBRARY
 from .sampling import next_tokens
 
-DEFAULTS = {"max_new_tokens": None, "max_length": None, "do_sample": False, "temperature": 1.0, "top_k": 0,
-            "top_p": 1.0, "repetition_penalty": 1.0, "eos_token_id": None, "pad_token_id": None,
-            "use_past": True, "seed": None}
+DEFAULTS = LIBRARY  # generation/defaults.py: the one table of defaults
 
 
 def resolve_options(base=None, **overrides):

@@ -16,6 +16,8 @@ import copy
 import os
 import sys
 
+from ..generation.defaults import MINDFORMERS as MINDFORMERS_GENERATION_DEFAULTS
+
 LEAN = os.environ.get("GPTLOCAL_LEAN") == "1" and "mindformers" not in sys.modules
 
 # MindFormers 1.8.0's MoEConfig fields (a flattened moe_config arrives in model_config; a dense GPT ignores them);
@@ -32,10 +34,9 @@ LEAN_MOE_KEYS = frozenset((
     "use_allgather_dispatcher", "use_fused_ops_permute", "use_fused_ops_topkrouter", "use_gating_sigmoid", "use_gmm",
     "use_shared_expert_gating", "z_loss_factor"))
 
-# MindFormers' GenerationConfig defaults for the options gpt_local's decode loop reads (generation/loop.py DEFAULTS)
-GENERATION_DEFAULTS = {"max_new_tokens": None, "max_length": 20, "do_sample": False, "temperature": 1.0, "top_k": 50,
-                       "top_p": 1.0, "repetition_penalty": 1.0, "eos_token_id": [], "pad_token_id": None,
-                       "use_past": False, "seed": None}
+# MindFormers' GenerationConfig defaults for the options gpt_local's decode loop reads: generation/defaults.py, the one
+# table of generation defaults
+GENERATION_DEFAULTS = MINDFORMERS_GENERATION_DEFAULTS
 
 
 def _mindformers_version():

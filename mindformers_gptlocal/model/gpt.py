@@ -1,12 +1,13 @@
 """GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (head + loss).
 
 The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``arch.py``); what MindFormers
-calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV caches in ``kv_cache.py``.
+calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV cache's storage in ``kv_cache.py``; what
+runs decoding (``generate``, the compiled prefill/decode graphs) is the inference runtime, ``runtime/``.
 
 Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
 expect; eval with labels returns ``(logits, labels, mask)`` laid out for
 MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
-Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``).
+Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``, ``runtime/runner.py``).
 The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
 """
 import os
@@ -16,7 +17,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
-from ..generation import GenerationMixin
+from ..errors import CheckpointError
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
@@ -26,7 +27,6 @@ from .block import GPTLocalBlock
 from .config import GPTLocalConfig
 from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
-from .kv_cache import KVCachePool
 from .layers import cpu_gemm, make_norm, to_mstype, use_gemm
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
@@ -39,6 +39,17 @@ def use_flash_attention(config):
     prefix-tuning prefix, whose key rows the square-mask kernel does not take)."""
     return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend" and \
         config.prefix_spec() is None
+
+
+def missing_weights(model_dir):
+    """Why ``model_dir`` (a folder) cannot give a trained model: the one line naming it and what it lacks, or None
+    (it has its weights, or is not a folder: ``GPTLocalConfig.from_model_dir`` says that)."""
+    if not os.path.isdir(model_dir) or os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):
+        return None
+    return (f"{model_dir} has no weights ({WEIGHTS_NAME}): it holds a config and a tokenizer only (e.g. "
+            f"prepare-data's model folder, the start of a pretraining); give a trained model directory (a run's "
+            f"output/model, `gptlocal convert hf2ms`, save_pretrained), or random_init=True in "
+            f"GPTLocalForCausalLM.from_pretrained for a randomly initialised model.")
 
 
 class GPTLocalEmbedding(nn.Cell):
@@ -233,12 +244,11 @@ class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
 
 
 @MindFormerRegister.register(MindFormerModuleType.MODELS, legacy=False)
-class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, GPTLocalPreTrainedModel):
+class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTrainedModel):
     """A causal LM (GPT-2, Llama-style or NeoX-style, ``config.arch``): its output head tied to the token embedding
-    or its own (``untie_embeddings_and_output_weights``); ``generate`` from GenerationMixin, what MindFormers'
-    trainer and pipelines call besides ``construct`` from ``MindFormersAdapter``."""
-
-    KV_CACHES_KEPT = 4  # cache shapes kept compiled at once
+    or its own (``untie_embeddings_and_output_weights``); ``generate`` and ``kv_cache`` hand over to the inference
+    runtime (``runtime/``); what MindFormers' trainer and pipelines call besides ``construct`` from
+    ``MindFormersAdapter``."""
 
     def __init__(self, config: GPTLocalConfig, layer_spec=None):
         super().__init__(config)
@@ -267,7 +277,6 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self.head_loss = self._head_loss_kernel(config)
-        self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
 
     def _head_loss_kernel(self, config):
         """The fused head + cross-entropy of training on CPU (``kernels/head_loss.py``: no [B*S, V] logits), or
@@ -289,13 +298,17 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         return load_weights(self, path)
 
     @classmethod
-    def from_pretrained(cls, model_dir, layer_spec=None, **overrides):
-        """Build from ``model_dir/config.json`` (``layer_spec``: as for ``__init__``) and load ``model_dir``'s
-        safetensors weights if present. The folder's tokenizer files must be those its weights were trained with
-        (``tokenizer_id``)."""
+    def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, **overrides):
+        """Build from ``model_dir/config.json`` (``layer_spec``: as for ``__init__``) and load its weights
+        (model.safetensors). A folder without weights is refused (``CheckpointError`` naming it) unless
+        ``random_init=True`` asks for a randomly initialised model on purpose. The folder's tokenizer files must be
+        those its weights were trained with (``tokenizer_id``)."""
+        lacking = None if random_init else missing_weights(model_dir)
+        if lacking:
+            raise CheckpointError(lacking)
         check_tokenizer_id(model_dir)
         model = cls(GPTLocalConfig.from_model_dir(model_dir, **overrides), layer_spec=layer_spec)
-        if os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):
+        if not random_init:
             model.load_weights(model_dir)
         return model
 
@@ -311,10 +324,17 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
 
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
-        """The KVCache for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up to a
-        bucket), built once per shape and kept (the KV_CACHES_KEPT most recently used shapes) so no call
-        recompiles."""
-        return self._kv_caches.get(batch_size, needed_length)
+        """The inference runtime's runner (``runtime/runner.py`` ``ModelRunner``: a KV cache and its compiled
+        prefill / decode / greedy graphs) for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up
+        to a bucket), built once per shape and kept (the most recently used shapes) so no call recompiles."""
+        from ..runtime.runner import runner_for  # the runtime runs the model: imported when first asked
+        return runner_for(self, batch_size, needed_length)
+
+    def generate(self, input_ids, generation_config=None, streamer=None, seed=None, stop_when=None, **kwargs):
+        """MindFormers-style generate (its predict pipeline calls it): ``runtime/generate.py`` ``generate``."""
+        from ..runtime.generate import generate
+        return generate(self, input_ids, generation_config, streamer=streamer, seed=seed, stop_when=stop_when,
+                        **kwargs)
 
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):

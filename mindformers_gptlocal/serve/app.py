@@ -25,7 +25,8 @@ import uuid
 
 from .ops import Metrics, OpsMiddleware, State, exposure_warning, graceful_server
 from .protocol import RequestError, parse_request
-from .scheduler import Engine, EngineNotReady, QueueFull, Request
+from .engine import Engine, EngineNotReady
+from .scheduler import QueueFull, Request
 
 log = logging.getLogger("gptlocal.serve")
 RETRY_AFTER_S = 1
@@ -38,17 +39,9 @@ def error_response(status, message, param=None, code=None, kind="invalid_request
 
 
 def load_tokenizer(model_dir):
-    """(tokenizers.Tokenizer or None, chat template or None) from the model directory."""
-    tokenizer, template = None, None
-    path = os.path.join(model_dir, "tokenizer.json")
-    if os.path.isfile(path):
-        from tokenizers import Tokenizer
-        tokenizer = Tokenizer.from_file(path)
-    config = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.isfile(config):
-        with open(config, encoding="utf-8") as handle:
-            template = json.load(handle).get("chat_template")
-    return tokenizer, template
+    """(tokenizers.Tokenizer or None, chat template or None) from the model directory (``runtime/loader.py``)."""
+    from ..runtime.loader import read_tokenizer
+    return read_tokenizer(model_dir)
 
 
 def create_app(engine, model_name, tokenizer=None, chat_template=None, state=None):
@@ -291,10 +284,8 @@ def serve(options):
     """``gptlocal serve``: start the engine (load + warm-up on its thread) and uvicorn; blocks until stopped."""
     import uvicorn
     from ..errors import ConfigError
+    from ..runtime.loader import check_model_dir
     model_dir = options.model
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise ConfigError(f"--model {model_dir} has no config.json; give a gpt_local model directory "
-                          f"(training output, `gptlocal convert hf2ms`, or save_pretrained).")
     for key in ("max_batch_size", "max_queue", "max_request_bytes", "warmup_tokens"):
         if getattr(options, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(options, key)}.")
@@ -306,6 +297,7 @@ def serve(options):
         if getattr(options, key) < 0 or (key == "send_timeout" and options.send_timeout == 0):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
                               f"{' (0: no limit)' if key == 'request_timeout' else ''}, got {getattr(options, key)}.")
+    check_model_dir(model_dir, "--model", tokenizer=False)  # before anything starts (no tokenizer: token ids only)
     api_key = options.api_key or os.environ.get("GPTLOCAL_API_KEY") or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     warning = exposure_warning(options.host, api_key)
@@ -330,7 +322,9 @@ def serve(options):
                     max_model_len=options.max_model_len, device_target=options.device_target,
                     prompt_buckets=widths, tokenizer=tokenizer, batch_buckets=batches, adapters=adapters,
                     warmup_tokens=getattr(options, "warmup_tokens", None), prefill_tokens=prefill_tokens,
-                    compile_cache=getattr(options, "compile_cache", "off"))
+                    compile_cache=getattr(options, "compile_cache", "off"),
+                    compile_cache_bounds=(getattr(options, "compile_cache_days", None),
+                                          getattr(options, "compile_cache_mb", None)))
     engine.start()
     state = State(api_key=api_key, max_request_bytes=options.max_request_bytes, send_timeout=options.send_timeout,
                   request_timeout=options.request_timeout, shutdown_timeout=options.shutdown_timeout)

@@ -13,10 +13,12 @@ with ``"\\nUser:"`` added to the stop strings so a reply ends before the model w
 """
 import numbers
 
+from ..generation.defaults import SERVE as SERVE_DEFAULTS
+
 PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
                        "{% if add_generation_prompt %}Assistant:{% endif %}")
 PLAIN_CHAT_STOP = "\nUser:"
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+COMPLETION_DEFAULT_MAX_TOKENS = SERVE_DEFAULTS["completion_max_tokens"]  # OpenAI's default for /v1/completions
 # Bounds beyond the body size (--max-request-bytes): each stop string is matched against the text's tail at
 # every token (cost ~ its length), each message and content part goes through the template.
 MAX_STOP = 4  # OpenAI's limit
@@ -167,16 +169,18 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise RequestError("'stream_options' must be an object.", "stream_options")
-    top_k = body.get("top_k", 0)
+    top_k = body.get("top_k", SERVE_DEFAULTS["top_k"])
     if top_k is None:
-        top_k = 0
+        top_k = SERVE_DEFAULTS["top_k"]
     if not _is_int(top_k) or top_k < -1:
         raise RequestError(f"'top_k' must be a non-negative integer (0 or -1: off), got {top_k!r}.", "top_k")
     eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [] if eos_token_id is None else [eos_token_id]
     if body.get("ignore_eos"):
         eos = []
-    return {"prompt": ids, "max_tokens": int(max_tokens), "temperature": _number(body, "temperature", 1.0, 0, 2),
-            "top_p": _number(body, "top_p", 1.0, 0, 1, low_open=True), "top_k": max(int(top_k), 0), "seed": seed,
+    return {"prompt": ids, "max_tokens": int(max_tokens),
+            "temperature": _number(body, "temperature", SERVE_DEFAULTS["temperature"], 0, 2),
+            "top_p": _number(body, "top_p", SERVE_DEFAULTS["top_p"], 0, 1, low_open=True), "top_k": max(int(top_k), 0),
+            "seed": seed,
             "stop": stop, "eos": eos,
             "stream": stream, "include_usage": bool(stream_options.get("include_usage")),
             "return_token_ids": bool(body.get("return_token_ids"))}

@@ -184,7 +184,7 @@ def test_generate_greedy_equals_model_generate(model_dir, capsys, tmp_path, grap
     assert main(["generate", *flags, "--stream"]) == 0  # streamed through stop_when
     assert capsys.readouterr().out == expected
     stored = sorted(p.parent.name.split("-")[0] for p in cache.glob("*/graph.mindir"))
-    assert "anchor" in stored and "kvcache" in stored, stored  # the prefill's graph at least
+    assert "anchor" in stored and "cachedforward" in stored, stored  # the prefill's graph at least
     assert main(["generate", *flags]) == 0  # model.generate itself, its graphs loaded where stored
     assert capsys.readouterr().out == expected
     blocked = tmp_path / "a-file"

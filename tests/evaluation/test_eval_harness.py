@@ -197,7 +197,7 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
         assert "|gl_choice|" in printed and "acc_norm" in printed
         runs.append(json.loads(out.read_text()))
         graphs = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.mindir"))
-        kinds = [g.split("-")[0] for g in graphs]  # one width, stored in a folder of its own (model/graph_cache.py)
+        kinds = [g.split("-")[0] for g in graphs]  # one width, stored in a folder of its own (runtime/graph_cache.py)
         assert kinds == ["anchor", "scorer"] and all(g.endswith("/graph.mindir") for g in graphs), graphs
         assert (cache / graphs[1].split("/")[0] / "first_call_seconds").is_file()
     first = [s["resps"] for s in runs[0]["samples"]["gl_choice"]]
@@ -229,7 +229,7 @@ def test_plan_widths_is_the_least_cost_choice():
     import itertools
     import random
     from mindformers_gptlocal.evaluation.harness import plan_widths
-    from mindformers_gptlocal.model.buckets import length_bucket
+    from mindformers_gptlocal.runtime.buckets import length_bucket
     rng = random.Random(0)
 
     def cost(chosen, needs, compiled, compile_s, column_s):

@@ -9,8 +9,8 @@ import pytest
 import mindspore as ms
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.model.buckets import bucket_of
-from mindformers_gptlocal.model.kv_cache import prefill_inputs
+from mindformers_gptlocal.runtime.buckets import bucket_of
+from mindformers_gptlocal.runtime.runner import prefill_inputs
 from conftest import TINY
 
 # (architecture, mode): the graph the generate path compiles for GPT-2; GQA + rope in PyNative (the same Cells and

@@ -188,7 +188,7 @@ def test_multi_step_greedy_generate_equals_one_step_and_recomputation(model, pro
 def test_bucketed_prefill_gives_the_logits_of_the_unpadded_prefill(model):
     """Prompts right-padded to the width bucket (16 for these): the logits after each prompt's last token,
     and the next decode step's, equal (1e-5) those of a prefill exactly as wide as the longest prompt."""
-    from mindformers_gptlocal.model.kv_cache import prefill_inputs
+    from mindformers_gptlocal.runtime.runner import prefill_inputs
     cache = model.kv_cache(len(PROMPTS), 40)
     assert cache.widths == [16, 32, 64]
     bucketed = cache.prefill(PROMPTS)

@@ -179,7 +179,8 @@ def test_serve_and_eval_read_the_prefix(run):
     import threading
     from lm_eval.api.instance import Instance
     from mindformers_gptlocal.evaluation.harness import GPTLocalLM
-    from mindformers_gptlocal.serve.scheduler import Engine, Request
+    from mindformers_gptlocal.serve.engine import Engine
+    from mindformers_gptlocal.serve.scheduler import Request
     model_dir = str(run["model"])
     model = GPTLocalForCausalLM.from_pretrained(model_dir)
     model.set_train(False)

@@ -114,7 +114,7 @@ def local_engine(model_dir, launched):
     """An engine in this process (one slot, a 256-token cache) for the tests that drive the ASGI app
     directly; it loads while the server process boots."""
     import mindspore as ms
-    from mindformers_gptlocal.serve.scheduler import Engine
+    from mindformers_gptlocal.serve.engine import Engine
     engine = Engine(model_dir, max_batch_size=1, max_model_len=256, prompt_buckets=[16], batch_buckets=[1])
     try:
         engine.start()

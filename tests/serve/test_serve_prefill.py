@@ -1,6 +1,7 @@
 """The engine's prefill calls (``--max-prefill-tokens``, ``serve/scheduler.py``): prompts written apart from the
 decoding rows, at most ``prefill_tokens`` tokens a call, a long prompt in chunks, pad rows repeating a row; by
-value against ``model.generate`` (the refill path, ``prefill_tokens=0``, is test_serve_chunks.py's), in this process: prompts of odd lengths, one chunked (40 tokens in chunks of 16), a fifth request that
+value against ``model.generate`` (the refill path, ``prefill_tokens=0``, is test_serve_engine.py's), in this
+process: prompts of odd lengths, one chunked (40 tokens in chunks of 16), a fifth request that
 waits for a slot and joins while the others decode, a seeded sampled request."""
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ CONTEXT = TINY["max_position_embeddings"]  # 64
 def engine(tmp_path_factory):
     """An Engine on a tiny model driven from this thread: prefill calls of at most 32 tokens."""
     import mindspore as ms
-    from mindformers_gptlocal.serve.scheduler import Engine
+    from mindformers_gptlocal.serve.engine import Engine
     out = save_tiny_base(tmp_path_factory.mktemp("prefill") / "tiny", None, 0)
     engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[1, 2, 4],
                     prefill_tokens=32)
@@ -79,7 +80,8 @@ def test_a_negative_max_prefill_tokens_is_one_clear_error(tmp_path):
 def test_the_default_buckets_compile_no_prompt_graph_above_one_row(engine):
     """The defaults (``PREFILL_TOKENS``, ``BATCH_FACTOR``): a lone-row prefill of at most PREFILL_TOKENS tokens,
     decode graphs at 1 and max_batch_size only (a burst of clients fills the largest one; every graph costs RSS)."""
-    from mindformers_gptlocal.serve.scheduler import BATCH_FACTOR, PREFILL_TOKENS, Engine, batch_sizes
+    from mindformers_gptlocal.serve.engine import PREFILL_TOKENS, Engine
+    from mindformers_gptlocal.serve.scheduler import BATCH_FACTOR, batch_sizes
     assert batch_sizes(16) == [1, 16] and batch_sizes(8) == [1, 8] and batch_sizes(BATCH_FACTOR * 4) == [
         1, BATCH_FACTOR, BATCH_FACTOR * 4]
     default = Engine(engine.model_dir, max_batch_size=16, max_model_len=CONTEXT)

@@ -30,9 +30,9 @@ def _losses(tiny_config, steps=4):
 def _akg_kernels_since(started, cwd):
     """AKG's kernel files written since ``started``: in ``akg_kernel_meta/`` of the working directory, or of the
     compile-cache folder where one was in use in this process (MindSpore reads that path once a process and
-    writes AKG's kernels there from then on, measured; ``model/graph_cache.py``'s staging folder, after a test
+    writes AKG's kernels there from then on, measured; ``runtime/graph_cache.py``'s staging folder, after a test
     that ran ``gptlocal generate`` in this process)."""
-    from mindformers_gptlocal.model import graph_cache
+    from mindformers_gptlocal.runtime import graph_cache
     folders = [pathlib.Path(cwd)] + ([pathlib.Path(graph_cache._PROCESS["staging"])]  # pylint: disable=protected-access
                                      if "staging" in graph_cache._PROCESS else [])  # pylint: disable=protected-access
     return [f for d in folders for f in (d / "akg_kernel_meta").glob("*.so") if f.stat().st_mtime >= started - 1]

@@ -1,8 +1,8 @@
 """Shape buckets: the few widths (and batch sizes) compiled, so varied prompt lengths share graphs.
 
-Pure Python, one home for every user: ``model/kv_cache.py`` (the cache's widths: ``generate``'s prefill),
-``serve/scheduler.py`` (the server's refill steps and batch sizes) and ``evaluation/harness.py`` (the scorer's
-widths, ``length_bucket``). In ``model/`` because the cache is: the layers above import it from here.
+Pure Python, one home for every user: ``runner.py`` (the runner's prefill widths: ``generate``),
+``serve/scheduler.py`` (the server's prompt widths and batch sizes) and ``evaluation/harness.py`` (the scorer's
+widths, ``length_bucket``).
 """
 
 SMALLEST_WIDTH = 16

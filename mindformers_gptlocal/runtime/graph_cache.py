@@ -3,8 +3,8 @@
 Off unless a caller puts a ``GraphCache`` on a model (``attach(model, setting, model_dir)``, or
 ``model.graph_cache = GraphCache(root, salt)``): the CLI does, through its ``--compile-cache on|off|DIR`` (default
 on): ``gptlocal eval`` for its scoring graphs, and ``gptlocal eval``, ``generate``, ``chat`` and ``serve`` for
-``generate``'s and the server's (the KV cache's prefill, one-token and greedy-steps graphs, through
-``cached_call`` in ``model/kv_cache.py`` and ``serve/scheduler.py``). ``model.generate`` in a user's own script is
+``generate``'s and the server's (the runner's prefill, one-token and greedy-steps graphs, through
+``cached_call`` in ``runtime/runner.py``). ``model.generate`` in a user's own script is
 uncached unless the script attaches one. A loaded graph skips the compile's time and, measured, most of the host
 heap the compile leaves behind (docs/performance.md "What holds a compiled graph's host heap").
 
@@ -24,17 +24,20 @@ compile 0 of every process is a one-op anchor graph that is stored from the firs
 whose graphs are all stored loads them all, and one with a new graph loads those before it and compiles (and
 stores again) those after it: a run repeated loads everything, a changed run converges in the next one.
 
-The key is everything that shapes the graph: gpt_local's sources (Python and C++), MindSpore's version, mode and
-device, the ``GPTLOCAL_*`` / ``MS_*`` switches, the caller's ``salt`` (the eval's: the model's config.json), the
+The key is everything that shapes the graph: gpt_local's own sources (every .py/.cc/.h of the package, hashed once
+per process: ``source_digest``; MindSpore's own dependency check does not look into site-packages), MindSpore's
+version, mode and device, its ``MS_*`` switches, the caller's ``salt`` (the commands': the model's config.json,
+which holds every setting that picks a kernel), the
 called Cell's tree (each sub-Cell's class and plain attributes such as ``decode_steps``, ``batch_size``,
 ``max_length``; every Parameter's name, shape and dtype; the values of its constant Tensors; its primitives'
-attributes) and the call's arguments (shapes and dtypes of Tensors, values of constants such as
+attributes) and the call's arguments (shapes and dtypes of Tensors and numpy arrays, values of constants such as
 ``fresh_prefill``). Weights are not in a graph: a model of the same config with other weights loads the graph
 and computes with its own.
 
-Eviction (``prune``, once per root per process, at the first ``GraphCache``): stored graphs not used for
-``GPTLOCAL_COMPILE_CACHE_DAYS`` days (default 14) go, then the least recently used until the store is under
-``GPTLOCAL_COMPILE_CACHE_MB`` (default 1024); staging folders of processes gone. A use touches the key's folder.
+Eviction (``prune``, once per root per process, at the first ``GraphCache``): stored graphs not used for ``days``
+(``--compile-cache-days``, ``GraphCache(..., days=)``, default 14) go, then the least recently used until the store
+is under ``max_mb`` (``--compile-cache-mb``, default 1024); staging folders of processes gone. A use touches the
+key's folder.
 """
 import atexit
 import hashlib
@@ -50,12 +53,10 @@ from ..errors import ConfigError
 
 STORED = "graph.mindir"
 TIMING = "first_call_seconds"
-DAYS_VAR, MB_VAR = "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"
-DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0
+DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0  # --compile-cache-days / --compile-cache-mb
+REMOVED_VARS = {"GPTLOCAL_COMPILE_CACHE_DAYS": "--compile-cache-days",  # no longer read: one line names the flag
+                "GPTLOCAL_COMPILE_CACHE_MB": "--compile-cache-mb"}
 _PRUNED = set()  # roots pruned in this process
-# switches that change no graph: GPTLOCAL_LEAN picks the model classes' bases (MindFormers' or the stand-ins of
-# model/bases.py), not their Cells, whose tree and settings are in the key anyway
-NOT_GRAPH = frozenset(("GPTLOCAL_LEAN",))
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",
                       "exist_names", "exist_objs", "is_top_cell", "create_time", "total_instance_count"))
@@ -77,16 +78,18 @@ def staging_base():
 OFF = ("off", "false", "0", "no", "none", "")
 
 
-def attach(model, setting, model_dir, flag="--compile-cache"):
+def attach(model, setting, model_dir, flag="--compile-cache", days=None, max_mb=None):
     """Put a ``GraphCache`` on ``model`` as a ``--compile-cache`` value says (``off``: none; ``on``:
-    ``default_root()``; else a folder), salted with the digest of ``model_dir``'s config.json; returns it (or None).
-    Every ``gptlocal`` command that takes the flag reads it here."""
+    ``default_root()``; else a folder), salted with the digest of ``model_dir``'s config.json, kept within ``days``
+    / ``max_mb`` (``--compile-cache-days`` / ``--compile-cache-mb``; None: the defaults); returns it (or None).
+    Every ``gptlocal`` command that takes the flags reads them here."""
     text = "off" if setting is None else str(setting)
     cache = None
     if text.lower() not in OFF:
         root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
         with open(os.path.join(model_dir, "config.json"), "rb") as handle:
-            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()}, flag=flag)
+            cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()}, flag=flag,
+                               days=days, max_mb=max_mb)
     model.graph_cache = cache
     return cache
 
@@ -99,10 +102,18 @@ def cached_call(lm, cell, *args):
     return cache.call(cell, args)[0]
 
 
-def source_digest():
-    """sha256 of gpt_local's own sources (Python and kernel C++): a cached graph is only reused by the same code."""
-    if "source" not in _PROCESS:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def package_root():
+    """The folder of gpt_local's package (whose sources ``source_digest`` hashes)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_digest(root=None):
+    """sha256 of gpt_local's own sources (every .py and kernel .cc/.h/.c/.cpp under the package folder, by relative
+    path and content), once per process: a cached graph is only reused by the same code. ``root``: another copy
+    of the package (tests)."""
+    root = package_root() if root is None else os.path.abspath(root)
+    memo = _PROCESS.setdefault("sources", {})
+    if root not in memo:
         digest = hashlib.sha256()
         for folder, dirs, files in sorted(os.walk(root)):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -112,23 +123,36 @@ def source_digest():
                     digest.update(os.path.relpath(path, root).encode())
                     with open(path, "rb") as handle:
                         digest.update(handle.read())
-        _PROCESS["source"] = digest.hexdigest()
-    return _PROCESS["source"]
+        memo[root] = digest.hexdigest()
+    return memo[root]
 
 
-def bound(name, default):
-    """A positive number from the environment variable ``name`` (else ``default``); a gpt_local error if not one."""
-    text = os.environ.get(name)
-    if text is None or text == "":
+def bound(value, default, flag):
+    """``value`` (None: ``default``) as a number >= 0, else one gpt_local error naming ``flag``."""
+    if value is None:
         return default
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ConfigError(f"{name}={text!r} must be a number >= 0 (days / MB of the compile cache to keep; "
-                          f"unset it for the default {default:g}).")
-    return value
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if number < 0:
+        raise ConfigError(f"{flag} {value!r} must be a number >= 0 (days / MB of the compile cache to keep; leave it "
+                          f"out for the default {default:g}).")
+    return number
+
+
+def bounds(days=None, max_mb=None):
+    """(days, max_mb) as numbers, their defaults where None; one error naming the flag of a bad one."""
+    return bound(days, DEFAULT_DAYS, "--compile-cache-days"), bound(max_mb, DEFAULT_MB, "--compile-cache-mb")
+
+
+def warn_removed_variables():
+    """One stderr line a process for each removed bound variable that is set, naming its replacement."""
+    for name, flag in REMOVED_VARS.items():
+        if os.environ.get(name) is not None and name not in _PROCESS.setdefault("warned", set()):
+            _PROCESS["warned"].add(name)
+            sys.stderr.write(f"gpt_local: {name} is no longer read: give {flag} N on gptlocal generate/chat/serve/"
+                             f"eval ({flag[2:].replace('-', '_')}=N as an lm-eval model arg); unset it.\n")
 
 
 def _folder_bytes(folder):
@@ -141,13 +165,10 @@ def _folder_bytes(folder):
     return total
 
 
-def prune(root, days=None, max_mb=None, now=None):
-    """Remove stored graphs unused for ``days`` (default ``GPTLOCAL_COMPILE_CACHE_DAYS``), then the least
-    recently used until the store holds at most ``max_mb`` MB (default ``GPTLOCAL_COMPILE_CACHE_MB``), and
-    staging folders whose process is gone. Returns the names removed. One ``listdir`` and a few ``stat`` per
-    folder: cheap at startup."""
-    days = bound(DAYS_VAR, DEFAULT_DAYS) if days is None else days
-    max_mb = bound(MB_VAR, DEFAULT_MB) if max_mb is None else max_mb
+def prune(root, days=DEFAULT_DAYS, max_mb=DEFAULT_MB, now=None):
+    """Remove stored graphs unused for ``days``, then the least recently used until the store holds at most
+    ``max_mb`` MB, and staging folders whose process is gone. Returns the names removed. One ``listdir`` and a few
+    ``stat`` per folder: cheap at startup."""
     now = time.time() if now is None else now
     removed = []
     try:
@@ -186,6 +207,8 @@ def _describe(value):
     from mindspore import Tensor
     if isinstance(value, Tensor):
         return ["tensor", list(value.shape), str(value.dtype)]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # a numpy array (or scalar)
+        return ["array", list(value.shape), str(value.dtype)]
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (tuple, list)):
@@ -244,23 +267,25 @@ class GraphCache:
     the caller knows shapes the graphs (JSON-able; the eval's: its config.json digest). ``call(cell, args)`` runs
     one call; only a call whose (Cell, argument signature) this process has not run yet goes through the cache."""
 
-    def __init__(self, root, salt=None, flag="compile cache"):
+    def __init__(self, root, salt=None, flag="compile cache", days=None, max_mb=None):
         self.root = os.path.abspath(os.path.expanduser(str(root)))
         if os.path.exists(self.root) and not os.path.isdir(self.root):  # ``flag``: the setting the error names
             raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{root!r} is a file; give on, off or a "
                               f"folder for the cached graphs.")
         self.salt = salt
+        self.days, self.max_mb = bounds(days, max_mb)
+        warn_removed_variables()
         self._seen = weakref.WeakKeyDictionary()  # Cell -> argument signatures it has run
         self.hits = self.misses = 0
         if self.root not in _PRUNED:
             _PRUNED.add(self.root)
-            prune(self.root)
+            prune(self.root, self.days, self.max_mb)
 
     def key(self, cell, args):
         """The key of ``cell(*args)``'s graph: a folder name under ``root``."""
         import mindspore as ms
-        switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("GPTLOCAL_", "MS_"))
-                    and not k.startswith(("MS_COMPILER_CACHE", "GPTLOCAL_COMPILE_CACHE")) and k not in NOT_GRAPH}
+        switches = {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith("MS_") and not k.startswith("MS_COMPILER_CACHE")}  # MindSpore's, not ours
         text = json.dumps({"source": source_digest(), "mindspore": ms.__version__, "mode": ms.get_context("mode"),
                            "device": ms.get_context("device_target"), "switches": switches, "salt": self.salt,
                            "cell": cell_description(cell), "args": _describe(list(args))}, sort_keys=True)

@@ -1,8 +1,7 @@
-"""The engine's greedy chunks (k greedy steps in one compiled call, ``serve/steps.py``) against the plain path
-(one step per iteration, the default) and against ``model.generate``, by value, in this process (the 64-token
-refill compiled on first use, ``warmup_tokens``): odd prompt lengths and max_tokens (finishing mid-chunk), an
-EOS mid-chunk, a request that runs to the cache's last row, and a fifth request that waits for a slot and joins
-while the others decode."""
+"""The engine (``serve/engine.py`` running ``serve/scheduler.py``'s calls) against ``model.generate``, greedy, by
+value, in this process (refills; the 64-token refill compiled on first use, ``warmup_tokens``): odd prompt lengths
+and max_tokens, an EOS, a request that runs to the cache's last row, and a fifth request that waits for a slot
+and joins while the others decode. Also: the removed greedy-chunks switch, when set, is one line."""
 import numpy as np
 import pytest
 
@@ -15,12 +14,10 @@ CONTEXT = TINY["max_position_embeddings"]  # 64
 def engine(tmp_path_factory):
     """A tiny model served by an Engine driven from this thread (no worker thread, no HTTP)."""
     import mindspore as ms
-    from mindformers_gptlocal.serve.scheduler import Engine
+    from mindformers_gptlocal.serve.engine import Engine
     out = save_tiny_base(tmp_path_factory.mktemp("chunks") / "tiny", None, 0)
     engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[4],
                     warmup_tokens=64)  # the 4 x 64 refill compiles on its first use
-    engine.chunked = True  # opt-in (GPTLOCAL_SERVE_GREEDY_STEPS=1): compiled at warm-up
-    engine.chunk_rows = 4  # chunks for every bucket here (the default: a lone request's bucket only)
     try:
         engine._load()
         engine.warm_up()
@@ -31,11 +28,9 @@ def engine(tmp_path_factory):
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-def serve_all(engine, specs, chunked):
-    """Submit every (prompt, max_tokens, eos) at once, step until all are done: [(tokens, finish)], chunks used."""
+def serve_all(engine, specs):
+    """Submit every (prompt, max_tokens, eos) at once, step until all are done: [(tokens, finish, count)]."""
     from mindformers_gptlocal.serve.scheduler import Request
-    engine.chunked = chunked
-    before = engine.stats["greedy_chunks"]
     events = [[] for _ in specs]
     for spec, sink in zip(specs, events):
         prompt, max_tokens, eos = spec
@@ -45,28 +40,35 @@ def serve_all(engine, specs, chunked):
             break
         engine.step()
     out = [([ev[2] for ev in e if ev[0] == "token"], e[-1][1], e[-1][2]["completion_tokens"]) for e in events]
-    return out, engine.stats["greedy_chunks"] - before
+    return out
 
 
-def test_greedy_chunks_equal_single_steps_and_generate(engine):
-    assert engine.cache.decode_steps == 8  # 2 layers: 8 steps per chunk
+def test_engine_equals_generate(engine):
     rng = np.random.default_rng(3)
     prompt = lambda n: rng.integers(1, TINY["vocab_size"], n).tolist()  # noqa: E731
     specs = [(prompt(5), 13, ()), (prompt(11), 21, ()), (prompt(40), 30, ()),  # to the cache's last row
              (prompt(3), 19, ()), (prompt(7), 9, ())]  # the fifth waits for a slot
     ref = [engine.model.generate([p], max_new_tokens=min(n, CONTEXT - len(p)), do_sample=False)[0][len(p):]
            for p, n, _ in specs]
-    eos = ref[1][6]  # request 1 ends at its EOS in the middle of a chunk
+    eos = ref[1][6]  # request 1 ends at its EOS
     specs[1] = (specs[1][0], specs[1][1], (eos,))
     ref[1] = engine.model.generate([specs[1][0]], max_new_tokens=21, do_sample=False, eos_token_id=eos)[0][11:]
     assert ref[1][-1] == eos and len(ref[1]) < 21
 
-    chunked, chunks = serve_all(engine, specs, True)
-    plain, none = serve_all(engine, specs, False)
-    assert chunks > 0 and none == 0
-    assert chunked == plain
-    for (tokens, finish, count), want, (_, max_tokens, _) in zip(chunked, ref, specs):
+    plain = serve_all(engine, specs)
+    for (tokens, finish, count), want, (_, max_tokens, _) in zip(plain, ref, specs):
         assert tokens == want and count == len(want)
         assert finish == ("stop" if want[-1:] == [eos] else "length")
     assert not engine.lazy  # the 40-token prompt's refill compiled when first needed
-    assert len(chunked[2][0]) == CONTEXT - 40  # ended "length" at the cache's last row, before max_tokens
+    assert len(plain[2][0]) == CONTEXT - 40  # ended "length" at the cache's last row, before max_tokens
+
+
+def test_the_removed_greedy_chunks_switch_is_one_line(monkeypatch, capsys):
+    from mindformers_gptlocal.serve.engine import Engine
+    monkeypatch.setenv("GPTLOCAL_SERVE_GREEDY_STEPS", "1")
+    Engine("unused", max_batch_size=1)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GPTLOCAL_SERVE_GREEDY_STEPS is gone" in err
+    monkeypatch.delenv("GPTLOCAL_SERVE_GREEDY_STEPS")
+    Engine("unused", max_batch_size=1)
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,213 @@
+"""The model runner: the compiled graphs that run a causal LM over its KV cache, and their compile cache.
+
+A ``ModelRunner`` holds one ``model/kv_cache.py`` ``KVCache`` (storage: ``batch_size`` slots x ``max_length``
+rows) and the two Cells compiled over it:
+
+* ``CachedForward``: the model's one forward pass (``GPTLocalModel.construct``) with the cache, next-token logits
+  [B, V] of one chosen position per row. Its inputs are the token ids, positions, the rows' cache slots and which
+  position's logits to return: a prompt's prefill ([B, W], W a width bucket: ``buckets.width_buckets``, powers of
+  two from 16 up to the cache length), a one-token decode step ([B, 1]), the server's prefill chunks and refills.
+  A prefill into empty rows runs as a ``fresh_prefill`` call where every layer has the fused CPU attention kernel
+  (``ParallelAttention._fresh_prefill``: causal attention over the W prompt rows only); ``step`` is the plain
+  path and the reference (attention over all L rows, rows past each position masked): the same logits.
+* ``GreedySteps``: ``decode_steps`` greedy decode steps unrolled in ONE graph over the rows' slots, the argmax
+  on the device and only the [B, k] token ids coming back (``decode_greedy``, generate's greedy path).
+
+Every call goes through the model's compile cache where it has one (``graph_cache.cached_call``). Compiled per
+(batch, cache length): the cache length is rounded up to ``CACHE_BUCKET`` rows so nearby lengths share graphs, and
+``RunnerPool`` keeps the runners of the ``kept`` most recently used shapes (``GPTLocalForCausalLM.kv_cache``).
+"""
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+
+from ..model.kv_cache import KVCache
+from .buckets import bucket_of, width_buckets
+from .graph_cache import cached_call
+
+CACHE_BUCKET = 64
+STEPS_BUDGET = 32  # decode_steps x layers unrolled in one GreedySteps graph, at most 8 steps
+KEPT = 4  # runner shapes (batch, cache length) kept compiled at once per model
+
+
+def cache_length(needed, limit, bucket=CACHE_BUCKET):
+    """Cache rows to allocate: ``needed`` rounded up to a bucket, capped at max_position_embeddings."""
+    return min(limit, -(-needed // bucket) * bucket)
+
+
+def decode_steps(num_layers):
+    """Greedy steps per compiled call: more for shallow models, where a step is mostly call overhead."""
+    return max(1, min(8, STEPS_BUDGET // max(int(num_layers), 1)))
+
+
+def runner_for(causal_lm, batch_size, needed_length):
+    """The model's ``ModelRunner`` for ``batch_size`` sequences of up to ``needed_length`` tokens (its pool, made
+    on first use; ``GPTLocalForCausalLM.kv_cache`` calls this)."""
+    pool = causal_lm.__dict__.get("_kv_caches")
+    if pool is None:
+        pool = causal_lm._kv_caches = RunnerPool(causal_lm, KEPT)  # pylint: disable=protected-access
+    return pool.get(batch_size, needed_length)
+
+
+class RunnerPool:
+    """The runners of one model, one per (batch size, cache length), the ``kept`` most recently used: each shape
+    compiles once and stays compiled while it is in use."""
+
+    def __init__(self, causal_lm, kept):
+        self.causal_lm = causal_lm
+        self.kept = kept
+        self.caches = {}  # (batch, length) -> ModelRunner, least recently used first
+
+    def get(self, batch_size, needed_length):
+        """The runner for ``batch_size`` sequences of up to ``needed_length`` tokens (``cache_length``)."""
+        key = (batch_size, cache_length(needed_length, self.causal_lm.token_positions))  # less a prefix's rows
+        if key not in self.caches:
+            while len(self.caches) >= self.kept:  # the least recently used goes
+                self.caches.pop(next(iter(self.caches)))
+            self.caches[key] = ModelRunner(self.causal_lm, *key)
+        self.caches[key] = self.caches.pop(key)  # now the most recently used
+        return self.caches[key]
+
+    def clear(self):
+        self.caches.clear()
+
+    def __len__(self):
+        return len(self.caches)
+
+
+class CachedForward(nn.Cell):
+    """The model's forward over a ``KVCache``: token ids, positions [B, S], the rows' cache slots [B] and which
+    of the S positions' logits to return [B] -> logits [B, V]."""
+
+    def __init__(self, causal_lm, cache):
+        # auto_prefix=False: holding the model as ``self.lm`` must not rename its Parameters to ``lm.*`` (with
+        # the default, a model that had generated could no longer load or save its own checkpoint names)
+        super().__init__(auto_prefix=False)
+        self.lm = causal_lm
+        self.cache = cache
+
+    def construct(self, input_ids, position_ids, slots, last_index, fresh_prefill=False):
+        """``fresh_prefill`` (a constant: its own compiled graph): the call writes positions 0..S-1 of empty rows,
+        so attention is causal attention over the S new keys (the model's [1, 1, S, S] mask; the fused CPU kernel
+        in ``ParallelAttention._fresh_prefill``), not over all L rows; the same logits as without it."""
+        bias = None if fresh_prefill else self.cache.attention_bias(position_ids)  # None: the model's causal mask
+        hidden = self.lm.model(input_ids, position_ids, bias, key_caches=self.cache.key_caches,
+                               value_caches=self.cache.value_caches,
+                               write_index=self.cache.write_index(position_ids, slots), fresh_prefill=fresh_prefill)
+        return self.lm.last_logits(hidden, last_index)
+
+
+class GreedySteps(nn.Cell):
+    """``steps`` greedy decode steps of a ``CachedForward`` unrolled in one graph (a fixed count, no control flow
+    on values): tokens, positions [b, 1] and the rows' cache slots [b] -> picked tokens [b, steps] (+ their logits
+    [b, steps, V] ``with_logits``). Positions past the cache's last row are clamped to it: such steps are ones the
+    caller discards."""
+
+    def __init__(self, forward, steps, with_logits=False):
+        super().__init__(auto_prefix=False)  # as CachedForward's: the model's Parameters keep their own names
+        self.step_cell = forward
+        self.steps = steps
+        self.with_logits = with_logits
+        self.last_row = forward.cache.max_length - 1
+        self.argmax = ops.Argmax(axis=-1, output_type=ms.int32)
+
+    def construct(self, tokens, positions, slots):
+        last_index = ops.zeros_like(slots)
+        picked = ()
+        logits_seen = ()
+        for _ in range(self.steps):
+            logits = self.step_cell(tokens, ops.minimum(positions, self.last_row), slots, last_index)
+            tokens = ops.expand_dims(self.argmax(logits), 1)
+            positions = positions + 1
+            picked = picked + (tokens,)
+            logits_seen = logits_seen + (ops.expand_dims(logits, 1),)
+        if self.with_logits:
+            return ops.concat(picked, 1), ops.concat(logits_seen, 1)
+        return ops.concat(picked, 1)
+
+
+class ModelRunner:
+    """Prefill, one-token decode and greedy multi-step decode of ``causal_lm`` over a cache of ``batch_size``
+    slots x ``max_length`` rows, on host arrays; logits come back as numpy float32 [B, V]."""
+
+    def __init__(self, causal_lm, batch_size, max_length):
+        self.lm = causal_lm
+        self.cache = KVCache(causal_lm.config, batch_size, max_length, causal_lm.compute_dtype)
+        self.forward = CachedForward(causal_lm, self.cache)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.widths = width_buckets(max_length)
+        self.decode_steps = decode_steps(causal_lm.config.arch.num_hidden_layers)
+        self._greedy = {}  # with_logits -> GreedySteps
+        # the prefill runs the fused CPU attention kernel over the prompt where every layer has it (not with prefix
+        # tuning, whose prefix rows come before the prompt): model/attention.py ParallelAttention._fresh_prefill
+        self.fresh_kernel = causal_lm.model.prefix_encoder is None and all(
+            getattr(layer.attention, "cpu_attention", None) is not None for layer in causal_lm.model.layers)
+
+    # the storage, for callers that read it
+    key_caches = property(lambda self: self.cache.key_caches)
+    value_caches = property(lambda self: self.cache.value_caches)
+    num_groups = property(lambda self: self.cache.num_groups)
+    compile_cache = property(lambda self: self.forward.compile_cache, doc="MindSpore's compiled forward graphs")
+
+    def step(self, ids, positions, last_index, slots=None):
+        """One compiled call on host arrays: next-token logits [B, V] as numpy float32. ``slots``: the cache slot
+        of each of the b <= batch_size rows (default row i = slot i); b < batch_size reads only those slots (a
+        server decoding some of its slots, each batch size its own compiled graph)."""
+        return cached_call(self.lm, self.forward, *step_inputs(ids, positions, last_index, slots)).asnumpy()
+
+    def compile(self, ids, positions, last_index, slots=None):
+        """Compile the ``step`` graph of these shapes without running it."""
+        self.forward.compile(*step_inputs(ids, positions, last_index, slots))
+
+    def prefill(self, prompts, pad_id=0):
+        """Write the right-padded prompts into rows 0..W-1 (W: the prompt width's bucket); logits after each
+        prompt's last token. Where ``fresh_kernel`` holds, as a ``fresh_prefill`` call (the fused CPU attention
+        over the W prompt rows only); else through ``step``, the plain path and the reference (attention over all
+        L rows, rows W..L-1 masked), which gives the same logits."""
+        width = bucket_of(max(len(p) for p in prompts), self.widths)
+        ids, positions, lengths = prefill_inputs(prompts, self.batch_size, pad_id, width)
+        last = lengths - 1  # the logits after each prompt's last token, not after the padding
+        if not self.fresh_kernel:
+            return self.step(ids, positions, last)
+        return cached_call(self.lm, self.forward, *step_inputs(ids, positions, last), True).asnumpy()
+
+    def decode(self, tokens, positions):
+        """Write one token per sequence at its own position; logits after it."""
+        return self.step(np.asarray(tokens, np.int32)[:, None], np.asarray(positions, np.int32)[:, None],
+                         np.zeros(self.batch_size))
+
+    def decode_greedy(self, tokens, positions, with_logits=False):
+        """``decode_steps`` greedy steps in one compiled call: token t_0 [B] is written at ``positions``, each
+        next token is the argmax after the previous one, written at the next position. Returns the picked
+        tokens [B, decode_steps] (and, with ``with_logits``, the logits [B, decode_steps, V] they came from)."""
+        key = bool(with_logits)
+        if key not in self._greedy:
+            self._greedy[key] = GreedySteps(self.forward, self.decode_steps, key)
+        tokens = np.asarray(tokens, np.int32)
+        out = cached_call(self.lm, self._greedy[key], Tensor(tokens[:, None]),
+                          Tensor(np.asarray(positions, np.int32)[:, None]),
+                          Tensor(np.arange(tokens.shape[0], dtype=np.int32)))
+        if with_logits:
+            return out[0].asnumpy(), out[1].asnumpy()
+        return out.asnumpy()
+
+
+def step_inputs(ids, positions, last_index, slots=None):
+    """The four Tensors of one ``CachedForward`` call from host arrays (slots default to rows 0..b-1)."""
+    ids = np.asarray(ids, np.int32)
+    slots = np.arange(ids.shape[0], dtype=np.int32) if slots is None else np.asarray(slots, np.int32)
+    return (Tensor(ids, ms.int32), Tensor(np.asarray(positions, np.int32), ms.int32), Tensor(slots, ms.int32),
+            Tensor(np.asarray(last_index, np.int32), ms.int32))
+
+
+def prefill_inputs(prompts, batch_size, pad_id, width=None):
+    """Right-padded prompt block (``width`` columns, default the longest prompt), its positions and each
+    prompt's length."""
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    width = int(lengths.max()) if width is None else width
+    ids = np.full((batch_size, width), pad_id, np.int32)
+    for row, prompt in enumerate(prompts):
+        ids[row, :len(prompt)] = prompt
+    positions = np.tile(np.arange(width, dtype=np.int32), (batch_size, 1))
+    return ids, positions, lengths
