@@ -7,8 +7,8 @@
 Each run is ``gptlocal run`` on the tiny pretrain YAML resized to the shape (as in train_throughput.py)
 in its own worker process (so VmHWM is its own peak RSS, and the compile is its own), with the YAML's
 ``context`` extended by the variant: ``off`` = no graph-kernel keys; ``on`` = ``enable_graph_kernel: True``;
-the others add ``graph_kernel_flags``; ``*_passive`` start the worker with OMP_WAIT_POLICY=PASSIVE;
-``off_clip_in_kernel`` sets ``optimizer.fused_clip: True``. Variants run alternately (A B C, C B A, ...).
+the others add ``graph_kernel_flags``; ``*_passive`` start the worker with OMP_WAIT_POLICY=PASSIVE.
+Variants run alternately (A B C, C B A, ...).
 tokens/s = batch x seq / median step after --warmup steps; compile s = first step - median step; the losses of every run are printed
 so the variants can be compared for exactness.
 """
@@ -31,8 +31,6 @@ VARIANTS = {
 # OMP_WAIT_POLICY=PASSIVE (it must be set before libgomp loads, i.e. before `import mindspore`).
 for _name in ("off", "on", "on_ln", "on_o2"):
     VARIANTS[_name + "_passive"] = dict(VARIANTS[_name], _env={"OMP_WAIT_POLICY": "PASSIVE"})
-# GPTLocalAdamW's opt-in clip-in-kernel path (fused_clip: True), fusion off: its peak RSS and speed
-VARIANTS["off_clip_in_kernel"] = {"_optimizer": {"fused_clip": True}}
 
 
 def main():

@@ -36,8 +36,8 @@ class BottleneckAdapter(nn.Cell):
         self.linear_up = Linear(width, config.hidden_size, config.initializer_range, params_dtype, compute_dtype,
                                 kernels=kernels)
         self.linear_up.weight.set_data(ops.zeros(self.linear_up.weight.shape, params_dtype))
-        self.activation = SiLU() if non_linearity in ("silu", "swish") else Activation(
-            {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "quick_gelu": "quick_gelu"}[non_linearity], kernels)
+        names = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "quick_gelu": "quick_gelu"}
+        self.activation = SiLU() if non_linearity in ("silu", "swish") else Activation(names[non_linearity], kernels)
         self.add = ops.Add()
 
     def construct(self, hidden):

@@ -156,5 +156,6 @@ def test_tiny_lora_model_matches_the_plain_counter_dropout(library, pynative_mod
 @pytest.mark.parametrize("cpu_kernels", [{"lora_dropout": "plain"}, "plain"], ids=["kernel_off", "plain"])
 def test_switches_keep_the_plain_counter_dropout(cpu_kernels):
     kernels = KernelProvider(cpu_kernels)
-    assert type(_lora_linear(8, 4, P, kernels=kernels).lora_dropout) is CounterDropout  # noqa: E721 pylint: disable=unidiomatic-typecheck
+    plain = _lora_linear(8, 4, P, kernels=kernels).lora_dropout
+    assert type(plain) is CounterDropout  # noqa: E721 pylint: disable=unidiomatic-typecheck
     assert isinstance(_lora_linear(8, 4, P).lora_dropout, lora_dropout.CPULoRADropout)  # the default: the kernel
