@@ -20,8 +20,8 @@
 // clones chosen at load time (target_clones), so one cached library is right on any x86-64 CPU.
 //
 // Inputs (forward): q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout
-// tables, or [1] each with no dropout) offsets int32 [2] (a, b) config float32 [6] (scale, dropout scale,
-// dropout mode 0 none / 1 keep where the bits agree / 2 keep where they differ, threads, query block, key
+// tables, or [1] each with no dropout) offsets int32 [2] (a, b) args: AttentionArgs (common.h: scale, dropout
+// scale, dropout mode 0 none / 1 keep where the bits agree / 2 keep where they differ, threads, query block, key
 // block). Outputs: out [B,N,S,D], lse [B,N,S].
 // Backward: the forward's inputs, then out, lse, dout -> dq, dk, dv.
 #include <cmath>
@@ -110,13 +110,14 @@ bool read_shapes(int nparam, void **params, int *ndims, int64_t **shapes, const 
   if (sh->G <= 0 || sh->N % sh->G != 0 || shapes[1][2] != sh->S || shapes[3][2] != sh->S || shapes[3][3] != sh->S)
     return false;
   if (sh->Bb != 1 && sh->Bb != sh->B) return false;
-  const float *cfg = static_cast<const float *>(params[7]);
-  sh->scale = cfg[0];
-  sh->drop.scale = cfg[1];
-  sh->drop.mode = static_cast<int>(cfg[2]);
-  sh->threads = std::max(1, static_cast<int>(cfg[3]));
-  sh->bq = std::max(1, static_cast<int>(cfg[4]));
-  sh->bk = std::max(1, static_cast<int>(cfg[5]));
+  const AttentionArgs *args = args_at<AttentionArgs>(7, params, ndims, shapes, dtypes);
+  if (args == nullptr) return false;
+  sh->scale = args->scale;
+  sh->drop.scale = args->dropout_scale;
+  sh->drop.mode = static_cast<int>(args->dropout_mode);
+  sh->threads = std::max(1, static_cast<int>(args->threads));
+  sh->bq = std::max(1, static_cast<int>(args->query_block));
+  sh->bk = std::max(1, static_cast<int>(args->key_block));
   sh->drop.t1 = static_cast<const float *>(params[4]);
   sh->drop.t2 = static_cast<const float *>(params[5]);
   sh->drop.p1 = shapes[4][0];

@@ -16,11 +16,11 @@ decision (``provider.py``).
 """
 import functools
 
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 import mindspore as ms
 
 from . import build
+from .args import LoRADropoutArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
@@ -37,7 +37,7 @@ class CPULoRADropout(nn.Cell):
         self.p = counter.p
         threads = kernel_threads() if threads is None else threads
         mode = 2 if counter.keep_when_differ else 1
-        self.config = Tensor(np.array([counter.scale, mode, threads], np.float32))
+        self.config = LoRADropoutArgs(counter.scale, mode, threads).tensor()
         shape = lambda x, t1, t2, o, c: x  # noqa: E731
         dtype = lambda x, t1, t2, o, c: x  # noqa: E731
         self.backward = custom_op(library_path, "gptlocal_lora_dropout_bwd", shape, dtype)

@@ -243,10 +243,6 @@ class GPTLocalConfig(PretrainedConfig):
         return self._derived_value("arch", lambda: Arch.read(self))
 
     @property
-    def head_dim(self):
-        return self.arch.head_dim
-
-    @property
     def gated(self):
         """SwiGLU MLP (gated_linear_unit, or hidden_act: swiglu)."""
         return self.arch.gated

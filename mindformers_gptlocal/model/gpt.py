@@ -265,7 +265,6 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        self.lora = config.lora_spec()  # pet_config: LoRA or bottleneck adapters (built by the layer spec)
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
