@@ -1,6 +1,6 @@
 """One causal attention's forward + backward on CPU, fp32: gpt_local's plain path (matmul + softmax, the
 [B, N, S, S] scores kept), BlockwiseAttention (``attention_block_size: 256``), the fused kernel
-(``kernels/cpu_attention.cc``, with oneDNN's sgemm and with its own GEMM loops) and PyTorch's
+(``kernels/cpu_attention.cc``, its GEMMs through oneDNN's sgemm) and PyTorch's
 ``scaled_dot_product_attention`` (its CPU flash kernel). Every side in its own worker (threads pinned and
 checked), sides alternating; ms per forward + backward after a warm-up call (the compile), and the peak RSS from
 the first call on above the RSS before it (VmHWM reset through /proc/self/clear_refs): the working memory.
@@ -21,7 +21,7 @@ import _common as C  # noqa: E402
 # (batch, heads, seq, head_dim): GPT-2 small's attention at the train benchmark's shapes, the tiny model long
 SHAPES = {"small256": (2, 12, 256, 64), "small1024": (1, 12, 1024, 64), "tiny2048": (1, 4, 2048, 64),
           "noop": (1, 2, 8, 8)}
-SIDES = ("plain", "blockwise", "kernel", "kernel_loops", "torch_sdpa")
+SIDES = ("plain", "blockwise", "kernel", "torch_sdpa")
 BLOCK = 256
 
 
@@ -145,8 +145,6 @@ def _torch_worker(shape, steps, threads):
 
 def worker(side, shape_name, steps, threads):
     env = C.check_threads(threads, f"{side} worker")
-    if side == "kernel_loops":
-        os.environ["GPTLOCAL_ATTENTION_GEMM"] = "loops"
     shape = SHAPES[shape_name]
     report = _torch_worker(shape, steps, threads) if side == "torch_sdpa" else _ms_worker(side, shape, steps, threads)
     report.update(env=env, side=side, shape=shape_name, peak_rss_mb=C.vm_hwm_mb())

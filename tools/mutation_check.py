@@ -80,7 +80,7 @@ MUTATIONS = [
     Mutation("kernel fallback warned once per layer", PKG + "kernels/build.py",
              "    if (off, reason) in _WARNED:\n        return\n", "",
              ["tests/kernels/test_cpu_attention_kernel.py", "-k", "fp16_and_plain"]),
-    Mutation("Linear's GEMM kernel from one row past its threshold", PKG + "model/layers.py",
+    Mutation("Linear's GEMM kernel from one row past its threshold", PKG + "kernels/provider.py",
              "(not training and rows >= gemm_rows)", "(not training and rows > gemm_rows)",
              ["tests/kernels/test_linear_gemm_kernel.py"]),
     Mutation("the GEMM kernel drops Linear's bias", PKG + "kernels/cpu_linear.cc",

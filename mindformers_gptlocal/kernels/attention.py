@@ -13,6 +13,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from . import build
+from .args import AttentionArgs
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 256
@@ -59,7 +60,7 @@ class CPUAttention(nn.Cell):
         self.backward.add_prim_attr("primitive_target", "CPU")
 
         def config(mode):
-            return Tensor(np.array([scale, dropout_scale, mode, threads, query_block, key_block], np.float32))
+            return AttentionArgs(scale, dropout_scale, mode, threads, query_block, key_block).tensor()
 
         self.config_plain = config(0)
         self.has_dropout = tables is not None

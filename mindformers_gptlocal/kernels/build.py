@@ -2,9 +2,8 @@
 
 ``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused
 attention ``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU
-kernels ``cpu_norm_gelu.cc``, the fused head + loss ``head_loss.cc``, LoRA's input dropout ``lora_dropout.cc``, the KV
-cache's one-row decode attention ``decode_attention.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``, Linear's GEMM
-``cpu_linear.cc``) with
+kernels ``cpu_norm_gelu.cc``, LoRA's input dropout ``lora_dropout.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``,
+Linear's GEMM ``cpu_linear.cc``) with
 the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, linked to the oneDNN the
 MindSpore wheel ships (``mindspore/lib/libdnnl.so.2``, for ``dnnl_sgemm``). Or None, with the reason, when it
 cannot be built: no compiler, a failed build, no oneDNN.
@@ -35,12 +34,12 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(HERE, name) for name in ("cpu_attention.cc", "kv_write.cc", "cpu_norm_gelu.cc",
-                                                      "head_loss.cc", "lora_dropout.cc", "decode_attention.cc"))
+                                                      "lora_dropout.cc"))
 HEADERS = (os.path.join(HERE, "common.h"),)  # included by the sources: part of the cache key
 LIBRARY_NAME = "libgptlocal_kernels.so"
 SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate", "gptlocal_layernorm_fwd",
-           "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd", "gptlocal_head_loss",
-           "gptlocal_lora_dropout_fwd", "gptlocal_lora_dropout_bwd", "gptlocal_decode_attention")
+           "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd",
+           "gptlocal_lora_dropout_fwd", "gptlocal_lora_dropout_bwd")
 SOURCES += tuple(os.path.join(HERE, name) for name in ("cpu_rms_swiglu.cc", "cpu_linear.cc"))  # + .py Cells
 SYMBOLS += ("gptlocal_rmsnorm_fwd", "gptlocal_rmsnorm_bwd", "gptlocal_swiglu_fwd", "gptlocal_swiglu_bwd",
             "gptlocal_linear_fwd", "gptlocal_linear_bwd")
@@ -56,8 +55,8 @@ def warn_once(off, reason):
     if (off, reason) in _WARNED:
         return
     _WARNED.add((off, reason))
-    sys.stderr.write(f"gpt_local: {off}: {reason}. GPTLOCAL_PLAIN_KERNELS=1 silences this by choosing the plain "
-                     "path.\n")
+    sys.stderr.write(f"gpt_local: {off}: {reason}. model_config.cpu_kernels: plain silences this by choosing "
+                     "the plain path.\n")
     sys.stderr.flush()
 
 

@@ -1,6 +1,6 @@
-// What gpt_local's CPU kernels share (cpu_attention.cc, cpu_norm_gelu.cc, head_loss.cc, lora_dropout.cc...): oneDNN's
-// sgemm, the multi-versioning attribute, the vectorisable exp of x <= 0, the std::thread task runner and the counter
-// dropout's mask (drop_row). Included by each source of the one library build.py compiles (and hashed into its
+// What gpt_local's CPU kernels share (cpu_attention.cc, cpu_norm_gelu.cc, lora_dropout.cc...): oneDNN's sgemm, the
+// multi-versioning attribute, the vectorisable exp of x <= 0, the std::thread task runner, each op's argument struct
+// (args_at) and the counter dropout's mask (drop_row). Included by each source of the one library build.py compiles (and hashed into its
 // cache key with them).
 #pragma once
 
@@ -102,6 +102,42 @@ inline bool all_float32(int n, const char **dtypes) {
     if (std::strcmp(dtypes[i], "float32") != 0) return false;
   }
   return true;
+}
+
+// Each op's arguments beyond its tensors: one small struct per op, the op's last float32 input (its "config")
+// read as that struct, its fields named, in the order args.py writes them (tests/kernels/test_args.py compares
+// the two). Counts and modes travel as floats (the tensor's dtype); the kernels convert them once.
+struct AttentionArgs {
+  float scale, dropout_scale, dropout_mode, threads, query_block, key_block;  // dropout_mode: 0 none, 1, 2
+};
+struct LayerNormArgs {
+  float epsilon, threads;
+};
+struct BiasGeluArgs {
+  float form, threads;  // form: 0 tanh, 1 quick
+};
+struct RMSNormArgs {
+  float epsilon, threads;
+};
+struct SwiGLUArgs {
+  float threads;
+};
+struct LinearArgs {
+  float threads;
+};
+struct LoRADropoutArgs {
+  float scale, mode, threads;  // scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where they differ
+};
+
+// Input `index`'s memory as the op's argument struct, or nullptr when that input is not exactly one such struct of
+// float32 (a caller built for another layout: the kernel then fails the call instead of reading past it).
+template <class Args>
+const Args *args_at(int index, void **params, const int *ndims, int64_t **shapes, const char **dtypes) {
+  static_assert(sizeof(Args) % sizeof(float) == 0, "argument structs hold floats only");
+  if (ndims[index] != 1 || shapes[index][0] != static_cast<int64_t>(sizeof(Args) / sizeof(float)) ||
+      std::strcmp(dtypes[index], "float32") != 0)
+    return nullptr;
+  return static_cast<const Args *>(params[index]);
 }
 
 struct Dropout {

@@ -15,14 +15,13 @@
 //
 // GEMMs go through oneDNN's dnnl_sgemm (the MindSpore wheel's libdnnl.so.2, built with the threadpool runtime:
 // sequential when called like this, so it runs inside our threads: run_parallel, over (batch, head, query
-// block) forward and (batch, key/value head) backward), or through our own loops when
-// GPTLOCAL_ATTENTION_GEMM=loops (kept to measure against). The elementwise loops (scale, max, exp, sums,
+// block) forward and (batch, key/value head) backward). The elementwise loops (scale, max, exp, sums,
 // dropout) are written for the auto-vectoriser and compiled for a baseline x86-64 plus AVX2 and AVX-512
 // clones chosen at load time (target_clones), so one cached library is right on any x86-64 CPU.
 //
 // Inputs (forward): q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout
-// tables, or [1] each with no dropout) offsets int32 [2] (a, b) config float32 [6] (scale, dropout scale,
-// dropout mode 0 none / 1 keep where the bits agree / 2 keep where they differ, threads, query block, key
+// tables, or [1] each with no dropout) offsets int32 [2] (a, b) args: AttentionArgs (common.h: scale, dropout
+// scale, dropout mode 0 none / 1 keep where the bits agree / 2 keep where they differ, threads, query block, key
 // block). Outputs: out [B,N,S,D], lse [B,N,S].
 // Backward: the forward's inputs, then out, lse, dout -> dq, dk, dv.
 #include <cmath>
@@ -38,68 +37,10 @@
 
 namespace {
 
-bool use_own_gemm() {
-  static int own = -1;
-  if (own < 0) {
-    const char *env = std::getenv("GPTLOCAL_ATTENTION_GEMM");
-    own = (env != nullptr && std::strcmp(env, "loops") == 0) ? 1 : 0;
-  }
-  return own == 1;
-}
-
-// Row-major C[M,N] = alpha * op(A) op(B) + beta * C, the three forms attention needs.
-VEC_CLONES void own_gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const float *A, dim_t lda,
-                         const float *B, dim_t ldb, float beta, float *C, dim_t ldc) {
-  for (dim_t i = 0; i < M; ++i) {
-    float *c = C + i * ldc;
-    if (beta == 0.0f) {
-      for (dim_t j = 0; j < N; ++j) c[j] = 0.0f;
-    } else if (beta != 1.0f) {
-      for (dim_t j = 0; j < N; ++j) c[j] *= beta;
-    }
-  }
-  if (ta == 'N' && tb == 'T') {  // C[i][j] += alpha * dot(A[i], B[j])
-    for (dim_t i = 0; i < M; ++i) {
-      const float *a = A + i * lda;
-      for (dim_t j = 0; j < N; ++j) {
-        const float *b = B + j * ldb;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (dim_t k = 0; k < K; ++k) s += a[k] * b[k];
-        C[i * ldc + j] += alpha * s;
-      }
-    }
-  } else if (ta == 'N' && tb == 'N') {  // C[i] += alpha * A[i][k] * B[k]
-    for (dim_t i = 0; i < M; ++i) {
-      float *c = C + i * ldc;
-      for (dim_t k = 0; k < K; ++k) {
-        const float w = alpha * A[i * lda + k];
-        const float *b = B + k * ldb;
-#pragma omp simd
-        for (dim_t j = 0; j < N; ++j) c[j] += w * b[j];
-      }
-    }
-  } else {  // 'T', 'N': C[i] += alpha * A[k][i] * B[k]
-    for (dim_t k = 0; k < K; ++k) {
-      const float *b = B + k * ldb;
-      for (dim_t i = 0; i < M; ++i) {
-        const float w = alpha * A[k * lda + i];
-        float *c = C + i * ldc;
-#pragma omp simd
-        for (dim_t j = 0; j < N; ++j) c[j] += w * b[j];
-      }
-    }
-  }
-}
-
 inline void gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const float *A, dim_t lda,
                  const float *B, dim_t ldb, float beta, float *C, dim_t ldc) {
   if (M <= 0 || N <= 0) return;
-  if (use_own_gemm()) {
-    own_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  } else {
-    dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
+  dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // Adds the bias row, masks keys past the query (causal), returns the row max.
@@ -169,13 +110,14 @@ bool read_shapes(int nparam, void **params, int *ndims, int64_t **shapes, const 
   if (sh->G <= 0 || sh->N % sh->G != 0 || shapes[1][2] != sh->S || shapes[3][2] != sh->S || shapes[3][3] != sh->S)
     return false;
   if (sh->Bb != 1 && sh->Bb != sh->B) return false;
-  const float *cfg = static_cast<const float *>(params[7]);
-  sh->scale = cfg[0];
-  sh->drop.scale = cfg[1];
-  sh->drop.mode = static_cast<int>(cfg[2]);
-  sh->threads = std::max(1, static_cast<int>(cfg[3]));
-  sh->bq = std::max(1, static_cast<int>(cfg[4]));
-  sh->bk = std::max(1, static_cast<int>(cfg[5]));
+  const AttentionArgs *args = args_at<AttentionArgs>(7, params, ndims, shapes, dtypes);
+  if (args == nullptr) return false;
+  sh->scale = args->scale;
+  sh->drop.scale = args->dropout_scale;
+  sh->drop.mode = static_cast<int>(args->dropout_mode);
+  sh->threads = std::max(1, static_cast<int>(args->threads));
+  sh->bq = std::max(1, static_cast<int>(args->query_block));
+  sh->bk = std::max(1, static_cast<int>(args->key_block));
   sh->drop.t1 = static_cast<const float *>(params[4]);
   sh->drop.t2 = static_cast<const float *>(params[5]);
   sh->drop.p1 = shapes[4][0];

@@ -7,10 +7,10 @@
 // call. The work is split into `threads` contiguous column blocks, one std::thread each (common.h's reasons), each
 // one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the thread count.
 //
-// gptlocal_linear_fwd: x [T, K], w [N, K], config float32 [1] (threads) -> y [T, N] = x w^T; or, with five
-//   parameters, x, w, b [N], config -> y = x w^T + b: each thread writes b into its column block's rows, then its
+// gptlocal_linear_fwd: x [T, K], w [N, K], args (LinearArgs, common.h: threads) -> y [T, N] = x w^T; or, with five
+//   parameters, x, w, b [N], args -> y = x w^T + b: each thread writes b into its column block's rows, then its
 //   sgemm adds x w^T to them (beta 1), so the bias costs no node and no pass of its own (Linear's bias inside)
-// gptlocal_linear_bwd: x, w, dy [T, N], config -> dx [T, K] = dy w, dw [N, K] = dy^T x
+// gptlocal_linear_bwd: x, w, dy [T, N], args -> dx [T, K] = dy w, dw [N, K] = dy^T x
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -55,10 +55,11 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
   const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
-  const float *config = static_cast<const float *>(params[has_bias ? 3 : 2]);
+  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
   if (T == 0 || N == 0) return 0;
-  lin_blocks(lin_threads(config[0], T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
+  lin_blocks(lin_threads(args->threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
     if (b != nullptr) {
       for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
     } else if (K == 0) {
@@ -78,7 +79,8 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
   const float *dy = static_cast<const float *>(params[2]);
-  const float *config = static_cast<const float *>(params[3]);
+  const LinearArgs *args = args_at<LinearArgs>(3, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *dx = static_cast<float *>(params[4]);
   float *dw = static_cast<float *>(params[5]);
   if (T == 0 || N == 0) {  // nothing flows back
@@ -87,7 +89,7 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
     return 0;
   }
   if (K == 0) return 0;
-  const int threads = lin_threads(config[0], T * N * K);
+  const int threads = lin_threads(args->threads, T * N * K);
   lin_blocks(threads, K, [&](int64_t k0, int64_t k1) {  // dx[:, k0:k1] = dy w[:, k0:k1]
     dnnl_sgemm('N', 'N', T, k1 - k0, N, 1.0f, dy, N, w + k0, K, 0.0f, dx + k0, K);
   });

@@ -11,13 +11,13 @@
 // common.h, run_parallel); the parameter-gradient sums over rows are added chunk by chunk in a fixed
 // order, so the results depend only on the thread count, never on scheduling (a resumed run is bit-exact).
 //
-// gptlocal_layernorm_fwd: x [..., H], gamma [H], beta [H], config float32 [2] (epsilon, threads)
+// gptlocal_layernorm_fwd: x [..., H], gamma [H], beta [H], args (LayerNormArgs, common.h: epsilon, threads)
 //                         -> y [..., H], mean [...], rstd [...]
-// gptlocal_layernorm_bwd: x, gamma, mean, rstd, dy, config -> dx [..., H], dgamma [H], dbeta [H]
-// gptlocal_bias_gelu_fwd: x [..., F], bias [F], config float32 [2] (form 0 tanh / 1 quick, threads) -> y [..., F]
+// gptlocal_layernorm_bwd: x, gamma, mean, rstd, dy, args -> dx [..., H], dgamma [H], dbeta [H]
+// gptlocal_bias_gelu_fwd: x [..., F], bias [F], args (BiasGeluArgs: form 0 tanh / 1 quick, threads) -> y [..., F]
 //                         y = gelu(x + bias); tanh form: u * sigmoid(2c(u + 0.044715 u^3)), c = sqrt(2/pi)
 //                         (== 0.5 u (1 + tanh(c(u + 0.044715 u^3)))); quick form: u * sigmoid(1.702 u)
-// gptlocal_bias_gelu_bwd: x, bias, dy, config -> dx [..., F], dbias [F]
+// gptlocal_bias_gelu_bwd: x, bias, dy, args -> dx [..., F], dbias [F]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -152,15 +152,16 @@ extern "C" int gptlocal_layernorm_fwd(int nparam, void **params, int *ndims, int
   if (nparam != 7 || !all_float32(nparam, dtypes)) return 1;
   const int64_t H = shapes[0][ndims[0] - 1], T = leading(ndims[0], shapes[0]);
   if (shapes[1][0] != H || shapes[2][0] != H) return 2;
-  const float *config = static_cast<const float *>(params[3]);
+  const LayerNormArgs *args = args_at<LayerNormArgs>(3, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   const float *x = static_cast<const float *>(params[0]);
   const float *gamma = static_cast<const float *>(params[1]);
   const float *beta = static_cast<const float *>(params[2]);
   float *y = static_cast<float *>(params[4]);
   float *mean = static_cast<float *>(params[5]);
   float *rstd = static_cast<float *>(params[6]);
-  const float eps = config[0];
-  run_chunks(threads_for(config[1], T * H), T, [&](int, int64_t begin, int64_t end) {
+  const float eps = args->epsilon;
+  run_chunks(threads_for(args->threads, T * H), T, [&](int, int64_t begin, int64_t end) {
     layernorm_rows(x, gamma, beta, y, mean, rstd, begin, end, H, eps);
   });
   return 0;
@@ -177,11 +178,12 @@ extern "C" int gptlocal_layernorm_bwd(int nparam, void **params, int *ndims, int
   const float *mean = static_cast<const float *>(params[2]);
   const float *rstd = static_cast<const float *>(params[3]);
   const float *dy = static_cast<const float *>(params[4]);
-  const float *config = static_cast<const float *>(params[5]);
+  const LayerNormArgs *args = args_at<LayerNormArgs>(5, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *dx = static_cast<float *>(params[6]);
   float *dgamma = static_cast<float *>(params[7]);
   float *dbeta = static_cast<float *>(params[8]);
-  const int threads = threads_for(config[1], T * H);
+  const int threads = threads_for(args->threads, T * H);
   std::vector<float> partial(static_cast<size_t>(2 * threads * H));
   const int chunks = run_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
     layernorm_grad_rows(x, gamma, mean, rstd, dy, dx, partial.data() + chunk * H,
@@ -202,10 +204,11 @@ extern "C" int gptlocal_bias_gelu_fwd(int nparam, void **params, int *ndims, int
   if (shapes[1][0] != F) return 2;
   const float *x = static_cast<const float *>(params[0]);
   const float *bias = static_cast<const float *>(params[1]);
-  const float *config = static_cast<const float *>(params[2]);
+  const BiasGeluArgs *args = args_at<BiasGeluArgs>(2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *y = static_cast<float *>(params[3]);
-  const bool quick = config[0] != 0.0f;
-  run_chunks(threads_for(config[1], T * F), T, [&](int, int64_t begin, int64_t end) {
+  const bool quick = args->form != 0.0f;
+  run_chunks(threads_for(args->threads, T * F), T, [&](int, int64_t begin, int64_t end) {
     bias_gelu_rows(x, bias, y, begin, end, F, quick);
   });
   return 0;
@@ -220,11 +223,12 @@ extern "C" int gptlocal_bias_gelu_bwd(int nparam, void **params, int *ndims, int
   const float *x = static_cast<const float *>(params[0]);
   const float *bias = static_cast<const float *>(params[1]);
   const float *dy = static_cast<const float *>(params[2]);
-  const float *config = static_cast<const float *>(params[3]);
+  const BiasGeluArgs *args = args_at<BiasGeluArgs>(3, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *dx = static_cast<float *>(params[4]);
   float *dbias = static_cast<float *>(params[5]);
-  const bool quick = config[0] != 0.0f;
-  const int threads = threads_for(config[1], T * F);
+  const bool quick = args->form != 0.0f;
+  const int threads = threads_for(args->threads, T * F);
   std::vector<float> partial(static_cast<size_t>(threads * F));
   const int chunks = run_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
     bias_gelu_grad_rows(x, bias, dy, dx, partial.data() + chunk * F, begin, end, F, quick);

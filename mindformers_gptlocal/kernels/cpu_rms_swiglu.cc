@@ -10,11 +10,11 @@
 // Rows are split into `threads` contiguous chunks, one std::thread each (common.h's reasons); the weight-gradient
 // sum over rows is added chunk by chunk in a fixed order, so results depend only on the thread count.
 //
-// gptlocal_rmsnorm_fwd: x [..., H], weight [H], config float32 [2] (epsilon, threads) -> y [..., H], rstd [...]
+// gptlocal_rmsnorm_fwd: x [..., H], weight [H], args (RMSNormArgs, common.h: epsilon, threads) -> y [..., H], rstd [...]
 //                       y = x * rsqrt(mean(x^2) + eps) * weight
-// gptlocal_rmsnorm_bwd: x, weight, rstd, dy, config -> dx [..., H], dweight [H]
-// gptlocal_swiglu_fwd:  gate [..., F], up [..., F], config float32 [2] (unused, threads) -> y = silu(gate) * up
-// gptlocal_swiglu_bwd:  gate, up, dy, config -> dgate [..., F], dup [..., F]  (sigmoid recomputed from gate)
+// gptlocal_rmsnorm_bwd: x, weight, rstd, dy, args -> dx [..., H], dweight [H]
+// gptlocal_swiglu_fwd:  gate [..., F], up [..., F], args (SwiGLUArgs: threads) -> y = silu(gate) * up
+// gptlocal_swiglu_bwd:  gate, up, dy, args -> dgate [..., F], dup [..., F]  (sigmoid recomputed from gate)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -94,11 +94,12 @@ extern "C" int gptlocal_rmsnorm_fwd(int nparam, void **params, int *ndims, int64
   if (shapes[1][0] != H) return 2;
   const float *x = static_cast<const float *>(params[0]);
   const float *w = static_cast<const float *>(params[1]);
-  const float *config = static_cast<const float *>(params[2]);
+  const RMSNormArgs *args = args_at<RMSNormArgs>(2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *y = static_cast<float *>(params[3]);
   float *rstd = static_cast<float *>(params[4]);
-  const float eps = config[0];
-  run_chunks(threads_for(config[1], T * H), T, [&](int, int64_t begin, int64_t end) {
+  const float eps = args->epsilon;
+  run_chunks(threads_for(args->threads, T * H), T, [&](int, int64_t begin, int64_t end) {
     rmsnorm_rows(x, w, y, rstd, begin, end, H, eps);
   });
   return 0;
@@ -114,10 +115,11 @@ extern "C" int gptlocal_rmsnorm_bwd(int nparam, void **params, int *ndims, int64
   const float *w = static_cast<const float *>(params[1]);
   const float *rstd = static_cast<const float *>(params[2]);
   const float *dy = static_cast<const float *>(params[3]);
-  const float *config = static_cast<const float *>(params[4]);
+  const RMSNormArgs *args = args_at<RMSNormArgs>(4, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *dx = static_cast<float *>(params[5]);
   float *dw = static_cast<float *>(params[6]);
-  const int threads = threads_for(config[1], T * H);
+  const int threads = threads_for(args->threads, T * H);
   std::vector<float> partial(static_cast<size_t>(threads * H));
   const int chunks = run_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
     rmsnorm_grad_rows(x, w, rstd, dy, dx, partial.data() + chunk * H, begin, end, H);
@@ -143,9 +145,10 @@ extern "C" int gptlocal_swiglu_fwd(int nparam, void **params, int *ndims, int64_
   }
   const float *gate = static_cast<const float *>(params[0]);
   const float *up = static_cast<const float *>(params[1]);
-  const float *config = static_cast<const float *>(params[2]);
+  const SwiGLUArgs *args = args_at<SwiGLUArgs>(2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *y = static_cast<float *>(params[3]);
-  run_chunks(threads_for(config[1], total), total, [&](int, int64_t begin, int64_t end) {
+  run_chunks(threads_for(args->threads, total), total, [&](int, int64_t begin, int64_t end) {
     swiglu_rows(gate, up, y, begin, end);
   });
   return 0;
@@ -161,10 +164,11 @@ extern "C" int gptlocal_swiglu_bwd(int nparam, void **params, int *ndims, int64_
   const float *gate = static_cast<const float *>(params[0]);
   const float *up = static_cast<const float *>(params[1]);
   const float *dy = static_cast<const float *>(params[2]);
-  const float *config = static_cast<const float *>(params[3]);
+  const SwiGLUArgs *args = args_at<SwiGLUArgs>(3, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *dgate = static_cast<float *>(params[4]);
   float *dup = static_cast<float *>(params[5]);
-  run_chunks(threads_for(config[1], total), total, [&](int, int64_t begin, int64_t end) {
+  run_chunks(threads_for(args->threads, total), total, [&](int, int64_t begin, int64_t end) {
     swiglu_grad_rows(gate, up, dy, dgate, dup, begin, end);
   });
   return 0;

@@ -9,10 +9,10 @@ reference.
 """
 import functools
 
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 from . import build
+from .args import LinearArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
@@ -26,7 +26,7 @@ class CPULinearGEMM(nn.Cell):
     def __init__(self, library_path, threads=None):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = Tensor(np.array([threads], np.float32))
+        self.config = LinearArgs(threads).tensor()
         self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
                                 lambda x, w, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],

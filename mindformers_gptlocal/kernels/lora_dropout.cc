@@ -12,9 +12,9 @@
 // draws the same mask again: nothing of the input's size is kept, and a recomputed forward draws it again too.
 //
 // gptlocal_lora_dropout_fwd: x [..., F] float32, t1 [P1], t2 [P2] (0/1 float32 tables), offsets int32 [2] (a, b),
-//                            config float32 [3] (dropout scale 1 / (1 - p), mode 1 keep where the bits agree /
-//                            2 where they differ, threads) -> y [..., F]
-// gptlocal_lora_dropout_bwd: dy [..., F], t1, t2, offsets, config -> dx [..., F]
+//                            args (LoRADropoutArgs, common.h: dropout scale 1 / (1 - p), mode 1 keep where the
+//                            bits agree / 2 where they differ, threads) -> y [..., F]
+// gptlocal_lora_dropout_bwd: dy [..., F], t1, t2, offsets, args -> dx [..., F]
 #include <cstdint>
 #include <cstring>
 
@@ -30,7 +30,7 @@ VEC_CLONES void apply_span(const float *in, float *out, const float *keep, int64
   for (int64_t j = 0; j < n; ++j) out[j] = in[j] * keep[j];
 }
 
-bool dtypes_ok(const char **dtypes) {  // x, t1, t2 float32, offsets int32, config float32, out float32
+bool dtypes_ok(const char **dtypes) {  // x, t1, t2 float32, offsets int32, args float32, out float32
   return std::strcmp(dtypes[0], "float32") == 0 && std::strcmp(dtypes[1], "float32") == 0 &&
          std::strcmp(dtypes[2], "float32") == 0 && std::strcmp(dtypes[3], "int32") == 0 &&
          std::strcmp(dtypes[4], "float32") == 0 && std::strcmp(dtypes[5], "float32") == 0;
@@ -46,7 +46,8 @@ int run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   if (nparam != 6 || !dtypes_ok(dtypes)) return 1;
   const float *in = static_cast<const float *>(params[0]);
   const int32_t *offsets = static_cast<const int32_t *>(params[3]);
-  const float *config = static_cast<const float *>(params[4]);
+  const LoRADropoutArgs *args = args_at<LoRADropoutArgs>(4, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
   float *out = static_cast<float *>(params[5]);
   Dropout d;
   d.t1 = static_cast<const float *>(params[1]);
@@ -55,12 +56,12 @@ int run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   d.p2 = elements(ndims[2], shapes[2]);
   d.a = offsets[0];
   d.b = offsets[1];
-  d.scale = config[0];
-  d.mode = static_cast<int>(config[1]);
+  d.scale = args->scale;
+  d.mode = static_cast<int>(args->mode);
   if ((d.mode != 1 && d.mode != 2) || d.a < 0 || d.b < 0 || d.a >= d.p1 || d.b >= d.p2) return 1;
   const int64_t n = elements(ndims[0], shapes[0]);
   const int64_t spans = (n + kSpan - 1) / kSpan;
-  run_parallel(threads_for(config[2], n), spans, [&](std::atomic<int64_t> &next, int) {
+  run_parallel(threads_for(args->threads, n), spans, [&](std::atomic<int64_t> &next, int) {
     float keep[kSpan];
     for (int64_t s = next++; s < spans; s = next++) {
       const int64_t begin = s * kSpan, count = std::min<int64_t>(kSpan, n - begin);

@@ -10,17 +10,17 @@ plain path tiles both tables to the input's size; MindSpore's ``Dropout`` keeps 
 forward draws the same mask.
 
 ``lora_dropout_kernel(dropout, dtype)`` returns the Cell for a ``CounterDropout``, or None where the plain Cell
-must stay: not CPU, ``GPTLOCAL_PLAIN_KERNELS=1``, ``GPTLOCAL_LORA_DROPOUT_KERNEL=0``, a dtype other than float32,
-p = 0 (the plain path is then the identity) or no library (one warning line per process).
+must stay: a dtype other than float32, p = 0 (the plain path is then the identity) or no library (one warning line
+per process). Whether it is asked for at all (CPU, ``model_config.cpu_kernels``) is the model's ``KernelProvider``'s
+decision (``provider.py``).
 """
 import functools
-import os
 
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 import mindspore as ms
 
 from . import build
+from .args import LoRADropoutArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
@@ -37,7 +37,7 @@ class CPULoRADropout(nn.Cell):
         self.p = counter.p
         threads = kernel_threads() if threads is None else threads
         mode = 2 if counter.keep_when_differ else 1
-        self.config = Tensor(np.array([counter.scale, mode, threads], np.float32))
+        self.config = LoRADropoutArgs(counter.scale, mode, threads).tensor()
         shape = lambda x, t1, t2, o, c: x  # noqa: E731
         dtype = lambda x, t1, t2, o, c: x  # noqa: E731
         self.backward = custom_op(library_path, "gptlocal_lora_dropout_bwd", shape, dtype)
@@ -57,10 +57,7 @@ def lora_dropout_kernel(dropout, dtype, **kwargs):
     """A ``CPULoRADropout`` for the plain Cell ``dropout`` (a ``CounterDropout``: anything with its ``p``,
     ``offsets`` and tables; MindSpore's Dropout, under parallel builds, stays) where it applies (module
     docstring), else None."""
-    if (not hasattr(dropout, "offsets") or not 0.0 < dropout.p < 1.0 or dtype != ms.float32
-            or ms.get_context("device_target") != "CPU"
-            or os.environ.get("GPTLOCAL_PLAIN_KERNELS", "0") not in ("", "0")
-            or os.environ.get("GPTLOCAL_LORA_DROPOUT_KERNEL", "1") == "0"):
+    if not hasattr(dropout, "offsets") or not 0.0 < dropout.p < 1.0 or dtype != ms.float32:
         return None
     path = float32_library(dtype, _warn_once)
     return None if path is None else CPULoRADropout(path, dropout, **kwargs)

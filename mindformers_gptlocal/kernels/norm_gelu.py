@@ -8,10 +8,10 @@ cannot be built (no compiler...); the caller then keeps its plain MindSpore ops,
 """
 import functools
 
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 from . import build
+from .args import BiasGeluArgs, LayerNormArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
@@ -27,7 +27,7 @@ class CPULayerNorm(nn.Cell):
     def __init__(self, library_path, epsilon, threads=None):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = Tensor(np.array([epsilon, threads], np.float32))
+        self.config = LayerNormArgs(epsilon, threads).tensor()
         self.backward = custom_op(library_path, "gptlocal_layernorm_bwd", lambda x, g, m, r, dy, c: (x, g, g),
                                 lambda x, g, m, r, dy, c: (x, g, g))
         self.forward = custom_op(library_path, "gptlocal_layernorm_fwd", lambda x, g, b, c: (x, x[:-1], x[:-1]),
@@ -49,7 +49,7 @@ class CPUBiasGeLU(nn.Cell):
     def __init__(self, library_path, form, threads=None):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = Tensor(np.array([GELU_FORMS[form], threads], np.float32))
+        self.config = BiasGeluArgs(GELU_FORMS[form], threads).tensor()
         self.backward = custom_op(library_path, "gptlocal_bias_gelu_bwd", lambda x, b, dy, c: (x, b),
                                 lambda x, b, dy, c: (x, b))
         self.forward = custom_op(library_path, "gptlocal_bias_gelu_fwd", lambda x, b, c: x, lambda x, b, c: x,

@@ -9,10 +9,10 @@ keeps its plain MindSpore ops (``model/layers.py`` RMSNorm, ``model/feedforward.
 """
 import functools
 
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 from . import build
+from .args import RMSNormArgs, SwiGLUArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
@@ -26,7 +26,7 @@ class CPURMSNorm(nn.Cell):
     def __init__(self, library_path, epsilon, threads=None):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = Tensor(np.array([epsilon, threads], np.float32))
+        self.config = RMSNormArgs(epsilon, threads).tensor()
         self.backward = custom_op(library_path, "gptlocal_rmsnorm_bwd", lambda x, w, r, dy, c: (x, w),
                                 lambda x, w, r, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_rmsnorm_fwd", lambda x, w, c: (x, x[:-1]),
@@ -47,7 +47,7 @@ class CPUSwiGLU(nn.Cell):
     def __init__(self, library_path, threads=None):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = Tensor(np.array([0, threads], np.float32))
+        self.config = SwiGLUArgs(threads).tensor()
         self.backward = custom_op(library_path, "gptlocal_swiglu_bwd", lambda g, u, dy, c: (g, g),
                                 lambda g, u, dy, c: (g, g))
         self.forward = custom_op(library_path, "gptlocal_swiglu_fwd", lambda g, u, c: g, lambda g, u, c: g,

@@ -20,7 +20,7 @@ import functools
 from mindspore import nn, ops
 
 from .feedforward import SiLU
-from .layers import Activation, Linear, to_mstype
+from .layers import Activation, Linear, kernel_provider, to_mstype
 from .lora_config import adapter_paths, bottleneck_width, freeze
 
 
@@ -30,11 +30,14 @@ class BottleneckAdapter(nn.Cell):
     def __init__(self, config, width, non_linearity):
         super().__init__()
         params_dtype, compute_dtype = to_mstype(config.params_dtype), to_mstype(config.compute_dtype)
-        self.linear_down = Linear(config.hidden_size, width, config.initializer_range, params_dtype, compute_dtype)
-        self.linear_up = Linear(width, config.hidden_size, config.initializer_range, params_dtype, compute_dtype)
+        kernels = kernel_provider(config)
+        self.linear_down = Linear(config.hidden_size, width, config.initializer_range, params_dtype, compute_dtype,
+                                  kernels=kernels)
+        self.linear_up = Linear(width, config.hidden_size, config.initializer_range, params_dtype, compute_dtype,
+                                kernels=kernels)
         self.linear_up.weight.set_data(ops.zeros(self.linear_up.weight.shape, params_dtype))
-        self.activation = SiLU() if non_linearity in ("silu", "swish") else Activation(
-            {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "quick_gelu": "quick_gelu"}[non_linearity])
+        names = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "quick_gelu": "quick_gelu"}
+        self.activation = SiLU() if non_linearity in ("silu", "swish") else Activation(names[non_linearity], kernels)
         self.add = ops.Add()
 
     def construct(self, hidden):

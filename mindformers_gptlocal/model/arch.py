@@ -43,7 +43,7 @@ ARCH_DEFAULTS = {"hidden_act": "gelu_new", "position_embedding_type": "learned_a
                  "normalization": "LayerNorm", "add_bias_linear": True, "add_qkv_bias": None,
                  "untie_embeddings_and_output_weights": False, "use_parallel_residual": False}
 DEFAULTS = {**SIZE_DEFAULTS, **ARCH_DEFAULTS}
-# the layer choices, in the order of the former ``params.Architecture`` tuple (``gptlocal plan --json`` "arch")
+# the layer choices, in the order ``gptlocal plan --json`` lists them ("arch")
 LAYER_CHOICES = ("rope", "rotary_percent", "rotary_base", "groups", "gated", "rmsnorm", "bias", "qkv_bias", "untied",
                  "parallel_residual")
 _FLOATS = ("rotary_percent", "rotary_base")

@@ -21,10 +21,8 @@ from mindspore import nn, ops, Tensor
 from ..errors import ConfigError
 from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
-from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import dropout_site, make_dropout
-from .kv_write import cache_write_op
-from .layers import Linear, residual_init_std, to_mstype
+from .layers import Linear, kernel_provider, residual_init_std, to_mstype
 from .prefix import PrefixConcat, prefix_rows
 
 MASK_VALUE = -1.0e9
@@ -67,16 +65,18 @@ class ParallelAttention(nn.Cell):
     ``model_config.attention_block_size`` > 0 selects ``BlockwiseAttention`` (query blocks, scores
     recomputed in the backward: no [B, N, S, S] tensor kept for the backward), also at build time.
     On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
-    flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path wherever it builds
-    (``_cpu_attention_kernel``). On the KV-cache path a prefill into empty rows runs that kernel over the prompt
-    (``_fresh_prefill``), and a one-token step the decode kernel (``kernels/decode_attention.py``, opt-in
-    ``GPTLOCAL_DECODE_ATTENTION_KERNEL=1``); other cached calls keep the plain ``_core_attention`` over all L rows.
+    flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path where the model's
+    ``KernelProvider`` (``kernels``) gives it (``_cpu_attention_kernel``). On the KV-cache path a prefill into empty
+    rows runs that kernel over the prompt (``_fresh_prefill``); other cached calls keep the plain
+    ``_core_attention`` over all L rows.
     A parallel build lets the ``shard`` strategies (``sharding.py``) split the full Cell; the CPU proofs of
     tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None,
+                 kernels=None):
         super().__init__()
+        kernels = kernels or kernel_provider(config)
         arch = config.arch
         linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
         # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
@@ -102,10 +102,10 @@ class ParallelAttention(nn.Cell):
         self.scale = scale
         self.linear_qkv = linear("attention.linear_qkv", Linear)(
             config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim, config.initializer_range,
-            params_dtype, self.compute_dtype, has_bias=arch.qkv_bias)
+            params_dtype, self.compute_dtype, has_bias=arch.qkv_bias, kernels=kernels)
         self.linear_proj = linear("attention.linear_proj", Linear)(
             self.hidden_size, config.hidden_size, residual_init_std(config), params_dtype, self.compute_dtype,
-            has_bias=arch.bias)
+            has_bias=arch.bias, kernels=kernels)
         self.attention_dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"),
                                               config, counter_dropout)
         self.use_flash_attention = use_flash_attention
@@ -124,14 +124,7 @@ class ParallelAttention(nn.Cell):
             self.blockwise = BlockwiseAttention(block_size, scale, self.softmax_dtype, self.compute_dtype,
                                                 self.attention_dropout.scale if self.blockwise_dropout else 1.0)
             self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
-        self.cpu_attention = self._cpu_attention_kernel(config, counter_dropout)
-        # the KV cache's one-token step (S = 1): the one-row decode kernel where the training kernel runs and
-        # GPTLOCAL_DECODE_ATTENTION_KERNEL=1 (kernels/decode_attention.py), reading each row's cache only up to its
-        # position; else (the default) the plain ops
-        self.decode_attention = None
-        if self.cpu_attention is not None:
-            from ..kernels.decode_attention import decode_attention_kernel
-            self.decode_attention = decode_attention_kernel(self.scale, self.compute_dtype)
+        self.cpu_attention = self._cpu_attention_kernel(config, counter_dropout, kernels)
         self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
         # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
         # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
@@ -144,9 +137,9 @@ class ParallelAttention(nn.Cell):
         self.add_mask = ops.Add()
         # CPU: the mask broadcast to the scores' shape before the Add, as Linear's bias (less peak memory than
         # the broadcasting Add: 548 -> 403 MB a layer for GPT-2 small's training step at 1 x 1024)
-        self.broadcast_mask = replace_slow_cpu_kernels()
+        self.broadcast_mask = kernels.composed_ops()
         self.cast = ops.Cast()
-        self.scatter_update = cache_write_op()  # the KV-cache write: in place on CPU (kv_write.py)
+        self.scatter_update = kernels.kv_write()  # the KV-cache write: in place on CPU (kernels/kv_write.py)
         if use_flash_attention:
             self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
                 head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
@@ -159,29 +152,24 @@ class ParallelAttention(nn.Cell):
                 input_layout="TND", sparse_mode=3)
             self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
 
-    def _cpu_attention_kernel(self, config, counter_dropout):
+    def _cpu_attention_kernel(self, config, counter_dropout, kernels):
         """The fused CPU kernel (``kernels/attention.py``) in place of the plain matmul + softmax path, or None.
 
-        On CPU by default, for stand-alone and data-parallel builds, unless ``GPTLOCAL_PLAIN_KERNELS=1``,
+        Where ``kernels`` gives it (CPU, stand-alone and data-parallel builds, ``cpu_kernels`` not ``plain``), unless
         ``attention_block_size`` > 0 (BlockwiseAttention asked for by name), attention dropout without the
         counter masks, or the kernel cannot run (not float32, no compiler: one warning, then the plain path)."""
-        if self.use_flash_attention or self.blockwise is not None or is_parallel_build():
+        if self.use_flash_attention or self.blockwise is not None or not kernels.uses("attention"):
             return None
         if self.prefix:
-            if replace_slow_cpu_kernels():
-                _plain_for_prefix("the fused CPU attention kernel (kernels/attention.py)")
+            _plain_for_prefix("the fused CPU attention kernel (kernels/attention.py)")
             return None
-        if not replace_slow_cpu_kernels() or not 0.0 <= config.attention_dropout < 1.0:
+        if not 0.0 <= config.attention_dropout < 1.0:
             return None
         dropout = config.attention_dropout > 0
         if dropout and not counter_dropout:
             return None
-        from ..kernels.attention import attention_kernel  # loaded only where the kernel may be used
         dtype = self.compute_dtype if self.softmax_dtype == ms.float32 else self.softmax_dtype
-        if dropout:
-            cell = self.attention_dropout
-            return attention_kernel(self.scale, dtype, (cell.bits1, cell.bits2), cell.scale, cell.keep_when_differ)
-        return attention_kernel(self.scale, dtype)
+        return kernels.attention(self.scale, dtype, self.attention_dropout if dropout else None)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -191,7 +179,7 @@ class ParallelAttention(nn.Cell):
 
         With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
         keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position)
-        (``kv_write.cache_write_op``: ScatterNdUpdate's inputs and values, O(new tokens) on CPU),
+        (``KernelProvider.kv_write``: ScatterNdUpdate's inputs and values, O(new tokens) on CPU),
         attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
         cache holds the present keys and values afterwards.
         ``fresh_prefill`` (a build-time constant, ``KVCache.prefill``'s graph): the call writes positions 0..S-1 of
@@ -318,9 +306,6 @@ class ParallelAttention(nn.Cell):
         if prefix is not None:
             key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix,
                                                                  self.prefix_concat)
-        if seq == 1 and self.decode_attention is not None:  # one row per sequence: the decode kernel, GQA inside
-            context = self.decode_attention(query, key_cache, value_cache, self.cast(attention_bias, ms.float32))
-            return ops.reshape(context, (batch, seq, self.hidden_size))
         key_cache, value_cache = self._repeat_groups(key_cache), self._repeat_groups(value_cache)
         context = self._core_attention(query, key_cache, value_cache, attention_bias)
         context = self.merge_heads(context, (0, 2, 1, 3))

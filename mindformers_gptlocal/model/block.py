@@ -14,23 +14,26 @@ from mindspore import nn, ops
 from .attention import ParallelAttention
 from .dropout import dropout_site, make_dropout, make_layerdrop
 from .feedforward import ParallelFeedForward
-from .layers import make_norm
+from .layers import kernel_provider, make_norm
 
 
 class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
-    Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell."""
+    Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
+    model's ``KernelProvider`` (None: ``kernel_provider(config)``), handed to every part."""
 
-    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None,
+                 kernels=None):
         super().__init__()
+        kernels = kernels or kernel_provider(config)
         self.layer_number = layer_number
-        self.input_layernorm = make_norm(config)
+        self.input_layernorm = make_norm(config, kernels=kernels)
         layer_spec = layer_spec or {}  # which Cell each replaceable part is built with (layer_spec.py)
         self.attention = ParallelAttention(config, layer_number, use_flash_attention, counter_dropout=counter_dropout,
-                                           layer_spec=layer_spec)
-        self.post_attention_layernorm = make_norm(config)
+                                           layer_spec=layer_spec, kernels=kernels)
+        self.post_attention_layernorm = make_norm(config, kernels=kernels)
         self.parallel_residual = config.arch.parallel_residual
-        self.mlp = ParallelFeedForward(config, layer_spec=layer_spec)
+        self.mlp = ParallelFeedForward(config, layer_spec=layer_spec, kernels=kernels)
         self.attention_output_dropout = make_dropout(config.hidden_dropout,
                                                      dropout_site(layer_number, "attention_output"), config,
                                                      counter_dropout)

@@ -12,6 +12,7 @@ import difflib
 import functools
 
 from ..errors import ConfigError
+from ..kernels.provider import plain_cpu_kernels
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
 from .bases import LEAN, MindFormerModuleType, MindFormerRegister, PretrainedConfig, moe_keys
@@ -116,6 +117,7 @@ class GPTLocalConfig(PretrainedConfig):
                  untie_embeddings_and_output_weights=DEFAULTS["untie_embeddings_and_output_weights"],
                  use_parallel_residual=DEFAULTS["use_parallel_residual"],
                  layerdrop=0.0,
+                 cpu_kernels="auto",
                  **kwargs):
         parallel_config = kwargs.pop("parallel_config", None)
         if parallel_config is not None:
@@ -179,6 +181,8 @@ class GPTLocalConfig(PretrainedConfig):
         tie_word_embeddings = not arch.untied
         self.use_parallel_residual = arch.parallel_residual
         self.layerdrop = _number("layerdrop", layerdrop)  # LayerDrop (model/dropout.py), training only
+        # which implementation each op runs on CPU (kernels/provider.py): auto, plain, kernel or {op: mode}; checked
+        self.cpu_kernels = plain_cpu_kernels(cpu_kernels)
         kwargs.pop("architectures", None)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -237,10 +241,6 @@ class GPTLocalConfig(PretrainedConfig):
     def arch(self):
         """The model's architecture (``model/arch.py`` ``Arch``): sizes, layer choices, derived values."""
         return self._derived_value("arch", lambda: Arch.read(self))
-
-    @property
-    def head_dim(self):
-        return self.arch.head_dim
 
     @property
     def gated(self):

@@ -24,6 +24,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..parallel.sharding import LINEAR_SPLITS, is_parallel_build
+from .lora_config import is_adapter_spec
 
 TABLE_SIZES = (65521, 65537)
 STEP_MULTIPLIERS = (7919, 6007)  # per table: (step % P) * m < 2**31
@@ -133,7 +134,7 @@ LAYERDROP_SITE = 10000  # LayerDrop sites: 10000 + layer_number, apart from the 
 
 def make_layerdrop(config, layer_number, counter):
     """The LayerDrop Cell of one layer, or None without ``model_config.layerdrop``."""
-    p = float(getattr(config, "layerdrop", 0.0) or 0.0)
+    p = config.layerdrop
     if p == 0.0:
         return None
     if not counter:
@@ -141,7 +142,7 @@ def make_layerdrop(config, layer_number, counter):
         raise ConfigError(f"model_config.layerdrop {p} needs counter-based dropout, which gpt_local uses only with "
                           f"parallel_mode 0 (stand-alone or data parallel); set layerdrop: 0 for semi-auto/auto "
                           f"parallel runs.")
-    return LayerDrop(p, LAYERDROP_SITE + layer_number, getattr(config, "dropout_seed", 0))
+    return LayerDrop(p, LAYERDROP_SITE + layer_number, config.dropout_seed)
 
 
 def counter_dropout_enabled(config):
@@ -149,16 +150,16 @@ def counter_dropout_enabled(config):
     parallel (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
     arithmetic would need shard strategies, and its counter would be shared across pipeline stages; there
     MindSpore's own Dropout is kept (its masks do not resume)."""
-    spec = config.prefix_spec() if hasattr(config, "prefix_spec") else None
-    rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout,
-             getattr(config, "layerdrop", 0.0) or 0.0, 0.0 if spec is None else spec.dropout, lora_rate(config))
+    spec = config.prefix_spec()
+    rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout, config.layerdrop,
+             0.0 if spec is None else spec.dropout, lora_rate(config))
     return any(rate > 0 for rate in rates) and not is_parallel_build()
 
 
 def lora_rate(config):
     """pet_config's ``lora_dropout`` (0 without LoRA: no pet_config, adapters, prefix tuning)."""
-    spec = config.lora_spec() if hasattr(config, "lora_spec") else None
-    return float(getattr(spec, "dropout", 0.0) or 0.0) if spec is not None and hasattr(spec, "rank") else 0.0
+    spec = config.lora_spec()
+    return 0.0 if spec is None or is_adapter_spec(spec) else float(spec.dropout)
 
 
 # Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1);

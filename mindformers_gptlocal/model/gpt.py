@@ -25,9 +25,8 @@ from .bases import LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, P
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
-from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
-from .layers import cpu_gemm, make_norm, to_mstype, use_gemm
+from .layers import kernel_provider, make_norm, to_mstype, use_gemm
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
 from .mindformers_adapter import MindFormersAdapter
@@ -108,9 +107,11 @@ class GPTLocalModel(nn.Cell):
     the owner adds it to the lookup's gradient, so only stage 0's table is updated.
     """
 
-    def __init__(self, config, layout=None, layer_spec=None):
+    def __init__(self, config, layout=None, layer_spec=None, kernels=None):
         super().__init__()
         self.config = config
+        # which implementation each op runs (kernels/provider.py), asked once here and handed to every layer
+        self.kernels = kernels or kernel_provider(config)
         layout = config.layout if layout is None else layout
         stage_ids = layout.stage_of_layers(config.num_hidden_layers)
         recompute = RecomputePlan(layout, config.num_hidden_layers)
@@ -121,12 +122,12 @@ class GPTLocalModel(nn.Cell):
         blocks = []
         for index in range(config.num_hidden_layers):
             block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout,
-                                  layer_spec=None if layer_spec is None else layer_spec(index))
+                                  layer_spec=None if layer_spec is None else layer_spec(index), kernels=self.kernels)
             block.pipeline_stage = stage_ids[index]
             block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)
         self.layers = nn.CellList(blocks)
-        self.final_layernorm = make_norm(config)
+        self.final_layernorm = make_norm(config, kernels=self.kernels)
         arch = config.arch
         self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rotary_base) if arch.rope else None
         self.embedding.pipeline_stage = 0
@@ -267,30 +268,15 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         self.init_mindformers_adapter()
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.head_matmul = ops.MatMul(transpose_b=True)
-        self.head_gemm, self.head_gemm_rows = cpu_gemm(self.compute_dtype, head=True)  # layers.py; or head_matmul
+        # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
+        self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True)
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
-        self.lora = config.lora_spec()  # pet_config: LoRA or bottleneck adapters (built by the layer spec)
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
-        self.head_loss = self._head_loss_kernel(config)
-
-    def _head_loss_kernel(self, config):
-        """The fused head + cross-entropy of training on CPU (``kernels/head_loss.py``: no [B*S, V] logits), or
-        None. Opt-in, ``GPTLOCAL_HEAD_LOSS_KERNEL=1`` (the whole step did not measure faster; docs/performance.md);
-        never on other backends, parallel builds, with ``GPTLOCAL_PLAIN_KERNELS=1``, or where it cannot run (not
-        float32, no compiler: one warning). Eval, predict and generation use ``logits``."""
-        if is_parallel_build() or not replace_slow_cpu_kernels():
-            return None
-        if os.environ.get("GPTLOCAL_HEAD_LOSS_KERNEL", "0") != "1":
-            return None
-        if not self._head_table().requires_grad:  # frozen (LoRA): the kernel would compute its gradient anyway
-            return None
-        from ..kernels.head_loss import head_loss_kernel  # loaded only where the kernel may be used
-        return head_loss_kernel(config.vocab_size, self.compute_dtype)
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
@@ -383,10 +369,7 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
             if labels is None:
                 return logits
             return self._perplexity_layout(logits, labels, loss_mask)
-        if self.head_loss is not None:
-            loss = self.fused_lm_loss(hidden, labels, loss_mask)
-        else:
-            loss = self.lm_loss(self.logits(hidden), labels, loss_mask)
+        loss = self.lm_loss(self.logits(hidden), labels, loss_mask)
         if step is not None:
             loss = self.dropout_counter.advance(loss, self.dropout_step)
         zero = ops.zeros((), ms.float32)
@@ -400,18 +383,6 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
         nll = -ops.reshape(picked, (-1,))
         return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
-
-    def fused_lm_loss(self, hidden, labels, loss_mask):
-        """``lm_loss(logits(hidden), ...)`` in one fused CPU kernel (``kernels/head_loss.py``), same value and
-        gradients, without the [B*S, V] logits."""
-        batch, seq, width = hidden.shape
-        hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        labels, keep = self._loss_rows(labels, loss_mask)
-        return self.head_loss(hidden, ops.cast(self._head_table(), self.compute_dtype), labels, keep)
-
-    def _head_table(self):
-        """The head's [V, H] table: ``output_layer`` when untied, else the token embedding."""
-        return self.output_layer.weight if self.untied else self.model.embedding.word_embeddings
 
     def _loss_rows(self, labels, loss_mask):
         """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""

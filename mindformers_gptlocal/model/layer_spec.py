@@ -26,7 +26,7 @@ def pet_layer_spec(config):
         from .adapter import adapter_layer_spec
         return functools.partial(adapter_layer_spec, spec, config)
     from .lora import lora_layer_spec
-    return functools.partial(lora_layer_spec, spec, dropout_seed=getattr(config, "dropout_seed", 0))
+    return functools.partial(lora_layer_spec, spec, dropout_seed=config.dropout_seed)
 
 
 def freeze_pet(model):

@@ -10,7 +10,8 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from .cpu_kernels import linear_gemm_kernel, norm_gelu_kernels, replace_slow_cpu_kernels, rms_swiglu_kernels
+from ..kernels.provider import KernelProvider, use_gemm
+from ..parallel.sharding import is_parallel_build
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 DTYPE = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -21,23 +22,11 @@ def to_mstype(name):
     return DTYPE[name] if isinstance(name, str) else name
 
 
-def cpu_gemm(compute_dtype, head=False):
-    """(gpt_local's CPU GEMM kernel for x W^T (``kernels/linear.py``) or None, the rows from which it runs or None):
-    CPU, float32 compute, one rank, ``cpu_kernels.linear_gemm_kernel(head)`` (0: every graph; n: inference graphs
-    of at least n rows). Without it ``ops.MatMul(transpose_b=True)``. Linear's and the output head's."""
-    rows = linear_gemm_kernel(head) if compute_dtype == ms.float32 else None
-    if rows is None:
-        return None, None
-    from ..kernels.linear import linear_gemm_kernel as kernel  # pylint: disable=import-outside-toplevel
-    gemm = kernel(compute_dtype)
-    return gemm, None if gemm is None else rows
-
-
-def use_gemm(gemm_rows, training, rows):
-    """True where a graph of ``rows`` static rows runs the GEMM kernel (``cpu_gemm``'s rows; ``training``: the
-    Cell's flag). Shapes and the flag are constants in a compiled graph, so this is decided at compile time: the
-    graph holds one of the two paths, never a branch."""
-    return gemm_rows is not None and (gemm_rows == 0 or (not training and rows >= gemm_rows))
+def kernel_provider(config=None):
+    """The ``KernelProvider`` (``kernels/provider.py``) of a model built now from ``config`` (its
+    ``cpu_kernels``; None: ``auto``), in this build's parallel mode. The model asks once and hands it to its
+    layers (``kernels=``); a Cell built without one asks here."""
+    return KernelProvider("auto" if config is None else config.cpu_kernels, parallel=is_parallel_build())
 
 
 class Linear(nn.Cell):
@@ -48,15 +37,17 @@ class Linear(nn.Cell):
     kernel adds it (feedforward.py), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
-    On CPU with float32 compute x W^T (+ b, in the same node) runs gpt_local's GEMM kernel (``kernels/linear.py``,
-    ``gemm``) in inference graphs whose static row count is at least ``gemm_rows`` (prefill, eval; every graph with
-    ``GPTLOCAL_LINEAR_KERNEL=1``; ``cpu_kernels.linear_gemm_kernel``, ``use_gemm``), fixed when the graph compiles;
-    else ``matmul``, the reference, which also carries the shard strategies (then BroadcastTo + Add for the bias).
+    ``kernels``: the model's ``KernelProvider`` (None: ``kernel_provider()``). Where it gives the GEMM kernel
+    (``kernels/linear.py``, ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs whose
+    static row count is at least ``gemm_rows`` (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more;
+    ``kernel``, every graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also
+    carries the shard strategies (then BroadcastTo + Add for the bias).
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False):
+                 skip_bias_add=False, kernels=None):
         super().__init__()
+        kernels = kernels or kernel_provider()
         self.in_features = in_features
         self.out_features = out_features
         self.weight = Parameter(initializer(Normal(sigma=init_std), (out_features, in_features), params_dtype),
@@ -68,11 +59,11 @@ class Linear(nn.Cell):
         self.skip_bias_add = skip_bias_add
         # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
         # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
-        self.broadcast_bias = replace_slow_cpu_kernels()
+        self.broadcast_bias = kernels.composed_ops()
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
-        self.gemm, self.gemm_rows = cpu_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
+        self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -101,20 +92,17 @@ class LayerNorm(nn.Cell):
     """LayerNorm over the last axis, computed in ``compute_dtype``, returned in the input's dtype.
 
     On CPU in float32 it runs gpt_local's C++ kernel (``kernels/norm_gelu.py``; MindSpore 2.7.2's CPU
-    LayerNormGrad is the slow part), decided at build time (``cpu_kernels.norm_gelu_kernels``); else
+    LayerNormGrad is the slow part) where ``kernels`` (the model's ``KernelProvider``) gives it, at build time; else
     ``ops.LayerNorm``, the reference."""
 
-    def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
+    def __init__(self, hidden_size, eps, params_dtype, compute_dtype, kernels=None):
         super().__init__()
         self.weight = Parameter(initializer(One(), (hidden_size,), params_dtype), name="weight")
         self.bias = Parameter(initializer(Zero(), (hidden_size,), params_dtype), name="bias")
         self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
-        self.kernel = None
-        if compute_dtype == ms.float32 and norm_gelu_kernels():
-            from ..kernels.norm_gelu import layernorm_kernel  # pylint: disable=import-outside-toplevel
-            self.kernel = layernorm_kernel(eps, compute_dtype)
+        self.kernel = (kernels or kernel_provider()).layer_norm(eps, compute_dtype)
 
     def construct(self, x):
         dtype = x.dtype
@@ -132,10 +120,10 @@ class RMSNorm(nn.Cell):
     computed in ``compute_dtype``, returned in the input's dtype; the weight multiplies after the cast back,
     as Hugging Face's LlamaRMSNorm does.
 
-    On CPU with float32 compute and weight it runs gpt_local's one-pass kernel (``kernels/rms_swiglu.py``),
-    decided at build time (``cpu_kernels.rms_swiglu_kernels``); else the ops below, the reference."""
+    On CPU with float32 compute and weight it runs gpt_local's one-pass kernel (``kernels/rms_swiglu.py``) where
+    ``kernels`` (the model's ``KernelProvider``) gives it, at build time; else the ops below, the reference."""
 
-    def __init__(self, hidden_size, eps, params_dtype, compute_dtype):
+    def __init__(self, hidden_size, eps, params_dtype, compute_dtype, kernels=None):
         super().__init__()
         self.weight = Parameter(initializer(One(), (hidden_size,), params_dtype), name="weight")
         self.eps = eps
@@ -146,10 +134,7 @@ class RMSNorm(nn.Cell):
         self.weight_mul = ops.Mul()
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
-        self.kernel = None
-        if compute_dtype == ms.float32 and params_dtype == ms.float32 and rms_swiglu_kernels():
-            from ..kernels.rms_swiglu import rmsnorm_kernel  # pylint: disable=import-outside-toplevel
-            self.kernel = rmsnorm_kernel(eps, compute_dtype)
+        self.kernel = (kernels or kernel_provider()).rms_norm(eps, compute_dtype, params_dtype)
 
     def construct(self, x):
         dtype = x.dtype
@@ -160,11 +145,12 @@ class RMSNorm(nn.Cell):
         return self.weight_mul(self.cast(y, dtype), self.cast(self.weight, dtype))
 
 
-def make_norm(config, params_dtype=None):
-    """The block's normalization, chosen at build time: LayerNorm (GPT-2, NeoX) or RMSNorm (Llama)."""
+def make_norm(config, params_dtype=None, kernels=None):
+    """The block's normalization, chosen at build time: LayerNorm (GPT-2, NeoX) or RMSNorm (Llama); ``kernels``:
+    the model's ``KernelProvider`` (None: ``kernel_provider(config)``)."""
     cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
     return cls(config.hidden_size, config.layernorm_epsilon, to_mstype(params_dtype or config.params_dtype),
-               to_mstype(config.layernorm_compute_dtype))
+               to_mstype(config.layernorm_compute_dtype), kernels or kernel_provider(config))
 
 
 def tanh_gelu_by_sigmoid(x, sigmoid):
@@ -201,14 +187,15 @@ class Activation(nn.Cell):
 
     The tanh GeLU is held as the GeLU primitive (what ``ops.gelu(approximate='tanh')`` calls) so
     that it can carry a shard strategy; on CPU, and only there, it is composed from sigmoid instead
-    (decided at build time; ``GPTLOCAL_PLAIN_KERNELS=1`` keeps the kernel): in training as the
+    (decided at build time by ``kernels``, the model's ``KernelProvider``: ``cpu_kernels`` ``plain`` or
+    ``{composed_ops: plain}`` keep the GeLU primitive): in training as the
     ``TanhGeLU`` Cell with its own backward, otherwise inline, because a Cell with a custom backward
     stays a separate subgraph call (GPT-2 small greedy decode: 19 tokens/s through it, 35 inline).
     The exact erf form stays functional. ``quick_gelu`` (HF's name for x * sigmoid(1.702 x)) is MindSpore's
     FastGeLU primitive, the ``fast_gelu`` of MindFormers' GPT-2 (its xl/13B/52B YAMLs); held only when chosen.
     """
 
-    def __init__(self, name):
+    def __init__(self, name, kernels=None):
         super().__init__()
         self.approximate = "none" if name == "gelu" else "tanh"
         self.is_relu = name == "relu"
@@ -217,7 +204,7 @@ class Activation(nn.Cell):
             self.fast_gelu = ops.FastGeLU()
         self.relu = ops.ReLU()
         self.gelu = ops.GeLU()
-        self.composed_tanh_gelu = replace_slow_cpu_kernels()
+        self.composed_tanh_gelu = (kernels or kernel_provider()).composed_ops()
         self.tanh_gelu = TanhGeLU()
 
     def construct(self, x):

@@ -21,9 +21,8 @@ import mindspore as ms
 from mindspore import ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
-from .cpu_kernels import replace_slow_cpu_kernels
 from .dropout import LORA_SITE, CounterDropout, KernelDropout, lora_dropout_site
-from .layers import Linear
+from .layers import Linear, kernel_provider
 from ..parallel.sharding import is_parallel_build
 from .lora_config import LINEARS, LORA_A, LORA_B, freeze, is_target, targeted_paths
 
@@ -37,19 +36,22 @@ class LoRALinear(Linear):
     layer is built (the layer spec, ``layer_spec.py``), so its base weight and bias are the ones the layer creates,
     with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers); ``dropout_site``
     and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``) and tables' seed
-    (``model_config.dropout_seed``). ``construct(x, dropout_step)``: the model's forward counter picks the mask
-    (``dropout.py``; None: no dropout)."""
+    (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and for the input
+    dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask (``dropout.py``;
+    None: no dropout)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, *, lora, dropout_site=LORA_SITE, dropout_seed=0):
-        super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add)
+                 skip_bias_add=False, kernels=None, *, lora, dropout_site=LORA_SITE, dropout_seed=0):
+        kernels = kernels or kernel_provider()
+        super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add,
+                         kernels)
         self.lora_rank = lora.rank
         self.scaling = lora.alpha / lora.rank
         setattr(self, LORA_A, Parameter(initializer(_init(lora.a_init), (lora.rank, in_features), params_dtype),
                                         name=LORA_A))
         setattr(self, LORA_B, Parameter(initializer(_init(lora.b_init), (out_features, lora.rank), params_dtype),
                                         name=LORA_B))
-        self.lora_dropout = _lora_dropout(lora.dropout, self.compute_dtype, dropout_site, dropout_seed)
+        self.lora_dropout = _lora_dropout(lora.dropout, self.compute_dtype, dropout_site, dropout_seed, kernels)
         self.lora_a_matmul = ops.MatMul(transpose_b=True)
         self.lora_b_matmul = ops.MatMul(transpose_b=True)
         self.lora_mul = ops.Mul()
@@ -74,23 +76,20 @@ def lora_layer_spec(spec, index, dropout_seed=0):
             for linear in LINEARS if is_target(spec, f"model.layers.{index}.{linear}")}
 
 
-def _lora_dropout(p, compute_dtype, site, seed):
+def _lora_dropout(p, compute_dtype, site, seed, kernels):
     """lora_dropout's Cell, chosen at build time, called as ``(x, dropout_step)``. For 0 < p < 1 on one rank or data
     parallel: gpt_local's counter dropout at ``site`` (``dropout.CounterDropout``, the plain path and reference: the
     mask a function of the model's forward counter, so resume is exact), on CPU in float32 through its kernel
     (``kernels/lora_dropout.py``: the same mask in one pass, drawn again in the backward, nothing of the input's
-    size kept; ``GPTLOCAL_LORA_DROPOUT_KERNEL=0`` or ``GPTLOCAL_PLAIN_KERNELS=1`` keep the plain Cell). Under
+    size kept) where ``kernels`` gives it (``cpu_kernels`` ``plain`` or ``{lora_dropout: plain}`` keep the plain
+    Cell). Under
     semi-auto/auto parallel MindSpore's Dropout (``KernelDropout``, as the model's other dropouts there; its masks
     do not resume); for p = 0 the identity."""
     if not 0.0 < p < 1.0 or is_parallel_build():
         return KernelDropout(p=p)
     plain = CounterDropout(p, site, seed)
-    if replace_slow_cpu_kernels():
-        from ..kernels.lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
-        kernel = lora_dropout_kernel(plain, compute_dtype)
-        if kernel is not None:
-            return kernel
-    return plain
+    kernel = kernels.lora_dropout(plain, compute_dtype)
+    return plain if kernel is None else kernel
 
 
 def freeze_lora(model, spec, log=print):
@@ -124,8 +123,9 @@ class MultiLoRALinear(Linear):
     in the compute dtype (no casts per step)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, *, stacks, index):
-        super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add)
+                 skip_bias_add=False, kernels=None, *, stacks, index):
+        super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add,
+                         kernels)
         a_stack, b_stack, scales = stacks
         scaled = np.asarray(b_stack, np.float32) * np.asarray(scales, np.float32).reshape(-1, 1, 1)
         self.multi_lora_a = Parameter(Tensor(a_stack, compute_dtype), name="multi_lora_a", requires_grad=False)

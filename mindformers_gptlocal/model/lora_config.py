@@ -102,7 +102,6 @@ def read_pet_config(pet_config, num_layers):
 # (``bottleneck_size``, ``non_linearity``) and adapter-transformers' (``reduction_factor``, ``mh_adapter``,
 # ``output_adapter``), ``layers_to_transform`` is PEFT's.
 ADAPTER_SITES = ("attention_adapter", "mlp_adapter")  # block attributes: after attention, after the MLP
-ADAPTER_LINEARS = ("linear_down", "linear_up")
 NON_LINEARITIES = ("relu", "gelu", "gelu_new", "quick_gelu", "silu", "swish")
 ADAPTER_KEYS = ("pet_type", "bottleneck_size", "reduction_factor", "non_linearity", "mh_adapter", "output_adapter",
                 "layers_to_transform", "freeze_include", "freeze_exclude")

@@ -18,9 +18,6 @@ from .arch import (ACTIVATIONS, ARCH_DEFAULTS, GPT2_ALIASES, NORMALIZATIONS, POS
 from .lora_config import (PREFIX_NAME, adapter_paths, adapter_shapes, bottleneck_width, is_adapter_spec, lora_shapes,
                           prefix_shapes, read_pet_config, read_prefix_config, targeted_paths)
 
-# the architecture's keys, defaults and derived values live in ``arch.py`` (these names are kept for callers)
-Architecture = Arch
-
 
 def architecture(config):
     """The block's layer choices of a model config (object or dict), defaults filled in: its ``Arch``."""
@@ -55,11 +52,6 @@ class ParamSpec(namedtuple("ParamSpec", "shape layout stages")):
         for length in self.shape:
             size *= length
         return size // mp if self.split_axis is not None else size
-
-
-def size_value(config, key):
-    """A size from a model config (object or dict, GPT-2 names accepted), with GPTLocalConfig's default."""
-    return model_value(config, key, SIZE_DEFAULTS[key])
 
 
 def dims(config):

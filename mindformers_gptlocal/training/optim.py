@@ -15,16 +15,11 @@ Same constructor arguments and state names (``adam_m.*``, ``adam_v.*``) as MindF
 YAML switches with ``optimizer.type`` alone and checkpoints carry over.
 
 The clip factor (``construct(gradients, coefficient)``, from ``GPTLocalTrainOneStepCell``'s lean step) costs
-one more pass per parameter: ``grad * coefficient`` into a temporary, read again by the kernel. On CPU
-MindSpore's ``FusedCastAdamWeightDecay`` primitive (CPU-only, in place like ``AdamWeightDecay``; used here
-for fp32 parameters) takes the gradient and a global norm and computes the same step on
-``grad * (1 / global_norm)`` in the same pass; given ``1 / coefficient`` as that norm it is this step with
-the clip folded in (``1 / (1 / c)`` can differ from ``c`` in the last bit: within 1e-6 of the two-pass path).
-It is opt-in, ``fused_clip: True``: that CPU kernel measured slower than the two-pass path on an idle 2-core
-machine (GPT-2 small's parameters: 937-984 against 354-579 ms a step; faster, 1.15-1.18x, only when every
-core was oversubscribed; docs/performance.md). ``GPTLOCAL_PLAIN_KERNELS=1`` also keeps the two-pass path.
+one more pass per parameter: ``grad * coefficient`` into a temporary, read again by the kernel, one parameter at
+a time. (Folding it into MindSpore's CPU ``FusedCastAdamWeightDecay`` measured slower on an idle CPU; that
+option, ``fused_clip``, is gone: a YAML that still sets it gets one line and this path.)
 """
-import os
+import sys
 
 import numpy as np
 import mindspore as ms
@@ -66,40 +61,19 @@ def _step_scaled(kernel, beta1, beta2, eps, correction1, root_correction2, coeff
     return True
 
 
-@_fused_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Function", "Tensor", "Tensor",
-                      "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool")
-def _step_clip_in_kernel(kernel, beta1, beta2, eps, correction1, root_correction2, clip_kernel, inverse_coefficient,
-                         lr, weight_decay, param, exp_avg, exp_avg_sq, grad, optim_filter):
-    """As ``_step_scaled`` in one pass: ``FusedCastAdamWeightDecay`` divides the gradient by its last input
-    (here 1 / the clip factor) as it reads it, so no scaled copy of the gradient is made."""
-    if optim_filter:
-        clip_kernel(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,
-                    eps * root_correction2, weight_decay * correction1 / root_correction2, grad,
-                    inverse_coefficient)
-    return True
-
-
-def clip_in_kernel_applies(params):
-    """``FusedCastAdamWeightDecay`` runs on CPU only; taken for fp32 parameters (what is tested against the
-    two-pass path; the kernel also takes fp16, whose two-pass path rounds the scaled gradient to fp16 first)."""
-    return (ms.get_context("device_target") == "CPU"
-            and os.environ.get("GPTLOCAL_PLAIN_KERNELS", "0") in ("", "0")
-            and all(p.dtype == mstype.float32 for p in params))
-
-
 @MindFormerRegister.register(MindFormerModuleType.OPTIMIZER)
 class GPTLocalAdamW(Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) as in MindFormers, fused per parameter.
 
     Use it from a YAML with ``optimizer: {type: GPTLocalAdamW, betas: [...], eps: ..., weight_decay: ...}``;
-    ``type: AdamW`` stays available as the plain reference path. ``fused_clip: True`` folds the clip factor
-    into the kernel on CPU (module docstring; default False: the separate scaling pass, faster on an idle CPU).
+    ``type: AdamW`` stays available as the plain reference path. ``fused_clip`` (removed) is accepted and ignored
+    with one line, so older YAMLs keep working.
     """
 
     _support_parallel_optimizer = True
     takes_grad_coefficient = True  # construct(gradients, coefficient): GPTLocalTrainOneStepCell's lean step
 
-    def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused_clip=False):
+    def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused_clip=None):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         if len(betas) != 2 or not all(0.0 < float(b) < 1.0 for b in betas):
             raise ConfigError(f"optimizer.betas must be two numbers in (0, 1), got {betas!r}; set e.g. "
@@ -112,11 +86,9 @@ class GPTLocalAdamW(Optimizer):
         self.exp_avg = self._moments("adam_m")
         self.exp_avg_sq = self._moments("adam_v")
         self.kernel = ops.AdamWeightDecay()
-        if not isinstance(fused_clip, bool):
-            raise ConfigError(f"optimizer.fused_clip must be true or false, got {fused_clip!r}: true folds the clip "
-                              "factor into the CPU kernel, false keeps the separate clip-scaling pass.")
-        self.fused_clip = fused_clip and clip_in_kernel_applies(self._parameters)
-        self.clip_kernel = ops.FusedCastAdamWeightDecay() if self.fused_clip else None
+        if fused_clip is not None:
+            sys.stderr.write("gpt_local: optimizer.fused_clip is no longer read (the clip factor always scales each "
+                             "gradient right before its fused step); remove it from the YAML.\n")
 
     def _moments(self, prefix):
         """fp32 zeros shaped like each parameter, sharing its parallel layout (for optimizer sharding)."""
@@ -137,9 +109,7 @@ class GPTLocalAdamW(Optimizer):
         correction1 = 1.0 - ops.pow(self.beta1, step)
         root_correction2 = ops.sqrt(1.0 - ops.pow(self.beta2, step))
         head = (self.kernel, self.beta1, self.beta2, self.eps, correction1, root_correction2)
-        if grad_coefficient is not None and self.fused_clip:
-            head = head + (self.clip_kernel, 1.0 / grad_coefficient)
-        elif grad_coefficient is not None:
+        if grad_coefficient is not None:
             head = head + (grad_coefficient,)
         states = (self._parameters, self.exp_avg, self.exp_avg_sq, gradients, self.optim_filter)
         if self.is_group and self.is_group_lr:

@@ -26,7 +26,7 @@ from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossSc
 
 from ..host_memory import release_freed_heap
 from ..mindformers_compat import lean_step_allowed
-from ..model.cpu_kernels import replace_slow_cpu_kernels
+from ..kernels.provider import provider_of
 from .grad_checks import non_finite, square_sum, clip_coefficient, GPTLocalClipGradNorm
 
 
@@ -57,7 +57,7 @@ class IsFiniteOverflowMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_isfinite_check = ms.get_context("device_target") != "Ascend"
-        if getattr(self, "use_clip_grad", False) and replace_slow_cpu_kernels():
+        if getattr(self, "use_clip_grad", False) and provider_of(self.network).composed_ops():
             self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]))
 
     def get_overflow_status(self, status, compute_output):

@@ -135,17 +135,16 @@ SEQ = 48
 
 
 def _model_pair(**changes):
-    """The model with the kernel (the CPU default) and the same model, same weights, on the plain path. Seeded:
-    the "it trains" checks must not depend on the draw."""
+    """The model with the kernel (the CPU default) and the same model, same weights, on the plain path (cpu_kernels
+    {attention: plain}). Seeded: the "it trains" checks must not depend on the draw."""
     ms.set_seed(0)
-    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes))
-    fused = GPTLocalForCausalLM(config)
-    plain = GPTLocalForCausalLM(config)
-    values = dict(fused.parameters_and_names())
+    values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes)
+    fused = GPTLocalForCausalLM(GPTLocalConfig(**values))
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels={"attention": "plain"}))
+    weights = dict(fused.parameters_and_names())
     for name, param in plain.parameters_and_names():
-        param.set_data(Tensor(values[name].asnumpy()))
-    for layer in plain.model.layers:
-        layer.attention.cpu_attention = None  # chosen at build time; unset, construct takes the plain path
+        param.set_data(Tensor(weights[name].asnumpy()))
+    assert all(layer.attention.cpu_attention is None for layer in plain.model.layers)
     assert all(layer.attention.cpu_attention is not None for layer in fused.model.layers)
     return fused, plain
 
@@ -166,17 +165,18 @@ def test_tiny_training_matches_plain_path(library, graph_mode):
 
 
 def test_fp16_and_plain_switch_keep_the_plain_path(monkeypatch, capfd):
-    """float16 compute is refused with one warning line (per process, not per layer); GPTLOCAL_PLAIN_KERNELS=1
-    and attention_block_size > 0 choose the plain / blockwise path with no warning."""
+    """float16 compute is refused with one warning line (per process, not per layer); cpu_kernels plain and
+    {attention: plain}, and attention_block_size > 0 choose the plain / blockwise path with no warning."""
     monkeypatch.setattr(build, "_WARNED", set())
     config = GPTLocalConfig(**dict(TINY, compute_dtype="float16"))
     model = GPTLocalForCausalLM(config)
     assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
     err = capfd.readouterr().err
     assert err.count("CPU attention kernel off") == 1 and "float32" in err, err
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    assert GPTLocalForCausalLM(GPTLocalConfig(**TINY)).model.layers[0].attention.cpu_attention is None
-    monkeypatch.delenv("GPTLOCAL_PLAIN_KERNELS")
+    for cpu_kernels in ("plain", {"attention": "plain"}):
+        plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels=cpu_kernels)).model.layers[0]
+        assert plain.attention.cpu_attention is None
+    assert plain.input_layernorm.kernel is not None  # {attention: plain} leaves the other ops' kernels
     blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, attention_block_size=16))).model.layers[0].attention
     assert blockwise.cpu_attention is None and blockwise.blockwise is not None
     assert "CPU attention kernel off" not in capfd.readouterr().err

@@ -1,4 +1,4 @@
-"""The in-place KV-cache write (model/kv_write.py): ScatterNdUpdate's values, only the updated rows touched,
+"""The in-place KV-cache write (kernels/kv_write.py): ScatterNdUpdate's values, only the updated rows touched,
 ordered before the reads that follow it; and a decode cache written up to its last row."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.model.kv_write import in_place_scatter_nd_update, kernel_library
+from mindformers_gptlocal.kernels.kv_write import in_place_scatter_nd_update, kernel_library
 from conftest import TINY
 
 
@@ -101,6 +101,8 @@ def test_a_cache_filled_to_its_last_row_has_the_full_forward_logits(library):
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     model.set_train(False)
     assert isinstance(model.model.layers[0].attention.scatter_update, ops.Custom)
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"kv_write": "plain"}))
+    assert isinstance(plain.model.layers[0].attention.scatter_update, ops.ScatterNdUpdate)  # the plain write
     rng = np.random.default_rng(2)
     prompts = [rng.integers(1, 512, n).tolist() for n in (59, 3, 40)]
     cache = model.kv_cache(len(prompts), 64)

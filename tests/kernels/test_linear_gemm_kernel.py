@@ -1,7 +1,7 @@
 """Linear's GEMM kernel with the bias inside (kernels/linear.py, cpu_linear.cc) against MindSpore's MatMul + Add (the
 plain path of model/layers.py Linear) and float64, forward and gradients, on odd shapes; Linear and the output head
-choosing it by their compiled graph's static row count (inference only by default, every graph with
-GPTLOCAL_LINEAR_KERNEL=1, never with =0); the switch's values."""
+choosing it by their compiled graph's static row count (inference only with ``model_config.cpu_kernels``
+``{linear: auto}``, the default; every graph with ``kernel``, never with ``plain``); the key's values."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -9,8 +9,8 @@ from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal.kernels import linear
-from mindformers_gptlocal.model import cpu_kernels
+from mindformers_gptlocal.kernels import linear, provider
+from mindformers_gptlocal.kernels.provider import KernelProvider, read_cpu_kernels
 from mindformers_gptlocal.model.layers import Linear, use_gemm
 from conftest import TINY
 
@@ -55,13 +55,11 @@ class _Marked(linear.CPULinearGEMM):
         return 2.0 * super().construct(x, weight, bias)
 
 
-def _marked_linear(library, monkeypatch, flag):
-    """A Linear built with GPTLOCAL_LINEAR_KERNEL=flag (None: unset), its gemm marked, and its (W, b) in float64."""
-    if flag is None:
-        monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
-    else:
-        monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", flag)
-    layer = Linear(IN, OUT, 0.5, ms.float32, ms.float32)
+def _marked_linear(library, mode):
+    """A Linear built with ``cpu_kernels: {linear: mode}`` (None: a Linear given no provider, the default), its gemm
+    marked, and its (W, b) in float64."""
+    kernels = None if mode is None else KernelProvider({"linear": mode})
+    layer = Linear(IN, OUT, 0.5, ms.float32, ms.float32, kernels=kernels)
     assert layer.gemm is not None
     layer.gemm = _Marked(library)
     bias = np.random.default_rng(7).standard_normal(OUT).astype(np.float32)
@@ -76,11 +74,11 @@ def _check(layer, weight, bias, shape, kernel_expected):
     _close(layer(Tensor(x)).asnumpy(), want, f"training={layer.training} shape={shape}")
 
 
-def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode, monkeypatch):
-    """Default: compiled inference graphs of >= LINEAR_GEMM_ROWS rows run the kernel (bias inside), fewer rows and
-    training graphs MatMul; [B, S, in] inputs count as B * S rows."""
-    threshold = cpu_kernels.LINEAR_GEMM_ROWS
-    layer, weight, bias = _marked_linear(library, monkeypatch, None)
+def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode):
+    """Default (auto): compiled inference graphs of >= LINEAR_GEMM_ROWS rows run the kernel (bias inside), fewer rows
+    and training graphs MatMul; [B, S, in] inputs count as B * S rows."""
+    threshold = provider.LINEAR_GEMM_ROWS
+    layer, weight, bias = _marked_linear(library, None)
     assert layer.gemm_rows == threshold
     layer.set_train(False)
     _check(layer, weight, bias, (threshold - 1, 1, IN), False)
@@ -89,32 +87,29 @@ def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode
     _check(layer, weight, bias, (2, threshold // 2, IN), False)
 
 
-def test_always_and_never(library, pynative_mode, monkeypatch):
-    """GPTLOCAL_LINEAR_KERNEL=1: the kernel in every graph, one row and training too; =0 builds none; anything else
-    is refused naming the variable."""
-    layer, weight, bias = _marked_linear(library, monkeypatch, "1")
+def test_always_and_never(library, pynative_mode):
+    """cpu_kernels {linear: kernel}: the kernel in every graph, one row and training too; plain builds none; anything
+    else is refused naming the key and the allowed values."""
+    assert _marked_linear(library, "auto")[0].gemm_rows == provider.LINEAR_GEMM_ROWS
+    layer, weight, bias = _marked_linear(library, "kernel")
     assert layer.gemm_rows == 0
     for train in (False, True):
         layer.set_train(train)
         _check(layer, weight, bias, (1, IN), True)
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
-    assert Linear(IN, OUT, 0.5, ms.float32, ms.float32).gemm is None
+    assert Linear(IN, OUT, 0.5, ms.float32, ms.float32, kernels=KernelProvider({"linear": "plain"})).gemm is None
     assert [use_gemm(rows_at, False, 5) for rows_at in (None, 0, 5, 6)] == [False, True, True, False]
     assert [use_gemm(rows_at, True, 99) for rows_at in (None, 0, 5)] == [False, True, False]
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "yes")
-    with pytest.raises(ConfigError, match="GPTLOCAL_LINEAR_KERNEL='yes'"):
-        cpu_kernels.linear_gemm_kernel()
+    with pytest.raises(ConfigError, match=r"model_config.cpu_kernels.linear is 'yes'; set one of auto, kernel, plain"):
+        read_cpu_kernels({"linear": "yes"})
 
 
-def test_model_builds_the_row_thresholds(monkeypatch):
+def test_model_builds_the_row_thresholds():
     """A tiny GPT-2's Linears and head get the default thresholds (their values against transformers by default:
-    tests/generation/test_generation.py, tests/checkpoint's conversions), none with GPTLOCAL_LINEAR_KERNEL=0."""
+    tests/generation/test_generation.py, tests/checkpoint's conversions), none with cpu_kernels {linear: plain}."""
     config = GPTLocalConfig(**TINY)
-    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
     model = GPTLocalForCausalLM(config)
     layer = model.model.layers[0]
     assert [layer.attention.linear_qkv.gemm_rows, layer.mlp.linear_fc2.gemm_rows, model.head_gemm_rows] == [
-        cpu_kernels.LINEAR_GEMM_ROWS, cpu_kernels.LINEAR_GEMM_ROWS, cpu_kernels.HEAD_GEMM_ROWS]
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
-    plain = GPTLocalForCausalLM(config)
+        provider.LINEAR_GEMM_ROWS, provider.LINEAR_GEMM_ROWS, provider.HEAD_GEMM_ROWS]
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"linear": "plain"}))
     assert plain.head_gemm is None and plain.model.layers[0].attention.linear_qkv.gemm_rows is None

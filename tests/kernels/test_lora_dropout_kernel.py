@@ -11,6 +11,7 @@ from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import lora_dropout
+from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.dropout import CounterDropout, lora_dropout_site
 from mindformers_gptlocal.model.lora import LoRALinear
 from mindformers_gptlocal.model.lora_config import LoraSpec
@@ -50,12 +51,12 @@ def test_kernel_mask_is_the_counter_dropouts(library, pynative_mode, shape, p, t
     assert np.array_equal(cell(Tensor(x), None).asnumpy(), x)  # no step: no dropout, as the plain Cell
 
 
-def _lora_linear(in_features, out_features, dropout, has_bias=True):
+def _lora_linear(in_features, out_features, dropout, has_bias=True, kernels=None):
     ms.set_seed(3)
     spec = LoraSpec(rank=5, alpha=7.0, dropout=dropout, target_modules=".*", exclude_layers=(), freeze_include=(),
                     freeze_exclude=(), a_init="heuniform", b_init="normal")
-    linear = LoRALinear(in_features, out_features, 0.3, ms.float32, ms.float32, has_bias=has_bias, lora=spec,
-                        dropout_site=lora_dropout_site(1, "attention.linear_qkv"))
+    linear = LoRALinear(in_features, out_features, 0.3, ms.float32, ms.float32, has_bias=has_bias, kernels=kernels,
+                        lora=spec, dropout_site=lora_dropout_site(1, "attention.linear_qkv"))
     rng = np.random.default_rng(1)
     for param in (linear.weight, linear.lora_a, linear.lora_b) + ((linear.bias,) if has_bias else ()):
         param.set_data(Tensor(rng.normal(0, 0.5, param.shape).astype(np.float32)))
@@ -105,20 +106,18 @@ def test_lora_linear_matches_the_float64_reference(library, pynative_mode, dropo
         np.testing.assert_allclose(actual.asnumpy(), want, atol=1e-5 * scale, rtol=0, err_msg=name)
 
 
-def test_tiny_lora_model_matches_the_plain_counter_dropout(library, pynative_mode, monkeypatch):
+def test_tiny_lora_model_matches_the_plain_counter_dropout(library, pynative_mode):
     """A tiny LoRA model (dropout 0.3 on qkv, proj, fc1, fc2) with the kernel against the same model with the plain
-    counter dropout (GPTLOCAL_LORA_DROPOUT_KERNEL=0): at step 7 of the model's forward counter the loss and the
+    counter dropout (cpu_kernels {lora_dropout: plain}): at step 7 of the model's forward counter the loss and the
     adapters' gradients equal the plain path's (1e-5); the loss differs from step 0's and from the loss without
     dropout (the step reaches every LoRALinear), and each forward advances the counter. (GRAPH mode and
     the launcher: the resume tests in tests/model/test_lora.py and tests/e2e/test_resume_shipped.py.)"""
     from references import LossOf
     pet = dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.3, freeze_include=["*"],
                freeze_exclude=["*lora*"], target_modules=".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2")
-    config = GPTLocalConfig(**dict(TINY, num_hidden_layers=1, seq_length=16), pet_config=pet)
-    fast = GPTLocalForCausalLM(config)
-    monkeypatch.setenv("GPTLOCAL_LORA_DROPOUT_KERNEL", "0")
-    plain = GPTLocalForCausalLM(config)
-    monkeypatch.delenv("GPTLOCAL_LORA_DROPOUT_KERNEL")
+    values = dict(TINY, num_hidden_layers=1, seq_length=16)
+    fast = GPTLocalForCausalLM(GPTLocalConfig(**values, pet_config=pet))
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**values, pet_config=pet, cpu_kernels={"lora_dropout": "plain"}))
     assert isinstance(fast.model.layers[0].mlp.linear_fc2.lora_dropout, lora_dropout.CPULoRADropout)
     assert type(plain.model.layers[0].mlp.linear_fc2.lora_dropout) is CounterDropout  # noqa: E721
     rng = np.random.default_rng(3)
@@ -154,9 +153,9 @@ def test_tiny_lora_model_matches_the_plain_counter_dropout(library, pynative_mod
         (loss, other_step, undropped)
 
 
-@pytest.mark.parametrize("env", [{"GPTLOCAL_LORA_DROPOUT_KERNEL": "0"}, {"GPTLOCAL_PLAIN_KERNELS": "1"}],
-                         ids=["kernel_off", "plain"])
-def test_switches_keep_the_plain_counter_dropout(monkeypatch, env):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert type(_lora_linear(8, 4, P).lora_dropout) is CounterDropout  # pylint: disable=unidiomatic-typecheck
+@pytest.mark.parametrize("cpu_kernels", [{"lora_dropout": "plain"}, "plain"], ids=["kernel_off", "plain"])
+def test_switches_keep_the_plain_counter_dropout(cpu_kernels):
+    kernels = KernelProvider(cpu_kernels)
+    plain = _lora_linear(8, 4, P, kernels=kernels).lora_dropout
+    assert type(plain) is CounterDropout  # noqa: E721 pylint: disable=unidiomatic-typecheck
+    assert isinstance(_lora_linear(8, 4, P).lora_dropout, lora_dropout.CPULoRADropout)  # the default: the kernel

@@ -115,17 +115,14 @@ def test_an_overflowed_gradient_stays_non_finite(library, pynative_mode):
 SEQ = 48
 
 
-def _model_pair(monkeypatch, lora=False, **changes):
+def _model_pair(lora=False, **changes):
     """The model with the kernels (the CPU default) and the same model, same weights, built with
-    GPTLOCAL_NORM_GELU_KERNELS=0 (MindSpore's LayerNorm, the Add and the composed GeLU)."""
+    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm, the Add and the composed GeLU)."""
     pet = dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.0, target_modules=".*linear_fc1|.*linear_fc2",
                freeze_include=["*"], freeze_exclude=["*lora*"]) if lora else None
-    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, pet_config=pet, **changes))
-    monkeypatch.delenv("GPTLOCAL_NORM_GELU_KERNELS", raising=False)
-    fused = GPTLocalForCausalLM(config)
-    monkeypatch.setenv("GPTLOCAL_NORM_GELU_KERNELS", "0")
-    plain = GPTLocalForCausalLM(config)
-    monkeypatch.delenv("GPTLOCAL_NORM_GELU_KERNELS")
+    values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, pet_config=pet, **changes)
+    fused = GPTLocalForCausalLM(GPTLocalConfig(**values))
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels={"layer_norm": "plain", "bias_gelu": "plain"}))
     values = dict(fused.parameters_and_names())
     names = [name for name, _ in plain.parameters_and_names()]
     assert sorted(names) == sorted(values)  # same checkpoint names either way
@@ -141,10 +138,10 @@ def _model_pair(monkeypatch, lora=False, **changes):
 
 
 @pytest.mark.parametrize("case", [dict(), dict(hidden_act="quick_gelu", lora=True)], ids=["tanh", "quick_lora"])
-def test_tiny_training_matches_plain_path(library, graph_mode, monkeypatch, case):
+def test_tiny_training_matches_plain_path(library, graph_mode, case):
     """Losses step for step (3 AdamW steps) and every parameter's first-step gradient within 1e-5 of the plain
     path; the quick_gelu case with LoRA on fc1 and fc2 (fc1's low-rank update passes through the fused bias)."""
-    fused, plain = _model_pair(monkeypatch, **case)
+    fused, plain = _model_pair(**case)
     ids = Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
     batch = (ids[:, :-1], ids[:, 1:])
     grads, plain_grads = trains_like_plain(fused, plain, [batch], 1e-2)
@@ -152,9 +149,9 @@ def test_tiny_training_matches_plain_path(library, graph_mode, monkeypatch, case
         _close(grads[name], plain_grads[name], name)
 
 
-def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
-    """GPTLOCAL_PLAIN_KERNELS=1, GPTLOCAL_NORM_GELU_KERNELS=0, float16 compute, relu and the exact GeLU build the
-    plain ops, with no warning."""
+def test_switches_and_dtypes_keep_the_plain_path(capfd):
+    """cpu_kernels plain, {layer_norm: plain} and {bias_gelu: plain} (each alone), float16 compute, relu and the
+    exact GeLU build the plain ops, with no warning."""
     def kernels(**changes):
         layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes))).model.layers[0]
         return layer.input_layernorm.kernel is not None, layer.mlp.bias_gelu is not None
@@ -163,9 +160,8 @@ def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
     assert kernels(hidden_act="relu") == (True, False)
     assert kernels(hidden_act="gelu") == (True, False)
     assert kernels(compute_dtype="float16") == (True, False)  # LayerNorm computes in layernorm_compute_dtype
-    monkeypatch.setenv("GPTLOCAL_NORM_GELU_KERNELS", "0")
-    assert kernels() == (False, False)
-    monkeypatch.delenv("GPTLOCAL_NORM_GELU_KERNELS")
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    assert kernels() == (False, False)
+    assert kernels(cpu_kernels={"layer_norm": "plain", "bias_gelu": "plain"}) == (False, False)
+    assert kernels(cpu_kernels={"layer_norm": "plain"}) == (False, True)
+    assert kernels(cpu_kernels={"bias_gelu": "plain"}) == (True, False)
+    assert kernels(cpu_kernels="plain") == (False, False)
     assert "LayerNorm and bias + GeLU kernels off" not in capfd.readouterr().err

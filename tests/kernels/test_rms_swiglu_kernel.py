@@ -119,19 +119,14 @@ def test_an_overflowed_gradient_stays_non_finite(library, pynative_mode):
 SEQ = 48
 
 
-def _model_pair(monkeypatch):
-    """A tiny Llama-style model with the kernels (RMSNorm/SwiGLU: the CPU default; the Linear GEMM: opt-in
-    GPTLOCAL_LINEAR_KERNEL=1) and the same model, same weights, built with GPTLOCAL_RMS_SWIGLU_KERNELS=0 and
-    GPTLOCAL_LINEAR_KERNEL=0."""
-    config = GPTLocalConfig(**dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **LLAMA))
-    monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS", raising=False)
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
-    fused = GPTLocalForCausalLM(config)
-    monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
-    plain = GPTLocalForCausalLM(config)
-    monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS")
-    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL")
+def _model_pair():
+    """A tiny Llama-style model with the kernels (RMSNorm/SwiGLU: the CPU default; the Linear GEMM in every graph:
+    cpu_kernels {linear: kernel}) and the same model, same weights, built with cpu_kernels {rms_norm: plain,
+    swiglu: plain, linear: plain}."""
+    values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **LLAMA)
+    fused = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels={"linear": "kernel"}))
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels={"rms_norm": "plain", "swiglu": "plain",
+                                                                      "linear": "plain"}))
     values = dict(fused.parameters_and_names())
     assert sorted(name for name, _ in plain.parameters_and_names()) == sorted(values)
     rng = np.random.default_rng(3)
@@ -147,10 +142,10 @@ def _model_pair(monkeypatch):
     return fused, plain
 
 
-def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode, monkeypatch):
+def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode):
     """Logits of an odd-length batch (PYNATIVE: no compile), then losses step for step (3 AdamW steps, compiled
     by ``train_steps``' ms.jit) and every parameter's first-step gradient within 1e-5 of the plain path."""
-    fused, plain = _model_pair(monkeypatch)
+    fused, plain = _model_pair()
     rng = np.random.default_rng(0)
     odd = Tensor(rng.integers(1, TINY["vocab_size"], (3, 37)).astype(np.int32))
     for model in (fused, plain):
@@ -163,32 +158,25 @@ def test_tiny_llama_logits_and_training_match_plain_path(library, pynative_mode,
         _close(grads[name], plain_grads[name], name)
 
 
-def test_switches_and_dtypes_keep_the_plain_path(monkeypatch, capfd):
-    """GPTLOCAL_PLAIN_KERNELS=1, GPTLOCAL_RMS_SWIGLU_KERNELS=0 and float16 compute build the plain ops, with no
-    warning; GPTLOCAL_NORM_GELU_KERNELS=0 (GPT-2's two kernels) leaves these on; the Linear GEMM is built by
-    default (used by row count: tests/kernels/test_linear_gemm_kernel.py) and with GPTLOCAL_LINEAR_KERNEL=1, not
-    with =0."""
+def test_switches_and_dtypes_keep_the_plain_path(capfd):
+    """cpu_kernels plain, {rms_norm: plain, swiglu: plain} (and each alone) and float16 compute build the plain ops,
+    with no warning; {layer_norm: plain, bias_gelu: plain} (GPT-2's two kernels) leaves these on; the Linear GEMM is
+    built by default (used by row count: tests/kernels/test_linear_gemm_kernel.py) and with {linear: kernel}, not
+    with {linear: plain}."""
     def kernels(**changes):
         layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **LLAMA, **changes))).model.layers[0]
         return (layer.input_layernorm.kernel is not None, layer.mlp.swiglu is not None,
                 layer.mlp.linear_fc2.gemm is not None)
 
-    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL", raising=False)
     assert kernels() == (True, True, True)
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
-    assert kernels() == (True, True, False)
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "1")
-    assert kernels() == (True, True, True)
+    assert kernels(cpu_kernels={"linear": "plain"}) == (True, True, False)
+    assert kernels(cpu_kernels={"linear": "kernel"}) == (True, True, True)
     assert kernels(compute_dtype="float16") == (True, False, False)  # RMSNorm computes in layernorm_compute_dtype
     assert kernels(layernorm_compute_dtype="float16") == (False, True, True)
-    monkeypatch.setenv("GPTLOCAL_NORM_GELU_KERNELS", "0")
-    assert kernels() == (True, True, True)
-    monkeypatch.setenv("GPTLOCAL_RMS_SWIGLU_KERNELS", "0")
-    assert kernels() == (False, False, True)
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
-    assert kernels() == (False, False, False)
-    monkeypatch.delenv("GPTLOCAL_RMS_SWIGLU_KERNELS")
-    monkeypatch.delenv("GPTLOCAL_LINEAR_KERNEL")
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    assert kernels() == (False, False, False)
+    assert kernels(cpu_kernels={"layer_norm": "plain", "bias_gelu": "plain"}) == (True, True, True)
+    assert kernels(cpu_kernels={"rms_norm": "plain", "swiglu": "plain"}) == (False, False, True)
+    assert kernels(cpu_kernels={"rms_norm": "plain"}) == (False, True, True)
+    assert kernels(cpu_kernels={"swiglu": "plain"}) == (True, False, True)
+    assert kernels(cpu_kernels={"rms_norm": "plain", "swiglu": "plain", "linear": "plain"}) == (False, False, False)
+    assert kernels(cpu_kernels="plain") == (False, False, False)
     assert "kernels off" not in capfd.readouterr().err and "kernel off" not in capfd.readouterr().err

@@ -58,11 +58,11 @@ def test_graph_mode_matches_pynative(tiny_config):
 
 
 @pytest.mark.parametrize("plain", [False, True])
-def test_causality(tiny_config, monkeypatch, plain):
+def test_causality(tiny_config, plain):
     """Changing a later token never changes earlier logits: with the CPU attention kernel (causal by itself) and
     on the plain matmul + softmax path (GPU/Ascend's), which relies on the model's causal mask alone."""
     if plain:
-        monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
+        tiny_config.cpu_kernels = "plain"
     model = GPTLocalForCausalLM(tiny_config)
     assert model.model.layers[0].attention.cpu_attention is None or not plain
     model.set_train(False)

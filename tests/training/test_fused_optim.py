@@ -1,12 +1,12 @@
-"""GPTLocalAdamW's opt-in clip-in-kernel step (FusedCastAdamWeightDecay, ``fused_clip: True``) against its two-pass
-reference (grad x clip factor, then AdamWeightDecay) and MindFormers' AdamW on the clipped gradients."""
+"""GPTLocalAdamW's step with the clip factor (grad x clip factor, then its fused AdamWeightDecay step, one parameter
+at a time) against MindFormers' AdamW on the clipped gradients; ``fused_clip`` (removed) is accepted with one line
+and changes nothing."""
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import nn, Tensor, Parameter
 
 from mindformers.core.optim import AdamW
-from mindformers_gptlocal.errors import ConfigError
 from mindformers_gptlocal.training.optim import GPTLocalAdamW
 
 # odd sizes: the kernels' 16-wide SIMD loop and their scalar remainder both run
@@ -32,8 +32,9 @@ def _gradients(params):
 
 
 def _run(kind):
-    """Parameters and second moments after STEPS steps; ``kind``: clip-in-kernel, two-pass or MindFormers'
-    AdamW given the gradients already multiplied by the clip factor (in numpy, fp32)."""
+    """Parameters and second moments after STEPS steps; ``kind``: two-pass (GPTLocalAdamW given the clip factor),
+    fused-clip-set (the same, built with the removed ``fused_clip: True``) or MindFormers' AdamW given the gradients
+    already multiplied by the clip factor (in numpy, fp32)."""
     ms.set_context(mode=0, device_target="CPU")
     net = Params()
     groups = [{"params": [getattr(net, n) for n in DECAYED], "weight_decay": 0.1},
@@ -42,9 +43,8 @@ def _run(kind):
     if kind == "mindformers":
         optimizer = AdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8)
     else:
-        optimizer = GPTLocalAdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8,
-                                  fused_clip=kind == "clip-in-kernel")
-        assert optimizer.fused_clip == (kind == "clip-in-kernel")
+        extra = {"fused_clip": True} if kind == "fused-clip-set" else {}
+        optimizer = GPTLocalAdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8, **extra)
     params = list(optimizer._parameters)  # group order, which the gradients follow
     start = [p.asnumpy().copy() for p in params]
     for grads, coefficient in zip(_gradients(params), COEFFICIENTS):
@@ -59,27 +59,28 @@ def _run(kind):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {kind: _run(kind) for kind in ("clip-in-kernel", "two-pass", "mindformers")}
+    return {kind: _run(kind) for kind in ("two-pass", "fused-clip-set", "mindformers")}
 
 
-@pytest.mark.parametrize("reference", ["two-pass", "mindformers"])
-def test_clip_in_kernel_matches_references_step_by_step(runs, reference):
-    fused, ref = runs["clip-in-kernel"], runs[reference]
+def test_clip_factor_step_matches_mindformers_on_clipped_gradients(runs):
+    fused, ref = runs["two-pass"], runs["mindformers"]
     assert fused[3] > 1e-2 and ref[3] > 1e-2  # the parameters really move
     for state in range(3):  # parameters, second moments, first moments: same names, same values
         assert fused[state].keys() == ref[state].keys()
         for name, value in fused[state].items():
             np.testing.assert_allclose(value, ref[state][name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for state in range(3):  # the removed fused_clip changes no bit
+        for name, value in runs["fused-clip-set"][state].items():
+            np.testing.assert_array_equal(value, fused[state][name], err_msg=name)
 
 
-def test_clip_in_kernel_is_opt_in(monkeypatch):
-    """Off by default (slower than the two-pass path on an idle CPU, docs/performance.md); fused_clip: True on
-    CPU takes it, unless GPTLOCAL_PLAIN_KERNELS=1."""
+def test_fused_clip_is_refused_softly_with_one_line(capfd):
+    """A YAML that still sets optimizer.fused_clip builds (the key is gone): one line naming it, no attribute."""
     ms.set_context(mode=0, device_target="CPU")
     net = Params()
-    assert not GPTLocalAdamW(net.trainable_params()).fused_clip
-    assert GPTLocalAdamW(net.trainable_params(), fused_clip=True).fused_clip
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    assert not GPTLocalAdamW(net.trainable_params(), fused_clip=True).fused_clip
-    with pytest.raises(ConfigError, match="optimizer.fused_clip"):
-        GPTLocalAdamW(net.trainable_params(), fused_clip="yes")
+    GPTLocalAdamW(net.trainable_params())
+    assert "fused_clip" not in capfd.readouterr().err
+    optimizer = GPTLocalAdamW(net.trainable_params(), fused_clip=True)
+    err = capfd.readouterr().err
+    assert err.count("optimizer.fused_clip is no longer read") == 1, err
+    assert not hasattr(optimizer, "fused_clip") and not hasattr(optimizer, "clip_kernel")

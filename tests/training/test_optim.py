@@ -53,11 +53,11 @@ def test_training_loss_curve_unchanged_through_the_trainer(corpus, tmp_path, tin
     The fast side is conftest's shared tiny_trained_run (the same YAML, data, steps and learning rate)."""
     assert TRAINED_STEPS == 20
     path = tiny_yaml(tmp_path, corpus=corpus, train_dataset__data_loader__num_samples=80,
-                     lr_schedule__learning_rate=3e-3, optimizer__type="AdamW")
+                     lr_schedule__learning_rate=3e-3, optimizer__type="AdamW", model__model_config__cpu_kernels="plain")
     config = yaml_io.load_yaml(path)
     config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
     yaml_io.dump_yaml(config, path)
-    code, out = run_launcher(["--config", path], cwd=str(tmp_path), env={"GPTLOCAL_PLAIN_KERNELS": "1"})
+    code, out = run_launcher(["--config", path], cwd=str(tmp_path))
     assert code == 0, out[-3000:]
     plain, fast = np.array(step_losses(out)), np.array(tiny_trained_run["losses"])
     assert len(plain) == 20 and plain[-1] < plain[0] - 0.5
@@ -65,9 +65,19 @@ def test_training_loss_curve_unchanged_through_the_trainer(corpus, tmp_path, tin
     np.testing.assert_allclose(fast, plain, rtol=1e-4, atol=0)
 
 
-def test_plain_kernels_switch(monkeypatch):
-    """GPTLOCAL_PLAIN_KERNELS=1 keeps MindSpore's GeLU kernel (and MindFormers' clipping) on CPU."""
+def test_plain_kernels_switch(tiny_config, mcore_context):
+    """cpu_kernels plain (or {composed_ops: plain}) keeps MindSpore's GeLU kernel and MindFormers' clipping on CPU."""
+    from mindformers.core.clip_grad import ClipGradNorm
+    from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Activation
+    from mindformers_gptlocal.training.grad_checks import GPTLocalClipGradNorm
     assert Activation("gelu_new").composed_tanh_gelu
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    assert not Activation("gelu_new").composed_tanh_gelu
+    for cpu_kernels in ("plain", {"composed_ops": "plain"}):
+        assert not Activation("gelu_new", KernelProvider(cpu_kernels)).composed_tanh_gelu
+    for cpu_kernels, clip in (("auto", GPTLocalClipGradNorm), ("plain", ClipGradNorm)):
+        tiny_config.cpu_kernels = cpu_kernels
+        model = GPTLocalForCausalLM(tiny_config)
+        cell = GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1),
+                                        use_clip_grad=True, scale_sense=1.0)
+        assert type(cell.clip_grad_norm) is clip  # noqa: E721 pylint: disable=unidiomatic-typecheck

@@ -37,11 +37,11 @@ def test_steps_update_weights_and_lower_loss(tiny_config, mcore_context, seed):
     assert not np.array_equal(before, model.model.layers[0].mlp.linear_fc1.weight.asnumpy())
 
 
-def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_context, monkeypatch):
+def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_context):
     """The wrapper's skip-and-back-off logic. The model is built on MindSpore's ops: at 2^127 whether the fp32
     gradients overflow depends on the order of their sums, and the CPU LayerNorm/GeLU kernels' chunked sums can
     stay finite where the plain ones overflow (that the kernels pass an overflow on: test_norm_gelu_kernel)."""
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
+    tiny_config.cpu_kernels = "plain"
     manager = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 127, scale_factor=2, scale_window=2)
     model, cell = _step_cell(tiny_config, manager)
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
@@ -85,35 +85,27 @@ def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, 
 
 def test_lean_step_equals_the_general_step_bit_for_bit(tiny_config, mcore_context):
     """The lean step (no unscale copy, one square-sum pass, clip factor folded into GPTLocalAdamW) gives the
-    same losses, norms and weights, to the bit, as MindFormers' general step over 6 clipped steps; with the
-    clip factor inside the kernel (opt-in ``fused_clip``) losses within 1e-6, weights 1e-5."""
+    same losses, norms and weights, to the bit, as MindFormers' general step over 6 clipped steps."""
     from mindformers_gptlocal.training.optim import GPTLocalAdamW
     runs = {}
-    for lean, fused in ((True, False), (False, False), (True, True)):
+    for lean in (True, False):
         ms.set_seed(0)
         model = GPTLocalForCausalLM(tiny_config)
-        optimizer = GPTLocalAdamW(model.trainable_params(), learning_rate=3e-3, betas=(0.9, 0.95), weight_decay=0.01,
-                                  fused_clip=fused)
+        optimizer = GPTLocalAdamW(model.trainable_params(), learning_rate=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
         cell = GPTLocalTrainOneStepCell(model, optimizer, use_clip_grad=True, max_grad_norm=0.5, scale_sense=1.0,
                                         lean_step=lean)
-        assert cell.lean_step is lean and cell.fold_clip is lean and optimizer.fused_clip is fused
+        assert cell.lean_step is lean and cell.fold_clip is lean
         cell.set_train(True)
         trace = []
         for step in range(6):
             loss, overflow, _, _, norm = cell(*_batch(step % 2))
             assert not bool(overflow)
             trace.append((float(loss), float(norm.asnumpy().reshape(-1)[0])))
-        runs[lean, fused] = trace, {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+        runs[lean, False] = trace, {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     assert any(norm > 0.5 for _, norm in runs[True, False][0])  # some steps clipped
     assert runs[True, False][0] == runs[False, False][0]
     for name, value in runs[False, False][1].items():
         np.testing.assert_array_equal(runs[True, False][1][name], value, err_msg=name)
-    np.testing.assert_allclose(np.array(runs[True, True][0]), np.array(runs[False, False][0]), rtol=1e-6, atol=0)
-    # one step on equal gradients is within 1e-6 (tests/training/test_fused_optim.py); over 6 steps of the model the
-    # gradients themselves differ by rounding, most where they are rounding noise (the key bias, whose true
-    # gradient is 0): measured 2.9e-6 at most
-    for name, value in runs[False, False][1].items():
-        np.testing.assert_allclose(runs[True, True][1][name], value, rtol=0, atol=1e-5, err_msg=name)
 
 
 def test_lean_step_refuses_another_loss_scale(tiny_config, mcore_context):

@@ -10,9 +10,10 @@ inputs and values that copies only the updated rows into the Parameter's own buf
 ``side_effect_mem`` so MindSpore orders later reads of the cache after it). Its output is a status token;
 the caller reads the cache Parameter itself after an ``ops.depend`` on it, exactly as with ScatterNdUpdate.
 
-The kernel is built into the same library as the fused attention kernel (``kernels/build.py``: one per-user
-cache, one lock, one key). Without a compiler, on other backends, or with ``GPTLOCAL_PLAIN_KERNELS=1`` (the
-plain reference path) the write is ``ops.ScatterNdUpdate``.
+The kernel is built into the same library as the fused attention kernel (``build.py``: one per-user cache, one
+lock, one key). The model's ``KernelProvider.kv_write`` (``provider.py``) chooses it; without a compiler, on other
+backends, or with ``model_config.cpu_kernels`` ``plain`` (or ``{kv_write: plain}``) the write is
+``ops.ScatterNdUpdate``.
 """
 import functools
 import logging
@@ -20,8 +21,7 @@ import logging
 import mindspore as ms
 from mindspore import ops
 
-from ..kernels import build
-from .cpu_kernels import replace_slow_cpu_kernels
+from . import build
 
 log = logging.getLogger("gptlocal")
 SYMBOL = "InPlaceScatterNdUpdate"
@@ -53,11 +53,3 @@ def in_place_scatter_nd_update(library=None):
     op.add_prim_attr("side_effect_mem", True)
     return op
 
-
-def cache_write_op():
-    """The write the KV cache uses here: in place on CPU when the kernel builds, else ScatterNdUpdate."""
-    if replace_slow_cpu_kernels():
-        library = kernel_library()
-        if library is not None:
-            return in_place_scatter_nd_update(library)
-    return ops.ScatterNdUpdate()

@@ -1,0 +1,230 @@
+"""Which implementation each op of a gpt_local model runs: decided here, once, when the model is built.
+
+After Megatron-core's ``BackendSpecProvider``: a layer does not decide whether it runs a kernel; it asks the
+model's ``KernelProvider`` for its op when it is built and keeps what it gets (a kernel Cell, or None: the plain
+MindSpore ops, the reference every kernel is tested against). The choice is made from
+
+- ``model_config.cpu_kernels`` (the same key in ``config.json`` and ``from_pretrained(..., cpu_kernels=...)``):
+  ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``);
+- the device (MindSpore's ``device_target``: the kernels are CPU kernels; every other backend runs the plain ops);
+- the parallel mode (a semi-auto/auto parallel build keeps MindSpore's primitives, which carry the shard
+  strategies; the caller says whether the build is one);
+- the dtypes (the kernels compute in float32; asked with another dtype an op gets the plain path).
+
+A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
+warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel; the
+retired ``GPTLOCAL_*`` kernel switches, when set, print one line naming their config key (``retired_switches``).
+"""
+import sys
+
+import mindspore as ms
+from mindspore import ops
+
+from ..errors import ConfigError
+
+# op -> what its kernel is (docs/configuration.md lists the same)
+OPS = {
+    "attention": "fused causal attention of training, eval and a KV-cache prefill (kernels/attention.py)",
+    "layer_norm": "LayerNorm (kernels/norm_gelu.py)",
+    "bias_gelu": "the MLP's fc1 bias + tanh or quick GeLU (kernels/norm_gelu.py)",
+    "rms_norm": "RMSNorm (kernels/rms_swiglu.py)",
+    "swiglu": "SwiGLU's silu(gate) * up (kernels/rms_swiglu.py)",
+    "linear": "the Linears' and the head's x W^T (+ b), oneDNN's sgemm (kernels/linear.py)",
+    "lora_dropout": "LoRA's input dropout (kernels/lora_dropout.py)",
+    "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
+    "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
+                    "the two-stage gradient norm of clipping (training/grad_checks.py)",
+}
+MODES = ("auto", "kernel", "plain")
+# From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
+# head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
+# (docs/performance.md "Linear's GEMM kernel by row count"). ``linear: auto`` uses it from there in inference graphs.
+LINEAR_GEMM_ROWS = 16
+HEAD_GEMM_ROWS = 16
+
+# the environment switches that chose kernels before model_config.cpu_kernels: one line each when set
+RETIRED_SWITCHES = {
+    "GPTLOCAL_PLAIN_KERNELS": "model_config.cpu_kernels: plain",
+    "GPTLOCAL_NORM_GELU_KERNELS": "model_config.cpu_kernels: {layer_norm: plain, bias_gelu: plain}",
+    "GPTLOCAL_RMS_SWIGLU_KERNELS": "model_config.cpu_kernels: {rms_norm: plain, swiglu: plain}",
+    "GPTLOCAL_LORA_DROPOUT_KERNEL": "model_config.cpu_kernels: {lora_dropout: plain}",
+    "GPTLOCAL_LINEAR_KERNEL": "model_config.cpu_kernels: {linear: auto|kernel|plain} (=1 was kernel, =0 plain)",
+    "GPTLOCAL_DECODE_ATTENTION_KERNEL": None,  # removed with its kernel (never measured faster)
+    "GPTLOCAL_HEAD_LOSS_KERNEL": None,
+    "GPTLOCAL_ATTENTION_GEMM": None,
+}
+_TOLD = set()
+
+
+def retired_switches(environ=None):
+    """One stderr line (per process) for each retired kernel switch set in the environment, naming its config key
+    (or saying that its path is gone); returns the lines written. The value is not used."""
+    import os  # pylint: disable=import-outside-toplevel
+    environ = os.environ if environ is None else environ
+    lines = []
+    for name, key in RETIRED_SWITCHES.items():
+        if name in environ and name not in _TOLD:
+            _TOLD.add(name)
+            lines.append(f"gpt_local: {name} is no longer read; set {key} instead." if key else
+                         f"gpt_local: {name} is no longer read; the path it chose was removed (never measured "
+                         "faster), nothing replaces it.")
+    for line in lines:
+        sys.stderr.write(line + "\n")
+    return lines
+
+
+def read_cpu_kernels(value):
+    """``model_config.cpu_kernels`` -> {op: mode} for every op in ``OPS``; one ConfigError naming the key and the
+    allowed values for anything else."""
+    allowed = ", ".join(MODES)
+    if value is None:
+        value = "auto"
+    if isinstance(value, str):
+        if value not in MODES:
+            raise ConfigError(f"model_config.cpu_kernels is {value!r}; set one of {allowed}, or a mapping "
+                              f"{{op: mode}} of the ops {', '.join(OPS)}.")
+        return dict.fromkeys(OPS, value)
+    if not hasattr(value, "items"):
+        raise ConfigError(f"model_config.cpu_kernels is {value!r}; set one of {allowed}, or a mapping {{op: mode}} "
+                          f"of the ops {', '.join(OPS)}.")
+    modes = dict.fromkeys(OPS, "auto")
+    for op, mode in value.items():
+        if op not in OPS:
+            raise ConfigError(f"model_config.cpu_kernels.{op} is not an op; the ops are {', '.join(OPS)}.")
+        if mode not in MODES:
+            raise ConfigError(f"model_config.cpu_kernels.{op} is {mode!r}; set one of {allowed}.")
+        modes[op] = mode
+    return modes
+
+
+def plain_cpu_kernels(value):
+    """``cpu_kernels`` as config.json keeps it: a mode name, or a plain {op: mode} dict (MindFormers hands a
+    DictConfig); checked."""
+    read_cpu_kernels(value)
+    if value is None or isinstance(value, str):
+        return value or "auto"
+    return {op: mode for op, mode in value.items()}
+
+
+class KernelProvider:
+    """The model's kernel choices. ``cpu_kernels``: the config value (``read_cpu_kernels``); ``parallel``: the build
+    is semi-auto/auto parallel; ``device_target``: None reads MindSpore's context.
+
+    Each op's method returns its kernel Cell (or, for ``linear_gemm``, the Cell and its rows) or None, the plain
+    path; ``uses(op)`` says whether the op's kernel is chosen at all (before dtypes and the library)."""
+
+    def __init__(self, cpu_kernels="auto", parallel=False, device_target=None):
+        retired_switches()
+        self.modes = read_cpu_kernels(cpu_kernels)
+        self.device_target = device_target or ms.get_context("device_target")
+        self.parallel = bool(parallel)
+
+    @classmethod
+    def from_config(cls, config, parallel=False):
+        """The provider of a ``GPTLocalConfig`` (its ``cpu_kernels``) for a build that is or is not ``parallel``."""
+        return cls(config.cpu_kernels, parallel)
+
+    def __repr__(self):
+        return f"KernelProvider({self.modes!r}, parallel={self.parallel}, device_target={self.device_target!r})"
+
+    def mode(self, op):
+        return self.modes[op]
+
+    def uses(self, op):
+        """True where ``op``'s gpt_local form is chosen: on CPU, its mode not ``plain``, and (but for the ops that
+        keep MindSpore's primitives or need no strategy: ``composed_ops``, ``kv_write``, ``lora_dropout``) not a
+        parallel build."""
+        if self.device_target != "CPU" or self.modes[op] == "plain":
+            return False
+        return op in ("composed_ops", "kv_write", "lora_dropout") or not self.parallel
+
+    # --- the ops -------------------------------------------------------------------------------------------
+    def attention(self, scale, dtype, dropout=None):
+        """The fused CPU attention (``kernels/attention.py``) for one layer, or None. ``dropout``: the layer's
+        ``CounterDropout`` when attention dropout is on (its tables and rule go into the kernel)."""
+        if not self.uses("attention"):
+            return None
+        from .attention import attention_kernel  # pylint: disable=import-outside-toplevel
+        if dropout is None:
+            return attention_kernel(scale, dtype)
+        return attention_kernel(scale, dtype, (dropout.bits1, dropout.bits2), dropout.scale, dropout.keep_when_differ)
+
+    def layer_norm(self, eps, compute_dtype):
+        """LayerNorm's CPU kernel (float32 compute), or None."""
+        if compute_dtype != ms.float32 or not self.uses("layer_norm"):
+            return None
+        from .norm_gelu import layernorm_kernel  # pylint: disable=import-outside-toplevel
+        return layernorm_kernel(eps, compute_dtype)
+
+    def bias_gelu(self, form, compute_dtype):
+        """The bias + GeLU kernel for ``form`` ("tanh" or "quick"), or None."""
+        if not self.uses("bias_gelu"):
+            return None
+        from .norm_gelu import bias_gelu_kernel  # pylint: disable=import-outside-toplevel
+        return bias_gelu_kernel(form, compute_dtype)
+
+    def rms_norm(self, eps, compute_dtype, params_dtype):
+        """RMSNorm's CPU kernel (float32 compute and weight), or None."""
+        if compute_dtype != ms.float32 or params_dtype != ms.float32 or not self.uses("rms_norm"):
+            return None
+        from .rms_swiglu import rmsnorm_kernel  # pylint: disable=import-outside-toplevel
+        return rmsnorm_kernel(eps, compute_dtype)
+
+    def swiglu(self, compute_dtype):
+        """SwiGLU's silu(gate) * up kernel (float32 compute), or None."""
+        if compute_dtype != ms.float32 or not self.uses("swiglu"):
+            return None
+        from .rms_swiglu import swiglu_kernel  # pylint: disable=import-outside-toplevel
+        return swiglu_kernel(compute_dtype)
+
+    def linear_gemm(self, compute_dtype, head=False):
+        """(the GEMM kernel Cell, the rows from which a graph runs it) or (None, None): float32 compute; ``auto``
+        from ``LINEAR_GEMM_ROWS`` (``HEAD_GEMM_ROWS`` for the head) rows in inference graphs, where it measured
+        faster (prefill, eval; not the few-row decode step, not training), ``kernel`` in every graph (rows 0,
+        training too). The rule per graph: ``use_gemm``."""
+        if compute_dtype != ms.float32 or not self.uses("linear"):
+            return None, None
+        from .linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel
+        gemm = linear_gemm_kernel(compute_dtype)
+        if gemm is None:
+            return None, None
+        if self.modes["linear"] == "kernel":
+            return gemm, 0
+        return gemm, HEAD_GEMM_ROWS if head else LINEAR_GEMM_ROWS
+
+    def lora_dropout(self, plain, compute_dtype):
+        """LoRA's input-dropout kernel for the counter dropout ``plain`` (0 < p < 1, float32), or None."""
+        if not self.uses("lora_dropout"):
+            return None
+        from .lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
+        return lora_dropout_kernel(plain, compute_dtype)
+
+    def kv_write(self):
+        """The KV cache's write: the in-place kernel on CPU where it builds, else ``ops.ScatterNdUpdate``."""
+        if self.uses("kv_write"):
+            from .kv_write import in_place_scatter_nd_update, kernel_library  # pylint: disable=import-outside-toplevel
+            library = kernel_library()
+            if library is not None:
+                return in_place_scatter_nd_update(library)
+        return ops.ScatterNdUpdate()
+
+    def composed_ops(self):
+        """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
+        return self.uses("composed_ops")
+
+
+def use_gemm(gemm_rows, training, rows):
+    """True where a graph of ``rows`` static rows runs the GEMM kernel (``linear_gemm``'s rows; ``training``: the
+    Cell's flag). Shapes and the flag are constants in a compiled graph, so this is decided at compile time: the
+    graph holds one of the two paths, never a branch."""
+    return gemm_rows is not None and (gemm_rows == 0 or (not training and rows >= gemm_rows))
+
+
+def provider_of(network):
+    """The ``KernelProvider`` a built network carries (``GPTLocalForCausalLM.kernels``, found among its Cells), or
+    the default one (``auto``) for a network without one."""
+    for _, cell in network.cells_and_names():
+        kernels = cell.__dict__.get("kernels")
+        if isinstance(kernels, KernelProvider):
+            return kernels
+    return KernelProvider()
