@@ -341,6 +341,9 @@ def run_parser():
     add("--register_path", type=str, help="a folder to put on sys.path (MindFormers' external-model route)")
     add("--do_sample", type=_str2bool, help="model.model_config.do_sample")
     add("--trust_remote_code", type=_str2bool, help="trust_remote_code")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print MindFormers' own log on the terminal (the config dump, its loss lines and "
+                             "warnings); without it they go to <output_dir>/log only")
     return parser
 
 

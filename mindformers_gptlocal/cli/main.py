@@ -16,6 +16,8 @@ from . import args as cli_args
 
 def prepare_data(argv):
     options = cli_args.prepare_data_parser().parse_args(argv)
+    if options.seq_length is not None and options.seq_length < 1:
+        raise ConfigError(f"--seq-length must be an integer >= 1, got {options.seq_length}.")
     if options.from_mf_mindrecord:  # MindFormers 1.x GPT-2 data, rewritten once
         from ..data.mf_mindrecord import rewrite
         given = any(a == "--out" or a.startswith("--out=") for a in argv)  # else <FILE stem>_gptlocal
@@ -25,7 +27,8 @@ def prepare_data(argv):
         print(json.dumps(summary, indent=2))
         return 0
     from ..data.prepare import prepare
-    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length or 256,
+    summary = prepare(inputs=options.input, out=options.out,
+                      seq_length=256 if options.seq_length is None else options.seq_length,
                       vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
                       merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
                       max_bytes=options.max_bytes, overwrite=options.overwrite, fmt=options.format,
