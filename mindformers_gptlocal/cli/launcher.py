@@ -4,6 +4,7 @@
 ``build_context`` -> ``Trainer(config).train()/evaluate()/predict()``. The pre-flight checks
 (``preflight/``) turn the usual mistakes into one clear error before anything compiles.
 """
+import contextlib
 import json
 import logging
 import os
@@ -209,16 +210,51 @@ def run(config, held=None, verbose=False):
     set_output_path(config.output_dir)
     if held is not None:
         held.release(verbose)
+    out = os.path.abspath(config.output_dir or "./output")
+    print(f"[gpt_local] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
+          f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
+          f"the graph", flush=True)
     build_context(config)
     metrics = _metrics(config)
     trainer = Trainer(config, compute_metrics=metrics)
-    if config.run_mode in ("train", "finetune"):
-        return trainer.train()
-    if config.run_mode == "eval":
-        trainer.evaluate(eval_checkpoint=config.load_checkpoint)
-        return {name: metric.eval() for name, metric in (metrics or {}).items()}
-    return trainer.predict(predict_checkpoint=config.load_checkpoint, input_data=config.input_data,
-                           batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
+    with config_dump_to_log(verbose):
+        if config.run_mode in ("train", "finetune"):
+            return trainer.train()
+        if config.run_mode == "eval":
+            trainer.evaluate(eval_checkpoint=config.load_checkpoint)
+            return {name: metric.eval() for name, metric in (metrics or {}).items()}
+        return trainer.predict(predict_checkpoint=config.load_checkpoint, input_data=config.input_data,
+                               batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
+
+
+CONFIG_DUMPERS = ("mindformers.trainer.base_trainer",
+                  "mindformers.trainer.causal_language_modeling.causal_language_modeling")
+
+
+@contextlib.contextmanager
+def config_dump_to_log(verbose=False):
+    """MindFormers' trainer pprints the whole config (~300 lines) to stdout before it compiles; without
+    ``verbose`` that dump goes to its log file (``<output_dir>/log``) instead. For this call only."""
+    import importlib
+    import pprint
+    if verbose:
+        yield
+        return
+    from mindformers.tools.logger import logger as mf_logger
+    modules = [importlib.import_module(name) for name in CONFIG_DUMPERS]
+    saved = [(module, module.__dict__.get("pprint")) for module in modules]
+
+    def to_log(value, *args, **kwargs):  # pylint: disable=unused-argument
+        mf_logger.info("the run's config:\n%s", pprint.pformat(value))
+    for module, original in saved:
+        if original is not None:
+            module.pprint = to_log
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            if original is not None:
+                module.pprint = original
 
 
 def check_model_section(config):
@@ -238,6 +274,19 @@ def _metrics(config):
     return {metric.type: build_metric(metric)}
 
 
+def eval_table(result):
+    """The eval metrics as a small table: one block per metric, one ``name  value`` row per figure."""
+    lines = []
+    for metric, values in result.items():
+        values = values if isinstance(values, dict) else {"value": values}
+        lines.append(f"[gpt_local] eval results ({metric}):")
+        width = max(len(str(name)) for name in values) if values else 0
+        for name, value in values.items():
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:.8g}" if isinstance(value, float) else value
+            lines.append(f"  {str(name):<{width}}  {shown}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     held = HeldLog()
     try:
@@ -250,7 +299,7 @@ def main(argv=None):
     finally:
         held.drop()
     if result is not None and config.run_mode == "eval":
-        print(f"[gpt_local] eval: {result}", flush=True)
+        print(eval_table(result), flush=True)
     if result is not None and config.run_mode.startswith("predict"):
         for item in result:
             for text in item.get("text_generation_text", []):

@@ -173,6 +173,14 @@ def quickstart(argv):
     return run_quickstart(options)
 
 
+def check_device_target(options):
+    """--device-target names a backend this MindSpore has, checked before the model loads (one line)."""
+    target = getattr(options, "device_target", None) or "CPU"
+    if target != "CPU":
+        from ..preflight.inputs import require_device
+        require_device(target, f"--device-target {target}", "pass --device-target CPU")
+
+
 def serve(argv):
     options = cli_args.serve_parser().parse_args(argv)
     try:
@@ -182,6 +190,7 @@ def serve(argv):
     except ImportError as err:
         raise ConfigError(f"gptlocal serve needs the [serve] extra ({err}); pip install "
                           f"'mindformers-gptlocal[serve]'.") from err
+    check_device_target(options)
     from ..serve.app import serve as run_server
     return run_server(options)
 
@@ -189,6 +198,7 @@ def serve(argv):
 
 def evaluate(argv):
     options = cli_args.eval_parser().parse_args(argv)
+    check_device_target(options)
     from ..evaluation.run import run_eval
     return run_eval(options)
 
@@ -196,12 +206,14 @@ def evaluate(argv):
 
 def generate(argv):
     options = cli_args.generate_parser().parse_args(argv)
+    check_device_target(options)
     from .generate import generate as run_generate
     return run_generate(options)
 
 
 def chat(argv):
     options = cli_args.chat_parser().parse_args(argv)
+    check_device_target(options)
     from .generate import chat as run_chat
     return run_chat(options)
 
@@ -223,6 +235,8 @@ LEAN_COMMANDS = ("generate", "chat", "serve", "eval")
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] in LEAN_COMMANDS:  # a process of its own, not a caller's
         os.environ.setdefault("GPTLOCAL_LEAN", "1")
+    if argv is None and "--verbose" not in sys.argv[2:]:  # a process of its own: MindSpore's own warnings stay
+        os.environ.setdefault("GLOG_v", "3")  # off the terminal (its errors show); `run --verbose` shows them
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "--version"):
         cli_args.main_parser().parse_args(argv or ["--help"])

@@ -48,7 +48,7 @@ def launch(yaml_path, log_path, extra=()):
 
 
 def perplexity(output):
-    match = re.search(r"'PPL': ([0-9.eE+-]+|inf)", output)
+    match = re.search(r"^\s+PPL\s+([0-9.eE+-]+|inf)", output, re.M)  # launcher.eval_table
     return float(match.group(1)) if match else float("nan")
 
 
