@@ -88,3 +88,55 @@ def test_device_without_a_backend_is_one_line(tmp_path, model_dir, command):
     proc, _ = _cli(command, "--model", model_dir, "--device-target", "GPU", *extra, cwd=tmp_path)
     line = _one_line(proc, command)
     assert "--device-target GPU, but this MindSpore has no usable GPU backend; pass --device-target CPU" in line
+
+
+@pytest.fixture(scope="module")
+def tiny_model(corpus, tmp_path_factory):
+    """A tiny random-weight model directory with the corpus' tokenizer (64 positions)."""
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+    from conftest import TINY
+    out = str(tmp_path_factory.mktemp("cmd") / "model")
+    ms.set_seed(0)
+    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out, tokenizer_dir=corpus["model_dir"])
+    return out
+
+
+def test_generate_prompt_longer_than_the_context_is_not_echoed(tmp_path, tiny_model):
+    prompt = "def main(x):\n" * 60  # well past the 64 positions
+    proc, _ = _cli("generate", "--model", tiny_model, "--prompt", prompt, "--compile-cache", "off", cwd=tmp_path)
+    line = _one_line(proc, "generate")
+    assert "exceeds" in line and proc.stdout == ""
+
+
+def test_generate_ends_with_a_tokens_per_second_line(tmp_path, tiny_model):
+    import re
+    proc, _ = _cli("generate", "--model", tiny_model, "--prompt", "def", "--max-new-tokens", "5", "--stream",
+                   "--temperature", "0", "--compile-cache", "off", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("def")
+    assert re.search(r"^\[gptlocal\] [1-5] new tokens in [0-9.]+ s \([0-9.]+ tokens/s", proc.stderr, re.M), \
+        proc.stderr[-2000:]
+    assert "[WARNING]" not in proc.stdout + proc.stderr  # MindSpore's warnings stay off the terminal
+
+
+def test_chat_output_never_has_two_empty_lines_in_a_row():
+    import io
+    from mindformers_gptlocal.cli.main import SqueezedBlankLines
+    out = io.StringIO()
+    stream = SqueezedBlankLines(out)
+    for piece in ["\n\n", "hel", "lo\n\n\n\n\n", "x\n", "\n", "\n", "y", "\n"]:
+        stream.write(piece)
+    assert out.getvalue() == "hello\n\nx\n\ny\n"
+
+
+def test_eval_offline_task_is_one_line_at_once(tmp_path, tiny_model):
+    pytest.importorskip("lm_eval")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "eval", "--model", tiny_model, "--tasks",
+                           "hellaswag", "--limit", "2"], cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=300, env=source_env(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf")))
+    seconds = time.monotonic() - start
+    line = _one_line(proc, "eval")
+    assert "not in the local Hugging Face cache" in line and "127.0.0.1:9 cannot be reached" in line
+    assert seconds < 120  # no minute of retries (lm-eval's own import and task index take most of this)
