@@ -177,13 +177,22 @@ def resolve_resume(config, model_config, log=print):
     """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
     hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
     wanted = config.resume_training if isinstance(config.resume_training, str) else None
-    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
-    path, info = find_resume_checkpoint(path, wanted, log)
+    path, info = find_resume_checkpoint(resume_folder(config), wanted, log)
     check_same_run(info.get("run"), this_run(config, model_config), path, info["step_num"])
     log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
     config.load_checkpoint = path
     config.resume_training = True
     _tell_callbacks(config, info)
+
+
+def resume_folder(config):
+    """Where a resumed run's checkpoints are: load_checkpoint when it names checkpoints, else (unset, or the
+    model directory a finetune starts from, which holds weights only) ``<output_dir>/checkpoint``."""
+    own = os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    path = config.get("load_checkpoint")
+    if not path or (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
+        return own
+    return path
 
 
 def resolve_rank_resume(config, model_config, log=print):

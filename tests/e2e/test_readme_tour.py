@@ -1,0 +1,150 @@
+"""README's tour, line by line, as written, in a fresh folder holding what a clone has (model_configs/,
+run_scripts/) after the set-up command (its quickstart, made short here). The test only adds flags that make
+each line short (fewer bytes, steps and tokens); it never changes a line. Each line must exit 0 and make what
+it says."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import REPO, source_env
+from conftest import free_port
+
+# the flags the test adds, by command: (README's `gptlocal X` or script) -> extra arguments
+SHORTER = {
+    "prepare-data": ["--max-bytes", "60000", "--vocab-size", "512"],
+    "run": ["--runner_config.stop_step", "2", "--num_samples", "16"],
+    "generate": ["--max-new-tokens", "4", "--compile-cache", "off"],
+    "chat": ["--max-new-tokens", "4", "--compile-cache", "off"],
+    "serve": ["--warmup-tokens", "16", "--compile-cache", "off", "--max-batch-size", "1"],
+    "run_msrun.sh": ["--runner_config.stop_step", "2", "--num_samples", "16"],
+}
+
+
+def tour_lines():
+    """README's tour: the bash block after '## A ten-line tour', continuation lines joined."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    section = text[text.index("## A ten-line tour"):]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _without_comment(part):
+    """A command without its trailing `# ...` comment (a `#` after whitespace, outside quotes)."""
+    quote = None
+    for index, char in enumerate(part):
+        if char in "'\"" and quote in (None, char):
+            quote = None if quote else char
+        elif char == "#" and quote is None and index and part[index - 1].isspace():
+            return part[:index].rstrip()
+    return part.rstrip()
+
+
+def shortened(line):
+    """The line with SHORTER's flags added to each of its commands (joined by &&)."""
+    parts = []
+    for part in line.split(" && "):
+        part = _without_comment(part)
+        words = part.split()
+        key = words[1] if words[0] == "gptlocal" else os.path.basename(words[1]) if words[0] == "bash" else None
+        parts.append(" ".join([part, *SHORTER.get(key, [])]))
+    return " && ".join(parts)
+
+
+def _run(line, cwd, env, timeout=600):
+    proc = subprocess.run(["bash", "-c", line], cwd=str(cwd), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (line, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """A folder with what a fresh clone has, after the set-up command's quickstart (made short)."""
+    root = tmp_path_factory.mktemp("tour")
+    for folder in ("model_configs", "run_scripts"):
+        shutil.copytree(os.path.join(REPO, folder), root / folder)
+    env = source_env(GLOG_v="3", MASTER_PORT=str(free_port()))
+    _run("gptlocal quickstart --steps 2 --max-bytes 60000 --out runs/quickstart", root, env)
+    assert os.path.isfile(root / "runs" / "quickstart" / "train" / "model" / "model.safetensors")
+    return root, env
+
+
+def test_every_line_runs_as_written(clone):
+    root, env = clone
+    lines = tour_lines()
+    assert len(lines) >= 10 and all(line.split()[0] in ("gptlocal", "printf", "pip", "curl", "bash") for line in lines)
+    assert len({m for line in lines for m in re.findall(r"--output_dir (\S+)", line)}) == \
+        len([m for line in lines for m in re.findall(r"--output_dir (\S+)", line)])  # each its own folder
+    server = None
+    try:
+        for line in lines:
+            if line.startswith("pip install"):
+                pytest.importorskip("fastapi")  # the test environment has the [serve] extra already
+                pytest.importorskip("uvicorn")
+                assert "[serve]" in line
+                continue
+            if line.startswith("gptlocal serve"):
+                port = int(re.search(r"--port (\d+)", line).group(1))
+                server = _start_server(shortened(line).replace(f"--port {port}", f"--port {free_port()}"), root,
+                                       env)
+                continue
+            if line.startswith("curl"):
+                assert server is not None
+                out = _run(_without_comment(line).replace("localhost:8000", f"localhost:{server[1]}"), root, env)
+                assert json.loads(out)["choices"][0]["text"] is not None
+                server[0].send_signal(signal.SIGTERM)
+                server[0].wait(60)
+                server = None
+                continue
+            out = _run(shortened(line), root, env)
+            _check(line, out, root)
+    finally:
+        if server is not None:
+            server[0].kill()
+            server[0].wait()
+    for folder in ("pretrain", "finetune"):
+        assert os.path.isfile(root / "output" / folder / "model" / "model.safetensors"), folder
+
+
+def _check(line, out, root):
+    """What each line says it makes."""
+    if line.startswith("gptlocal run") and "--resume_training True" in line:
+        assert "resuming from" in out, out[-2000:]
+    elif "pretrain_gpt_local_tiny_cpu.yaml" in line:
+        assert "[gpt_local] training done:" in out and len(out.splitlines()) < 40, out[-3000:]
+    elif "eval_gpt_local_tiny_cpu.yaml" in line:
+        assert re.search(r"^\s+PPL\s+[0-9.]+", out, re.M), out[-2000:]
+    elif line.startswith("gptlocal generate"):
+        assert out.startswith("def main(") and "tokens/s" in out, out[-2000:]
+    elif line.startswith("gptlocal convert"):
+        assert os.path.isfile(root / "output" / "gptlocal_again" / "model.safetensors")
+    elif line.startswith("gptlocal plan"):
+        assert "per device" in out or "peak" in out, out[-2000:]
+    assert "Traceback" not in out, out[-3000:]
+
+
+def _start_server(line, root, env):
+    port = int(re.search(r"--port (\d+)", line).group(1))
+    proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=str(root), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the server exited"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if json.load(resp).get("status") == "ready":
+                    return proc, port
+        except OSError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise AssertionError("the server was not ready in 300 s")
