@@ -13,7 +13,8 @@ import sys
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
-    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact (mf2ms/ms2mf: MindFormers 1.x GPT-2)",
+    "convert": "Hugging Face GPT-2, Llama/Qwen2 and GPT-NeoX <-> gpt_local model directories, exact (mf2ms/ms2mf: "
+               "MindFormers 1.x GPT-2)",
     "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",

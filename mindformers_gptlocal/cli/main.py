@@ -1,4 +1,4 @@
-"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
+"""``gptlocal``: prepare-data, convert (Hugging Face GPT-2, Llama/Qwen2, GPT-NeoX <-> gpt_local), ckpt (split/merge per-rank shards),
 run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile),
 lora merge (fold LoRA adapters into the weights), generate and chat (a model directory, no YAML).
 
