@@ -216,7 +216,11 @@ def run(config, held=None, verbose=False):
           f"the graph", flush=True)
     build_context(config)
     metrics = _metrics(config)
-    trainer = Trainer(config, compute_metrics=metrics)
+    progress = None
+    if config.run_mode == "eval":
+        from ..training.callbacks import GPTLocalEvalProgress
+        progress = [GPTLocalEvalProgress()]
+    trainer = Trainer(config, compute_metrics=metrics, eval_callbacks=progress)
     with config_dump_to_log(verbose):
         if config.run_mode in ("train", "finetune"):
             return trainer.train()

@@ -140,6 +140,40 @@ def format_seconds(seconds):
 
 
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)
+class GPTLocalEvalProgress(Callback):
+    """Eval progress on stdout: the batches scored of the dataset's, tokens/s and the time left, every
+    ``per_print_times`` batches and at the end (the first batch includes the graph compile)."""
+
+    def __init__(self, per_print_times=10, stream=None):
+        super().__init__()
+        self.per_print_times = max(int(per_print_times), 1)
+        self.stream = stream or sys.stdout
+        self.started = self.first_done = None
+        self.tokens_per_step = 0
+
+    def on_eval_begin(self, run_context):
+        params = run_context.original_args()
+        dataset = getattr(params, "valid_dataset", None)
+        if dataset is not None:
+            self.tokens_per_step = int(np.prod(dataset.output_shapes()[0]))
+        self.started = time.time()
+
+    def on_eval_step_end(self, run_context):
+        params = run_context.original_args()
+        step, total = params.cur_step_num, params.batch_num
+        now = time.time()
+        if self.first_done is None:
+            self.first_done = (now, step)
+        if step == 1 or step % self.per_print_times == 0 or step == total:
+            since, at = self.first_done
+            rate = (step - at) / max(now - since, 1e-9) if step > at else 0
+            tokens = f"  {rate * self.tokens_per_step:,.0f} tokens/s" if rate and self.tokens_per_step else ""
+            eta = f"  ETA {format_seconds((total - step) / rate)}" if rate and step < total else ""
+            self.stream.write(f"[gpt_local] eval batch {step}/{total}{tokens}{eta}\n")
+            self.stream.flush()
+
+
+@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalSaveModelDir(Callback):
     """At the end of training, rank 0 writes ``<output_dir>/<subdir>``: config.json, model.safetensors and
     the tokenizer files of ``tokenizer_dir``: a directory ``from_pretrained``, eval and predict load directly.
