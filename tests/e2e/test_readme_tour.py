@@ -86,6 +86,8 @@ def clone(tmp_path_factory):
 def _wait(quickstart, root):
     out, _ = quickstart.communicate(timeout=600)
     assert quickstart.returncode == 0, out[-3000:]
+    before, after = map(float, re.search(r"perplexity: (\S+) before -> (\S+) after", out).groups())
+    assert before > 0 and after > 0, out[-3000:]  # read from the eval runs' table (not nan)
     assert os.path.isfile(root / "runs" / "quickstart" / "train" / "model" / "model.safetensors")
 
 
