@@ -116,3 +116,16 @@ def test_every_shipped_yaml_passes_the_section_checks():
     for path in paths:
         check_sections(yaml_io.load_yaml(path))
         check_sections(MindFormerConfig(path))
+
+
+def test_resume_of_a_finetune_looks_in_its_own_checkpoint_folder(tmp_path):
+    """A finetune's load_checkpoint is the base model directory (weights only): --resume_training True looks in
+    <output_dir>/checkpoint; a checkpoint folder or file given as load_checkpoint is used as it is."""
+    from mindformers_gptlocal.preflight.checks import resume_folder
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    out = str(tmp_path / "run")
+    assert resume_folder({"load_checkpoint": str(base), "output_dir": out}) == os.path.join(out, "checkpoint")
+    assert resume_folder({"load_checkpoint": "", "output_dir": out}) == os.path.join(out, "checkpoint")
+    assert resume_folder({"load_checkpoint": str(tmp_path), "output_dir": out}) == str(tmp_path)
