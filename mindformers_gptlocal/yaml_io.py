@@ -8,6 +8,8 @@ import re
 
 import yaml
 
+from .errors import ConfigError
+
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that also reads 1e-3 / 1.e-3 as floats."""
@@ -33,14 +35,32 @@ def _merge(base, override):
 
 
 def load_yaml(path):
-    """The YAML at ``path`` with its ``base_config`` files (relative to it) merged underneath."""
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.load(handle, Loader=_Loader) or {}
+    """The YAML at ``path`` with its ``base_config`` files (relative to it) merged underneath. A file that is
+    not YAML raises ConfigError naming its line and column."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.load(handle, Loader=_Loader) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(syntax_error_text(path, err)) from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} cannot be read as a YAML file ({err.__class__.__name__}: {err}).") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level is {type(data).__name__}, not a mapping of keys; start from a "
+                          f"file in model_configs/.")
     bases = data.pop("base_config", None) or []
     merged = {}
     for base in [bases] if isinstance(bases, str) else bases:
         _merge(merged, load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base)))
     return _merge(merged, data)
+
+
+def syntax_error_text(path, err):
+    """``path:LINE:COLUMN: <what YAML says>`` for a YAMLError (1-based, as editors count)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = " ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None))
+                       if part) or str(err).splitlines()[0]
+    return f"{where}: YAML syntax error: {problem}; fix the file at that line and column."
 
 
 def dump_yaml(data, path):

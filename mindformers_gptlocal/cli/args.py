@@ -15,7 +15,8 @@ from ..generation.defaults import CLI as CLI_DEFAULTS
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
-    "convert": "Hugging Face GPT-2 <-> gpt_local model directories, exact (mf2ms/ms2mf: MindFormers 1.x GPT-2)",
+    "convert": "Hugging Face GPT-2, Llama/Qwen2 and GPT-NeoX <-> gpt_local model directories, exact (mf2ms/ms2mf: "
+               "MindFormers 1.x GPT-2)",
     "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
@@ -350,6 +351,9 @@ def run_parser():
     add("--register_path", type=str, help="a folder to put on sys.path (MindFormers' external-model route)")
     add("--do_sample", type=_str2bool, help="model.model_config.do_sample")
     add("--trust_remote_code", type=_str2bool, help="trust_remote_code")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print MindFormers' own log on the terminal (the config dump, its loss lines and "
+                             "warnings); without it they go to <output_dir>/log only")
     return parser
 
 

@@ -4,7 +4,9 @@
 ``build_context`` -> ``Trainer(config).train()/evaluate()/predict()``. The pre-flight checks
 (``preflight/``) turn the usual mistakes into one clear error before anything compiles.
 """
+import contextlib
 import json
+import logging
 import os
 import sys
 
@@ -48,12 +50,21 @@ def load_config(argv=None):
     """Parse flags and return the resolved MindFormerConfig (nothing is built yet)."""
     from mindformers.tools.register import MindFormerConfig
     from mindformers.tools.utils import parse_value
+    from .. import yaml_io
+    from ..preflight.checks import is_gpt_local
+    from ..preflight.sections import check_sections
     args, rest = run_parser().parse_known_args(argv)
     rest = [piece for item in rest for piece in item.split("=", 1)]
     if len(rest) % 2:
         raise ConfigError(f"extra arguments {rest} are not '--key value' pairs.")
     if not os.path.isfile(args.config):
         raise ConfigError(f"--config {args.config}: no such YAML file.")
+    raw = yaml_io.load_yaml(args.config)  # a syntax error named by line and column (yaml_io)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {args.config}: the top level is not a mapping of keys; start from a file in "
+                          f"model_configs/.")
+    if is_gpt_local(raw):
+        check_sections(raw)  # before MindFormerConfig, which raises KeyError on a runner_config typo
     if args.register_path:
         os.environ["REGISTER_PATH"] = os.path.abspath(args.register_path)
         if os.environ["REGISTER_PATH"] not in sys.path:
@@ -61,7 +72,7 @@ def load_config(argv=None):
     try:
         config = MindFormerConfig(os.path.abspath(args.config),
                                   **({"run_mode": args.run_mode} if args.run_mode else {}))
-    except Exception as err:  # YAML syntax, a missing base_config, a top level that is not a mapping
+    except Exception as err:  # a missing base_config, a section MindFormers' template refuses
         raise ConfigError(f"--config {args.config} cannot be read as a MindFormers YAML "
                           f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}); fix the "
                           f"place it names.") from err
@@ -85,15 +96,110 @@ def load_config(argv=None):
         if isinstance(data, list) and len(data) == 1:
             data = data[0].replace(r"\n", "\n")
         config.input_data = data
+    check_predict_flags(args, config)
     while rest:
         key, value = rest.pop(0), rest.pop(0)
-        if not key.startswith("--"):
-            raise ConfigError(f"custom config key {key!r} must start with --, e.g. --model.model_config.seq_length 128")
+        check_override_key(key, config)
         set_key(config, key[2:], parse_value(value))
     return config
 
 
-def run(config):
+def check_predict_flags(args, config):
+    """``--modal_type`` and ``--adapter_id`` as MindFormers' launcher takes them, for a text-only model without
+    an slora pet_config: text is the one modal type, and there is no adapter to pick."""
+    if args.modal_type and any(kind.lower() != "text" for kind in args.modal_type):
+        raise ConfigError(f"--modal_type {' '.join(args.modal_type)}: gpt_local models read text only; drop "
+                          f"--modal_type (or give text for each --predict_data).")
+    if args.modal_type and args.predict_data and len(args.modal_type) != len(args.predict_data):
+        raise ConfigError(f"--modal_type gives {len(args.modal_type)} type(s) for {len(args.predict_data)} "
+                          f"--predict_data input(s); give one per input, or drop --modal_type.")
+    if args.adapter_id:
+        pet = ((config.get("model") or {}).get("model_config") or {}).get("pet_config") or {}
+        if pet.get("pet_type") != "slora":
+            raise ConfigError(f"--adapter_id {' '.join(args.adapter_id)} picks an adapter of an slora pet_config, "
+                              f"which this model does not have; merge a LoRA run with `gptlocal lora merge`, or "
+                              f"serve several adapters with `gptlocal serve --lora NAME=DIR`.")
+        config.adapter_id = args.adapter_id
+
+
+def check_override_key(key, config):
+    """A free ``--key value`` pair sets a YAML key, as MindFormers' launcher does, written as the key's dotted
+    path (``--runner_config.stop_step 5``); its first part must be a top-level key MindFormers reads, so a
+    mistyped flag (``--stepz 5``) is refused with the closest flags and keys instead of becoming a key."""
+    import difflib
+    from ..preflight.sections import known_top_level
+    if not key.startswith("--"):
+        raise ConfigError(f"custom config key {key!r} must start with --, e.g. --model.model_config.seq_length 128")
+    name = key[2:]
+    top = name.split(".", 1)[0]
+    if top in config or top in known_top_level():
+        return
+    flags = sorted(set(run_parser()._all_flags()) - {"--help"})  # pylint: disable=protected-access
+    dotted = [f"--{section}.{leaf}" for section, value in config.items() if isinstance(value, dict)
+              for leaf in value if not isinstance(value[leaf], dict)]
+    leaves = {candidate.rsplit(".", 1)[-1]: candidate for candidate in dotted}
+    rest = name[len(top):]
+    close = ["--" + k + rest for k in difflib.get_close_matches(top, sorted(known_top_level()), n=1, cutoff=0.75)]
+    if not rest:
+        close += [leaves[leaf] for leaf in difflib.get_close_matches(name, list(leaves), n=2, cutoff=0.55)]
+        close += difflib.get_close_matches(key, flags, n=2, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
+    raise ConfigError(f"unknown flag {key}: not a flag of gptlocal run nor a YAML key.{hint} (A YAML key is set "
+                      f"by its dotted path, e.g. --runner_config.stop_step 5; gptlocal run --help lists the flags.)")
+
+
+class HeldLog:
+    """MindFormers' log calls while the config is read and checked, held in memory: its logger opens
+    ``./output/log`` at its first call, so a refused run would leave that folder behind. ``release()`` (once
+    the checks passed and the output path is set) hands them to MindFormers' logger; a refused run drops them."""
+
+    def __init__(self):
+        import importlib
+        mf_logger = importlib.import_module("mindformers.tools.logger")  # the module (its package exports a class)
+        self._module, self._original = mf_logger, mf_logger.get_logger
+        self.records = []
+        self._logger = logging.Logger("gptlocal.held-mindformers-log")
+        self._logger.addHandler(_ListHandler(self.records))
+        mf_logger.get_logger = lambda *args, **kwargs: self._logger
+
+    def release(self, verbose=False):
+        """Restore MindFormers' logger, quieted (``quiet_mindformers``), and replay the held records into it."""
+        if self._module.get_logger is not self._original:
+            self._module.get_logger = self._original
+        real = quiet_mindformers(verbose)
+        for record in self.records:
+            real.handle(record)
+        self.records.clear()
+
+    def drop(self):
+        if self._module.get_logger is not self._original:
+            self._module.get_logger = self._original
+        self.records.clear()
+
+
+class _ListHandler(logging.Handler):
+    """A logging handler that keeps the records, no I/O."""
+
+    def __init__(self, records):
+        super().__init__()
+        self.records = records
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def quiet_mindformers(verbose=False):
+    """MindFormers' logger writes everything to ``<output_dir>/log``; on the terminal it keeps errors only (the
+    run's progress is gpt_local's own lines), unless ``verbose``. Returns the logger."""
+    from mindformers.tools.logger import get_logger
+    real = get_logger()
+    for handler in real.handlers:
+        if not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.INFO if verbose else logging.ERROR)
+    return real
+
+
+def run(config, held=None, verbose=False):
     """Pre-flight, then the same calls as MindFormers' run_mindformer.py. Returns the trainer's result."""
     from mindformers.core.context import build_context
     from mindformers.trainer import Trainer
@@ -102,16 +208,57 @@ def run(config):
     preflight(config)  # before set_output_path, which creates folders: a refused run writes nothing
     mark_checked(config)
     set_output_path(config.output_dir)
+    if held is not None:
+        held.release(verbose)
+    out = os.path.abspath(config.output_dir or "./output")
+    print(f"[gpt_local] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
+          f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
+          f"the graph", flush=True)
     build_context(config)
     metrics = _metrics(config)
-    trainer = Trainer(config, compute_metrics=metrics)
-    if config.run_mode in ("train", "finetune"):
-        return trainer.train()
+    progress = None
     if config.run_mode == "eval":
-        trainer.evaluate(eval_checkpoint=config.load_checkpoint)
-        return {name: metric.eval() for name, metric in (metrics or {}).items()}
-    return trainer.predict(predict_checkpoint=config.load_checkpoint, input_data=config.input_data,
-                           batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
+        from ..training.callbacks import GPTLocalEvalProgress
+        progress = [GPTLocalEvalProgress()]
+    trainer = Trainer(config, compute_metrics=metrics, eval_callbacks=progress)
+    with config_dump_to_log(verbose):
+        if config.run_mode in ("train", "finetune"):
+            return trainer.train()
+        if config.run_mode == "eval":
+            trainer.evaluate(eval_checkpoint=config.load_checkpoint)
+            return {name: metric.eval() for name, metric in (metrics or {}).items()}
+        return trainer.predict(predict_checkpoint=config.load_checkpoint, input_data=config.input_data,
+                               batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
+
+
+CONFIG_DUMPERS = ("mindformers.trainer.base_trainer",
+                  "mindformers.trainer.causal_language_modeling.causal_language_modeling")
+
+
+@contextlib.contextmanager
+def config_dump_to_log(verbose=False):
+    """MindFormers' trainer pprints the whole config (~300 lines) to stdout before it compiles; without
+    ``verbose`` that dump goes to its log file (``<output_dir>/log``) instead. For this call only."""
+    import importlib
+    import pprint
+    if verbose:
+        yield
+        return
+    from mindformers.tools.logger import logger as mf_logger
+    modules = [importlib.import_module(name) for name in CONFIG_DUMPERS]
+    saved = [(module, module.__dict__.get("pprint")) for module in modules]
+
+    def to_log(value, *args, **kwargs):  # pylint: disable=unused-argument
+        mf_logger.info("the run's config:\n%s", pprint.pformat(value))
+    for module, original in saved:
+        if original is not None:
+            module.pprint = to_log
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            if original is not None:
+                module.pprint = original
 
 
 def check_model_section(config):
@@ -131,15 +278,32 @@ def _metrics(config):
     return {metric.type: build_metric(metric)}
 
 
+def eval_table(result):
+    """The eval metrics as a small table: one block per metric, one ``name  value`` row per figure."""
+    lines = []
+    for metric, values in result.items():
+        values = values if isinstance(values, dict) else {"value": values}
+        lines.append(f"[gpt_local] eval results ({metric}):")
+        width = max(len(str(name)) for name in values) if values else 0
+        for name, value in values.items():
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:.8g}" if isinstance(value, float) else value
+            lines.append(f"  {str(name):<{width}}  {shown}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
+    held = HeldLog()
     try:
         config = load_config(argv)
-        result = run(config)
+        result = run(config, held, verbose=run_parser().parse_known_args(argv)[0].verbose)
     except GPTLocalError as err:
+        held.drop()
         print(f"gpt_local: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        held.drop()
     if result is not None and config.run_mode == "eval":
-        print(f"[gpt_local] eval: {result}", flush=True)
+        print(eval_table(result), flush=True)
     if result is not None and config.run_mode.startswith("predict"):
         for item in result:
             for text in item.get("text_generation_text", []):

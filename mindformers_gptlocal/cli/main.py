@@ -1,4 +1,4 @@
-"""``gptlocal``: prepare-data, convert (HF GPT-2 <-> gpt_local), ckpt (split/merge per-rank shards),
+"""``gptlocal``: prepare-data, convert (Hugging Face GPT-2, Llama/Qwen2, GPT-NeoX <-> gpt_local), ckpt (split/merge per-rank shards),
 run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile),
 lora merge (fold LoRA adapters into the weights), generate and chat (a model directory, no YAML).
 
@@ -6,9 +6,11 @@ Arguments are defined in ``args.py``; each command imports only what its work ne
 ``convert`` and every ``--help`` load neither MindSpore nor MindFormers: ``main`` answers ``--help`` from
 ``args.py`` before a command imports its work).
 """
+import contextlib
 import json
 import os
 import sys
+import time
 
 from ..errors import CheckpointError, ConfigError, GPTLocalError
 from . import args as cli_args
@@ -16,6 +18,8 @@ from . import args as cli_args
 
 def prepare_data(argv):
     options = cli_args.prepare_data_parser().parse_args(argv)
+    if options.seq_length is not None and options.seq_length < 1:
+        raise ConfigError(f"--seq-length must be an integer >= 1, got {options.seq_length}.")
     if options.from_mf_mindrecord:  # MindFormers 1.x GPT-2 data, rewritten once
         from ..data.mf_mindrecord import rewrite
         given = any(a == "--out" or a.startswith("--out=") for a in argv)  # else <FILE stem>_gptlocal
@@ -25,7 +29,8 @@ def prepare_data(argv):
         print(json.dumps(summary, indent=2))
         return 0
     from ..data.prepare import prepare
-    summary = prepare(inputs=options.input, out=options.out, seq_length=options.seq_length or 256,
+    summary = prepare(inputs=options.input, out=options.out,
+                      seq_length=256 if options.seq_length is None else options.seq_length,
                       vocab_size=options.vocab_size, tokenizer_path=options.tokenizer, vocab=options.vocab,
                       merges=options.merges, jsonl_key=options.jsonl_key, eval_fraction=options.eval_fraction,
                       max_bytes=options.max_bytes, overwrite=options.overwrite, fmt=options.format,
@@ -170,6 +175,37 @@ def quickstart(argv):
     return run_quickstart(options)
 
 
+@contextlib.contextmanager
+def generation_timing(timings):
+    """(seconds, new tokens) of each ``model.generate`` call made inside, appended to ``timings``."""
+    from ..model.gpt import GPTLocalForCausalLM
+    own = "generate" in GPTLocalForCausalLM.__dict__
+    original = GPTLocalForCausalLM.generate
+
+    def timed(self, input_ids, *args, **kwargs):
+        start = time.perf_counter()
+        sequences = original(self, input_ids, *args, **kwargs)
+        timings.append((time.perf_counter() - start,
+                        sum(len(out) - len(given) for out, given in zip(sequences, input_ids))))
+        return sequences
+    GPTLocalForCausalLM.generate = timed
+    try:
+        yield
+    finally:
+        if own:
+            GPTLocalForCausalLM.generate = original
+        else:
+            del GPTLocalForCausalLM.generate
+
+
+def check_device_target(options):
+    """--device-target names a backend this MindSpore has, checked before the model loads (one line)."""
+    target = getattr(options, "device_target", None) or "CPU"
+    if target != "CPU":
+        from ..preflight.inputs import require_device
+        require_device(target, f"--device-target {target}", "pass --device-target CPU")
+
+
 def serve(argv):
     options = cli_args.serve_parser().parse_args(argv)
     try:
@@ -179,6 +215,7 @@ def serve(argv):
     except ImportError as err:
         raise ConfigError(f"gptlocal serve needs the [serve] extra ({err}); pip install "
                           f"'mindformers-gptlocal[serve]'.") from err
+    check_device_target(options)
     from ..serve.app import serve as run_server
     return run_server(options)
 
@@ -186,21 +223,102 @@ def serve(argv):
 
 def evaluate(argv):
     options = cli_args.eval_parser().parse_args(argv)
+    check_device_target(options)
     from ..evaluation.run import run_eval
     return run_eval(options)
 
 
 
 def generate(argv):
+    """The prompt's echo is held until the first generated text (a prompt the model refuses, e.g. longer than
+    its context, is not printed before the error); a tokens/s line ends on stderr."""
     options = cli_args.generate_parser().parse_args(argv)
+    check_device_target(options)
     from .generate import generate as run_generate
-    return run_generate(options)
+    timings = []
+    held = HeldFirstWrite(sys.stdout)
+    sys.stdout = held
+    try:
+        with generation_timing(timings):
+            code = run_generate(options)
+        held.release()
+    finally:
+        sys.stdout = held.stream
+    for seconds, tokens in timings:
+        print(f"[gptlocal] {tokens} new tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s, "
+              f"prompt and compile included)", file=sys.stderr)
+    return code
 
 
 def chat(argv):
+    """Replies on stdout with runs of empty lines squeezed to one (a small model's reply of newlines is not
+    forty blank lines)."""
     options = cli_args.chat_parser().parse_args(argv)
+    check_device_target(options)
     from .generate import chat as run_chat
-    return run_chat(options)
+    squeezed = SqueezedBlankLines(sys.stdout)
+    sys.stdout = squeezed
+    try:
+        return run_chat(options)
+    finally:
+        sys.stdout = squeezed.stream
+
+
+class HeldFirstWrite:
+    """A stdout that holds its first write until a second one (or ``release()``); dropped on an error."""
+
+    def __init__(self, stream):
+        self.stream, self.held, self.released = stream, None, False
+
+    def write(self, text):
+        if not self.released and self.held is None:
+            self.held = text
+            return len(text)
+        self.release()
+        return self.stream.write(text)
+
+    def release(self):
+        if self.held is not None:
+            self.stream.write(self.held)
+            self.held = None
+        self.released = True
+        self.stream.flush()
+
+    def flush(self):
+        if self.released:
+            self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+class SqueezedBlankLines:
+    """A stdout that ends lines as they come but never writes two empty lines in a row (nor one first)."""
+
+    def __init__(self, stream):
+        self.stream, self.pending, self.started = stream, 0, False
+
+    def write(self, text):
+        out = []
+        for char in text:
+            if char == "\n":
+                if self.started and self.pending == 0:
+                    out.append("\n")  # the line ends now (a prompt may follow on stderr)
+                self.pending += 1
+                continue
+            if self.pending >= 2 and self.started:
+                out.append("\n")  # one empty line for a run of them
+            self.pending, self.started = 0, True
+            out.append(char)
+        if out:
+            self.stream.write("".join(out))
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
@@ -220,6 +338,8 @@ LEAN_COMMANDS = ("generate", "chat", "serve", "eval")
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] in LEAN_COMMANDS:  # a process of its own, not a caller's
         os.environ.setdefault("GPTLOCAL_LEAN", "1")
+    if argv is None and "--verbose" not in sys.argv[2:]:  # a process of its own: MindSpore's own warnings stay
+        os.environ.setdefault("GLOG_v", "3")  # off the terminal (its errors show); `run --verbose` shows them
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "--version"):
         cli_args.main_parser().parse_args(argv or ["--help"])

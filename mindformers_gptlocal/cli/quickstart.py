@@ -36,9 +36,11 @@ def launch(yaml_path, log_path, extra=()):
     shown = []
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        table = False  # the rows under "[gpt_local] eval results" (launcher.eval_table) are ours too
         for line in process.stdout:
             log.write(line)
-            if line.startswith("[gpt_local]") or "error" in line.lower() and "gpt_local" in line:
+            table = line.startswith("[gpt_local] eval results") or (table and line.startswith("  "))
+            if line.startswith("[gpt_local]") or table or "error" in line.lower() and "gpt_local" in line:
                 print("   " + line.rstrip(), flush=True)
                 shown.append(line)
         code = process.wait()
@@ -48,7 +50,7 @@ def launch(yaml_path, log_path, extra=()):
 
 
 def perplexity(output):
-    match = re.search(r"'PPL': ([0-9.eE+-]+|inf)", output)
+    match = re.search(r"^\s+PPL\s+([0-9.eE+-]+|inf)", output, re.M)  # launcher.eval_table
     return float(match.group(1)) if match else float("nan")
 
 
@@ -117,8 +119,8 @@ def main(args):
     shown = os.path.relpath(model_dir) if not os.path.relpath(model_dir).startswith("..") else model_dir
     print(f"next: gptlocal generate --model {shown} --prompt {json.dumps(args.prompt)}\n"
           f"      gptlocal chat --model {shown}\n"
-          f"      gptlocal run --config model_configs/finetune_gpt_local_tiny_cpu.yaml   (after prepare-data "
-          f"--tokenizer {shown}: see docs/finetune.md)")
+          f"      gptlocal run --config model_configs/finetune_gpt_local_tiny_cpu.yaml --output_dir output/finetune   "
+          f"(after prepare-data --tokenizer {shown} --out data/ft_tiny: README's tour, docs/finetune.md)")
     return 0
 
 

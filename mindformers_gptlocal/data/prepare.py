@@ -41,6 +41,39 @@ def _limit(files, max_bytes):
     return chosen
 
 
+TEXT_PROBE_BYTES = 8192
+
+
+def check_numbers(seq_length=256, vocab_size=8192, eval_fraction=0.05, max_bytes=None):
+    """prepare-data's numbers, before anything is read or written: each a ``DataError`` naming its flag."""
+    def whole(flag, value, low):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise DataError(f"{flag} must be an integer >= {low}, got {value!r}.")
+    whole("--seq-length", seq_length, 1)
+    whole("--vocab-size", vocab_size, 1)
+    if max_bytes is not None:
+        whole("--max-bytes", max_bytes, 1)
+    if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or \
+            not 0 <= eval_fraction < 1:
+        raise DataError(f"--eval-fraction must be a share in [0, 1), got {eval_fraction!r}.")
+
+
+def check_text_file(path):
+    """A file given as input is text: its first bytes hold no NUL and decode as UTF-8 (an executable, an image
+    or an archive would otherwise be tokenised into a training set)."""
+    with open(path, "rb") as handle:
+        head = handle.read(TEXT_PROBE_BYTES)
+    if b"\0" in head:
+        raise DataError(f"--input {path} is not a text file (it holds NUL bytes: a binary file); give text "
+                        f"files, a folder of them, or .jsonl.")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not just a character cut at the probe's end
+            raise DataError(f"--input {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it to "
+                            f"UTF-8 or give text files, a folder of them, or .jsonl.") from err
+
+
 def collect_files(inputs):
     """Expand files and folders into a sorted list of text files."""
     files = []
@@ -55,6 +88,8 @@ def collect_files(inputs):
                             f"or a .jsonl file.")
     if not files:
         raise DataError(f"--input {' '.join(inputs)}: no text files found (looked for {', '.join(TEXT_SUFFIXES)}).")
+    for path in files:
+        check_text_file(path)
     return sorted(files)
 
 
@@ -167,6 +202,7 @@ def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_
     ``too_long`` says what a record longer than seq_length gets ('truncate' the prompt, or 'error').
     Returns a summary dict (also written to ``<out>/meta.json``).
     """
+    check_numbers(seq_length, vocab_size, eval_fraction, max_bytes)
     if fmt != "text":
         return _prepare_instruct(inputs, out, seq_length, vocab_size, tokenizer_path, vocab, merges,
                                  eval_fraction, overwrite, model_config, fmt, too_long, pack)

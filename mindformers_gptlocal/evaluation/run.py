@@ -12,6 +12,34 @@ from ..runtime.loader import check_model_dir
 from ..safetensors_io import atomic_write
 
 
+def hub_unreachable(timeout=3.0):
+    """The Hugging Face Hub's host (``HF_ENDPOINT``, default huggingface.co), if it cannot be reached within
+    ``timeout`` seconds: the reason, else None."""
+    import socket
+    from urllib.parse import urlparse
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return f"{host}:{port} cannot be reached ({err.strerror or err.__class__.__name__})"
+    return None
+
+
+def offline_unless_reachable():
+    """No network: the Hugging Face libraries read only their local cache (HF_HUB_OFFLINE), so a task whose data
+    set is not cached fails at once instead of retrying for a minute. Returns the reason, or None (online)."""
+    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
+        return "HF_HUB_OFFLINE is set"
+    reason = hub_unreachable()
+    if reason:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub and datasets at import (not yet imported)
+        for module, name in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE")):
+            if module in sys.modules:
+                setattr(sys.modules[module], name, True)
+    return reason
+
+
 def _lm_eval():
     try:
         import lm_eval
@@ -52,8 +80,29 @@ def env_info_without_torch():
         lm_eval.evaluator.add_env_info = original
 
 
+@contextlib.contextmanager
+def _network_errors_named(tasks, offline):
+    """A task's data set that neither the local cache nor the network gives: one ConfigError."""
+    try:
+        yield
+    except (ConnectionError, OSError) as err:  # datasets' ConnectionError, huggingface_hub's offline errors
+        if not _is_network_error(err):
+            raise
+        where = f"the Hub is offline here: {offline}" if offline else "the Hub could not be reached"
+        raise ConfigError(f"--tasks {tasks}: a task's data set is not in the local Hugging Face cache and "
+                          f"{where} ({str(err).splitlines()[0]}); run it once where huggingface.co is "
+                          f"reachable (the cache is reused), or use local tasks (--include-path DIR).") from None
+
+
+def _is_network_error(err):
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return bool(names & {"ConnectionError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "HfHubHTTPError",
+                         "Timeout", "ConnectTimeout"})
+
+
 def run_eval(options):
     """Evaluate ``options.model`` on ``options.tasks``; print the table, write ``options.output_path``."""
+    offline = offline_unless_reachable()
     lm_eval, TaskManager, handle_non_serializable, make_table = _lm_eval()
     if options.include_path and not os.path.isdir(options.include_path):
         raise ConfigError(f"--include_path {options.include_path} is not a folder of task YAMLs.")
@@ -66,6 +115,9 @@ def run_eval(options):
     if not tasks or unknown:
         raise ConfigError(f"--tasks: unknown task '{(unknown or [''])[0]}'; name lm-eval tasks (lm_eval ls tasks) "
                           f"or add --include_path DIR holding the task YAML.")
+    if offline:  # the tasks' data from the local cache, before the model loads: a missing one fails at once
+        with _network_errors_named(options.tasks, offline):
+            manager.load(tasks)
     from .harness import GPTLocalLM
     model = GPTLocalLM(pretrained=options.model, batch_size=options.batch_size, max_length=options.max_length,
                        device_target=options.device_target, seed=options.seed,
@@ -74,9 +126,10 @@ def run_eval(options):
                        compile_cache_mb=getattr(options, "compile_cache_mb", None))
     limit = None if options.limit is None else (int(options.limit) if options.limit >= 1 else options.limit)
     start = time.perf_counter()
-    with env_info_without_torch():  # gpt_local draws no torch numbers: no torch seed (setting one imports torch)
-        results = lm_eval.simple_evaluate(model=model, tasks=tasks, num_fewshot=options.num_fewshot, limit=limit,
-                                          task_manager=manager, log_samples=options.log_samples,
+    with _network_errors_named(options.tasks, offline), env_info_without_torch():
+        # gpt_local draws no torch numbers: no torch seed (setting one imports torch)
+        results = lm_eval.simple_evaluate(model=model, tasks=tasks, num_fewshot=options.num_fewshot,
+                                          limit=limit, task_manager=manager, log_samples=options.log_samples,
                                           random_seed=options.seed, numpy_random_seed=options.seed,
                                           torch_random_seed=None, fewshot_random_seed=options.seed)
     results["config"]["model"] = "gptlocal"

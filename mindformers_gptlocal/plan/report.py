@@ -195,6 +195,7 @@ def format_plan(result, path=""):
     if "cpu_peak_rss_bytes" in result:
         opt = result["cpu_optimizer"]
         lines.append(f"CPU single process: expected peak RSS {result['cpu_peak_rss_bytes'] / 2 ** 20:,.0f} MB "
-                     f"(runtime + measured CPU factors for optimizer {opt['type']}, see plan/memory.py)")
+                     f"(runtime + measured CPU factors for optimizer {opt['type']}, see plan/memory.py; measured "
+                     f"runs land up to ~20% above it)")
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)

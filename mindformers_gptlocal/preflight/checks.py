@@ -22,6 +22,7 @@ from ..safetensors_io import resolve_weights_file
 from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
                            check_device, check_safetensors_only, check_structure,
                            check_tokenizers)
+from .sections import check_sections
 from .tokenizers import check_tokenizer_identity
 
 MODEL_TYPE = "gpt_local"
@@ -176,13 +177,22 @@ def resolve_resume(config, model_config, log=print):
     """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
     hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
     wanted = config.resume_training if isinstance(config.resume_training, str) else None
-    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
-    path, info = find_resume_checkpoint(path, wanted, log)
+    path, info = find_resume_checkpoint(resume_folder(config), wanted, log)
     check_same_run(info.get("run"), this_run(config, model_config), path, info["step_num"])
     log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
     config.load_checkpoint = path
     config.resume_training = True
     _tell_callbacks(config, info)
+
+
+def resume_folder(config):
+    """Where a resumed run's checkpoints are: load_checkpoint when it names checkpoints, else (unset, or the
+    model directory a finetune starts from, which holds weights only) ``<output_dir>/checkpoint``."""
+    own = os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    path = config.get("load_checkpoint")
+    if not path or (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
+        return own
+    return path
 
 
 def resolve_rank_resume(config, model_config, log=print):
@@ -258,12 +268,21 @@ def check_layout(config):
 
 
 def preflight(config, log=print):
-    """All checks for a gpt_local run; other models pass through untouched."""
+    """All checks for a gpt_local run, then the rewrites MindFormers needs (``rewrite_for_mindformers``);
+    other models pass through untouched."""
     if not is_gpt_local(config):
         return
+    model_config = check_run(config, log)
+    rewrite_for_mindformers(config, model_config, log)
+
+
+def check_run(config, log=print):
+    """Every check of a gpt_local run; writes nothing and changes no key but use_legacy (``ensure_mcore``).
+    Returns the model's GPTLocalConfig."""
     require_compat()  # a MindFormers patch whose target moved stops here, named (mindformers_compat)
     ensure_mcore(config, log)
     check_structure(config)
+    check_sections(config)  # top-level keys, runner, context, parallel, optimizer, lr_schedule, callbacks
     check_device(config)
     model_config = model_config_of(config)
     check_layout(config)
@@ -271,13 +290,20 @@ def preflight(config, log=print):
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_tokenizer_identity(config, log)  # model, data and saved tokenizer: one tokenizer (tokenizers.py)
     check_data(config, model_config)
-    resolve_checkpoint(config, model_config, log)
-    if config.get("load_checkpoint") and not config.get("use_parallel"):
-        check_matches_config(config.load_checkpoint, model_config)
-    configure_checkpoint_monitor(config, model_config)
-    honor_stop_step(config)
     if config.run_mode == "predict" and config.get("pretrained_model_dir"):
         tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")
         if not os.path.isfile(tokenizer):
             raise DataError(f"pretrained_model_dir: {tokenizer} does not exist; predict loads the tokenizer from "
                             f"there (write it with `gptlocal prepare-data`).")
+    return model_config
+
+
+def rewrite_for_mindformers(config, model_config, log=print):
+    """The YAML keys the pre-flight sets for MindFormers, after the checks: load_checkpoint / resume_training
+    resolved to the file to load (its size checked against the model), the checkpoint callback told the
+    global batch and the run, and runner_config.stop_step turned into the callback that stops."""
+    resolve_checkpoint(config, model_config, log)
+    if config.get("load_checkpoint") and not config.get("use_parallel"):
+        check_matches_config(config.load_checkpoint, model_config)
+    configure_checkpoint_monitor(config, model_config)
+    honor_stop_step(config)

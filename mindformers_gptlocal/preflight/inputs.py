@@ -51,17 +51,32 @@ def check_device(config):
     target = (config.get("context") or {}).get("device_target") or "Ascend"
     if target not in ("CPU", "GPU", "Ascend"):
         raise ConfigError(f"context.device_target {target!r} is not one of CPU, GPU, Ascend.")
-    import mindspore as ms
-    if not ms.hal.is_available(target):
-        unset = "" if (config.get("context") or {}).get("device_target") else " (unset: MindFormers defaults to Ascend)"
-        raise ConfigError(f"context.device_target is {target}{unset}, but this MindSpore has no usable {target} "
-                          f"backend; set context.device_target (or --device_target) to CPU or install the "
-                          f"{target} software.")
+    unset = "" if (config.get("context") or {}).get("device_target") else " (unset: MindFormers defaults to Ascend)"
+    require_device(target, f"context.device_target is {target}{unset}",
+                   "set context.device_target (or --device_target) to CPU")
     optimizer = config.get("optimizer") or {}
     if target == "CPU" and optimizer.get("use_fused"):
         raise ConfigError("optimizer.use_fused: True selects MindFormers' FusedAdamW, whose AdamW kernel does not "
                           "exist on CPU. Set optimizer.type: GPTLocalAdamW (the same update, fused, on every "
                           "backend) and remove use_fused.")
+
+
+def require_device(target, what, fix):
+    """``target`` (CPU, GPU, Ascend) has a usable backend in this MindSpore, else one ConfigError: ``what`` names
+    where it was chosen, ``fix`` says what to do instead."""
+    import logging
+    import mindspore as ms
+    from mindspore import log as ms_log
+    logger = ms_log._get_logger()  # pylint: disable=protected-access
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its "backend not available" warnings: the error below says it once
+    try:
+        available = ms.hal.is_available(target)
+    finally:
+        logger.setLevel(level)
+    if not available:
+        raise ConfigError(f"{what}, but this MindSpore has no usable {target} backend; {fix} or install the "
+                          f"{target} software.")
 
 
 def _positive_int(section, key, name):

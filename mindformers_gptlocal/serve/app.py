@@ -38,6 +38,65 @@ def error_response(status, message, param=None, code=None, kind="invalid_request
                         status_code=status, headers=headers)
 
 
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+               422: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def add_error_shape(app):
+    """FastAPI's own answers (an unknown route 404, a wrong method 405, a body it cannot validate 422, any
+    HTTPException) in the OpenAI error shape, like every answer of ours."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc):  # pylint: disable=unused-argument
+        kind = ERROR_TYPES.get(exc.status_code, "server_error" if exc.status_code >= 500 else "invalid_request_error")
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        elif exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.url.path}; see /v1/models, /v1/completions, /v1/chat/completions, /health"
+        return error_response(exc.status_code, message, code=str(exc.status_code), kind=kind,
+                              headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc):  # pylint: disable=unused-argument
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
+        return error_response(422, f"{where}: {first.get('msg', 'invalid')}", param=where, code="422")
+
+
+def bind_port(host, port):
+    """The server's listening socket, bound before the model loads, so a port out of range, taken or not
+    allowed, or a host that is not this machine's, stops the command at once with one line (uvicorn is handed
+    this socket: nothing can take the port between the check and the start)."""
+    import errno
+    import socket
+    from ..errors import ConfigError
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port} is not a TCP port (0-65535); e.g. --port 8000.")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError(f"--host {host} cannot be resolved ({err}); give an address of this machine, e.g. "
+                          f"127.0.0.1 or 0.0.0.0.") from err
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        reason = {errno.EADDRINUSE: "is already in use (another server?); stop it or pass another --port",
+                  errno.EACCES: "needs privileges on this machine (ports below 1024); pass --port 8000 or another "
+                                "above 1023",
+                  errno.EADDRNOTAVAIL: f"cannot be bound: --host {host} is not an address of this machine"}
+        raise ConfigError(f"--port {port} on {host} {reason.get(err.errno, f'cannot be bound ({err.strerror})')}."
+                          ) from err
+    return sock
+
+
 def load_tokenizer(model_dir):
     """(tokenizers.Tokenizer or None, chat template or None) from the model directory (``runtime/loader.py``)."""
     from ..runtime.loader import read_tokenizer
@@ -55,6 +114,7 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
     app = FastAPI(title="gptlocal serve")
     app.state.ops = state
     app.add_middleware(OpsMiddleware, state=state)
+    add_error_shape(app)
     created = int(time.time())
 
     @app.get("/health")
@@ -298,6 +358,7 @@ def serve(options):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
                               f"{' (0: no limit)' if key == 'request_timeout' else ''}, got {getattr(options, key)}.")
     check_model_dir(model_dir, "--model", tokenizer=False)  # before anything starts (no tokenizer: token ids only)
+    sock = bind_port(options.host, options.port)  # before anything loads
     api_key = options.api_key or os.environ.get("GPTLOCAL_API_KEY") or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     warning = exposure_warning(options.host, api_key)
@@ -334,9 +395,10 @@ def serve(options):
     server = graceful_server(uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level),
                              state, engine)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.stop()
+        sock.close()
     # The interpreter's last garbage collection over MindSpore's graphs took 6-7.6 s of a shutdown (busy
     # machine); frozen objects are skipped by it: 2.6 s. Nothing of the server is left to finalize.
     import gc

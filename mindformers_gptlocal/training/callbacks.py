@@ -61,6 +61,9 @@ class GPTLocalThroughputMonitor(Callback):
         self.skipped = 0
         self.last_scale = None
         self.history = []
+        self.started = None
+        self.tokens = 0
+        self.step_seconds = None  # the latest window's seconds a step, without the first (compile) step
 
     def on_train_begin(self, run_context):
         if self.tokens_per_step is None:
@@ -70,6 +73,8 @@ class GPTLocalThroughputMonitor(Callback):
     def on_train_step_begin(self, run_context):
         if self.window_start is None:
             self.window_start = time.time()
+        if self.started is None:
+            self.started = time.time()
 
     def on_train_step_end(self, run_context):
         params = run_context.original_args()
@@ -86,22 +91,86 @@ class GPTLocalThroughputMonitor(Callback):
             change = "backed off" if scale < self.last_scale else "raised"
             self.stream.write(f"[gpt_local] step {step}: loss scale {change} {self.last_scale:g} -> {scale:g}\n")
         self.last_scale = scale
-        total = max(params.batch_num * params.epoch_num, step)
+        self.tokens += self.tokens_per_step
+        total = max(self.stop_at(params), step)
         if step == 1 or step % self.per_print_times == 0 or step == total:
             seconds = time.time() - self.window_start
             rate = self.tokens_per_step * self.window_steps / max(seconds, 1e-9)
+            if step > 1 + self.initial_step:  # the first step's time is mostly the compile
+                self.step_seconds = seconds / self.window_steps
+            eta = "" if self.step_seconds is None or step >= total else \
+                f"  ETA {format_seconds(self.step_seconds * (total - step))}"
             # repr: the exact float, so runs can be compared bit for bit (resume tests do)
             self.stream.write(f"[gpt_local] step {step}/{total}  loss {loss!r}  {rate:,.0f} tokens/s  "
                               f"{1000 * seconds / self.window_steps:.0f} ms/step  skipped {self.skipped}"
-                              f"{'' if scale is None else f'  scale {scale:g}'}\n")
+                              f"{'' if scale is None else f'  scale {scale:g}'}{eta}\n")
             self.stream.flush()
             self.window_start = time.time()
             self.window_steps = 0
 
+    def stop_at(self, params):
+        """The step the run ends at: the dataset's steps, or runner_config.stop_step's (TrainCallBack, which
+        counts this run's steps) if it comes first."""
+        total = params.batch_num * params.epoch_num
+        for callback in getattr(params, "list_callback", None) or []:
+            stop = getattr(callback, "stop_step", None)
+            if type(callback).__name__ == "TrainCallBack" and isinstance(stop, int) and stop > 0:
+                total = min(total, stop + self.initial_step)
+        return total
+
     def on_train_end(self, run_context):
         peak_mb = peak_rss_mb()
-        self.stream.write(f"[gpt_local] training done, peak RSS {peak_mb:,.0f} MB\n")
+        steps = len(self.history)
+        seconds = time.time() - self.started if self.started else 0.0
+        last = f", last loss {self.history[-1]:.4f}" if self.history else ""
+        rate = f", {self.tokens / seconds:,.0f} tokens/s overall" if seconds > 0 and self.tokens else ""
+        self.stream.write(f"[gpt_local] training done: {steps} steps in {format_seconds(seconds)}{last}{rate}; "
+                          f"peak RSS {peak_mb:,.0f} MB\n")
         self.stream.flush()
+
+
+def format_seconds(seconds):
+    """``1h02m``, ``3m05s`` or ``12s``."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
+class GPTLocalEvalProgress(Callback):
+    """Eval progress on stdout: the batches scored of the dataset's, tokens/s and the time left, every
+    ``per_print_times`` batches and at the end (the first batch includes the graph compile)."""
+
+    def __init__(self, per_print_times=10, stream=None):
+        super().__init__()
+        self.per_print_times = max(int(per_print_times), 1)
+        self.stream = stream or sys.stdout
+        self.started = self.first_done = None
+        self.tokens_per_step = 0
+
+    def on_eval_begin(self, run_context):
+        params = run_context.original_args()
+        dataset = getattr(params, "valid_dataset", None)
+        if dataset is not None:
+            self.tokens_per_step = int(np.prod(dataset.output_shapes()[0]))
+        self.started = time.time()
+
+    def on_eval_step_end(self, run_context):
+        params = run_context.original_args()
+        step, total = params.cur_step_num, params.batch_num
+        now = time.time()
+        if self.first_done is None:
+            self.first_done = (now, step)
+        if step == 1 or step % self.per_print_times == 0 or step == total:
+            since, at = self.first_done
+            rate = (step - at) / max(now - since, 1e-9) if step > at else 0
+            tokens = f"  {rate * self.tokens_per_step:,.0f} tokens/s" if rate and self.tokens_per_step else ""
+            eta = f"  ETA {format_seconds((total - step) / rate)}" if rate and step < total else ""
+            self.stream.write(f"[gpt_local] eval batch {step}/{total}{tokens}{eta}\n")
+            self.stream.flush()
 
 
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)

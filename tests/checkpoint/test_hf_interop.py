@@ -189,7 +189,7 @@ def test_launcher_eval_and_finetune_from_converted_weights(corpus, tmp_path):
 
     code, out = evaluation.result()
     assert code == 0, out[-3000:]
-    ppl = float(re.search(r"'PPL': ([0-9.]+)", out).group(1))
+    ppl = float(re.search(r"^\s+PPL\s+([0-9.]+)", out, re.M).group(1))
     assert abs(ppl - hf_ppl) <= 1e-4 * hf_ppl, (ppl, hf_ppl)
     code, out = finetune.result()
     assert code == 0, out[-3000:]

@@ -106,3 +106,35 @@ def test_held_out_documents_fill_at_least_one_window():
     assert [len(d) for d in held] == [5, 5, 40] and [len(d) for d in train] == [300]
     train, held = split_documents([np.arange(10), np.arange(10)], eval_fraction=0.5, seq_length=32)
     assert held == [] and len(train) == 2  # too little text: nothing held out
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "prepare-data", *args], cwd=str(cwd),
+                          capture_output=True, text=True, env=source_env(), timeout=300)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--seq-length", "0"], "--seq-length must be an integer >= 1, got 0"),
+    (["--seq-length", "-1"], "--seq-length must be an integer >= 1, got -1"),
+    (["--vocab-size", "0"], "--vocab-size must be an integer >= 1, got 0"),
+    (["--eval-fraction", "1.5"], "--eval-fraction must be a share in [0, 1), got 1.5"),
+    (["--max-bytes", "-5"], "--max-bytes must be an integer >= 1, got -5"),
+])
+def test_cli_bad_numbers_one_line_nothing_written(tmp_path, args, expected):
+    proc = _cli("--input", str(_write_docs(tmp_path / "docs")), "--out", "out", *args, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["docs"]
+
+
+def test_binary_input_is_refused(tmp_path):
+    """An executable is not tokenised into a training set: one line, exit 2, nothing written."""
+    proc = _cli("--input", sys.executable, "--out", "out", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "is not a text file (it holds NUL bytes" in lines[0] and os.listdir(tmp_path) == []
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9 ".encode("latin-1") * 50)
+    with pytest.raises(DataError, match="is not UTF-8 text"):
+        prepare([str(latin)], out=str(tmp_path / "out"), seq_length=16)
+    assert not os.path.exists(tmp_path / "out")

@@ -48,7 +48,7 @@ def test_eval_reports_perplexity_lower_than_untrained(trained, corpus, tmp_path)
         code, text = launch.result()
         assert code == 0, text[-3000:]
         texts.append(text)
-    ppl = [float(re.search(r"'PPL': ([0-9.]+)", text).group(1)) for text in texts]
+    ppl = [float(re.search(r"^\s+PPL\s+([0-9.]+)", text, re.M).group(1)) for text in texts]
     assert ppl[0] > 400  # random init over a 512-token vocabulary
     assert ppl[1] < 0.7 * ppl[0], ppl
 

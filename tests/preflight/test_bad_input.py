@@ -226,7 +226,8 @@ def test_launcher_prints_one_clean_line_for_bad_yaml(tmp_path):
     code, out = run_launcher(["--config", str(bad)], cwd=str(tmp_path))
     errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out[-2000:]
-    assert "cannot be read as a MindFormers YAML" in errors[0]
+    assert f"{bad}:4:4: YAML syntax error" in errors[0]  # named by line and column
+    assert os.listdir(tmp_path) == ["bad.yaml"]  # nothing created, not even MindFormers' log folder
 
 
 def test_megatron_token_ids_beyond_vocab(tmp_path, corpus):
