@@ -8,6 +8,7 @@ or the plain ``User: ... / Assistant:`` form, exactly as ``gptlocal serve`` does
 stops a reply at the next ``User:`` turn in the plain form.
 """
 import sys
+import time
 
 from ..errors import ConfigError
 
@@ -39,9 +40,9 @@ class Streamer:
     """``stop_when`` hook of one prompt: the runtime's ``Detokenizer`` over the generated ids (EOS left out, special
     tokens skipped), its new text written to ``out``; a stop string ends the reply (not printed)."""
 
-    def __init__(self, tokenizer, out, stop=(), eos=None):
+    def __init__(self, tokenizer, out, stop=(), eos=None, lead=""):
         from ..runtime.detokenizer import Detokenizer
-        self.out, self.eos = out, eos
+        self.out, self.eos, self.lead = out, eos, lead  # lead: written before the first text (generate's prompt)
         self.text_of = Detokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), stop)
 
     def __call__(self, rows, generated):
@@ -54,20 +55,29 @@ class Streamer:
 
     def _write(self, delta):
         if delta and self.out is not None:
-            self.out.write(delta)
+            self.out.write(self.lead + delta)
+            self.lead = ""
             self.out.flush()
 
     def finish(self):
         self._write(self.text_of.rest())
+        if self.lead and self.out is not None:  # no text came: the lead still goes out
+            self.out.write(self.lead)
+            self.lead = ""
         return self.text
 
 
-def complete(model, tokenizer, ids, kwargs, out=None, stop=()):
-    """Generate after ``ids``; the reply text (cut at a stop string), streamed to ``out`` if given."""
+def complete(model, tokenizer, ids, kwargs, out=None, stop=(), lead="", stats=None):
+    """Generate after ``ids``; the reply text (cut at a stop string), streamed to ``out`` if given, after ``lead``
+    (written with the first text, so a prompt the model refuses is never echoed). ``stats``: a dict that gets
+    ``seconds`` and ``new_tokens`` of the generate call."""
     from ..runtime.generate import generate
     eos = model.config.eos_token_id
-    streamer = Streamer(tokenizer, out, stop, eos) if out is not None or stop else None
+    streamer = Streamer(tokenizer, out, stop, eos, lead) if out is not None or stop else None
+    start = time.perf_counter()
     sequences = generate(model, [ids], stop_when=streamer, eos_token_id=eos, **kwargs)
+    if stats is not None:
+        stats.update(seconds=time.perf_counter() - start, new_tokens=len(sequences[0]) - len(ids))
     if streamer is None:
         new = [t for t in sequences[0][len(ids):] if t != eos]
         return tokenizer.decode(new, skip_special_tokens=True)
@@ -84,13 +94,16 @@ def generate(options):
     ids = tokenizer.encode(options.prompt).ids
     if not ids:
         raise ConfigError("--prompt is empty; give some text to continue.")
-    sys.stdout.write(options.prompt)
-    sys.stdout.flush()
-    if options.stream:
-        complete(model, tokenizer, ids, kwargs, out=sys.stdout)
+    stats = {}
+    if options.stream:  # the prompt goes out with the first text: a prompt the model refuses is not echoed
+        complete(model, tokenizer, ids, kwargs, out=sys.stdout, lead=options.prompt, stats=stats)
     else:
-        sys.stdout.write(complete(model, tokenizer, ids, kwargs))
+        sys.stdout.write(options.prompt + complete(model, tokenizer, ids, kwargs, stats=stats))
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    tokens, seconds = stats["new_tokens"], stats["seconds"]
+    print(f"[gptlocal] {tokens} new tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s, "
+          f"prompt and compile included)", file=sys.stderr)
     return 0
 
 

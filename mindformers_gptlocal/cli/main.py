@@ -6,11 +6,9 @@ Arguments are defined in ``args.py``; each command imports only what its work ne
 ``convert`` and every ``--help`` load neither MindSpore nor MindFormers: ``main`` answers ``--help`` from
 ``args.py`` before a command imports its work).
 """
-import contextlib
 import json
 import os
 import sys
-import time
 
 from ..errors import CheckpointError, ConfigError, GPTLocalError
 from . import args as cli_args
@@ -175,29 +173,6 @@ def quickstart(argv):
     return run_quickstart(options)
 
 
-@contextlib.contextmanager
-def generation_timing(timings):
-    """(seconds, new tokens) of each ``model.generate`` call made inside, appended to ``timings``."""
-    from ..model.gpt import GPTLocalForCausalLM
-    own = "generate" in GPTLocalForCausalLM.__dict__
-    original = GPTLocalForCausalLM.generate
-
-    def timed(self, input_ids, *args, **kwargs):
-        start = time.perf_counter()
-        sequences = original(self, input_ids, *args, **kwargs)
-        timings.append((time.perf_counter() - start,
-                        sum(len(out) - len(given) for out, given in zip(sequences, input_ids))))
-        return sequences
-    GPTLocalForCausalLM.generate = timed
-    try:
-        yield
-    finally:
-        if own:
-            GPTLocalForCausalLM.generate = original
-        else:
-            del GPTLocalForCausalLM.generate
-
-
 def check_device_target(options):
     """--device-target names a backend this MindSpore has, checked before the model loads (one line)."""
     target = getattr(options, "device_target", None) or "CPU"
@@ -230,24 +205,10 @@ def evaluate(argv):
 
 
 def generate(argv):
-    """The prompt's echo is held until the first generated text (a prompt the model refuses, e.g. longer than
-    its context, is not printed before the error); a tokens/s line ends on stderr."""
     options = cli_args.generate_parser().parse_args(argv)
     check_device_target(options)
     from .generate import generate as run_generate
-    timings = []
-    held = HeldFirstWrite(sys.stdout)
-    sys.stdout = held
-    try:
-        with generation_timing(timings):
-            code = run_generate(options)
-        held.release()
-    finally:
-        sys.stdout = held.stream
-    for seconds, tokens in timings:
-        print(f"[gptlocal] {tokens} new tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s, "
-              f"prompt and compile included)", file=sys.stderr)
-    return code
+    return run_generate(options)
 
 
 def chat(argv):
@@ -262,34 +223,6 @@ def chat(argv):
         return run_chat(options)
     finally:
         sys.stdout = squeezed.stream
-
-
-class HeldFirstWrite:
-    """A stdout that holds its first write until a second one (or ``release()``); dropped on an error."""
-
-    def __init__(self, stream):
-        self.stream, self.held, self.released = stream, None, False
-
-    def write(self, text):
-        if not self.released and self.held is None:
-            self.held = text
-            return len(text)
-        self.release()
-        return self.stream.write(text)
-
-    def release(self):
-        if self.held is not None:
-            self.stream.write(self.held)
-            self.held = None
-        self.released = True
-        self.stream.flush()
-
-    def flush(self):
-        if self.released:
-            self.stream.flush()
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
 
 
 class SqueezedBlankLines:

@@ -357,8 +357,12 @@ def serve(options):
         if getattr(options, key) < 0 or (key == "send_timeout" and options.send_timeout == 0):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
                               f"{' (0: no limit)' if key == 'request_timeout' else ''}, got {getattr(options, key)}.")
-    check_model_dir(model_dir, "--model", tokenizer=False)  # before anything starts (no tokenizer: token ids only)
     sock = bind_port(options.host, options.port)  # before anything loads
+    try:
+        check_model_dir(model_dir, "--model", tokenizer=False)  # before anything starts (no tokenizer: token ids only)
+    except Exception:
+        sock.close()
+        raise
     api_key = options.api_key or os.environ.get("GPTLOCAL_API_KEY") or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     warning = exposure_warning(options.host, api_key)
