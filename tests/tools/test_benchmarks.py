@@ -64,9 +64,8 @@ def test_run_py_names_every_benchmark_and_runs_a_part():
     scripts = {script for _, parts in run.SUITES.values() for _, script, _ in parts}
     here = {name for name in os.listdir(BENCH) if name.endswith(".py")}
     assert scripts <= here
-    # besides the shared helpers, only the benchmarks of opt-in paths that other work removes stay outside a suite
-    assert here - scripts <= {"_common.py", "run.py", "eval_tasks.py",
-                              "head_loss.py", "fused_optimizer.py", "serve_chunk_cache.py"}
+    # besides the shared helpers, every script is a part of a suite
+    assert here - scripts <= {"_common.py", "run.py", "eval_tasks.py"}
     out = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "train", "--part", "small", "--dry-run",
                           "--rounds", "1"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ("== train/small: python benchmarks/train_throughput.py --shapes small --rounds 2 --steps 5 "
@@ -111,3 +110,42 @@ def test_performance_doc_commands_are_run_py_suites_and_parts():
         assert f"`python benchmarks/run.py {suite}`" in text, suite
     scripts = set(re.findall(r"python benchmarks/(\w+\.py)", text)) - {"run.py"}
     assert all(os.path.isfile(os.path.join(BENCH, name)) for name in scripts), scripts
+
+
+def retired_variables():
+    """Every ``GPTLOCAL_*`` variable the package no longer reads (it only prints a line naming the replacement)."""
+    import re
+    from mindformers_gptlocal.kernels.provider import RETIRED_SWITCHES
+    from mindformers_gptlocal.runtime.graph_cache import REMOVED_VARS
+    from mindformers_gptlocal.serve.engine import REMOVED_GREEDY_STEPS
+    host_memory = open(os.path.join(REPO, "mindformers_gptlocal", "host_memory.py"), encoding="utf-8").read()
+    malloc = set(re.findall(r'"(GPTLOCAL_[A-Z_]+)" in os\.environ:  # retired', host_memory))
+    assert malloc == {"GPTLOCAL_MALLOC_DEFAULTS"}
+    return set(RETIRED_SWITCHES) | set(REMOVED_VARS) | {REMOVED_GREEDY_STEPS} | malloc
+
+
+def test_no_benchmark_sets_a_retired_variable():
+    """The benchmarks choose kernels (and the rest) through the model config, never through a ``GPTLOCAL_*``
+    variable the package no longer reads: no script names one, and every ``GPTLOCAL_*`` name a script holds is one
+    the package still reads (``_common.py``'s own retired ``GPTLOCAL_KEEP_BENCH`` notice aside)."""
+    import re
+    retired = retired_variables()
+    assert {"GPTLOCAL_LINEAR_KERNEL", "GPTLOCAL_NORM_GELU_KERNELS", "GPTLOCAL_SERVE_GREEDY_STEPS",
+            "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"} <= retired
+    package = set()
+    for root, _, files in os.walk(os.path.join(REPO, "mindformers_gptlocal")):
+        for name in files:
+            if name.endswith(".py"):
+                package |= set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(root, name), encoding="utf-8").read()))
+    package |= set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(REPO, "mindformers_gptlocal_autoregister.py"),
+                                                         encoding="utf-8").read()))
+    read = package - retired
+    found = {}
+    for name in sorted(os.listdir(BENCH)):
+        if name.endswith(".py"):
+            text = open(os.path.join(BENCH, name), encoding="utf-8").read()
+            names = set(re.findall(r"GPTLOCAL_[A-Z_]+", text)) - ({"GPTLOCAL_KEEP_BENCH"} if name == "_common.py"
+                                                                      else set())
+            if names - read:
+                found[name] = sorted(names - read)
+    assert not found, found
