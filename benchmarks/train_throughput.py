@@ -36,11 +36,17 @@ LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, LayerNorm/G
           "sdpa+fused": "HF GPT-2, sdpa + fused AdamW", "compile": "HF GPT-2, torch.compile"}
 
 
+def side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra=None):
+    """Our side's YAML: the tiny one resized (``_common.ours_yaml``); ours_plain's model_config also holds
+    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels)."""
+    if side == "ours_plain":
+        model_extra = dict(model_extra or {}, cpu_kernels=dict(PLAIN_NORM_GELU))
+    return C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
+
+
 def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra=None):
-    if side in ("ours", "ours_plain"):  # ours_plain: MindSpore's LayerNorm and Add + GeLU instead of our kernels
-        if side == "ours_plain":
-            model_extra = dict(model_extra or {}, cpu_kernels=dict(PLAIN_NORM_GELU))
-        yaml_path = C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
+    if side in ("ours", "ours_plain"):
+        yaml_path = side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra)
         report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
         if len(report["step_times"]) != steps:

@@ -149,3 +149,49 @@ def test_no_benchmark_sets_a_retired_variable():
             if names - read:
                 found[name] = sorted(names - read)
     assert not found, found
+
+
+def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
+    """Each benchmark's plain side asks for its plain ops through model_config.cpu_kernels (valid values, the ops
+    its docstring names); the kernels sides leave the default."""
+    import train_throughput
+    import finetune_throughput
+    import generate_throughput
+    import llama_style_vs_transformers
+    from mindformers_gptlocal import yaml_io
+    from mindformers_gptlocal.kernels.provider import read_cpu_kernels
+    corpus = tmp_path / "train.mindrecord"
+    (tmp_path / "train.mindrecord.rows").write_text("8")
+    shape = dict(C.SHAPES["tiny"], seq=32, batch=1)
+
+    def model_config(side, extra=None):
+        path = train_throughput.side_yaml(side, shape, 2, str(corpus), str(tmp_path), side, THREADS, extra)
+        return yaml_io.load_yaml(path)["model"]["model_config"]
+
+    plain = model_config("ours_plain", {"attention_block_size": 64})
+    assert dict(plain["cpu_kernels"]) == {"layer_norm": "plain", "bias_gelu": "plain"}
+    assert plain["attention_block_size"] == 64  # the other extra keys stay
+    assert "cpu_kernels" not in model_config("ours")
+    modes = read_cpu_kernels(finetune_throughput.PLAIN_DROPOUT["cpu_kernels"])
+    assert [op for op, mode in modes.items() if mode == "plain"] == ["lora_dropout"]
+    assert read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-matmul"])["linear"] == "plain"
+    assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul"}
+    assert generate_throughput.LINEAR_KERNEL == {"rows": "auto", "always": "kernel", "off": "plain"}
+    modes = read_cpu_kernels(llama_style_vs_transformers.SIDE_KERNELS["ours_plain"])
+    assert sorted(op for op, mode in modes.items() if mode == "plain") == ["rms_norm", "swiglu"]
+
+
+def test_train_step_profile_plain_op_is_a_cpu_kernels_op():
+    """``--plain-op``: the plain variant sets those cpu_kernels ops to plain, the kernels variant to kernel (as the old
+    switch's 0 / 1); lora-plaindrop adds lora_dropout plain; a name that is no op is refused, exit 2."""
+    import train_step_profile as P
+    from mindformers_gptlocal.kernels.provider import KernelProvider
+    assert P.cpu_kernels(["layer_norm", "bias_gelu"], False) == {"layer_norm": "plain", "bias_gelu": "plain"}
+    assert P.cpu_kernels(["linear"], True) == {"linear": "kernel"}
+    assert P.cpu_kernels(["layer_norm"], True, plain_dropout=True) == {"layer_norm": "kernel", "lora_dropout": "plain"}
+    plain = KernelProvider(P.cpu_kernels(["linear"], False), device_target="CPU")
+    assert plain.linear_gemm(__import__("mindspore").float32) == (None, None)
+    assert KernelProvider(P.cpu_kernels(["linear"], True), device_target="CPU").uses("linear")
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_profile.py"), "--plain-op", "layernorm"],
+                         capture_output=True, text=True, check=False, env=C.worker_env(THREADS))
+    assert bad.returncode == 2 and "--plain-op: layernorm not an op of model_config.cpu_kernels" in bad.stderr
