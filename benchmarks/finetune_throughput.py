@@ -9,8 +9,9 @@ shapes, same machine, same run.
 Sides (each run in its own process, so its peak RSS, VmHWM, is its own):
   ms-lora    ``gptlocal run`` (MindFormers' trainer) with model_config.pet_config (LoRA r=8 on
              linear_qkv/proj/fc1/fc2, base frozen)
-  ms-lora-plaindrop  ms-lora with GPTLOCAL_LORA_DROPOUT_KERNEL=0: lora_dropout through the plain counter dropout
-             (its graph ops) instead of gpt_local's CPU kernel (the kernel's reference; ``--methods lora-dropout``)
+  ms-lora-plaindrop  ms-lora with model_config.cpu_kernels {lora_dropout: plain}: lora_dropout through the plain
+             counter dropout (its graph ops) instead of gpt_local's CPU kernel (the kernel's reference;
+             ``--methods lora-dropout``)
   ms-full    the same YAML without pet_config: every weight trains
   torch-lora GPT2LMHeadModel (sdpa) + ``peft.get_peft_model`` (r=8, alpha 16, c_attn/c_proj/c_fc), fused
              AdamW on the adapters, grad-norm clip 1.0 (as our wrapper), same token windows
@@ -39,7 +40,7 @@ TARGETS = ".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2"
 SIDES = ("ms-lora", "torch-lora", "ms-full", "ms-prefix", "torch-prefix")
 METHODS = {"lora": ("ms-lora", "torch-lora", "ms-full"), "prefix": ("ms-prefix", "torch-prefix"), "all": SIDES,
            "lora-dropout": ("ms-lora", "torch-lora", "ms-lora-plaindrop")}
-SIDE_ENV = {"ms-lora-plaindrop": dict(GPTLOCAL_LORA_DROPOUT_KERNEL="0")}
+PLAIN_DROPOUT = {"cpu_kernels": {"lora_dropout": "plain"}}  # ms-lora-plaindrop's model_config
 PREFIX_TOKENS = 20
 PREFIX_CONFIG = dict(pet_type="ptuning2", pre_seq_len=PREFIX_TOKENS, prefix_projection=False, dropout_prob=0.0)
 PET_CONFIG = dict(pet_type="lora", lora_rank=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
@@ -47,7 +48,7 @@ PET_CONFIG = dict(pet_type="lora", lora_rank=LORA["rank"], lora_alpha=LORA["alph
 
 
 def run_side(side, commands, threads):
-    report, text = C.run_worker(__file__, commands[side], threads, **SIDE_ENV.get(side, {}))
+    report, text = C.run_worker(__file__, commands[side], threads)
     if side.startswith("ms-"):
         report["step_times"], report["trainable"] = C.ms_step_times(text)
     return report
@@ -84,12 +85,14 @@ def main():
     corpus, data, _ = C.prepare_windows(workdir, s["seq"], args.threads, max_bytes=1_000_000)
     yamls = {"ms-lora": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_lora", args.threads,
                                     PET_CONFIG),
+             "ms-lora-plaindrop": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_lora_plaindrop",
+                                              args.threads, PET_CONFIG, model_extra=PLAIN_DROPOUT),
              "ms-full": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_full", args.threads),
              "ms-prefix": C.ours_yaml(s, args.steps, corpus, workdir, f"ours_{args.shape}_prefix", args.threads,
                                       PREFIX_CONFIG)}
     commands = {"ms-lora": ["--ms-worker", yamls["ms-lora"], "--threads", str(args.threads)],
                 "ms-full": ["--ms-worker", yamls["ms-full"], "--threads", str(args.threads)],
-                "ms-lora-plaindrop": ["--ms-worker", yamls["ms-lora"], "--threads", str(args.threads)],
+                "ms-lora-plaindrop": ["--ms-worker", yamls["ms-lora-plaindrop"], "--threads", str(args.threads)],
                 "torch-lora": ["--torch-worker", args.shape, "--lora", "--steps", str(args.steps), "--data", data,
                                "--threads", str(args.threads)],
                 "ms-prefix": ["--ms-worker", yamls["ms-prefix"], "--threads", str(args.threads)],

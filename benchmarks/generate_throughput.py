@@ -19,18 +19,19 @@ for --rounds rounds per shape and batch; the table gives the median over rounds 
     python benchmarks/generate_throughput.py --kernels-vs-plain --shapes small --batches 1,8 --cache-lengths 256,2048
 
 ``--kernels-vs-plain``: in ONE worker, the same random model twice (same seed, so the same weights): once as
-``generate`` runs it with the opt-in decode kernel on (the prefill through the fused CPU attention kernel,
-``KVCache.prefill``; the decode step through the decode attention kernel, GPTLOCAL_DECODE_ATTENTION_KERNEL=1) and
-once with both attention paths plain (``KVCache.step`` for the prefill,
-``decode_attention`` off); the calls alternate for --rounds rounds. Prints the prefill (32-token prompts, cache of
-160 rows) and one decode step at each --cache-lengths (at the last row and at the middle one, to show that masked
-rows are not read), wall (median [min]) and the process's CPU time (median), plain / kernels, and the largest
-logit difference. The kernels side runs its Linears and head as ``generate`` does by default (the GEMM kernel in graphs
-of at least ``cpu_kernels.LINEAR_GEMM_ROWS`` rows: the prefill, not the decode step), the plain side through MatMul
-(GPTLOCAL_LINEAR_KERNEL=0); ``--linear-kernel always``: the kernels side's in every graph (=1), ``off``: MatMul too.
+``generate`` runs it (the prefill through the fused CPU attention kernel, ``KVCache.prefill``) and once plain
+(``KVCache.step`` for the prefill, model_config.cpu_kernels {linear: plain}); the calls alternate for --rounds
+rounds. Prints the prefill (32-token prompts, cache of 160 rows) and one decode step at each --cache-lengths (at the
+last row and at the middle one, to show that masked rows are not read), wall (median [min]) and the process's CPU
+time (median), plain / kernels, and the largest logit difference. The kernels side runs its Linears and head as
+``generate`` does by default (cpu_kernels {linear: auto}: the GEMM kernel in graphs of at least
+``kernels.provider.LINEAR_GEMM_ROWS`` rows: the prefill, not the decode step), the plain side through MatMul;
+``--linear-kernel always``: the kernels side's in every graph ({linear: kernel}), ``off``: MatMul too
+({linear: plain}).
 
-``--sides ours,ours-matmul,hf``: ours-matmul is ours with GPTLOCAL_LINEAR_KERNEL=0 (every Linear and the head on
-MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others in the same run.
+``--sides ours,ours-matmul,hf``: ours-matmul is ours with model_config.cpu_kernels {linear: plain} (every Linear and
+the head on MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others in the
+same run.
 """
 import argparse
 import os
@@ -49,9 +50,13 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 SIDES = ("ours", "ours-mf", "ours-matmul", "ours-cached", "hf")
-SIDE_ENV = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours-mf": {},  # ours-matmul: ours with every Linear on MatMul
-            "ours-matmul": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_LINEAR_KERNEL": "0"}, "hf": {},
+SIDE_ENV = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours-mf": {}, "ours-matmul": {"GPTLOCAL_LEAN": "1"}, "hf": {},
             "ours-cached": {"GPTLOCAL_LEAN": "1"}}  # ours through a compile cache (the CLI's default)
+# model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul); the other
+# sides keep the converted folder's (auto), as gptlocal generate runs it
+SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}}
+# --linear-kernel -> the kernels side's cpu_kernels of kernels_vs_plain (the plain side: {linear: plain})
+LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}
 
 
 def timed_ours(model, prompts, use_past):
@@ -129,7 +134,8 @@ def worker(side, work, shape, batch, threads, recompute):
         report["mindformers_loaded"] = "mindformers" in sys.modules
         with phases("load"):
             model_dir = os.path.join(work, shape + "_ms")
-            model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch))
+            kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
+            model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels)
         if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
             from mindformers_gptlocal.runtime.graph_cache import attach
             attach(model, os.path.join(work, "compile-cache"), model_dir)
@@ -165,16 +171,11 @@ def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel="rows
                   num_attention_heads=sizes["n_head"], max_position_embeddings=max(1024, *lengths),
                   seq_length=max(1024, *lengths), hidden_dropout=0.0, attention_dropout=0.0, max_batch_size=8)
 
-    def built(plain):
-        os.environ["GPTLOCAL_DECODE_ATTENTION_KERNEL"] = "0" if plain else "1"  # read at build: opt-in kernel
-        flag = {"rows": "", "always": "1", "off": "0"}[linear_kernel]  # --linear-kernel; read at build
-        os.environ["GPTLOCAL_LINEAR_KERNEL"] = "0" if plain else flag
+    def built(plain):  # the plain prefill is KVCache.step (below); the plain side's Linears and head on MatMul
+        linear = "plain" if plain else LINEAR_KERNEL[linear_kernel]
         ms.set_seed(0)
-        model = GPTLocalForCausalLM(GPTLocalConfig(**config))
+        model = GPTLocalForCausalLM(GPTLocalConfig(**config, cpu_kernels={"linear": linear}))
         model.set_train(False)
-        if plain:  # the plain decode attention (the prefill's plain call is KVCache.step, below)
-            for layer in model.model.layers:
-                layer.attention.decode_attention = None
         return model
 
     models = {"kernels": built(False), "plain": built(True)}
@@ -220,16 +221,16 @@ def main():
     parser.add_argument("--sides", default="ours,hf",
                         help="ours (the lean process gptlocal generate runs: no MindFormers), ours-mf (the model on "
                              "MindFormers' bases, as after `import mindformers`), ours-matmul (ours with "
-                             "GPTLOCAL_LINEAR_KERNEL=0: MatMul in every Linear), ours-cached (ours through a "
-                             "compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
+                             "model_config.cpu_kernels {linear: plain}: MatMul in every Linear), ours-cached (ours "
+                             "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), hf")
     parser.add_argument("--kernels-vs-plain", action="store_true",
-                        help="in one worker: prefill and decode step through the CPU attention kernels vs plain")
+                        help="in one worker: prefill and decode step through the CPU kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
     parser.add_argument("--linear-kernel", choices=("rows", "always", "off"), default="rows",
                         help="--kernels-vs-plain: the kernels side's Linears and head on the GEMM kernel in graphs of "
-                             "many rows (rows: the default), in every graph (always: GPTLOCAL_LINEAR_KERNEL=1) or "
-                             "never (off); the plain side's always on MatMul")
+                             "many rows (rows: cpu_kernels {linear: auto}, the default), in every graph (always: "
+                             "{linear: kernel}) or never (off: {linear: plain}); the plain side's always on MatMul")
     parser.add_argument("--kvp-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)

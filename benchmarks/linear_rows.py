@@ -1,16 +1,17 @@
 """Linear's x W^T (+ b) through MindSpore's MatMul (+ BroadcastTo + Add) against gpt_local's CPU GEMM kernel (bias
-inside), by row count: where ``cpu_kernels.LINEAR_GEMM_ROWS`` / ``HEAD_GEMM_ROWS`` come from.
+inside), by row count: where ``kernels.provider.LINEAR_GEMM_ROWS`` / ``HEAD_GEMM_ROWS`` come from.
 
     python benchmarks/linear_rows.py                         # GPT-2 small's four Linears and the head
     python benchmarks/linear_rows.py --rows 1,8,32 --rounds 20
 
 In ONE worker process (--threads threads, checked), GRAPH mode, inference (``set_train(False)``): for each shape a
 Cell of --layers distinct ``model/layers.py`` Linears of it (the head: one, no bias), applied to the same [M, in]
-input (12 distinct weights, as in a GPT-2 small prefill graph), built twice with the same weights:
-GPTLOCAL_LINEAR_KERNEL=0 (MatMul, the reference) and =1 (the kernel). The two compiled graphs are called alternately,
---reps calls per measurement, --rounds rounds; the table gives per call: wall median [min] and the process's CPU time
-median, both sides, matmul / kernel (wall min, CPU median) and the largest output difference. fc1 has no bias here
-(on CPU its bias goes to the bias + GeLU kernel: ``skip_bias_add``).
+input (12 distinct weights, as in a GPT-2 small prefill graph), built twice with the same weights: cpu_kernels
+{linear: plain} (MatMul, the reference) and {linear: kernel} (the kernel in every graph); each Linear gets the
+``KernelProvider`` a model with that ``model_config.cpu_kernels`` hands its layers. The two compiled graphs are
+called alternately, --reps calls per measurement, --rounds rounds; the table gives per call: wall median [min] and
+the process's CPU time median, both sides, matmul / kernel (wall min, CPU median) and the largest output difference.
+fc1 has no bias here (on CPU its bias goes to the bias + GeLU kernel: ``skip_bias_add``).
 """
 import argparse
 import os
@@ -34,14 +35,16 @@ def worker(names, rows, rounds, reps, threads, layers):
     """Prints one table row per (shape, rows)."""
     import mindspore as ms
     from mindspore import Tensor, nn
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Linear
     C.mindspore_threads(threads, "linear rows worker")
     ms.set_context(mode=ms.GRAPH_MODE)
 
     class Stack(nn.Cell):
-        def __init__(self, count, inp, out, bias):
+        def __init__(self, count, inp, out, bias, mode):
             super().__init__()
-            self.linears = nn.CellList([Linear(inp, out, 0.02, ms.float32, ms.float32, has_bias=bias)
+            kernels = KernelProvider({"linear": mode})  # as a model with cpu_kernels {linear: mode} hands its layers
+            self.linears = nn.CellList([Linear(inp, out, 0.02, ms.float32, ms.float32, has_bias=bias, kernels=kernels)
                                         for _ in range(count)])
 
         def construct(self, x):
@@ -52,9 +55,8 @@ def worker(names, rows, rounds, reps, threads, layers):
         inp, out, bias, count = SHAPES[name]
         count = count if layers is None or name == "head" else layers
         stacks = {}
-        for side, flag in (("matmul", "0"), ("kernel", "1")):
-            os.environ["GPTLOCAL_LINEAR_KERNEL"] = flag  # read at build
-            stacks[side] = Stack(count, inp, out, bias)
+        for side, mode in (("matmul", "plain"), ("kernel", "kernel")):
+            stacks[side] = Stack(count, inp, out, bias, mode)
             stacks[side].set_train(False)
         assert stacks["kernel"].linears[0].gemm is not None and stacks["matmul"].linears[0].gemm is None
         for (_, p), (_, q) in zip(stacks["matmul"].parameters_and_names(), stacks["kernel"].parameters_and_names()):

@@ -11,10 +11,11 @@ key/value groups, SwiGLU 2048, RMSNorm, rope, untied 32000 head) with random wei
 runs twice unprofiled (compiles), then ``--steps`` times under ``mindspore.Profiler`` (CPU op statistics,
 ``cpu_op_detail_info_0.csv``; AOT Custom ops named by their Cell); the tables give ms per forward and ms per
 generated token (the generation's op time / ``--new``: it includes the one 32-token prefill) by op type.
-``--compare`` builds the model twice in this process, with every kernel (the CPU default) and plain
-(GPTLOCAL_RMS_SWIGLU_KERNELS=0 and GPTLOCAL_LINEAR_KERNEL=0), the same weights; prints the largest logits
-difference and whether greedy generation agrees, then times forward and generation at batch 1 and 4 with the two
-alternating for ``--rounds`` rounds: medians [min-max] and kernels/plain.
+``--variant``: model_config.cpu_kernels {rms_norm: kernel, swiglu: kernel} (kernels) or {rms_norm: plain,
+swiglu: plain} (plain); the Linears as the default (auto). ``--compare`` builds the model twice in this process,
+with cpu_kernels {rms_norm, swiglu, linear: kernel} and {rms_norm, swiglu, linear: plain}, the same weights;
+prints the largest logits difference and whether greedy generation agrees, then times forward and generation at
+batch 1 and 4 with the two alternating for ``--rounds`` rounds: medians [min-max] and kernels/plain.
 """
 import argparse
 import csv
@@ -79,9 +80,8 @@ def compare(args, build):
     import numpy as np
     from mindspore import Tensor
     models = {}
-    for name, flag in (("kernels", "1"), ("plain", "0")):
-        os.environ["GPTLOCAL_RMS_SWIGLU_KERNELS"] = os.environ["GPTLOCAL_LINEAR_KERNEL"] = flag
-        models[name] = build()
+    for name, mode in (("kernels", "kernel"), ("plain", "plain")):
+        models[name] = build(dict.fromkeys(("rms_norm", "swiglu", "linear"), mode))
     plain = dict(models["plain"].parameters_and_names())
     for name, param in models["kernels"].parameters_and_names():
         plain[name].set_data(param.data.copy())
@@ -126,7 +126,6 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ["GPTLOCAL_LEAN"] = "1"
-    os.environ["GPTLOCAL_RMS_SWIGLU_KERNELS"] = "1" if args.variant == "kernels" else "0"  # read at build time
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
@@ -134,8 +133,10 @@ def main():
     from mindformers_gptlocal.model.config import GPTLocalConfig
     from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
 
-    def build():
-        built = GPTLocalForCausalLM(GPTLocalConfig(seq_length=args.seq, **SHAPE))
+    def build(cpu_kernels=None):  # model_config.cpu_kernels; None: --variant's
+        if cpu_kernels is None:
+            cpu_kernels = dict.fromkeys(("rms_norm", "swiglu"), "kernel" if args.variant == "kernels" else "plain")
+        built = GPTLocalForCausalLM(GPTLocalConfig(seq_length=args.seq, cpu_kernels=cpu_kernels, **SHAPE))
         built.set_train(False)
         return built
 

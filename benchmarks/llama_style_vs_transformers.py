@@ -18,7 +18,8 @@ VmHWM: import, load, first call, timed calls); one job per process, so the forwa
 activations never count in generation's peak (before, one worker ran both jobs at both batches and reported one
 peak for all four). The table gives the median over rounds with [min-max], and ours/HF as the median of the
 per-round ratios. ``--plain`` adds ours with
-``GPTLOCAL_RMS_SWIGLU_KERNELS=0`` (MindSpore's RMSNorm and SiLU * up ops: the state before the kernels).
+model_config.cpu_kernels {rms_norm: plain, swiglu: plain} (MindSpore's RMSNorm and SiLU * up ops: the state before
+the kernels).
 fp32, CPU, graph mode for gpt_local (the lean process: MindFormers not loaded).
 """
 import argparse
@@ -42,9 +43,11 @@ SHAPES = {  # ~125M: GPT-2 small's width and depth with Llama's layers, 12 heads
 }
 PROMPT, NEW, FORWARD_SEQ = 32, 64, 256
 JOBS = ("forward", "generate")
-SIDES = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours_plain": {"GPTLOCAL_LEAN": "1", "GPTLOCAL_RMS_SWIGLU_KERNELS": "0"},
+SIDES = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours_plain": {"GPTLOCAL_LEAN": "1"},
          "hf": {}}  # each worker's extra environment (GPTLOCAL_LEAN=1: gptlocal generate's process)
-LABELS = {"ours": "gpt_local", "ours_plain": "gpt_local, GPTLOCAL_RMS_SWIGLU_KERNELS=0", "hf": "HF LlamaForCausalLM"}
+# model_config.cpu_kernels given to from_pretrained (ours keeps the converted folder's: auto)
+SIDE_KERNELS = {"ours_plain": {"rms_norm": "plain", "swiglu": "plain"}}
+LABELS = {"ours": "gpt_local", "ours_plain": "gpt_local, RMSNorm/SwiGLU plain", "hf": "HF LlamaForCausalLM"}
 
 
 def kv_cache_bytes(shape, batch, length, groups, dtype_bytes=4):
@@ -96,8 +99,9 @@ def worker(side, directory, job, batch, threads, repeats, cache=None):
         with phases("import"):
             from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM  # the lean process, as gptlocal generate
         with phases("load"):
+            kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
             model = GPTLocalForCausalLM.from_pretrained(os.path.join(directory, "ms"), max_batch_size=8,
-                                                        seq_length=FORWARD_SEQ)
+                                                        seq_length=FORWARD_SEQ, **kernels)
             model.set_train(False)
         layer = model.model.layers[0]
         report["kernels"] = dict(rmsnorm=layer.input_layernorm.kernel is not None,
@@ -137,7 +141,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="workers per side, the sides alternating")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per batch inside a worker")
-    parser.add_argument("--plain", action="store_true", help="also ours with GPTLOCAL_RMS_SWIGLU_KERNELS=0")
+    parser.add_argument("--plain", action="store_true",
+                        help="also ours with model_config.cpu_kernels {rms_norm: plain, swiglu: plain}")
     parser.add_argument("--compile-cache", action="store_true",
                         help="our side through MindSpore's compile cache (a folder per side, job and batch): round 1 "
                              "compiles and writes it (cold), later rounds load it (warm); the round lines say which")

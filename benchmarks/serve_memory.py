@@ -4,7 +4,7 @@ MindSpore's pool where it reports one) after import, load, the KV cache, each wa
 
     python benchmarks/serve_memory.py --shape small --threads 2
     MALLOC_ARENA_MAX=2 python benchmarks/serve_memory.py --shape small     # an environment knob, its own run
-    python benchmarks/serve_memory.py --shape small --compare --max-prefill-tokens=0,GPTLOCAL_MALLOC_DEFAULTS=1,X=0
+    python benchmarks/serve_memory.py --shape small --compare --max-prefill-tokens=0,MALLOC_ARENA_MAX=2,X=0
 
 Same server shapes as benchmarks/serve_throughput.py (--max-batch-size 16, --max-model-len 256, prompt bucket 32,
 a random GPT-2 of the shape converted with hf2ms; requests: 32-token random prompts, --new greedy tokens,
@@ -117,8 +117,8 @@ def worker(args):
         snapshot(f"after burst {burst + 1} ({args.clients} requests)", rows)
     print(C.WORKER_TAG + json.dumps({"rows": rows, "lazy": sorted(engine.lazy),
                                      "scheduler_env": {k: os.environ.get(k) for k in sorted(os.environ)
-                                                       if k.startswith(("GPTLOCAL_SERVE", "MALLOC", "ONEDNN",
-                                                                        "MS_ALLOC"))}}), flush=True)
+                                                       if k.startswith(("MALLOC", "ONEDNN", "MS_ALLOC"))}}),
+          flush=True)
 
 
 def main():

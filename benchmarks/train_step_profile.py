@@ -10,13 +10,14 @@ in ONE process (steps alternating).
 
 The step is ``GPTLocalTrainOneStepCell`` + ``GPTLocalAdamW`` (clip 1.0) on ``GPTLocalForCausalLM``, GRAPH mode, CPU,
 dropout 0, random tokens; ``runtime_num_threads`` = ``--threads``. The profile (``mindspore.Profiler``, CPU op
-statistics, ``cpu_op_detail_info_0.csv``; the AOT Custom ops split by
-their Cell) covers ``--steps`` steps after 2 warm-up steps and is printed as ms a step
-per op type, with each type's share of the op time; ``--groups`` folds them into the groups of
-docs/performance.md. ``--variant plain`` profiles with ``GPTLOCAL_NORM_GELU_KERNELS=0`` (MindSpore's LayerNorm and
-the Add + composed GeLU). ``--compare`` builds both variants in this process, compiles each, then steps them in
-alternating order for ``--rounds`` rounds and prints the median step time, kernels / plain, and the largest loss
-difference (the same batch every step, so the losses must agree step for step).
+statistics, ``cpu_op_detail_info_0.csv``; the AOT Custom ops split by their Cell) covers ``--steps`` steps after 2
+warm-up steps and is printed as ms a step per op type, with each type's share of the op time; ``--groups`` folds them
+into the groups of docs/performance.md. ``--variant plain`` profiles with model_config.cpu_kernels
+{layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and the Add + composed GeLU); ``--plain-op`` names other
+ops of cpu_kernels for it (e.g. ``linear``: MatMul instead of Linear's GEMM kernel; the kernels variant sets them to
+``kernel``). ``--compare`` builds both variants in this process, compiles each, then steps them in alternating order
+for ``--rounds`` rounds and prints the median step time, kernels / plain, and the largest loss difference (the same
+batch every step, so the losses must agree step for step).
 
 ``--lora`` profiles a LoRA step instead: the model built with ``benchmarks/finetune_throughput.py``'s ``PET_CONFIG``
 (r=8, alpha 16, lora_dropout 0.05 unless ``--lora-dropout``, on linear_qkv/proj/fc1/fc2, base frozen; the optimizer
@@ -25,7 +26,7 @@ dropout) are listed as ``lora:<type>``; the adapters' MatMuls, Mul and Add are p
 so the profiler's names do not tell them from the base Linear's (they are in the MatMul / Add / Mul rows).
 ``--compare --variants A,B,...`` steps any of: ``plain``, ``kernels`` (full finetunes), ``full`` (= kernels),
 ``lora`` (a LoRA model), ``lora-plaindrop`` (its lora_dropout through the plain counter dropout's graph ops,
-``GPTLOCAL_LORA_DROPOUT_KERNEL=0``: the kernel's reference), ``lora-nodrop`` (lora_dropout 0); ratios are
+cpu_kernels {lora_dropout: plain}: the kernel's reference), ``lora-nodrop`` (lora_dropout 0); ratios are
 against the last; losses are compared between variants that train the same parameters with the same masks
 (lora and lora-plaindrop draw the same counter masks).
 ``--dropout-ops`` times MindSpore's Dropout, the plain counter dropout and the LoRA dropout kernel alone (forward +
@@ -80,19 +81,29 @@ def pet_config(args):
     return config
 
 
-def build_step(args, kernels, lora=None):
-    """One compiled train step: (cell, inputs); ``lora``: a pet_config (a LoRA model) or None."""
+def cpu_kernels(plain_ops, kernels, plain_dropout=False):
+    """model_config.cpu_kernels of a variant: the ``--plain-op`` ops ``kernel`` (``kernels``) or ``plain``;
+    ``plain_dropout``: lora_dropout ``plain`` too (lora-plaindrop)."""
+    modes = dict.fromkeys(plain_ops, "kernel" if kernels else "plain")
+    if plain_dropout:
+        modes["lora_dropout"] = "plain"
+    return modes
+
+
+def build_step(args, kernels, lora=None, plain_dropout=False):
+    """One compiled train step: (cell, inputs); ``lora``: a pet_config (a LoRA model) or None; ``kernels`` and
+    ``plain_dropout``: the model's cpu_kernels (``cpu_kernels``)."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTrainOneStepCell
     from mindformers_gptlocal.training.optim import GPTLocalAdamW
     layers, hidden, heads, vocab = SHAPES[args.shape]
-    os.environ[args.switch] = "1" if kernels else "0"  # read when the Cells are built
     config = GPTLocalConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                             max_position_embeddings=max(1024, args.seq), seq_length=args.seq, hidden_dropout=0.0,
                             attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                            hidden_act=args.hidden_act, pet_config=lora)
+                            hidden_act=args.hidden_act, pet_config=lora,
+                            cpu_kernels=cpu_kernels(args.plain_op, kernels, plain_dropout))
     ms.set_seed(0)
     model = GPTLocalForCausalLM(config)
     optimizer = GPTLocalAdamW(model.trainable_params(), learning_rate=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
@@ -162,7 +173,7 @@ VARIANTS = {  # name -> (the norm / GeLU kernels on, a LoRA model, its lora_drop
     "kernels": (True, False, None),
     "full": (True, False, None),
     "lora": (True, True, None),
-    "lora-plaindrop": (True, True, None),  # GPTLOCAL_LORA_DROPOUT_KERNEL=0: the plain counter dropout
+    "lora-plaindrop": (True, True, None),  # cpu_kernels {lora_dropout: plain}: the plain counter dropout
     "lora-nodrop": (True, True, 0.0),
 }
 
@@ -175,8 +186,8 @@ def compare(args):
             raise SystemExit(f"--variants: {name!r} is not one of {', '.join(VARIANTS)}")
         kernels, lora, dropout = VARIANTS[name]
         overrides = {"lora": lora} if dropout is None else {"lora": lora, "lora_dropout": dropout}
-        os.environ["GPTLOCAL_LORA_DROPOUT_KERNEL"] = "0" if name == "lora-plaindrop" else "1"  # read at build time
-        cell, inputs = build_step(args, kernels, pet_config(argparse.Namespace(**{**vars(args), **overrides})))
+        cell, inputs = build_step(args, kernels, pet_config(argparse.Namespace(**{**vars(args), **overrides})),
+                                  plain_dropout=name == "lora-plaindrop")
         started = time.perf_counter()
         loss = float(cell(*inputs)[0])
         print(f"{name}: first step (compile) {time.perf_counter() - started:.1f} s, loss {loss:.6f}", flush=True)
@@ -266,8 +277,9 @@ def main():
     parser.add_argument("--dropout-ops", action="store_true",
                         help="MindSpore's Dropout, the plain counter dropout and the LoRA dropout kernel on the LoRA "
                              "input shapes, alternating")
-    parser.add_argument("--switch", default="GPTLOCAL_NORM_GELU_KERNELS",
-                        help="the variable 'plain' sets to 0, e.g. GPTLOCAL_LINEAR_KERNEL (Linear's GEMM kernel)")
+    parser.add_argument("--plain-op", default="layer_norm,bias_gelu",
+                        help="comma list of model_config.cpu_kernels ops the plain variant sets to plain (the kernels "
+                             "variant: kernel), e.g. linear (Linear's GEMM kernel)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--variants", default="plain,kernels",
                         help="--compare: comma-separated, of " + ", ".join(VARIANTS) + "; ratios against the last")
@@ -275,6 +287,12 @@ def main():
     parser.add_argument("--lora", action="store_true", help="profile a LoRA step (finetune_throughput's PET_CONFIG)")
     parser.add_argument("--lora-dropout", type=float, help="--lora: this lora_dropout instead of PET_CONFIG's")
     args = parser.parse_args()
+    from mindformers_gptlocal.kernels.provider import OPS
+    args.plain_op = [op for op in args.plain_op.split(",") if op]
+    unknown = [op for op in args.plain_op if op not in OPS]
+    if unknown:
+        parser.error(f"--plain-op: {', '.join(unknown)} not an op of model_config.cpu_kernels; "
+                     f"the ops: {', '.join(OPS)}")
     import mindspore as ms
     from mindformers.tools.register import MindFormerConfig
     from mindformers.core.context.build_context import MFContextOperator

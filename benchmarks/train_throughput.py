@@ -30,15 +30,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SIDES = ("ours",) + tuple(C.TORCH_VARIANTS)
-LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, GPTLOCAL_NORM_GELU_KERNELS=0", "eager": "HF GPT-2, eager", "sdpa+fused": "HF GPT-2, sdpa + fused AdamW",
-          "compile": "HF GPT-2, torch.compile"}
+# ours_plain: model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU)
+PLAIN_NORM_GELU = {"layer_norm": "plain", "bias_gelu": "plain"}
+LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, LayerNorm/GeLU plain", "eager": "HF GPT-2, eager",
+          "sdpa+fused": "HF GPT-2, sdpa + fused AdamW", "compile": "HF GPT-2, torch.compile"}
+
+
+def side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra=None):
+    """Our side's YAML: the tiny one resized (``_common.ours_yaml``); ours_plain's model_config also holds
+    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels)."""
+    if side == "ours_plain":
+        model_extra = dict(model_extra or {}, cpu_kernels=dict(PLAIN_NORM_GELU))
+    return C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
 
 
 def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra=None):
-    if side in ("ours", "ours_plain"):  # ours_plain: MindSpore's LayerNorm and Add + GeLU instead of our kernels
-        yaml_path = C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
-        env = {"GPTLOCAL_NORM_GELU_KERNELS": "0"} if side == "ours_plain" else {}
-        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads, **env)
+    if side in ("ours", "ours_plain"):
+        yaml_path = side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra)
+        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
         if len(report["step_times"]) != steps:
             raise SystemExit(f"ours: {len(report['step_times'])} step lines, expected {steps}:\n{text[-3000:]}")
@@ -70,7 +79,8 @@ def main():
     parser.add_argument("--attention-block-size", type=int, default=0,
                         help="ours: model_config.attention_block_size (memory-efficient attention; 0 = plain)")
     parser.add_argument("--ours-plain", action="store_true",
-                        help="also run ours with GPTLOCAL_NORM_GELU_KERNELS=0 (before the LayerNorm/GeLU kernels)")
+                        help="also run ours with model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} "
+                             "(MindSpore's LayerNorm and Add + GeLU instead of the kernels)")
     parser.add_argument("--json", help="also write every run's numbers here")
     parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)

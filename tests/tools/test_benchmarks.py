@@ -64,9 +64,8 @@ def test_run_py_names_every_benchmark_and_runs_a_part():
     scripts = {script for _, parts in run.SUITES.values() for _, script, _ in parts}
     here = {name for name in os.listdir(BENCH) if name.endswith(".py")}
     assert scripts <= here
-    # besides the shared helpers, only the benchmarks of opt-in paths that other work removes stay outside a suite
-    assert here - scripts <= {"_common.py", "run.py", "eval_tasks.py",
-                              "head_loss.py", "fused_optimizer.py", "serve_chunk_cache.py"}
+    # besides the shared helpers, every script is a part of a suite
+    assert here - scripts <= {"_common.py", "run.py", "eval_tasks.py"}
     out = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "train", "--part", "small", "--dry-run",
                           "--rounds", "1"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ("== train/small: python benchmarks/train_throughput.py --shapes small --rounds 2 --steps 5 "
@@ -111,3 +110,88 @@ def test_performance_doc_commands_are_run_py_suites_and_parts():
         assert f"`python benchmarks/run.py {suite}`" in text, suite
     scripts = set(re.findall(r"python benchmarks/(\w+\.py)", text)) - {"run.py"}
     assert all(os.path.isfile(os.path.join(BENCH, name)) for name in scripts), scripts
+
+
+def retired_variables():
+    """Every ``GPTLOCAL_*`` variable the package no longer reads (it only prints a line naming the replacement)."""
+    import re
+    from mindformers_gptlocal.kernels.provider import RETIRED_SWITCHES
+    from mindformers_gptlocal.runtime.graph_cache import REMOVED_VARS
+    from mindformers_gptlocal.serve.engine import REMOVED_GREEDY_STEPS
+    host_memory = open(os.path.join(REPO, "mindformers_gptlocal", "host_memory.py"), encoding="utf-8").read()
+    malloc = set(re.findall(r'"(GPTLOCAL_[A-Z_]+)" in os\.environ:  # retired', host_memory))
+    assert malloc == {"GPTLOCAL_MALLOC_DEFAULTS"}
+    return set(RETIRED_SWITCHES) | set(REMOVED_VARS) | {REMOVED_GREEDY_STEPS} | malloc
+
+
+def test_no_benchmark_sets_a_retired_variable():
+    """The benchmarks choose kernels (and the rest) through the model config, never through a ``GPTLOCAL_*``
+    variable the package no longer reads: no script names one, and every ``GPTLOCAL_*`` name a script holds is one
+    the package still reads (``_common.py``'s own retired ``GPTLOCAL_KEEP_BENCH`` notice aside)."""
+    import re
+    retired = retired_variables()
+    assert {"GPTLOCAL_LINEAR_KERNEL", "GPTLOCAL_NORM_GELU_KERNELS", "GPTLOCAL_SERVE_GREEDY_STEPS",
+            "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"} <= retired
+    package = set()
+    for root, _, files in os.walk(os.path.join(REPO, "mindformers_gptlocal")):
+        for name in files:
+            if name.endswith(".py"):
+                package |= set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(root, name), encoding="utf-8").read()))
+    package |= set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(REPO, "mindformers_gptlocal_autoregister.py"),
+                                                         encoding="utf-8").read()))
+    read = package - retired
+    found = {}
+    for name in sorted(os.listdir(BENCH)):
+        if name.endswith(".py"):
+            text = open(os.path.join(BENCH, name), encoding="utf-8").read()
+            names = set(re.findall(r"GPTLOCAL_[A-Z_]+", text)) - ({"GPTLOCAL_KEEP_BENCH"} if name == "_common.py"
+                                                                      else set())
+            if names - read:
+                found[name] = sorted(names - read)
+    assert not found, found
+
+
+def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
+    """Each benchmark's plain side asks for its plain ops through model_config.cpu_kernels (valid values, the ops
+    its docstring names); the kernels sides leave the default."""
+    import train_throughput
+    import finetune_throughput
+    import generate_throughput
+    import llama_style_vs_transformers
+    from mindformers_gptlocal import yaml_io
+    from mindformers_gptlocal.kernels.provider import read_cpu_kernels
+    corpus = tmp_path / "train.mindrecord"
+    (tmp_path / "train.mindrecord.rows").write_text("8")
+    shape = dict(C.SHAPES["tiny"], seq=32, batch=1)
+
+    def model_config(side, extra=None):
+        path = train_throughput.side_yaml(side, shape, 2, str(corpus), str(tmp_path), side, THREADS, extra)
+        return yaml_io.load_yaml(path)["model"]["model_config"]
+
+    plain = model_config("ours_plain", {"attention_block_size": 64})
+    assert dict(plain["cpu_kernels"]) == {"layer_norm": "plain", "bias_gelu": "plain"}
+    assert plain["attention_block_size"] == 64  # the other extra keys stay
+    assert "cpu_kernels" not in model_config("ours")
+    modes = read_cpu_kernels(finetune_throughput.PLAIN_DROPOUT["cpu_kernels"])
+    assert [op for op, mode in modes.items() if mode == "plain"] == ["lora_dropout"]
+    assert read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-matmul"])["linear"] == "plain"
+    assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul"}
+    assert generate_throughput.LINEAR_KERNEL == {"rows": "auto", "always": "kernel", "off": "plain"}
+    modes = read_cpu_kernels(llama_style_vs_transformers.SIDE_KERNELS["ours_plain"])
+    assert sorted(op for op, mode in modes.items() if mode == "plain") == ["rms_norm", "swiglu"]
+
+
+def test_train_step_profile_plain_op_is_a_cpu_kernels_op():
+    """``--plain-op``: the plain variant sets those cpu_kernels ops to plain, the kernels variant to kernel (as the old
+    switch's 0 / 1); lora-plaindrop adds lora_dropout plain; a name that is no op is refused, exit 2."""
+    import train_step_profile as P
+    from mindformers_gptlocal.kernels.provider import KernelProvider
+    assert P.cpu_kernels(["layer_norm", "bias_gelu"], False) == {"layer_norm": "plain", "bias_gelu": "plain"}
+    assert P.cpu_kernels(["linear"], True) == {"linear": "kernel"}
+    assert P.cpu_kernels(["layer_norm"], True, plain_dropout=True) == {"layer_norm": "kernel", "lora_dropout": "plain"}
+    plain = KernelProvider(P.cpu_kernels(["linear"], False), device_target="CPU")
+    assert plain.linear_gemm(__import__("mindspore").float32) == (None, None)
+    assert KernelProvider(P.cpu_kernels(["linear"], True), device_target="CPU").uses("linear")
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_profile.py"), "--plain-op", "layernorm"],
+                         capture_output=True, text=True, check=False, env=C.worker_env(THREADS))
+    assert bad.returncode == 2 and "--plain-op: layernorm not an op of model_config.cpu_kernels" in bad.stderr
