@@ -34,7 +34,10 @@ from collections import namedtuple
 
 from .errors import CompatError, GPTLocalCompatWarning
 
-WRITTEN_FOR = {"mindformers": "1.8.0", "mindspore": "2.7.2"}
+# the pairs every patch is checked on: the default install first, then the compatibility pair (setup.cfg's
+# ``mf18`` extra, docs/mindformers-versions.md)
+SUPPORTED = ({"mindformers": "1.9.0", "mindspore": "2.9.0"}, {"mindformers": "1.8.0", "mindspore": "2.7.2"})
+WRITTEN_FOR = SUPPORTED[0]
 MODE_ENV = "GPTLOCAL_COMPAT"
 
 Target = namedtuple("Target", "module attr params includes assigns", defaults=(None, None, None, ()))
@@ -83,6 +86,28 @@ def _lean_step_reads(import_module):
     if new:
         return [f"MFTrainOneStepCell.construct reads {', '.join('self.' + n for n in new)}, which the lean step's "
                 f"allow-list (GPTLocalTrainOneStepCell._lean_step_applies) was not reviewed against"]
+    return []
+
+
+def _mcore_outputs_match(import_module):
+    """The losses ``MFTrainOneStepCell.grads_for_mcore`` unpacks from the network (``lm_loss, mtp_loss, ... =
+    self.network(*inputs)``) must be as many as gpt_local's training ``construct`` returns
+    (``model.bases.mcore_train_outputs``): one more or one fewer is MindSpore's "TupleGetItem evaluator index"
+    error at the first compile, naming no cause."""
+    try:
+        source = inspect.getsource(import_module(WRAPPER).MFTrainOneStepCell.grads_for_mcore)
+    except (ImportError, AttributeError, OSError, TypeError) as err:
+        return [f"cannot read MFTrainOneStepCell.grads_for_mcore ({err.__class__.__name__}: {err})"]
+    found = re.findall(r"^\s*(lm_loss\s*,[\w\s,*]*?)=\s*self\.network\(\*inputs\)", source, re.M)
+    if len(found) != 1 or "*" in found[0]:
+        return ["MFTrainOneStepCell.grads_for_mcore no longer unpacks `lm_loss, ... = self.network(*inputs)` "
+                "once with named losses"]
+    unpacked = len([name for name in found[0].split(",") if name.strip()])
+    from .model.bases import _mindformers_version, mcore_train_outputs
+    returned = mcore_train_outputs(_mindformers_version())
+    if unpacked != returned:
+        return [f"MFTrainOneStepCell.grads_for_mcore unpacks {unpacked} losses ({found[0].strip()}) from the "
+                f"network, gpt_local's training construct returns {returned} (model/bases.py mcore_train_outputs)"]
     return []
 
 
@@ -163,6 +188,12 @@ PATCHES = (
                   assigns=("loss_scaling_manager", "scale_sense", "is_distributed", "allreduce", "base",
                            "less_equal"))),
           False, _lean_step_reads),
+    Patch("mcore training outputs", "model/bases.py mcore_train_outputs, GPTLocalForCausalLM.construct",
+          "MindFormers' mcore train steps unpack a fixed tuple of losses from the model (1.8: lm, mtp, aux; 1.9 adds "
+          "the sparse-attention indexer loss); gpt_local returns its loss and as many zeros as the installed step "
+          "unpacks.",
+          (Target(WRAPPER, "MFTrainOneStepCell.grads_for_mcore", ("self", "scaling_sens", "inputs")),),
+          True, _mcore_outputs_match),
     Patch("deferred checkpoint rotation", "checkpoint/monitor.py (defer_checkpoint_rotation)",
           "keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next; the private "
           "CheckpointManager.remove_oldest_ckpoint_file of the monitor's _manager is replaced so the deletion waits "
@@ -269,6 +300,13 @@ def check_all(import_module=importlib.import_module):
     return found
 
 
+def supported_text():
+    """'mindformers 1.9.0 + mindspore 2.9.0 (or 1.8.0 + 2.7.2)'."""
+    others = " or ".join(f"{pair['mindformers']} + {pair['mindspore']}" for pair in SUPPORTED[1:])
+    return (f"mindformers {WRITTEN_FOR['mindformers']} + mindspore {WRITTEN_FOR['mindspore']}" +
+            (f" (or {others})" if others else ""))
+
+
 def installed_versions():
     versions = {}
     for name in WRITTEN_FOR:
@@ -282,9 +320,8 @@ def message(name, problems):
     versions = installed_versions()
     fallback = ("gpt_local falls back to the unpatched behaviour" if not patch.required else
                 "the patch is not applied and a gpt_local run stops at its pre-flight")
-    return (f"gpt_local's MindFormers patch '{name}' ({patch.where}) was written for mindformers "
-            f"{WRITTEN_FOR['mindformers']} + mindspore {WRITTEN_FOR['mindspore']}; on mindformers "
-            f"{versions['mindformers']} + mindspore {versions['mindspore']} its target moved: {'; '.join(problems)}. "
+    return (f"gpt_local's MindFormers patch '{name}' ({patch.where}) was written for {supported_text()}; on "
+            f"mindformers {versions['mindformers']} + mindspore {versions['mindspore']} its target moved: {'; '.join(problems)}. "
             f"{fallback}. Use mindformers=={WRITTEN_FOR['mindformers']} mindspore=={WRITTEN_FOR['mindspore']}, or "
             f"update this patch in mindformers_gptlocal/mindformers_compat.py.")
 

@@ -46,6 +46,20 @@ def _mindformers_version():
         return None
 
 
+def mcore_train_outputs(version=None):
+    """How many losses MindFormers' mcore train steps unpack from a model's training ``construct``: 1.8's
+    ``MFTrainOneStepCell.grads_for_mcore`` takes ``(lm_loss, mtp_loss, aux_loss)``; 1.9 adds ``indexer_loss``
+    (DeepSeek sparse attention's indexer; the pipeline cell takes ``losses[-1]`` as it), four. gpt_local returns
+    its loss and zeros for the others (``mindformers_compat`` "mcore training outputs" checks this number against
+    the installed ``grads_for_mcore``). Without MindFormers (lean): 1.8's three."""
+    version = version if version is not None else _mindformers_version()
+    try:
+        major_minor = tuple(int(part) for part in (version or "").split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    return 4 if major_minor >= (1, 9) else 3
+
+
 class LeanPretrainedConfig:
     """MindFormers' ``PretrainedConfig.__init__`` attributes and ``to_dict``, without MindFormers."""
 

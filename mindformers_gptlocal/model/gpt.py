@@ -4,7 +4,7 @@ The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``
 calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV caches in ``kv_cache.py``.
 
 Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
-expect; eval with labels returns ``(logits, labels, mask)`` laid out for
+expect (1.9: ``(lm_loss, mtp_loss, aux_loss, indexer_loss)``, ``bases.mcore_train_outputs``); eval with labels returns ``(logits, labels, mask)`` laid out for
 MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
 Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``).
 The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
@@ -20,7 +20,7 @@ from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .bases import LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin
+from .bases import LEAN, MindFormerModuleType, mcore_train_outputs, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
@@ -267,6 +267,7 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
         self.head_loss = self._head_loss_kernel(config)
+        self.train_outputs = mcore_train_outputs()  # what the installed MindFormers' train step unpacks
         self._kv_caches = KVCachePool(self, self.KV_CACHES_KEPT)
 
     def _head_loss_kernel(self, config):
@@ -370,6 +371,8 @@ class GPTLocalForCausalLM(GenerationMixin, MindFormersAdapter, TrainModelMixin, 
         if step is not None:
             loss = self.dropout_counter.advance(loss, self.dropout_step)
         zero = ops.zeros((), ms.float32)
+        if self.train_outputs == 4:
+            return loss, zero, zero, zero
         return loss, zero, zero
 
     def lm_loss(self, logits, labels, loss_mask):
