@@ -321,7 +321,8 @@ def message(name, problems):
     fallback = ("gpt_local falls back to the unpatched behaviour" if not patch.required else
                 "the patch is not applied and a gpt_local run stops at its pre-flight")
     return (f"gpt_local's MindFormers patch '{name}' ({patch.where}) was written for {supported_text()}; on "
-            f"mindformers {versions['mindformers']} + mindspore {versions['mindspore']} its target moved: {'; '.join(problems)}. "
+            f"mindformers {versions['mindformers']} + mindspore {versions['mindspore']} its target moved: "
+            f"{'; '.join(problems)}. "
             f"{fallback}. Use mindformers=={WRITTEN_FOR['mindformers']} mindspore=={WRITTEN_FOR['mindspore']}, or "
             f"update this patch in mindformers_gptlocal/mindformers_compat.py.")
 

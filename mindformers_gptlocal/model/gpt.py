@@ -3,9 +3,9 @@
 The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``arch.py``); what MindFormers
 calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV caches in ``kv_cache.py``.
 
-Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
-expect (1.9: ``(lm_loss, mtp_loss, aux_loss, indexer_loss)``, ``bases.mcore_train_outputs``); eval with labels returns ``(logits, labels, mask)`` laid out for
-MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
+Training returns ``(lm_loss, mtp_loss, aux_loss, indexer_loss)`` as MindFormers 1.9's mcore wrappers
+expect (1.8: the first three; ``bases.mcore_train_outputs``); eval with labels returns ``(logits, labels, mask)``
+laid out for MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
 Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``).
 The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
 """
@@ -20,7 +20,8 @@ from ..generation import GenerationMixin
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .bases import LEAN, MindFormerModuleType, mcore_train_outputs, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin
+from .bases import (LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin,
+                    mcore_train_outputs)
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
