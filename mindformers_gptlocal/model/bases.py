@@ -72,8 +72,11 @@ class LeanPretrainedConfig:
         self.pretrained_model_dir = str(kwargs.pop("pretrained_model_dir", ""))
         self.mindformers_version = kwargs.pop("mindformers_version", None)
         self.tokenizer_class = kwargs.pop("tokenizer_class", None)
-        for key in ("bos_token_id", "pad_token_id", "eos_token_id", "architectures", "is_encoder_decoder",
-                    "is_sample_acceleration", "quantization_config", "quantization"):
+        keys = ("bos_token_id", "pad_token_id", "eos_token_id", "architectures", "is_encoder_decoder",
+                "is_sample_acceleration", "quantization_config", "quantization")
+        if mcore_train_outputs() == 4:  # MindFormers 1.9 also sets pet_config (and its default parallel_config)
+            keys += ("pet_config",)
+        for key in keys:
             setattr(self, key, kwargs.pop(key, None))
         for key, value in kwargs.items():
             setattr(self, key, value)
