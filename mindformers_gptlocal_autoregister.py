@@ -12,10 +12,12 @@ Right before ``mindformers`` runs, the hook imports ``tensorboardX`` with ``torc
 imports tensorboardX at start-up, whose writer tries ``import torch`` (only to accept torch tensors) and
 so loads PyTorch into every MindFormers process of an environment that has it: RSS after ``import
 mindformers`` 944 -> 716 MB; peak RSS of a LoRA finetune of GPT-2 small through ``gptlocal run`` 3,402-3,409
--> 3,171-3,177 MB (3,020-3,030 in a venv without torch). torch stays importable afterwards;
-``GPTLOCAL_TENSORBOARDX_TORCH=1`` keeps the old behaviour. It also loads the one nltk module MindFormers
+-> 3,171-3,177 MB (3,020-3,030 in a venv without torch). torch stays importable afterwards; a process that
+imports tensorboardX itself (after mindspore) before mindformers keeps its full import. It also loads the one nltk module MindFormers
 imports at start-up (BLEU) without nltk's package ``__init__`` (``import_bleu_without_nltk``; about a fifth of
-``import mindformers``); ``GPTLOCAL_NLTK_FULL=1`` keeps the full import.
+``import mindformers``); nltk imported before mindformers is left whole. Each falls back to MindFormers' own import
+by itself on any failure. (``GPTLOCAL_TENSORBOARDX_TORCH`` / ``GPTLOCAL_NLTK_FULL`` are no longer read: set, one
+line says so, ``RETIRED``.)
 """
 import importlib
 import importlib.abc
@@ -30,12 +32,30 @@ HARNESS_TARGET = "lm_eval"
 HARNESS = "mindformers_gptlocal.evaluation.harness"
 
 
+# environment switches no longer read -> what to do instead (one stderr line each when set, at import mindformers)
+RETIRED = {
+    "GPTLOCAL_TENSORBOARDX_TORCH": "import tensorboardX (after mindspore) before mindformers to keep its PyTorch "
+                                   "import (the hook leaves a loaded tensorboardX alone)",
+    "GPTLOCAL_NLTK_FULL": "import nltk before mindformers to have MindFormers import the whole package (the hook "
+                          "leaves a loaded nltk alone; a later `import nltk` is whole either way)",
+}
+
+
+def notice_retired_switches(stream=None):
+    """One line per retired switch that is set; returns their names."""
+    found = [name for name in RETIRED if name in os.environ]
+    for name in found:
+        (stream or sys.stderr).write(f"gpt_local: {name} is no longer read: {RETIRED[name]}.\n")
+    return found
+
+
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     """Wraps the loader of ``mindformers`` so the plugin is imported right after it."""
 
     target = TARGET
 
     def before(self):
+        notice_retired_switches()
         import_tensorboardx_without_torch()
         self.bleu = import_bleu_without_nltk()
 
@@ -94,10 +114,9 @@ def register_harness():
 
 def import_tensorboardx_without_torch():
     """Import tensorboardX while ``import torch`` fails (its writer catches the ImportError), then make torch
-    importable again. Nothing happens when torch or tensorboardX is already loaded, or when
-    ``GPTLOCAL_TENSORBOARDX_TORCH=1``. Never breaks the import of mindformers: on any failure it only restores
+    importable again. Nothing happens when torch or tensorboardX is already loaded. Never breaks the import of mindformers: on any failure it only restores
     ``sys.modules`` and MindFormers imports tensorboardX itself."""
-    if "tensorboardX" in sys.modules or os.environ.get("GPTLOCAL_TENSORBOARDX_TORCH") == "1":
+    if "tensorboardX" in sys.modules:
         return
     try:  # MindSpore first, as MindFormers imports it: its protobuf files must load before tensorboardX's
         importlib.import_module("mindspore")
@@ -125,9 +144,9 @@ def import_bleu_without_nltk():
     fifth of ``import mindformers``. The module itself needs only ``nltk.util``, so it is loaded here under bare
     ``nltk`` and ``nltk.translate`` packages (their folders, not their ``__init__``). Returns the names this loaded;
     ``forget_bare_nltk`` drops them once MindFormers holds its two functions, so a later ``import nltk`` is the whole
-    package, as before. Nothing happens when nltk is already loaded or ``GPTLOCAL_NLTK_FULL=1``; any failure
-    restores ``sys.modules`` and MindFormers imports nltk itself."""
-    if os.environ.get("GPTLOCAL_NLTK_FULL") == "1" or any(m == "nltk" or m.startswith("nltk.") for m in sys.modules):
+    package, as before. Nothing happens when nltk is already loaded; any failure restores ``sys.modules`` and
+    MindFormers imports nltk itself."""
+    if any(m == "nltk" or m.startswith("nltk.") for m in sys.modules):
         return ()
     try:
         spec = importlib.util.find_spec("nltk")

@@ -24,6 +24,7 @@ so ``training/`` and ``checkpoint/`` may import it without importing upwards.
 """
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -34,7 +35,10 @@ from collections import namedtuple
 
 from .errors import CompatError, GPTLocalCompatWarning
 
-WRITTEN_FOR = {"mindformers": "1.8.0", "mindspore": "2.7.2"}
+# the pairs every patch is checked on: the default install first, then the compatibility pair (setup.cfg's
+# ``mf18`` extra, docs/mindformers-versions.md)
+SUPPORTED = ({"mindformers": "1.9.0", "mindspore": "2.9.0"}, {"mindformers": "1.8.0", "mindspore": "2.7.2"})
+WRITTEN_FOR = SUPPORTED[0]
 MODE_ENV = "GPTLOCAL_COMPAT"
 
 Target = namedtuple("Target", "module attr params includes assigns", defaults=(None, None, None, ()))
@@ -43,8 +47,24 @@ itself), ``params`` (the exact parameter names of ``inspect.signature``), ``incl
 them), ``assigns`` (``self.NAME =`` lines the target's source must hold: instance attributes the patch reads)."""
 
 
-class Patch(namedtuple("Patch", "name where why targets required extra", defaults=(True, None))):
-    """One patch: ``extra`` is a further check, ``extra(import_module) -> [problem, ...]``."""
+class Patch(namedtuple("Patch", "name where why targets required extra only", defaults=(True, None, None))):
+    """One patch: ``extra`` is a further check, ``extra(import_module) -> [problem, ...]``; ``only``: the MindFormers
+    versions (``major.minor`` texts) it is made for, None for every supported one (elsewhere it is neither checked
+    nor applied)."""
+
+    def applies(self, version=None):
+        """Whether this patch is for the installed MindFormers (or ``version``)."""
+        if self.only is None:
+            return True
+        version = version if version is not None else _mindformers_version()
+        return ".".join((version or "").split(".")[:2]) in self.only
+
+
+def _mindformers_version():
+    try:
+        return importlib.metadata.version("mindformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 # the modules that bound MindSpore's ``barrier`` at import (``from mindspore.communication.comm_func import
@@ -83,6 +103,28 @@ def _lean_step_reads(import_module):
     if new:
         return [f"MFTrainOneStepCell.construct reads {', '.join('self.' + n for n in new)}, which the lean step's "
                 f"allow-list (GPTLocalTrainOneStepCell._lean_step_applies) was not reviewed against"]
+    return []
+
+
+def _mcore_outputs_match(import_module):
+    """The losses ``MFTrainOneStepCell.grads_for_mcore`` unpacks from the network (``lm_loss, mtp_loss, ... =
+    self.network(*inputs)``) must be as many as gpt_local's training ``construct`` returns
+    (``model.bases.mcore_train_outputs``): one more or one fewer is MindSpore's "TupleGetItem evaluator index"
+    error at the first compile, naming no cause."""
+    try:
+        source = inspect.getsource(import_module(WRAPPER).MFTrainOneStepCell.grads_for_mcore)
+    except (ImportError, AttributeError, OSError, TypeError) as err:
+        return [f"cannot read MFTrainOneStepCell.grads_for_mcore ({err.__class__.__name__}: {err})"]
+    found = re.findall(r"^\s*(lm_loss\s*,[\w\s,*]*?)=\s*self\.network\(\*inputs\)", source, re.M)
+    if len(found) != 1 or "*" in found[0]:
+        return ["MFTrainOneStepCell.grads_for_mcore no longer unpacks `lm_loss, ... = self.network(*inputs)` "
+                "once with named losses"]
+    unpacked = len([name for name in found[0].split(",") if name.strip()])
+    from .model.bases import _mindformers_version, mcore_train_outputs
+    returned = mcore_train_outputs(_mindformers_version())
+    if unpacked != returned:
+        return [f"MFTrainOneStepCell.grads_for_mcore unpacks {unpacked} losses ({found[0].strip()}) from the "
+                f"network, gpt_local's training construct returns {returned} (model/bases.py mcore_train_outputs)"]
     return []
 
 
@@ -163,6 +205,21 @@ PATCHES = (
                   assigns=("loss_scaling_manager", "scale_sense", "is_distributed", "allreduce", "base",
                            "less_equal"))),
           False, _lean_step_reads),
+    Patch("mcore training outputs", "model/bases.py mcore_train_outputs, GPTLocalForCausalLM.construct",
+          "MindFormers' mcore train steps unpack a fixed tuple of losses from the model (1.8: lm, mtp, aux; 1.9 adds "
+          "the sparse-attention indexer loss); gpt_local returns its loss and as many zeros as the installed step "
+          "unpacks.",
+          (Target(WRAPPER, "MFTrainOneStepCell.grads_for_mcore", ("self", "scaling_sens", "inputs")),),
+          True, _mcore_outputs_match),
+    Patch("resume from a checkpoint file", "mindformers_compat._resuming_from_a_file",
+          "MindFormers 1.9's Trainer.train migrates load_checkpoint / resume_training into checkpoint_config and asks "
+          "is_hf_checkpoint(load_path), which raises for a path that is not a folder (\"checkpoint_path is not a "
+          "directory\"); gpt_local's resume names the newest checkpoint file. For a gpt_local config, a file is "
+          "answered \"not a HuggingFace checkpoint\" during that check, and the legacy loader reads it as on 1.8.",
+          (Target("mindformers.trainer.trainer", "convert_checkpoint_config", ("config",)),
+           Target("mindformers.trainer.utils", "is_hf_checkpoint", ("checkpoint_path",)),
+           Target("mindformers.trainer.utils", "validate_checkpoint_config", ("ckpt_config",))),
+          True, None, ("1.9",)),
     Patch("deferred checkpoint rotation", "checkpoint/monitor.py (defer_checkpoint_rotation)",
           "keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next; the private "
           "CheckpointManager.remove_oldest_ckpoint_file of the monitor's _manager is replaced so the deletion waits "
@@ -263,10 +320,19 @@ def check_all(import_module=importlib.import_module):
     """{patch name: [problem, ...]} for the patches whose targets moved; {} when all check out."""
     found = {}
     for patch in PATCHES:
+        if not patch.applies():
+            continue
         problems = check_patch(patch, import_module)
         if problems:
             found[patch.name] = problems
     return found
+
+
+def supported_text():
+    """'mindformers 1.9.0 + mindspore 2.9.0 (or 1.8.0 + 2.7.2)'."""
+    others = " or ".join(f"{pair['mindformers']} + {pair['mindspore']}" for pair in SUPPORTED[1:])
+    return (f"mindformers {WRITTEN_FOR['mindformers']} + mindspore {WRITTEN_FOR['mindspore']}" +
+            (f" (or {others})" if others else ""))
 
 
 def installed_versions():
@@ -282,9 +348,9 @@ def message(name, problems):
     versions = installed_versions()
     fallback = ("gpt_local falls back to the unpatched behaviour" if not patch.required else
                 "the patch is not applied and a gpt_local run stops at its pre-flight")
-    return (f"gpt_local's MindFormers patch '{name}' ({patch.where}) was written for mindformers "
-            f"{WRITTEN_FOR['mindformers']} + mindspore {WRITTEN_FOR['mindspore']}; on mindformers "
-            f"{versions['mindformers']} + mindspore {versions['mindspore']} its target moved: {'; '.join(problems)}. "
+    return (f"gpt_local's MindFormers patch '{name}' ({patch.where}) was written for {supported_text()}; on "
+            f"mindformers {versions['mindformers']} + mindspore {versions['mindspore']} its target moved: "
+            f"{'; '.join(problems)}. "
             f"{fallback}. Use mindformers=={WRITTEN_FOR['mindformers']} mindspore=={WRITTEN_FOR['mindspore']}, or "
             f"update this patch in mindformers_gptlocal/mindformers_compat.py.")
 
@@ -390,6 +456,31 @@ def _keeping_gptlocal_prefix(get_pet_model):
     return wrapper
 
 
+def _resuming_from_a_file(convert_checkpoint_config):
+    """``convert_checkpoint_config(config)`` (MindFormers 1.9) with ``mindformers.trainer.utils.is_hf_checkpoint``
+    answering False for an existing file while it runs, for a gpt_local config only: a single file is not a
+    HuggingFace checkpoint folder, the one thing that check refuses to resume from."""
+    @functools.wraps(convert_checkpoint_config)
+    def wrapper(config, *args, **kwargs):
+        from .preflight.checks import is_gpt_local
+        if not is_gpt_local(config):
+            return convert_checkpoint_config(config, *args, **kwargs)
+        utils = sys.modules[convert_checkpoint_config.__module__]
+        original = utils.is_hf_checkpoint
+
+        def file_is_not_hf(checkpoint_path, *rest, **more):
+            if checkpoint_path and os.path.isfile(checkpoint_path):
+                return False
+            return original(checkpoint_path, *rest, **more)
+        utils.is_hf_checkpoint = file_is_not_hf
+        try:
+            return convert_checkpoint_config(config, *args, **kwargs)
+        finally:
+            utils.is_hf_checkpoint = original
+    wrapper.gptlocal_wrapped = True
+    return wrapper
+
+
 def _refusing_finished_runs(check_runner_config):
     """After MindFormers sets epochs, sink size and the resume step: a resumed gpt_local run with no step
     left fails here, before the network is built (``checkpoint.resume.check_steps_left``)."""
@@ -479,6 +570,10 @@ def apply():
         from mindformers.trainer import base_trainer
         if not getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False):
             base_trainer.check_runner_config = _refusing_finished_runs(base_trainer.check_runner_config)
+    if BY_NAME["resume from a checkpoint file"].applies() and ok("resume from a checkpoint file"):
+        from mindformers.trainer import trainer
+        if not getattr(trainer.convert_checkpoint_config, "gptlocal_wrapped", False):
+            trainer.convert_checkpoint_config = _resuming_from_a_file(trainer.convert_checkpoint_config)
     if ok("prefix tuning kept ours"):
         import mindformers.pet
         if not getattr(mindformers.pet.get_pet_model, "gptlocal_wrapped", False):

@@ -16,7 +16,9 @@ TARGETS = [(patch.name, index) for patch in compat.PATCHES for index in range(le
 
 def test_written_for_the_installed_versions_and_every_patch_checks_out():
     import mindspore
-    assert compat.WRITTEN_FOR == {"mindformers": mindformers.__version__, "mindspore": mindspore.__version__}
+    installed = {"mindformers": mindformers.__version__, "mindspore": mindspore.__version__}
+    assert installed in compat.SUPPORTED and compat.WRITTEN_FOR == compat.SUPPORTED[0]
+    assert compat.WRITTEN_FOR == {"mindformers": "1.9.0", "mindspore": "2.9.0"}  # the default install (setup.cfg)
     assert compat.check_all() == {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -65,6 +67,8 @@ def _resigned(target):
 @pytest.mark.parametrize("name,index", TARGETS, ids=[f"{n}:{i}" for n, i in TARGETS])
 def test_a_moved_target_fails_its_patch_by_name(name, index):
     patch = compat.BY_NAME[name]
+    if not patch.applies():
+        pytest.skip(f"'{name}' is for MindFormers {', '.join(patch.only)} only")
     target = patch.targets[index]
     assert compat.check_target(target) == []  # the installed one is where the patch expects it
     problems = compat.check_patch(patch, _without(target))
@@ -72,7 +76,8 @@ def test_a_moved_target_fails_its_patch_by_name(name, index):
     spot = target.module + (f".{target.attr}" if target.attr else "")
     assert any(target.module in p for p in problems), problems
     text = compat.message(name, problems)
-    assert f"'{name}'" in text and "1.8.0" in text and "2.7.2" in text and spot.split(".")[-1] in text
+    assert f"'{name}'" in text and spot.split(".")[-1] in text
+    assert "mindformers 1.9.0 + mindspore 2.9.0 (or 1.8.0 + 2.7.2)" in text
     if target.params is not None or target.includes:
         assert compat.check_patch(patch, _resigned(target)), f"{name}: a new signature went unnoticed"
 
@@ -103,6 +108,94 @@ def test_a_new_flag_in_the_mindformers_step_turns_the_lean_step_off_by_name():
                                   lambda name: stand_in if name == real.__name__ else importlib.import_module(name))
     assert len(problems) == 1 and "self.use_new_feature" in problems[0] and "scale_sense" not in problems[0]
     assert compat.BY_NAME["lean train step"].required is False
+
+
+def test_the_model_returns_as_many_losses_as_the_installed_mcore_step_unpacks(monkeypatch):
+    """MindFormers 1.9's grads_for_mcore unpacks (lm_loss, mtp_loss, aux_loss, indexer_loss), 1.8's the first three:
+    the model's training tuple follows the installed one, and a count that differs fails 'mcore training outputs'
+    by name (unnoticed, it was MindSpore's "TupleGetItem evaluator index ... got 3" at the first compile)."""
+    from mindformers_gptlocal.model import bases
+    from mindformers.wrapper import wrapper as real
+    assert bases.mcore_train_outputs("1.8.0") == 3 and bases.mcore_train_outputs("1.9.0") == 4
+    assert bases.mcore_train_outputs("1.10.1") == 4 and bases.mcore_train_outputs("") == 3  # no MindFormers
+    unpacked = 4 if mindformers.__version__.startswith("1.9.") else 3
+    assert bases.mcore_train_outputs() == unpacked
+    patch = compat.BY_NAME["mcore training outputs"]
+    assert patch.required and compat.check_patch(patch) == []
+    monkeypatch.setattr(bases, "mcore_train_outputs", lambda version=None: unpacked - 1)
+    problems = compat.check_patch(patch)
+    assert len(problems) == 1 and f"unpacks {unpacked} losses" in problems[0], problems
+    assert f"returns {unpacked - 1}" in problems[0] and "mcore_train_outputs" in problems[0]
+    monkeypatch.undo()
+
+    class Starred(real.MFTrainOneStepCell):
+        def grads_for_mcore(self, scaling_sens, *inputs):
+            lm_loss, mtp_loss, *_ = self.network(*inputs)
+            return lm_loss + mtp_loss, None, None
+    stand_in = types.ModuleType(real.__name__)
+    stand_in.__dict__.update(vars(real))
+    stand_in.MFTrainOneStepCell = Starred
+    problems = compat.check_patch(patch, lambda name: stand_in if name == real.__name__ else
+                                  importlib.import_module(name))
+    assert len(problems) == 1 and "no longer unpacks" in problems[0], problems
+
+
+def test_the_model_training_tuple_has_the_installed_length():
+    """The training construct itself (PYNATIVE, tiny): as many outputs as mcore_train_outputs, the loss first."""
+    import numpy as np
+    import mindspore as ms
+    from mindformers_gptlocal.model import GPTLocalConfig, GPTLocalForCausalLM
+    from mindformers_gptlocal.model.bases import mcore_train_outputs
+    from conftest import TINY
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    model.set_train(True)
+    out = model(ms.Tensor(np.arange(17, dtype=np.int32).reshape(1, 17) % 100))
+    assert len(out) == mcore_train_outputs() and float(out[0].asnumpy()) > 0
+    assert all(float(extra.asnumpy()) == 0.0 for extra in out[1:])
+
+
+def test_a_version_scoped_patch_is_checked_and_applied_only_there():
+    """'resume from a checkpoint file' is for MindFormers 1.9 (1.8 has no checkpoint_config migration): checked and
+    applied there, neither checked nor warned about on 1.8."""
+    patch = compat.BY_NAME["resume from a checkpoint file"]
+    assert patch.only == ("1.9",) and patch.applies("1.9.0") and not patch.applies("1.8.0")
+    from mindformers.trainer import trainer
+    on_19 = mindformers.__version__.startswith("1.9.")
+    assert getattr(trainer, "convert_checkpoint_config", None) is None or \
+        getattr(trainer.convert_checkpoint_config, "gptlocal_wrapped", False) == on_19
+    assert "resume from a checkpoint file" not in compat.check_all()
+
+
+def test_a_gpt_local_resume_from_a_file_passes_mindformers_19_checkpoint_check(tmp_path):
+    """MindFormers 1.9 refuses a resume whose load_checkpoint is a file ("checkpoint_path is not a directory"); for a
+    gpt_local config the wrapped convert_checkpoint_config accepts it, another model's config is refused as before."""
+    if not mindformers.__version__.startswith("1.9."):
+        pytest.skip("MindFormers 1.9's checkpoint_config migration")
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.trainer import trainer, utils
+    from conftest import CONFIGS
+    weights = tmp_path / "gpt_local_rank_0-1_3.safetensors"
+    weights.write_bytes(b"x")
+    config = MindFormerConfig(f"{CONFIGS}/pretrain_gpt_local_tiny_cpu.yaml")
+    config.load_checkpoint, config.resume_training, config.output_dir = str(weights), True, str(tmp_path)
+    trainer.convert_checkpoint_config(config)
+    assert config.checkpoint.load_path == str(weights) and utils.is_hf_checkpoint.__name__ == "is_hf_checkpoint"
+    other = MindFormerConfig(**{"model": {"model_config": {"type": "LlamaConfig"}}, "load_checkpoint": str(weights),
+                                "resume_training": True, "output_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="is not a directory"):
+        trainer.convert_checkpoint_config(other)
+
+
+def test_the_config_keeps_its_pet_and_parallel_config():
+    """MindFormers 1.9's PretrainedConfig.__init__ assigns pet_config (None) and parallel_config (its default) itself:
+    GPTLocalConfig's own values must survive it (LoRA was silently off, the layout the default one)."""
+    from mindformers_gptlocal.model import GPTLocalConfig
+    from conftest import TINY
+    lora = dict(pet_type="lora", lora_rank=4, lora_alpha=8, target_modules=".*linear_qkv", freeze_include=["*"],
+                freeze_exclude=["*lora*"])
+    config = GPTLocalConfig(**dict(TINY, pet_config=lora, parallel_config={"data_parallel": 2, "model_parallel": 1}))
+    assert config.lora_spec() is not None and config.lora_spec().rank == 4
+    assert config.parallel_config.data_parallel == 2
 
 
 @pytest.fixture

@@ -4,9 +4,20 @@
 attention ``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU
 kernels ``cpu_norm_gelu.cc``, LoRA's input dropout ``lora_dropout.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``,
 Linear's GEMM ``cpu_linear.cc``) with
-the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, linked to the oneDNN the
-MindSpore wheel ships (``mindspore/lib/libdnnl.so.2``, for ``dnnl_sgemm``). Or None, with the reason, when it
-cannot be built: no compiler, a failed build, no oneDNN.
+the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, compiled against the headers of
+the ``onednn-devel-cpu-gomp`` package and linked to the ``libdnnl.so.3`` of the ``onednn-cpu-gomp`` package (both
+in install_requires; oneDNN 3.2, GNU OpenMP runtime, for ``dnnl_sgemm``), with a run path to that library. Both
+are found through the installed distributions' file lists (``importlib.metadata``), never by guessing a folder.
+Or None, with the reason, when it cannot be built or loaded: no compiler, no oneDNN package, a failed build.
+
+Two oneDNN copies in one process: MindSpore loads its own at ``import mindspore`` (2.7.2: ``libdnnl.so.2``,
+oneDNN 2.2; 2.9.0: ``libdnnl.so.3``, oneDNN 3.10, both the threadpool runtime, private to MindSpore). The
+loader matches a library by its soname before it looks at run paths, so where MindSpore's copy has the same
+soname (2.9.0), our library binds to that already-loaded copy, not the package's; where it has another (2.7.2),
+ours loads the package's. Either way ``dnnl_sgemm`` is oneDNN's stable C API of the same major version, and the
+kernels are tested against the plain path on both (tests/kernels/test_onednn_link.py). ``_loads`` imports
+MindSpore before it loads our library, so the package's copy never takes MindSpore's place: MindSpore's own
+oneDNN is newer and it may need what 3.2 lacks.
 
 The library is compiled for the baseline of the machine's architecture (x86-64) with AVX2 and AVX-512 clones of
 the vectorised loops that the loader picks for the CPU it runs on (GCC ``target_clones``), not with
@@ -15,13 +26,15 @@ the vectorised loops that the loader picks for the CPU it runs on (GCC ``target_
 
 Cache: ``$GPTLOCAL_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/mindformers_gptlocal/kernels``, else
 ``~/.cache/mindformers_gptlocal/kernels``; one folder per key, the key a hash of the source, the MindSpore
-version, the compiler's version line, the flags and the architecture, so any of them changing builds anew.
+version, the oneDNN packages' versions, the compiler's version line, the flags and the architecture, so any of
+them changing builds anew.
 Concurrent builders (msrun's workers) take an exclusive ``flock`` on the key's folder, and the library is
 written to a temporary name and renamed into place: no process ever loads a half-written file. A cached file
 whose sha256 differs from the one its build saved next to it (truncated, overwritten) is rebuilt.
 """
 import ctypes
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -80,12 +93,6 @@ def compiler():
     return os.environ.get("CXX") or "g++"
 
 
-def _mindspore_dir():
-    """MindSpore's package folder, found without importing it (the build runs before or without it)."""
-    spec = importlib.util.find_spec("mindspore")
-    return os.path.dirname(spec.origin) if spec and spec.origin else None
-
-
 def mindspore_version():
     try:
         return importlib.metadata.version("mindspore")
@@ -93,11 +100,50 @@ def mindspore_version():
         return "none"
 
 
+ONEDNN = "onednn-cpu-gomp"  # the library: lib/libdnnl.so.3
+ONEDNN_DEVEL = "onednn-devel-cpu-gomp"  # its headers: include/oneapi/dnnl/dnnl.h
+ONEDNN_SONAME = "libdnnl.so.3"
+ONEDNN_HEADER = "oneapi/dnnl/dnnl.h"
+ONEDNN_PIN = "2023.2.0"  # setup.cfg's pin, named in the fix of a missing package
+
+
+def _distribution_file(distribution, suffix):
+    """(absolute path of the file of the installed ``distribution`` whose path ends with ``suffix``, version),
+    or (None, why not): read from the distribution's own file list, wherever pip put it."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None, f"the {distribution} package is not installed"
+    for entry in dist.files or ():  # entries are relative to site-packages ("../../libdnnl.so.3"): resolve first
+        path = os.path.normpath(str(dist.locate_file(entry)))
+        if path.replace(os.sep, "/").endswith("/" + suffix):
+            if os.path.isfile(path):
+                return path, dist.version
+            return None, f"the {distribution} package lists {suffix} but {path} is missing"
+    return None, f"the {distribution} package has no {suffix}"
+
+
+@functools.lru_cache(maxsize=None)
+def onednn():
+    """(lib folder, include folder, version text) of the declared oneDNN packages, or (None, None, reason)."""
+    library_file, lib_version = _distribution_file(ONEDNN, "lib/" + ONEDNN_SONAME)
+    header, devel_version = _distribution_file(ONEDNN_DEVEL, "include/" + ONEDNN_HEADER)
+    for found, why in ((library_file, lib_version), (header, devel_version)):
+        if found is None:
+            return None, None, (f"{why} (pip install {ONEDNN}=={ONEDNN_PIN} {ONEDNN_DEVEL}=={ONEDNN_PIN}, "
+                                "as setup.cfg pins)")
+    include = header[:-len(ONEDNN_HEADER)].rstrip("/")
+    return os.path.dirname(library_file), include, f"{ONEDNN} {lib_version}, {ONEDNN_DEVEL} {devel_version}"
+
+
+def onednn_version():
+    """The oneDNN packages' versions (part of the cache key), or "none"."""
+    return onednn()[2] if onednn()[0] else "none"
+
+
 def onednn_dir():
-    """The MindSpore wheel's lib folder when it holds libdnnl.so.2, else None."""
-    package = _mindspore_dir()
-    lib = os.path.join(package, "lib") if package else ""
-    return lib if os.path.isfile(os.path.join(lib, "libdnnl.so.2")) else None
+    """The lib folder of the ``onednn-cpu-gomp`` package, or None."""
+    return onednn()[0]
 
 
 def _compiler_version(cxx):
@@ -126,11 +172,11 @@ def source_bytes():
 
 
 def cache_key(cxx_version, sources=None):
-    """Hash of what the library depends on: sources, MindSpore version, compiler, flags, architecture."""
+    """Hash of what the library depends on: sources, MindSpore and oneDNN versions, compiler, flags, architecture."""
     source_bytes_ = source_bytes() if sources is None else sources
     digest = hashlib.sha256()
-    for part in (source_bytes_, mindspore_version().encode(), cxx_version.encode(), " ".join(_flags()).encode(),
-                 platform.machine().encode()):
+    for part in (source_bytes_, mindspore_version().encode(), onednn_version().encode(), cxx_version.encode(),
+                 " ".join(_flags()).encode(), platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:20]
@@ -152,7 +198,10 @@ def _complete(path):
 
 
 def _loads(path):
-    """True when ``path`` loads and exports every kernel in ``SYMBOLS``."""
+    """True when ``path`` loads and exports every kernel in ``SYMBOLS``. MindSpore is imported first (where it is
+    installed): its oneDNN is then the one in the process, as where the kernels run (module docstring)."""
+    if importlib.util.find_spec("mindspore") is not None:
+        import mindspore  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     try:
         lib = ctypes.CDLL(path)
         return all(hasattr(lib, name) for name in SYMBOLS)
@@ -160,12 +209,13 @@ def _loads(path):
         return False
 
 
-def _compile(cxx, folder, dnnl):
+def _compile(cxx, folder, dnnl, include):
     """Compile into ``folder`` under a temporary name, then rename into place. Returns (path, reason)."""
     final = os.path.join(folder, LIBRARY_NAME)
     handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
     os.close(handle)
-    command = [cxx, *_flags(), *SOURCES, "-o", temporary, "-L" + dnnl, "-l:libdnnl.so.2", "-Wl,-rpath," + dnnl]
+    command = [cxx, *_flags(), "-I" + include, *SOURCES, "-o", temporary, "-L" + dnnl, "-l:" + ONEDNN_SONAME,
+               "-Wl,-rpath," + dnnl]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.SubprocessError) as error:
@@ -203,9 +253,9 @@ def _find_or_build(cache_dir, cxx):
     version = _compiler_version(cxx)
     if version is None:
         return None, f"the C++ compiler {cxx!r} does not run"
-    dnnl = onednn_dir()
+    dnnl, include, why = onednn()
     if dnnl is None:
-        return None, "MindSpore's lib folder has no libdnnl.so.2"
+        return None, why
     folder = os.path.join(cache_dir, cache_key(version))
     final = os.path.join(folder, LIBRARY_NAME)
     try:
@@ -215,7 +265,7 @@ def _find_or_build(cache_dir, cxx):
             try:
                 if os.path.isfile(final) and _complete(final):
                     return final, "cached"
-                return _compile(cxx, folder, dnnl)
+                return _compile(cxx, folder, dnnl, include)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     except OSError as error:

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-typedef int64_t dim_t;
-extern "C" int dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha, const float *A,
-                          dim_t lda, const float *B, dim_t ldb, float beta, float *C, dim_t ldc);
+#include "oneapi/dnnl/dnnl.h"  // dnnl_sgemm: the onednn-devel-cpu-gomp package's headers (build.py)
+
+typedef dnnl_dim_t dim_t;
 
 // Elementwise loops are compiled for a baseline x86-64 plus AVX2 and AVX-512 clones chosen at load time, so one
 // cached library is right on any x86-64 CPU (build.py passes -DGPTLOCAL_NO_CLONES elsewhere).

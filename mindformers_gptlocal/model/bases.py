@@ -47,6 +47,20 @@ def _mindformers_version():
         return None
 
 
+def mcore_train_outputs(version=None):
+    """How many losses MindFormers' mcore train steps unpack from a model's training ``construct``: 1.8's
+    ``MFTrainOneStepCell.grads_for_mcore`` takes ``(lm_loss, mtp_loss, aux_loss)``; 1.9 adds ``indexer_loss``
+    (DeepSeek sparse attention's indexer; the pipeline cell takes ``losses[-1]`` as it), four. gpt_local returns
+    its loss and zeros for the others (``mindformers_compat`` "mcore training outputs" checks this number against
+    the installed ``grads_for_mcore``). Without MindFormers (lean): 1.8's three."""
+    version = version if version is not None else _mindformers_version()
+    try:
+        major_minor = tuple(int(part) for part in (version or "").split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    return 4 if major_minor >= (1, 9) else 3
+
+
 class LeanPretrainedConfig:
     """MindFormers' ``PretrainedConfig.__init__`` attributes and ``to_dict``, without MindFormers."""
 
@@ -59,8 +73,11 @@ class LeanPretrainedConfig:
         self.pretrained_model_dir = str(kwargs.pop("pretrained_model_dir", ""))
         self.mindformers_version = kwargs.pop("mindformers_version", None)
         self.tokenizer_class = kwargs.pop("tokenizer_class", None)
-        for key in ("bos_token_id", "pad_token_id", "eos_token_id", "architectures", "is_encoder_decoder",
-                    "is_sample_acceleration", "quantization_config", "quantization"):
+        keys = ("bos_token_id", "pad_token_id", "eos_token_id", "architectures", "is_encoder_decoder",
+                "is_sample_acceleration", "quantization_config", "quantization")
+        if mcore_train_outputs() == 4:  # MindFormers 1.9 also sets pet_config (and its default parallel_config)
+            keys += ("pet_config",)
+        for key in keys:
             setattr(self, key, kwargs.pop(key, None))
         for key, value in kwargs.items():
             setattr(self, key, value)

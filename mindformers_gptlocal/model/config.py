@@ -187,6 +187,15 @@ class GPTLocalConfig(PretrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                          architectures=["GPTLocalForCausalLM"], **kwargs)
+        # MindFormers 1.9's PretrainedConfig.__init__ sets both from its own kwargs (None / its default layout),
+        # after ours were set above: ours again, and no default layout where none was given (as on 1.8: config.json
+        # and the lean config stay the same)
+        self.pet_config = _plain_pet_config(pet_config)
+        if parallel_config is not None:
+            self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
+                else parallel_config
+        else:
+            self.__dict__.pop("parallel_config", None)
         self.validate()
         if parallel_config is not None:
             self.validate_layout(layout_batch_size)

@@ -4,9 +4,9 @@ The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``
 calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV cache's storage in ``kv_cache.py``; what
 runs decoding (``generate``, the compiled prefill/decode graphs) is the inference runtime, ``runtime/``.
 
-Training returns ``(lm_loss, mtp_loss, aux_loss)`` as MindFormers' mcore wrappers
-expect; eval with labels returns ``(logits, labels, mask)`` laid out for
-MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
+Training returns ``(lm_loss, mtp_loss, aux_loss, indexer_loss)`` as MindFormers 1.9's mcore wrappers
+expect (1.8: the first three; ``bases.mcore_train_outputs``); eval with labels returns ``(logits, labels, mask)``
+laid out for MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
 Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``, ``runtime/runner.py``).
 The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
 """
@@ -21,7 +21,8 @@ from ..errors import CheckpointError
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .bases import LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin
+from .bases import (LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin,
+                    mcore_train_outputs)
 from .attention import MASK_VALUE, RotaryEmbedding
 from .block import GPTLocalBlock
 from .config import GPTLocalConfig
@@ -277,6 +278,7 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
+        self.train_outputs = mcore_train_outputs()  # what the installed MindFormers' train step unpacks
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
@@ -373,6 +375,8 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         if step is not None:
             loss = self.dropout_counter.advance(loss, self.dropout_step)
         zero = ops.zeros((), ms.float32)
+        if self.train_outputs == 4:
+            return loss, zero, zero, zero
         return loss, zero, zero
 
     def lm_loss(self, logits, labels, loss_mask):

@@ -97,9 +97,17 @@ def test_each_lean_stand_in_holds_what_mindformers_class_holds(tiny_config):
     from mindformers.modules.transformer.moe import MoEConfig
     from mindformers_gptlocal.generation.loop import DEFAULTS
     from mindformers_gptlocal.model import bases
-    assert bases.LeanPretrainedConfig().to_dict() == PretrainedConfig().to_dict()
+    def theirs(**made):
+        """PretrainedConfig's dict without the default layout MindFormers 1.9 sets (GPTLocalConfig drops it where no
+        parallel_config was given, as 1.8 never set one: tiny_config below has none)."""
+        values = PretrainedConfig(**made).to_dict()
+        layout = values.pop("parallel_config", None)
+        assert layout is None or bases.mcore_train_outputs() == 4, layout  # only 1.9 sets it
+        return values
+    assert bases.LeanPretrainedConfig().to_dict() == theirs()
     made = dict(name_or_path="x", eos_token_id=[3, 4], architectures=["A"], quantization="q", extra=1)
-    assert bases.LeanPretrainedConfig(**made).to_dict() == PretrainedConfig(**made).to_dict()
+    assert bases.LeanPretrainedConfig(**made).to_dict() == theirs(**made)
+    assert "parallel_config" not in tiny_config.to_dict()
     live = (set(inspect.signature(MoEConfig.__init__).parameters) | set(MoEConfig().__dict__)) - {"self"}
     assert bases.LEAN_MOE_KEYS == live
     for config in (tiny_config, PretrainedConfig(eos_token_id=7, pad_token_id=1, max_length=40, top_k=3)):
