@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from ..errors import CheckpointError
-from ..model.lora_config import LORA_A, LORA_B, is_adapter_name, is_lora_name
+from ..peft.adapter import is_adapter_name
+from ..peft.lora import LORA_A, LORA_B, is_lora_name
 from ..safetensors_io import (SafetensorsReader, read_safetensors, resolve_weights_file, write_safetensors,
                               write_safetensors_streamed)
 from ..staging import write_folder
@@ -183,7 +184,7 @@ def prefix_to_peft(ms_dir, out):
     ``PrefixTuningConfig`` adapter for the base ``convert ms2hf`` writes: ``prompt_embeddings`` [tokens,
     layers*2*kv_width], the prefix keys and values as peft's PrefixEncoder hands them out (the MLP of
     ``prefix_projection`` / ``mid_dim`` applied here, in numpy, so the adapter says prefix_projection false)."""
-    from ..model.lora_config import PREFIX_NAME, read_prefix_config
+    from ..peft.prefix import PREFIX_NAME, read as read_prefix_config
     local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
     spec = read_prefix_config(local.get("pet_config"))
     if spec is None:

@@ -23,7 +23,7 @@ from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .dropout import dropout_site, make_dropout
 from .layers import Linear, kernel_provider, residual_init_std, to_mstype
-from .prefix import PrefixConcat, prefix_rows
+from ..peft.prefix_cells import PrefixConcat, prefix_rows
 
 MASK_VALUE = -1.0e9
 
@@ -79,7 +79,7 @@ class ParallelAttention(nn.Cell):
         kernels = kernels or kernel_provider(config)
         arch = config.arch
         linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
-        # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
+        # prefix tuning (peft/prefix_cells.py): prefix rows in front of the keys; the plain matmul + softmax path takes
         # them, the fused kernels (CPU kernel, blockwise, Ascend flash) are built for square masks: not used then
         self.prefix = config.prefix_spec() is not None
         if self.prefix:  # its Concats, sharded over the key/value groups (parallel/sharding.py block_rules)
