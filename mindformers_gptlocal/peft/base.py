@@ -5,12 +5,14 @@ from fnmatch import fnmatch
 
 from ..errors import ConfigError
 
-Method = namedtuple("Method", "pet_types read owns loaded_without")
+Method = namedtuple("Method", "pet_types read owns loaded_without not_foldable")
+Method.__new__.__defaults__ = (None,)
 Method.__doc__ = (
     "A PEFT method's registry entry (``peft/__init__.py`` METHODS). pet_types: the ``pet_config.pet_type`` values it "
     "answers; read(pet_config, num_layers, max_positions): its settings (a PetSpec), one ConfigError naming the key "
     "for a bad value; owns(parameter name): whether a tensor is one of its own; loaded_without(example name): the "
-    "CheckpointError text when a checkpoint holds its tensors but the model has none.")
+    "CheckpointError text when a checkpoint holds its tensors but the model has none; not_foldable(example name): "
+    "what its tensors are and why ``gptlocal lora merge`` / the PEFT LoRA export cannot take them (None: LoRA).")
 
 
 class PetSpec:

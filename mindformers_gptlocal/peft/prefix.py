@@ -141,4 +141,7 @@ def prefix_rules(spec, path=f"model.{PREFIX_NAME}"):
 METHOD = Method(
     PREFIX_TYPES, read, is_prefix_name,
     lambda name: (f"checkpoint holds a prefix-tuning prefix (e.g. '{name}') but the model has none, so it would be "
-                  f"ignored; build the model with the run's pet_config (a model directory's config.json has it)."))
+                  f"ignored; build the model with the run's pet_config (a model directory's config.json has it)."),
+    lambda name: (f"a prefix-tuning prefix (e.g. '{name}'), which is no update of the base weights, so it cannot be "
+                  f"folded into them nor exported as a PEFT LoRA adapter; use the run's model directory as it is, or "
+                  f"export the prefix with `gptlocal convert ms2hf --peft`."))

@@ -74,3 +74,23 @@ def test_the_settings_side_runs_without_mindspore():
             "pet_config=dict(pet_type='adapter', bottleneck_size=8))); "
             "assert 'mindspore' not in sys.modules, 'mindspore loaded'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name,pattern", [
+    ("model.prefix_encoder.embedding", r"holds a prefix-tuning prefix \(e.g. 'model.prefix_encoder.embedding'\), .*"
+                                       r"convert ms2hf --peft"),
+    ("model.layers.0.mlp_adapter.linear_up.weight", r"holds bottleneck adapters \(pet_type: adapter, e.g. "
+                                                    r"'model.layers.0.mlp_adapter.linear_up.weight'\), which cannot be "
+                                                    r"folded"),
+])
+def test_lora_merge_refuses_another_methods_tensors_by_that_methods_words(tmp_path, name, pattern):
+    """``gptlocal lora merge`` / the PEFT LoRA export ask the registry which tensors they cannot take."""
+    import numpy as np
+    from mindformers_gptlocal.checkpoint.lora import adapter_tensors
+    from mindformers_gptlocal.errors import CheckpointError
+    from mindformers_gptlocal.safetensors_io import write_safetensors
+    path = tmp_path / "model.safetensors"
+    write_safetensors(str(path), {name: np.zeros((2, 2), np.float32),
+                                  "model.layers.0.attention.linear_qkv.lora_a": np.zeros((2, 2), np.float32)})
+    with pytest.raises(CheckpointError, match=pattern):
+        adapter_tensors(str(path))
