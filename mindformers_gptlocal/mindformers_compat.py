@@ -190,7 +190,7 @@ PATCHES = (
     Patch("prefix tuning kept ours", "mindformers_compat._keeping_gptlocal_prefix",
           "build_network hands a model with pet_config to mindformers.pet.get_pet_model, whose PrefixTuning / "
           "Ptuning2 models read attributes gpt_local's config lacks and pass prefix_keys_values our model does not "
-          "take; a gpt_local model with pet_type prefixtuning / ptuning2 already holds its prefix (peft/prefix_cells.py) "
+          "take; a gpt_local model with pet_type prefixtuning / ptuning2 already holds its prefix (peft/prefix.py) "
           "and is returned as it is.",
           (Target("mindformers.pet", "get_pet_model", ("base_model", "config")),
            Target("mindformers.models.build_model", "build_network", ("config", "default_args")))),

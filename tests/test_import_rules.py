@@ -80,7 +80,8 @@ def _peft_files(cells):
 
 def test_peft_settings_are_pure_python_below_model():
     pure = _peft_files(cells=False)
-    assert {os.path.join("peft", n) for n in ("__init__.py", "base.py", "lora.py", "adapter.py", "prefix.py")} <= set(pure)
+    methods = ("__init__.py", "base.py", "lora.py", "adapter.py", "prefix.py")
+    assert {os.path.join("peft", n) for n in methods} <= set(pure)
     found = [f for f in imports("peft") if f[0] in pure]
     assert len(found) > 10
     ours = {f[2] for f in found} - {"peft"}

@@ -79,7 +79,7 @@ class ParallelAttention(nn.Cell):
         kernels = kernels or kernel_provider(config)
         arch = config.arch
         linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
-        # prefix tuning (peft/prefix_cells.py): prefix rows in front of the keys; the plain matmul + softmax path takes
+        # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
         # them, the fused kernels (CPU kernel, blockwise, Ascend flash) are built for square masks: not used then
         self.prefix = config.prefix_spec() is not None
         if self.prefix:  # its Concats, sharded over the key/value groups (parallel/sharding.py block_rules)

@@ -40,7 +40,7 @@ class GPTLocalBlock(nn.Cell):
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
                                                counter_dropout)
         self.add = ops.Add()
-        # pet_type: adapter's BottleneckAdapters (peft/adapter_cells.py) when the layer spec has them; LayerDrop scales
+        # pet_type: adapter's BottleneckAdapters (model/adapter.py) when the layer spec has them; LayerDrop scales
         # both updates by 0/1
         self.attention_adapter = layer_spec["attention_adapter"]() if "attention_adapter" in layer_spec else None
         self.mlp_adapter = layer_spec["mlp_adapter"]() if "mlp_adapter" in layer_spec else None

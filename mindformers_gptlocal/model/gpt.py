@@ -80,8 +80,8 @@ class GPTLocalEmbedding(nn.Cell):
 
 
 def prefix_encoder(config, counter_dropout=False):
-    """The PrefixEncoder of a prefix-tuning pet_config (``peft/prefix_cells.py``), or None. Under semi_auto/auto parallel
-    its tensors are replicated and each rank reads its key/value groups (``peft/prefix.py`` prefix_rules,
+    """The PrefixEncoder of a prefix-tuning pet_config (``peft/prefix_cells.py``), or None. Under semi_auto/auto
+    parallel its tensors are replicated and each rank reads its key/value groups (``peft/prefix.py`` prefix_rules,
     PREFIX_BLOCK_RULES)."""
     spec = config.prefix_spec()
     if spec is None:

@@ -144,6 +144,6 @@ METHOD = Method(
     lambda name: (f"checkpoint holds bottleneck adapters (e.g. '{name}', pet_type: adapter) but the model has none, "
                   f"so they would be ignored; build the model with the run's pet_config (a model directory's "
                   f"config.json has it). Adapters cannot be folded into the base weights."),
-    lambda name: (f"bottleneck adapters (pet_type: adapter, e.g. '{name}'), which cannot be folded into the base weights "
-                  f"(a non-linearity sits between their two projections) nor exported as a PEFT LoRA adapter; use the "
-                  f"run's model directory as it is (it loads with its adapters)."))
+    lambda name: (f"bottleneck adapters (pet_type: adapter, e.g. '{name}'), which cannot be folded into the base "
+                  f"weights (a non-linearity sits between their two projections) nor exported as a PEFT LoRA adapter; "
+                  f"use the run's model directory as it is (it loads with its adapters)."))

@@ -34,11 +34,11 @@ def _init(name):
 
 class LoRALinear(Linear):
     """A Linear plus a low-rank update. Built through ``Linear.__init__`` in place of the plain Linear when the
-    layer is built (the layer spec, ``model/layer_spec.py``), so its base weight and bias are the ones the layer creates,
-    with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers); ``dropout_site``
-    and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``) and tables' seed
-    (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and for the input
-    dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask (``dropout.py``;
+    layer is built (the layer spec, ``model/layer_spec.py``), so its base weight and bias are the ones the layer
+    creates, with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers);
+    ``dropout_site`` and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``)
+    and tables' seed (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and
+    for the input dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask (``dropout.py``;
     None: no dropout)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,

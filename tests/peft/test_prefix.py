@@ -1,4 +1,4 @@
-"""Prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``, peft/prefix.py, prefix_cells.py) against peft
+"""Prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``, peft/prefix*.py) against peft
 on the same prefix weights: forward logits and the prefix's gradient, a GQA (Llama-style) model too; the KV-cache
 path equals the uncached forward; training moves only the prefix (base bit-identical); a model directory saves
 and loads its prefix and `convert ms2hf --peft` writes a PrefixTuningConfig adapter peft loads with equal logits;
