@@ -38,8 +38,8 @@ class LoRALinear(Linear):
     creates, with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers);
     ``dropout_site`` and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``)
     and tables' seed (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and
-    for the input dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask (``dropout.py``;
-    None: no dropout)."""
+    for the input dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask
+    (``dropout.py``; None: no dropout)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
                  skip_bias_add=False, kernels=None, *, lora, dropout_site=LORA_SITE, dropout_seed=0):
