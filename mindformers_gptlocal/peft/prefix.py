@@ -39,8 +39,8 @@ class PrefixSpec(namedtuple("PrefixSpec", "pet_type tokens projection hidden dro
         return prefix_rules(self)
 
     def param_shapes(self, d, base):
-        arch = d["arch"]
-        kv_width = (arch.groups or d["heads"]) * (d["hidden"] // d["heads"])
+        arch = d.get("arch")  # grouped-query attention: one prefix per key/value group
+        kv_width = ((arch.groups if arch is not None else None) or d["heads"]) * (d["hidden"] // d["heads"])
         return {f"model.{PREFIX_NAME}.{name}": shape
                 for name, shape in prefix_shapes(self, d["layers"], kv_width).items()}
 
