@@ -44,7 +44,7 @@ def make_dirs(work, adapters, rank):
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
     from mindformers_gptlocal.checkpoint.lora import merge
-    from mindformers_gptlocal.model.lora_config import is_lora_name
+    from mindformers_gptlocal.peft.lora import is_lora_name
     ms.set_seed(0)
     base = os.path.join(work, "base")
     GPTLocalForCausalLM(GPTLocalConfig(**SHAPE)).save_pretrained(base)
@@ -70,7 +70,7 @@ def step_worker(adapters, rank, threads, rounds, shape, steps=30):
     counts["mindspore"] = C.mindspore_threads(threads, "step worker")
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-    from mindformers_gptlocal.model.lora import MultiLoRASpec
+    from mindformers_gptlocal.peft.lora_cells import MultiLoRASpec
     ms.set_context(mode=ms.GRAPH_MODE)
     rng = np.random.default_rng(0)
     caches, handles = {}, {}

@@ -247,7 +247,7 @@ PATCHES = (
     Patch("prefix tuning kept ours", "mindformers_compat._keeping_gptlocal_prefix",
           "build_network hands a model with pet_config to mindformers.pet.get_pet_model, whose PrefixTuning / "
           "Ptuning2 models read attributes gpt_local's config lacks and pass prefix_keys_values our model does not "
-          "take; a gpt_local model with pet_type prefixtuning / ptuning2 already holds its prefix (model/prefix.py) "
+          "take; a gpt_local model with pet_type prefixtuning / ptuning2 already holds its prefix (peft/prefix.py) "
           "and is returned as it is.",
           (Target("mindformers.pet", "get_pet_model", ("base_model", "config")),
            Target("mindformers.models.build_model", "build_network", ("config", "default_args")))),
@@ -446,7 +446,7 @@ def _keeping_gptlocal_prefix(get_pet_model):
     MindFormers' PetModel."""
     @functools.wraps(get_pet_model)
     def wrapper(base_model, config, *args, **kwargs):
-        from .model.lora_config import PREFIX_TYPES
+        from .peft.prefix import PREFIX_TYPES
         pet_type = config.get("pet_type") if hasattr(config, "get") else getattr(config, "pet_type", None)
         if pet_type in PREFIX_TYPES and getattr(getattr(base_model, "config", None), "model_type", None) == \
                 "gpt_local":

@@ -3,7 +3,9 @@ a function): ``model/`` imports none of the layers above it (but ``registration.
 the inference runtime's ``runner_for`` / ``generate`` in ``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate``
 hooks) and, of ``generation/``, only the defaults table (``model/bases.py``'s stand-in for MindFormers'
 GenerationConfig reads MindFormers' column); ``generation/`` and ``kernels/`` import nothing of ours but the base;
-``runtime/`` imports none of the commands that use it."""
+``runtime/`` imports none of the commands that use it; ``peft/``'s settings modules (everything but its
+``*_cells.py``) are pure Python below ``model/`` (they import the base, ``parallel/`` and each other, never
+MindSpore), its Cells modules sit beside ``model/``'s building blocks (they import them, nothing above ``model/``)."""
 import ast
 import os
 
@@ -68,3 +70,35 @@ def test_generation_and_kernels_import_only_the_base():
     for folder in ("generation", "kernels"):
         ours = {f[2] for f in imports(folder)} - {folder}
         assert ours <= BASE, (folder, ours)
+
+
+def _peft_files(cells):
+    folder = os.path.join(PACKAGE, "peft")
+    return sorted(os.path.join("peft", name) for name in os.listdir(folder)
+                  if name.endswith(".py") and name.endswith("_cells.py") == cells)
+
+
+def test_peft_settings_are_pure_python_below_model():
+    pure = _peft_files(cells=False)
+    methods = ("__init__.py", "base.py", "lora.py", "adapter.py", "prefix.py")
+    assert {os.path.join("peft", n) for n in methods} <= set(pure)
+    found = [f for f in imports("peft") if f[0] in pure]
+    assert len(found) > 10
+    ours = {f[2] for f in found} - {"peft"}
+    assert ours <= BASE | {"parallel"}, ours
+    for path in pure:  # not even inside a function: the Cells are reached through peft's *_cells modules
+        tree = ast.parse(open(os.path.join(PACKAGE, path), encoding="utf-8").read())
+        heavy = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 and any(name.split(".")[0] in ("mindspore", "mindformers") for name in
+                         ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]))]
+        assert not heavy, (path, heavy)
+        top = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("_cells")]
+        assert not top, path  # a Cells module only inside the method that builds a model
+
+
+def test_peft_cells_import_nothing_above_model():
+    cells = _peft_files(cells=True)
+    assert len(cells) == 3
+    found = [f for f in imports("peft") if f[0] in cells]
+    assert not [f for f in found if f[2] in ABOVE_MODEL], found
+    assert {f[2] for f in found} <= BASE | {"parallel", "model", "peft", "kernels"}, found

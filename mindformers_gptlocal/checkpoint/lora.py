@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from ..errors import CheckpointError
-from ..model.lora_config import LORA_A, LORA_B, is_adapter_name, is_lora_name
+from ..peft import METHODS as PET_METHODS
+from ..peft.lora import LORA_A, LORA_B, is_lora_name
 from ..safetensors_io import (SafetensorsReader, read_safetensors, resolve_weights_file, write_safetensors,
                               write_safetensors_streamed)
 from ..staging import write_folder
@@ -29,12 +30,10 @@ def adapter_tensors(path):
     moments of the adapters, also in training checkpoints, are left out)."""
     weights = resolve_weights_file(path)
     reader = SafetensorsReader(weights)
-    bottleneck = [n for n in reader.names() if n.startswith("model.layers.") and is_adapter_name(n)]
-    if bottleneck:
-        raise CheckpointError(f"--adapter {path}: {weights} holds bottleneck adapters (pet_type: adapter, e.g. "
-                              f"'{bottleneck[0]}'), which cannot be folded into the base weights (a non-linearity "
-                              f"sits between their two projections) nor exported as a PEFT LoRA adapter; use the "
-                              f"run's model directory as it is (it loads with its adapters).")
+    for method in PET_METHODS:  # another PEFT method's tensors (adapters, a prefix): refused, named by the method
+        other = [n for n in reader.names() if n.startswith("model.") and method.owns(n)]
+        if other and method.not_foldable is not None:
+            raise CheckpointError(f"--adapter {path}: {weights} holds {method.not_foldable(other[0])}")
     names = [n for n in reader.names() if n.startswith("model.layers.") and is_lora_name(n)]
     pairs = {}
     for name in names:
@@ -183,7 +182,7 @@ def prefix_to_peft(ms_dir, out):
     ``PrefixTuningConfig`` adapter for the base ``convert ms2hf`` writes: ``prompt_embeddings`` [tokens,
     layers*2*kv_width], the prefix keys and values as peft's PrefixEncoder hands them out (the MLP of
     ``prefix_projection`` / ``mid_dim`` applied here, in numpy, so the adapter says prefix_projection false)."""
-    from ..model.lora_config import PREFIX_NAME, read_prefix_config
+    from ..peft.prefix import PREFIX_NAME, read as read_prefix_config
     local = _read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
     spec = read_prefix_config(local.get("pet_config"))
     if spec is None:

@@ -86,7 +86,7 @@ def convert(argv):
 def _is_prefix_run(ms_dir):
     """Whether ``ms_dir``'s config.json has a prefix-tuning pet_config (``convert ms2hf --peft``)."""
     import os
-    from ..model.lora_config import PREFIX_TYPES
+    from ..peft.prefix import PREFIX_TYPES
     try:
         with open(os.path.join(ms_dir, "config.json"), encoding="utf-8") as handle:
             pet = json.load(handle).get("pet_config") or {}

@@ -222,10 +222,10 @@ def _model_config(mf, arch, cpu, notes):
 
 
 def _pet_config(pet, notes):
-    from ..model.lora_config import PREFIX_KEYS
+    from ..peft.prefix import PREFIX_KEYS
     if pet.get("pet_type") in PREFIX_KEYS:  # prefix tuning / P-Tuning v2: MindFormers' keys, as they are
         out = {"pet_type": pet["pet_type"], **{k: pet[k] for k in PREFIX_KEYS[pet["pet_type"]] if k in pet}}
-        notes.append(f"pet_config {pet['pet_type']} kept (model/prefix.py); the real tokens' positions follow the "
+        notes.append(f"pet_config {pet['pet_type']} kept (peft/prefix.py); the real tokens' positions follow the "
                      f"prefix, so seq_length + the prefix must fit max_position_embeddings")
         return out
     if pet.get("pet_type", "lora") != "lora":

@@ -23,7 +23,7 @@ from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .dropout import dropout_site, make_dropout
 from .layers import Linear, kernel_provider, residual_init_std, to_mstype
-from .prefix import PrefixConcat, prefix_rows
+from ..peft.prefix_cells import PrefixConcat, prefix_rows
 
 MASK_VALUE = -1.0e9
 

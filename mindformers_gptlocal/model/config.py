@@ -6,7 +6,7 @@ Field names follow MindFormers' mcore vocabulary (``num_hidden_layers``,
 ``TransformerConfig``. GPT-2's own names (``n_layer``, ``n_embd`` ...) are
 accepted as aliases. Unknown keys are refused with the closest known key.
 The architecture (sizes, layer choices and what they imply) is read once into ``config.arch``
-(``model/arch.py``); the parallel ``Layout`` and the LoRA spec are read once too (``layout``, ``lora_spec``).
+(``model/arch.py``); the parallel ``Layout`` and the PEFT settings are read once too (``layout``, ``pet_spec``).
 """
 import difflib
 import functools
@@ -17,7 +17,7 @@ from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
 from .bases import LEAN, MindFormerModuleType, MindFormerRegister, PretrainedConfig, moe_keys
 from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
-from .lora_config import check_trainable, read_pet_config, read_prefix_config
+from ..peft import check_trainable, read as read_pet_config
 from .params import table_of_dims, dims
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -124,7 +124,7 @@ class GPTLocalConfig(PretrainedConfig):
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
                 else parallel_config
         _reject_unknown(kwargs)
-        pet_config = kwargs.pop("pet_config", None)  # LoRA (model/lora_config.py); checked in validate()
+        pet_config = kwargs.pop("pet_config", None)  # PEFT (peft/); checked in validate()
         layout_batch_size = kwargs.get("batch_size")
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
@@ -293,34 +293,30 @@ class GPTLocalConfig(PretrainedConfig):
         if self.reorder_and_upcast_attn:
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
-        self.lora_spec()
-        self.prefix_spec()
+        self.pet_spec()
 
-    def lora_spec(self):
-        """The PEFT settings of ``pet_config`` (a ``LoraSpec``, or an ``AdapterSpec`` for pet_type: adapter), or None
-        without one; read and checked once."""
-        return self._derived_value("lora", self._read_lora)
+    def pet_spec(self):
+        """The PEFT settings of ``pet_config`` (its method's ``peft`` PetSpec: LoRA, bottleneck adapters, prefix
+        tuning), or None without one; read and checked once."""
+        return self._derived_value("pet", self._read_pet)
 
-    def _read_lora(self):
-        spec = read_pet_config(self.pet_config, self.num_hidden_layers)
-        if spec is not None:  # a freeze that leaves nothing trainable stops here, not in the optimizer
+    def _read_pet(self):
+        spec = read_pet_config(self.pet_config, self.num_hidden_layers, self.max_position_embeddings)
+        if spec is not None:
+            spec.check_config(self)
+            # a freeze that leaves nothing trainable stops here, not in the optimizer
             check_trainable(spec, list(table_of_dims(dims(self.arch), Layout(), spec)))
         return spec
 
-    def prefix_spec(self):
-        """The prefix tuning / P-Tuning v2 settings of ``pet_config`` (``model/prefix.py``), or None; read and
-        checked once."""
-        return self._derived_value("prefix", self._read_prefix)
+    def lora_spec(self):
+        """The settings of a method that puts Cells in the layers (LoRA, adapters), or None."""
+        spec = self.pet_spec()
+        return None if spec is None or spec.adds_prefix else spec
 
-    def _read_prefix(self):
-        spec = read_prefix_config(self.pet_config, self.max_position_embeddings)
-        if spec is not None and spec.tokens + self.seq_length > self.max_position_embeddings:
-            raise ConfigError(f"model_config.pet_config prefix of {spec.tokens} tokens + model_config.seq_length "
-                              f"{self.seq_length} is more than max_position_embeddings "
-                              f"({self.max_position_embeddings}): the real tokens' positions start after the prefix "
-                              f"(as peft's). Set seq_length: {self.max_position_embeddings - spec.tokens} or fewer "
-                              f"prefix tokens.")
-        return spec
+    def prefix_spec(self):
+        """The prefix tuning / P-Tuning v2 settings (attention reads the prefix rows), or None."""
+        spec = self.pet_spec()
+        return spec if spec is not None and spec.adds_prefix else None
 
     @property
     def layout(self):

@@ -24,7 +24,6 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..parallel.sharding import LINEAR_SPLITS, is_parallel_build
-from .lora_config import is_adapter_spec
 
 TABLE_SIZES = (65521, 65537)
 STEP_MULTIPLIERS = (7919, 6007)  # per table: (step % P) * m < 2**31
@@ -150,20 +149,14 @@ def counter_dropout_enabled(config):
     parallel (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
     arithmetic would need shard strategies, and its counter would be shared across pipeline stages; there
     MindSpore's own Dropout is kept (its masks do not resume)."""
-    spec = config.prefix_spec()
+    spec = config.pet_spec()  # LoRA's lora_dropout, the prefix's dropout (peft/)
     rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout, config.layerdrop,
-             0.0 if spec is None else spec.dropout, lora_rate(config))
+             0.0 if spec is None else spec.dropout_rate)
     return any(rate > 0 for rate in rates) and not is_parallel_build()
 
 
-def lora_rate(config):
-    """pet_config's ``lora_dropout`` (0 without LoRA: no pet_config, adapters, prefix tuning)."""
-    spec = config.lora_spec()
-    return 0.0 if spec is None or is_adapter_spec(spec) else float(spec.dropout)
-
-
 # Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1);
-# the prefix-tuning prefix's (model/prefix.py) is -1, below every layer's and LayerDrop's 10000+ at any depth
+# the prefix-tuning prefix's (peft/prefix_cells.py) is -1, below every layer's and LayerDrop's 10000+ at any depth
 # (_offsets takes it modulo the table sizes)
 SITES_PER_LAYER = 3
 LAYER_SITES = {"attention_probs": 1, "attention_output": 2, "mlp_output": 3}

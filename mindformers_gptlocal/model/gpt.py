@@ -81,13 +81,13 @@ class GPTLocalEmbedding(nn.Cell):
 
 
 def prefix_encoder(config, counter_dropout=False):
-    """The PrefixEncoder of a prefix-tuning pet_config (``prefix.py``), or None. Under semi_auto/auto parallel
-    its tensors are replicated and each rank reads its key/value groups (``parallel/sharding.py`` prefix_rules,
+    """The PrefixEncoder of a prefix-tuning pet_config (``peft/prefix_cells.py``), or None. Under semi_auto/auto
+    parallel its tensors are replicated and each rank reads its key/value groups (``peft/prefix.py`` prefix_rules,
     PREFIX_BLOCK_RULES)."""
     spec = config.prefix_spec()
     if spec is None:
         return None
-    from .prefix import PrefixEncoder
+    from ..peft.prefix_cells import PrefixEncoder
     dropout = None
     if spec.dropout > 0:  # counter-based when the build is (dropout.counter_dropout_enabled): resume is exact
         dropout = make_dropout(spec.dropout, dropout_site(part="prefix"), config, counter_dropout)

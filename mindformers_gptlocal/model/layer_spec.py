@@ -7,39 +7,32 @@ A layer spec is a callable ``spec(layer_index) -> {path in the block: factory}``
 the factory takes ``Linear``'s arguments, e.g. ``LoRALinear`` with its spec bound) and its adapter sites
 (``attention_adapter``, ``mlp_adapter``: the factory takes none). A path the spec leaves out is built the base way
 (``Linear``; no adapter). The base Cells (``block.py``, ``attention.py``, ``feedforward.py``) only read the dict;
-``pet_layer_spec`` builds it from ``model_config.pet_config``; ``serve --lora`` gives its own
-(``lora.MultiLoRASpec``) to ``GPTLocalForCausalLM(config, layer_spec=...)``.
+``pet_layer_spec`` builds it from ``model_config.pet_config`` (its method's ``layer_spec``, ``peft/``); ``serve --lora``
+gives its own (``peft.lora_cells.MultiLoRASpec``) to ``GPTLocalForCausalLM(config, layer_spec=...)``.
 """
-import functools
-
-from .lora_config import is_adapter_spec
+from .params import is_weight
 
 
 def pet_layer_spec(config):
-    """The layer spec of ``config``'s pet_config (``config.lora_spec()``): LoRALinears on the targeted Linears
-    (``lora.lora_layer_spec``), bottleneck adapters on the chosen sites (``adapter.adapter_layer_spec``), or None
-    (no pet_config, or prefix tuning, which adds no Cell to a layer)."""
-    spec = config.lora_spec()
+    """The layer spec of ``config``'s pet_config (``config.pet_spec()``): its method's Cells (LoRALinears on the
+    targeted Linears, bottleneck adapters on the chosen sites), or None (no pet_config, or prefix tuning, which
+    adds no Cell to a layer)."""
+    spec = config.pet_spec()
+    return None if spec is None else spec.layer_spec(config)
+
+
+def freeze_pet(model, log=print):
+    """The pet_config's freeze after the build (mindpet's freeze_modules lists for LoRA and adapters, the frozen
+    base of prefix tuning: ``PetSpec.is_frozen``); logs the trainable count and returns (trainable, total)
+    parameter counts, or None without a pet_config. Training state that is not a weight (the dropout counter
+    ``dropout_step``) is left as it is and not counted."""
+    spec = model.config.pet_spec()
     if spec is None:
         return None
-    if is_adapter_spec(spec):
-        from .adapter import adapter_layer_spec
-        return functools.partial(adapter_layer_spec, spec, config)
-    from .lora import lora_layer_spec
-    return functools.partial(lora_layer_spec, spec, dropout_seed=config.dropout_seed)
-
-
-def freeze_pet(model):
-    """The pet_config's freeze lists after the build (LoRA, adapters), or prefix tuning's frozen base; logs the
-    trainable count. Nothing without a pet_config."""
-    spec = model.config.lora_spec()
-    if spec is not None:
-        if is_adapter_spec(spec):
-            from .adapter import freeze_adapters
-            freeze_adapters(model, spec)
-        else:
-            from .lora import freeze_lora
-            freeze_lora(model, spec)
-    elif model.model.prefix_encoder is not None:  # prefix tuning: only the prefix trains
-        from .prefix import freeze_base
-        freeze_base(model)
+    params = {name: param for name, param in model.parameters_and_names() if is_weight(name)}
+    for name, param in params.items():
+        param.requires_grad = not spec.is_frozen(name)
+    total = sum(p.size for p in params.values())
+    trainable = sum(p.size for p in params.values() if p.requires_grad)
+    log(spec.summary(model, trainable, total))
+    return trainable, total

@@ -15,8 +15,7 @@ from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
 from .arch import (ACTIVATIONS, ARCH_DEFAULTS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES,  # noqa: F401
                    SIZE_DEFAULTS, Arch, model_value, rotary_dim)
-from .lora_config import (PREFIX_NAME, adapter_paths, adapter_shapes, bottleneck_width, is_adapter_spec, lora_shapes,
-                          prefix_shapes, read_pet_config, read_prefix_config, targeted_paths)
+from ..peft import read as read_pet
 
 
 def architecture(config):
@@ -96,17 +95,15 @@ def layer_shapes(d):
     return shapes
 
 
-def table_of_dims(d, layout=None, lora=None, prefix=None):
-    """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``lora``: a
-    LoraSpec or AdapterSpec (``model/lora_config.py``) whose adapters are in the table too; ``prefix``: a
-    PrefixSpec whose prefix tensors are (replicated, on every stage: each layer reads its rows)."""
+def table_of_dims(d, layout=None, pet=None):
+    """name -> ParamSpec for sizes ``d`` (see ``dims``) under ``layout`` (default: one device); ``pet``: the PEFT
+    method's settings (a ``peft`` PetSpec: LoRA, adapters, prefix) whose tensors are in the table too
+    (``pet.param_shapes``): a tensor under ``model.layers.{i}.`` on layer i's stage, any other (the prefix) on
+    every stage (each layer reads its rows); laid out by the method's sharding rules, replicated where none reads
+    it."""
     layout = layout or Layout()
     arch = d.get("arch") or Arch()
-    adapter = lora if is_adapter_spec(lora) else None  # pet_type: adapter (model/adapter.py)
-    lora = None if adapter else lora
-    lora_paths = targeted_paths(lora, d["layers"], arch.gated) if lora else []
-    bottlenecks = adapter_paths(adapter, d["layers"]) if adapter else []
-    layouts = param_layouts(model_rules(layout, d["layers"], lora_paths, arch, bottlenecks))
+    layouts = param_layouts(model_rules(layout, d["layers"], arch, pet))
     stage_ids = layout.stage_of_layers(d["layers"])
     last = max(stage_ids)
     shapes = {WORD_EMBEDDINGS: ((d["vocab"], d["hidden"]), [0] if arch.untied else sorted({0, last}))}
@@ -115,19 +112,12 @@ def table_of_dims(d, layout=None, lora=None, prefix=None):
     for index in range(d["layers"]):
         for name, shape in layer_shapes(d).items():
             shapes[f"{LAYER_PREFIX}{index}.{name}"] = (shape, [stage_ids[index]])
-    for path in lora_paths:
-        weight = shapes[path + ".weight"]
-        for name, shape in lora_shapes(weight[0][1], weight[0][0], lora.rank).items():
-            shapes[f"{path}.{name}"] = (shape, weight[1])
-    for path in bottlenecks:
-        stage = [stage_ids[layer_of(path)]]
-        for name, shape in adapter_shapes(d["hidden"], bottleneck_width(adapter, d["hidden"])).items():
-            shapes[f"{path}.{name}"] = (shape, stage)
-    if prefix is not None:
-        kv_width = (arch.groups or d["heads"]) * (d["hidden"] // d["heads"])
-        for name, shape in prefix_shapes(prefix, d["layers"], kv_width).items():
-            shapes[f"model.{PREFIX_NAME}.{name}"] = (shape, sorted(set(stage_ids)))
-            layouts[f"model.{PREFIX_NAME}.{name}"] = (1,) * len(shape)
+    if pet is not None:
+        base = {name: shape for name, (shape, _) in shapes.items()}
+        for name, shape in pet.param_shapes(d, base).items():
+            layer = layer_of(name)
+            shapes[name] = (shape, sorted(set(stage_ids)) if layer is None else [stage_ids[layer]])
+            layouts.setdefault(name, (1,) * len(shape))
     shapes["model.final_layernorm.weight"] = ((d["hidden"],), [last])
     if not arch.rmsnorm:
         shapes["model.final_layernorm.bias"] = ((d["hidden"],), [last])
@@ -139,14 +129,13 @@ def table_of_dims(d, layout=None, lora=None, prefix=None):
 def parameter_table(config, layout=None):
     """name -> ParamSpec of the model ``config`` describes (GPTLocalConfig or model_config dict);
     ``layout`` defaults to the config's own (``config.layout``, or ``Layout.of_model_config``). A
-    GPTLocalConfig's PEFT specs are its own (read once); a dict's pet_config is read here."""
+    GPTLocalConfig's PEFT settings are its own (read once); a dict's pet_config is read here."""
     d = dims(config)
-    if hasattr(config, "lora_spec"):
-        lora, prefix = config.lora_spec(), config.prefix_spec()
+    if hasattr(config, "pet_spec"):
+        pet = config.pet_spec()
     else:
-        pet = config_value(config, "pet_config", None)
-        lora, prefix = read_pet_config(pet, d["layers"]), read_prefix_config(pet)
-    return table_of_dims(d, layout_of(config) if layout is None else layout, lora, prefix)
+        pet = read_pet(config_value(config, "pet_config", None), d["layers"])
+    return table_of_dims(d, layout_of(config) if layout is None else layout, pet)
 
 
 def layer_of(name):

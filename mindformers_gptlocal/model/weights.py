@@ -13,7 +13,8 @@ from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, Safete
                               resolve_weights_file, tensor_shapes, write_json, write_safetensors)
 from ..parallel.layout import Layout
 from ..tokenizer_id import write_id
-from .lora_config import is_adapter_name, is_lora_name, is_multi_lora_name, is_prefix_name
+from ..peft import METHODS as PET_METHODS, is_pet_name
+from ..peft.lora import is_multi_lora_name
 from .params import WORD_EMBEDDINGS, is_weight, layer_of, parameter_table
 
 __all__ = ["WEIGHTS_NAME", "check_matches_config", "load_weights", "save_model_dir", "save_weights"]
@@ -45,30 +46,17 @@ def model_state(tensors, model):
     ``tensors``: name -> array, or name -> shape tuple (then the kept names map to their shapes)."""
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
     # a LoRA, adapter or prefix model (pet_config) loads its base weights; what the file lacks keeps its init
-    missing = [name for name in params if name not in tensors
-               and not is_lora_name(name) and not is_adapter_name(name) and not is_prefix_name(name)
+    missing = [name for name in params if name not in tensors and not is_pet_name(name)
                and not is_multi_lora_name(name)]  # serve --lora's stacks: built from the adapters
     if missing:
         foreign = sorted(tensors)[:3]
         raise CheckpointError(f"checkpoint lacks {len(missing)} of the model's {len(params)} tensors, e.g. "
                               f"'{missing[0]}'; it holds e.g. {foreign}. It is not a gpt_local checkpoint of "
                               f"this architecture (convert Hugging Face weights with `gptlocal convert hf2ms`).")
-    adapters = [name for name in tensors if is_adapter_name(name) and name.startswith("model.")]
-    if adapters and not any(is_adapter_name(name) for name in params):
-        raise CheckpointError(f"checkpoint holds bottleneck adapters (e.g. '{adapters[0]}', pet_type: adapter) but "
-                              f"the model has none, so they would be ignored; build the model with the run's "
-                              f"pet_config (a model directory's config.json has it). Adapters cannot be folded "
-                              f"into the base weights.")
-    adapters = [name for name in tensors if is_lora_name(name) and name.startswith("model.")]
-    if adapters and not any(is_lora_name(name) for name in params):
-        raise CheckpointError(f"checkpoint holds LoRA adapters (e.g. '{adapters[0]}') but the model has none, so "
-                              f"they would be ignored; fold them in first (`gptlocal lora merge --base BASE_DIR "
-                              f"--adapter THIS --out MERGED`) or build the model with the run's pet_config.")
-    prefixes = [name for name in tensors if is_prefix_name(name)]
-    if prefixes and not any(is_prefix_name(name) for name in params):
-        raise CheckpointError(f"checkpoint holds a prefix-tuning prefix (e.g. '{prefixes[0]}') but the model has "
-                              f"none, so it would be ignored; build the model with the run's pet_config (a model "
-                              f"directory's config.json has it).")
+    for method in PET_METHODS:  # a PEFT method's tensors the model has none of would be ignored: refused
+        found = [name for name in tensors if method.owns(name) and name.startswith("model.")]
+        if found and not any(method.owns(name) for name in params):
+            raise CheckpointError(method.loaded_without(found[0]))
     state = {}
     for name, param in params.items():
         if name not in tensors:

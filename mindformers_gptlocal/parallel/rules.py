@@ -58,7 +58,7 @@ def _divisors(number, limit):
 
 
 def _adapter_width(pet, hidden):
-    """The bottleneck width of pet_type: adapter (``model/lora_config.py`` checks the values), or None."""
+    """The bottleneck width of pet_type: adapter (``peft/adapter.py`` checks the values), or None."""
     get = (lambda key: pet.get(key)) if hasattr(pet, "get") else (lambda key: getattr(pet, key, None))
     if not pet or get("pet_type") != "adapter":
         return None

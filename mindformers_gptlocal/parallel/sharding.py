@@ -54,12 +54,12 @@ def layout_of(config):
     return kept if isinstance(kept, Layout) else Layout.of_model_config(config)
 
 
-def _column(linear, bias=True):
+def column_rules(linear, bias=True):
     return [OpRule(f"{linear}.matmul", ((DP, 1), (MP, 1)), {1: f"{linear}.weight"})] + \
         ([OpRule(f"{linear}.bias_add", ((DP, MP), (MP,)), {1: f"{linear}.bias"})] if bias else [])
 
 
-def _row(linear, bias=True):
+def row_rules(linear, bias=True):
     return [OpRule(f"{linear}.matmul", ((DP, MP), (1, MP)), {1: f"{linear}.weight"})] + \
         ([OpRule(f"{linear}.bias_add", ((DP, 1), (1,)), {1: f"{linear}.bias"})] if bias else [])
 
@@ -83,91 +83,28 @@ def _arch(arch, config=None):
     return arch
 
 
-def _lora(linear, split):
-    """A LoRA adapter on a Linear (model/lora.py): y += scale * B(A(dropout(x))), A [r, in], B [out, r].
-    Column-parallel (W split over out): A whole on every rank, B split over out like W, so the update
-    comes out (dp, mp) like the matmul. Row-parallel (W split over in): A split over in like W, the
-    rank's partial x_r A_r^T is summed over ranks (the all-reduce), B whole, the update (dp, 1)."""
-    if split == "column":
-        return [OpRule(f"{linear}.lora_dropout.dropout", ((DP, 1),)),
-                OpRule(f"{linear}.lora_a_matmul", ((DP, 1), (1, 1)), {1: f"{linear}.lora_a"}),
-                OpRule(f"{linear}.lora_b_matmul", ((DP, 1), (MP, 1)), {1: f"{linear}.lora_b"}),
-                OpRule(f"{linear}.lora_mul", ((DP, MP), ())),
-                OpRule(f"{linear}.lora_add", ((DP, MP), (DP, MP)))]
-    return [OpRule(f"{linear}.lora_dropout.dropout", ((DP, MP),)),
-            OpRule(f"{linear}.lora_a_matmul", ((DP, MP), (1, MP)), {1: f"{linear}.lora_a"}),
-            OpRule(f"{linear}.lora_b_matmul", ((DP, 1), (1, 1)), {1: f"{linear}.lora_b"}),
-            OpRule(f"{linear}.lora_mul", ((DP, 1), ())),
-            OpRule(f"{linear}.lora_add", ((DP, 1), (DP, 1)))]
-
-
-def adapter_rules(adapter, act):
-    """A bottleneck adapter (model/adapter.py): y + up(act(down(y))), laid out like the MLP: down [m, H]
-    column-parallel (the bottleneck split over mp), the activation on each rank's columns, up [H, m]
-    row-parallel (partial sums all-reduced, the bias added after), the residual add like the block's.
-    Needs mp | bottleneck width (``parallel/rules.py``)."""
-    return [*_column(f"{adapter}.linear_down"),
-            OpRule(f"{adapter}.activation.gelu", ((DP, 1, MP),)),
-            OpRule(f"{adapter}.activation.relu", ((DP, 1, MP),)),
-            OpRule(f"{adapter}.activation.fast_gelu", ((DP, 1, MP),), optional=True),  # non_linearity quick_gelu
-            OpRule(f"{adapter}.activation.sigmoid", ((DP, 1, MP),), optional=True),  # silu / swish
-            OpRule(f"{adapter}.activation.mul", ((DP, 1, MP), (DP, 1, MP)), optional=True),
-            *_row(f"{adapter}.linear_up"),
-            OpRule(f"{adapter}.add", (act, act))]
-
-
 LINEAR_SPLITS = {"attention.linear_qkv": "column", "attention.linear_proj": "row",
                  "mlp.linear_fc1": "column", "mlp.linear_gate": "column", "mlp.linear_fc2": "row"}
 
 
-# Prefix tuning (model/prefix.py): the prefix tensors stay replicated (the table's columns are peft's layer-major
-# [layers, 2, groups, head_dim], so no one-axis split gives a rank its groups, and they are small); each rank
-# takes its own key/value groups where attention reads them, the Concats in front of the keys and values being
-# (dp, mp, 1, 1) like the keys: a local slice of a replicated tensor (no communication), and the replicated
-# parameters' gradients are all-reduced by MindSpore as for any replicated weight.
-PREFIX_BLOCK_RULES = [
-    OpRule("attention.prefix_concat.key", ((DP, MP, 1, 1), (DP, MP, 1, 1))),  # [B, G, P + K, D]: groups over mp
-    OpRule("attention.prefix_concat.value", ((DP, MP, 1, 1), (DP, MP, 1, 1))),
-    OpRule("attention.prefix_concat.mask", ((1, 1, 1, 1), (1, 1, 1, 1))),  # [b, 1, S, P + K], as add_mask's
-]
 
-
-def prefix_rules(spec, path="model.prefix_encoder"):
-    """The PrefixEncoder's ops (``spec``: a PrefixSpec): everything replicated (see PREFIX_BLOCK_RULES)."""
-    rules = [OpRule(f"{path}.cast", ((1, 1),), {0: f"{path}.embedding"})]
-    if spec.projection:
-        for dense in ("transform_in", "transform_out"):
-            rules += [OpRule(f"{path}.{dense}.matmul", ((1, 1), (1, 1)), {1: f"{path}.{dense}.weight"}),
-                      OpRule(f"{path}.{dense}.bias_add", ((1, 1), (1,)), {1: f"{path}.{dense}.bias"})]
-        rules.append(OpRule(f"{path}.tanh", ((1, 1),)))
-    rules.append(OpRule(f"{path}.dropout.dropout", ((1, 1, 1, 1),), optional=True))  # only with dropout > 0
-    rules += [OpRule(f"{path}.transpose", ((1, 1, 1, 1),)),  # [P, 2L, G, D] -> [2L, G, P, D]
-              OpRule(f"{path}.unstack", ((1, 1, 1, 1),))]  # -> 2L x [G, P, D]
-    return rules
-
-
-def block_rules(seq_parallel=False, lora=(), arch=None, adapters=(), prefix=False):
-    """The rules of one GPTLocalBlock, paths relative to the block; ``lora``: the block's Linears
-    (``attention.linear_qkv`` ...) that carry a LoRA adapter; ``adapters``: its bottleneck adapters
-    (``attention_adapter``, ``mlp_adapter``: pet_type adapter); ``arch``: the block's layer choices
-    (``model/arch.py`` ``Arch``); ``prefix``: prefix tuning's Concats (``PREFIX_BLOCK_RULES``). With grouped-query
+def block_rules(seq_parallel=False, arch=None, pet=None, index=0):
+    """The rules of one GPTLocalBlock (layer ``index``), paths relative to the block; ``arch``: the block's layer
+    choices (``model/arch.py`` ``Arch``); ``pet``: the PEFT method's settings (a ``peft`` PetSpec, e.g. LoRA on
+    some Linears), whose rules for the layer come first (``pet.layer_rules``). With grouped-query
     attention the fused QKV
     rows are group-major, [group, (q heads of the group, k, v), head_dim], so the same column split
     hands every rank whole query groups (``parallel/rules.py`` requires mp | num_query_groups)."""
     arch = _arch(arch)
     act = (DP, MP, 1) if seq_parallel else (DP, 1, 1)
     heads = (DP, MP, 1, 1)
-    bottlenecks = [rule for site in adapters for rule in adapter_rules(site, act)]
-    adapters = [rule for linear in LINEAR_SPLITS if linear in lora for rule in _lora(linear, LINEAR_SPLITS[linear])]
-    adapters += bottlenecks
-    if prefix:
-        adapters += PREFIX_BLOCK_RULES
-    gated = [*_column("mlp.linear_gate", arch.bias), OpRule("mlp.activation.sigmoid", ((DP, 1, MP),)),
+    adapters = [] if pet is None else pet.layer_rules(index, act, arch)
+    gated = [*column_rules("mlp.linear_gate", arch.bias), OpRule("mlp.activation.sigmoid", ((DP, 1, MP),)),
              OpRule("mlp.activation.mul", ((DP, 1, MP), (DP, 1, MP))),
              OpRule("mlp.gate_mul", ((DP, 1, MP), (DP, 1, MP)))] if arch.gated else []
     return adapters + [
         *_norm("input_layernorm", act, arch.rmsnorm),
-        *_column("attention.linear_qkv", arch.qkv_bias),
+        *column_rules("attention.linear_qkv", arch.qkv_bias),
         OpRule("attention.transpose", ((DP, 1, MP, 1, 1),)),  # [B, S, N, 3, D]: whole heads per rank
         OpRule("attention.split_qkv", ((1, DP, MP, 1, 1),)),  # [3, B, N, S, D] -> q, k, v
         OpRule("attention.qk_matmul", (heads, heads)),
@@ -183,25 +120,25 @@ def block_rules(seq_parallel=False, lora=(), arch=None, adapters=(), prefix=Fals
         OpRule("attention.flash_attention_varlen", ((DP, MP, 1), (DP, MP, 1), (DP, MP, 1), (1, 1), (DP,), (DP,)),
                optional=True),
         OpRule("attention.merge_heads", (heads,)),
-        *_row("attention.linear_proj", arch.bias),
+        *row_rules("attention.linear_proj", arch.bias),
         *_norm("post_attention_layernorm", act, arch.rmsnorm),
-        *_column("mlp.linear_fc1", arch.bias),
+        *column_rules("mlp.linear_fc1", arch.bias),
         *gated,
         OpRule("mlp.activation.gelu", ((DP, 1, MP),)),
         OpRule("mlp.activation.relu", ((DP, 1, MP),)),
         OpRule("mlp.activation.fast_gelu", ((DP, 1, MP),), optional=True),  # only with hidden_act quick_gelu
-        *_row("mlp.linear_fc2", arch.bias),
+        *row_rules("mlp.linear_fc2", arch.bias),
         OpRule("attention_output_dropout.dropout", (act,)),
         OpRule("mlp_output_dropout.dropout", (act,)),
         OpRule("add", (act, act)),
     ]
 
 
-def model_rules(config, num_layers=None, lora_paths=(), arch=None, adapter_paths=()):
+def model_rules(config, num_layers=None, arch=None, pet=None):
     """Every rule of a GPTLocalForCausalLM, paths relative to it (layers expanded). ``config``: a model
-    config, or a ``Layout`` with ``num_layers``; ``lora_paths``: full paths of the Linears with a LoRA
-    adapter (``model.layers.0.attention.linear_qkv``); ``arch``: the layer choices (None: ``config.arch``);
-    ``adapter_paths``: full paths of the bottleneck adapters (``model.layers.0.mlp_adapter``)."""
+    config, or a ``Layout`` with ``num_layers``; ``arch``: the layer choices (None: ``config.arch``); ``pet``: the
+    PEFT method's settings (a ``peft`` PetSpec; None: a GPTLocalConfig's own ``pet_spec()``), whose rules
+    (``pet.model_rules``, ``pet.layer_rules``) join the base model's."""
     arch = _arch(arch, config)
     layout = layout_of(config)
     if num_layers is None:
@@ -215,14 +152,13 @@ def model_rules(config, num_layers=None, lora_paths=(), arch=None, adapter_paths
         rules.append(OpRule("model.embedding.position_gather", ((1, 1), (DP, 1)),
                             {0: "model.embedding.position_embeddings"}))
     rules.append(OpRule("model.embedding.dropout.dropout", (act,)))
-    spec = config.prefix_spec() if hasattr(config, "prefix_spec") else None  # prefix tuning (model/prefix.py)
-    if spec is not None:
-        rules += prefix_rules(spec)
+    if pet is None and hasattr(config, "pet_spec"):
+        pet = config.pet_spec()
+    if pet is not None:
+        rules += pet.model_rules()
     for index in range(num_layers):
         prefix = f"model.layers.{index}."
-        lora = [path[len(prefix):] for path in lora_paths if path.startswith(prefix)]
-        sites = [path[len(prefix):] for path in adapter_paths if path.startswith(prefix)]
-        for rule in block_rules(seq, lora, arch, sites, prefix=spec is not None):
+        for rule in block_rules(seq, arch, pet, index):
             params = {i: prefix + p for i, p in (rule.params or {}).items()} or None
             rules.append(rule._replace(op=prefix + rule.op, params=params))
     rules += [
@@ -307,10 +243,7 @@ def apply_sharding(model, config, arch=None):
     layout = layout_of(config)
     check_divisible(config, layout.mp)
     applied = {}
-    lora_paths = [name[:-len(".lora_a")] for name, _ in model.parameters_and_names() if name.endswith(".lora_a")]
-    bottlenecks = sorted({name.split(".linear_down.")[0] for name, _ in model.parameters_and_names()
-                          if ".linear_down." in name})
-    for rule in model_rules(config, lora_paths=lora_paths, arch=arch, adapter_paths=bottlenecks):
+    for rule in model_rules(config, arch=arch):
         op = resolve(model, rule.op)
         if op is None:
             if rule.optional or rule.op.endswith((".relu", ".gelu")):

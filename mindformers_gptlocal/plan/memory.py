@@ -25,8 +25,7 @@ On Ascend these analytic numbers are the estimate (plus the runtime's workspace,
 of a MindFormers training run holds much more; ``cpu_peak_rss`` adds a measured runtime term and
 measured factors (below), the state one per optimizer type.
 """
-from ..model.lora_config import is_adapter_name, is_frozen, is_lora_name, is_prefix_name, read_pet_config, \
-    read_prefix_config
+from ..peft import is_pet_name, read as read_pet
 from ..model.params import POSITION_EMBEDDINGS, WORD_EMBEDDINGS, dims, layer_of, table_of_dims
 from ..parallel.layout import Layout
 
@@ -129,24 +128,19 @@ def stage_params(s, layer_counts, t=1, vocab_parallel=False):
         if not s["tied"] and index == last:
             parts["head"] = sizes["words"]
         stages.append(parts)
-    part = "prefix" if read_prefix_config(s.get("pet_config")) is not None else "adapters"
+    spec = read_pet(s.get("pet_config"), s["layers"])
     for parts, (adapters, _) in zip(stages, stage_pet_params(s, layer_counts, t, vocab_parallel) or ()):
-        parts[part] = adapters  # LoRA / bottleneck adapters of the stage's layers, or the prefix (pet_config)
+        parts[spec.plan_part] = adapters  # LoRA / bottleneck adapters of the stage's layers, or the prefix
     return stages
 
 
 def stage_pet_params(s, layer_counts, t=1, vocab_parallel=False):
-    """With ``pet_config`` (LoRA or bottleneck adapters): per stage (adapter parameters, trainable parameters)
-    one tensor-parallel rank holds, from the full parameter table and the freeze lists (only trainable
-    parameters get gradients and optimizer moments); None without pet_config. Prefix tuning (pet_type
-    prefixtuning / ptuning2): the prefix tensors, replicated (``parallel/sharding.py`` prefix_rules), on every
-    stage (each stage's layers read their rows), the only trainable parameters (the base is frozen)."""
-    prefix = read_prefix_config(s.get("pet_config"))
-    if prefix is not None:
-        table = table_of_dims(s, Layout(mp=t, vocab_emb_dp=not vocab_parallel), None, prefix)
-        size = sum(spec.rank_size(t) for name, spec in table.items() if is_prefix_name(name))
-        return [(size, size) for _ in layer_counts]
-    spec = read_pet_config(s.get("pet_config"), s["layers"])
+    """With ``pet_config``: per stage (the PEFT method's parameters, trainable parameters) one tensor-parallel
+    rank holds, from the full parameter table and the method's freeze (only trainable parameters get gradients
+    and optimizer moments); None without pet_config. LoRA / bottleneck adapters: those of the stage's layers;
+    prefix tuning: the prefix tensors, replicated, on every stage (each stage's layers read their rows), the only
+    trainable parameters (the base is frozen)."""
+    spec = read_pet(s.get("pet_config"), s["layers"])
     if spec is None:
         return None
     table = table_of_dims(s, Layout(mp=t, vocab_emb_dp=not vocab_parallel), spec)
@@ -160,10 +154,12 @@ def stage_pet_params(s, layer_counts, t=1, vocab_parallel=False):
             layer = layer_of(name)
             if layer is not None:
                 return start <= layer < end
+            if is_pet_name(name):  # the prefix: on every stage (each stage's layers read its rows)
+                return True
             return index == (0 if name.startswith("model.embedding.") else last)
         names = [name for name in table if here(name)]
-        adapters = sum(table[n].rank_size(t) for n in names if is_lora_name(n) or is_adapter_name(n))
-        trainable = sum(table[n].rank_size(t) for n in names if not is_frozen(spec, n))
+        adapters = sum(table[n].rank_size(t) for n in names if is_pet_name(n))
+        trainable = sum(table[n].rank_size(t) for n in names if not spec.is_frozen(n))
         out.append((adapters, trainable))
     return out
 

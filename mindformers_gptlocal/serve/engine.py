@@ -59,7 +59,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
         self.adapter_names = [name for name, _, _ in self.adapters]  # Request.adapter k is adapter_names[k - 1]
-        self.lora = None  # model/lora.py MultiLoRA once loaded with adapters
+        self.lora = None  # peft/lora_cells.py MultiLoRA once loaded with adapters
         self.scheduler = Scheduler(max_batch_size, max_queue, self.batches,
                                    tokenizer.decode if tokenizer is not None else None)
         self.stats = self.scheduler.stats
@@ -120,7 +120,7 @@ class Engine:
         start = time.perf_counter()
         spec = None
         if self.adapters:  # MultiLoRALinears built with the model, on its own base weights
-            from ..model.lora import MultiLoRASpec
+            from ..peft.lora_cells import MultiLoRASpec
             spec = MultiLoRASpec(self.adapters, self.max_batch_size)
         days, max_mb = self.compile_cache_bounds
         self.model = load_model(self.model_dir, self.device_target, self.compile_cache, cache_days=days,

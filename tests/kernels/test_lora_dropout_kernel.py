@@ -3,7 +3,7 @@ mask is the counter dropout's (model/dropout.py CounterDropout, the plain path) 
 any step and for either table rule, and a new step draws a new mask; a LoRALinear with the kernel gives the float64
 reference's output and gradients (x, A, B) for that mask, and one without dropout the reference's too (odd shapes);
 a tiny LoRA model trains like the plain path step for step; the switches keep the plain counter dropout. The
-resume is exact with lora_dropout > 0: tests/model/test_lora.py, tests/e2e/test_resume_shipped.py."""
+resume is exact with lora_dropout > 0: tests/peft/test_lora.py, tests/e2e/test_resume_shipped.py."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -13,8 +13,8 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import lora_dropout
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.dropout import CounterDropout, lora_dropout_site
-from mindformers_gptlocal.model.lora import LoRALinear
-from mindformers_gptlocal.model.lora_config import LoraSpec
+from mindformers_gptlocal.peft.lora_cells import LoRALinear
+from mindformers_gptlocal.peft.lora import LoraSpec
 from conftest import TINY
 
 P = 0.05
@@ -111,7 +111,7 @@ def test_tiny_lora_model_matches_the_plain_counter_dropout(library, pynative_mod
     counter dropout (cpu_kernels {lora_dropout: plain}): at step 7 of the model's forward counter the loss and the
     adapters' gradients equal the plain path's (1e-5); the loss differs from step 0's and from the loss without
     dropout (the step reaches every LoRALinear), and each forward advances the counter. (GRAPH mode and
-    the launcher: the resume tests in tests/model/test_lora.py and tests/e2e/test_resume_shipped.py.)"""
+    the launcher: the resume tests in tests/peft/test_lora.py and tests/e2e/test_resume_shipped.py.)"""
     from references import LossOf
     pet = dict(pet_type="lora", lora_rank=4, lora_alpha=8, lora_dropout=0.3, freeze_include=["*"],
                freeze_exclude=["*lora*"], target_modules=".*linear_qkv|.*linear_proj|.*linear_fc1|.*linear_fc2")

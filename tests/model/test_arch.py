@@ -5,7 +5,8 @@ from transformers import GPT2Config, GPTNeoXConfig, LlamaConfig
 
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal.model import arch as arch_module, lora_config
+from mindformers_gptlocal import peft
+from mindformers_gptlocal.model import arch as arch_module
 from mindformers_gptlocal.model.arch import Arch
 from mindformers_gptlocal.model.params import dims, parameter_table
 from mindformers_gptlocal.parallel.rules import check_parallel_layout
@@ -54,7 +55,7 @@ def test_layout_and_lora_are_read_once_per_config(monkeypatch):
     config = GPTLocalConfig(**TINY, pet_config=PET, parallel_config={"data_parallel": 1, "model_parallel": 2})
     assert config.layout is config.layout and config.layout.mp == 2
     calls = []
-    original = lora_config.read_pet_config
+    original = peft.read
     monkeypatch.setattr("mindformers_gptlocal.model.config.read_pet_config",
                         lambda *a: calls.append(1) or original(*a))
     fresh = GPTLocalConfig(**TINY, pet_config=PET)

@@ -279,7 +279,7 @@ def test_model_parallel_that_splits_a_head_is_refused():
 class PrefixSlicedParts(AllReduceParts):
     """The attention parts across mp ranks with prefix tuning: each rank reads the replicated prefix (keys,
     values) [G, P, D] sliced to its own key/value groups (what the (dp, mp, 1, 1) Concats of
-    ``sharding.PREFIX_BLOCK_RULES`` make MindSpore do), then the partial outputs are all-reduced. The prefix
+    ``peft.prefix.PREFIX_BLOCK_RULES`` make MindSpore do), then the partial outputs are all-reduced. The prefix
     Parameters are shared by the parts, so autodiff sums the ranks' gradients (the replicated parameter's
     gradient all-reduce)."""
 
@@ -301,7 +301,8 @@ def test_prefix_block_parts_reassemble_to_the_unsharded_block(mp, arch):
     """Prefix tuning under model_parallel: the real block's rank parts (``references.rank_block``), each with
     its groups' slice of the replicated prefix keys/values, give the unsharded block's output, input gradient,
     every weight's gradient and the prefix keys' and values' gradients (P-Tuning v2's rows of this layer)."""
-    from mindformers_gptlocal.parallel.sharding import PREFIX_BLOCK_RULES, MP, DP
+    from mindformers_gptlocal.parallel.sharding import MP, DP
+    from mindformers_gptlocal.peft.prefix import PREFIX_BLOCK_RULES
     for rule in PREFIX_BLOCK_RULES[:2]:  # what the slice below stands for: groups (axis 1 of [B, G, P+K, D]) on mp
         assert rule.strategy == ((DP, MP, 1, 1), (DP, MP, 1, 1)), rule
     pet = dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False, dropout_prob=0.0)

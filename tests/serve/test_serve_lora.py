@@ -31,7 +31,7 @@ def _lora_dir(base, out, seed, **pet):
     """What a LoRA finetune of ``base`` writes: config.json with pet_config, the base weights + trained A/B."""
     import mindspore as ms
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-    from mindformers_gptlocal.model.lora_config import is_lora_name
+    from mindformers_gptlocal.peft.lora import is_lora_name
     pet_config = dict(pet_type="lora", lora_dropout=0.0, freeze_include=["*"], freeze_exclude=["*lora*"], **pet)
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, pet_config=pet_config)))
     model.load_weights(base)
@@ -181,7 +181,7 @@ def test_multi_lora_linear_equals_per_row_merged_weights():
     import mindspore as ms
     from mindspore import Parameter, Tensor
     from mindformers_gptlocal.model.layers import Linear
-    from mindformers_gptlocal.model.lora import MultiLoRA, MultiLoRALinear
+    from mindformers_gptlocal.peft.lora_cells import MultiLoRA, MultiLoRALinear
     rng = np.random.default_rng(3)
     ms.set_context(mode=ms.GRAPH_MODE)
     try:

@@ -14,7 +14,7 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.model import GPTLocalBlock
 from references import causal_bias, rank_block
-from mindformers_gptlocal.model.lora import lora_layer_spec
+from mindformers_gptlocal.peft.lora_cells import lora_layer_spec
 from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import block_rules, merge_slices, param_layouts, rank_slice, split_axis
@@ -142,7 +142,7 @@ def test_layer_spec_keeps_the_plain_models_names_and_builds_lora_as_a_linear():
     are the plain model's, in the same order, plus lora_a/lora_b on exactly the targeted Linears (a one-layer
     target included); each LoRALinear owns its base weight (no Parameter shared with another Cell)."""
     from mindformers_gptlocal.model.layers import Linear
-    from mindformers_gptlocal.model.lora import LoRALinear
+    from mindformers_gptlocal.peft.lora_cells import LoRALinear
     plain = [n for n, _ in GPTLocalForCausalLM(GPTLocalConfig(**TINY)).parameters_and_names()]
     pet = dict(PET, target_modules="model.layers.1.mlp.linear_fc1|.*linear_qkv")
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=pet))
@@ -162,8 +162,8 @@ def test_recompute_reaches_the_lora_and_adapter_cells():
     """Built with the layer, the LoRA Linears and bottleneck adapters get their layer's recompute: full recompute
     marks them (they were put in after ``Cell.recompute`` before the layer spec, so it missed them), and a
     select_recompute pattern naming a Linear marks its LoRALinear."""
-    from mindformers_gptlocal.model.adapter import BottleneckAdapter
-    from mindformers_gptlocal.model.lora import LoRALinear
+    from mindformers_gptlocal.peft.adapter_cells import BottleneckAdapter
+    from mindformers_gptlocal.peft.lora_cells import LoRALinear
     for pet, kind in ((PET, LoRALinear), (dict(pet_type="adapter", bottleneck_size=8), BottleneckAdapter)):
         model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=pet,
                                                    parallel_config={"recompute": {"recompute": True}}))
@@ -187,7 +187,7 @@ def test_adapter_layouts_reassemble_per_rank(mp):
     config = GPTLocalConfig(**SMALL)
     full = GPTLocalBlock(config, 1, layer_spec=lora_layer_spec(spec, 0))
     randomised(full, seed=7)
-    layouts = param_layouts(block_rules(lora=list(spec_linears(spec)), arch=config.arch))
+    layouts = param_layouts(block_rules(arch=config.arch, pet=spec))
     full_params = params_by_path(full)
     assert set(layouts) == set(full_params) and sum("lora" in n for n in layouts) == 8
     parts = []
@@ -223,11 +223,6 @@ def test_adapter_layouts_reassemble_per_rank(mp):
             merged = merge_slices(pieces, layouts[name])
         np.testing.assert_allclose(merged, ref, atol=1e-5 * np.abs(ref).max(), err_msg=name)
         assert np.abs(ref).max() > 1e-4, name
-
-
-def spec_linears(spec):
-    from mindformers_gptlocal.model.lora_config import LINEARS, is_target
-    return [linear for linear in LINEARS if is_target(spec, "model.layers.0." + linear)]
 
 
 @pytest.mark.parametrize("change,pattern", [

@@ -1,5 +1,6 @@
-"""LoRA adapters on gpt_local's own Linears: ``LoRALinear`` (what ``pet_config`` asks for: ``lora_layer_spec``,
-``freeze_lora``) and ``MultiLoRALinear`` (``serve --lora``: ``MultiLoRASpec``).
+"""LoRA's Cells (its settings, shapes, freeze and sharding rules: ``lora.py``): ``LoRALinear`` on gpt_local's own
+Linears (what ``pet_config`` asks for: ``lora_layer_spec``) and ``MultiLoRALinear`` (``serve --lora``:
+``MultiLoRASpec``).
 
 Our own Cell, not mindpet's ``LoRADense`` that MindFormers' LoraAdapter inserts: that adapter replaces
 only ``nn.Dense``, MindFormers' ``Linear`` and the mcore parallel linears (our Linear is none of them),
@@ -10,7 +11,7 @@ A [r, in] HeUniform(sqrt 5) (PEFT's kaiming_uniform(a=sqrt 5)), B [out, r] zero,
 leaves the model's outputs unchanged.
 
 Both are Linear subclasses built through ``Linear.__init__`` when the layer is built, chosen per Linear by the
-layer spec (``layer_spec.py``, Megatron-core's layer-spec shape), never put in afterwards: the base weight is the
+layer spec (``model/layer_spec.py``, Megatron-core's layer-spec shape), never put in afterwards: the base weight is the
 one the layer creates, under the plain Linear's name, and no attribute is copied.
 """
 import functools
@@ -21,10 +22,10 @@ import mindspore as ms
 from mindspore import ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
-from .dropout import LORA_SITE, CounterDropout, KernelDropout, lora_dropout_site
-from .layers import Linear, kernel_provider
+from ..model.dropout import LORA_SITE, CounterDropout, KernelDropout, lora_dropout_site
+from ..model.layers import Linear, kernel_provider
 from ..parallel.sharding import is_parallel_build
-from .lora_config import LINEARS, LORA_A, LORA_B, freeze, is_target, targeted_paths
+from .lora import LINEARS, LORA_A, LORA_B, is_target
 
 
 def _init(name):
@@ -33,12 +34,12 @@ def _init(name):
 
 class LoRALinear(Linear):
     """A Linear plus a low-rank update. Built through ``Linear.__init__`` in place of the plain Linear when the
-    layer is built (the layer spec, ``layer_spec.py``), so its base weight and bias are the ones the layer creates,
-    with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers); ``dropout_site``
-    and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``) and tables' seed
-    (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and for the input
-    dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask (``dropout.py``;
-    None: no dropout)."""
+    layer is built (the layer spec, ``model/layer_spec.py``), so its base weight and bias are the ones the layer
+    creates, with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers);
+    ``dropout_site`` and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``)
+    and tables' seed (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and
+    for the input dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask
+    (``dropout.py``; None: no dropout)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
                  skip_bias_add=False, kernels=None, *, lora, dropout_site=LORA_SITE, dropout_seed=0):
@@ -90,22 +91,6 @@ def _lora_dropout(p, compute_dtype, site, seed, kernels):
     plain = CounterDropout(p, site, seed)
     kernel = kernels.lora_dropout(plain, compute_dtype)
     return plain if kernel is None else kernel
-
-
-def freeze_lora(model, spec, log=print):
-    """The freeze lists applied to a model built with LoRA (mindpet's freeze_modules semantics, the same
-    MindFormers' PetModel applies after us). Logs and returns (trainable, total) parameter counts; refuses a
-    freeze that leaves nothing to train."""
-    paths = sorted(name for name, cell in model.cells_and_names() if isinstance(cell, LoRALinear))
-    assert paths == sorted(targeted_paths(spec, len(model.model.layers), model.config.gated)), paths
-    trainable, total = freeze(model, spec)
-    log(f"[gpt_local] LoRA: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
-        f"{_short(total)}), rank {spec.rank}, alpha {spec.alpha:g}, in {len(paths)} Linears")
-    return trainable, total
-
-
-def _short(count):
-    return f"{count / 1e6:.0f}M" if count >= 1e7 else f"{count / 1e6:.2f}M" if count >= 1e5 else f"{count:,}"
 
 
 class MultiLoRALinear(Linear):

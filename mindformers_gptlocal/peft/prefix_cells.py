@@ -1,5 +1,6 @@
-"""Prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``): trainable per-layer key/value
-rows that every attention layer reads in front of the sequence's own keys and values.
+"""The Cells of prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``; settings, shapes,
+freeze and sharding rules: ``prefix.py``): trainable per-layer key/value rows that every attention layer reads in
+front of the sequence's own keys and values.
 
 ``PrefixEncoder`` is peft's ``PrefixEncoder`` (peft/tuners/prefix_tuning/model.py) in MindSpore: a table
 ``embedding`` [tokens, layers*2*kv_width] (kv_width = num_query_groups * head_dim, so grouped-query models get
@@ -13,7 +14,7 @@ How the model uses them (as peft does for GPT-2/Llama, measured against peft 0.1
   column block in front of the mask); no rotary embedding turns the prefix keys.
 - the real tokens' positions start at ``tokens`` (peft passes the prefix as past_key_values, so transformers
   numbers the tokens after it): ``GPTLocalModel`` adds ``tokens`` to the position ids.
-- the base model is frozen (``freeze_base``), only ``model.prefix_encoder.*`` trains.
+- the base model is frozen (``PrefixSpec.is_frozen``), only ``model.prefix_encoder.*`` trains.
 """
 import math
 
@@ -22,7 +23,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, HeUniform, Normal, Uniform
 
-from .lora_config import PREFIX_NAME, is_prefix_name, prefix_shapes
+from .prefix import PREFIX_NAME, prefix_shapes
 
 
 class PrefixEncoder(nn.Cell):
@@ -50,7 +51,7 @@ class PrefixEncoder(nn.Cell):
         self.dropout = dropout if spec.dropout > 0 else None
         self.unstack = ops.Unstack(axis=0)
         self.transpose = ops.Transpose()
-        self.cast = ops.Cast()  # the table's reader: its (replicated) layout in parallel/sharding.py prefix_rules
+        self.cast = ops.Cast()  # the table's reader: its (replicated) layout in prefix.py prefix_rules
 
     def construct(self, dropout_step=None):
         table = self.cast(self.embedding, self.dtype)
@@ -79,7 +80,7 @@ class _Dense(nn.Cell):
 
 class PrefixConcat(nn.Cell):
     """The three Concat primitives ``prefix_rows`` uses (``ParallelAttention.prefix_concat``), so that
-    ``parallel/sharding.py`` can give them strategies: keys and values (dp, mp, 1, 1) over [B, G, P + K, D]
+    ``prefix.PREFIX_BLOCK_RULES`` can give them strategies: keys and values (dp, mp, 1, 1) over [B, G, P + K, D]
     (each rank its own key/value groups, the replicated prefix sliced to them), the mask whole."""
 
     def __init__(self):
@@ -104,19 +105,6 @@ def prefix_rows(key, value, bias, prefix_key, prefix_value, concat=None):
     return concat.key(keys), concat.value(values), concat.mask((seen, bias))
 
 
-def freeze_base(model, log=print):
-    """Only ``model.prefix_encoder.*`` trains; logs and returns (trainable, total) parameter counts."""
-    params = dict(model.parameters_and_names())
-    for name, param in params.items():
-        param.requires_grad = is_prefix_name(name)
-    total = sum(p.size for p in params.values())
-    trainable = sum(p.size for p in params.values() if p.requires_grad)
-    spec = model.model.prefix_encoder.spec
-    log(f"[gpt_local] {spec.pet_type}: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
-        f"{total:,}), {spec.tokens} prefix tokens a layer" + (f", MLP width {spec.hidden}" if spec.projection else ""))
-    return trainable, total
-
-
 def prefix_table(model):
     """The prefix keys and values as numpy [layers*2, G, P, D] (the MLP applied): what an export writes."""
     encoder = model.model.prefix_encoder
@@ -127,4 +115,4 @@ def prefix_table(model):
     return np.stack(rows)
 
 
-__all__ = ["PrefixEncoder", "PrefixConcat", "prefix_rows", "freeze_base", "prefix_table", "PREFIX_NAME"]
+__all__ = ["PrefixEncoder", "PrefixConcat", "prefix_rows", "prefix_table", "PREFIX_NAME"]

@@ -1,4 +1,4 @@
-"""Prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``, model/prefix.py) against peft
+"""Prefix tuning / P-Tuning v2 (``pet_config.pet_type: prefixtuning | ptuning2``, peft/prefix*.py) against peft
 on the same prefix weights: forward logits and the prefix's gradient, a GQA (Llama-style) model too; the KV-cache
 path equals the uncached forward; training moves only the prefix (base bit-identical); a model directory saves
 and loads its prefix and `convert ms2hf --peft` writes a PrefixTuningConfig adapter peft loads with equal logits;
@@ -239,7 +239,7 @@ def test_bad_prefix_config_is_one_clear_error(pet, pattern):
 
 def test_mindformers_defaults_and_table():
     """MindFormers' defaults (pet_config.py) when only pet_type is given; the table sizes the prefix."""
-    from mindformers_gptlocal.model.lora_config import read_prefix_config
+    from mindformers_gptlocal.peft.prefix import read as read_prefix_config
     from mindformers_gptlocal.model.params import parameter_table
     assert tuple(read_prefix_config({"pet_type": "ptuning2"})) == ("ptuning2", 128, False, 128, 0.01)
     assert tuple(read_prefix_config({"pet_type": "prefixtuning"})) == ("prefixtuning", 128, True, 512, 0.1)
@@ -272,7 +272,7 @@ def test_peft_export_loads_in_peft_with_equal_logits(tuned):
     mlp.save_pretrained(str(root / "mlp"))
     assert main(["convert", "ms2hf", "--ms-dir", str(root / "mlp"), "--out", str(root / "mlp_peft"), "--peft"]) == 0
     from safetensors.numpy import load_file
-    from mindformers_gptlocal.model.prefix import prefix_table
+    from mindformers_gptlocal.peft.prefix_cells import prefix_table
     exported = load_file(str(root / "mlp_peft" / "adapter_model.safetensors"))["prompt_embeddings"]
     rows = prefix_table(mlp)  # [layers*2, G, P, D] -> peft's [P, layers*2*G*D]
     np.testing.assert_allclose(exported, rows.transpose(2, 0, 1, 3).reshape(rows.shape[2], -1), atol=1e-5, rtol=0)

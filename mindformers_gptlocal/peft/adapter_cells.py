@@ -1,15 +1,15 @@
-"""Houlsby bottleneck adapters (``pet_type: adapter``): ``BottleneckAdapter``, ``adapter_layer_spec``,
-``freeze_adapters``.
+"""The Cells of Houlsby bottleneck adapters (``pet_type: adapter``; settings, shapes, freeze and sharding rules:
+``adapter.py``): ``BottleneckAdapter``, ``adapter_layer_spec``.
 
 Houlsby et al. 2019 ("Parameter-Efficient Transfer Learning for NLP"): after the attention and after the MLP
 of a layer, before each is added to the residual stream, y -> y + up(act(down(y))), down [m, H], up [H, m]
 with biases. The up-projection starts at zero, so a new adapter leaves the model's outputs unchanged and
 training starts from the base model; the down-projection starts Normal(initializer_range). The settings
 (``AdapterSpec``: bottleneck width, non-linearity, which of the two sites, which layers) are read and checked
-in ``lora_config.py``. The Cells are built with the blocks (``GPTLocalBlock.attention_adapter`` /
-``mlp_adapter``), chosen by the layer spec (``adapter_layer_spec``, ``layer_spec.py``), so they exist before
-the shard strategies are set; their tensor
-parallel layout (down column-parallel, up row-parallel, like the MLP) is in ``parallel/sharding.py``.
+in ``adapter.py``. The Cells are built with the blocks (``GPTLocalBlock.attention_adapter`` /
+``mlp_adapter``), chosen by the layer spec (``adapter_layer_spec``, ``model/layer_spec.py``), so they exist before
+the shard strategies are set; their tensor parallel layout (down column-parallel, up row-parallel, like the MLP)
+is ``adapter.adapter_rules``.
 
 An adapter cannot be folded into the base weights (its non-linearity sits between the two projections), so
 ``gptlocal lora merge`` refuses an adapter checkpoint (``checkpoint/lora.py``); a model directory keeps the
@@ -19,9 +19,9 @@ import functools
 
 from mindspore import nn, ops
 
-from .feedforward import SiLU
-from .layers import Activation, Linear, kernel_provider, to_mstype
-from .lora_config import adapter_paths, bottleneck_width, freeze
+from ..model.feedforward import SiLU
+from ..model.layers import Activation, Linear, kernel_provider, to_mstype
+from .adapter import bottleneck_width
 
 
 class BottleneckAdapter(nn.Cell):
@@ -52,15 +52,3 @@ def adapter_layer_spec(spec, config, index):
         return {}
     width = bottleneck_width(spec, config.hidden_size)
     return {site: functools.partial(BottleneckAdapter, config, width, spec.non_linearity) for site in spec.sites}
-
-
-def freeze_adapters(model, spec, log=print):
-    """The freeze lists applied to a model built with adapters (mindpet's semantics, as for LoRA). Logs and
-    returns (trainable, total) parameter counts."""
-    paths = adapter_paths(spec, len(model.model.layers))
-    assert paths == [name for name, cell in model.cells_and_names() if isinstance(cell, BottleneckAdapter)], paths
-    trainable, total = freeze(model, spec)
-    log(f"[gpt_local] adapters: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
-        f"{total:,}), bottleneck {bottleneck_width(spec, model.config.hidden_size)}, {spec.non_linearity}, "
-        f"{len(paths)} adapters in {len(spec.layers)} layers")
-    return trainable, total
