@@ -116,6 +116,10 @@ def _sampling_flags(parser, max_new_tokens):
                         help=f"nucleus sampling mass (default {CLI_DEFAULTS['top_p']} = off)")
     parser.add_argument("--seed", type=int, default=CLI_DEFAULTS["seed"],
                         help=f"sampling seed (default {CLI_DEFAULTS['seed']}): same seed, same text")
+    parser.add_argument("--repetition-penalty", type=float, default=CLI_DEFAULTS["repetition_penalty"],
+                        help=f"Hugging Face's repetition penalty: the logit of a token already in the prompt or "
+                             f"the reply is divided by it (multiplied if negative); default "
+                             f"{CLI_DEFAULTS['repetition_penalty']} = off, 1.1-1.3 discourages loops")
     parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
     compile_cache_flag(parser, "generation's graphs")
 
@@ -139,6 +143,11 @@ def generate_parser():
     parser.add_argument("--prompt", required=True, help="the text to continue")
     _sampling_flags(parser, CLI_DEFAULTS["max_new_tokens"])
     parser.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    parser.add_argument("--num-samples", type=int, default=CLI_DEFAULTS["num_samples"],
+                        help=f"continuations of the prompt (default {CLI_DEFAULTS['num_samples']}); sample i is "
+                             f"seeded --seed + i, each printed under a '--- sample i/N ---' line")
+    parser.add_argument("--stop", action="append", default=[], metavar="STR",
+                        help="end the continuation before this text (repeatable; the stop text is not printed)")
     return parser
 
 
