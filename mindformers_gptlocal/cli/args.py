@@ -104,7 +104,8 @@ def version_line():
 
 def _sampling_flags(parser, max_new_tokens):
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
-                                                       "tokenizer.json), e.g. runs/quickstart/train/model")
+                                                       "tokenizer.json), e.g. runs/quickstart/train/model,"
+                                                       " or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                         help=f"tokens to generate at most (default {max_new_tokens})")
     parser.add_argument("--temperature", type=float, default=CLI_DEFAULTS["temperature"],
@@ -213,7 +214,8 @@ def convert_parser():
                                                  "(Pythia); the family is read from config.json.")
     sub = parser.add_subparsers(dest="direction", required=True)
     hf2ms = sub.add_parser("hf2ms", help="HF directory (GPT-2, Llama, Qwen2, GPT-NeoX) -> gpt_local directory")
-    hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin)")
+    hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin), or a "
+                                                         "model id in the local Hugging Face cache (e.g. gpt2)")
     hf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
     hf2ms.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     hf2ms.add_argument("--allow-pickle", action="store_true",
@@ -372,7 +374,7 @@ def serve_parser():
                                                  "API (needs the [serve] extra: pip install "
                                                  "'mindformers-gptlocal[serve]').")
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
-                                                       "tokenizer.json)")
+                                                       "tokenizer.json), or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (cache slots)")
@@ -422,7 +424,7 @@ def eval_parser():
                                      description="Benchmark a gpt_local model directory with lm-evaluation-harness "
                                                  "tasks (pip install 'mindformers-gptlocal[eval]').")
     parser.add_argument("--model", required=True, help="gpt_local model directory (config.json, model.safetensors, "
-                                                        "tokenizer files)")
+                                                        "tokenizer files), or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
     parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. gl_choice,gl_until")
     parser.add_argument("--num-fewshot", type=int, help="few-shot examples per request (default: each task's own)")
     parser.add_argument("--limit", type=float, help="documents per task (a fraction if < 1)")
