@@ -160,7 +160,17 @@ def chat_parser():
                                 "Works through a pipe: printf 'hi\\n' | gptlocal chat --model DIR.")
     _sampling_flags(parser, CLI_DEFAULTS["chat_max_new_tokens"])
     parser.add_argument("--system", help="a system message put first")
+    chat_template_flag(parser)
     return parser
+
+
+def chat_template_flag(parser):
+    """``--chat-template FILE|plain`` (chat, serve): ``serve/protocol.py chat_template`` reads it."""
+    parser.add_argument("--chat-template", default=None, metavar="FILE|plain",
+                        help="the chat template: a Jinja file (Hugging Face's convention: messages, "
+                             "add_generation_prompt) or 'plain' (System:/User:/Assistant: lines, replies stop at the "
+                             "next 'User:'); default: the model directory's (tokenizer_config.json chat_template), "
+                             "else plain. Given, it replaces the directory's")
 
 
 def prepare_data_parser():
@@ -374,7 +384,9 @@ def serve_parser():
                                                  "API (needs the [serve] extra: pip install "
                                                  "'mindformers-gptlocal[serve]').")
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
-                                                       "tokenizer.json), or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
+                                                       "tokenizer.json), or a Hugging Face model id in the local Hugging "
+                                                       "Face cache (e.g. gpt2; converted once, never downloaded)")
+    chat_template_flag(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (cache slots)")

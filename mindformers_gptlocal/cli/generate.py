@@ -141,10 +141,14 @@ def chat_prompt_ids(tokenizer, messages, template, room):
 
 def chat(options, stdin=None, stdout=None):
     """``gptlocal chat``: one user message per stdin line; each reply streamed, then a newline."""
-    from ..serve.protocol import PLAIN_CHAT_STOP
+    from ..serve.protocol import PLAIN_CHAT_STOP, chat_template
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     kwargs = sampling(options)
+    chosen = getattr(options, "chat_template", None)
+    if chosen:
+        chat_template(chosen, None)  # a bad --chat-template: one line before the model loads
     model, tokenizer, template = load(options)
+    template = chat_template(chosen, template)
     stop = () if template else (PLAIN_CHAT_STOP,)
     room = model.token_positions - options.max_new_tokens
     if room < 1:

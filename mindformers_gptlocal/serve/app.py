@@ -405,6 +405,10 @@ def serve(options):
         if getattr(options, key) < 0 or (key == "send_timeout" and options.send_timeout == 0):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
                               f"{' (0: no limit)' if key == 'request_timeout' else ''}, got {getattr(options, key)}.")
+    from .protocol import chat_template
+    chosen = getattr(options, "chat_template", None)
+    if chosen:
+        chat_template(chosen, None)  # a bad --chat-template: one line before the port and the model
     sock = bind_port(options.host, options.port)  # before anything loads
     try:
         check_model_dir(model_dir, "--model", tokenizer=False)  # before anything starts (no tokenizer: token ids only)
@@ -417,6 +421,7 @@ def serve(options):
     if warning:
         log.warning(warning)
     tokenizer, template = load_tokenizer(model_dir)
+    template = chat_template(chosen, template)
     if tokenizer is None:
         log.warning("gptlocal serve: %s has no tokenizer.json: prompts must be token ids, texts come back empty",
                     model_dir)

@@ -4,15 +4,18 @@ Hand-written rather than pydantic models: FastAPI answers pydantic failures with
 OpenAI clients expect 400 + ``{"error": {"message", "type", "param", "code"}}``; the checks that matter
 (context length, vocabulary, the served name) need the loaded model anyway.
 
-Chat prompts: the model directory's ``tokenizer_config.json`` ``chat_template`` (Hugging Face's Jinja
-convention, rendered in a sandbox) when present, else ``PLAIN_CHAT_TEMPLATE``::
+Chat prompts: ``--chat-template FILE`` when given, else the model directory's ``tokenizer_config.json``
+``chat_template`` (Hugging Face's Jinja convention, rendered in a sandbox) when present, else (or with
+``--chat-template plain``) ``PLAIN_CHAT_TEMPLATE``::
 
     System: ...\\nUser: ...\\nAssistant: ...\\nAssistant:
 
 with ``"\\nUser:"`` added to the stop strings so a reply ends before the model writes the next user turn.
 """
 import numbers
+import os
 
+from ..errors import ConfigError
 from ..generation.defaults import SERVE as SERVE_DEFAULTS
 
 PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
@@ -52,6 +55,32 @@ def _number(body, key, default, low, high, low_open=False):
         bracket = "(" if low_open else "["
         raise RequestError(f"'{key}' must be in {bracket}{low}, {high}], got {value}.", key)
     return float(value)
+
+
+BUILTIN_TEMPLATES = {"plain": None}  # None: PLAIN_CHAT_TEMPLATE, with PLAIN_CHAT_STOP added to the stop strings
+
+
+def chat_template(value, directory_template, flag="--chat-template"):
+    """The template chat and serve use: ``value`` (``--chat-template``: a built-in name or a Jinja file; its syntax
+    checked here, one ConfigError) when given, else the model directory's own (None: the plain form)."""
+    if not value:
+        return directory_template
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    if not os.path.isfile(value):
+        raise ConfigError(f"{flag} {value} is neither a file nor a built-in template ({', '.join(BUILTIN_TEMPLATES)}); "
+                          f"give a Jinja template file or one of those names.")
+    with open(value, encoding="utf-8") as handle:
+        text = handle.read()
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(text)
+    except TemplateSyntaxError as err:
+        raise ConfigError(f"{flag} {value}: line {err.lineno}: {err.message} (not a valid Jinja template).") from err
+    if not text.strip():
+        raise ConfigError(f"{flag} {value} is empty; give a Jinja chat template.")
+    return text
 
 
 def render_chat(messages, template):

@@ -247,6 +247,34 @@ def test_generate_num_samples_stop_and_repetition_penalty(model_dir, capsys, gra
         assert message in capsys.readouterr().err
 
 
+def test_chat_template_file_and_plain(model_dir, monkeypatch, capsys, graph_mode, tmp_path):
+    """--chat-template FILE renders the prompt with that Jinja file (no plain-form stop); 'plain' is the built-in
+    form; a missing or broken file is one line, exit 2, before the model loads."""
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, render_chat
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>")
+    messages = [{"role": "user", "content": "print hello"}]
+    flags = ["chat", "--model", model_dir, "--temperature", "0", "--max-new-tokens", "5", "--compile-cache", "off"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
+    assert main([*flags, "--chat-template", str(template)]) == 0
+    rendered = render_chat(messages, template.read_text())
+    assert rendered == "<user>print hello\n<assistant>"
+    assert capsys.readouterr().out == _reference(model_dir, tokenizer.encode(rendered).ids, 5) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
+    assert main([*flags, "--chat-template", "plain"]) == 0
+    plain = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
+    assert capsys.readouterr().out == plain + "\n"
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}")
+    for value, message in ((str(tmp_path / "none.jinja"), "is neither a file nor a built-in template (plain)"),
+                           (str(broken), "line 1:")):
+        assert main([*flags, "--chat-template", value]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_generate_refuses_bad_flags_with_the_flag_named(model_dir, capsys):
     assert main(["generate", "--model", model_dir, "--prompt", "x", "--top-p", "0"]) == 2
     assert "--top-p must be in (0, 1], got 0.0" in capsys.readouterr().err

@@ -356,3 +356,24 @@ def test_a_missing_model_directory_is_one_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, env=source_env(GLOG_v="3"))
     assert proc.returncode == 2 and "has no config.json" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_chat_template_flag(model_dir, tmp_path):
+    """--chat-template FILE: chat requests are rendered with it (no plain-form stop added); 'plain' is the
+    built-in form; a file that is not there is one line, exit 2, before the port is bound or the model loads."""
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, chat_template, parse_request
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    own = parse_request(body, True, MODEL, tokenizer, chat_template(str(path), "{{ 'directory' }}"), 512, CONTEXT, 0)
+    assert own["prompt"] == tokenizer.encode("[user] hello\n[assistant]").ids and own["stop"] == []
+    plain = parse_request(body, True, MODEL, tokenizer, chat_template("plain", "{{ 'directory' }}"), 512, CONTEXT, 0)
+    assert plain["prompt"] == tokenizer.encode("User: hello\nAssistant:").ids and plain["stop"] == [PLAIN_CHAT_STOP]
+    assert chat_template(None, "{{ 'directory' }}") == "{{ 'directory' }}"  # not given: the directory's own
+    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", model_dir,
+                           "--chat-template", str(tmp_path / "none.jinja"), "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=120, env=source_env(GLOG_v="3"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "is neither a file nor a built-in template" in proc.stderr
