@@ -145,8 +145,8 @@ def generate_parser():
     _sampling_flags(parser, CLI_DEFAULTS["max_new_tokens"])
     parser.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     parser.add_argument("--num-samples", type=int, default=CLI_DEFAULTS["num_samples"],
-                        help=f"continuations of the prompt (default {CLI_DEFAULTS['num_samples']}); sample i is "
-                             f"seeded --seed + i, each printed under a '--- sample i/N ---' line")
+                        help=f"continuations of the prompt (default {CLI_DEFAULTS['num_samples']}), each printed under "
+                             f"a '--- sample i/N ---' line; sample i is seeded --seed + i - 1")
     parser.add_argument("--stop", action="append", default=[], metavar="STR",
                         help="end the continuation before this text (repeatable; the stop text is not printed)")
     return parser

@@ -93,7 +93,7 @@ def complete(model, tokenizer, ids, kwargs, out=None, stop=(), lead="", stats=No
 
 def generate(options):
     """``gptlocal generate``: the prompt, then its continuation, on stdout; with ``--num-samples N`` N of them,
-    sample i seeded ``--seed + i``, each under a ``--- sample i/N ---`` line."""
+    each under a ``--- sample i/N ---`` line, sample i seeded ``--seed + i - 1`` (so sample 1 is the one-sample run)."""
     kwargs = sampling(options)
     samples = getattr(options, "num_samples", 1)
     if samples < 1:
