@@ -104,7 +104,8 @@ def version_line():
 
 def _sampling_flags(parser, max_new_tokens):
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
-                                                       "tokenizer.json), e.g. runs/quickstart/train/model")
+                                                       "tokenizer.json), e.g. runs/quickstart/train/model,"
+                                                       " or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                         help=f"tokens to generate at most (default {max_new_tokens})")
     parser.add_argument("--temperature", type=float, default=CLI_DEFAULTS["temperature"],
@@ -116,6 +117,10 @@ def _sampling_flags(parser, max_new_tokens):
                         help=f"nucleus sampling mass (default {CLI_DEFAULTS['top_p']} = off)")
     parser.add_argument("--seed", type=int, default=CLI_DEFAULTS["seed"],
                         help=f"sampling seed (default {CLI_DEFAULTS['seed']}): same seed, same text")
+    parser.add_argument("--repetition-penalty", type=float, default=CLI_DEFAULTS["repetition_penalty"],
+                        help=f"Hugging Face's repetition penalty: the logit of a token already in the prompt or "
+                             f"the reply is divided by it (multiplied if negative); default "
+                             f"{CLI_DEFAULTS['repetition_penalty']} = off, 1.1-1.3 discourages loops")
     parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
     compile_cache_flag(parser, "generation's graphs")
 
@@ -139,6 +144,11 @@ def generate_parser():
     parser.add_argument("--prompt", required=True, help="the text to continue")
     _sampling_flags(parser, CLI_DEFAULTS["max_new_tokens"])
     parser.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    parser.add_argument("--num-samples", type=int, default=CLI_DEFAULTS["num_samples"],
+                        help=f"continuations of the prompt (default {CLI_DEFAULTS['num_samples']}), each printed under "
+                             f"a '--- sample i/N ---' line; sample i is seeded --seed + i - 1")
+    parser.add_argument("--stop", action="append", default=[], metavar="STR",
+                        help="end the continuation before this text (repeatable; the stop text is not printed)")
     return parser
 
 
@@ -150,7 +160,17 @@ def chat_parser():
                                 "Works through a pipe: printf 'hi\\n' | gptlocal chat --model DIR.")
     _sampling_flags(parser, CLI_DEFAULTS["chat_max_new_tokens"])
     parser.add_argument("--system", help="a system message put first")
+    chat_template_flag(parser)
     return parser
+
+
+def chat_template_flag(parser):
+    """``--chat-template FILE|plain`` (chat, serve): ``serve/protocol.py chat_template`` reads it."""
+    parser.add_argument("--chat-template", default=None, metavar="FILE|plain",
+                        help="the chat template: a Jinja file (Hugging Face's convention: messages, "
+                             "add_generation_prompt) or 'plain' (System:/User:/Assistant: lines, replies stop at the "
+                             "next 'User:'); default: the model directory's (tokenizer_config.json chat_template), "
+                             "else plain. Given, it replaces the directory's")
 
 
 def prepare_data_parser():
@@ -204,7 +224,8 @@ def convert_parser():
                                                  "(Pythia); the family is read from config.json.")
     sub = parser.add_subparsers(dest="direction", required=True)
     hf2ms = sub.add_parser("hf2ms", help="HF directory (GPT-2, Llama, Qwen2, GPT-NeoX) -> gpt_local directory")
-    hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin)")
+    hf2ms.add_argument("--hf-dir", required=True, help="config.json + model.safetensors (or shards, or .bin), or a "
+                                                         "model id in the local Hugging Face cache (e.g. gpt2)")
     hf2ms.add_argument("--out", required=True, help="new folder for config.json, model.safetensors, tokenizer")
     hf2ms.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     hf2ms.add_argument("--allow-pickle", action="store_true",
@@ -363,7 +384,9 @@ def serve_parser():
                                                  "API (needs the [serve] extra: pip install "
                                                  "'mindformers-gptlocal[serve]').")
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
-                                                       "tokenizer.json)")
+                                                       "tokenizer.json), or a Hugging Face model id in the local Hugging "
+                                                       "Face cache (e.g. gpt2; converted once, never downloaded)")
+    chat_template_flag(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded together (cache slots)")
@@ -413,7 +436,7 @@ def eval_parser():
                                      description="Benchmark a gpt_local model directory with lm-evaluation-harness "
                                                  "tasks (pip install 'mindformers-gptlocal[eval]').")
     parser.add_argument("--model", required=True, help="gpt_local model directory (config.json, model.safetensors, "
-                                                        "tokenizer files)")
+                                                        "tokenizer files), or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
     parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. gl_choice,gl_until")
     parser.add_argument("--num-fewshot", type=int, help="few-shot examples per request (default: each task's own)")
     parser.add_argument("--limit", type=float, help="documents per task (a fraction if < 1)")

@@ -22,7 +22,8 @@ def load(options):
 
 
 def sampling(options):
-    """model.generate keywords of the --temperature/--top-k/--top-p/--max-new-tokens/--seed flags."""
+    """model.generate keywords of the --temperature/--top-k/--top-p/--repetition-penalty/--max-new-tokens/--seed
+    flags."""
     for flag, value, low in (("--max-new-tokens", options.max_new_tokens, 1), ("--top-k", options.top_k, 0)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}.")
@@ -30,10 +31,13 @@ def sampling(options):
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {options.temperature}.")
     if not 0 < options.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {options.top_p}.")
+    penalty = getattr(options, "repetition_penalty", 1.0)
+    if not penalty > 0:
+        raise ConfigError(f"--repetition-penalty must be > 0 (1 = off), got {penalty}.")
     if options.temperature == 0:
-        return {"max_new_tokens": options.max_new_tokens, "do_sample": False}
+        return {"max_new_tokens": options.max_new_tokens, "do_sample": False, "repetition_penalty": penalty}
     return {"max_new_tokens": options.max_new_tokens, "do_sample": True, "temperature": options.temperature,
-            "top_k": options.top_k, "top_p": options.top_p, "seed": options.seed}
+            "top_k": options.top_k, "top_p": options.top_p, "seed": options.seed, "repetition_penalty": penalty}
 
 
 class Streamer:
@@ -88,20 +92,31 @@ def complete(model, tokenizer, ids, kwargs, out=None, stop=(), lead="", stats=No
 
 
 def generate(options):
-    """``gptlocal generate``: the prompt, then its continuation, on stdout."""
+    """``gptlocal generate``: the prompt, then its continuation, on stdout; with ``--num-samples N`` N of them,
+    each under a ``--- sample i/N ---`` line, sample i seeded ``--seed + i - 1`` (so sample 1 is the one-sample run)."""
     kwargs = sampling(options)
+    samples = getattr(options, "num_samples", 1)
+    if samples < 1:
+        raise ConfigError(f"--num-samples must be >= 1, got {samples}.")
+    stop = [s for s in getattr(options, "stop", None) or [] if s]
     model, tokenizer, _ = load(options)
     ids = tokenizer.encode(options.prompt).ids
     if not ids:
         raise ConfigError("--prompt is empty; give some text to continue.")
-    stats = {}
-    if options.stream:  # the prompt goes out with the first text: a prompt the model refuses is not echoed
-        complete(model, tokenizer, ids, kwargs, out=sys.stdout, lead=options.prompt, stats=stats)
-    else:
-        sys.stdout.write(options.prompt + complete(model, tokenizer, ids, kwargs, stats=stats))
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    tokens, seconds = stats["new_tokens"], stats["seconds"]
+    tokens, seconds = 0, 0.0
+    for i in range(samples):
+        stats, sample = {}, dict(kwargs)
+        if "seed" in sample:
+            sample["seed"] = kwargs["seed"] + i
+        head = f"--- sample {i + 1}/{samples} ---\n" if samples > 1 else ""
+        if options.stream:  # the prompt goes out with the first text: a prompt the model refuses is not echoed
+            complete(model, tokenizer, ids, sample, out=sys.stdout, stop=stop, lead=head + options.prompt,
+                     stats=stats)
+        else:
+            sys.stdout.write(head + options.prompt + complete(model, tokenizer, ids, sample, stop=stop, stats=stats))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        tokens, seconds = tokens + stats["new_tokens"], seconds + stats["seconds"]
     print(f"[gptlocal] {tokens} new tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s, "
           f"prompt and compile included)", file=sys.stderr)
     return 0
@@ -126,10 +141,14 @@ def chat_prompt_ids(tokenizer, messages, template, room):
 
 def chat(options, stdin=None, stdout=None):
     """``gptlocal chat``: one user message per stdin line; each reply streamed, then a newline."""
-    from ..serve.protocol import PLAIN_CHAT_STOP
+    from ..serve.protocol import PLAIN_CHAT_STOP, chat_template
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     kwargs = sampling(options)
+    chosen = getattr(options, "chat_template", None)
+    if chosen:
+        chat_template(chosen, None)  # a bad --chat-template: one line before the model loads
     model, tokenizer, template = load(options)
+    template = chat_template(chosen, template)
     stop = () if template else (PLAIN_CHAT_STOP,)
     room = model.token_positions - options.max_new_tokens
     if room < 1:

@@ -57,8 +57,10 @@ def convert(argv):
     from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
     overwrite = getattr(options, "overwrite", False)
     if options.direction == "hf2ms":
+        from ..checkpoint.hub import resolve_hf_dir
+        hf_dir = resolve_hf_dir(options.hf_dir)  # a folder, or a model id in the local Hugging Face cache
         summary = _replacing(options.out, overwrite,
-                             lambda out: hf_models.hf_to_ms(options.hf_dir, out, allow_pickle=options.allow_pickle))
+                             lambda out: hf_models.hf_to_ms(hf_dir, out, allow_pickle=options.allow_pickle))
     elif options.peft and _is_prefix_run(options.ms_dir):
         from ..checkpoint import lora
         summary = _replacing(options.out, overwrite, lambda out: lora.prefix_to_peft(options.ms_dir, out))
@@ -173,6 +175,17 @@ def quickstart(argv):
     return run_quickstart(options)
 
 
+def model_by_name(options):
+    """``--model``: an existing path as is; else a Hugging Face id from the local cache (``checkpoint/hub.py``:
+    a gpt_local snapshot as is, another converted once into gpt_local's cache). Names the server's model after
+    the id unless --served-model-name says otherwise."""
+    from ..checkpoint.hub import looks_like_id, resolve_model
+    given = options.model
+    options.model = resolve_model(given)
+    if looks_like_id(given) and hasattr(options, "served_model_name") and not options.served_model_name:
+        options.served_model_name = given
+
+
 def check_device_target(options):
     """--device-target names a backend this MindSpore has, checked before the model loads (one line)."""
     target = getattr(options, "device_target", None) or "CPU"
@@ -191,6 +204,7 @@ def serve(argv):
         raise ConfigError(f"gptlocal serve needs the [serve] extra ({err}); pip install "
                           f"'mindformers-gptlocal[serve]'.") from err
     check_device_target(options)
+    model_by_name(options)
     from ..serve.app import serve as run_server
     return run_server(options)
 
@@ -199,6 +213,7 @@ def serve(argv):
 def evaluate(argv):
     options = cli_args.eval_parser().parse_args(argv)
     check_device_target(options)
+    model_by_name(options)
     from ..evaluation.run import run_eval
     return run_eval(options)
 
@@ -207,6 +222,7 @@ def evaluate(argv):
 def generate(argv):
     options = cli_args.generate_parser().parse_args(argv)
     check_device_target(options)
+    model_by_name(options)
     from .generate import generate as run_generate
     return run_generate(options)
 
@@ -216,6 +232,7 @@ def chat(argv):
     forty blank lines)."""
     options = cli_args.chat_parser().parse_args(argv)
     check_device_target(options)
+    model_by_name(options)
     from .generate import chat as run_chat
     squeezed = SqueezedBlankLines(sys.stdout)
     sys.stdout = squeezed

@@ -17,8 +17,9 @@ LIBRARY = {"max_new_tokens": None, "max_length": None, "do_sample": False, "temp
            "top_p": 1.0, "repetition_penalty": 1.0, "eos_token_id": None, "pad_token_id": None,
            "use_past": True, "seed": None}
 CLI = {"max_new_tokens": 64, "chat_max_new_tokens": 128, "temperature": 0.8, "top_k": 50, "top_p": 1.0,
-       "seed": 1234}
-SERVE = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "completion_max_tokens": 16}
+       "seed": 1234, "repetition_penalty": 1.0, "num_samples": 1}
+SERVE = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "completion_max_tokens": 16, "repetition_penalty": 1.0,
+         "n": 1}
 MINDFORMERS = {"max_new_tokens": None, "max_length": 20, "do_sample": False, "temperature": 1.0, "top_k": 50,
                "top_p": 1.0, "repetition_penalty": 1.0, "eos_token_id": [], "pad_token_id": None,
                "use_past": False, "seed": None}

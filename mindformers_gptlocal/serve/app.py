@@ -12,7 +12,11 @@ Bad input is a 400 with OpenAI's error body ``{"error": {"message", "type",
 request still generating at its deadline (from arrival) ends with ``finish_reason: "length"`` and what it has;
 one still waiting for a slot gets a 504 (a stream: an ``error`` event).
 
-Extensions (as vLLM's): ``top_k`` (default 0: off, as OpenAI has none); ``ignore_eos``;
+``n`` > 1: n choices (index 0..n-1; stream chunks carry theirs), one engine request each, choice i seeded
+``seed + i`` (so each is reproducible, and choice 0 is what ``n: 1`` gives); usage counts the prompt once.
+
+Extensions (as vLLM's): ``top_k`` (default 0: off, as OpenAI has none); ``repetition_penalty`` (Hugging Face's,
+default 1: off; OpenAI's ``frequency_penalty``/``presence_penalty`` are subtractive and not supported); ``ignore_eos``;
 ``"return_token_ids": true`` adds ``prompt_token_ids`` and each choice's ``token_ids`` (the generated ids,
 EOS included when it ended the text).
 """
@@ -176,52 +180,68 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
                                   code=err.code)
         loop = asyncio.get_running_loop()
         queue = asyncio.Queue()
-
+        n = spec["n"]
         held = None if spec["stream"] else []  # a whole reply: its events reach the loop in one hand-off
+        ended = [0]  # choices whose last event came (the engine's one worker thread counts them)
 
         def put_all(events):
             for event in events:
                 queue.put_nowait(event)
 
-        def deliver(event):
-            if held is not None:  # not streamed: wake the event loop (its thread takes the GIL) once, at the end
-                held.append(event)
-                if event[0] not in ("done", "expired"):
-                    return
-            try:
-                if held is None:
-                    loop.call_soon_threadsafe(queue.put_nowait, event)
-                else:
-                    loop.call_soon_threadsafe(put_all, list(held))
-            except RuntimeError:  # the event loop is gone (the server stopped): nobody reads this request
-                request.cancelled = True
+        def deliverer(index):
+            def deliver(event):
+                if held is not None:  # not streamed: wake the event loop (its thread takes the GIL) once, at the end
+                    held.append((index, event))
+                    if event[0] not in ("done", "expired"):
+                        return
+                    ended[0] += 1
+                    if ended[0] < n:
+                        return
+                try:
+                    if held is None:
+                        loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                    else:
+                        loop.call_soon_threadsafe(put_all, list(held))
+                except RuntimeError:  # the event loop is gone (the server stopped): nobody reads this request
+                    for request in requests:
+                        request.cancelled = True
+            return deliver
 
-        request = Request(spec["prompt"], spec["max_tokens"], None,
-                          temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"],
-                          seed=spec["seed"], stop=spec["stop"], eos=spec["eos"])
-        request.emit = metrics.emitter(request, deliver)
-        if body["model"] != model_name:  # a --lora adapter
-            request.adapter = 1 + engine.adapter_names.index(body["model"])
-        if state.request_timeout:
-            request.deadline = request.arrived + state.request_timeout
+        requests = []  # one engine Request per choice; choice i seeded seed + i (each reproducible alone)
+        for index in range(n):
+            request = Request(spec["prompt"], spec["max_tokens"], None,
+                              temperature=spec["temperature"], top_p=spec["top_p"], top_k=spec["top_k"],
+                              seed=None if spec["seed"] is None else spec["seed"] + index, stop=spec["stop"],
+                              eos=spec["eos"], repetition_penalty=spec["repetition_penalty"])
+            request.emit = metrics.emitter(request, deliverer(index))
+            if body["model"] != model_name:  # a --lora adapter
+                request.adapter = 1 + engine.adapter_names.index(body["model"])
+            if state.request_timeout:
+                request.deadline = request.arrived + state.request_timeout
+            requests.append(request)
         try:
-            engine.submit(request)
+            for request in requests:
+                engine.submit(request)
         except QueueFull as err:
+            for request in requests:  # the choices already queued go too
+                request.cancelled = True
             return error_response(429, f"the server is busy: {err}; retry after {RETRY_AFTER_S} s.",
                                   kind="rate_limit_error", code="queue_full",
                                   headers={"Retry-After": str(RETRY_AFTER_S)})
         except EngineNotReady as err:
+            for request in requests:
+                request.cancelled = True
             return error_response(503, f"the model is not ready: {err}", kind="server_error",
                                   headers={"Retry-After": "5"})
-        http_request.scope.setdefault("gptlocal.requests", []).append(request)  # a send timeout cancels it
-        state.live.add(request)
-        reply = Reply(chat, body["model"], spec, request, state)
-        events = _events(request, queue, http_request, state)
+        http_request.scope.setdefault("gptlocal.requests", []).extend(requests)  # a send timeout cancels them
+        state.live.update(requests)
+        reply = Reply(chat, body["model"], spec, requests, state)
+        events = _events(requests, queue, http_request, state)
         if spec["stream"]:
             return StreamingResponse(reply.stream(events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         async for event in events:
-            reply.add(event)
+            reply.add(*event)
         if reply.expired:
             return error_response(*reply.expired_error(), kind="server_error",
                                   headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -232,38 +252,62 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
     return app
 
 
-async def _events(request, queue, http_request, state):
-    """The engine's events for ``request``; a disconnected client (or any early exit) cancels it."""
-    done = False
+async def _events(requests, queue, http_request, state):
+    """The engine's events ``(choice index, event)`` for the ``requests`` of one HTTP request (one per choice),
+    until each has ended; a disconnected client (or any early exit, e.g. one choice expired) cancels them all."""
+    running = set(range(len(requests)))
     try:
-        while True:
+        while running:
             try:
-                event = await asyncio.wait_for(queue.get(), 0.5)
+                item = await asyncio.wait_for(queue.get(), 0.5)
             except asyncio.TimeoutError:
                 if await http_request.is_disconnected():
                     return
                 continue
-            yield event
-            if event[0] in ("done", "expired"):
-                done = True
-                return
+            yield item
+            if item[1][0] in ("done", "expired"):
+                running.discard(item[0])
     finally:
-        state.live.discard(request)
-        if not done:
-            request.cancelled = True
+        for request in requests:
+            state.live.discard(request)
+        for index in running:
+            requests[index].cancelled = True
             if state.metrics is not None:
                 state.metrics.finished.labels("cancelled").inc()
 
 
-class Reply:
-    """OpenAI response bodies and stream chunks for one request."""
+class _Choice:
+    __slots__ = ("text", "tokens", "finish", "usage")
 
-    def __init__(self, chat, model_name, spec, request, state):
-        self.chat, self.model, self.spec, self.request, self.state = chat, model_name, spec, request, state
+    def __init__(self):
+        self.text, self.tokens, self.finish, self.usage = [], [], None, None
+
+
+class Reply:
+    """OpenAI response bodies and stream chunks for one request: ``n`` choices (index 0..n-1), one engine Request
+    each; usage counts the prompt once and every choice's tokens."""
+
+    def __init__(self, chat, model_name, spec, requests, state):
+        self.chat, self.model, self.spec, self.requests, self.state = chat, model_name, spec, requests, state
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.text, self.tokens, self.finish, self.usage = [], [], None, None
+        self.choices = [_Choice() for _ in requests]
         self.expired = False
+
+    @property
+    def finish(self):
+        """The first choice's finish reason once every choice has ended, else None."""
+        if any(c.finish is None for c in self.choices):
+            return None
+        return self.choices[0].finish
+
+    @property
+    def usage(self):
+        if any(c.usage is None for c in self.choices):
+            return None
+        completion = sum(c.usage["completion_tokens"] for c in self.choices)
+        prompt = self.choices[0].usage["prompt_tokens"]
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def expired_error(self):
         """(status, message, param, code) for a request that never got a slot before its deadline."""
@@ -272,43 +316,46 @@ class Reply:
         return (504, f"the request waited --request-timeout {self.state.request_timeout:g} s for a free slot; "
                      f"retry later.", None, "timeout")
 
-    def add(self, event):
+    def add(self, index, event):
+        choice = self.choices[index]
         if event[0] == "token":
-            self.text.append(event[1])
-            self.tokens.append(event[2])
+            choice.text.append(event[1])
+            choice.tokens.append(event[2])
         elif event[0] == "expired":
             self.expired = True
         else:
-            self.finish, self.usage = event[1], event[2]
+            choice.finish, choice.usage = event[1], event[2]
             if len(event) > 3:  # ended at its deadline: the text held back so far
-                self.text.append(event[3])
+                choice.text.append(event[3])
 
-    def _choice(self, text, finish, tokens):
+    def _choice(self, index):
+        choice = self.choices[index]
+        text = "".join(choice.text)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            out = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": choice.finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            out = {"index": index, "text": text, "logprobs": None, "finish_reason": choice.finish}
         if self.spec["return_token_ids"]:
-            choice["token_ids"] = tokens
-        return choice
+            out["token_ids"] = choice.tokens
+        return out
 
     def body(self):
         out = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                "created": self.created, "model": self.model,
-               "choices": [self._choice("".join(self.text), self.finish, self.tokens)], "usage": self.usage}
+               "choices": [self._choice(i) for i in range(len(self.choices))], "usage": self.usage}
         if self.spec["return_token_ids"]:
             out["prompt_token_ids"] = self.spec["prompt"]
         return out
 
-    def _chunk(self, text=None, finish=None, tokens=None, role=False, usage=None, choices=True):
+    def _chunk(self, index=0, text=None, finish=None, tokens=None, role=False, usage=None, choices=True):
         if not choices:
             body_choices = []
         elif self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            body_choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            body_choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
         else:
-            body_choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+            body_choices = [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}]
         if tokens is not None and self.spec["return_token_ids"] and body_choices:
             body_choices[0]["token_ids"] = tokens
         out = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -319,11 +366,12 @@ class Reply:
 
     async def stream(self, events):
         if self.chat:
-            yield self._chunk(role=True)
-        async for event in events:
+            for index in range(len(self.choices)):
+                yield self._chunk(index, role=True)
+        async for index, event in events:
             if event[0] == "token":
                 if event[1] or self.spec["return_token_ids"]:
-                    yield self._chunk(text=event[1], tokens=[event[2]])
+                    yield self._chunk(index, text=event[1], tokens=[event[2]])
             elif event[0] == "expired":
                 _, message, _, code = self.expired_error()
                 error = {"message": message, "type": "server_error", "param": None, "code": code}
@@ -331,12 +379,12 @@ class Reply:
                 return
             else:
                 if len(event) > 3 and event[3]:
-                    yield self._chunk(text=event[3], tokens=[])
-                self.finish, self.usage = event[1], event[2]
-                yield self._chunk(finish=self.finish, tokens=[])
-                if self.spec["include_usage"]:
-                    yield self._chunk(usage=self.usage, choices=False)
+                    yield self._chunk(index, text=event[3], tokens=[])
+                self.add(index, event)
+                yield self._chunk(index, finish=event[1], tokens=[])
         if self.finish is not None:
+            if self.spec["include_usage"]:
+                yield self._chunk(usage=self.usage, choices=False)
             yield "data: [DONE]\n\n"
 
 
@@ -357,6 +405,10 @@ def serve(options):
         if getattr(options, key) < 0 or (key == "send_timeout" and options.send_timeout == 0):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive number of seconds"
                               f"{' (0: no limit)' if key == 'request_timeout' else ''}, got {getattr(options, key)}.")
+    from .protocol import chat_template
+    chosen = getattr(options, "chat_template", None)
+    if chosen:
+        chat_template(chosen, None)  # a bad --chat-template: one line before the port and the model
     sock = bind_port(options.host, options.port)  # before anything loads
     try:
         check_model_dir(model_dir, "--model", tokenizer=False)  # before anything starts (no tokenizer: token ids only)
@@ -369,6 +421,7 @@ def serve(options):
     if warning:
         log.warning(warning)
     tokenizer, template = load_tokenizer(model_dir)
+    template = chat_template(chosen, template)
     if tokenizer is None:
         log.warning("gptlocal serve: %s has no tokenizer.json: prompts must be token ids, texts come back empty",
                     model_dir)

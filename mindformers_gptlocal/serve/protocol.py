@@ -4,15 +4,18 @@ Hand-written rather than pydantic models: FastAPI answers pydantic failures with
 OpenAI clients expect 400 + ``{"error": {"message", "type", "param", "code"}}``; the checks that matter
 (context length, vocabulary, the served name) need the loaded model anyway.
 
-Chat prompts: the model directory's ``tokenizer_config.json`` ``chat_template`` (Hugging Face's Jinja
-convention, rendered in a sandbox) when present, else ``PLAIN_CHAT_TEMPLATE``::
+Chat prompts: ``--chat-template FILE`` when given, else the model directory's ``tokenizer_config.json``
+``chat_template`` (Hugging Face's Jinja convention, rendered in a sandbox) when present, else (or with
+``--chat-template plain``) ``PLAIN_CHAT_TEMPLATE``::
 
     System: ...\\nUser: ...\\nAssistant: ...\\nAssistant:
 
 with ``"\\nUser:"`` added to the stop strings so a reply ends before the model writes the next user turn.
 """
 import numbers
+import os
 
+from ..errors import ConfigError
 from ..generation.defaults import SERVE as SERVE_DEFAULTS
 
 PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
@@ -25,6 +28,7 @@ MAX_STOP = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 256
 MAX_CONTENT_PARTS = 64
+MAX_N = 128  # OpenAI's limit on 'n' (choices per request; each takes a cache slot of its own)
 UNSUPPORTED = {"best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None,
                "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "tools": None}
 
@@ -51,6 +55,32 @@ def _number(body, key, default, low, high, low_open=False):
         bracket = "(" if low_open else "["
         raise RequestError(f"'{key}' must be in {bracket}{low}, {high}], got {value}.", key)
     return float(value)
+
+
+BUILTIN_TEMPLATES = {"plain": None}  # None: PLAIN_CHAT_TEMPLATE, with PLAIN_CHAT_STOP added to the stop strings
+
+
+def chat_template(value, directory_template, flag="--chat-template"):
+    """The template chat and serve use: ``value`` (``--chat-template``: a built-in name or a Jinja file; its syntax
+    checked here, one ConfigError) when given, else the model directory's own (None: the plain form)."""
+    if not value:
+        return directory_template
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    if not os.path.isfile(value):
+        raise ConfigError(f"{flag} {value} is neither a file nor a built-in template ({', '.join(BUILTIN_TEMPLATES)}); "
+                          f"give a Jinja template file or one of those names.")
+    with open(value, encoding="utf-8") as handle:
+        text = handle.read()
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(text)
+    except TemplateSyntaxError as err:
+        raise ConfigError(f"{flag} {value}: line {err.lineno}: {err.message} (not a valid Jinja template).") from err
+    if not text.strip():
+        raise ConfigError(f"{flag} {value} is empty; give a Jinja chat template.")
+    return text
 
 
 def render_chat(messages, template):
@@ -113,9 +143,10 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
         served = repr(names[0]) if len(names) == 1 else ", ".join(map(repr, names))
         raise RequestError(f"model {model!r} is not served here; this server serves {served} "
                            f"(GET /v1/models).", "model", "model_not_found")
-    n = body.get("n", 1)
-    if n != 1:
-        raise RequestError(f"'n' must be 1 (one choice per request), got {n!r}.", "n")
+    n = body.get("n")
+    n = SERVE_DEFAULTS["n"] if n is None else n
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise RequestError(f"'n' (choices) must be an integer from 1 to {MAX_N}, got {n!r}.", "n")
     for key, default in UNSUPPORTED.items():
         value = body.get(key)
         if value is not None and value != default:
@@ -174,13 +205,18 @@ def parse_request(body, chat, model_name, tokenizer, chat_template, vocab_size, 
         top_k = SERVE_DEFAULTS["top_k"]
     if not _is_int(top_k) or top_k < -1:
         raise RequestError(f"'top_k' must be a non-negative integer (0 or -1: off), got {top_k!r}.", "top_k")
+    penalty = body.get("repetition_penalty")
+    penalty = SERVE_DEFAULTS["repetition_penalty"] if penalty is None else penalty
+    if not isinstance(penalty, numbers.Real) or isinstance(penalty, bool) or not 0 < penalty < float("inf"):
+        raise RequestError(f"'repetition_penalty' must be a number > 0 (1: off), got {penalty!r}.",
+                           "repetition_penalty")
     eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [] if eos_token_id is None else [eos_token_id]
     if body.get("ignore_eos"):
         eos = []
     return {"prompt": ids, "max_tokens": int(max_tokens),
             "temperature": _number(body, "temperature", SERVE_DEFAULTS["temperature"], 0, 2),
             "top_p": _number(body, "top_p", SERVE_DEFAULTS["top_p"], 0, 1, low_open=True), "top_k": max(int(top_k), 0),
-            "seed": seed,
+            "seed": seed, "n": int(n), "repetition_penalty": float(penalty),
             "stop": stop, "eos": eos,
             "stream": stream, "include_usage": bool(stream_options.get("include_usage")),
             "return_token_ids": bool(body.get("return_token_ids"))}

@@ -60,13 +60,15 @@ class Request:
     _ids = itertools.count(1)
     adapter = 0  # which --lora adapter generates it (its index in Engine.lora.names; 0: the base model)
 
-    def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=(), eos=()):
+    def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=(), eos=(),
+                 repetition_penalty=1.0):
         self.id = next(self._ids)
         self.prompt = [int(t) for t in prompt]
         self.max_tokens = int(max_tokens)
         self.emit = emit
         self.options = {"do_sample": temperature > 0, "temperature": float(temperature) if temperature > 0 else 1.0,
-                        "top_k": int(top_k), "top_p": float(top_p), "repetition_penalty": 1.0}
+                        "top_k": int(top_k), "top_p": float(top_p),
+                        "repetition_penalty": float(repetition_penalty)}
         self.rng = np.random.default_rng(seed)
         self.stop = [s for s in stop if s]
         self.eos = set(eos)

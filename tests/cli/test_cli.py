@@ -152,7 +152,7 @@ def model_dir(tmp_path_factory, corpus):
     return out
 
 
-def _reference(model_dir, ids, max_new, stop=None):
+def _reference(model_dir, ids, max_new, stop=None, **options):
     """What model.generate gives, greedy, decoded (cut at ``stop``): in PyNative mode, uncached (the CLI runs in
     GRAPH mode, through its compile cache)."""
     import mindspore as ms
@@ -163,7 +163,8 @@ def _reference(model_dir, ids, max_new, stop=None):
     try:
         model = GPTLocalForCausalLM.from_pretrained(model_dir)
         eos = model.config.eos_token_id
-        out = model.generate([ids], do_sample=False, max_new_tokens=max_new, eos_token_id=eos)[0][len(ids):]
+        options.setdefault("do_sample", False)
+        out = model.generate([ids], max_new_tokens=max_new, eos_token_id=eos, **options)[0][len(ids):]
     finally:
         ms.set_context(mode=before)
     text = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).decode([t for t in out if t != eos])
@@ -209,6 +210,69 @@ def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch
     messages += [{"role": "assistant", "content": first.strip()}, {"role": "user", "content": "and again"}]
     second = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
     assert out == first + "\n" + second + "\n", (out, first, second)  # each reply, then a newline
+
+
+def test_generate_num_samples_stop_and_repetition_penalty(model_dir, capsys, graph_mode):
+    """--repetition-penalty is model.generate's (HF's); --stop cuts the text before the stop string (streamed or
+    not); --num-samples N prints N numbered samples, sample i seeded --seed + i (so it equals a one-sample run
+    with that seed)."""
+    from tokenizers import Tokenizer
+    prompt = "def main(args):\n    "
+    ids = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).encode(prompt).ids
+    plain = _reference(model_dir, ids, 12)
+    penalised = _reference(model_dir, ids, 12, repetition_penalty=1.8)
+    assert penalised != plain  # the penalty changes this model's greedy text (else the check below proves nothing)
+    base = ["--model", model_dir, "--prompt", prompt, "--max-new-tokens", "12", "--compile-cache", "off"]
+    assert main(["generate", *base, "--temperature", "0", "--repetition-penalty", "1.8"]) == 0
+    assert capsys.readouterr().out == prompt + penalised + "\n"
+    stop = plain[4:7]
+    for stream in ([], ["--stream"]):
+        assert main(["generate", *base, "--temperature", "0", "--stop", "@@@", "--stop", stop, *stream]) == 0
+        assert capsys.readouterr().out == prompt + plain[:plain.index(stop)] + "\n", stream
+    assert main(["generate", *base, "--temperature", "0", "--num-samples", "2"]) == 0
+    assert capsys.readouterr().out == "".join(f"--- sample {i}/2 ---\n{prompt}{plain}\n" for i in (1, 2))
+    sampled = ["--temperature", "1.0", "--top-k", "0"]
+    assert main(["generate", *base, *sampled, "--seed", "7", "--num-samples", "2", "--stream"]) == 0
+    two = capsys.readouterr().out
+    texts = [part.split("\n", 1)[1][:-1] for part in two.split("--- sample ")[1:]]
+    assert len(texts) == 2 and texts[0] != texts[1], two
+    for seed, text in zip((7, 8), texts):
+        assert main(["generate", *base, *sampled, "--seed", str(seed)]) == 0
+        assert capsys.readouterr().out == text + "\n"
+    want = _reference(model_dir, ids, 12, do_sample=True, temperature=1.0, top_k=0, seed=8)
+    assert texts[1] == prompt + want
+    for flags, message in ((["--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+                           (["--num-samples", "0"], "--num-samples must be >= 1")):
+        assert main(["generate", *base, *flags]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_chat_template_file_and_plain(model_dir, monkeypatch, capsys, graph_mode, tmp_path):
+    """--chat-template FILE renders the prompt with that Jinja file (no plain-form stop); 'plain' is the built-in
+    form; a missing or broken file is one line, exit 2, before the model loads."""
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, render_chat
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>")
+    messages = [{"role": "user", "content": "print hello"}]
+    flags = ["chat", "--model", model_dir, "--temperature", "0", "--max-new-tokens", "5", "--compile-cache", "off"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
+    assert main([*flags, "--chat-template", str(template)]) == 0
+    rendered = render_chat(messages, template.read_text())
+    assert rendered == "<user>print hello\n<assistant>"
+    assert capsys.readouterr().out == _reference(model_dir, tokenizer.encode(rendered).ids, 5) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
+    assert main([*flags, "--chat-template", "plain"]) == 0
+    plain = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
+    assert capsys.readouterr().out == plain + "\n"
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}")
+    for value, message in ((str(tmp_path / "none.jinja"), "is neither a file nor a built-in template (plain)"),
+                           (str(broken), "line 1:")):
+        assert main([*flags, "--chat-template", value]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_generate_refuses_bad_flags_with_the_flag_named(model_dir, capsys):

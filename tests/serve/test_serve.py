@@ -203,13 +203,65 @@ def test_text_stop_usage_stream_and_chat(server, model_dir, reference):
     assert chat.usage.prompt_tokens == len(chat_ids)
 
 
+def test_n_choices_seeded_greedy_streamed_and_repetition_penalty(server, model_dir, reference):
+    """n > 1: choices indexed 0..n-1; with a seed, choice i is model.generate with seed + i (so reproducible and
+    choice 0 is the n=1 answer); greedy n gives n equal choices; a stream's chunks carry their choice's index and
+    join to the same texts; usage counts the prompt once. ``repetition_penalty`` is model.generate's (HF's)."""
+    api = client(server)
+    extra = {"return_token_ids": True, "top_k": 20}
+    seeded = api.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=12, temperature=1.0, seed=123, n=3,
+                                    extra_body=extra)
+    assert [c.index for c in seeded.choices] == [0, 1, 2]
+    got = [c.model_extra["token_ids"] for c in seeded.choices]
+    for i in range(3):
+        assert got[i] == reference([PROMPTS[2]], 12, do_sample=True, temperature=1.0, top_k=20, seed=123 + i)[0]
+    assert len({tuple(g) for g in got}) > 1  # sampled choices differ
+    assert seeded.usage.prompt_tokens == len(PROMPTS[2])
+    assert seeded.usage.completion_tokens == sum(len(g) for g in got)
+    again = api.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=12, temperature=1.0, seed=123, n=3,
+                                   extra_body=extra)
+    assert [c.model_extra["token_ids"] for c in again.choices] == got
+
+    greedy = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0, n=4,
+                                    extra_body={"return_token_ids": True})
+    want = reference([PROMPTS[0]], 10, do_sample=False)[0]
+    assert [c.model_extra["token_ids"] for c in greedy.choices] == [want] * 4
+
+    messages = [{"role": "user", "content": "hello"}]
+    whole = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=1.0, seed=7, n=2)
+    stream = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=1.0, seed=7, n=2,
+                                         stream=True, stream_options={"include_usage": True})
+    texts, finishes, usage = {0: "", 1: ""}, {}, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+    penalised = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                       extra_body={"return_token_ids": True, "repetition_penalty": 1.8})
+    want = reference([PROMPTS[0]], 16, do_sample=False, repetition_penalty=1.8)[0]
+    assert greedy_ids(penalised) == want
+    assert want != reference([PROMPTS[0]], 16, do_sample=False)[0]  # the penalty changed the greedy tokens
+
+
 @pytest.mark.parametrize("kwargs, param", [
     (dict(prompt=list(range(1, CONTEXT + 1)), max_tokens=1), "prompt"),
     (dict(prompt=[1, 2, 3], max_tokens=0), "max_tokens"),
     (dict(prompt=[1, 2, 3], max_tokens=CONTEXT), "max_tokens"),
     (dict(prompt=[1, 2, 512], max_tokens=4), "prompt"),
     (dict(prompt=[1, 2, 3], max_tokens=4, temperature=5), "temperature"),
-], ids=["prompt-too-long", "max_tokens-0", "max_tokens-too-many", "token-beyond-vocab", "temperature"])
+    (dict(prompt=[1, 2, 3], max_tokens=4, n=0), "n"),
+    (dict(prompt=[1, 2, 3], max_tokens=4, n=129), "n"),
+    (dict(prompt=[1, 2, 3], max_tokens=4, extra_body={"repetition_penalty": 0}), "repetition_penalty"),
+    (dict(prompt=[1, 2, 3], max_tokens=4, frequency_penalty=0.5), "frequency_penalty"),
+], ids=["prompt-too-long", "max_tokens-0", "max_tokens-too-many", "token-beyond-vocab", "temperature", "n-0",
+        "n-too-many", "repetition_penalty-0", "frequency_penalty"])
 def test_bad_input_is_a_400_naming_the_field(server, kwargs, param):
     kwargs = dict(dict(model=MODEL), **kwargs)
     with pytest.raises(openai.BadRequestError) as caught:
@@ -304,3 +356,24 @@ def test_a_missing_model_directory_is_one_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, env=source_env(GLOG_v="3"))
     assert proc.returncode == 2 and "has no config.json" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_chat_template_flag(model_dir, tmp_path):
+    """--chat-template FILE: chat requests are rendered with it (no plain-form stop added); 'plain' is the
+    built-in form; a file that is not there is one line, exit 2, before the port is bound or the model loads."""
+    from tokenizers import Tokenizer
+    from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, chat_template, parse_request
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    own = parse_request(body, True, MODEL, tokenizer, chat_template(str(path), "{{ 'directory' }}"), 512, CONTEXT, 0)
+    assert own["prompt"] == tokenizer.encode("[user] hello\n[assistant]").ids and own["stop"] == []
+    plain = parse_request(body, True, MODEL, tokenizer, chat_template("plain", "{{ 'directory' }}"), 512, CONTEXT, 0)
+    assert plain["prompt"] == tokenizer.encode("User: hello\nAssistant:").ids and plain["stop"] == [PLAIN_CHAT_STOP]
+    assert chat_template(None, "{{ 'directory' }}") == "{{ 'directory' }}"  # not given: the directory's own
+    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "serve", "--model", model_dir,
+                           "--chat-template", str(tmp_path / "none.jinja"), "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=120, env=source_env(GLOG_v="3"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "is neither a file nor a built-in template" in proc.stderr

@@ -1,0 +1,87 @@
+"""Models by name: ``--model ORG/NAME`` and ``convert hf2ms --hf-dir ORG/NAME`` from a Hugging Face cache built
+here with ``huggingface_hub``'s layout (models--org--name/{blobs, snapshots/<commit>, refs/main}) from a tiny random
+``transformers`` GPT-2 saved with save_pretrained; the commands run as subprocesses with HF_HUB_CACHE pointing at it
+(and HF_HUB_OFFLINE=1: nothing may reach the network)."""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import save_hf, source_env
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = "tiny-org/tiny-gpt2"
+
+
+def _gptlocal(args, env, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """(HF cache folder, environment) holding REPO at COMMIT."""
+    root = tmp_path_factory.mktemp("hub")
+    saved = root / "saved"
+    save_hf(saved, vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    from mindformers_gptlocal.data.tokenizer import train_bpe
+    train_bpe(["def f(x):\n    return x\n", "print('hello world')\n"] * 50, 300).model.save(str(saved))
+    repo = root / "cache" / ("models--" + REPO.replace("/", "--"))
+    snapshot = repo / "snapshots" / COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name in sorted(os.listdir(saved)):
+        data = (saved / name).read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    env = source_env(HF_HUB_CACHE=str(root / "cache"), HF_HUB_OFFLINE="1", XDG_CACHE_HOME=str(root / "xdg"),
+                     GLOG_v="3")
+    env.pop("HF_HOME", None)
+    return root, env
+
+
+def test_an_id_in_the_cache_equals_its_converted_directory(hub, tmp_path):
+    root, env = hub
+    flags = ["--prompt", "def f(", "--temperature", "0", "--max-new-tokens", "8", "--compile-cache", "off"]
+    converted = tmp_path / "converted"
+    done = _gptlocal(["convert", "hf2ms", "--hf-dir", REPO, "--out", str(converted)], env)
+    assert done.returncode == 0, done.stderr
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(converted))
+    by_dir = _gptlocal(["generate", "--model", str(converted), *flags], env)
+    assert by_dir.returncode == 0, by_dir.stderr
+    assert by_dir.stdout.startswith("def f(") and len(by_dir.stdout) > len("def f(\n")
+
+    by_id = _gptlocal(["generate", "--model", REPO, *flags], env)
+    assert by_id.returncode == 0, by_id.stderr
+    assert by_id.stdout == by_dir.stdout
+    cached = root / "xdg" / "mindformers_gptlocal" / "hub" / REPO.replace("/", "--") / COMMIT
+    assert (cached / "model.safetensors").is_file()
+    assert "converting the Hugging Face snapshot" in by_id.stderr and str(cached) in by_id.stderr
+
+    bare = _gptlocal(["generate", "--model", REPO.split("/")[1], *flags], env)  # the one cached ORG/tiny-gpt2
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout == by_dir.stdout and "converting" not in bare.stderr  # converted once, reused
+
+    shutil.copytree(converted, tmp_path / "tiny-org" / "absent")  # a path that exists wins over an id
+    local = _gptlocal(["generate", "--model", "tiny-org/absent", *flags], env, cwd=str(tmp_path))
+    assert local.returncode == 0, local.stderr
+    assert local.stdout == by_dir.stdout
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x", "--model"], ["convert", "hf2ms", "--out", "o",
+                                                                              "--hf-dir"]])
+def test_an_id_absent_from_the_cache_is_one_line(hub, tmp_path, command):
+    root, env = hub
+    done = _gptlocal([*command, "tiny-org/absent"], env, cwd=str(tmp_path))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "'tiny-org/absent' is not in the local Hugging Face cache" in lines[0]
+    assert str(root / "cache") in lines[0] and "huggingface-cli download tiny-org/absent" in lines[0]
+    assert os.listdir(tmp_path) == []  # nothing written
