@@ -183,8 +183,8 @@ def model_worker(spec, rounds, threads):
         model.set_train(True)
         if side == "plain":
             for layer in model.model.layers:
-                layer.attention.cpu_attention = None
-        elif model.model.layers[0].attention.cpu_attention is None:
+                layer.attention.core = layer.attention.plain
+        elif model.model.layers[0].attention.core is model.model.layers[0].attention.plain:
             raise SystemExit("the kernel did not build")
         weights = model.trainable_params()
         optimizer = nn.AdamWeightDecay(weights, 1e-4)

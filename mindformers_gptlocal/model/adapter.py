@@ -19,7 +19,7 @@ import functools
 
 from mindspore import nn, ops
 
-from .feedforward import SiLU
+from .layers import SiLU
 from .layers import Activation, Linear, kernel_provider, to_mstype
 from .lora_config import adapter_paths, bottleneck_width, freeze
 

@@ -34,7 +34,7 @@ class Linear(nn.Cell):
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
     ``skip_bias_add``: return the bare matmul and leave the bias to the caller: fc1 when the CPU bias + GeLU
-    kernel adds it (feedforward.py), and one rank's part of a row-parallel Linear in the CPU proofs
+    kernel adds it (gpt.py ParallelFeedForward), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
     ``kernels``: the model's ``KernelProvider`` (None: ``kernel_provider()``). Where it gives the GEMM kernel
@@ -219,6 +219,18 @@ class Activation(nn.Cell):
                 return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
             return self.gelu(x)
         return ops.gelu(x, approximate="none")
+
+
+class SiLU(nn.Cell):
+    """x * sigmoid(x), from primitives that can carry shard strategies."""
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return self.mul(x, self.sigmoid(x))
 
 
 def residual_init_std(config):
