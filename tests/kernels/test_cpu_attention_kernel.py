@@ -13,7 +13,7 @@ from mindspore import Tensor, nn, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import attention as kernel_attention, build
-from mindformers_gptlocal.model.attention import MASK_VALUE
+from mindformers_gptlocal.model.attention import MASK_VALUE, BlockwiseCore, FusedCPUAttention
 from references import causal_bias, keep_reference, trains_like_plain
 from mindformers_gptlocal.model.dropout import CounterDropout
 from conftest import TINY, source_env

@@ -13,6 +13,7 @@ from mindspore import ops
 
 import mindformers_gptlocal
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.model.attention import FusedCPUAttention
 from mindformers_gptlocal.errors import ConfigError
 from mindformers_gptlocal.kernels import provider
 from mindformers_gptlocal.kernels.provider import OPS, KernelProvider, read_cpu_kernels
