@@ -81,13 +81,30 @@ class GPTLocalEmbedding(nn.Cell):
 
 
 # The MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with ``gated_linear_unit`` (SwiGLU,
-# Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear.
+# Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear. ``make_mlp`` picks the class, i.e.
+# the forward, once at build from the model's ``KernelProvider``: the plain ops, or a CPU kernel for bias + GeLU
+# (``kernels/norm_gelu.py``) or silu(gate) * up (``kernels/rms_swiglu.py``).
+def make_mlp(config, layer_spec=None, kernels=None):
+    """The MLP of one block: ``ParallelFeedForward`` (plain, not gated), ``GatedFeedForward``, or their kernel forms
+    ``BiasGeLUFeedForward`` (biased fc1, tanh or quick GeLU) and ``SwiGLUFeedForward`` where ``kernels`` gives the
+    kernel (CPU, float32, one rank)."""
+    kernels = kernels or kernel_provider(config)
+    compute_dtype = to_mstype(config.compute_dtype)
+    if config.arch.gated:
+        kernel = kernels.swiglu(compute_dtype)
+        cls = GatedFeedForward if kernel is None else SwiGLUFeedForward
+        return cls(config, layer_spec, kernels, kernel)
+    form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
+    kernel = kernels.bias_gelu(form, compute_dtype) if config.arch.bias and form is not None else None
+    return (ParallelFeedForward if kernel is None else BiasGeLUFeedForward)(config, layer_spec, kernels, kernel)
+
+
 class ParallelFeedForward(nn.Cell):
     """hidden -> intermediate -> hidden (biases with ``add_bias_linear``); fc1 (and the gate) column-parallel,
-    fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``). ``kernels``: the model's
-    ``KernelProvider`` (None: ``kernel_provider(config)``): the bias + GeLU or SwiGLU kernel, or the plain ops."""
+    fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``). This class's forward is the plain,
+    not gated one; ``kernel``: the CPU kernel of the subclass that runs it (``make_mlp``), else None."""
 
-    def __init__(self, config, layer_spec=None, kernels=None):
+    def __init__(self, config, layer_spec=None, kernels=None, kernel=None):
         super().__init__()
         kernels = kernels or kernel_provider(config)
         arch = config.arch
@@ -96,48 +113,52 @@ class ParallelFeedForward(nn.Cell):
         compute_dtype = to_mstype(config.compute_dtype)
         local = arch.inter
         bias = arch.bias
-        self.gated = arch.gated
         self.linear_fc1 = linear("mlp.linear_fc1", Linear)(config.hidden_size, local, config.initializer_range,
                                                            params_dtype, compute_dtype, has_bias=bias,
                                                            kernels=kernels)
-        if self.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
+        if arch.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
             self.linear_gate = linear("mlp.linear_gate", Linear)(config.hidden_size, local, config.initializer_range,
                                                                  params_dtype, compute_dtype, has_bias=bias,
                                                                  kernels=kernels)
             self.activation = SiLU()  # the plain path (and the ops the shard strategies name)
             self.gate_mul = ops.Mul()
-            # gpt_local's CPU silu(gate) * up kernel (kernels/rms_swiglu.py): fp32, CPU, one rank; or None
-            self.swiglu = kernels.swiglu(compute_dtype)
         else:
             self.activation = Activation(config.hidden_act, kernels)
         self.linear_fc2 = linear("mlp.linear_fc2", Linear)(local, config.hidden_size, residual_init_std(config),
                                                            params_dtype, compute_dtype, has_bias=bias,
                                                            kernels=kernels)
-        self.bias_gelu = self._bias_gelu_kernel(config, bias, compute_dtype, kernels)
+        self.swiglu = kernel if arch.gated else None  # silu(gate) * up, or None
+        self.bias_gelu = None if arch.gated else kernel  # fc1's bias + GeLU, or None
         if self.bias_gelu is not None:  # fc1 returns x W^T; the kernel adds the bias (fc1's own Parameter)
             self.linear_fc1.skip_bias_add = True
 
-    def _bias_gelu_kernel(self, config, bias, compute_dtype, kernels):
-        """gpt_local's CPU bias + GeLU kernel (``kernels/norm_gelu.py``) for fc1's bias and the tanh or quick GeLU,
-        or None (the plain Add + ``Activation``): where ``kernels`` gives it (CPU, float32, one rank), not gated,
-        biased fc1."""
-        form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
-        if self.gated or not bias or form is None:
-            return None
-        return kernels.bias_gelu(form, compute_dtype)
-
     def construct(self, hidden, dropout_step=None):
         """``dropout_step``: the model's forward counter, for LoRA's input dropout on the Linears (``lora.py``)."""
+        return self.linear_fc2(self.activation(self.linear_fc1(hidden, dropout_step)), dropout_step)
+
+
+class BiasGeLUFeedForward(ParallelFeedForward):
+    """fc1 without its bias, then the CPU kernel adds the bias and applies the GeLU (one pass)."""
+
+    def construct(self, hidden, dropout_step=None):
+        y = self.linear_fc1(hidden, dropout_step)  # with LoRA on fc1: its low-rank update included
+        return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)), dropout_step)
+
+
+class GatedFeedForward(ParallelFeedForward):
+    """SwiGLU: fc2(silu(gate(x)) * fc1(x))."""
+
+    def construct(self, hidden, dropout_step=None):
+        gate = self.activation(self.linear_gate(hidden, dropout_step))
+        return self.linear_fc2(self.gate_mul(gate, self.linear_fc1(hidden, dropout_step)), dropout_step)
+
+
+class SwiGLUFeedForward(ParallelFeedForward):
+    """SwiGLU with silu(gate) * up in the CPU kernel."""
+
+    def construct(self, hidden, dropout_step=None):
         step = dropout_step
-        if self.bias_gelu is not None:
-            y = self.linear_fc1(hidden, step)  # with LoRA on fc1: its low-rank update included
-            return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)), step)
-        if self.gated and self.swiglu is not None:
-            return self.linear_fc2(self.swiglu(self.linear_gate(hidden, step), self.linear_fc1(hidden, step)), step)
-        if self.gated:
-            gate = self.activation(self.linear_gate(hidden, step))
-            return self.linear_fc2(self.gate_mul(gate, self.linear_fc1(hidden, step)), step)
-        return self.linear_fc2(self.activation(self.linear_fc1(hidden, step)), step)
+        return self.linear_fc2(self.swiglu(self.linear_gate(hidden, step), self.linear_fc1(hidden, step)), step)
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
@@ -164,7 +185,7 @@ class GPTLocalBlock(nn.Cell):
                                            layer_spec=layer_spec, kernels=kernels)
         self.post_attention_layernorm = make_norm(config, kernels=kernels)
         self.parallel_residual = config.arch.parallel_residual
-        self.mlp = ParallelFeedForward(config, layer_spec=layer_spec, kernels=kernels)
+        self.mlp = make_mlp(config, layer_spec=layer_spec, kernels=kernels)
         self.attention_output_dropout = make_dropout(config.hidden_dropout,
                                                      dropout_site(layer_number, "attention_output"), config,
                                                      counter_dropout)
