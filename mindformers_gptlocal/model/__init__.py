@@ -1,4 +1,4 @@
-"""The layer-sliced GPT model: config, parameter table, layers, attention, the model (embedding, MLP, block, head, loss), KV cache.
+"""The layer-sliced GPT model: config, parameter table, layers, attention, the model (embedding to loss), KV cache.
 
 Light on import: ``params`` (the parameter table) is pure Python; the Cells load MindSpore and
 MindFormers when first asked for (``from mindformers_gptlocal.model import GPTLocalForCausalLM``).

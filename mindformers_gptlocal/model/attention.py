@@ -249,7 +249,8 @@ class MatmulSoftmaxAttention(nn.Cell):
         self.merge_heads = ops.Transpose()  # context [B, N, S, D] -> [B, S, N, D]
         self.cast = ops.Cast()
 
-    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):  # pylint: disable=unused-argument
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
         key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
         scores = self.qk_matmul(query, key)
         scores = self.scale_mul(self.cast(scores, self.softmax_dtype), self.scale)
@@ -278,7 +279,8 @@ class FusedCPUAttention(nn.Cell):
         self.merge_heads = ops.Transpose()
         self.cast = ops.Cast()
 
-    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):  # pylint: disable=unused-argument
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
         context = self.kernel(query, key, value, self.cast(attention_bias, ms.float32), self._offsets(dropout_step))
         return merge_context(self.merge_heads, context)
 
@@ -302,7 +304,8 @@ class BlockwiseCore(nn.Cell):
         self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
         self.merge_heads = ops.Transpose()
 
-    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):  # pylint: disable=unused-argument
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
         key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
         context = self.blockwise(query, key, value, attention_bias, self._keep_mask(query, dropout_step))
         return merge_context(self.merge_heads, context)
@@ -330,7 +333,8 @@ class FlashCore(nn.Cell):
         self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
         self.merge_heads = merge_heads  # the plain core's, with its shard strategy
 
-    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):  # pylint: disable=unused-argument
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
         key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
         if seq_ends is None:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
