@@ -36,7 +36,7 @@ def build(shape, plain):
     model.set_train(False)
     if plain:
         for _, cell in model.cells_and_names():
-            if hasattr(cell, "scatter_update") and hasattr(cell, "_cached_attention"):
+            if hasattr(cell, "scatter_update") and hasattr(cell, "read_cached"):
                 cell.scatter_update = ops.ScatterNdUpdate()
     return model
 

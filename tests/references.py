@@ -58,14 +58,13 @@ def rank_block(config, layer_number, mp, layer_spec=None):
     attention = block.attention
     attention.num_heads = arch.num_attention_heads // mp
     attention.num_groups = arch.groups // mp
-    attention.hidden_size = attention.num_heads * arch.head_dim
     attention.linear_qkv = linear("attention.linear_qkv", hidden,
                                   (attention.num_heads + 2 * attention.num_groups) * arch.head_dim, arch.qkv_bias)
-    attention.linear_proj = linear("attention.linear_proj", attention.hidden_size, hidden, arch.bias,
+    attention.linear_proj = linear("attention.linear_proj", attention.num_heads * arch.head_dim, hidden, arch.bias,
                                    residual_init_std(config), partial=True)
     mlp = block.mlp
     local = arch.inter // mp
-    # with the CPU bias + GeLU kernel (feedforward.py) fc1 returns x W^T and the kernel adds fc1's bias
+    # with the CPU bias + GeLU kernel (model/gpt.py ParallelFeedForward) fc1 returns x W^T and the kernel adds fc1's bias
     mlp.linear_fc1 = linear("mlp.linear_fc1", hidden, local, arch.bias, partial=mlp.bias_gelu is not None)
     if arch.gated:
         mlp.linear_gate = linear("mlp.linear_gate", hidden, local, arch.bias)

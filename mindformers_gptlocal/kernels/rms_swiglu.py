@@ -5,7 +5,7 @@ Each is two AOT ``ops.Custom`` primitives, the forward and the backward, the sec
 ``bprop``, so they run inside the compiled GRAPH-mode model (and in PYNATIVE) and in training. ``rmsnorm_kernel``
 and ``swiglu_kernel`` decide at build time whether the kernel can be used and return None otherwise: silently for
 a dtype other than float32, after one warning line per process where the library cannot be built; the caller then
-keeps its plain MindSpore ops (``model/layers.py`` RMSNorm, ``model/feedforward.py`` SiLU + Mul), the reference.
+keeps its plain MindSpore ops (``model/layers.py`` RMSNorm, ``model/layers.py`` SiLU + Mul), the reference.
 """
 import functools
 

@@ -1,12 +1,12 @@
-"""The layer-sliced GPT model: config, parameter table, layers, attention, feed-forward, block, KV cache.
+"""The layer-sliced GPT model: config, parameter table, layers, attention, the model (embedding to loss), KV cache.
 
 Light on import: ``params`` (the parameter table) is pure Python; the Cells load MindSpore and
 MindFormers when first asked for (``from mindformers_gptlocal.model import GPTLocalForCausalLM``).
 """
 import importlib
 
-_LAZY = {"GPTLocalForCausalLM": "gpt", "GPTLocalModel": "gpt", "GPTLocalBlock": "block",
-         "ParallelAttention": "attention", "ParallelFeedForward": "feedforward", "GPTLocalConfig": "config",
+_LAZY = {"GPTLocalForCausalLM": "gpt", "GPTLocalModel": "gpt", "GPTLocalBlock": "gpt",
+         "ParallelAttention": "attention", "ParallelFeedForward": "gpt", "GPTLocalConfig": "config",
          "KVCache": "kv_cache"}
 
 __all__ = list(_LAZY)

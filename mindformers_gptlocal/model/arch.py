@@ -11,7 +11,7 @@ and every value that depends on others derived in ``__post_init__`` (as litgpt's
 Everything that needs these facts reads an ``Arch``: ``GPTLocalConfig`` (``config.arch``, built once),
 the parameter table (``params.py``), the sharding rules (``parallel/sharding.py``, handed the Arch),
 the planner (``plan/memory.py`` through ``params.dims``), the converters (``params.architecture``)
-and the Cells (``attention.py``, ``feedforward.py``, ``block.py``, ``gpt.py``).
+and the Cells (``attention.py``, ``gpt.py``).
 """
 from dataclasses import dataclass, field
 

@@ -57,20 +57,28 @@ class RotaryEmbedding(nn.Cell):
 
 
 class ParallelAttention(nn.Cell):
-    """Causal multi-head self-attention of one layer.
+    """Causal multi-head self-attention of one layer: the fused QKV projection, the heads (rotary with rope),
+    one attention core, the output projection.
 
+    The core is chosen once here, from the model's ``KernelProvider`` (``kernels``) and the config, never inside
+    ``construct``; each core takes query [B, N, S, D], key and value [B, G, L, D] and returns the context
+    [B, S, N * D]:
+
+    - ``MatmulSoftmaxAttention`` (``self.plain``): scores, softmax, dropout, context; always built: it is the
+      reference, the path under tensor parallel (its primitives carry the ``shard`` strategies of
+      ``parallel/sharding.py`` and the select_recompute marks) and the KV cache's read;
+    - ``FusedCPUAttention``: the C++ kernel (``kernels/attention.py``, no [B, N, S, S] buffer) where the provider
+      gives it (CPU, one rank, float32, no prefix, dropout only with the counter masks);
+    - ``BlockwiseCore``: ``model_config.attention_block_size`` > 0 (query blocks, scores recomputed in the backward);
+    - ``FlashCore``: Ascend's FlashAttentionScore (``use_flash_attention``), its variable-length form for packed
+      rows.
+
+    ``self.core`` is the one the forward without a KV cache runs; with a KV cache (call arguments ``key_cache`` ...)
+    ``self.cache`` writes the new keys and values in place and reads them (``KVCacheAttention``; a prefill into
+    empty rows runs the fused kernel over the prompt where it is built, ``KVCacheFusedPrefill``).
     ``layer_number`` counts from 1; it picks the dropout site and matters for GPT-2's optional
-    ``scale_attn_by_inverse_layer_idx``. ``use_flash_attention`` selects Ascend's
-    fused kernel; it is decided at build time, never inside ``construct``. Elsewhere
-    ``model_config.attention_block_size`` > 0 selects ``BlockwiseAttention`` (query blocks, scores
-    recomputed in the backward: no [B, N, S, S] tensor kept for the backward), also at build time.
-    On CPU with neither, the fused C++ kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward
-    flash-style, no [B, N, S, S] buffer at all) replaces the plain matmul + softmax path where the model's
-    ``KernelProvider`` (``kernels``) gives it (``_cpu_attention_kernel``). On the KV-cache path a prefill into empty
-    rows runs that kernel over the prompt (``_fresh_prefill``); other cached calls keep the plain
-    ``_core_attention`` over all L rows.
-    A parallel build lets the ``shard`` strategies (``sharding.py``) split the full Cell; the CPU proofs of
-    tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
+    ``scale_attn_by_inverse_layer_idx``. A parallel build lets the ``shard`` strategies split the full Cell; the
+    CPU proofs of tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
 
     def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None,
@@ -79,39 +87,59 @@ class ParallelAttention(nn.Cell):
         kernels = kernels or kernel_provider(config)
         arch = config.arch
         linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
-        # prefix tuning (model/prefix.py): prefix rows in front of the keys; the plain matmul + softmax path takes
-        # them, the fused kernels (CPU kernel, blockwise, Ascend flash) are built for square masks: not used then
-        self.prefix = config.prefix_spec() is not None
-        if self.prefix:  # its Concats, sharded over the key/value groups (parallel/sharding.py block_rules)
-            self.prefix_concat = PrefixConcat()
-        if self.prefix and (use_flash_attention or config.attention_block_size):
-            _plain_for_prefix("use_flash_attention / attention_block_size")
-            use_flash_attention = False
         params_dtype = to_mstype(config.params_dtype)
-        self.compute_dtype = to_mstype(config.compute_dtype)
-        self.softmax_dtype = to_mstype(config.softmax_compute_dtype)
+        compute_dtype = to_mstype(config.compute_dtype)
+        softmax_dtype = to_mstype(config.softmax_compute_dtype)
         self.num_heads = arch.num_attention_heads
         self.head_dim = arch.head_dim
-        self.hidden_size = self.num_heads * self.head_dim  # the context's width
         self.num_groups = arch.groups  # key/value heads
         self.group_size = arch.group_size  # query heads per key/value head
         self.rotary_dim = arch.rotary_dim  # 0: learned absolute positions, nothing to turn
         scale = 1.0 / math.sqrt(self.head_dim)
         if config.scale_attn_by_inverse_layer_idx:
             scale /= float(layer_number)
-        self.scale = scale
         self.linear_qkv = linear("attention.linear_qkv", Linear)(
             config.hidden_size, (self.num_heads + 2 * self.num_groups) * self.head_dim, config.initializer_range,
-            params_dtype, self.compute_dtype, has_bias=arch.qkv_bias, kernels=kernels)
+            params_dtype, compute_dtype, has_bias=arch.qkv_bias, kernels=kernels)
         self.linear_proj = linear("attention.linear_proj", Linear)(
-            self.hidden_size, config.hidden_size, residual_init_std(config), params_dtype, self.compute_dtype,
-            has_bias=arch.bias, kernels=kernels)
-        self.attention_dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"),
-                                              config, counter_dropout)
-        self.use_flash_attention = use_flash_attention
-        self.blockwise = None
-        block_size = config.attention_block_size
-        if block_size and not use_flash_attention and not self.prefix:
+            self.num_heads * self.head_dim, config.hidden_size, residual_init_std(config), params_dtype,
+            compute_dtype, has_bias=arch.bias, kernels=kernels)
+        self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
+        # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
+        # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
+        self.split_qkv = ops.Unstack(axis=0)
+        self.cast = ops.Cast()
+        # prefix tuning (model/prefix.py): prefix rows in front of the keys; only the plain core takes them
+        self.prefix_concat = PrefixConcat() if config.prefix_spec() is not None else None
+        dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"), config,
+                               counter_dropout)
+        # kernels.composed_ops(): on CPU the mask broadcast to the scores' shape before the Add, as Linear's bias
+        # (less peak memory than the broadcasting Add: 548 -> 403 MB a layer for GPT-2 small at 1 x 1024)
+        self.plain = MatmulSoftmaxAttention(self.group_size, scale, softmax_dtype, compute_dtype, dropout,
+                                            kernels.composed_ops())
+        self.core = self._choose_core(config, use_flash_attention, counter_dropout, kernels, scale, dropout)
+        write = kernels.kv_write()  # the KV-cache write: in place on CPU (kernels/kv_write.py)
+        if isinstance(self.core, FusedCPUAttention):
+            self.cache = KVCacheFusedPrefill(self.plain, write, self.prefix_concat, self.core)
+        else:
+            self.cache = KVCacheAttention(self.plain, write, self.prefix_concat)
+        # the fused core where built, else None: the runner (runtime/runner.py) asks it whether a prefill into empty
+        # rows runs the kernel; never read in construct
+        self.cpu_attention = self.core if isinstance(self.core, FusedCPUAttention) else None
+
+    def _choose_core(self, config, use_flash_attention, counter_dropout, kernels, scale, dropout):
+        """The core of the forward without a KV cache (see the class): flash on Ascend when asked for, else
+        blockwise when ``attention_block_size`` > 0, else the fused CPU kernel where it can run, else the plain
+        one. Prefix tuning keeps the plain core (the others are built for square masks)."""
+        if self.prefix_concat is not None:
+            if use_flash_attention or config.attention_block_size:
+                _plain_for_prefix("use_flash_attention / attention_block_size")
+            if kernels.uses("attention"):
+                _plain_for_prefix("the fused CPU attention kernel (kernels/attention.py)")
+            return self.plain
+        if use_flash_attention:
+            return FlashCore(self.num_heads, self.group_size, scale, config.attention_dropout, self.plain.merge_heads)
+        if config.attention_block_size:
             if is_parallel_build():
                 raise ConfigError("model_config.attention_block_size is for stand-alone and data-parallel "
                                   "builds (parallel.parallel_mode 0); under semi_auto/auto parallel set it to 0 "
@@ -120,56 +148,19 @@ class ParallelAttention(nn.Cell):
                 raise ConfigError("model_config.attention_block_size needs the counter-based dropout masks "
                                   "(model/dropout.py) when model_config.attention_dropout > 0; set "
                                   "attention_dropout to 0 or attention_block_size to 0.")
-            self.blockwise_dropout = config.attention_dropout > 0  # then a CounterDropout (checked above)
-            self.blockwise = BlockwiseAttention(block_size, scale, self.softmax_dtype, self.compute_dtype,
-                                                self.attention_dropout.scale if self.blockwise_dropout else 1.0)
-            self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
-        self.cpu_attention = self._cpu_attention_kernel(config, counter_dropout, kernels)
-        self.transpose = ops.Transpose()  # qkv [B, S, N, 3, D] -> [3, B, N, S, D]
-        # [3, B, N, S, D] -> query, key, value. Unstack, not qkv[0], qkv[1], qkv[2]: on CPU the three
-        # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
-        self.split_qkv = ops.Unstack(axis=0)
-        self.merge_heads = ops.Transpose()  # context [B, N, S, D] -> [B, S, N, D]
-        self.scale_mul = ops.Mul()
-        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
-        self.pv_matmul = ops.BatchMatMul()
-        self.softmax = ops.Softmax(axis=-1)
-        self.add_mask = ops.Add()
-        # CPU: the mask broadcast to the scores' shape before the Add, as Linear's bias (less peak memory than
-        # the broadcasting Add: 548 -> 403 MB a layer for GPT-2 small's training step at 1 x 1024)
-        self.broadcast_mask = kernels.composed_ops()
-        self.cast = ops.Cast()
-        self.scatter_update = kernels.kv_write()  # the KV-cache write: in place on CPU (kernels/kv_write.py)
-        if use_flash_attention:
-            self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
-                head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
-                input_layout="BNSD", sparse_mode=0)
-            # Packed rows (actual_seq_len): the variable-length form, as MindFormers' mcore FlashAttention
-            # runs it: tokens flattened to [B*S, N, D], cumulative document ends for q and kv, and
-            # sparse_mode 3 (causal inside each document, with the compressed 2048 x 2048 mask).
-            self.flash_attention_varlen = ops.operations.nn_ops.FlashAttentionScore(
-                head_num=self.num_heads, keep_prob=1.0 - config.attention_dropout, scale_value=scale,
-                input_layout="TND", sparse_mode=3)
-            self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
-
-    def _cpu_attention_kernel(self, config, counter_dropout, kernels):
-        """The fused CPU kernel (``kernels/attention.py``) in place of the plain matmul + softmax path, or None.
-
-        Where ``kernels`` gives it (CPU, stand-alone and data-parallel builds, ``cpu_kernels`` not ``plain``), unless
-        ``attention_block_size`` > 0 (BlockwiseAttention asked for by name), attention dropout without the
-        counter masks, or the kernel cannot run (not float32, no compiler: one warning, then the plain path)."""
-        if self.use_flash_attention or self.blockwise is not None or not kernels.uses("attention"):
-            return None
-        if self.prefix:
-            _plain_for_prefix("the fused CPU attention kernel (kernels/attention.py)")
-            return None
-        if not 0.0 <= config.attention_dropout < 1.0:
-            return None
-        dropout = config.attention_dropout > 0
-        if dropout and not counter_dropout:
-            return None
-        dtype = self.compute_dtype if self.softmax_dtype == ms.float32 else self.softmax_dtype
-        return kernels.attention(self.scale, dtype, self.attention_dropout if dropout else None)
+            return BlockwiseCore(self.group_size, config.attention_block_size, scale, self.plain.softmax_dtype,
+                                 self.plain.compute_dtype, dropout if config.attention_dropout > 0 else None)
+        if not kernels.uses("attention") or not 0.0 <= config.attention_dropout < 1.0:
+            return self.plain
+        with_dropout = config.attention_dropout > 0
+        if with_dropout and not counter_dropout:
+            return self.plain
+        softmax_dtype = self.plain.softmax_dtype
+        dtype = self.plain.compute_dtype if softmax_dtype == ms.float32 else softmax_dtype
+        kernel = kernels.attention(scale, dtype, dropout if with_dropout else None)
+        if kernel is None:  # not float32, no compiler (one warning): the plain core
+            return self.plain
+        return FusedCPUAttention(kernel, dropout if with_dropout else None)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -177,73 +168,30 @@ class ParallelAttention(nn.Cell):
         ``prefix``: (keys, values) [G, P, D] of prefix tuning, read in front of the keys and values by every
         query (``prefix.prefix_rows``), with and without the KV cache.
 
-        With a KV cache (``key_cache``/``value_cache``: this layer's [B, N, L, D] Parameters), the new
-        keys and values are written in place at ``write_index`` [B, N, S, 3] = (batch, head, position)
-        (``KernelProvider.kv_write``: ScatterNdUpdate's inputs and values, O(new tokens) on CPU),
-        attention reads all L cached positions (``attention_bias`` is then [B, 1, S, L]), and the
-        cache holds the present keys and values afterwards.
-        ``fresh_prefill`` (a build-time constant, ``KVCache.prefill``'s graph): the call writes positions 0..S-1 of
-        every row and no cached row comes before them, so attention is the plain causal attention over the S new
-        keys (``attention_bias`` then [1, 1, S, S]); with the fused CPU kernel it runs there, not over all L rows.
-        ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch
+        With a KV cache (``key_cache``/``value_cache``: this layer's [B, G, L, D] Parameters), the new keys and
+        values are written in place at ``write_index`` [B, G, S, 3] = (batch, head, position), attention reads the
+        cached positions (``attention_bias`` then [B, 1, S, L]) and the cache holds the present keys and values
+        afterwards (``KVCacheAttention``). ``fresh_prefill`` (a build-time constant, the runner's prefill graph):
+        the call writes positions 0..S-1 of every row and no cached row comes before them (``attention_bias`` then
+        [1, 1, S, S]). ``seq_ends`` (flash attention only): the packed rows' document ends over the flattened batch
         ([B * docs], see ``GPTLocalModel.document_mask``); attention then never crosses a document.
-        ``dropout_step``: picks the attention-dropout mask (``dropout.py``; flash attention drops inside
-        its kernel, with the kernel's own random state).
+        ``dropout_step``: picks the attention-dropout mask (``dropout.py``; flash attention drops inside its
+        kernel, with the kernel's own random state) and LoRA's input dropout.
         ``rotary``: (cos, sin) [B, 1, S, rotary_dim] of the tokens' positions (``RotaryEmbedding``), with rope.
         """
         batch, seq, _ = hidden.shape
         qkv = self.linear_qkv(hidden, dropout_step)  # the step: LoRA's input dropout, if any
         qkv = ops.reshape(qkv, (batch, seq, self.num_groups, self.group_size + 2, self.head_dim))
-        if key_cache is not None:
-            if fresh_prefill and self.cpu_attention is not None and prefix is None:
-                return self.linear_proj(self._fresh_prefill(qkv, attention_bias, key_cache, value_cache,
-                                                            write_index, rotary))
-            return self.linear_proj(self._cached_attention(qkv, attention_bias, key_cache, value_cache,
-                                                           write_index, rotary, prefix))
         query, key, value = self._heads(qkv, rotary)
+        if key_cache is not None:
+            context = self.cache(query, key, value, attention_bias, key_cache, value_cache, write_index, prefix,
+                                 fresh_prefill)
+            return self.linear_proj(context)
         if prefix is not None:
             key, value, attention_bias = prefix_rows(key, value, attention_bias, prefix[0], prefix[1],
                                                      self.prefix_concat)
-        if self.cpu_attention is not None:  # key/value stay [B, G, S, D]: the kernel reads each group's head
-            context = self.cpu_attention(query, key, value, self.cast(attention_bias, ms.float32),
-                                         self._dropout_offsets(dropout_step))
-            context = self.merge_heads(context, (0, 2, 1, 3))
-            return self.linear_proj(ops.reshape(context, (batch, seq, self.hidden_size)), dropout_step)
-        key, value = self._repeat_groups(key), self._repeat_groups(value)
-        if self.use_flash_attention and seq_ends is not None:
-            return self.linear_proj(self._varlen_flash(query, key, value, attention_bias, seq_ends), dropout_step)
-        if self.use_flash_attention:
-            context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
-        elif self.blockwise is not None:
-            context = self.blockwise(query, key, value, attention_bias, self._keep_mask(query, dropout_step))
-        else:
-            context = self._core_attention(query, key, value, attention_bias, dropout_step)
-        context = self.merge_heads(context, (0, 2, 1, 3))
-        context = ops.reshape(context, (batch, seq, self.hidden_size))
+        context = self.core(query, key, value, attention_bias, dropout_step, seq_ends)
         return self.linear_proj(context, dropout_step)
-
-    def _dropout_offsets(self, dropout_step):
-        """The counter dropout's table offsets of this step for the CPU kernel, or None (no dropout now)."""
-        if not self.cpu_attention.has_dropout or not self.attention_dropout.training or dropout_step is None:
-            return None
-        return self.attention_dropout.offsets(dropout_step)
-
-    def _keep_mask(self, query, dropout_step):
-        """The attention-dropout keep mask [B, N, S, S] the plain path would draw, or ``no_keep``."""
-        if not self.blockwise_dropout or not self.attention_dropout.training or dropout_step is None:
-            return self.no_keep
-        batch, heads, seq, _ = query.shape
-        return self.attention_dropout.keep_shape((batch, heads, seq, seq), dropout_step)
-
-    def _varlen_flash(self, query, key, value, attention_mask, seq_ends):
-        """Flash attention over packed rows (Ascend only, untested on CPU/GPU): [B, N, S, D] -> [B, S, H]."""
-        batch, _, seq, _ = query.shape
-        query, key, value = [ops.reshape(self.varlen_merge(x, (0, 2, 1, 3)), (batch * seq, self.num_heads,
-                                                                               self.head_dim))
-                             for x in (query, key, value)]
-        context = self.flash_attention_varlen(query, key, value, None, None, None, attention_mask, None,
-                                              seq_ends, seq_ends)[3]
-        return ops.reshape(context, (batch, seq, self.hidden_size))
 
     def _heads(self, qkv, rotary):
         """[B, S, G, group + 2, D] -> query [B, N, S, D], key and value [B, G, S, D], rotary applied."""
@@ -271,51 +219,177 @@ class ParallelAttention(nn.Cell):
             return turned
         return ops.concat((turned, x[..., self.rotary_dim:]), -1)
 
-    def _repeat_groups(self, x):
-        """[B, G, L, D] -> [B, N, L, D]: each key/value head repeated over its group's query heads."""
-        if self.group_size == 1:
-            return x
-        batch, _, length, dim = x.shape
-        x = ops.broadcast_to(ops.expand_dims(x, 2), (batch, self.num_groups, self.group_size, length, dim))
-        return ops.reshape(x, (batch, self.num_heads, length, dim))
 
-    def _fresh_prefill(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None):
-        """A prefill with no cached row before it (positions 0..S-1): the fused kernel's causal attention over the S
-        new keys/values ([B, G, S, D], GQA read in the kernel), which are also written into the caches; the plain
-        path (``_cached_attention``) attends over all L rows with rows S..L-1 masked: the same values."""
-        batch, seq = qkv.shape[0], qkv.shape[1]
-        query, new_key, new_value = self._heads(qkv, rotary)
-        wrote_key = self.scatter_update(key_cache, write_index, new_key)
-        wrote_value = self.scatter_update(value_cache, write_index, new_value)
-        context = self.cpu_attention(query, new_key, new_value, self.cast(attention_bias, ms.float32))
-        context = ops.depend(ops.depend(context, wrote_key), wrote_value)
-        context = self.merge_heads(context, (0, 2, 1, 3))
-        return ops.reshape(context, (batch, seq, self.hidden_size))
+def repeat_groups(x, group_size):
+    """[B, G, L, D] -> [B, N, L, D]: each key/value head repeated over its group's ``group_size`` query heads."""
+    if group_size == 1:
+        return x
+    batch, groups, length, dim = x.shape
+    x = ops.broadcast_to(ops.expand_dims(x, 2), (batch, groups, group_size, length, dim))
+    return ops.reshape(x, (batch, groups * group_size, length, dim))
 
-    def _cached_attention(self, qkv, attention_bias, key_cache, value_cache, write_index, rotary=None, prefix=None):
-        """Write this step's K/V into the head-major caches [B, G, L, D] in place (G = num_query_groups),
-        then attend over every cached row; the caches are read as they are stored, with no per-step transpose."""
-        batch, seq = qkv.shape[0], qkv.shape[1]
-        query, new_key, new_value = self._heads(qkv, rotary)
-        key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, new_key))
-        value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, new_value))
-        if batch != key_cache.shape[0]:  # fewer rows than cache slots (serving): read the rows' own slots
-            slots = write_index[:, 0, 0, 0]
-            key_cache = ops.gather(key_cache, slots, 0)
-            value_cache = ops.gather(value_cache, slots, 0)
-        if prefix is not None:
-            key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix,
-                                                                 self.prefix_concat)
-        key_cache, value_cache = self._repeat_groups(key_cache), self._repeat_groups(value_cache)
-        context = self._core_attention(query, key_cache, value_cache, attention_bias)
-        context = self.merge_heads(context, (0, 2, 1, 3))
-        return ops.reshape(context, (batch, seq, self.hidden_size))
 
-    def _core_attention(self, query, key, value, attention_bias, dropout_step=None):
+class MatmulSoftmaxAttention(nn.Cell):
+    """The plain core: softmax(q k^T * scale + bias) v per head, the scores in ``softmax_dtype``, the dropout on
+    the probabilities. query [B, N, S, D], key/value [B, G, L, D] -> context [B, S, N * D]."""
+
+    def __init__(self, group_size, scale, softmax_dtype, compute_dtype, dropout, broadcast_mask):
+        super().__init__()
+        self.group_size = group_size
+        self.scale = scale
+        self.softmax_dtype = softmax_dtype
+        self.compute_dtype = compute_dtype
+        self.broadcast_mask = broadcast_mask
+        self.qk_matmul = ops.BatchMatMul(transpose_b=True)
+        self.scale_mul = ops.Mul()
+        self.add_mask = ops.Add()
+        self.softmax = ops.Softmax(axis=-1)
+        self.attention_dropout = dropout
+        self.pv_matmul = ops.BatchMatMul()
+        self.merge_heads = ops.Transpose()  # context [B, N, S, D] -> [B, S, N, D]
+        self.cast = ops.Cast()
+
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
+        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
         scores = self.qk_matmul(query, key)
         scores = self.scale_mul(self.cast(scores, self.softmax_dtype), self.scale)
         bias = self.cast(attention_bias, self.softmax_dtype)
         scores = self.add_mask(scores, ops.broadcast_to(bias, scores.shape) if self.broadcast_mask else bias)
         probs = self.softmax(scores)
         probs = self.attention_dropout(self.cast(probs, self.compute_dtype), dropout_step)
-        return self.pv_matmul(probs, value)
+        return merge_context(self.merge_heads, self.pv_matmul(probs, value))
+
+
+def merge_context(transpose, context):
+    """[B, N, S, D] -> [B, S, N * D] through ``transpose`` (a primitive that may carry a shard strategy)."""
+    batch, heads, seq, dim = context.shape
+    return ops.reshape(transpose(context, (0, 2, 1, 3)), (batch, seq, heads * dim))
+
+
+class FusedCPUAttention(nn.Cell):
+    """The fused CPU kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward flash-style, no
+    [B, N, S, S] buffer); it reads each key/value group's head itself. ``dropout``: the layer's ``CounterDropout``
+    when attention dropout is on (the kernel draws its masks from the same tables), else None."""
+
+    def __init__(self, kernel, dropout=None):
+        super().__init__()
+        self.kernel = kernel
+        self.attention_dropout = dropout
+        self.merge_heads = ops.Transpose()
+        self.cast = ops.Cast()
+
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
+        context = self.kernel(query, key, value, self.cast(attention_bias, ms.float32), self._offsets(dropout_step))
+        return merge_context(self.merge_heads, context)
+
+    def _offsets(self, dropout_step):
+        """The counter dropout's table offsets of this step, or None (no dropout now)."""
+        if self.attention_dropout is None or not self.attention_dropout.training or dropout_step is None:
+            return None
+        return self.attention_dropout.offsets(dropout_step)
+
+
+class BlockwiseCore(nn.Cell):
+    """``BlockwiseAttention`` (``blockwise_attention.py``): query blocks of ``block_size``, no [B, N, S, S] tensor
+    kept for the backward; the dropout keep mask [B, N, S, S] is the one the plain core would draw."""
+
+    def __init__(self, group_size, block_size, scale, softmax_dtype, compute_dtype, dropout=None):
+        super().__init__()
+        self.group_size = group_size
+        self.blockwise = BlockwiseAttention(block_size, scale, softmax_dtype, compute_dtype,
+                                            1.0 if dropout is None else dropout.scale)
+        self.attention_dropout = dropout
+        self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
+        self.merge_heads = ops.Transpose()
+
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
+        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        context = self.blockwise(query, key, value, attention_bias, self._keep_mask(query, dropout_step))
+        return merge_context(self.merge_heads, context)
+
+    def _keep_mask(self, query, dropout_step):
+        if self.attention_dropout is None or not self.attention_dropout.training or dropout_step is None:
+            return self.no_keep
+        batch, heads, seq, _ = query.shape
+        return self.attention_dropout.keep_shape((batch, heads, seq, seq), dropout_step)
+
+
+class FlashCore(nn.Cell):
+    """Ascend's FlashAttentionScore (BNSD, the uint8 mask); with ``seq_ends`` (packed rows) the variable-length
+    form, as MindFormers' mcore FlashAttention runs it: tokens flattened to [B*S, N, D], cumulative document ends
+    for q and kv, sparse_mode 3 (causal inside each document, the compressed 2048 x 2048 mask). Ascend only,
+    untested on CPU/GPU. Attention dropout happens inside the kernel, with the kernel's own random state."""
+
+    def __init__(self, heads, group_size, scale, attention_dropout, merge_heads):
+        super().__init__()
+        self.group_size = group_size
+        self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
+            head_num=heads, keep_prob=1.0 - attention_dropout, scale_value=scale, input_layout="BNSD", sparse_mode=0)
+        self.flash_attention_varlen = ops.operations.nn_ops.FlashAttentionScore(
+            head_num=heads, keep_prob=1.0 - attention_dropout, scale_value=scale, input_layout="TND", sparse_mode=3)
+        self.varlen_merge = ops.Transpose()  # [B, N, S, D] -> [B, S, N, D]
+        self.merge_heads = merge_heads  # the plain core's, with its shard strategy
+
+    # pylint: disable-next=unused-argument
+    def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
+        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        if seq_ends is None:
+            context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
+            return merge_context(self.merge_heads, context)
+        batch, heads, seq, dim = query.shape
+        query, key, value = [ops.reshape(self.varlen_merge(x, (0, 2, 1, 3)), (batch * seq, heads, dim))
+                             for x in (query, key, value)]
+        context = self.flash_attention_varlen(query, key, value, None, None, None, attention_bias, None,
+                                              seq_ends, seq_ends)[3]
+        return ops.reshape(context, (batch, seq, heads * dim))
+
+
+class KVCacheAttention(nn.Cell):
+    """Attention with a KV cache: this step's keys and values written in place into the head-major caches
+    [B, G, L, D] at ``write_index`` (``KernelProvider.kv_write``: ScatterNdUpdate's inputs, O(new tokens) on
+    CPU), then the plain core over every cached row; the caches are read as stored, with no per-step transpose."""
+
+    def __init__(self, plain, write, prefix_concat=None):
+        super().__init__()
+        self.plain = plain
+        self.scatter_update = write
+        self.prefix_concat = prefix_concat
+
+    def construct(self, query, key, value, attention_bias, key_cache, value_cache, write_index, prefix=None,
+                  fresh_prefill=False):  # pylint: disable=unused-argument
+        return self.read_cached(query, key, value, attention_bias, key_cache, value_cache, write_index, prefix)
+
+    def read_cached(self, query, key, value, attention_bias, key_cache, value_cache, write_index, prefix):
+        """Write, then attend over all L cached rows (rows not yet written are masked by ``attention_bias``)."""
+        key_cache = ops.depend(key_cache, self.scatter_update(key_cache, write_index, key))
+        value_cache = ops.depend(value_cache, self.scatter_update(value_cache, write_index, value))
+        if query.shape[0] != key_cache.shape[0]:  # fewer rows than cache slots (serving): read the rows' own slots
+            slots = write_index[:, 0, 0, 0]
+            key_cache = ops.gather(key_cache, slots, 0)
+            value_cache = ops.gather(value_cache, slots, 0)
+        if prefix is not None:
+            key_cache, value_cache, attention_bias = prefix_rows(key_cache, value_cache, attention_bias, *prefix,
+                                                                 self.prefix_concat)
+        return self.plain(query, key_cache, value_cache, attention_bias)
+
+
+class KVCacheFusedPrefill(KVCacheAttention):
+    """``KVCacheAttention`` where the fused CPU kernel is built: a prefill into empty rows (``fresh_prefill``,
+    positions 0..S-1) runs the kernel's causal attention over the S new keys and values, which are also written
+    into the caches; the plain read over all L rows with rows S..L-1 masked gives the same values."""
+
+    def __init__(self, plain, write, prefix_concat, fused):
+        super().__init__(plain, write, prefix_concat)
+        self.fused = fused
+
+    def construct(self, query, key, value, attention_bias, key_cache, value_cache, write_index, prefix=None,
+                  fresh_prefill=False):
+        if not fresh_prefill:
+            return self.read_cached(query, key, value, attention_bias, key_cache, value_cache, write_index, prefix)
+        wrote_key = self.scatter_update(key_cache, write_index, key)
+        wrote_value = self.scatter_update(value_cache, write_index, value)
+        context = self.fused(query, key, value, attention_bias)
+        return ops.depend(ops.depend(context, wrote_key), wrote_value)

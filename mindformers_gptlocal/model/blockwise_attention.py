@@ -1,6 +1,6 @@
 """Memory-efficient exact attention for CPU/GPU: query blocks, with the scores recomputed in the backward.
 
-The plain path (``ParallelAttention._core_attention``) keeps the [B, N, S, S] scores and probabilities of
+The plain path (``attention.py`` ``MatmulSoftmaxAttention``) keeps the [B, N, S, S] scores and probabilities of
 every layer for the backward; at long sequences they dominate peak memory (GPT-2 small at 1 x 1024 on CPU:
 see the CHANGELOG). ``BlockwiseAttention`` splits the queries into static blocks of ``block_size`` rows
 (the Python loop is unrolled when the graph is compiled). Each block's scores [B, N, block, K] exist

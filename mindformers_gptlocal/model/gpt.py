@@ -1,4 +1,6 @@
-"""GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (head + loss).
+"""The GPT forward, top to bottom: the embedding, the MLP, the block (norm -> attention -> residual -> norm -> MLP ->
+residual), GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (head + loss).
+Attention is ``attention.py``; Linear, the norms and the activations ``layers.py``; dropout ``dropout.py``.
 
 The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``arch.py``); what MindFormers
 calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV cache's storage in ``kv_cache.py``; what
@@ -23,11 +25,10 @@ from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
 from .bases import (LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin,
                     mcore_train_outputs)
-from .attention import MASK_VALUE, RotaryEmbedding
-from .block import GPTLocalBlock
+from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig
-from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout
-from .layers import kernel_provider, make_norm, to_mstype, use_gemm
+from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
+from .layers import Activation, Linear, SiLU, kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
 from .mindformers_adapter import MindFormersAdapter
@@ -78,6 +79,157 @@ class GPTLocalEmbedding(nn.Cell):
             return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)
         positions = self.position_gather(self.position_embeddings, position_ids, 0)
         return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
+
+
+# The MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with ``gated_linear_unit`` (SwiGLU,
+# Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear. ``make_mlp`` picks the class, i.e.
+# the forward, once at build from the model's ``KernelProvider``: the plain ops, or a CPU kernel for bias + GeLU
+# (``kernels/norm_gelu.py``) or silu(gate) * up (``kernels/rms_swiglu.py``).
+def make_mlp(config, layer_spec=None, kernels=None):
+    """The MLP of one block: ``ParallelFeedForward`` (plain, not gated), ``GatedFeedForward``, or their kernel forms
+    ``BiasGeLUFeedForward`` (biased fc1, tanh or quick GeLU) and ``SwiGLUFeedForward`` where ``kernels`` gives the
+    kernel (CPU, float32, one rank)."""
+    kernels = kernels or kernel_provider(config)
+    compute_dtype = to_mstype(config.compute_dtype)
+    if config.arch.gated:
+        kernel = kernels.swiglu(compute_dtype)
+        cls = GatedFeedForward if kernel is None else SwiGLUFeedForward
+        return cls(config, layer_spec, kernels, kernel)
+    form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
+    kernel = kernels.bias_gelu(form, compute_dtype) if config.arch.bias and form is not None else None
+    return (ParallelFeedForward if kernel is None else BiasGeLUFeedForward)(config, layer_spec, kernels, kernel)
+
+
+class ParallelFeedForward(nn.Cell):
+    """hidden -> intermediate -> hidden (biases with ``add_bias_linear``); fc1 (and the gate) column-parallel,
+    fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``). This class's forward is the plain,
+    not gated one; ``kernel``: the CPU kernel of the subclass that runs it (``make_mlp``), else None."""
+
+    def __init__(self, config, layer_spec=None, kernels=None, kernel=None):
+        super().__init__()
+        kernels = kernels or kernel_provider(config)
+        arch = config.arch
+        linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
+        params_dtype = to_mstype(config.params_dtype)
+        compute_dtype = to_mstype(config.compute_dtype)
+        local = arch.inter
+        bias = arch.bias
+        self.linear_fc1 = linear("mlp.linear_fc1", Linear)(config.hidden_size, local, config.initializer_range,
+                                                           params_dtype, compute_dtype, has_bias=bias,
+                                                           kernels=kernels)
+        if arch.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
+            self.linear_gate = linear("mlp.linear_gate", Linear)(config.hidden_size, local, config.initializer_range,
+                                                                 params_dtype, compute_dtype, has_bias=bias,
+                                                                 kernels=kernels)
+            self.activation = SiLU()  # the plain path (and the ops the shard strategies name)
+            self.gate_mul = ops.Mul()
+        else:
+            self.activation = Activation(config.hidden_act, kernels)
+        self.linear_fc2 = linear("mlp.linear_fc2", Linear)(local, config.hidden_size, residual_init_std(config),
+                                                           params_dtype, compute_dtype, has_bias=bias,
+                                                           kernels=kernels)
+        self.swiglu = kernel if arch.gated else None  # silu(gate) * up, or None
+        self.bias_gelu = None if arch.gated else kernel  # fc1's bias + GeLU, or None
+        if self.bias_gelu is not None:  # fc1 returns x W^T; the kernel adds the bias (fc1's own Parameter)
+            self.linear_fc1.skip_bias_add = True
+
+    def construct(self, hidden, dropout_step=None):
+        """``dropout_step``: the model's forward counter, for LoRA's input dropout on the Linears (``lora.py``)."""
+        return self.linear_fc2(self.activation(self.linear_fc1(hidden, dropout_step)), dropout_step)
+
+
+class BiasGeLUFeedForward(ParallelFeedForward):
+    """fc1 without its bias, then the CPU kernel adds the bias and applies the GeLU (one pass)."""
+
+    def construct(self, hidden, dropout_step=None):
+        y = self.linear_fc1(hidden, dropout_step)  # with LoRA on fc1: its low-rank update included
+        return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)), dropout_step)
+
+
+class GatedFeedForward(ParallelFeedForward):
+    """SwiGLU: fc2(silu(gate(x)) * fc1(x))."""
+
+    def construct(self, hidden, dropout_step=None):
+        gate = self.activation(self.linear_gate(hidden, dropout_step))
+        return self.linear_fc2(self.gate_mul(gate, self.linear_fc1(hidden, dropout_step)), dropout_step)
+
+
+class SwiGLUFeedForward(ParallelFeedForward):
+    """SwiGLU with silu(gate) * up in the CPU kernel."""
+
+    def construct(self, hidden, dropout_step=None):
+        step = dropout_step
+        return self.linear_fc2(self.swiglu(self.linear_gate(hidden, step), self.linear_fc1(hidden, step)), step)
+
+
+# One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
+# ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm or RMSNorm
+# (``normalization``), chosen when the block is built. Each part's residual update passes its bottleneck adapter
+# (``pet_type: adapter``, ``adapter.py``; built when the layer spec has one, else None) and LayerDrop's 0/1
+# (``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist. Its Linears and adapter sites are built with the
+# Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
+# (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
+# ``Layout``, ``parallel/``), never decided in ``construct``.
+class GPTLocalBlock(nn.Cell):
+    """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
+    Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
+    model's ``KernelProvider`` (None: ``kernel_provider(config)``), handed to every part."""
+
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None,
+                 kernels=None):
+        super().__init__()
+        kernels = kernels or kernel_provider(config)
+        self.layer_number = layer_number
+        self.input_layernorm = make_norm(config, kernels=kernels)
+        layer_spec = layer_spec or {}  # which Cell each replaceable part is built with (layer_spec.py)
+        self.attention = ParallelAttention(config, layer_number, use_flash_attention, counter_dropout=counter_dropout,
+                                           layer_spec=layer_spec, kernels=kernels)
+        self.post_attention_layernorm = make_norm(config, kernels=kernels)
+        self.parallel_residual = config.arch.parallel_residual
+        self.mlp = make_mlp(config, layer_spec=layer_spec, kernels=kernels)
+        self.attention_output_dropout = make_dropout(config.hidden_dropout,
+                                                     dropout_site(layer_number, "attention_output"), config,
+                                                     counter_dropout)
+        self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
+                                               counter_dropout)
+        self.add = ops.Add()
+        # pet_type: adapter's BottleneckAdapters (model/adapter.py) when the layer spec has them; LayerDrop scales
+        # both updates by 0/1
+        self.attention_adapter = layer_spec["attention_adapter"]() if "attention_adapter" in layer_spec else None
+        self.mlp_adapter = layer_spec["mlp_adapter"]() if "mlp_adapter" in layer_spec else None
+        self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
+
+    def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
+                  seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
+        """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
+        ``prefix``: this layer's prefix (keys, values) with prefix tuning (``prefix.py``);
+        ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
+        ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
+        ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``);
+        ``fresh_prefill``: a KV-cache prefill at positions 0..S-1 (see ParallelAttention)."""
+        dtype = hidden.dtype
+        attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
+                              value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
+                              dropout_step=dropout_step, rotary=rotary, prefix=prefix,
+                              fresh_prefill=fresh_prefill)
+        # each residual update: dropout, then its adapter and LayerDrop's 0/1 when they exist (None: not built)
+        attn = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)
+        if self.attention_adapter is not None:
+            attn = self.attention_adapter(attn)
+        if self.layerdrop is not None:
+            attn = self.layerdrop(attn, dropout_step)
+        if self.parallel_residual:
+            mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
+            hidden = self.add(hidden, attn)
+        else:
+            hidden = self.add(hidden, attn)
+            mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
+        mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
+        if self.mlp_adapter is not None:
+            mlp = self.mlp_adapter(mlp)
+        if self.layerdrop is not None:
+            mlp = self.layerdrop(mlp, dropout_step)
+        return self.add(hidden, mlp)
 
 
 def prefix_encoder(config, counter_dropout=False):

@@ -34,7 +34,7 @@ class Linear(nn.Cell):
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
     ``skip_bias_add``: return the bare matmul and leave the bias to the caller: fc1 when the CPU bias + GeLU
-    kernel adds it (feedforward.py), and one rank's part of a row-parallel Linear in the CPU proofs
+    kernel adds it (gpt.py ParallelFeedForward), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
     ``kernels``: the model's ``KernelProvider`` (None: ``kernel_provider()``). Where it gives the GEMM kernel
@@ -91,28 +91,31 @@ class Linear(nn.Cell):
 class LayerNorm(nn.Cell):
     """LayerNorm over the last axis, computed in ``compute_dtype``, returned in the input's dtype.
 
-    On CPU in float32 it runs gpt_local's C++ kernel (``kernels/norm_gelu.py``; MindSpore 2.7.2's CPU
-    LayerNormGrad is the slow part) where ``kernels`` (the model's ``KernelProvider``) gives it, at build time; else
-    ``ops.LayerNorm``, the reference."""
+    ``ops.LayerNorm``, the reference; ``KernelLayerNorm`` runs the CPU kernel instead (``make_norm``)."""
 
-    def __init__(self, hidden_size, eps, params_dtype, compute_dtype, kernels=None):
+    def __init__(self, hidden_size, eps, params_dtype, compute_dtype, kernel=None):
         super().__init__()
         self.weight = Parameter(initializer(One(), (hidden_size,), params_dtype), name="weight")
         self.bias = Parameter(initializer(Zero(), (hidden_size,), params_dtype), name="bias")
         self.layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
-        self.kernel = (kernels or kernel_provider()).layer_norm(eps, compute_dtype)
+        self.kernel = kernel  # KernelLayerNorm's, else None
 
     def construct(self, x):
         dtype = x.dtype
-        if self.kernel is not None:
-            y = self.kernel(self.cast(x, ms.float32), self.cast(self.weight, ms.float32),
-                            self.cast(self.bias, ms.float32))
-            return self.cast(y, dtype)
         y, _, _ = self.layer_norm(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype),
                                   self.cast(self.bias, self.compute_dtype))
         return self.cast(y, dtype)
+
+
+class KernelLayerNorm(LayerNorm):
+    """LayerNorm through gpt_local's C++ kernel (``kernels/norm_gelu.py``; MindSpore 2.7.2's CPU LayerNormGrad is
+    the slow part), in float32."""
+
+    def construct(self, x):
+        y = self.kernel(self.cast(x, ms.float32), self.cast(self.weight, ms.float32), self.cast(self.bias, ms.float32))
+        return self.cast(y, x.dtype)
 
 
 class RMSNorm(nn.Cell):
@@ -120,10 +123,9 @@ class RMSNorm(nn.Cell):
     computed in ``compute_dtype``, returned in the input's dtype; the weight multiplies after the cast back,
     as Hugging Face's LlamaRMSNorm does.
 
-    On CPU with float32 compute and weight it runs gpt_local's one-pass kernel (``kernels/rms_swiglu.py``) where
-    ``kernels`` (the model's ``KernelProvider``) gives it, at build time; else the ops below, the reference."""
+    The ops below are the reference; ``KernelRMSNorm`` runs the CPU kernel instead (``make_norm``)."""
 
-    def __init__(self, hidden_size, eps, params_dtype, compute_dtype, kernels=None):
+    def __init__(self, hidden_size, eps, params_dtype, compute_dtype, kernel=None):
         super().__init__()
         self.weight = Parameter(initializer(One(), (hidden_size,), params_dtype), name="weight")
         self.eps = eps
@@ -134,23 +136,36 @@ class RMSNorm(nn.Cell):
         self.weight_mul = ops.Mul()
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
-        self.kernel = (kernels or kernel_provider()).rms_norm(eps, compute_dtype, params_dtype)
+        self.kernel = kernel  # KernelRMSNorm's, else None
 
     def construct(self, x):
         dtype = x.dtype
-        if self.kernel is not None:
-            return self.cast(self.kernel(self.cast(x, ms.float32), self.weight), dtype)
         x = self.cast(x, self.compute_dtype)
         y = self.normalize(x, self.rsqrt(self.mean(self.square(x), -1) + self.eps))
         return self.weight_mul(self.cast(y, dtype), self.cast(self.weight, dtype))
 
 
+class KernelRMSNorm(RMSNorm):
+    """RMSNorm through gpt_local's one-pass CPU kernel (``kernels/rms_swiglu.py``; float32 compute and weight)."""
+
+    def construct(self, x):
+        return self.cast(self.kernel(self.cast(x, ms.float32), self.weight), x.dtype)
+
+
 def make_norm(config, params_dtype=None, kernels=None):
-    """The block's normalization, chosen at build time: LayerNorm (GPT-2, NeoX) or RMSNorm (Llama); ``kernels``:
-    the model's ``KernelProvider`` (None: ``kernel_provider(config)``)."""
-    cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
-    return cls(config.hidden_size, config.layernorm_epsilon, to_mstype(params_dtype or config.params_dtype),
-               to_mstype(config.layernorm_compute_dtype), kernels or kernel_provider(config))
+    """The block's normalization, chosen at build time: LayerNorm (GPT-2, NeoX) or RMSNorm (Llama), through the CPU
+    kernel where ``kernels`` (the model's ``KernelProvider``; None: ``kernel_provider(config)``) gives it."""
+    kernels = kernels or kernel_provider(config)
+    eps = config.layernorm_epsilon
+    params_dtype = to_mstype(params_dtype or config.params_dtype)
+    compute_dtype = to_mstype(config.layernorm_compute_dtype)
+    if config.normalization == "RMSNorm":
+        kernel = kernels.rms_norm(eps, compute_dtype, params_dtype)
+        cls = RMSNorm if kernel is None else KernelRMSNorm
+    else:
+        kernel = kernels.layer_norm(eps, compute_dtype)
+        cls = LayerNorm if kernel is None else KernelLayerNorm
+    return cls(config.hidden_size, eps, params_dtype, compute_dtype, kernel)
 
 
 def tanh_gelu_by_sigmoid(x, sigmoid):
@@ -219,6 +234,18 @@ class Activation(nn.Cell):
                 return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
             return self.gelu(x)
         return ops.gelu(x, approximate="none")
+
+
+class SiLU(nn.Cell):
+    """x * sigmoid(x), from primitives that can carry shard strategies."""
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return self.mul(x, self.sigmoid(x))
 
 
 def residual_init_std(config):

@@ -23,7 +23,10 @@ from mindspore.ops import Primitive
 from ..errors import ConfigError
 from .layout import config_value, recompute_layers
 
-DEFAULT_SELECT = ("attention.softmax", "attention.attention_dropout", "mlp.activation")
+DEFAULT_SELECT = ("attention.plain.softmax", "attention.plain.attention_dropout", "mlp.activation")
+# the plain attention core's ops by their former paths (before model/attention.py's cores): the same ops
+MOVED = {f"attention.{name}": f"attention.plain.{name}" for name in
+         ("qk_matmul", "scale_mul", "add_mask", "softmax", "attention_dropout", "pv_matmul", "merge_heads")}
 # the norms' output primitive: LayerNorm's layer_norm, or RMSNorm's weight_mul (normalization: RMSNorm)
 DEFAULT_COMM = ("input_layernorm.layer_norm|weight_mul", "post_attention_layernorm.layer_norm|weight_mul")
 CELL_KEYWORDS = ("mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation")
@@ -44,8 +47,11 @@ def _patterns_per_layer(value, defaults, stage_ids, key):
 
 
 def _segments(pattern):
-    """MindFormers' form ``mlp\\.activation`` (regex segments joined by an escaped dot) or a plain ``mlp.activation``."""
-    return pattern.split(r"\.") if r"\." in pattern else pattern.split(".")
+    """MindFormers' form ``mlp\\.activation`` (regex segments joined by an escaped dot) or a plain ``mlp.activation``;
+    a former path of the attention's ops (``MOVED``) names the op at its path today."""
+    segments = pattern.split(r"\.") if r"\." in pattern else pattern.split(".")
+    moved = MOVED.get(".".join(segments))
+    return moved.split(".") if moved else segments
 
 
 def _matches(cell, segments):

@@ -107,19 +107,20 @@ def block_rules(seq_parallel=False, arch=None, pet=None, index=0):
         *column_rules("attention.linear_qkv", arch.qkv_bias),
         OpRule("attention.transpose", ((DP, 1, MP, 1, 1),)),  # [B, S, N, 3, D]: whole heads per rank
         OpRule("attention.split_qkv", ((1, DP, MP, 1, 1),)),  # [3, B, N, S, D] -> q, k, v
-        OpRule("attention.qk_matmul", (heads, heads)),
-        OpRule("attention.scale_mul", (heads, ())),
-        OpRule("attention.add_mask", (heads, (1, 1, 1, 1))),
-        OpRule("attention.softmax", (heads,)),
-        OpRule("attention.attention_dropout.dropout", (heads,)),
-        OpRule("attention.pv_matmul", (heads, heads)),
-        OpRule("attention.flash_attention", (heads, heads, heads, (1, 1)), optional=True),
+        OpRule("attention.plain.qk_matmul", (heads, heads)),
+        OpRule("attention.plain.scale_mul", (heads, ())),
+        OpRule("attention.plain.add_mask", (heads, (1, 1, 1, 1))),
+        OpRule("attention.plain.softmax", (heads,)),
+        OpRule("attention.plain.attention_dropout.dropout", (heads,)),
+        OpRule("attention.plain.pv_matmul", (heads, heads)),
+        # flash attention (Ascend): model/attention.py's FlashCore in place of the plain core (its merge_heads shared)
+        OpRule("attention.core.flash_attention", (heads, heads, heads, (1, 1)), optional=True),
         # packed rows on Ascend: [B, N, S, D] -> [B, S, N, D], then TND flash attention over [B*S, N, D] with
         # the compressed mask and the document ends (MindFormers' mcore FlashAttention TND strategy)
-        OpRule("attention.varlen_merge", (heads,), optional=True),
-        OpRule("attention.flash_attention_varlen", ((DP, MP, 1), (DP, MP, 1), (DP, MP, 1), (1, 1), (DP,), (DP,)),
+        OpRule("attention.core.varlen_merge", (heads,), optional=True),
+        OpRule("attention.core.flash_attention_varlen", ((DP, MP, 1), (DP, MP, 1), (DP, MP, 1), (1, 1), (DP,), (DP,)),
                optional=True),
-        OpRule("attention.merge_heads", (heads,)),
+        OpRule("attention.plain.merge_heads", (heads,)),
         *row_rules("attention.linear_proj", arch.bias),
         *_norm("post_attention_layernorm", act, arch.rmsnorm),
         *column_rules("mlp.linear_fc1", arch.bias),

@@ -19,8 +19,7 @@ import functools
 
 from mindspore import nn, ops
 
-from ..model.feedforward import SiLU
-from ..model.layers import Activation, Linear, kernel_provider, to_mstype
+from ..model.layers import Activation, Linear, SiLU, kernel_provider, to_mstype
 from .adapter import bottleneck_width
 
 

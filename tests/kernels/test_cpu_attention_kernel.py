@@ -13,7 +13,7 @@ from mindspore import Tensor, nn, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import attention as kernel_attention, build
-from mindformers_gptlocal.model.attention import MASK_VALUE
+from mindformers_gptlocal.model.attention import MASK_VALUE, BlockwiseCore, FusedCPUAttention
 from references import causal_bias, keep_reference, trains_like_plain
 from mindformers_gptlocal.model.dropout import CounterDropout
 from conftest import TINY, source_env
@@ -144,8 +144,8 @@ def _model_pair(**changes):
     weights = dict(fused.parameters_and_names())
     for name, param in plain.parameters_and_names():
         param.set_data(Tensor(weights[name].asnumpy()))
-    assert all(layer.attention.cpu_attention is None for layer in plain.model.layers)
-    assert all(layer.attention.cpu_attention is not None for layer in fused.model.layers)
+    assert all(layer.attention.core is layer.attention.plain for layer in plain.model.layers)
+    assert all(isinstance(layer.attention.core, FusedCPUAttention) for layer in fused.model.layers)
     return fused, plain
 
 
@@ -155,7 +155,7 @@ def test_tiny_training_matches_plain_path(library, graph_mode):
     GQA, rope and GPT-2's scale_attn_by_inverse_layer_idx (layer 2's scale differs)."""
     fused, plain = _model_pair(attention_dropout=0.2, hidden_dropout=0.1, scale_attn_by_inverse_layer_idx=True,
                                position_embedding_type="rope", num_query_groups=2)
-    assert fused.model.layers[0].attention.cpu_attention.has_dropout
+    assert fused.model.layers[0].attention.core.kernel.has_dropout
     ids = Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
     ends = Tensor(np.array([[11, 18, 34, SEQ], [20, 29, SEQ, SEQ]], np.int32))
     batches = [(ids[:, :-1], ids[:, 1:], None, None, None, ends)]
@@ -170,15 +170,15 @@ def test_fp16_and_plain_switch_keep_the_plain_path(monkeypatch, capfd):
     monkeypatch.setattr(build, "_WARNED", set())
     config = GPTLocalConfig(**dict(TINY, compute_dtype="float16"))
     model = GPTLocalForCausalLM(config)
-    assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
+    assert all(layer.attention.core is layer.attention.plain for layer in model.model.layers)
     err = capfd.readouterr().err
     assert err.count("CPU attention kernel off") == 1 and "float32" in err, err
     for cpu_kernels in ("plain", {"attention": "plain"}):
         plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels=cpu_kernels)).model.layers[0]
-        assert plain.attention.cpu_attention is None
+        assert plain.attention.core is plain.attention.plain
     assert plain.input_layernorm.kernel is not None  # {attention: plain} leaves the other ops' kernels
     blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, attention_block_size=16))).model.layers[0].attention
-    assert blockwise.cpu_attention is None and blockwise.blockwise is not None
+    assert isinstance(blockwise.core, BlockwiseCore)
     assert "CPU attention kernel off" not in capfd.readouterr().err
 
 
@@ -239,7 +239,7 @@ def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, cap
     path, reason = build.library()
     assert path is None and "no C++ compiler" in reason and "no-such-g++" in reason
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
-    assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
+    assert all(layer.attention.core is layer.attention.plain for layer in model.model.layers)
     warnings = [line for line in capfd.readouterr().err.splitlines() if "CPU attention kernel off" in line]
     assert len(warnings) == 1 and "set CXX" in warnings[0], warnings
     assert not os.path.exists(tmp_path / "cache")

@@ -100,9 +100,9 @@ def test_a_cache_filled_to_its_last_row_has_the_full_forward_logits(library):
     ms.set_seed(3)
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     model.set_train(False)
-    assert isinstance(model.model.layers[0].attention.scatter_update, ops.Custom)
+    assert isinstance(model.model.layers[0].attention.cache.scatter_update, ops.Custom)
     plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"kv_write": "plain"}))
-    assert isinstance(plain.model.layers[0].attention.scatter_update, ops.ScatterNdUpdate)  # the plain write
+    assert isinstance(plain.model.layers[0].attention.cache.scatter_update, ops.ScatterNdUpdate)  # the plain write
     rng = np.random.default_rng(2)
     prompts = [rng.integers(1, 512, n).tolist() for n in (59, 3, 40)]
     cache = model.kv_cache(len(prompts), 64)

@@ -13,6 +13,7 @@ from mindspore import ops
 
 import mindformers_gptlocal
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.model.attention import FusedCPUAttention
 from mindformers_gptlocal.errors import ConfigError
 from mindformers_gptlocal.kernels import provider
 from mindformers_gptlocal.kernels.provider import OPS, KernelProvider, read_cpu_kernels
@@ -68,7 +69,7 @@ def _kernel_cells(model):
     """Names of the model's Cells and attributes that are gpt_local kernels (or choose one)."""
     found = []
     for name, cell in model.cells_and_names():
-        for attr in ("kernel", "cpu_attention", "bias_gelu", "swiglu", "gemm"):
+        for attr in ("kernel", "bias_gelu", "swiglu", "gemm"):
             if getattr(cell, attr, None) is not None:
                 found.append(f"{name}.{attr}")
         if getattr(cell, "composed_tanh_gelu", False) or getattr(cell, "broadcast_bias", False):
@@ -102,7 +103,7 @@ def test_retired_switches_say_their_key_and_choose_nothing(library, monkeypatch,
     assert err.count("GPTLOCAL_PLAIN_KERNELS is no longer read; set model_config.cpu_kernels: plain instead") == 1
     assert err.count("GPTLOCAL_LINEAR_KERNEL is no longer read; set model_config.cpu_kernels: {linear:") == 1
     assert err.count("GPTLOCAL_HEAD_LOSS_KERNEL is no longer read; the path it chose was removed") == 1
-    assert model.model.layers[0].attention.cpu_attention is not None and model.head_gemm is not None
+    assert isinstance(model.model.layers[0].attention.core, FusedCPUAttention) and model.head_gemm is not None
 
 
 def test_model_code_reads_no_environment():

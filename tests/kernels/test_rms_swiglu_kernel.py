@@ -1,6 +1,6 @@
 """The CPU RMSNorm and SwiGLU kernels (mindformers_gptlocal/kernels/rms_swiglu.py) and Linear's GEMM kernel
 (kernels/linear.py): outputs and every gradient against MindSpore's ops (the plain path of model/layers.py RMSNorm
-and Linear, model/feedforward.py SiLU + Mul) and a float64 reference, on odd shapes and the multi-threaded path; a
+and Linear, model/layers.py SiLU + Mul) and a float64 reference, on odd shapes and the multi-threaded path; a
 tiny Llama-style model's logits, losses and gradients with the kernels equal the plain path's; the switches keep
 the plain path."""
 import numpy as np
@@ -10,7 +10,7 @@ from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import linear, rms_swiglu
-from mindformers_gptlocal.model.feedforward import SiLU
+from mindformers_gptlocal.model.layers import SiLU
 from conftest import TINY
 from references import trains_like_plain
 

@@ -22,9 +22,9 @@ def _pair(block_size=16, **changes):
     blockwise = GPTLocalForCausalLM(GPTLocalConfig(**dict(values, attention_block_size=block_size)))
     copy_weights(plain, blockwise)
     for layer in plain.model.layers:  # the plain matmul + softmax path, not the CPU kernel (its own tests)
-        layer.attention.cpu_attention = None
-    assert blockwise.model.layers[0].attention.blockwise is not None
-    assert plain.model.layers[0].attention.blockwise is None
+        layer.attention.core = layer.attention.plain
+    assert type(blockwise.model.layers[0].attention.core).__name__ == "BlockwiseCore"
+    assert plain.model.layers[0].attention.core is plain.model.layers[0].attention.plain
     return plain, blockwise
 
 

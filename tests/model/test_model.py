@@ -64,7 +64,8 @@ def test_causality(tiny_config, plain):
     if plain:
         tiny_config.cpu_kernels = "plain"
     model = GPTLocalForCausalLM(tiny_config)
-    assert model.model.layers[0].attention.cpu_attention is None or not plain
+    attention = model.model.layers[0].attention
+    assert attention.core is attention.plain or not plain
     model.set_train(False)
     a = ids(1, 16).asnumpy()
     b = a.copy()

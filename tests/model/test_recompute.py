@@ -18,9 +18,9 @@ def test_select_recompute_list_and_comm_recompute():
                    select_comm_recompute=True, mp_comm_recompute=False)
     assert [b.recompute_mode for b in layers] == ["full", "selective", "selective", "selective"]
     assert layers[0]._has_config_recompute and not layers[1]._has_config_recompute
-    assert layers[1].attention.softmax.attrs.get("recompute") is True
+    assert layers[1].attention.plain.softmax.attrs.get("recompute") is True
     assert layers[1].mlp.activation._has_config_recompute
-    assert layers[1].attention.attention_dropout._has_config_recompute is False  # not listed
+    assert layers[1].attention.plain.attention_dropout._has_config_recompute is False  # not listed
     for block in layers[1:]:  # comm recompute marks the LayerNorm primitives of the layers not fully recomputed
         assert block.input_layernorm.layer_norm.attrs.get("recompute_comm_op") is True
         assert block.post_attention_layernorm.layer_norm.attrs.get("recompute_comm_op") is True
@@ -31,7 +31,7 @@ def test_select_recompute_list_and_comm_recompute():
 def test_select_recompute_true_and_per_stage_dict():
     layers = build(select_recompute=True)
     assert [b.recompute_mode for b in layers] == ["selective"] * 4
-    assert layers[0].attention.attention_dropout._has_config_recompute
+    assert layers[0].attention.plain.attention_dropout._has_config_recompute
     layers = build(select_recompute={"attention.softmax": [1, 0]})  # first layer of stage 0 only
     assert [b.recompute_mode for b in layers] == ["selective", "none", "none", "none"]
 

@@ -25,13 +25,13 @@ GOLDEN_DP2_MP4 = {
     "attention.split_qkv": ((1, 2, 4, 1, 1),),                     # unstack q/k/v: axis 0 must stay whole
     # scores, softmax and context are per head: batch over dp, heads over mp; S and D whole (a row's
     # softmax needs all its keys)
-    "attention.qk_matmul": ((2, 4, 1, 1), (2, 4, 1, 1)),
-    "attention.scale_mul": ((2, 4, 1, 1), ()),
-    "attention.add_mask": ((2, 4, 1, 1), (1, 1, 1, 1)),           # the [1, 1, S, S] mask is broadcast whole
-    "attention.softmax": ((2, 4, 1, 1),),
-    "attention.attention_dropout.dropout": ((2, 4, 1, 1),),
-    "attention.pv_matmul": ((2, 4, 1, 1), (2, 4, 1, 1)),
-    "attention.merge_heads": ((2, 4, 1, 1),),                      # [B, N, S, D] -> [B, S, N, D]
+    "attention.plain.qk_matmul": ((2, 4, 1, 1), (2, 4, 1, 1)),
+    "attention.plain.scale_mul": ((2, 4, 1, 1), ()),
+    "attention.plain.add_mask": ((2, 4, 1, 1), (1, 1, 1, 1)),           # the [1, 1, S, S] mask is broadcast whole
+    "attention.plain.softmax": ((2, 4, 1, 1),),
+    "attention.plain.attention_dropout.dropout": ((2, 4, 1, 1),),
+    "attention.plain.pv_matmul": ((2, 4, 1, 1), (2, 4, 1, 1)),
+    "attention.plain.merge_heads": ((2, 4, 1, 1),),                      # [B, N, S, D] -> [B, S, N, D]
     # row parallel: each rank holds its heads' columns of W; the partial sums are all-reduced, then the
     # bias is added once, after the reduction
     "attention.linear_proj.matmul": ((2, 4), (1, 4)),
@@ -159,7 +159,7 @@ def test_prefix_strategies_equal_the_golden_table(pet, encoder):
         prefix = f"model.layers.{index}."
         assert {op[len(prefix):]: st for op, st in applied.items()
                 if op.startswith(prefix) and "prefix_concat" in op} == PREFIX_LAYER_GOLDEN, index
-        assert applied[prefix + "attention.qk_matmul"] == GOLDEN_DP2_MP4["attention.qk_matmul"]
+        assert applied[prefix + "attention.plain.qk_matmul"] == GOLDEN_DP2_MP4["attention.plain.qk_matmul"]
     from mindformers_gptlocal.model.params import parameter_table
     for name, spec in parameter_table(config).items():  # the table ckpt split/merge reads: replicated too
         if ".prefix_encoder." in name:

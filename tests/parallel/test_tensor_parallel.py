@@ -203,7 +203,7 @@ def test_strategies_are_set_from_the_rules_only_for_a_parallel_build():
     assert layer.attention.linear_qkv.bias_add.attrs["in_strategy"] == ((2, 4), (4,))
     assert layer.mlp.linear_fc2.matmul.attrs["in_strategy"] == ((2, 4), (1, 4))
     assert layer.mlp.linear_fc2.bias_add.attrs["in_strategy"] == ((2, 1), (1,))
-    assert layer.attention.softmax.attrs["in_strategy"] == ((2, 4, 1, 1),)
+    assert layer.attention.plain.softmax.attrs["in_strategy"] == ((2, 4, 1, 1),)
     assert layer.input_layernorm.layer_norm.attrs["in_strategy"] == ((2, 4, 1), (1,), (1,))  # sequence split
     assert model.model.embedding.gather.attrs["in_strategy"] == ((4, 1), (2, 1))
     assert model.head_matmul.attrs["in_strategy"] == ((2, 1), (4, 1))
