@@ -172,11 +172,14 @@ def source_bytes():
 
 
 def cache_key(cxx_version, sources=None):
-    """Hash of what the library depends on: sources, MindSpore and oneDNN versions, compiler, flags, architecture."""
+    """Hash of what the library depends on: sources, MindSpore and oneDNN versions, the oneDNN folders (the run path
+    baked into the library: two environments with the same versions must not share a library that points into the
+    other), compiler, flags, architecture."""
     source_bytes_ = source_bytes() if sources is None else sources
+    folders = "|".join(os.path.realpath(folder) if folder else "none" for folder in onednn()[:2])
     digest = hashlib.sha256()
-    for part in (source_bytes_, mindspore_version().encode(), onednn_version().encode(), cxx_version.encode(),
-                 " ".join(_flags()).encode(), platform.machine().encode()):
+    for part in (source_bytes_, mindspore_version().encode(), onednn_version().encode(), folders.encode(),
+                 cxx_version.encode(), " ".join(_flags()).encode(), platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:20]

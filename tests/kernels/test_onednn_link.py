@@ -44,6 +44,17 @@ def test_the_cache_key_covers_the_onednn_version(monkeypatch):
     assert build.cache_key("g++ 12.2.0", source) != key
 
 
+def test_the_cache_key_covers_the_onednn_folders(monkeypatch, tmp_path):
+    """The library bakes in a run path to the package's lib folder: another environment with the same versions (a
+    second venv) gets its own library, not one that points into the first (which may be gone)."""
+    source = build.source_bytes()
+    key = build.cache_key("g++ 12.2.0", source)
+    lib, include, version = build.onednn()
+    monkeypatch.setattr(build, "onednn", lambda: (str(tmp_path / "other-venv" / "lib"), include, version))
+    assert build.onednn_version() == version  # same versions, another folder
+    assert build.cache_key("g++ 12.2.0", source) != key
+
+
 BIND = """
 import ctypes, json, os, sys
 from mindformers_gptlocal.kernels import build
