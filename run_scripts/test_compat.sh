@@ -11,7 +11,7 @@ python -m pytest -q \
   tests/test_mindformers_compat.py \
   tests/e2e/test_launcher_runs.py \
   "tests/e2e/test_resume.py::test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout" \
-  "tests/model/test_lora.py::test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly" \
+  "tests/peft/test_lora.py::test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly" \
   "tests/generation/test_generation.py::test_cache_gives_the_same_greedy_tokens_as_recomputation" \
   "tests/generation/test_generation.py::test_greedy_matches_transformers_generate" \
   tests/kernels \
