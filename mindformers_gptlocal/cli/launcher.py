@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 
 from ..errors import ConfigError, GPTLocalError
@@ -291,13 +292,24 @@ def eval_table(result):
     return "\n".join(lines)
 
 
+def _drop_import_log(existed):
+    """A refused run leaves nothing: MindFormers 1.9's ``import mindformers`` already logs (its PyNative models'
+    import warnings), which opens ``./output/log`` before ``HeldLog`` can hold anything; that folder goes again when
+    this run made it and it holds only MindFormers' log."""
+    folder = os.path.abspath("output")
+    if not existed and os.path.isdir(folder) and os.listdir(folder) == ["log"]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv=None):
+    output_existed = os.path.exists("output")
     held = HeldLog()
     try:
         config = load_config(argv)
         result = run(config, held, verbose=run_parser().parse_known_args(argv)[0].verbose)
     except GPTLocalError as err:
         held.drop()
+        _drop_import_log(output_existed)
         print(f"gpt_local: error: {err}", file=sys.stderr)
         return 2
     finally:
