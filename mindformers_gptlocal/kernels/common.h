@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <omp.h>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.h"  // dnnl_sgemm: the onednn-devel-cpu-gomp package's headers (build.py)
@@ -48,6 +49,21 @@ inline float exp_neg(float x) {
   return x < -87.3f ? 0.0f : value;
 }
 
+// Holds the calling thread's OpenMP team size at one while our workers call dnnl_sgemm, and restores it after.
+// Where oneDNN binds to the onednn-cpu-gomp package (MindSpore 2.7.2, whose own copy has another soname) each
+// dnnl_sgemm would open a team of omp_get_max_threads() threads inside each of our threads, oversubscribing the
+// cores (the attention kernel ran ~2x slower); MindSpore 2.9's copy (threadpool runtime) is sequential here anyway.
+class SequentialGemm {
+ public:
+  SequentialGemm() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SequentialGemm() { omp_set_num_threads(saved_); }
+  SequentialGemm(const SequentialGemm &) = delete;
+  SequentialGemm &operator=(const SequentialGemm &) = delete;
+
+ private:
+  int saved_;
+};
+
 // Runs worker(next, t) on `threads` threads (t = 0 is this one); each worker takes tasks from the shared counter
 // (dynamic scheduling) or uses its index t (static). Plain std::threads that end with the call, not an OpenMP
 // team: libgomp's idle threads spin after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads
@@ -57,7 +73,11 @@ void run_parallel(int threads, int64_t tasks, Worker worker) {
   std::atomic<int64_t> next(0);
   const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
   std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next, t] { worker(next, t); });
+  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next, t] {
+    SequentialGemm one;
+    worker(next, t);
+  });
+  SequentialGemm one;
   worker(next, 0);
   for (auto &thread : pool) thread.join();
 }
@@ -76,8 +96,12 @@ int run_chunks(int threads, int64_t rows, Work work) {
   const int64_t step = (rows + count - 1) / count;
   std::vector<std::thread> pool;
   for (int t = 1; t < count; ++t) {
-    pool.emplace_back([&work, t, step, rows] { work(t, t * step, std::min<int64_t>(rows, (t + 1) * step)); });
+    pool.emplace_back([&work, t, step, rows] {
+      SequentialGemm one;
+      work(t, t * step, std::min<int64_t>(rows, (t + 1) * step));
+    });
   }
+  SequentialGemm one;
   work(0, 0, std::min<int64_t>(rows, step));
   for (auto &thread : pool) thread.join();
   return count;

@@ -13,11 +13,12 @@
 // [B, N, S, S] probabilities is dropped or kept by T1[(idx + a) % P1] vs T2[(idx + b) % P2], idx its flat
 // index, a and b the step/site offsets computed in the graph.
 //
-// GEMMs go through oneDNN's dnnl_sgemm (the MindSpore wheel's libdnnl.so.2, built with the threadpool runtime:
-// sequential when called like this, so it runs inside our threads: run_parallel, over (batch, head, query
-// block) forward and (batch, key/value head) backward). The elementwise loops (scale, max, exp, sums,
-// dropout) are written for the auto-vectoriser and compiled for a baseline x86-64 plus AVX2 and AVX-512
-// clones chosen at load time (target_clones), so one cached library is right on any x86-64 CPU.
+// GEMMs go through oneDNN's dnnl_sgemm (build.py: the onednn-cpu-gomp package's libdnnl.so.3, or MindSpore 2.9's
+// already-loaded copy of that soname), one sequential call per worker (common.h SequentialGemm) inside our threads:
+// run_parallel, over (batch, head, query block) forward and (batch, key/value head) backward. The elementwise
+// loops (scale, max, exp, sums, dropout) are written for the auto-vectoriser and compiled for a baseline x86-64
+// plus AVX2 and AVX-512 clones chosen at load time (target_clones), so one cached library is right on any x86-64
+// CPU.
 //
 // Inputs (forward): q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout
 // tables, or [1] each with no dropout) offsets int32 [2] (a, b) args: AttentionArgs (common.h: scale, dropout

@@ -30,8 +30,12 @@ void lin_blocks(int threads, int64_t columns, Work work) {
   std::vector<std::thread> pool;
   for (int t = 1; t < count; ++t) {
     const int64_t begin = std::min<int64_t>(columns, t * step), end = std::min<int64_t>(columns, (t + 1) * step);
-    if (begin < end) pool.emplace_back([&work, begin, end] { work(begin, end); });
+    if (begin < end) pool.emplace_back([&work, begin, end] {
+      SequentialGemm one;
+      work(begin, end);
+    });
   }
+  SequentialGemm one;
   work(0, std::min<int64_t>(columns, step));
   for (auto &thread : pool) thread.join();
 }
