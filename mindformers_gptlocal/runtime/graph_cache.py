@@ -249,7 +249,10 @@ def dependency_hash():
     """The ``compile_dependency.hash`` MindSpore 2.7.2 writes and checks: sha256 over the concatenated sha256 hex
     digests of the entry script and its imports outside site-packages, in path order (measured equal to the file
     it writes); None where it cannot be made (no entry script on disk: ``python -c``)."""
-    from mindspore.common import api
+    try:
+        from mindspore.graph import api  # MindSpore 2.9 (its mindspore.common.api is a deprecated alias that warns)
+    except ImportError:
+        from mindspore.common import api
     entry = getattr(api, "entry_script_path", None)
     if entry is None or not os.path.isfile(entry) or not hasattr(api, "_get_compile_cache_dep_files"):
         return None
