@@ -32,8 +32,7 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SIDES = ("ours",) + tuple(C.TORCH_VARIANTS)
 # ours_plain: model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU)
 PLAIN_NORM_GELU = {"layer_norm": "plain", "bias_gelu": "plain"}
-LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, LayerNorm/GeLU plain",
-          "ours_general": "gpt_local, general train step", "eager": "HF GPT-2, eager",
+LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, LayerNorm/GeLU plain", "eager": "HF GPT-2, eager",
           "sdpa+fused": "HF GPT-2, sdpa + fused AdamW", "compile": "HF GPT-2, torch.compile"}
 
 
@@ -42,17 +41,11 @@ def side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra=None):
     cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels)."""
     if side == "ours_plain":
         model_extra = dict(model_extra or {}, cpu_kernels=dict(PLAIN_NORM_GELU))
-    path = C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
-    if side == "ours_general":  # GPTLocalTrainOneStepCell's general path (MindFormers' step order) instead of the lean one
-        from mindformers_gptlocal import yaml_io
-        config = yaml_io.load_yaml(path)
-        config["runner_wrapper"]["lean_step"] = False
-        yaml_io.dump_yaml(config, path)
-    return path
+    return C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
 
 
 def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra=None):
-    if side in ("ours", "ours_plain", "ours_general"):
+    if side in ("ours", "ours_plain"):
         yaml_path = side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra)
         report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
@@ -88,9 +81,6 @@ def main():
     parser.add_argument("--ours-plain", action="store_true",
                         help="also run ours with model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} "
                              "(MindSpore's LayerNorm and Add + GeLU instead of the kernels)")
-    parser.add_argument("--ours-general", action="store_true",
-                        help="also run ours with runner_wrapper.lean_step: False (the train step in MindFormers' "
-                             "MFTrainOneStepCell order: unscale, separate overflow and clip passes, a clipped copy)")
     parser.add_argument("--json", help="also write every run's numbers here")
     parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
@@ -109,8 +99,7 @@ def main():
     unknown = [v for v in variants if v not in C.TORCH_VARIANTS]
     if unknown:
         raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(C.TORCH_VARIANTS)}")
-    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *(("ours_general",) if args.ours_general else ()),
-             *variants)
+    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *variants)
     shapes = {name: C.shape_with(name, args.batch_size, args.seq_length) for name in args.shapes.split(",")}
     seq = next(iter(shapes.values()))["seq"]
     workdir = C.scratch_dir("gptlocal-bench-")
@@ -151,7 +140,7 @@ def main():
             rate = C.median([r["tokens_per_s"] for r in runs])
             print(f"| {name} ({C.params_count(s) / 1e6:.0f}M) | {s['batch']} x {s['seq']} | {LABELS[side]} | "
                   f"{C.spread([r['tokens_per_s'] for r in runs])} | {ours / rate:.2f}x | "
-                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'ours_plain', 'ours_general', 'compile') else '-'} | "
+                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'ours_plain', 'compile') else '-'} | "
                   f"{C.spread([r['peak_rss_mb'] for r in runs])} | "
                   f"{100 * C.median([r['mfu'] for r in runs]):.0f}% |")
     if any(r["mfu"] > 1.0 for _, _, results in rows.values() for runs in results.values() for r in runs):

@@ -7,14 +7,13 @@ module, attribute, parameter names and the ``self.x = `` assignments it relies o
 at registration and checks every target on the installed MindFormers: a moved, renamed or re-signed
 target gives one ``GPTLocalCompatWarning`` naming the patch (registration never breaks
 ``import mindformers``), the patch is not applied, and the pre-flight of a gpt_local run stops with a
-``CompatError`` naming it (``require()``) unless the patch can fall back (``required=False``: the lean
-step falls back to MindFormers' general step, a hand-listed barrier user that moved is covered by the
-scan of loaded modules). ``GPTLOCAL_COMPAT=warn`` turns that error into the warning only.
+``CompatError`` naming it (``require()``) unless the patch can fall back (``required=False``: a hand-listed barrier user that moved is covered
+by the scan of loaded modules). ``GPTLOCAL_COMPAT=warn`` turns that error into the warning only.
 
 Patches applied here (``apply()``, called by ``registration.register``): the ``build_context`` wrap,
 the instruction handler's name, the CPU barrier, the finished-run refusal, the gpt_local wrapper kept
 under pipeline / gradient accumulation. The others live where they are used and ask this module:
-``training/wrapper.py`` (overflow check, lean step: ``lean_step_allowed``), ``checkpoint/monitor.py``
+``training/wrapper.py`` (overflow check), ``checkpoint/monitor.py``
 (``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``preflight/checks.py``
 (callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch, BLEU without
 nltk's package).
@@ -72,38 +71,10 @@ def _mindformers_version():
 BARRIER_USERS = ("mindformers.trainer.utils", "mindformers.version_control", "mindformers.core.callback.callback",
                  "mindformers.utils.load_checkpoint_utils")
 
-# ``self.<name>`` read by MFTrainOneStepCell.construct in MindFormers 1.8.0: the flags the lean step
-# (GPTLocalTrainOneStepCell._lean_step_applies) was reviewed against. A name not in this set is a feature the
-# lean step would bypass: the check fails and the lean step stays off until someone reviews it.
-LEAN_STEP_REVIEWED_READS = frozenset((
-    "clip_grad_norm", "concat", "default_lr", "default_lr_parameter", "device_local_norm_filename", "dump",
-    "dump_device_local_norm", "exit_param", "finish_step_filename", "get_overflow_status",
-    "global_norm_spike_threshold", "graceful_exit", "grad_reducer", "grads_for_legacy", "grads_for_mcore",
-    "grouped_lr", "grouped_lr_parameter", "hyper_map", "if_dump", "init_param", "learning_rate", "local_norm",
-    "localnorm", "optimizer", "process_loss_scale", "scale_sense", "squared_device_local_norm",
-    "start_overflow_check", "use_clip_grad", "use_graceful_exit", "use_grouped_lr", "use_legacy",
-    "use_skip_data_by_global_norm"))
-MF_STEP_INIT = ("self", "network", "optimizer", "use_clip_grad", "max_grad_norm", "scale_sense", "local_norm",
-                "calculate_per_token_loss", "global_norm_spike_threshold", "use_skip_data_by_global_norm",
-                "print_separate_loss", "kwargs")
 WRAPPER = "mindformers.wrapper.wrapper"
 CALLBACK = "mindformers.core.callback.callback"
 MS_CHECKPOINT = "mindspore.train.callback._checkpoint"
 BASE_TRAINER = "mindformers.trainer.base_trainer"
-
-
-def _lean_step_reads(import_module):
-    """MFTrainOneStepCell.construct must read no flag the lean step was not reviewed against."""
-    try:
-        cls = import_module(WRAPPER).MFTrainOneStepCell
-        source = inspect.getsource(cls.construct)
-    except (ImportError, AttributeError, OSError, TypeError) as err:
-        return [f"cannot read MFTrainOneStepCell.construct ({err.__class__.__name__}: {err})"]
-    new = sorted(set(re.findall(r"self\.([A-Za-z_]\w*)", source)) - LEAN_STEP_REVIEWED_READS)
-    if new:
-        return [f"MFTrainOneStepCell.construct reads {', '.join('self.' + n for n in new)}, which the lean step's "
-                f"allow-list (GPTLocalTrainOneStepCell._lean_step_applies) was not reviewed against"]
-    return []
 
 
 def _mcore_outputs_match(import_module):
@@ -192,19 +163,6 @@ PATCHES = (
            Target(WRAPPER, "MFTrainOneStepCell._get_distributed_overflow_status_on_infnan_mode",
                   ("self", "grad_overflow_check_func", "compute_output")),
            Target(WRAPPER, "MFTrainOneStepCell.__init__", assigns=("use_clip_grad", "clip_grad_norm")))),
-    Patch("lean train step", "training/wrapper.py GPTLocalTrainOneStepCell.construct",
-          "The lean step replaces MFTrainOneStepCell.construct for a static loss scale of 1.0 with clipping and none "
-          "of the extras; its allow-list must know every flag construct reads, or a new feature would be bypassed.",
-          (Target(WRAPPER, "MFTrainOneStepCell.__init__", MF_STEP_INIT,
-                  assigns=("local_norm", "calculate_per_token_loss", "if_dump", "dump_device_local_norm",
-                           "use_skip_data_by_global_norm", "use_legacy", "print_separate_loss", "use_grouped_lr",
-                           "learning_rate")),
-           Target(WRAPPER, "MFTrainOneStepCell.grads_for_mcore", ("self", "scaling_sens", "inputs")),
-           Target("mindspore.nn", "TrainOneStepCell.__init__", assigns=("use_graceful_exit", "grad_reducer")),
-           Target("mindspore.nn", "TrainOneStepWithLossScaleCell.__init__",
-                  assigns=("loss_scaling_manager", "scale_sense", "is_distributed", "allreduce", "base",
-                           "less_equal"))),
-          False, _lean_step_reads),
     Patch("mcore training outputs", "model/bases.py mcore_train_outputs, GPTLocalForCausalLM.construct",
           "MindFormers' mcore train steps unpack a fixed tuple of losses from the model (1.8: lm, mtp, aux; 1.9 adds "
           "the sparse-attention indexer loss); gpt_local returns its loss and as many zeros as the installed step "
@@ -379,11 +337,6 @@ def require():
     if failed and os.environ.get(MODE_ENV) != "warn":
         raise CompatError(" | ".join(message(n, p) for n, p in failed.items()) +
                           f" (set {MODE_ENV}=warn to run anyway)")
-
-
-def lean_step_allowed():
-    """The lean train step may replace MFTrainOneStepCell.construct only on the MindFormers it was reviewed for."""
-    return ok("lean train step")
 
 
 def defer_checkpoint_rotation(manager, deferred):

@@ -91,25 +91,6 @@ def test_an_attribute_no_longer_assigned_is_noticed():
                         "self.no_such_attribute"]
 
 
-def test_a_new_flag_in_the_mindformers_step_turns_the_lean_step_off_by_name():
-    """MFTrainOneStepCell.construct reading a flag the lean step's allow-list was not reviewed against fails the
-    'lean train step' check, which is not required (the general step runs) but warned about."""
-    from mindformers.wrapper import wrapper as real
-
-    class Newer(real.MFTrainOneStepCell):
-        def construct(self, *inputs):
-            if self.use_new_feature:
-                return self.grads_for_mcore(self.scale_sense, *inputs)
-            return self.optimizer(inputs)
-    stand_in = types.ModuleType(real.__name__)
-    stand_in.__dict__.update(vars(real))
-    stand_in.MFTrainOneStepCell = Newer
-    problems = compat.check_patch(compat.BY_NAME["lean train step"],
-                                  lambda name: stand_in if name == real.__name__ else importlib.import_module(name))
-    assert len(problems) == 1 and "self.use_new_feature" in problems[0] and "scale_sense" not in problems[0]
-    assert compat.BY_NAME["lean train step"].required is False
-
-
 def test_the_model_returns_as_many_losses_as_the_installed_mcore_step_unpacks(monkeypatch):
     """MindFormers 1.9's grads_for_mcore unpacks (lm_loss, mtp_loss, aux_loss, indexer_loss), 1.8's the first three:
     the model's training tuple follows the installed one, and a count that differs fails 'mcore training outputs'
@@ -226,28 +207,11 @@ def test_verify_warns_once_per_moved_patch_and_the_preflight_stops(moved_patch, 
 
 
 def test_a_fallback_patch_does_not_stop_the_preflight(moved_patch):
-    moved_patch("lean train step")
+    assert compat.BY_NAME["barrier users"].required is False
+    moved_patch("barrier users")
     with pytest.warns(GPTLocalCompatWarning, match="falls back"):
         compat.require()
-    assert not compat.lean_step_allowed()
-
-
-def test_lean_step_is_off_when_its_check_failed(moved_patch, tiny_config):
-    """The wrapper asks the check: on a MindFormers whose step it was not reviewed against, the general step."""
-    from mindformers.core.context.build_context import MFContextOperator
-    from mindformers.tools.register import MindFormerConfig
-    from mindspore import nn
-    from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    try:
-        net = GPTLocalForCausalLM(tiny_config)
-        optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
-        assert GPTLocalTrainOneStepCell(net, optimizer, use_clip_grad=True).lean_step
-        moved_patch("lean train step")
-        with pytest.warns(GPTLocalCompatWarning, match="'lean train step'"):
-            assert not GPTLocalTrainOneStepCell(net, optimizer, use_clip_grad=True).lean_step
-    finally:
-        MFContextOperator.reset_instance()
+    assert not compat.ok("barrier users")
 
 
 def test_checkpoint_rotation_needs_the_private_method():

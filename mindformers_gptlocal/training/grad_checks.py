@@ -50,15 +50,6 @@ def _square_sum(grad):
     return ops.expand_dims(sum_all(F.square(fp32(grad))), 0)
 
 
-def clip_coefficient(clip_norm, global_norm):
-    """The factor MindFormers' ClipGradNorm + ``apply_global_norm`` multiply every gradient by, computed
-    once: ``min(clip_norm / (max(norm, clip_norm) + 1e-6), 1)`` (just below 1 when nothing is clipped)."""
-    global_norm_clip = F.select(F.greater_equal(global_norm, clip_norm), global_norm, clip_norm)
-    coefficient = clip_norm / (global_norm_clip + 1e-6)
-    return ops.clip_by_value(coefficient, clip_value_max=Tensor(1.0, mstype.float32),
-                             clip_value_min=Tensor(float("-inf"), mstype.float32))
-
-
 class GPTLocalClipGradNorm(ClipGradNorm):
     """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums."""
 

@@ -14,10 +14,8 @@ MindFormers' AdamW exactly (up to rounding), with b1 = 1 - beta1^t and b2 = 1 - 
 Same constructor arguments and state names (``adam_m.*``, ``adam_v.*``) as MindFormers' AdamW, so a
 YAML switches with ``optimizer.type`` alone and checkpoints carry over.
 
-The clip factor (``construct(gradients, coefficient)``, from ``GPTLocalTrainOneStepCell``'s lean step) costs
-one more pass per parameter: ``grad * coefficient`` into a temporary, read again by the kernel, one parameter at
-a time. (Folding it into MindSpore's CPU ``FusedCastAdamWeightDecay`` measured slower on an idle CPU; that
-option, ``fused_clip``, is gone: a YAML that still sets it gets one line and this path.)
+(Folding the clip factor into the fused step, ``fused_clip``, measured slower on an idle CPU and is gone: a YAML that
+still sets it gets one line.)
 """
 import sys
 
@@ -47,20 +45,6 @@ def _step(kernel, beta1, beta2, eps, correction1, root_correction2, lr, weight_d
     return True
 
 
-@_fused_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
-                      "Tensor", "Tensor", "Tensor", "Tensor", "Bool")
-def _step_scaled(kernel, beta1, beta2, eps, correction1, root_correction2, coefficient, lr, weight_decay, param,
-                 exp_avg, exp_avg_sq, grad, optim_filter):
-    """As ``_step`` on ``grad`` x ``coefficient`` (the clip factor), computed here so that only one
-    parameter's scaled gradient exists at a time (MindFormers' clip would copy every gradient first)."""
-    if optim_filter:
-        scaled = ops.cast(ops.cast(grad, mstype.float32) * coefficient, grad.dtype)
-        kernel(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,
-               eps * root_correction2, weight_decay * correction1 / root_correction2,
-               ops.cast(scaled, param.dtype))
-    return True
-
-
 @MindFormerRegister.register(MindFormerModuleType.OPTIMIZER)
 class GPTLocalAdamW(Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) as in MindFormers, fused per parameter.
@@ -71,7 +55,6 @@ class GPTLocalAdamW(Optimizer):
     """
 
     _support_parallel_optimizer = True
-    takes_grad_coefficient = True  # construct(gradients, coefficient): GPTLocalTrainOneStepCell's lean step
 
     def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused_clip=None):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
@@ -87,8 +70,8 @@ class GPTLocalAdamW(Optimizer):
         self.exp_avg_sq = self._moments("adam_v")
         self.kernel = ops.AdamWeightDecay()
         if fused_clip is not None:
-            sys.stderr.write("gpt_local: optimizer.fused_clip is no longer read (the clip factor always scales each "
-                             "gradient right before its fused step); remove it from the YAML.\n")
+            sys.stderr.write("gpt_local: optimizer.fused_clip is no longer read (the train step clips the gradients "
+                             "before the fused step); remove it from the YAML.\n")
 
     def _moments(self, prefix):
         """fp32 zeros shaped like each parameter, sharing its parallel layout (for optimizer sharding)."""
@@ -100,8 +83,8 @@ class GPTLocalAdamW(Optimizer):
             states.append(state)
         return ParameterTuple(states)
 
-    def construct(self, gradients, grad_coefficient=None):
-        """One step; ``grad_coefficient`` (a [1] tensor, e.g. the clip factor) scales every gradient first."""
+    def construct(self, gradients):
+        """One step over ``gradients`` (already clipped by the train step)."""
         weight_decay = self.get_weight_decay()
         lr = self.get_lr()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
@@ -109,8 +92,6 @@ class GPTLocalAdamW(Optimizer):
         correction1 = 1.0 - ops.pow(self.beta1, step)
         root_correction2 = ops.sqrt(1.0 - ops.pow(self.beta2, step))
         head = (self.kernel, self.beta1, self.beta2, self.eps, correction1, root_correction2)
-        if grad_coefficient is not None:
-            head = head + (grad_coefficient,)
         states = (self._parameters, self.exp_avg, self.exp_avg_sq, gradients, self.optim_filter)
         if self.is_group and self.is_group_lr:
             result = self.hyper_map(ops.partial(_fused_step, *head), lr, weight_decay, *states)

@@ -1,6 +1,5 @@
-"""GPTLocalAdamW's step with the clip factor (grad x clip factor, then its fused AdamWeightDecay step, one parameter
-at a time) against MindFormers' AdamW on the clipped gradients; ``fused_clip`` (removed) is accepted with one line
-and changes nothing."""
+"""GPTLocalAdamW's fused AdamWeightDecay step against MindFormers' AdamW on the same clipped gradients (the train
+step clips them first); ``fused_clip`` (removed) is accepted with one line and changes nothing."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -13,7 +12,7 @@ from mindformers_gptlocal.training.optim import GPTLocalAdamW
 SHAPES = {"w1": (33, 17), "b1": (33,), "w2": (7, 5, 3), "g": (1,)}
 DECAYED = ("w1", "w2")
 STEPS = 8
-# clip factors per step: clipping active (< 1) and inactive (just below 1, as clip_coefficient gives)
+# clip factors per step: clipping active (< 1) and inactive (just below 1, as MindFormers' ClipGradNorm gives)
 COEFFICIENTS = [0.25, 1 / (1 + 1e-6), 0.031, 1 / (1 + 1e-6), 0.9, 0.5, 1 / (1 + 1e-6), 0.0625]
 
 
@@ -32,9 +31,9 @@ def _gradients(params):
 
 
 def _run(kind):
-    """Parameters and second moments after STEPS steps; ``kind``: two-pass (GPTLocalAdamW given the clip factor),
-    fused-clip-set (the same, built with the removed ``fused_clip: True``) or MindFormers' AdamW given the gradients
-    already multiplied by the clip factor (in numpy, fp32)."""
+    """Parameters and second moments after STEPS steps on the gradients multiplied by the clip factor (in numpy,
+    fp32); ``kind``: fused (GPTLocalAdamW), fused-clip-set (the same, built with the removed ``fused_clip: True``)
+    or MindFormers' AdamW."""
     ms.set_context(mode=0, device_target="CPU")
     net = Params()
     groups = [{"params": [getattr(net, n) for n in DECAYED], "weight_decay": 0.1},
@@ -48,10 +47,7 @@ def _run(kind):
     params = list(optimizer._parameters)  # group order, which the gradients follow
     start = [p.asnumpy().copy() for p in params]
     for grads, coefficient in zip(_gradients(params), COEFFICIENTS):
-        if kind == "mindformers":
-            optimizer(tuple(Tensor(g * np.float32(coefficient)) for g in grads))
-        else:
-            optimizer(tuple(Tensor(g) for g in grads), Tensor(np.array([coefficient], np.float32)))
+        optimizer(tuple(Tensor(g * np.float32(coefficient)) for g in grads))
     moved = max(float(np.abs(p.asnumpy() - s).max()) for p, s in zip(params, start))
     return ({p.name: p.asnumpy() for p in params}, {v.name: v.asnumpy() for v in optimizer.exp_avg_sq},
             {m.name: m.asnumpy() for m in optimizer.exp_avg}, moved)
@@ -59,11 +55,11 @@ def _run(kind):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {kind: _run(kind) for kind in ("two-pass", "fused-clip-set", "mindformers")}
+    return {kind: _run(kind) for kind in ("fused", "fused-clip-set", "mindformers")}
 
 
-def test_clip_factor_step_matches_mindformers_on_clipped_gradients(runs):
-    fused, ref = runs["two-pass"], runs["mindformers"]
+def test_fused_step_matches_mindformers_on_clipped_gradients(runs):
+    fused, ref = runs["fused"], runs["mindformers"]
     assert fused[3] > 1e-2 and ref[3] > 1e-2  # the parameters really move
     for state in range(3):  # parameters, second moments, first moments: same names, same values
         assert fused[state].keys() == ref[state].keys()
