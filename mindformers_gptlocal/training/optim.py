@@ -91,14 +91,17 @@ class GPTLocalAdamW(Optimizer):
         step = ops.cast(self.global_step, mstype.float32)
         correction1 = 1.0 - ops.pow(self.beta1, step)
         root_correction2 = ops.sqrt(1.0 - ops.pow(self.beta2, step))
-        head = (self.kernel, self.beta1, self.beta2, self.eps, correction1, root_correction2)
+        kernel, beta1, beta2, eps = self.kernel, self.beta1, self.beta2, self.eps
         states = (self._parameters, self.exp_avg, self.exp_avg_sq, gradients, self.optim_filter)
         if self.is_group and self.is_group_lr:
-            result = self.hyper_map(ops.partial(_fused_step, *head), lr, weight_decay, *states)
+            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1, root_correction2),
+                                    lr, weight_decay, *states)
         elif self.is_group:
-            result = self.hyper_map(ops.partial(_fused_step, *head, lr), weight_decay, *states)
+            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1, root_correction2,
+                                                lr), weight_decay, *states)
         else:
-            result = self.hyper_map(ops.partial(_fused_step, *head, lr, weight_decay), *states)
+            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1, root_correction2,
+                                                lr, weight_decay), *states)
         if self.use_parallel:
             self.broadcast_params(result)
         return result
