@@ -21,13 +21,23 @@ import mindspore.common.dtype as mstype
 from mindspore import ops, Tensor
 from mindspore.ops import functional as F
 
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
-
 from ..host_memory import release_freed_heap
 from ..mindformers_compat import lean_step_allowed
 from ..kernels.provider import provider_of
-from .grad_checks import non_finite, square_sum, clip_coefficient, GPTLocalClipGradNorm
+from ..training.grad_checks import non_finite, square_sum, clip_coefficient
+from .symbols import (ClipGradNorm, MFTrainOneStepCell, MFPipelineWithLossScaleCell, MindFormerRegister,
+                      MindFormerModuleType, apply_global_norm)
+
+
+class GPTLocalClipGradNorm(ClipGradNorm):
+    """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums."""
+
+    def construct(self, x):
+        global_norm = F.sqrt(F.addn(self.hyper_map(square_sum, x)))
+        cond = self.greater_equal(global_norm, self.clip_norm)
+        global_norm_clip = F.select(cond, global_norm, self.clip_norm)
+        clip_x = self.hyper_map(F.partial(apply_global_norm, self.clip_norm, global_norm_clip), x)
+        return clip_x, global_norm
 
 
 _scaled = ops.MultitypeFuncGraph("gptlocal_scaled")
