@@ -65,6 +65,4 @@ def __getattr__(name):
     if name not in WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r} (gpt_local's MindFormers names are "
                              f"listed in its WHERE table)")
-    value = _lookup(name)
-    globals()[name] = value
-    return value
+    return _lookup(name)  # looked up each time: a name a patch replaces (build_context) is the patched one
