@@ -15,7 +15,7 @@ Patches applied here (``apply()``, called by ``registration.register``): the ``b
 the instruction handler's name, the CPU barrier, the finished-run refusal, the gpt_local wrapper kept
 under pipeline / gradient accumulation. The others live where they are used and ask this module:
 ``mf/wrapper.py`` (overflow check, lean step: ``lean_step_allowed``), ``mf/checkpoint_monitor.py``
-(``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``preflight/checks.py``
+(``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``mf/run_yaml.py``
 (callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch, BLEU without
 nltk's package).
 
@@ -236,11 +236,11 @@ PATCHES = (
            Target(CALLBACK, "CheckpointMonitor.__init__", includes=("checkpoint_format", "async_save"),
                   assigns=("meta_json",)),
            Target(MS_CHECKPOINT, "ModelCheckpoint.__init__", assigns=("_directory", "_prefix", "_config")))),
-    Patch("callbacks told the resume step", "preflight/checks.py _tell_callbacks, configure_checkpoint_monitor",
+    Patch("callbacks told the resume step", "mf/run_yaml.py _tell_callbacks, configure_checkpoint_monitor",
           "The trainer hands append_info (the resume step) and global_batch_size only to callbacks typed exactly "
           "CheckpointMonitor; the pre-flight writes them into the gpt_local callbacks' YAML entries.",
           (Target(CALLBACK, "CheckpointMonitor.__init__", includes=("append_info", "global_batch_size")),)),
-    Patch("stop_step honoured", "preflight/checks.py honor_stop_step",
+    Patch("stop_step honoured", "mf/run_yaml.py honor_stop_step",
           "MindFormers 1.8.0 reads runner_config.stop_step but never adds the callback that stops; the pre-flight "
           "adds TrainCallBack(stop_step).",
           (Target(CALLBACK, "TrainCallBack.__init__", ("self", "stop_step")),)),
