@@ -5,8 +5,9 @@ hooks) and, of ``generation/``, only the defaults table (``model/bases.py``'s st
 GenerationConfig reads MindFormers' column); ``generation/`` and ``kernels/`` import nothing of ours but the base;
 ``runtime/`` imports none of the commands that use it; ``peft/``'s settings modules (everything but its
 ``*_cells.py``) are pure Python below ``model/`` (they import the base, ``parallel/`` and each other, never
-MindSpore), its Cells modules sit beside ``model/``'s building blocks (they import them, nothing above ``model/``). MindFormers is
-imported only inside ``mf/``, the one MindFormers boundary (everything else takes its names from ``mf/symbols.py``)."""
+MindSpore), its Cells modules sit beside ``model/``'s building blocks (they import them, nothing above ``model/``).
+MindFormers is imported only inside ``mf/``, the one MindFormers boundary (the rest takes its names from
+``mf/symbols.py``)."""
 import ast
 import os
 
