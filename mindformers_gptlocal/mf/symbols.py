@@ -51,7 +51,9 @@ def _lookup(name):
         module_name, _, attr = place.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as err:
+        except ModuleNotFoundError as err:
+            if not err.name or not (module_name + ".").startswith(err.name + "."):
+                raise  # a module it imports is missing: that error, not ours
             problems.append(f"{module_name} ({err})")
             continue
         if hasattr(module, attr or name):
