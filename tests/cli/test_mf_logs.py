@@ -13,6 +13,15 @@ from mindformers_gptlocal.mindformers_compat import check_patch
 from conftest import source_env
 
 
+class LoggerWithoutLookup:
+    """A MindFormers logger class that logs through a logger it keeps: replacing get_logger would hold nothing."""
+    kept = None
+
+    @classmethod
+    def info(cls, msg, *args):
+        cls.kept.info(msg, *args)
+
+
 def test_the_log_patches_check_out_here_and_a_moved_target_fails_by_name():
     for patch in logs.PATCHES:
         assert check_patch(patch) == [], patch.name
@@ -23,7 +32,7 @@ def test_the_log_patches_check_out_here_and_a_moved_target_fails_by_name():
                            lambda name: stand_in if name == logs.LOGGER else importlib.import_module(name))
     assert problems and "get_logger" in problems[0], problems
     stand_in.get_logger = real.get_logger
-    stand_in.logger = type("logger", (), {"info": staticmethod(lambda *a: None)})  # logs without asking get_logger
+    stand_in.logger = LoggerWithoutLookup
     problems = check_patch(logs.BY_NAME["MindFormers' log held until the checks pass"],
                            lambda name: stand_in if name == logs.LOGGER else importlib.import_module(name))
     assert problems and "get_logger()" in problems[-1], problems
@@ -39,7 +48,7 @@ def test_held_from_inside_import_mindformers_and_nothing_written_when_dropped(tm
         held = HeldLog()
         import mindformers
         from mindformers.tools.logger import logger
-        import mindformers.tools.logger as module
+        module = sys.modules["mindformers.tools.logger"]  # the package exports a class of that name
         logger.warning("held warning")
         assert [r.getMessage() for r in held.records][-1] == "held warning"
         assert not os.path.exists("output"), os.listdir(".")
