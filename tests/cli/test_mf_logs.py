@@ -51,7 +51,7 @@ def test_held_from_inside_import_mindformers_and_nothing_written_when_dropped(tm
         module = sys.modules["mindformers.tools.logger"]  # the package exports a class of that name
         logger.warning("held warning")
         assert [r.getMessage() for r in held.records][-1] == "held warning"
-        assert not os.path.exists("output"), os.listdir(".")
+        assert not os.path.exists("output"), os.listdir(".")  # 1.9 logs two warnings during import mindformers
         held.drop()
         assert held.records == [] and module.get_logger is not None
         assert module.get_logger().name.startswith("mindformers")
