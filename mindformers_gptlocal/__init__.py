@@ -13,7 +13,7 @@ from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
 __version__ = "0.1.0"
 
 _LAZY = {"GPTLocalConfig": ".model.config", "GPTLocalForCausalLM": ".model.gpt",
-         "GPTLocalTrainOneStepCell": ".training.wrapper"}
+         "GPTLocalTrainOneStepCell": ".mf.wrapper"}
 
 __all__ = ["GPTLocalConfig", "GPTLocalForCausalLM", "GPTLocalTrainOneStepCell", "GPTLocalError",
            "ConfigError", "DataError", "CheckpointError"]

@@ -3,7 +3,7 @@
 Peak RSS of a MindSpore run on CPU includes heap that is already free: the graph compile frees most of what
 it allocated, glibc keeps the freed pages mapped, and the first training step then grows on top of them.
 ``release_freed_heap`` (glibc's ``malloc_trim(0)``) hands them back; the train-one-step wrappers call it once,
-after their first compile (``training/wrapper.py``). Measured through ``gptlocal run``, LoRA r=8 on GPT-2 small
+after their first compile (``mf/wrapper.py``). Measured through ``gptlocal run``, LoRA r=8 on GPT-2 small
 at 2 x 256: peak RSS 3,164-3,184 -> 3,034-3,043 MB, with no cost per step (it runs once). A no-op off glibc.
 Two lines of libc through ctypes: no library does this. (``GPTLOCAL_MALLOC_DEFAULTS=1``, which skipped it to
 measure it, is no longer read: one line says so when it is set.)

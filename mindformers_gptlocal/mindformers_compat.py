@@ -13,8 +13,8 @@ by the scan of loaded modules). ``GPTLOCAL_COMPAT=warn`` turns that error into t
 Patches applied here (``apply()``, called by ``registration.register``): the ``build_context`` wrap,
 the instruction handler's name, the CPU barrier, the finished-run refusal, the gpt_local wrapper kept
 under pipeline / gradient accumulation. The others live where they are used and ask this module:
-``training/wrapper.py`` (overflow check), ``checkpoint/monitor.py``
-(``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``preflight/checks.py``
+``mf/wrapper.py`` (overflow check), ``mf/checkpoint_monitor.py``
+(``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``mf/run_yaml.py``
 (callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch, BLEU without
 nltk's package).
 
@@ -154,7 +154,7 @@ PATCHES = (
           (Target(BASE_TRAINER, "BaseTrainer._reset_wrapper_for_pipeline_parallel", ("self",)),
            Target(BASE_TRAINER, "BaseTrainer._reset_wrapper_for_grad_accu", ("self", "gradient_accumulation_steps")),
            Target(BASE_TRAINER, "BaseTrainer.__init__", assigns=("config",)))),
-    Patch("isfinite overflow check", "training/wrapper.py IsFiniteOverflowMixin",
+    Patch("isfinite overflow check", "mf/wrapper.py IsFiniteOverflowMixin",
           "MFTrainOneStepCell / MFPipelineWithLossScaleCell read overflow from Ascend/GPU float-status kernels CPU "
           "lacks (\"Unsupported op [NPUGetFloatStatusV2] on CPU\"); off Ascend, overflow is an isfinite reduction "
           "through MindSpore's private _get_distributed_overflow_status_on_infnan_mode; the clip Cell is swapped.",
@@ -178,13 +178,13 @@ PATCHES = (
            Target("mindformers.trainer.utils", "is_hf_checkpoint", ("checkpoint_path",)),
            Target("mindformers.trainer.utils", "validate_checkpoint_config", ("ckpt_config",))),
           True, None, ("1.9",)),
-    Patch("deferred checkpoint rotation", "checkpoint/monitor.py (defer_checkpoint_rotation)",
+    Patch("deferred checkpoint rotation", "mf/checkpoint_monitor.py (defer_checkpoint_rotation)",
           "keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next; the private "
           "CheckpointManager.remove_oldest_ckpoint_file of the monitor's _manager is replaced so the deletion waits "
           "until the new file is whole.",
           (Target(MS_CHECKPOINT, "CheckpointManager.remove_oldest_ckpoint_file", ("self",)),
            Target(MS_CHECKPOINT, "ModelCheckpoint.__init__", assigns=("_manager",)))),
-    Patch("crash-safe checkpoint writes", "checkpoint/monitor.py GPTLocalCheckpointMonitor",
+    Patch("crash-safe checkpoint writes", "mf/checkpoint_monitor.py GPTLocalCheckpointMonitor",
           "CheckpointMonitor.remove_redundancy is where a checkpoint file is written: overridden to write a temp "
           "name, fsync, rename and record it; record_last_ckpt_to_json names the file actually written; a "
           "single-card run's _directory / meta_json lose the rank_0 level (single-card resume refuses it).",
@@ -194,11 +194,11 @@ PATCHES = (
            Target(CALLBACK, "CheckpointMonitor.__init__", includes=("checkpoint_format", "async_save"),
                   assigns=("meta_json",)),
            Target(MS_CHECKPOINT, "ModelCheckpoint.__init__", assigns=("_directory", "_prefix", "_config")))),
-    Patch("callbacks told the resume step", "preflight/checks.py _tell_callbacks, configure_checkpoint_monitor",
+    Patch("callbacks told the resume step", "mf/run_yaml.py _tell_callbacks, configure_checkpoint_monitor",
           "The trainer hands append_info (the resume step) and global_batch_size only to callbacks typed exactly "
           "CheckpointMonitor; the pre-flight writes them into the gpt_local callbacks' YAML entries.",
           (Target(CALLBACK, "CheckpointMonitor.__init__", includes=("append_info", "global_batch_size")),)),
-    Patch("stop_step honoured", "preflight/checks.py honor_stop_step",
+    Patch("stop_step honoured", "mf/run_yaml.py honor_stop_step",
           "MindFormers 1.8.0 reads runner_config.stop_step but never adds the callback that stops; the pre-flight "
           "adds TrainCallBack(stop_step).",
           (Target(CALLBACK, "TrainCallBack.__init__", ("self", "stop_step")),)),
@@ -515,7 +515,7 @@ def apply():
                     module.build_context = wrapped
     if ok("instruction handler by name"):
         import mindformers.dataset.handler as handlers
-        from .data.mindformers_handler import GPTLocalInstructHandler
+        from .mf.data_handler import GPTLocalInstructHandler
         handlers.GPTLocalInstructHandler = GPTLocalInstructHandler
     if ok("CPU barrier"):
         _patch_barriers()

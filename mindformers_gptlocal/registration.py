@@ -31,9 +31,8 @@ from .mindformers_compat import (BARRIER_USERS, GPTLOCAL_WRAPPERS, mark_checked,
 from .preflight.checks import is_gpt_local, preflight  # noqa: F401  (imported before model.config, as before)
 
 # modules whose classes MindFormers finds by name (YAML ``type:`` / ``model_type``)
-REGISTERED_MODULES = ("training.wrapper", "training.optim", "training.callbacks", "training.metrics",
-                      "checkpoint.monitor", "data.mindformers_tokenizer", "data.mindformers_handler", "model.config",
-                      "model.gpt")
+REGISTERED_MODULES = ("mf.wrapper", "mf.registry", "mf.checkpoint_monitor", "mf.tokenizer", "mf.data_handler",
+                      "model.config", "model.gpt")
 _STATE = {"done": False}
 
 

@@ -244,7 +244,7 @@ def test_the_registration_patches_are_in_place():
     import mindformers.core.context
     import mindformers.dataset.handler as handlers
     from mindformers.trainer import base_trainer
-    from mindformers_gptlocal.data.mindformers_handler import GPTLocalInstructHandler
+    from mindformers_gptlocal.mf.data_handler import GPTLocalInstructHandler
     assert all(getattr(m.build_context, "gptlocal_wrapped", False)
                for m in (mindformers, mindformers.core, mindformers.core.context))
     assert handlers.GPTLocalInstructHandler is GPTLocalInstructHandler

@@ -305,12 +305,12 @@ def quickstart_parser():
 
 
 def _str2bool(value):
-    from mindformers.tools.utils import str2bool
+    from ..mf.symbols import str2bool
     return str2bool(value)
 
 
 def _str2bool_or_str(value):
-    from mindformers.tools.utils import str2bool_or_str
+    from ..mf.symbols import str2bool_or_str
     return str2bool_or_str(value)
 
 
@@ -318,7 +318,7 @@ class _Options(argparse.Action):
     """``--options KEY=VALUE ...`` with MindFormers' own parsing (ActionDict), loaded when used."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from mindformers.tools.register import ActionDict
+        from ..mf.symbols import ActionDict
         ActionDict(self.option_strings, self.dest, nargs=self.nargs)(parser, namespace, values, option_string)
 
 

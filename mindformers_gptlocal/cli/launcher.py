@@ -4,14 +4,12 @@
 ``build_context`` -> ``Trainer(config).train()/evaluate()/predict()``. The pre-flight checks
 (``preflight/``) turn the usual mistakes into one clear error before anything compiles.
 """
-import contextlib
 import json
-import logging
 import os
-import shutil
 import sys
 
 from ..errors import ConfigError, GPTLocalError
+from ..mf.logs import HeldLog, config_dump_to_log
 from ..preflight.checks import preflight
 from ..registration import mark_checked
 from .args import run_parser
@@ -37,7 +35,7 @@ DIRECT = {
 
 def set_key(config, dotted, value):
     """config['a']['b'] = value for 'a.b', creating missing sections."""
-    from mindformers.tools.register import MindFormerConfig
+    from ..mf.symbols import MindFormerConfig
     parts = dotted.split(".")
     node = config
     for part in parts[:-1]:
@@ -49,9 +47,8 @@ def set_key(config, dotted, value):
 
 def load_config(argv=None):
     """Parse flags and return the resolved MindFormerConfig (nothing is built yet)."""
-    from mindformers.tools.register import MindFormerConfig
-    from mindformers.tools.utils import parse_value
     from .. import yaml_io
+    from ..mf.symbols import MindFormerConfig, parse_value
     from ..preflight.checks import is_gpt_local
     from ..preflight.sections import check_sections
     args, rest = run_parser().parse_known_args(argv)
@@ -149,62 +146,9 @@ def check_override_key(key, config):
                       f"by its dotted path, e.g. --runner_config.stop_step 5; gptlocal run --help lists the flags.)")
 
 
-class HeldLog:
-    """MindFormers' log calls while the config is read and checked, held in memory: its logger opens
-    ``./output/log`` at its first call, so a refused run would leave that folder behind. ``release()`` (once
-    the checks passed and the output path is set) hands them to MindFormers' logger; a refused run drops them."""
-
-    def __init__(self):
-        import importlib
-        mf_logger = importlib.import_module("mindformers.tools.logger")  # the module (its package exports a class)
-        self._module, self._original = mf_logger, mf_logger.get_logger
-        self.records = []
-        self._logger = logging.Logger("gptlocal.held-mindformers-log")
-        self._logger.addHandler(_ListHandler(self.records))
-        mf_logger.get_logger = lambda *args, **kwargs: self._logger
-
-    def release(self, verbose=False):
-        """Restore MindFormers' logger, quieted (``quiet_mindformers``), and replay the held records into it."""
-        if self._module.get_logger is not self._original:
-            self._module.get_logger = self._original
-        real = quiet_mindformers(verbose)
-        for record in self.records:
-            real.handle(record)
-        self.records.clear()
-
-    def drop(self):
-        if self._module.get_logger is not self._original:
-            self._module.get_logger = self._original
-        self.records.clear()
-
-
-class _ListHandler(logging.Handler):
-    """A logging handler that keeps the records, no I/O."""
-
-    def __init__(self, records):
-        super().__init__()
-        self.records = records
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-def quiet_mindformers(verbose=False):
-    """MindFormers' logger writes everything to ``<output_dir>/log``; on the terminal it keeps errors only (the
-    run's progress is gpt_local's own lines), unless ``verbose``. Returns the logger."""
-    from mindformers.tools.logger import get_logger
-    real = get_logger()
-    for handler in real.handlers:
-        if not isinstance(handler, logging.FileHandler):
-            handler.setLevel(logging.INFO if verbose else logging.ERROR)
-    return real
-
-
 def run(config, held=None, verbose=False):
     """Pre-flight, then the same calls as MindFormers' run_mindformer.py. Returns the trainer's result."""
-    from mindformers.core.context import build_context
-    from mindformers.trainer import Trainer
-    from mindformers.utils.file_utils import set_output_path
+    from ..mf.symbols import Trainer, build_context, set_output_path
     check_model_section(config)
     preflight(config)  # before set_output_path, which creates folders: a refused run writes nothing
     mark_checked(config)
@@ -232,36 +176,6 @@ def run(config, held=None, verbose=False):
                                batch_size=config.predict_batch_size, adapter_id=config.get("adapter_id"))
 
 
-CONFIG_DUMPERS = ("mindformers.trainer.base_trainer",
-                  "mindformers.trainer.causal_language_modeling.causal_language_modeling")
-
-
-@contextlib.contextmanager
-def config_dump_to_log(verbose=False):
-    """MindFormers' trainer pprints the whole config (~300 lines) to stdout before it compiles; without
-    ``verbose`` that dump goes to its log file (``<output_dir>/log``) instead. For this call only."""
-    import importlib
-    import pprint
-    if verbose:
-        yield
-        return
-    from mindformers.tools.logger import logger as mf_logger
-    modules = [importlib.import_module(name) for name in CONFIG_DUMPERS]
-    saved = [(module, module.__dict__.get("pprint")) for module in modules]
-
-    def to_log(value, *args, **kwargs):  # pylint: disable=unused-argument
-        mf_logger.info("the run's config:\n%s", pprint.pformat(value))
-    for module, original in saved:
-        if original is not None:
-            module.pprint = to_log
-    try:
-        yield
-    finally:
-        for module, original in saved:
-            if original is not None:
-                module.pprint = original
-
-
 def check_model_section(config):
     """A YAML without a model section (a cut or mis-indented file) would run MindFormers' defaults."""
     model = config.get("model")
@@ -274,7 +188,7 @@ def _metrics(config):
     """Hand the eval metric in ourselves so its value can be returned (MindFormers only logs it)."""
     if config.run_mode != "eval" or not config.get("metric"):
         return None
-    from mindformers.core.metric import build_metric
+    from ..mf.symbols import build_metric
     metric = config.metric
     return {metric.type: build_metric(metric)}
 
@@ -292,24 +206,13 @@ def eval_table(result):
     return "\n".join(lines)
 
 
-def _drop_import_log(existed):
-    """A refused run leaves nothing: MindFormers 1.9's ``import mindformers`` already logs (its PyNative models'
-    import warnings), which opens ``./output/log`` before ``HeldLog`` can hold anything; that folder goes again when
-    this run made it and it holds only MindFormers' log."""
-    folder = os.path.abspath("output")
-    if not existed and os.path.isdir(folder) and os.listdir(folder) == ["log"]:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def main(argv=None):
-    output_existed = os.path.exists("output")
-    held = HeldLog()
+    held = HeldLog()  # before anything imports MindFormers: its import-time log is held too
     try:
         config = load_config(argv)
         result = run(config, held, verbose=run_parser().parse_known_args(argv)[0].verbose)
     except GPTLocalError as err:
         held.drop()
-        _drop_import_log(output_existed)
         print(f"gpt_local: error: {err}", file=sys.stderr)
         return 2
     finally:

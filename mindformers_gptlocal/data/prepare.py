@@ -185,7 +185,7 @@ def write_mindrecord(path, windows):
 
 def write_megatron(prefix, docs):
     """Megatron ``.bin/.idx`` (one document per entry) with MindFormers' own IndexedDatasetBuilder."""
-    from mindformers.dataset.blended_datasets.indexed_dataset import IndexedDatasetBuilder
+    from ..mf.symbols import IndexedDatasetBuilder
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
     for doc in docs:
         builder.add_document(doc, [len(doc)])

@@ -33,7 +33,7 @@ OPS = {
     "lora_dropout": "LoRA's input dropout (kernels/lora_dropout.py)",
     "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
-                    "the two-stage gradient norm of clipping (training/grad_checks.py)",
+                    "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
 }
 MODES = ("auto", "kernel", "plain")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the

@@ -6,21 +6,19 @@ mis-shaped data, token ids the embedding cannot hold, sequence lengths that
 disagree, a tokenizer larger than the vocabulary, a checkpoint of another size,
 a damaged or pickle-based checkpoint, a checkpoint folder single-card
 MindFormers will not load, resume without a checkpoint, an unwritable output
-folder. More checks live in ``inputs.py``.
+folder. More checks live in ``inputs.py``; the checkpoint ones run while ``mf/run_yaml.py`` resolves the
+file to load (``preflight`` calls it after ``check_run``).
 """
 import os
 
 import numpy as np
 
-from ..checkpoint.resume import check_same_run, common_rank_checkpoint, find_resume_checkpoint, run_record
 from ..errors import ConfigError, DataError
 from ..mindformers_compat import require as require_compat
-from ..model.weights import check_matches_config
-from ..parallel.layout import Layout
-from ..parallel.rules import check_yaml_layout, global_batch_size as batch_formula, launch_device_count, raise_if_bad
-from ..safetensors_io import resolve_weights_file
+from ..mf.run_yaml import rewrite_for_trainer
+from ..parallel.rules import check_yaml_layout, launch_device_count, raise_if_bad
 from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
-                           check_device, check_safetensors_only, check_structure,
+                           check_device, check_structure,
                            check_tokenizers)
 from .sections import check_sections
 from .tokenizers import check_tokenizer_identity
@@ -158,122 +156,18 @@ def check_data(config, model_config):
         check_instruct_records(section, name, model_config.seq_length)
 
 
-def resolve_checkpoint(config, model_config, log=print):
-    """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
-    if config.get("resume_training") and config.run_mode in ("train", "finetune"):
-        if config.get("use_parallel"):
-            resolve_rank_resume(config, model_config, log)
-        else:
-            resolve_resume(config, model_config, log)
-        return
-    path = config.get("load_checkpoint")
-    if not path or config.get("use_parallel"):
-        return
-    config.load_checkpoint = resolve_weights_file(path)
-    check_safetensors_only(config.load_checkpoint)
-
-
-def resolve_resume(config, model_config, log=print):
-    """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
-    hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
-    wanted = config.resume_training if isinstance(config.resume_training, str) else None
-    path, info = find_resume_checkpoint(resume_folder(config), wanted, log)
-    check_same_run(info.get("run"), this_run(config, model_config), path, info["step_num"])
-    log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
-    config.load_checkpoint = path
-    config.resume_training = True
-    _tell_callbacks(config, info)
-
-
-def resume_folder(config):
-    """Where a resumed run's checkpoints are: load_checkpoint when it names checkpoints, else (unset, or the
-    model directory a finetune starts from, which holds weights only) ``<output_dir>/checkpoint``."""
-    own = os.path.join(config.get("output_dir") or "./output", "checkpoint")
-    path = config.get("load_checkpoint")
-    if not path or (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
-        return own
-    return path
-
-
-def resolve_rank_resume(config, model_config, log=print):
-    """Many ranks: every rank resumes from the newest step all rank folders hold complete (named by file, so
-    MindFormers takes the same step in each rank's folder), after the same checks as one card."""
-    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
-    if not os.path.isdir(path) or not any(name.startswith("rank_") for name in os.listdir(path)):
-        return  # not our rank_* layout (e.g. a merged checkpoint): MindFormers' own resume handles it
-    wanted = config.resume_training if isinstance(config.resume_training, str) else None
-    name, step, info = common_rank_checkpoint(path, _this_rank(), wanted, log)
-    check_same_run(info.get("run"), this_run(config, model_config), os.path.join(path, f"rank_{_this_rank()}",
-                                                                                  name), step)
-    log(f"[gpt_local] rank {_this_rank()} resumes from step {step} ({name} in {path}/rank_*)")
-    config.load_checkpoint = path
-    config.resume_training = name
-    _tell_callbacks(config, info)
-
-
-def _this_rank():
-    """This process's rank before MindSpore's communication is initialised (msrun sets RANK_ID)."""
-    for key in ("RANK_ID", "RANK", "MS_NODE_ID"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
-
-
-def this_run(config, model_config):
-    """``checkpoint.resume.run_record`` of this YAML."""
-    return run_record(config, model_config, Layout.of_run_yaml(config), global_batch_size(config))
-
-
-def _tell_callbacks(config, info):
-    step = int(info["step_num"])
-    for callback in config.get("callbacks") or []:
-        if callback.get("type") == "GPTLocalThroughputMonitor":
-            callback["initial_step"] = step
-        if callback.get("type") == "GPTLocalCheckpointMonitor":
-            callback["append_info"] = [{"epoch_num": int(info.get("epoch_num", 0)), "step_num": step,
-                                        "global_step": step, "loss_scale": info.get("loss_scale", 1)}]
-
-
-def honor_stop_step(config):
-    """MindFormers 1.8.0 reads ``runner_config.stop_step`` but never adds the callback that stops: add it.
-    It counts the steps of this run (a resumed run counts from its first new step)."""
-    stop = (config.get("runner_config") or {}).get("stop_step")
-    callbacks = config.get("callbacks") or []
-    if isinstance(stop, int) and stop > 0 and not any(c.get("type") == "TrainCallBack" for c in callbacks):
-        config.callbacks = list(callbacks) + [{"type": "TrainCallBack", "stop_step": stop}]
-
-
-def configure_checkpoint_monitor(config, model_config):
-    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling),
-    and what the run is, stored with each checkpoint for the resume check."""
-    for callback in config.get("callbacks") or []:
-        if callback.get("type") == "GPTLocalCheckpointMonitor":
-            if callback.get("global_batch_size") is None:
-                callback["global_batch_size"] = global_batch_size(config)
-            callback["run_record"] = this_run(config, model_config)
-
-
-def global_batch_size(config):
-    """``parallel/rules.global_batch_size`` (MindFormers' formula) on the run YAML's values."""
-    runner = config.get("runner_config") or {}
-    layout = Layout.of_run_yaml(config)
-    micro = layout.micro if layout.pp > 1 else 1
-    return batch_formula(int(runner.get("batch_size", 1)), int(layout.dp), int(micro),
-                         int(runner.get("gradient_accumulation_steps", 1) or 1))
-
-
 def check_layout(config):
     """The parallel layout rules ``gptlocal plan`` applies, on the run's YAML."""
     raise_if_bad(check_yaml_layout(config, launch_device_count(config)))
 
 
 def preflight(config, log=print):
-    """All checks for a gpt_local run, then the rewrites MindFormers needs (``rewrite_for_mindformers``);
-    other models pass through untouched."""
+    """All checks for a gpt_local run (``check_run``), then the keys MindFormers' trainer needs set in its YAML
+    (``mf.run_yaml.rewrite_for_trainer``); other models pass through untouched."""
     if not is_gpt_local(config):
         return
     model_config = check_run(config, log)
-    rewrite_for_mindformers(config, model_config, log)
+    rewrite_for_trainer(config, model_config, log)
 
 
 def check_run(config, log=print):
@@ -298,12 +192,3 @@ def check_run(config, log=print):
     return model_config
 
 
-def rewrite_for_mindformers(config, model_config, log=print):
-    """The YAML keys the pre-flight sets for MindFormers, after the checks: load_checkpoint / resume_training
-    resolved to the file to load (its size checked against the model), the checkpoint callback told the
-    global batch and the run, and runner_config.stop_step turned into the callback that stops."""
-    resolve_checkpoint(config, model_config, log)
-    if config.get("load_checkpoint") and not config.get("use_parallel"):
-        check_matches_config(config.load_checkpoint, model_config)
-    configure_checkpoint_monitor(config, model_config)
-    honor_stop_step(config)

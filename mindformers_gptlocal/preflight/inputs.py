@@ -126,9 +126,9 @@ def check_enough_rows(rows, batch_size, path, key):
 
 def check_megatron_pair(prefix, key):
     """The .idx parses as a Megatron index and the .bin is exactly as long as the index says."""
-    from mindformers.dataset.blended_datasets.indexed_dataset import _IndexReader
+    from ..mf.symbols import MegatronIndexReader
     try:
-        index = _IndexReader(prefix + ".idx", multimodal=False)
+        index = MegatronIndexReader(prefix + ".idx", multimodal=False)
         dtype, sizes, pointers = index.dtype, index.sequence_lengths, index.sequence_pointers
     except Exception as err:  # the reader asserts on its magic header and raises struct/numpy errors
         raise DataError(f"{key}: {prefix}.idx is not a Megatron index ({err.__class__.__name__}: {err}); "

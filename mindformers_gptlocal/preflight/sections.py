@@ -54,7 +54,7 @@ def _unknown(where, key, known, strict, listing=True):
 
 
 def known_top_level():
-    from mindformers.tools.register.template import CONFIG_NAME_TO_CLASS
+    from ..mf.symbols import CONFIG_NAME_TO_CLASS
     keys = set(CONFIG_NAME_TO_CLASS) - {"general_config"}
     return keys | set(CONFIG_NAME_TO_CLASS["general_config"].keys()) | set(EXTRA_TOP_LEVEL)
 
@@ -87,7 +87,7 @@ def _flag(where, value):
 
 
 def check_runner(config):
-    from mindformers.tools.register.template import RunnerConfig
+    from ..mf.symbols import RunnerConfig
     runner = config.get("runner_config") or {}
     for key in runner:
         if key not in RunnerConfig.keys():
@@ -101,7 +101,7 @@ def check_runner(config):
 
 
 def _registered(kind):
-    from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+    from ..mf.symbols import MindFormerModuleType, MindFormerRegister
     return MindFormerRegister.registry.get(getattr(MindFormerModuleType, kind), {})
 
 
@@ -233,7 +233,7 @@ def check_parallel(config):
         if key in parallel:
             _flag(f"parallel.{key}", parallel[key])
     layout = config.get("parallel_config") or {}
-    from mindformers.modules.transformer.transformer import TransformerOpParallelConfig
+    from ..mf.symbols import TransformerOpParallelConfig
     named, _ = _parameters(TransformerOpParallelConfig)
     for key in layout:
         if key not in named:

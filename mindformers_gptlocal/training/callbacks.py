@@ -1,6 +1,7 @@
-"""Training callbacks registered with MindFormers: tokens/s progress, and a model directory at the end.
+"""Training callbacks: tokens/s progress, eval progress, and a model directory at the end.
 
-Use them from a YAML ``callbacks:`` list by ``type``.
+MindSpore ``Callback``s, registered with MindFormers by ``mf/registry.py``; a YAML ``callbacks:`` list names them by
+``type``.
 """
 import os
 import sys
@@ -8,9 +9,6 @@ import time
 
 import numpy as np
 from mindspore.train.callback import Callback
-
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-from mindformers.tools.utils import get_output_root_path
 
 from ..model.weights import save_model_dir
 
@@ -41,7 +39,6 @@ def _overflow_and_scale(outputs):
     return bool(np.asarray(outputs[1].asnumpy()).any()), float(np.asarray(outputs[2].asnumpy()).ravel()[0])
 
 
-@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalThroughputMonitor(Callback):
     """Prints step, loss, tokens/s and step time every ``per_print_times`` steps (first step includes compile).
 
@@ -139,7 +136,6 @@ def format_seconds(seconds):
     return f"{seconds}s"
 
 
-@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalEvalProgress(Callback):
     """Eval progress on stdout: the batches scored of the dataset's, tokens/s and the time left, every
     ``per_print_times`` batches and at the end (the first batch includes the graph compile)."""
@@ -173,7 +169,6 @@ class GPTLocalEvalProgress(Callback):
             self.stream.flush()
 
 
-@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class GPTLocalSaveModelDir(Callback):
     """At the end of training, rank 0 writes ``<output_dir>/<subdir>``: config.json, model.safetensors and
     the tokenizer files of ``tokenizer_dir``: a directory ``from_pretrained``, eval and predict load directly.
@@ -187,7 +182,7 @@ class GPTLocalSaveModelDir(Callback):
         self.tokenizer_dir = tokenizer_dir
 
     def on_train_end(self, run_context):
-        from mindformers.tools.utils import get_real_rank
+        from ..mf.symbols import get_output_root_path, get_real_rank
         if get_real_rank() != 0:
             return  # data-parallel ranks hold the same weights; one writer avoids a race
         import mindspore as ms

@@ -4,13 +4,12 @@ MindSpore 2.7.2's CPU kernels for ReduceSum / ReduceAll over all axes of a large
 slow: on GPT-2's [50257, 768] embedding gradient the sum of squares takes 149 ms and
 ``ReduceAll(IsFinite(x))`` 105 ms, against 16 ms and 6 ms when the last axis is summed first and
 then the rest (`python benchmarks/reduce_kernels.py`, 2 cores). Both the overflow check and
-gradient clipping reduce every gradient every step, so they use the two-stage form here, in fp32.
+gradient clipping reduce every gradient every step, so they use the two-stage form here, in fp32. The
+clip Cell built on them (``GPTLocalClipGradNorm``, a MindFormers ``ClipGradNorm``) is in ``mf/wrapper.py``.
 """
 import mindspore.common.dtype as mstype
-from mindspore import ops, Tensor
+from mindspore import ops
 from mindspore.ops import functional as F
-
-from mindformers.core.clip_grad import ClipGradNorm, apply_global_norm
 
 _reduce_sum = ops.ReduceSum()
 _is_finite = ops.IsFinite()
@@ -50,12 +49,3 @@ def _square_sum(grad):
     return ops.expand_dims(sum_all(F.square(fp32(grad))), 0)
 
 
-class GPTLocalClipGradNorm(ClipGradNorm):
-    """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums."""
-
-    def construct(self, x):
-        global_norm = F.sqrt(F.addn(self.hyper_map(square_sum, x)))
-        cond = self.greater_equal(global_norm, self.clip_norm)
-        global_norm_clip = F.select(cond, global_norm, self.clip_norm)
-        clip_x = self.hyper_map(F.partial(apply_global_norm, self.clip_norm, global_norm_clip), x)
-        return clip_x, global_norm

@@ -10,12 +10,9 @@ import math
 import numpy as np
 from mindspore import nn
 
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
 from ..errors import DataError
 
 
-@MindFormerRegister.register(MindFormerModuleType.METRIC)
 class GPTLocalPerplexityMetric(nn.Metric):
     """exp(total NLL / total tokens) over every masked-in token of the eval set."""
 

@@ -26,8 +26,6 @@ from mindspore.common import dtype as mstype
 from mindspore.common.initializer import initializer
 from mindspore.nn.optim.optimizer import Optimizer
 
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
 from ..errors import ConfigError
 
 _fused_step = ops.MultitypeFuncGraph("gptlocal_fused_adamw")
@@ -45,7 +43,6 @@ def _step(kernel, beta1, beta2, eps, correction1, root_correction2, lr, weight_d
     return True
 
 
-@MindFormerRegister.register(MindFormerModuleType.OPTIMIZER)
 class GPTLocalAdamW(Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) as in MindFormers, fused per parameter.
 

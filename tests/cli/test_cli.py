@@ -132,7 +132,7 @@ def test_suggestions_for_a_mistyped_command_and_flag(capsys):
 def test_optimizer_and_handler_errors_are_gptlocal_errors():
     import mindformers  # noqa: F401  (first: registering gpt_local imports the handler module)
     from mindspore import nn
-    from mindformers_gptlocal.data.mindformers_handler import GPTLocalInstructHandler
+    from mindformers_gptlocal.mf.data_handler import GPTLocalInstructHandler
     from mindformers_gptlocal.training.optim import GPTLocalAdamW
     with pytest.raises(ConfigError, match=r"optimizer.betas .*\(0.9, 1.5\); set e.g. betas"):
         GPTLocalAdamW(nn.Dense(2, 2).trainable_params(), betas=(0.9, 1.5))

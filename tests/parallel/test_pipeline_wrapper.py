@@ -7,7 +7,7 @@ from mindformers.trainer.base_trainer import BaseTrainer
 from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFPipelineWithLossScaleCell
 
-from mindformers_gptlocal.training.wrapper import GPTLocalPipelineWithLossScaleCell
+from mindformers_gptlocal.mf.wrapper import GPTLocalPipelineWithLossScaleCell
 
 
 def trainer_with(wrapper_type):

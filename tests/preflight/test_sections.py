@@ -121,7 +121,7 @@ def test_every_shipped_yaml_passes_the_section_checks():
 def test_resume_of_a_finetune_looks_in_its_own_checkpoint_folder(tmp_path):
     """A finetune's load_checkpoint is the base model directory (weights only): --resume_training True looks in
     <output_dir>/checkpoint; a checkpoint folder or file given as load_checkpoint is used as it is."""
-    from mindformers_gptlocal.preflight.checks import resume_folder
+    from mindformers_gptlocal.mf.run_yaml import resume_folder
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")

@@ -4,7 +4,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindformers.core.clip_grad import ClipGradNorm
-from mindformers_gptlocal.training.grad_checks import GPTLocalClipGradNorm, non_finite
+from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
+from mindformers_gptlocal.training.grad_checks import non_finite
 
 
 def _grads(scale):

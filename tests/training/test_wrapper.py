@@ -63,7 +63,7 @@ def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_co
 def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, max_norm):
     """One step with plain SGD (lr 1) moves every weight by exactly the clipped gradient: the gradients of
     the same batch through GPTLocalClipGradNorm(max_norm), computed apart from the wrapper."""
-    from mindformers_gptlocal.training.grad_checks import GPTLocalClipGradNorm
+    from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
     ms.set_seed(0)
     model = GPTLocalForCausalLM(tiny_config)
     model.set_train(True)
@@ -98,7 +98,7 @@ def test_a_yaml_that_still_sets_lean_step_builds_with_one_line(tiny_config, mcor
 def test_the_first_compile_releases_the_freed_heap_once(tiny_config, mcore_context, monkeypatch):
     """The step cell hands the heap its graph compile freed back to the system after its first compile,
     and only then (host_memory.release_freed_heap; the steps after it run as before)."""
-    import mindformers_gptlocal.training.wrapper as wrapper
+    import mindformers_gptlocal.mf.wrapper as wrapper
     calls = []
     monkeypatch.setattr(wrapper, "release_freed_heap", lambda: calls.append(1) or True)
     _, cell = _step_cell(tiny_config, 1.0)

@@ -1,7 +1,7 @@
 """GPTLocalInstructHandler: Alpaca and chat records in MindFormers' ``HFDataLoader`` (a YAML ``handler:``).
 
 The same templates, loss mask and packed rows as ``gptlocal prepare-data --format alpaca|chat``
-(``instruct.py``), from a JSON/JSONL file that ``datasets.load_dataset('json', ...)`` reads.
+(``data/instruct.py``), from a JSON/JSONL file that ``datasets.load_dataset('json', ...)`` reads.
 Why not MindFormers' own handlers: in 1.8, ``AlpacaInstructDataHandler`` ends a response with the
 text "</s>" (not the tokenizer's EOS) and reads no chat records, and ``PackingHandler`` ('pack')
 shifts the labels it gets once more (``labels[1:]``), so Alpaca + PackingHandler trains each token
@@ -9,11 +9,9 @@ on the one two places ahead (tests/data/test_instruct_data.py shows it). This ha
 set ``create_attention_mask: True`` and ``create_compressed_eod_mask: True`` on the HFDataLoader so it
 yields ``input_ids, labels, loss_mask, position_ids, actual_seq_len`` (its packed-data path).
 """
-from mindformers.dataset.handler.base_handler import BaseInstructDataHandler
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
+from ..data import instruct
 from ..errors import ConfigError
-from . import instruct
+from .symbols import BaseInstructDataHandler, MindFormerRegister, MindFormerModuleType
 
 
 class _Encoder:

@@ -11,13 +11,24 @@ data-parallel ranks. An overflowing step is skipped: weights and optimizer state
 import sys
 
 import mindspore as ms
-
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
+from mindspore.ops import functional as F
 
 from ..host_memory import release_freed_heap
 from ..kernels.provider import provider_of
-from .grad_checks import non_finite, GPTLocalClipGradNorm
+from ..training.grad_checks import non_finite, square_sum
+from .symbols import (ClipGradNorm, MFTrainOneStepCell, MFPipelineWithLossScaleCell, MindFormerRegister,
+                      MindFormerModuleType, apply_global_norm)
+
+
+class GPTLocalClipGradNorm(ClipGradNorm):
+    """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums."""
+
+    def construct(self, x):
+        global_norm = F.sqrt(F.addn(self.hyper_map(square_sum, x)))
+        cond = self.greater_equal(global_norm, self.clip_norm)
+        global_norm_clip = F.select(cond, global_norm, self.clip_norm)
+        clip_x = self.hyper_map(F.partial(apply_global_norm, self.clip_norm, global_norm_clip), x)
+        return clip_x, global_norm
 
 
 class TrimAfterCompileMixin:

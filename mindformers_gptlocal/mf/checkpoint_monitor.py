@@ -3,7 +3,7 @@
 The stock monitor writes straight to the final ``*.safetensors`` name, so a crash mid-save
 leaves a truncated file that resume may pick. Here each checkpoint is written to a
 ``partial-<pid>-`` name, fsynced, renamed into place, and only then recorded (size and
-SHA-256) in ``manifest.json`` (see ``manifest.py``); resume (``resume.py``) takes the
+SHA-256) in ``manifest.json`` (see ``checkpoint/manifest.py``); resume (``checkpoint/resume.py``) takes the
 newest recorded file that still verifies. Contents and names are the stock ones
 (``checkpoint/rank_<id>/<prefix>_rank_<id>-<epoch>_<step>.safetensors`` with optimizer
 state, step and loss scale), except that a single-card run writes ``checkpoint/`` without the
@@ -25,13 +25,10 @@ import re
 import shutil
 import time
 
-from mindformers.core.callback.callback import CheckpointMonitor
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-from mindformers.tools.utils import get_real_group_size
-
+from ..checkpoint import manifest as ckpt_manifest
 from ..errors import CheckpointError
 from ..mindformers_compat import defer_checkpoint_rotation
-from . import manifest as ckpt_manifest
+from .symbols import CheckpointMonitor, MindFormerRegister, MindFormerModuleType, get_real_group_size
 
 SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 ON_SAVE_ERROR = ("stop", "continue")

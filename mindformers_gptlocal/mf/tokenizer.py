@@ -4,10 +4,8 @@ Mcore predict loads ``pretrained_model_dir`` with Hugging Face's AutoTokenizer
 (our model directories say ``PreTrainedTokenizerFast``); this registered class
 serves YAMLs that name a tokenizer under ``processor.tokenizer.type`` instead.
 """
-from mindformers.models.tokenization_utils_fast import PreTrainedTokenizerFast
-from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
-
-from .tokenizer import EOD_TOKEN
+from ..data.tokenizer import EOD_TOKEN
+from .symbols import MindFormerRegister, MindFormerModuleType, PreTrainedTokenizerFast
 
 
 @MindFormerRegister.register(MindFormerModuleType.TOKENIZER)

@@ -1,0 +1,137 @@
+"""The keys the pre-flight sets in a gpt_local run's YAML for MindFormers' trainer, after every check passed.
+
+``rewrite_for_trainer`` is the one entry (called by ``preflight.checks.preflight``, once per run). Each rewrite works
+around what MindFormers' trainer does with the YAML; the ones that depend on MindFormers' code are listed with the
+run-time patches (``mindformers_compat.PATCHES``: "callbacks told the resume step", "stop_step honoured") and checked
+like them:
+- ``load_checkpoint`` / ``resume_training``: resolved to the newest complete checkpoint file (``checkpoint.resume``)
+  and checked against the model, because single-card MindFormers refuses the ``rank_0`` folder its own
+  CheckpointMonitor writes; on many ranks, to the step every rank folder holds;
+- the resume step and the global batch handed to gpt_local's callbacks, which the trainer tells only callbacks typed
+  exactly ``CheckpointMonitor``, and what the run is, stored with each checkpoint;
+- ``runner_config.stop_step`` turned into the callback that stops (MindFormers 1.8 reads it and never stops).
+"""
+import os
+
+from ..checkpoint.resume import check_same_run, common_rank_checkpoint, find_resume_checkpoint, run_record
+from ..model.weights import check_matches_config
+from ..parallel.layout import Layout
+from ..parallel.rules import global_batch_size as batch_formula
+from ..preflight.inputs import check_safetensors_only
+from ..safetensors_io import resolve_weights_file
+
+
+def rewrite_for_trainer(config, model_config, log=print):
+    """Set the YAML keys MindFormers' trainer needs (module docstring), after the checks: ``model_config`` is the
+    run's checked GPTLocalConfig."""
+    resolve_checkpoint(config, model_config, log)
+    if config.get("load_checkpoint") and not config.get("use_parallel"):
+        check_matches_config(config.load_checkpoint, model_config)
+    configure_checkpoint_monitor(config, model_config)
+    honor_stop_step(config)
+
+
+def resolve_checkpoint(config, model_config, log=print):
+    """Single-card MindFormers refuses the rank_0 folder its own CheckpointMonitor writes: load the file."""
+    if config.get("resume_training") and config.run_mode in ("train", "finetune"):
+        if config.get("use_parallel"):
+            resolve_rank_resume(config, model_config, log)
+        else:
+            resolve_resume(config, model_config, log)
+        return
+    path = config.get("load_checkpoint")
+    if not path or config.get("use_parallel"):
+        return
+    config.load_checkpoint = resolve_weights_file(path)
+    check_safetensors_only(config.load_checkpoint)
+
+
+def resolve_resume(config, model_config, log=print):
+    """Point load_checkpoint at the newest complete checkpoint file (default: <output_dir>/checkpoint) and
+    hand its step to our callbacks, which the trainer only tells when they are typed ``CheckpointMonitor``."""
+    wanted = config.resume_training if isinstance(config.resume_training, str) else None
+    path, info = find_resume_checkpoint(resume_folder(config), wanted, log)
+    check_same_run(info.get("run"), this_run(config, model_config), path, info["step_num"])
+    log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
+    config.load_checkpoint = path
+    config.resume_training = True
+    _tell_callbacks(config, info)
+
+
+def resume_folder(config):
+    """Where a resumed run's checkpoints are: load_checkpoint when it names checkpoints, else (unset, or the
+    model directory a finetune starts from, which holds weights only) ``<output_dir>/checkpoint``."""
+    own = os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    path = config.get("load_checkpoint")
+    if not path or (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
+        return own
+    return path
+
+
+def resolve_rank_resume(config, model_config, log=print):
+    """Many ranks: every rank resumes from the newest step all rank folders hold complete (named by file, so
+    MindFormers takes the same step in each rank's folder), after the same checks as one card."""
+    path = config.get("load_checkpoint") or os.path.join(config.get("output_dir") or "./output", "checkpoint")
+    if not os.path.isdir(path) or not any(name.startswith("rank_") for name in os.listdir(path)):
+        return  # not our rank_* layout (e.g. a merged checkpoint): MindFormers' own resume handles it
+    wanted = config.resume_training if isinstance(config.resume_training, str) else None
+    name, step, info = common_rank_checkpoint(path, _this_rank(), wanted, log)
+    check_same_run(info.get("run"), this_run(config, model_config), os.path.join(path, f"rank_{_this_rank()}",
+                                                                                  name), step)
+    log(f"[gpt_local] rank {_this_rank()} resumes from step {step} ({name} in {path}/rank_*)")
+    config.load_checkpoint = path
+    config.resume_training = name
+    _tell_callbacks(config, info)
+
+
+def _this_rank():
+    """This process's rank before MindSpore's communication is initialised (msrun sets RANK_ID)."""
+    for key in ("RANK_ID", "RANK", "MS_NODE_ID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def this_run(config, model_config):
+    """``checkpoint.resume.run_record`` of this YAML."""
+    return run_record(config, model_config, Layout.of_run_yaml(config), global_batch_size(config))
+
+
+def _tell_callbacks(config, info):
+    step = int(info["step_num"])
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalThroughputMonitor":
+            callback["initial_step"] = step
+        if callback.get("type") == "GPTLocalCheckpointMonitor":
+            callback["append_info"] = [{"epoch_num": int(info.get("epoch_num", 0)), "step_num": step,
+                                        "global_step": step, "loss_scale": info.get("loss_scale", 1)}]
+
+
+def honor_stop_step(config):
+    """MindFormers 1.8.0 reads ``runner_config.stop_step`` but never adds the callback that stops: add it.
+    It counts the steps of this run (a resumed run counts from its first new step)."""
+    stop = (config.get("runner_config") or {}).get("stop_step")
+    callbacks = config.get("callbacks") or []
+    if isinstance(stop, int) and stop > 0 and not any(c.get("type") == "TrainCallBack" for c in callbacks):
+        config.callbacks = list(callbacks) + [{"type": "TrainCallBack", "stop_step": stop}]
+
+
+def configure_checkpoint_monitor(config, model_config):
+    """The trainer passes global_batch_size only to ``CheckpointMonitor``; ours needs it too (resume scaling),
+    and what the run is, stored with each checkpoint for the resume check."""
+    for callback in config.get("callbacks") or []:
+        if callback.get("type") == "GPTLocalCheckpointMonitor":
+            if callback.get("global_batch_size") is None:
+                callback["global_batch_size"] = global_batch_size(config)
+            callback["run_record"] = this_run(config, model_config)
+
+
+def global_batch_size(config):
+    """``parallel/rules.global_batch_size`` (MindFormers' formula) on the run YAML's values."""
+    runner = config.get("runner_config") or {}
+    layout = Layout.of_run_yaml(config)
+    micro = layout.micro if layout.pp > 1 else 1
+    return batch_formula(int(runner.get("batch_size", 1)), int(layout.dp), int(micro),
+                         int(runner.get("gradient_accumulation_steps", 1) or 1))
+
+
