@@ -30,7 +30,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.tools.utils import get_real_group_size
 
 from ..errors import CheckpointError
-from ..mindformers_compat import defer_checkpoint_rotation
+from ..mf.compat import defer_checkpoint_rotation
 from . import manifest as ckpt_manifest
 
 SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)

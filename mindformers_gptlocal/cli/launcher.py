@@ -13,7 +13,7 @@ import sys
 
 from ..errors import ConfigError, GPTLocalError
 from ..preflight.checks import preflight
-from ..registration import mark_checked
+from ..mf.compat import mark_checked
 from .args import run_parser
 
 RUN_MODES = ("train", "finetune", "eval", "predict", "predict_with_train_model")

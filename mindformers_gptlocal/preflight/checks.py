@@ -14,7 +14,7 @@ import numpy as np
 
 from ..checkpoint.resume import check_same_run, common_rank_checkpoint, find_resume_checkpoint, run_record
 from ..errors import ConfigError, DataError
-from ..mindformers_compat import require as require_compat
+from ..mf.compat import require as require_compat
 from ..model.weights import check_matches_config
 from ..parallel.layout import Layout
 from ..parallel.rules import check_yaml_layout, global_batch_size as batch_formula, launch_device_count, raise_if_bad

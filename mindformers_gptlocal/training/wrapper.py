@@ -25,7 +25,7 @@ from mindformers.tools.register import MindFormerRegister, MindFormerModuleType
 from mindformers.wrapper.wrapper import MFTrainOneStepCell, MFPipelineWithLossScaleCell
 
 from ..host_memory import release_freed_heap
-from ..mindformers_compat import lean_step_allowed
+from ..mf.compat import lean_step_allowed
 from ..kernels.provider import provider_of
 from .grad_checks import non_finite, square_sum, clip_coefficient, GPTLocalClipGradNorm
 
