@@ -127,3 +127,25 @@ def test_each_plain_base_holds_what_mindformers_class_holds(tiny_config):
         theirs = GenerationConfig.from_model_config(config).to_dict()
         ours = plain.GenerationOptions.from_model_config(config)
         assert {k: ours[k] for k in DEFAULTS} == {k: theirs.get(k) for k in DEFAULTS}
+
+
+def test_the_plain_model_and_mindformers_model_compute_the_same(tiny_config):
+    """The model's own class and MindFormers' (same weights): the same logits; in training the same loss, the plain
+    model returning it alone, MindFormers' with the zeros its mcore step unpacks (train_outputs)."""
+    import numpy as np
+    import mindspore as ms
+    from mindformers_gptlocal import GPTLocalForCausalLM
+    from mindformers_gptlocal.model import config as plain_config, gpt as plain_gpt
+    registered = GPTLocalForCausalLM(tiny_config)
+    plain = plain_gpt.GPTLocalForCausalLM(plain_config.GPTLocalConfig(**TINY))
+    ms.load_param_into_net(plain, {p.name: p for p in registered.get_parameters()})
+    tokens = ms.Tensor(np.arange(34, dtype=np.int32).reshape(2, 17) * 7 % TINY["vocab_size"])
+    for model in (registered, plain):
+        model.set_train(False)
+    np.testing.assert_array_equal(plain(tokens).asnumpy(), registered(tokens).asnumpy())
+    for model in (registered, plain):
+        model.set_train(True)
+    ours, theirs = plain(tokens), registered(tokens)
+    assert plain.train_outputs == len(ours) == 1 and len(theirs) == registered.train_outputs >= 3
+    assert float(ours[0].asnumpy()) == float(theirs[0].asnumpy()) > 0
+    assert not isinstance(plain.config, type(tiny_config)) and plain.config.to_dict() == tiny_config.to_dict()
