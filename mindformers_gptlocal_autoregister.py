@@ -3,7 +3,7 @@
 A ``.pth`` file installed next to the package (also by ``pip install -e .``) runs ``install()`` at
 interpreter start; ``import mindformers_gptlocal`` runs it too. It only adds a meta-path finder (no
 heavy import): when ``mindformers`` finishes importing, the finder calls
-``mindformers_gptlocal.registration.register()``, which registers the config, model, wrappers,
+``mindformers_gptlocal.mf.registration.register()``, which registers the config, model, wrappers,
 callbacks and tokenizer. A second finder does the same for ``lm_eval`` (lm-evaluation-harness): when
 it finishes importing, ``mindformers_gptlocal.evaluation.harness`` registers the ``gptlocal`` model, so
 ``lm_eval --model gptlocal`` works. Set ``GPTLOCAL_NO_AUTOREGISTER=1`` to switch both off.
@@ -27,7 +27,7 @@ import os
 import sys
 
 TARGET = "mindformers"
-REGISTRATION = "mindformers_gptlocal.registration"
+REGISTRATION = "mindformers_gptlocal.mf.registration"
 HARNESS_TARGET = "lm_eval"
 HARNESS = "mindformers_gptlocal.evaluation.harness"
 

@@ -65,7 +65,6 @@ def worker(args):
     env = C.check_threads(args.threads, f"{args.worker} eval worker")
     if args.worker == "ours":
         # as `gptlocal eval` in its own process: no MindFormers, no torch (the harness never imports it)
-        os.environ.setdefault("GPTLOCAL_LEAN", "1")
         threads = {"mindspore": C.mindspore_threads(args.threads, "ours eval worker"), **env}
     else:
         threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
@@ -73,8 +72,9 @@ def worker(args):
     from lm_eval.tasks import TaskManager
     manager = TaskManager(include_path=os.path.join(args.work, "tasks"))
     if args.worker == "ours":
-        from mindformers_gptlocal.evaluation.harness import GPTLocalLM
+        from mindformers_gptlocal.evaluation.harness import GPTLocalLM, import_transformers_without_torch
         from mindformers_gptlocal.evaluation.run import env_info_without_torch
+        import_transformers_without_torch()  # as run_eval in gptlocal eval's own process
         lean, seeds = env_info_without_torch(), {"torch_random_seed": None}  # as run_eval: torch never imported
     else:
         import contextlib

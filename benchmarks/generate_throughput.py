@@ -50,8 +50,6 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 SIDES = ("ours", "ours-mf", "ours-matmul", "ours-cached", "hf")
-SIDE_ENV = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours-mf": {}, "ours-matmul": {"GPTLOCAL_LEAN": "1"}, "hf": {},
-            "ours-cached": {"GPTLOCAL_LEAN": "1"}}  # ours through a compile cache (the CLI's default)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul); the other
 # sides keep the converted folder's (auto), as gptlocal generate runs it
 SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}}
@@ -122,7 +120,7 @@ def worker(side, work, shape, batch, threads, recompute):
             timed_hf(model, prompts)  # warm-up
         with phases("timed"):
             ttft, total = timed_hf(model, prompts)
-    else:  # ours: the lean process (gptlocal generate's: no MindFormers); ours-mf: the model on MindFormers' bases
+    else:  # ours: the model's own classes (gptlocal generate's: no MindFormers); ours-mf: MindFormers' classes
         import mindspore as ms
         report["runtime_threads"] = C.mindspore_threads(threads, "ours generate worker")
         ms.set_context(mode=ms.GRAPH_MODE)
@@ -219,9 +217,9 @@ def main():
     parser.add_argument("--recompute-shapes", default="tiny",
                         help="shapes that also time our no-cache path (slow: a full forward per token)")
     parser.add_argument("--sides", default="ours,hf",
-                        help="ours (the lean process gptlocal generate runs: no MindFormers), ours-mf (the model on "
-                             "MindFormers' bases, as after `import mindformers`), ours-matmul (ours with "
-                             "model_config.cpu_kernels {linear: plain}: MatMul in every Linear), ours-cached (ours "
+                        help="ours (the model's own classes, as gptlocal generate: no MindFormers), ours-mf (the "
+                             "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
+                             "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), hf")
     parser.add_argument("--kernels-vs-plain", action="store_true",
@@ -256,7 +254,7 @@ def main():
                                 "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
                                 "--cache-lengths", args.cache_lengths,
                                 "--linear-kernel", args.linear_kernel],
-                               env=dict(C.worker_env(args.threads), GPTLOCAL_LEAN="1"), check=True)
+                               env=C.worker_env(args.threads), check=True)
         return None
     work = C.scratch_dir("gptlocal-gen-")
     print(C.machine_line(args.threads), flush=True)
@@ -270,8 +268,7 @@ def main():
             def one(side, index, shape=shape, batch=batch):
                 extra = ["--recompute"] if side.startswith("ours") and shape in args.recompute_shapes.split(",") else []
                 report, _ = C.run_worker(__file__, ["--worker", side, "--work", work, "--shape", shape, "--batch",
-                                                    str(batch), "--threads", str(args.threads), *extra], args.threads,
-                                            **SIDE_ENV[side])
+                                                    str(batch), "--threads", str(args.threads), *extra], args.threads)
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
                 print(f"{shape} batch {batch} round {index + 1} {side:7}: {report['rate']:.1f} tok/s, TTFT "
                       f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own peak: "

@@ -106,7 +106,7 @@ def main():
     subprocess.run([sys.executable, __file__, "--worker", "--shapes", args.shapes, "--rows", args.rows,
                     "--rounds", str(args.rounds), "--reps", str(args.reps), "--threads", str(args.threads),
                     *(["--layers", str(args.layers)] if args.layers else [])],
-                   env=dict(C.worker_env(args.threads), GPTLOCAL_LEAN="1"), check=True)
+                   env=C.worker_env(args.threads), check=True)
     return None
 
 

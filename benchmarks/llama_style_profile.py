@@ -6,8 +6,8 @@ a greedy generation (its time a new token), the RMSNorm/SwiGLU kernels on or off
     python benchmarks/llama_style_profile.py --compare --rounds 3 --new 16                # kernels vs plain, in-process
 
 The model is benchmarks/llama_style_vs_transformers.py's 120m shape (12 layers, 768 wide, 12 heads over 4
-key/value groups, SwiGLU 2048, RMSNorm, rope, untied 32000 head) with random weights, built in the lean process
-(GPTLOCAL_LEAN=1, as ``gptlocal generate``), GRAPH mode, CPU, ``runtime_num_threads`` = ``--threads``. Each part
+key/value groups, SwiGLU 2048, RMSNorm, rope, untied 32000 head) with random weights, built from the model's own
+classes (no MindFormers, as ``gptlocal generate``), GRAPH mode, CPU, ``runtime_num_threads`` = ``--threads``. Each part
 runs twice unprofiled (compiles), then ``--steps`` times under ``mindspore.Profiler`` (CPU op statistics,
 ``cpu_op_detail_info_0.csv``; AOT Custom ops named by their Cell); the tables give ms per forward and ms per
 generated token (the generation's op time / ``--new``: it includes the one 32-token prefill) by op type.
@@ -125,7 +125,6 @@ def main():
     parser.add_argument("--compare", action="store_true", help="kernels vs plain in this process, alternating")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    os.environ["GPTLOCAL_LEAN"] = "1"
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor

@@ -43,8 +43,7 @@ SHAPES = {  # ~125M: GPT-2 small's width and depth with Llama's layers, 12 heads
 }
 PROMPT, NEW, FORWARD_SEQ = 32, 64, 256
 JOBS = ("forward", "generate")
-SIDES = {"ours": {"GPTLOCAL_LEAN": "1"}, "ours_plain": {"GPTLOCAL_LEAN": "1"},
-         "hf": {}}  # each worker's extra environment (GPTLOCAL_LEAN=1: gptlocal generate's process)
+SIDES = {"ours": {}, "ours_plain": {}, "hf": {}}  # each worker's extra environment
 # model_config.cpu_kernels given to from_pretrained (ours keeps the converted folder's: auto)
 SIDE_KERNELS = {"ours_plain": {"rms_norm": "plain", "swiglu": "plain"}}
 LABELS = {"ours": "gpt_local", "ours_plain": "gpt_local, RMSNorm/SwiGLU plain", "hf": "HF LlamaForCausalLM"}

@@ -61,7 +61,6 @@ def snapshot(label, rows):
 
 def worker(args):
     os.environ.update({k: str(args.threads) for k in C.THREAD_VARS})
-    os.environ.setdefault("GPTLOCAL_LEAN", "1")
     seen = C.check_threads(args.threads, "serve_memory")
     if args.noop:  # tests/tools/test_benchmarks.py: the threads checked, nothing measured
         C.emit({"env": seen, "runtime_threads": C.mindspore_threads(args.threads, "serve_memory")})

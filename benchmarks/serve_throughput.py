@@ -52,7 +52,6 @@ def ours_server(model_dir, port, batch, threads, variant=None):
     (--batch-buckets 1,4,16 --max-prefill-tokens 128: 4 x 32 prefills and a 4-row decode graph); "cached": the
     defaults through a compile-cache folder beside the model (round 1 compiles and stores, later rounds load);
     every other variant runs with --compile-cache off (each start compiles, as a first-ever run)."""
-    os.environ.setdefault("GPTLOCAL_LEAN", "1")  # as `gptlocal serve` in its own process: no MindFormers
     plain = variant == "plain"
     refill = ["--max-prefill-tokens", "0"] if variant in ("refill", "plain") else []
     if variant == "wide":

@@ -1,18 +1,21 @@
 """mindformers-gptlocal: GPT-2-family causal LMs for MindFormers' mcore path (``model_type: gpt_local``).
 
 Importing this package is light: it loads neither MindSpore nor MindFormers. MindFormers learns of
-gpt_local (``registration.register``) as soon as it is imported itself (the installed ``.pth`` hook,
+gpt_local (``mf/registration.py`` ``register``) as soon as it is imported itself (the installed ``.pth`` hook,
 or the same hook installed here), or right away if it is already loaded. The heavy names below are
-loaded on first use.
+loaded on first use: ``GPTLocalConfig`` and ``GPTLocalForCausalLM`` here are the classes MindFormers builds from a
+YAML (``mf/model.py``: the model's own classes on MindFormers' bases, so asking for them loads MindFormers); the
+model's own, MindFormers-free classes are ``mindformers_gptlocal.model``'s.
 """
 import importlib
+import os
 import sys
 
 from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
 
 __version__ = "0.1.0"
 
-_LAZY = {"GPTLocalConfig": ".model.config", "GPTLocalForCausalLM": ".model.gpt",
+_LAZY = {"GPTLocalConfig": ".mf.model", "GPTLocalForCausalLM": ".mf.model",
          "GPTLocalTrainOneStepCell": ".mf.wrapper"}
 
 __all__ = ["GPTLocalConfig", "GPTLocalForCausalLM", "GPTLocalTrainOneStepCell", "GPTLocalError",
@@ -21,7 +24,7 @@ __all__ = ["GPTLocalConfig", "GPTLocalForCausalLM", "GPTLocalTrainOneStepCell", 
 
 def __getattr__(name):
     if name in _LAZY:
-        from .registration import register
+        from .mf.registration import register
         register()
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -37,8 +40,17 @@ def _register_with_mindformers():
     if hook is not None:
         hook.install()
     if "mindformers" in sys.modules:
-        from .registration import register
+        from .mf.registration import register
         register()
 
 
+def _retired_lean_switch():
+    """``GPTLOCAL_LEAN`` is no longer read (the model never imports MindFormers): one stderr line when set."""
+    if "GPTLOCAL_LEAN" in os.environ:
+        sys.stderr.write("gpt_local: GPTLOCAL_LEAN is no longer read and not needed: the model and gptlocal "
+                         "generate/chat/serve/eval never import MindFormers (import the model's classes from "
+                         "mindformers_gptlocal.model); unset it.\n")
+
+
+_retired_lean_switch()
 _register_with_mindformers()

@@ -19,8 +19,8 @@ class CheckpointError(GPTLocalError):
 
 class CompatError(GPTLocalError):
     """The installed MindFormers/MindSpore moved or changed something a gpt_local patch relies on
-    (``mindformers_compat``): the message names the patch, the target and the versions."""
+    (``mf/compat.py``): the message names the patch, the target and the versions."""
 
 
 class GPTLocalCompatWarning(UserWarning):
-    """A gpt_local patch of MindFormers/MindSpore found its target moved (``mindformers_compat.verify``)."""
+    """A gpt_local patch of MindFormers/MindSpore found its target moved (``mf/compat.py`` ``verify``)."""

@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source run_scripts/setup_env.sh test mf18
 python -m pytest -q \
-  tests/test_registration.py \
-  tests/test_mindformers_compat.py \
+  tests/mf/test_registration.py \
+  tests/mf/test_mindformers_compat.py \
   tests/e2e/test_launcher_runs.py \
   "tests/e2e/test_resume.py::test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout" \
   "tests/peft/test_lora.py::test_pet_config_yaml_trains_only_the_adapters_and_resumes_exactly" \

@@ -1,13 +1,13 @@
 """docs/ARCHITECTURE.md "Imports point down", read from the source (every import statement, top-level or inside
-a function): ``model/`` imports none of the layers above it (but ``registration.register`` in its lazy loader, and
-the inference runtime's ``runner_for`` / ``generate`` in ``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate``
-hooks) and, of ``generation/``, only the defaults table (``model/bases.py``'s stand-in for MindFormers'
-GenerationConfig reads MindFormers' column); ``generation/`` and ``kernels/`` import nothing of ours but the base;
-``runtime/`` imports none of the commands that use it; ``peft/``'s settings modules (everything but its
-``*_cells.py``) are pure Python below ``model/`` (they import the base, ``parallel/`` and each other, never
-MindSpore), its Cells modules sit beside ``model/``'s building blocks (they import them, nothing above ``model/``).
-MindFormers is imported only inside ``mf/``, the one MindFormers boundary (the rest takes its names from
-``mf/symbols.py``)."""
+a function): ``model/`` imports none of the layers above it (but the inference runtime's ``runner_for`` /
+``generate`` in ``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate`` hooks) and, of ``generation/``, only the
+defaults table (the model's default generation options, ``model/config.py``, read MindFormers' column);
+``generation/`` and ``kernels/`` import nothing of ours but the base; ``runtime/`` imports none of the commands that
+use it; ``peft/``'s settings modules (everything but its ``*_cells.py``) are pure Python below ``model/`` (they import
+the base, ``parallel/`` and each other, never MindSpore), its Cells modules sit beside ``model/``'s building blocks
+(they import them, nothing above ``model/``). ``mf/`` is the one MindFormers boundary: no module outside it imports
+MindFormers (the rest takes its names from ``mf/symbols.py``), and ``model/`` and ``runtime/`` import nothing of
+it."""
 import ast
 import os
 
@@ -16,8 +16,9 @@ import mindformers_gptlocal
 PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
 BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
 ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-               "registration", "mindformers_compat", "runtime"}
-ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation"}
+               "registration", "mf", "runtime"}
+ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
+                 "registration", "mf"}
 
 
 def imports(folder):
@@ -51,15 +52,14 @@ def imports(folder):
 
 def test_model_imports_nothing_above_it_but_its_two_runtime_hooks():
     found = imports("model")
-    assert len(found) > 50  # the scan reads the package
+    assert len(found) > 40  # the scan reads the package
     above = sorted((f[0], f[2], f[3]) for f in found if f[2] in ABOVE_MODEL)
-    # the exceptions: the package's lazy loader registers with MindFormers before the first Cell loads; the model's
-    # kv_cache and generate methods hand over to the inference runtime (MindFormers calls model.generate)
+    # the exceptions: the model's kv_cache and generate methods hand over to the inference runtime (MindFormers
+    # calls model.generate)
     gpt = os.path.join("model", "gpt.py")
-    assert above == [(os.path.join("model", "__init__.py"), "registration", ["register"]),
-                     (gpt, "runtime", ["generate"]), (gpt, "runtime", ["runner_for"])], above
+    assert above == [(gpt, "runtime", ["generate"]), (gpt, "runtime", ["runner_for"])], above
     generation = [(f[0], f[2], f[3]) for f in found if f[2] == "generation"]
-    assert generation == [(os.path.join("model", "bases.py"), "generation", ["MINDFORMERS"])], generation
+    assert generation == [(os.path.join("model", "config.py"), "generation", ["MINDFORMERS"])], generation
 
 
 def test_runtime_imports_none_of_its_users():
@@ -106,11 +106,6 @@ def test_peft_cells_import_nothing_above_model():
     assert {f[2] for f in found} <= BASE | {"parallel", "model", "peft", "kernels"}, found
 
 
-# Files outside mf/ still importing MindFormers while the model/runtime half of the boundary lands on its own
-# branch; the lead empties this list when both halves are merged (then mf/ is the only importer).
-NOT_YET_BEHIND_THE_BOUNDARY = {"model", "runtime", "registration.py", "mindformers_compat.py", "__init__.py"}
-
-
 def mindformers_imports(path):
     """(line, module) of every import of MindFormers in ``path``: import statements anywhere in the file and
     ``importlib.import_module("mindformers...")`` / ``__import__`` with a literal name."""
@@ -131,7 +126,7 @@ def mindformers_imports(path):
 
 
 def test_mindformers_is_imported_only_inside_mf():
-    scanned, outside = 0, []
+    scanned, outside, inside = 0, [], set()
     for root, _, files in os.walk(PACKAGE):
         for name in sorted(files):
             if not name.endswith(".py"):
@@ -139,9 +134,12 @@ def test_mindformers_is_imported_only_inside_mf():
             relative = os.path.relpath(os.path.join(root, name), PACKAGE)
             hits = mindformers_imports(os.path.join(root, name))
             scanned += 1
-            if relative.split(os.sep)[0] not in NOT_YET_BEHIND_THE_BOUNDARY | {"mf"}:
+            if hits and relative.split(os.sep)[0] == "mf":
+                inside.add(relative.replace(os.sep, "/"))
+            if relative.split(os.sep)[0] != "mf":
                 outside += [(relative, line, module) for line, module in hits]
     assert scanned > 100  # the scan reads the package (test_the_scan_finds_every_form_of_import: it sees imports)
+    assert {"mf/model.py", "mf/symbols.py", "mf/compat.py"} <= inside, inside
     assert not outside, f"MindFormers imported outside mindformers_gptlocal/mf/ (use mf/symbols.py): {outside}"
 
 
@@ -152,3 +150,10 @@ def test_the_scan_finds_every_form_of_import(tmp_path):
                     "from mindformers_gptlocal import y\nimport mindspore\nfrom . import mindformers\n")
     assert [module for _, module in mindformers_imports(str(path))] == [
         "mindformers", "mindformers.tools", "mindformers.core", "mindformers.trainer"]
+
+
+def test_the_model_and_the_inference_runtime_import_nothing_of_mf():
+    for folder in ("model", "runtime", "generation", "serve", "evaluation"):
+        found = imports(folder)
+        assert found, folder
+        assert not [f for f in found if f[2] in ("mf", "registration")], (folder, found)

@@ -29,7 +29,7 @@ PKG = "mindformers_gptlocal/"
 
 Mutation = namedtuple("Mutation", "name path old new tests")
 
-COMPAT_TESTS = ["tests/test_mindformers_compat.py"]
+COMPAT_TESTS = ["tests/mf/test_mindformers_compat.py"]
 PLANNER_TESTS = ["tests/plan/test_plan_values.py", "tests/plan/test_planner.py", "-k", "not cpu_estimate_is_within"]
 MUTATIONS = [
     # model
@@ -219,25 +219,27 @@ MUTATIONS = [
     Mutation("resume takes the oldest checkpoint", PKG + "checkpoint/resume.py",
              'for entry in sorted(entries, key=lambda e: e["step"], reverse=True):',
              'for entry in sorted(entries, key=lambda e: e["step"]):', ["tests/e2e/test_crash_safe.py"]),
-    # MindFormers compatibility (mindformers_compat.py)
-    Mutation("compat check ignores a re-signed target", PKG + "mindformers_compat.py",
+    # MindFormers compatibility (mf/compat.py)
+    Mutation("compat check ignores a re-signed target", PKG + "mf/compat.py",
              "if target.params is not None and params != list(target.params):", "if False:", COMPAT_TESTS),
-    Mutation("compat check ignores an instance attribute no longer set", PKG + "mindformers_compat.py",
+    Mutation("compat check ignores an instance attribute no longer set", PKG + "mf/compat.py",
              "        if gone:\n", "        if False:\n", COMPAT_TESTS),
-    Mutation("compat verify never warns", PKG + "mindformers_compat.py",
+    Mutation("compat verify never warns", PKG + "mf/compat.py",
              "warnings.warn(message(name, problems), GPTLocalCompatWarning, stacklevel=2)", "pass", COMPAT_TESTS),
-    Mutation("checkpoint rotation patch assigns onto any manager", PKG + "mindformers_compat.py",
+    Mutation("checkpoint rotation patch assigns onto any manager", PKG + "mf/compat.py",
              "    if not callable(original):\n        raise CompatError", "    if False:\n        raise CompatError",
              COMPAT_TESTS),
-    Mutation("barrier scan patches no module", PKG + "mindformers_compat.py",
+    Mutation("barrier scan patches no module", PKG + "mf/compat.py",
              "for name in barrier_bound_modules(original):", "for name in ():", COMPAT_TESTS),
+    Mutation("MindFormers' model returns 1.8's count of losses", PKG + "mf/model.py",
+             "train_outputs = mcore_train_outputs()", "train_outputs = 3", COMPAT_TESTS + ["-k", "training_tuple"]),
     Mutation("pre-flight skips the compat check", PKG + "preflight/checks.py",
              "    require_compat()  #", "    pass  #", COMPAT_TESTS),
-    Mutation("BLEU patch check ignores what bleu_score imports", PKG + "mindformers_compat.py",
+    Mutation("BLEU patch check ignores what bleu_score imports", PKG + "mf/compat.py",
              '- {"nltk.util"})', '- {"nltk.util"}) and []', COMPAT_TESTS),
     Mutation("import hook keeps the bare nltk modules loaded", "mindformers_gptlocal_autoregister.py",
              '        forget_bare_nltk(getattr(self, "bleu", ()))\n', "        pass\n",
-             ["tests/test_registration.py", "-k", "bleu"]),
+             ["tests/mf/test_registration.py", "-k", "bleu"]),
     # models by name, generate's samples, the server's n
     Mutation("i39n: the server's n choices share one seed", PKG + "serve/app.py",
              'seed=None if spec["seed"] is None else spec["seed"] + index', 'seed=spec["seed"]',

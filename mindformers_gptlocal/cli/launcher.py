@@ -11,7 +11,7 @@ import sys
 from ..errors import ConfigError, GPTLocalError
 from ..mf.logs import HeldLog, config_dump_to_log
 from ..preflight.checks import preflight
-from ..registration import mark_checked
+from ..mf.compat import mark_checked
 from .args import run_parser
 
 RUN_MODES = ("train", "finetune", "eval", "predict", "predict_with_train_model")

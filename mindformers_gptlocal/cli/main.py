@@ -6,6 +6,7 @@ Arguments are defined in ``args.py``; each command imports only what its work ne
 ``convert`` and every ``--help`` load neither MindSpore nor MindFormers: ``main`` answers ``--help`` from
 ``args.py`` before a command imports its work).
 """
+import functools
 import json
 import os
 import sys
@@ -210,12 +211,12 @@ def serve(argv):
 
 
 
-def evaluate(argv):
+def evaluate(argv, own_process=False):
     options = cli_args.eval_parser().parse_args(argv)
     check_device_target(options)
     model_by_name(options)
     from ..evaluation.run import run_eval
-    return run_eval(options)
+    return run_eval(options, own_process=own_process)
 
 
 
@@ -281,14 +282,9 @@ def _asks_for_help(argv):
     return any(a in ("-h", "--help") for a in head)
 
 
-# commands that only run the model: their own process imports it without MindFormers (model/bases.py)
-LEAN_COMMANDS = ("generate", "chat", "serve", "eval")
-
-
 def main(argv=None):
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] in LEAN_COMMANDS:  # a process of its own, not a caller's
-        os.environ.setdefault("GPTLOCAL_LEAN", "1")
-    if argv is None and "--verbose" not in sys.argv[2:]:  # a process of its own: MindSpore's own warnings stay
+    own_process = argv is None  # the console script (or a script calling main()), not a caller's own argv
+    if own_process and "--verbose" not in sys.argv[2:]:  # a process of its own: MindSpore's own warnings stay
         os.environ.setdefault("GLOG_v", "3")  # off the terminal (its errors show); `run --verbose` shows them
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "--version"):
@@ -305,8 +301,11 @@ def main(argv=None):
         return 2
     if _asks_for_help(argv[1:]) and argv[0] in cli_args.PARSERS:
         cli_args.PARSERS[argv[0]]().parse_args(argv[1:])  # prints the help and exits
+    command = COMMANDS[argv[0]]
+    if own_process and command is evaluate:  # its own process: the tokenizer's transformers without torch
+        command = functools.partial(evaluate, own_process=True)
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        return command(argv[1:])
     except GPTLocalError as err:
         print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
         return 2

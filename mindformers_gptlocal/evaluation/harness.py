@@ -46,27 +46,24 @@ DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
 
 
-def auto_tokenizer():
-    """transformers' ``AutoTokenizer``; in a lean eval process (``GPTLOCAL_LEAN=1``: ``gptlocal eval``'s own, the
-    benchmark's worker) imported with ``USE_TORCH=0`` when transformers is not loaded yet, because transformers
-    imports torch at its import wherever torch is installed (``transformers/utils/generic.py``), ~230 MB and
-    ~2 s an eval over MindSpore never uses; a tokenizer needs none of it. The variable is only read at that
-    import and is put back at once; another process (``lm_eval --model gptlocal``, a test) keeps its torch."""
-    if (os.environ.get("GPTLOCAL_LEAN") != "1" or "transformers" in sys.modules or "torch" in sys.modules
-            or "USE_TORCH" in os.environ):
-        from transformers import AutoTokenizer
-        return AutoTokenizer
+def import_transformers_without_torch():
+    """Import transformers with ``USE_TORCH=0`` when neither it nor torch is loaded yet: transformers imports torch
+    at its import wherever torch is installed (``transformers/utils/generic.py``), ~230 MB and ~2 s an eval over
+    MindSpore never uses; a tokenizer needs none of it. Called by ``gptlocal eval`` for its own process (and the
+    eval benchmark's worker) before the model is built; the variable is only read at that import and is put back at
+    once. Any other process (``lm_eval --model gptlocal``, a test) imports transformers itself, torch included."""
+    if "transformers" in sys.modules or "torch" in sys.modules or "USE_TORCH" in os.environ:
+        return
     quiet = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
     os.environ.update(USE_TORCH="0", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")  # and no "None of PyTorch..." line
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: F401  (the import that reads the variable)
     finally:
         del os.environ["USE_TORCH"]
         if quiet is None:
             del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
         else:
             os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = quiet
-    return AutoTokenizer
 
 
 class HFLMTokens:
@@ -310,7 +307,8 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
         self.add_bos_token = None if add_bos_token is None else bool(add_bos_token)
         # as HFLM._create_tokenizer: the fast tokenizer, add_bos_token passed on when given
         extra = {} if self.add_bos_token is None else {"add_bos_token": self.add_bos_token}
-        self.tokenizer = configure_pad_token(auto_tokenizer().from_pretrained(self.pretrained, use_fast=True, **extra))
+        from transformers import AutoTokenizer
+        self.tokenizer = configure_pad_token(AutoTokenizer.from_pretrained(self.pretrained, use_fast=True, **extra))
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.progress = str(progress).lower() not in ("0", "false", "no")
         self._scorer = _scorer(self.model)

@@ -100,8 +100,10 @@ def _is_network_error(err):
                          "Timeout", "ConnectTimeout"})
 
 
-def run_eval(options):
-    """Evaluate ``options.model`` on ``options.tasks``; print the table, write ``options.output_path``."""
+def run_eval(options, own_process=False):
+    """Evaluate ``options.model`` on ``options.tasks``; print the table, write ``options.output_path``.
+    ``own_process``: the `gptlocal eval` command's own process (the console script), which imports the tokenizer's
+    transformers without torch (``harness.import_transformers_without_torch``)."""
     offline = offline_unless_reachable()
     lm_eval, TaskManager, handle_non_serializable, make_table = _lm_eval()
     if options.include_path and not os.path.isdir(options.include_path):
@@ -118,7 +120,9 @@ def run_eval(options):
     if offline:  # the tasks' data from the local cache, before the model loads: a missing one fails at once
         with _network_errors_named(options.tasks, offline):
             manager.load(tasks)
-    from .harness import GPTLocalLM
+    from .harness import GPTLocalLM, import_transformers_without_torch
+    if own_process:
+        import_transformers_without_torch()
     model = GPTLocalLM(pretrained=options.model, batch_size=options.batch_size, max_length=options.max_length,
                        device_target=options.device_target, seed=options.seed,
                        compile_cache=getattr(options, "compile_cache", "on"),

@@ -10,7 +10,7 @@ Three entry points, three audiences, so three columns of one table (read by thei
   new tokens on /v1/completions; read by ``serve/protocol.py``).
 
 ``MINDFORMERS`` is MindFormers' own ``GenerationConfig`` defaults (what ``model.generation_config`` holds when
-MindFormers builds it); ``model/bases.py``'s lean stand-in mirrors it.
+MindFormers builds it); the model's own ``generation_config`` (``model/config.py`` ``GenerationOptions``) mirrors it.
 """
 
 LIBRARY = {"max_new_tokens": None, "max_length": None, "do_sample": False, "temperature": 1.0, "top_k": 0,

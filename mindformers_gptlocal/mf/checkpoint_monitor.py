@@ -27,7 +27,7 @@ import time
 
 from ..checkpoint import manifest as ckpt_manifest
 from ..errors import CheckpointError
-from ..mindformers_compat import defer_checkpoint_rotation
+from .compat import defer_checkpoint_rotation
 from .symbols import CheckpointMonitor, MindFormerRegister, MindFormerModuleType, get_real_group_size
 
 SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -75,7 +75,7 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         self._remove_stale_partials()
         # keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next one; here the
         # deletion waits until the new file is whole, so a failed save never costs a good checkpoint
-        # (mindformers_compat "deferred checkpoint rotation": a manager without the method is a CompatError)
+        # (mf/compat.py "deferred checkpoint rotation": a manager without the method is a CompatError)
         self._rotate = defer_checkpoint_rotation(self._manager, self._defer_rotation)
         self._rotation_due = False
 

@@ -7,7 +7,7 @@ after the module runs, before the rest of ``import mindformers`` logs anything. 
 and writes nothing; a run that passed its checks replays it into MindFormers' log under its output folder.
 ``config_dump_to_log`` sends the trainer's ~300-line pprint of the config to that log instead of the terminal.
 
-Both are run-time patches of MindFormers, listed in ``PATCHES`` (``mindformers_compat.Patch``) and checked against
+Both are run-time patches of MindFormers, listed in ``PATCHES`` (``compat.Patch``) and checked against
 the installed MindFormers before use; neither is required: a moved target leaves MindFormers' logging as it is.
 """
 import contextlib
@@ -18,7 +18,7 @@ import logging
 import pprint
 import sys
 
-from ..mindformers_compat import Patch, Target, check_patch
+from .compat import Patch, Target, check_patch
 
 LOGGER = "mindformers.tools.logger"
 CONFIG_DUMPERS = ("mindformers.trainer.base_trainer",

@@ -2,7 +2,7 @@
 
 ``rewrite_for_trainer`` is the one entry (called by ``preflight.checks.preflight``, once per run). Each rewrite works
 around what MindFormers' trainer does with the YAML; the ones that depend on MindFormers' code are listed with the
-run-time patches (``mindformers_compat.PATCHES``: "callbacks told the resume step", "stop_step honoured") and checked
+run-time patches (``compat.PATCHES``: "callbacks told the resume step", "stop_step honoured") and checked
 like them:
 - ``load_checkpoint`` / ``resume_training``: resolved to the newest complete checkpoint file (``checkpoint.resume``)
   and checked against the model, because single-card MindFormers refuses the ``rank_0`` folder its own

@@ -2,7 +2,7 @@
 
 ``from ..mf.symbols import MindFormerConfig`` imports MindFormers (when not loaded yet) and hands the name over;
 importing this module alone loads nothing. A name that moved between the supported MindFormers versions
-(``mindformers_compat.SUPPORTED``) is listed with each place it lives, tried in order; today every name below
+(``compat.SUPPORTED``) is listed with each place it lives, tried in order; today every name below
 sits in the same module on 1.8 and 1.9. Outside ``mf/`` no module of gpt_local imports MindFormers itself
 (``tests/test_import_rules.py``).
 """
@@ -60,7 +60,7 @@ def _lookup(name):
             return getattr(module, attr or name)
         problems.append(f"{module_name} has no {attr or name}")
     raise ImportError(f"MindFormers' {name} is not where gpt_local looks for it: {'; '.join(problems)}. gpt_local "
-                      f"supports the MindFormers versions of mindformers_compat.SUPPORTED.")
+                      f"supports the MindFormers versions of compat.SUPPORTED.")
 
 
 def __getattr__(name):

@@ -1,7 +1,9 @@
 """The layer-sliced GPT model: config, parameter table, layers, attention, the model (embedding to loss), KV cache.
 
-Light on import: ``params`` (the parameter table) is pure Python; the Cells load MindSpore and
-MindFormers when first asked for (``from mindformers_gptlocal.model import GPTLocalForCausalLM``).
+Light on import: ``params`` (the parameter table) is pure Python; the Cells load MindSpore when first asked for
+(``from mindformers_gptlocal.model import GPTLocalForCausalLM``). Nothing here imports MindFormers: these are the
+model's own classes; the ones MindFormers builds from a YAML (the same classes on MindFormers' bases) are
+``mindformers_gptlocal.GPTLocalConfig`` / ``GPTLocalForCausalLM`` (``mf/model.py``).
 """
 import importlib
 
@@ -14,7 +16,5 @@ __all__ = list(_LAZY)
 
 def __getattr__(name):
     if name in _LAZY:
-        from ..registration import register
-        register()  # MindFormers first, so every registered class is in place before ours load
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,15 +7,19 @@ Field names follow MindFormers' mcore vocabulary (``num_hidden_layers``,
 accepted as aliases. Unknown keys are refused with the closest known key.
 The architecture (sizes, layer choices and what they imply) is read once into ``config.arch``
 (``model/arch.py``); the parallel ``Layout`` and the PEFT settings are read once too (``layout``, ``pet_spec``).
+
+Plain Python on a plain base (``ConfigBase``): MindFormers never imported. The class MindFormers builds from a YAML
+(``model_config: type: GPTLocalConfig``) is ``mf/model.py``'s, this one on MindFormers' ``PretrainedConfig``.
 """
+import copy
 import difflib
 import functools
 
 from ..errors import ConfigError
+from ..generation.defaults import MINDFORMERS as MINDFORMERS_GENERATION_DEFAULTS
 from ..kernels.provider import plain_cpu_kernels
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
-from .bases import LEAN, MindFormerModuleType, MindFormerRegister, PretrainedConfig, moe_keys
 from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
 from ..peft import check_trainable, read as read_pet_config
 from .params import table_of_dims, dims
@@ -51,6 +55,95 @@ class DictConfig(dict):
         except KeyError as err:
             raise AttributeError(key) from err
 
+# MindFormers' MoEConfig fields (a flattened moe_config arrives in model_config; a dense GPT ignores them);
+# tests/model/test_lean_process.py compares this with mindformers.modules.transformer.moe.MoEConfig on each line
+MOE_KEYS = frozenset((
+    "aux_loss_factor", "aux_loss_factors", "aux_loss_types", "balance_via_topk_bias", "callback_moe_droprate",
+    "capacity_factor", "cold_token_percent", "comp_comm_parallel", "comp_comm_parallel_degree", "cur_layer",
+    "dispatch_global_max_bs", "enable_cold_hot_expert", "enable_deredundency", "enable_gmm_safe_tokens",
+    "enable_sdrop", "ep_extend_tp", "expert_group_size", "expert_model_parallel", "expert_num",
+    "first_k_dense_replace", "group_wise_a2a", "hot_expert_num", "max_router_load", "moe_intermediate_size",
+    "moe_module_name", "moe_shared_expert_overlap", "n_group", "norm_topk_prob", "npu_nums_per_device",
+    "num_experts_chosen", "routed_scaling_factor", "router_dense_type", "routing_policy", "save_token_distribution",
+    "shared_expert_num", "topk_bias_update_rate", "topk_group", "topk_method", "update_step",
+    "use_allgather_dispatcher", "use_fused_ops_permute", "use_fused_ops_topkrouter", "use_gating_sigmoid", "use_gmm",
+    "use_shared_expert_gating", "z_loss_factor"))
+
+
+class ConfigBase:
+    """The config's plain base: the attributes a Hugging Face-style config holds besides the model's own keys (as
+    MindFormers' ``PretrainedConfig.__init__`` sets them: name, checkpoint, token ids, architectures ...), its
+    ``to_dict`` and equality. MindFormers' ``GPTLocalConfig`` (``mf/model.py``) has ``PretrainedConfig`` in its
+    place; ``tests/model/test_lean_process.py`` compares the two."""
+
+    model_type = ""
+
+    def __init__(self, **kwargs):
+        self._name_or_path = str(kwargs.pop("name_or_path", ""))
+        self._commit_hash = kwargs.pop("_commit_hash", None)
+        self.checkpoint_name_or_path = kwargs.pop("checkpoint_name_or_path", None)
+        self.pretrained_model_dir = str(kwargs.pop("pretrained_model_dir", ""))
+        self.mindformers_version = kwargs.pop("mindformers_version", None)
+        self.tokenizer_class = kwargs.pop("tokenizer_class", None)
+        for key in ("bos_token_id", "pad_token_id", "eos_token_id", "architectures", "is_encoder_decoder",
+                    "is_sample_acceleration", "quantization_config", "quantization"):
+            setattr(self, key, kwargs.pop(key, None))
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    @property
+    def name_or_path(self):
+        return getattr(self, "_name_or_path", None)
+
+    @name_or_path.setter
+    def name_or_path(self, value):
+        self._name_or_path = str(value)
+
+    def to_dict(self):
+        output = copy.deepcopy(self.__dict__)
+        output["model_type"] = self.__class__.model_type
+        output.pop("_auto_class", None)
+        output.pop("_commit_hash", None)
+        for key in ("parallel_config", "moe_config"):
+            if key in output and hasattr(output[key], "to_dict"):
+                output[key] = output[key].to_dict()
+        # as MindFormers' to_dict: the installed MindFormers' version (read from its package metadata, nothing
+        # imported), so config.json is the same whichever class wrote it
+        output["mindformers_version"] = _installed_version("mindformers")
+        return output
+
+    def __eq__(self, other):
+        return isinstance(other, ConfigBase) and self.__dict__ == other.__dict__
+
+    def __repr__(self):
+        return f"{self.__class__.__name__} {self.to_dict()}"
+
+
+def _installed_version(distribution):
+    from importlib import metadata
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class GenerationOptions(dict):
+    """A model's default generation options (``model.generation_config``): what MindFormers'
+    ``GenerationConfig.from_model_config(config)`` holds for the options the decode loop reads (its defaults are
+    ``generation/defaults.py`` ``MINDFORMERS``), so a model decodes the same on either base."""
+
+    @classmethod
+    def from_model_config(cls, config):
+        values = config.to_dict()
+        options = {k: values.get(k, default) for k, default in MINDFORMERS_GENERATION_DEFAULTS.items()}
+        eos = options["eos_token_id"]
+        options["eos_token_id"] = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        return cls(options)
+
+    def to_dict(self):
+        return dict(self)
+
+
 
 def _accept_gpt2_names(init):
     """Let ``__init__`` take GPT-2 names (n_layer, n_embd ...) for our fields."""
@@ -68,8 +161,7 @@ def _accept_gpt2_names(init):
     return wrapper
 
 
-@MindFormerRegister.register(MindFormerModuleType.CONFIG, legacy=False, search_names="gpt_local")
-class GPTLocalConfig(PretrainedConfig):
+class GPTLocalConfig(ConfigBase):
     """Configuration of a causal LM: GPT-2 by default (learned positions, pre-LN, biases, tied head); rope, GQA,
     SwiGLU, RMSNorm, untied head and parallel residual by their keys (``model/arch.py``)."""
 
@@ -187,9 +279,9 @@ class GPTLocalConfig(PretrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                          architectures=["GPTLocalForCausalLM"], **kwargs)
-        # MindFormers 1.9's PretrainedConfig.__init__ sets both from its own kwargs (None / its default layout),
-        # after ours were set above: ours again, and no default layout where none was given (as on 1.8: config.json
-        # and the lean config stay the same)
+        # MindFormers 1.9's PretrainedConfig.__init__ (the base of mf/model.py's class) sets both from its own kwargs
+        # (None / its default layout), after ours were set above: ours again, and no default layout where none was
+        # given (as on 1.8: config.json and this class on ConfigBase stay the same)
         self.pet_config = _plain_pet_config(pet_config)
         if parallel_config is not None:
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
@@ -240,7 +332,7 @@ class GPTLocalConfig(PretrainedConfig):
         return output
 
     def __eq__(self, other):
-        return isinstance(other, PretrainedConfig) and \
+        return isinstance(other, ConfigBase) and \
             {k: v for k, v in self.__dict__.items() if k != "_derived"} == \
             {k: v for k, v in other.__dict__.items() if k != "_derived"}
 
@@ -347,7 +439,7 @@ def known_keys():
     if _KNOWN is None:
         import inspect
         own = set(inspect.signature(GPTLocalConfig.__init__).parameters) - {"self", "kwargs"}
-        base = set(PretrainedConfig().to_dict())
+        base = set(ConfigBase().to_dict())
         _KNOWN = own | base | set(GPT2_ALIASES) | MINDFORMERS_INJECTED | {
             "model_type", "architectures", "transformers_version", "mindformers_version",
             "_name_or_path", "position_embedding_type", "normalization", "add_bias_linear",
@@ -357,7 +449,7 @@ def known_keys():
 
 def _reject_unknown(kwargs):
     # MoE keys arrive flattened from moe_config; a dense GPT ignores them.
-    moe = moe_keys()
+    moe = MOE_KEYS
     # underscore keys are loader bookkeeping (_commit_hash, _from_auto ...), not model settings
     unknown = [k for k in kwargs if k not in known_keys() and k not in moe and k != "self" and not k.startswith("_")]
     if unknown:
@@ -367,13 +459,3 @@ def _reject_unknown(kwargs):
         raise ConfigError(f"model_config.{key} is not a gpt_local config key.{hint} "
                           f"Remove or rename it (known keys: see GPTLocalConfig).")
 
-
-def _register_auto_class():
-    """MindFormers' AutoConfig resolves model_type gpt_local to this class (not in a lean process)."""
-    if LEAN:
-        return
-    from mindformers import AutoConfig
-    AutoConfig.register(GPTLocalConfig.model_type, GPTLocalConfig, exist_ok=True)
-
-
-_register_auto_class()

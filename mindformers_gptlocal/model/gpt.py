@@ -2,13 +2,15 @@
 residual), GPTLocalModel (embeddings + CellList of blocks + final norm) and GPTLocalForCausalLM (head + loss).
 Attention is ``attention.py``; Linear, the norms and the activations ``layers.py``; dropout ``dropout.py``.
 
-The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``arch.py``); what MindFormers
-calls besides ``construct`` lives in ``mindformers_adapter.py``, the KV cache's storage in ``kv_cache.py``; what
-runs decoding (``generate``, the compiled prefill/decode graphs) is the inference runtime, ``runtime/``.
+The layer choices (GPT-2, Llama-style, NeoX-style) come from ``config.arch`` (``arch.py``); the KV cache's storage
+is ``kv_cache.py``; what runs decoding (``generate``, the compiled prefill/decode graphs) is the inference runtime,
+``runtime/``. The classes are plain MindSpore Cells (MindFormers never imported); MindFormers builds
+``mf/model.py``'s ``GPTLocalForCausalLM``, this one on its ``PreTrainedModel`` with what it calls besides
+``construct``.
 
-Training returns ``(lm_loss, mtp_loss, aux_loss, indexer_loss)`` as MindFormers 1.9's mcore wrappers
-expect (1.8: the first three; ``bases.mcore_train_outputs``); eval with labels returns ``(logits, labels, mask)``
-laid out for MindFormers' PerplexityMetric; predict returns logits ``[batch, seq, vocab]``.
+Training returns the loss first, then as many zeros as ``train_outputs`` asks (MindFormers' mcore wrappers unpack
+``(lm_loss, mtp_loss, aux_loss, indexer_loss)`` on 1.9, the first three on 1.8: ``mf/model.py``); eval with labels
+returns ``(logits, labels, mask)`` laid out for a perplexity metric; predict returns logits ``[batch, seq, vocab]``.
 Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``, ``runtime/runner.py``).
 The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
 """
@@ -23,15 +25,12 @@ from ..errors import CheckpointError
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .bases import (LEAN, MindFormerModuleType, MindFormerRegister, ModelMixin, PreTrainedModel, TrainModelMixin,
-                    mcore_train_outputs)
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
-from .config import GPTLocalConfig
+from .config import GPTLocalConfig, GenerationOptions
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
 from .layers import Activation, Linear, SiLU, kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
-from .mindformers_adapter import MindFormersAdapter
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -390,23 +389,19 @@ class OutputLayer(nn.Cell):
                                             to_mstype(config.params_dtype)), name="weight")
 
 
-class GPTLocalPreTrainedModel(PreTrainedModel, ModelMixin):
-    """Ties GPTLocalConfig to the model for MindFormers' loading utilities."""
-
-    config_class = GPTLocalConfig
-    base_model_prefix = "gpt_local"
-
-
-@MindFormerRegister.register(MindFormerModuleType.MODELS, legacy=False)
-class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTrainedModel):
+class GPTLocalForCausalLM(nn.Cell):
     """A causal LM (GPT-2, Llama-style or NeoX-style, ``config.arch``): its output head tied to the token embedding
     or its own (``untie_embeddings_and_output_weights``); ``generate`` and ``kv_cache`` hand over to the inference
-    runtime (``runtime/``); what MindFormers' trainer and pipelines call besides ``construct`` from
-    ``MindFormersAdapter``."""
+    runtime (``runtime/``). The class MindFormers builds from a YAML is ``mf/model.py``'s: this one on MindFormers'
+    ``PreTrainedModel``, with what MindFormers' trainer and pipelines call besides ``construct``."""
+
+    config_class = GPTLocalConfig
+    # how many values the training forward returns: the loss, then zeros for the further losses a trainer's step
+    # unpacks (MindFormers' mcore steps: 3 or 4, mf/model.py); 1: the loss alone, in a tuple
+    train_outputs = 1
 
     def __init__(self, config: GPTLocalConfig, layer_spec=None):
-        super().__init__(config)
-        self.config = config
+        self._init_base(config)
         layout = config.layout
         # which Cell each layer's Linears and adapter sites are built with (layer_spec.py): pet_config's LoRA or
         # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells
@@ -418,7 +413,6 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
             self.dropout_step = DropoutCounter.new_counter(DROPOUT_STEP)
             self.dropout_counter = DropoutCounter()
-        self.init_mindformers_adapter()
         self.compute_dtype = to_mstype(config.compute_dtype)
         self.head_matmul = ops.MatMul(transpose_b=True)
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
@@ -430,7 +424,15 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
-        self.train_outputs = mcore_train_outputs()  # what the installed MindFormers' train step unpacks
+
+    def _init_base(self, config):
+        """The Cell and what the inference runtime reads of a model: ``config``, ``name_or_path`` and the default
+        generation options (``generation_config``). MindFormers' class (``mf/model.py``) sets them through its
+        ``PreTrainedModel.__init__`` instead."""
+        nn.Cell.__init__(self)
+        self.config = config
+        self.name_or_path = config.name_or_path
+        self.generation_config = GenerationOptions.from_model_config(config)
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
@@ -447,7 +449,7 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         if lacking:
             raise CheckpointError(lacking)
         check_tokenizer_id(model_dir)
-        model = cls(GPTLocalConfig.from_model_dir(model_dir, **overrides), layer_spec=layer_spec)
+        model = cls(cls.config_class.from_model_dir(model_dir, **overrides), layer_spec=layer_spec)
         if not random_init:
             model.load_weights(model_dir)
         return model
@@ -471,7 +473,8 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         return runner_for(self, batch_size, needed_length)
 
     def generate(self, input_ids, generation_config=None, streamer=None, seed=None, stop_when=None, **kwargs):
-        """MindFormers-style generate (its predict pipeline calls it): ``runtime/generate.py`` ``generate``."""
+        """MindFormers-style generate (its predict pipeline calls it on MindFormers' class): ``runtime/generate.py``
+        ``generate``."""
         from ..runtime.generate import generate
         return generate(self, input_ids, generation_config, streamer=streamer, seed=seed, stop_when=stop_when,
                         **kwargs)
@@ -527,9 +530,19 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
         if step is not None:
             loss = self.dropout_counter.advance(loss, self.dropout_step)
         zero = ops.zeros((), ms.float32)
-        if self.train_outputs == 4:
-            return loss, zero, zero, zero
-        return loss, zero, zero
+        return (loss,) + (zero, zero, zero)[:self.train_outputs - 1]  # train_outputs: fixed at build
+
+    def _perplexity_layout(self, logits, labels, loss_mask):
+        """Eval with labels, laid out for a perplexity metric (MindFormers' PerplexityMetric, gpt_local's): it
+        scores logits[:, t] against labels[:, t + 1]; our labels are already shifted, so pad one position on each
+        to keep every token."""
+        if loss_mask is None:
+            loss_mask = ops.ones_like(labels)
+        mask = ops.cast(loss_mask, ms.int32) * ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.int32)
+        logits = ops.concat((logits, logits[:, -1:]), axis=1)
+        labels = ops.concat((labels[:, :1], ops.maximum(labels, 0)), axis=1)
+        mask = ops.concat((mask[:, :1], mask), axis=1)
+        return logits, labels, mask
 
     def lm_loss(self, logits, labels, loss_mask):
         """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
@@ -548,13 +561,3 @@ class GPTLocalForCausalLM(MindFormersAdapter, TrainModelMixin, GPTLocalPreTraine
             keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
         return labels, keep
 
-
-def _register_auto_class():
-    """MindFormers' AutoModelForCausalLM resolves a GPTLocalConfig to this class (not in a lean process)."""
-    if LEAN:
-        return
-    from mindformers import AutoModelForCausalLM
-    AutoModelForCausalLM.register(GPTLocalConfig, GPTLocalForCausalLM, exist_ok=True)
-
-
-_register_auto_class()

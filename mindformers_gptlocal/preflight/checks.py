@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..mindformers_compat import require as require_compat
+from ..mf.compat import require as require_compat
 from ..mf.run_yaml import rewrite_for_trainer
 from ..parallel.rules import check_yaml_layout, launch_device_count, raise_if_bad
 from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
@@ -173,7 +173,7 @@ def preflight(config, log=print):
 def check_run(config, log=print):
     """Every check of a gpt_local run; writes nothing and changes no key but use_legacy (``ensure_mcore``).
     Returns the model's GPTLocalConfig."""
-    require_compat()  # a MindFormers patch whose target moved stops here, named (mindformers_compat)
+    require_compat()  # a MindFormers patch whose target moved stops here, named (mf/compat.py)
     ensure_mcore(config, log)
     check_structure(config)
     check_sections(config)  # top-level keys, runner, context, parallel, optimizer, lr_schedule, callbacks

@@ -18,8 +18,9 @@ def generate(model, input_ids, generation_config=None, streamer=None, seed=None,
     keywords. ``use_past=False`` recomputes the whole sequence per token (the reference for
     tests). ``stop_when(rows, generated)``: called after each new token with the row indices still
     running and their generated tokens so far; the rows it returns True for stop (e.g. a stop
-    string). Returns token lists, or GenerateOutput(sequences=...) with
-    ``return_dict_in_generate=True`` (what MindFormers' predict pipeline asks for).
+    string). Returns token lists, or a dict {"sequences": ..., "scores": None, "logits": None} with
+    ``return_dict_in_generate=True`` (what MindFormers' predict pipeline asks for; MindFormers' model class hands it
+    back as its ``GenerateOutput``).
     """
     base = generation_config
     if base is None:  # the model's default: its use_past=False means MindFormers' paged cache, not ours
@@ -45,9 +46,8 @@ def generate(model, input_ids, generation_config=None, streamer=None, seed=None,
     return_dict = kwargs.get("return_dict_in_generate")
     if return_dict is None and base is not None:
         return_dict = getattr(base, "return_dict_in_generate", False)
-    if return_dict:
-        from mindformers.generation.utils import GenerateOutput
-        return GenerateOutput(sequences=sequences, scores=None, logits=None)
+    if return_dict:  # MindFormers' GenerateOutput's fields (its class wraps this dict: mf/model.py)
+        return {"sequences": sequences, "scores": None, "logits": None}
     return sequences
 
 

@@ -4,6 +4,6 @@
     # my.yaml:  model: {model_config: {auto_register: gpt_local.GPTLocalConfig, model_type: gpt_local, ...}}
 
 MindFormers imports this file from REGISTER_PATH; importing these names runs
-mindformers_gptlocal.registration.register(): config, model, wrappers, callbacks, tokenizer.
+mindformers_gptlocal.mf.registration.register(): config, model, wrappers, callbacks, tokenizer.
 """
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM  # noqa: F401  (registers everything)

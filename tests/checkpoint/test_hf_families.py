@@ -244,7 +244,7 @@ def test_cli_convert_picks_the_family(converted, capsys):
 
 
 def test_transformer_config_reports_the_layer_options():
-    from mindformers_gptlocal.model.transformer_config import to_transformer_config
+    from mindformers_gptlocal.mf.transformer_config import to_transformer_config
     config = GPTLocalConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
                             num_query_groups=2, max_position_embeddings=64, seq_length=64,
                             position_embedding_type="rope", rotary_percent=0.5, rotary_base=500000.0,

@@ -8,7 +8,7 @@ import textwrap
 import types
 
 from mindformers_gptlocal.mf import logs
-from mindformers_gptlocal.mindformers_compat import check_patch
+from mindformers_gptlocal.mf.compat import check_patch
 
 from conftest import source_env
 

@@ -64,7 +64,9 @@ def test_eos_stops_a_sequence(model):
 
 
 def test_returns_mindformers_generate_output(model):
+    from mindformers.generation.utils import GenerateOutput
     out = model.generate(PROMPTS[:2], max_new_tokens=3, return_dict_in_generate=True)
+    assert isinstance(out, GenerateOutput) and out["scores"] is None  # MindFormers' model (mf/model.py)
     assert [len(s) for s in out["sequences"]] == [len(PROMPTS[0]) + 3, len(PROMPTS[1]) + 3]
 
 

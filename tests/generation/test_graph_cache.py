@@ -29,7 +29,6 @@ def tiny_model(**changes):
 
 SIDE = """
 import json, os, sys
-os.environ["GPTLOCAL_LEAN"] = "1"  # as gptlocal eval's process (a MindFormers process builds other attributes)
 import mindspore as ms
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 from mindformers_gptlocal.model.config import GPTLocalConfig

@@ -111,8 +111,8 @@ def test_model_code_reads_no_environment():
     provider reads only the retired switches' names, to say their key; build.py the cache folder)."""
     readers = []
     for path in glob.glob(os.path.join(PACKAGE, "model", "*.py")) + glob.glob(os.path.join(PACKAGE, "kernels", "*.py")):
-        if os.path.basename(path) in ("build.py", "provider.py", "bases.py", "graph_cache.py"):
-            continue  # bases.py: GPTLOCAL_LEAN (the lean import, not a kernel); graph_cache.py: the compile cache
+        if os.path.basename(path) in ("build.py", "provider.py", "graph_cache.py"):
+            continue  # graph_cache.py: the compile cache
         text = open(path, encoding="utf-8").read()
         if "os.environ" in text or "getenv" in text:
             readers.append(os.path.relpath(path, PACKAGE))

@@ -40,6 +40,12 @@ def test_mcore_selection_by_model_type_and_architectures():
         MFContextOperator.reset_instance()
     assert isinstance(config, mindformers_gptlocal.GPTLocalConfig)
     assert isinstance(model, mindformers_gptlocal.GPTLocalForCausalLM)
+    # MindFormers' kind of model and config (mf/model.py), and the model's own classes too (what gpt_local's code asks)
+    from mindformers.models.configuration_utils import PretrainedConfig
+    from mindformers.models.modeling_utils import PreTrainedModel
+    from mindformers_gptlocal import model as core
+    assert isinstance(model, PreTrainedModel) and isinstance(model, core.GPTLocalForCausalLM)
+    assert isinstance(config, PretrainedConfig) and isinstance(config, core.GPTLocalConfig)
 
 
 def test_autoconfig_loads_model_dir(tmp_path, tiny_config):

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import mindformers  # noqa: F401  (registers gpt_local: the patches are applied)
-from mindformers_gptlocal import mindformers_compat as compat
+from mindformers_gptlocal.mf import compat
 from mindformers_gptlocal.errors import CompatError, GPTLocalCompatWarning
 
 TARGETS = [(patch.name, index) for patch in compat.PATCHES for index in range(len(patch.targets))]
@@ -95,15 +95,14 @@ def test_the_model_returns_as_many_losses_as_the_installed_mcore_step_unpacks(mo
     """MindFormers 1.9's grads_for_mcore unpacks (lm_loss, mtp_loss, aux_loss, indexer_loss), 1.8's the first three:
     the model's training tuple follows the installed one, and a count that differs fails 'mcore training outputs'
     by name (unnoticed, it was MindSpore's "TupleGetItem evaluator index ... got 3" at the first compile)."""
-    from mindformers_gptlocal.model import bases
     from mindformers.wrapper import wrapper as real
-    assert bases.mcore_train_outputs("1.8.0") == 3 and bases.mcore_train_outputs("1.9.0") == 4
-    assert bases.mcore_train_outputs("1.10.1") == 4 and bases.mcore_train_outputs("") == 3  # no MindFormers
+    assert compat.mcore_train_outputs("1.8.0") == 3 and compat.mcore_train_outputs("1.9.0") == 4
+    assert compat.mcore_train_outputs("1.10.1") == 4 and compat.mcore_train_outputs("") == 3  # no MindFormers
     unpacked = 4 if mindformers.__version__.startswith("1.9.") else 3
-    assert bases.mcore_train_outputs() == unpacked
+    assert compat.mcore_train_outputs() == unpacked
     patch = compat.BY_NAME["mcore training outputs"]
     assert patch.required and compat.check_patch(patch) == []
-    monkeypatch.setattr(bases, "mcore_train_outputs", lambda version=None: unpacked - 1)
+    monkeypatch.setattr(compat, "mcore_train_outputs", lambda version=None: unpacked - 1)
     problems = compat.check_patch(patch)
     assert len(problems) == 1 and f"unpacks {unpacked} losses" in problems[0], problems
     assert f"returns {unpacked - 1}" in problems[0] and "mcore_train_outputs" in problems[0]
@@ -125,13 +124,12 @@ def test_the_model_training_tuple_has_the_installed_length():
     """The training construct itself (PYNATIVE, tiny): as many outputs as mcore_train_outputs, the loss first."""
     import numpy as np
     import mindspore as ms
-    from mindformers_gptlocal.model import GPTLocalConfig, GPTLocalForCausalLM
-    from mindformers_gptlocal.model.bases import mcore_train_outputs
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM  # MindFormers' classes (mf/model.py)
     from conftest import TINY
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
     model.set_train(True)
     out = model(ms.Tensor(np.arange(17, dtype=np.int32).reshape(1, 17) % 100))
-    assert len(out) == mcore_train_outputs() and float(out[0].asnumpy()) > 0
+    assert len(out) == compat.mcore_train_outputs() == model.train_outputs and float(out[0].asnumpy()) > 0
     assert all(float(extra.asnumpy()) == 0.0 for extra in out[1:])
 
 
@@ -170,7 +168,7 @@ def test_a_gpt_local_resume_from_a_file_passes_mindformers_19_checkpoint_check(t
 def test_the_config_keeps_its_pet_and_parallel_config():
     """MindFormers 1.9's PretrainedConfig.__init__ assigns pet_config (None) and parallel_config (its default) itself:
     GPTLocalConfig's own values must survive it (LoRA was silently off, the layout the default one)."""
-    from mindformers_gptlocal.model import GPTLocalConfig
+    from mindformers_gptlocal import GPTLocalConfig  # on MindFormers' PretrainedConfig (mf/model.py)
     from conftest import TINY
     lora = dict(pet_type="lora", lora_rank=4, lora_alpha=8, target_modules=".*linear_qkv", freeze_include=["*"],
                 freeze_exclude=["*lora*"])
@@ -251,7 +249,7 @@ def test_the_registration_patches_are_in_place():
     assert getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False)
     for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
         assert getattr(getattr(base_trainer.BaseTrainer, name), "gptlocal_wrapped", False)
-    assert sys.modules["mindformers_gptlocal.registration"].mark_checked is compat.mark_checked
+    assert sys.modules["mindformers_gptlocal.mf.registration"].mark_checked is compat.mark_checked
 
 
 def test_bleu_patch_notices_a_bleu_module_that_needs_more_of_nltk(tmp_path):

@@ -15,8 +15,8 @@ the instruction handler's name, the CPU barrier, the finished-run refusal, the g
 under pipeline / gradient accumulation. The others live where they are used and ask this module:
 ``mf/wrapper.py`` (overflow check), ``mf/checkpoint_monitor.py``
 (``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``mf/run_yaml.py``
-(callbacks told the resume step, ``stop_step``), the ``.pth`` hook (tensorboardX without torch, BLEU without
-nltk's package).
+(callbacks told the resume step, ``stop_step``), ``mf/model.py`` (the mcore step's count of losses:
+``mcore_train_outputs``), the ``.pth`` hook (tensorboardX without torch, BLEU without nltk's package).
 
 This module imports only ``errors`` at the top (the patch bodies import what they call when called),
 so ``training/`` and ``checkpoint/`` may import it without importing upwards.
@@ -32,7 +32,7 @@ import sys
 import warnings
 from collections import namedtuple
 
-from .errors import CompatError, GPTLocalCompatWarning
+from ..errors import CompatError, GPTLocalCompatWarning
 
 # the pairs every patch is checked on: the default install first, then the compatibility pair (setup.cfg's
 # ``mf18`` extra, docs/mindformers-versions.md)
@@ -66,6 +66,20 @@ def _mindformers_version():
         return None
 
 
+def mcore_train_outputs(version=None):
+    """How many losses MindFormers' mcore train steps unpack from a model's training ``construct``: 1.8's
+    ``MFTrainOneStepCell.grads_for_mcore`` takes ``(lm_loss, mtp_loss, aux_loss)``; 1.9 adds ``indexer_loss``
+    (DeepSeek sparse attention's indexer; the pipeline cell takes ``losses[-1]`` as it), four. MindFormers'
+    ``GPTLocalForCausalLM`` (``mf/model.py``) returns its loss and zeros for the others (the patch "mcore training
+    outputs" checks this number against the installed ``grads_for_mcore``). No MindFormers installed: 1.8's three."""
+    version = version if version is not None else _mindformers_version()
+    try:
+        major_minor = tuple(int(part) for part in (version or "").split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    return 4 if major_minor >= (1, 9) else 3
+
+
 # the modules that bound MindSpore's ``barrier`` at import (``from mindspore.communication.comm_func import
 # barrier``) in MindFormers 1.8.0; any other loaded mindformers module bound to it is found and patched too
 BARRIER_USERS = ("mindformers.trainer.utils", "mindformers.version_control", "mindformers.core.callback.callback",
@@ -80,7 +94,7 @@ BASE_TRAINER = "mindformers.trainer.base_trainer"
 def _mcore_outputs_match(import_module):
     """The losses ``MFTrainOneStepCell.grads_for_mcore`` unpacks from the network (``lm_loss, mtp_loss, ... =
     self.network(*inputs)``) must be as many as gpt_local's training ``construct`` returns
-    (``model.bases.mcore_train_outputs``): one more or one fewer is MindSpore's "TupleGetItem evaluator index"
+    (``mcore_train_outputs``): one more or one fewer is MindSpore's "TupleGetItem evaluator index"
     error at the first compile, naming no cause."""
     try:
         source = inspect.getsource(import_module(WRAPPER).MFTrainOneStepCell.grads_for_mcore)
@@ -91,11 +105,10 @@ def _mcore_outputs_match(import_module):
         return ["MFTrainOneStepCell.grads_for_mcore no longer unpacks `lm_loss, ... = self.network(*inputs)` "
                 "once with named losses"]
     unpacked = len([name for name in found[0].split(",") if name.strip()])
-    from .model.bases import _mindformers_version, mcore_train_outputs
     returned = mcore_train_outputs(_mindformers_version())
     if unpacked != returned:
         return [f"MFTrainOneStepCell.grads_for_mcore unpacks {unpacked} losses ({found[0].strip()}) from the "
-                f"network, gpt_local's training construct returns {returned} (model/bases.py mcore_train_outputs)"]
+                f"network, gpt_local's training construct returns {returned} (mf/compat.py mcore_train_outputs)"]
     return []
 
 
@@ -122,32 +135,32 @@ def _bleu_needs_only_nltk_util(import_module, nltk_folder=None):
 
 
 PATCHES = (
-    Patch("build_context pre-flight", "mindformers_compat._with_preflight",
+    Patch("build_context pre-flight", "compat._with_preflight",
           "MindFormers' run_mindformer.py calls build_context(config) first; wrapped, a gpt_local YAML gets the "
           "pre-flight checks (and the switch to the mcore path) there too, not only under `gptlocal run`.",
           (Target("mindformers.core.context", "build_context", ("config",)),
            Target("mindformers", "build_context"), Target("mindformers.core", "build_context"))),
-    Patch("instruction handler by name", "mindformers_compat.apply",
+    Patch("instruction handler by name", "compat.apply",
           "HFDataLoader looks a YAML handler's `type` up as a name in mindformers.dataset.handler (hasattr / "
           "getattr on the module it imports as custom_process), not in the registry: "
           "GPTLocalInstructHandler is set there.",
           (Target("mindformers.dataset.handler"),
            Target("mindformers.dataset.dataloader.hf_dataloader", "custom_process"))),
-    Patch("CPU barrier", "mindformers_compat._barrier_on_cpu",
+    Patch("CPU barrier", "compat._barrier_on_cpu",
           "MindSpore 2.7 has no CPU Barrier kernel (\"Unsupported op [Barrier] on CPU\"); MindFormers calls "
           "barrier() when many ranks load or save a checkpoint, so a data-parallel CPU resume failed. On CPU the "
           "wrapper all-reduces one number over the world group in a one-op graph instead.",
           (Target("mindspore.communication.comm_func", "barrier", ("group",)),
            Target("mindformers.utils.parallel_utils", "comm_func"))),
-    Patch("barrier users", "mindformers_compat._patch_barriers",
+    Patch("barrier users", "compat._patch_barriers",
           "The MindFormers modules that bound the original barrier at import get the CPU barrier too. A listed "
           "module that no longer binds it is reported; every loaded mindformers module that binds it is patched.",
           tuple(Target(name, "barrier") for name in BARRIER_USERS), False),
-    Patch("finished run refused", "mindformers_compat._refusing_finished_runs",
+    Patch("finished run refused", "compat._refusing_finished_runs",
           "After the trainer sets epochs, sink size and the resume step, a resumed gpt_local run with no step left "
           "fails with one clear error instead of MindSpore's \"epoch must bigger than initial_epoch\".",
           (Target(BASE_TRAINER, "check_runner_config", ("config", "dataset")),)),
-    Patch("gpt_local wrapper kept", "mindformers_compat._keeping_gptlocal_wrapper",
+    Patch("gpt_local wrapper kept", "compat._keeping_gptlocal_wrapper",
           "Under pipeline parallel or gradient accumulation the trainer replaces any runner_wrapper with "
           "MFPipelineWithLossScaleCell (no CPU overflow check); a YAML that chose a gpt_local wrapper gets "
           "GPTLocalPipelineWithLossScaleCell instead.",
@@ -163,13 +176,13 @@ PATCHES = (
            Target(WRAPPER, "MFTrainOneStepCell._get_distributed_overflow_status_on_infnan_mode",
                   ("self", "grad_overflow_check_func", "compute_output")),
            Target(WRAPPER, "MFTrainOneStepCell.__init__", assigns=("use_clip_grad", "clip_grad_norm")))),
-    Patch("mcore training outputs", "model/bases.py mcore_train_outputs, GPTLocalForCausalLM.construct",
+    Patch("mcore training outputs", "mf/compat.py mcore_train_outputs, GPTLocalForCausalLM.construct",
           "MindFormers' mcore train steps unpack a fixed tuple of losses from the model (1.8: lm, mtp, aux; 1.9 adds "
           "the sparse-attention indexer loss); gpt_local returns its loss and as many zeros as the installed step "
           "unpacks.",
           (Target(WRAPPER, "MFTrainOneStepCell.grads_for_mcore", ("self", "scaling_sens", "inputs")),),
           True, _mcore_outputs_match),
-    Patch("resume from a checkpoint file", "mindformers_compat._resuming_from_a_file",
+    Patch("resume from a checkpoint file", "compat._resuming_from_a_file",
           "MindFormers 1.9's Trainer.train migrates load_checkpoint / resume_training into checkpoint_config and asks "
           "is_hf_checkpoint(load_path), which raises for a path that is not a folder (\"checkpoint_path is not a "
           "directory\"); gpt_local's resume names the newest checkpoint file. For a gpt_local config, a file is "
@@ -202,7 +215,7 @@ PATCHES = (
           "MindFormers 1.8.0 reads runner_config.stop_step but never adds the callback that stops; the pre-flight "
           "adds TrainCallBack(stop_step).",
           (Target(CALLBACK, "TrainCallBack.__init__", ("self", "stop_step")),)),
-    Patch("prefix tuning kept ours", "mindformers_compat._keeping_gptlocal_prefix",
+    Patch("prefix tuning kept ours", "compat._keeping_gptlocal_prefix",
           "build_network hands a model with pet_config to mindformers.pet.get_pet_model, whose PrefixTuning / "
           "Ptuning2 models read attributes gpt_local's config lacks and pass prefix_keys_values our model does not "
           "take; a gpt_local model with pet_type prefixtuning / ptuning2 already holds its prefix (peft/prefix.py) "
@@ -310,7 +323,7 @@ def message(name, problems):
             f"mindformers {versions['mindformers']} + mindspore {versions['mindspore']} its target moved: "
             f"{'; '.join(problems)}. "
             f"{fallback}. Use mindformers=={WRITTEN_FOR['mindformers']} mindspore=={WRITTEN_FOR['mindspore']}, or "
-            f"update this patch in mindformers_gptlocal/mindformers_compat.py.")
+            f"update this patch in mindformers_gptlocal/mf/compat.py.")
 
 
 def verify():
@@ -364,7 +377,7 @@ def _with_preflight(build_context):
     @functools.wraps(build_context)
     def wrapper(config, *args, **kwargs):
         if id(config) not in _CHECKED:
-            from .preflight.checks import preflight
+            from ..preflight.checks import preflight
             preflight(config)
             _CHECKED.add(id(config))
         return build_context(config, *args, **kwargs)
@@ -399,7 +412,7 @@ def _keeping_gptlocal_prefix(get_pet_model):
     MindFormers' PetModel."""
     @functools.wraps(get_pet_model)
     def wrapper(base_model, config, *args, **kwargs):
-        from .peft.prefix import PREFIX_TYPES
+        from ..peft.prefix import PREFIX_TYPES
         pet_type = config.get("pet_type") if hasattr(config, "get") else getattr(config, "pet_type", None)
         if pet_type in PREFIX_TYPES and getattr(getattr(base_model, "config", None), "model_type", None) == \
                 "gpt_local":
@@ -415,7 +428,7 @@ def _resuming_from_a_file(convert_checkpoint_config):
     HuggingFace checkpoint folder, the one thing that check refuses to resume from."""
     @functools.wraps(convert_checkpoint_config)
     def wrapper(config, *args, **kwargs):
-        from .preflight.checks import is_gpt_local
+        from ..preflight.checks import is_gpt_local
         if not is_gpt_local(config):
             return convert_checkpoint_config(config, *args, **kwargs)
         utils = sys.modules[convert_checkpoint_config.__module__]
@@ -440,9 +453,9 @@ def _refusing_finished_runs(check_runner_config):
     @functools.wraps(check_runner_config)
     def wrapper(config, dataset, *args, **kwargs):
         result = check_runner_config(config, dataset, *args, **kwargs)
-        from .preflight.checks import is_gpt_local
+        from ..preflight.checks import is_gpt_local
         if is_gpt_local(config) and config.get("resume_training"):
-            from .checkpoint.resume import check_steps_left
+            from ..checkpoint.resume import check_steps_left
             check_steps_left(config.runner_config, dataset.get_dataset_size(), config.get("load_checkpoint"))
         return result
     wrapper.gptlocal_wrapped = True
@@ -515,7 +528,7 @@ def apply():
                     module.build_context = wrapped
     if ok("instruction handler by name"):
         import mindformers.dataset.handler as handlers
-        from .mf.data_handler import GPTLocalInstructHandler
+        from .data_handler import GPTLocalInstructHandler
         handlers.GPTLocalInstructHandler = GPTLocalInstructHandler
     if ok("CPU barrier"):
         _patch_barriers()
