@@ -31,7 +31,8 @@ def pytest_configure(config):
         return
     folder = os.path.join(spec.submodule_search_locations[0], "dataset", "blended_datasets")
     if os.path.isfile(os.path.join(folder, "Makefile")):  # a failed build fails the Megatron tests, with its reason
-        subprocess.run(["make", "-s", "-C", folder], stdout=subprocess.DEVNULL, check=False)
+        subprocess.run(["make", "-s", "-C", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
 
 
 # The longest test files (measured, longest first), which pytest-xdist hands out first: run_scripts/test.sh gives
