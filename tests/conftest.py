@@ -16,6 +16,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # without activating the venv, when PATH's python3 lacks pybind11). Subprocesses inherit it.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 CONFIGS = os.path.join(REPO, "model_configs")
+# A pytest-xdist worker is started by `python -c`, so MindSpore (which reads sys.argv[0] when it is imported) finds no
+# entry script and gpt_local's compile cache stays off in it ("no entry script on disk"). Give the workers the entry
+# script a serial run has, pytest's own __main__.py, before anything imports MindSpore.
+if os.environ.get("PYTEST_XDIST_WORKER") and (not sys.argv or sys.argv[0] in ("-c", "")):
+    sys.argv[:1] = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py")]
 
 
 def pytest_configure(config):
