@@ -16,6 +16,51 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # without activating the venv, when PATH's python3 lacks pybind11). Subprocesses inherit it.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 CONFIGS = os.path.join(REPO, "model_configs")
+# A pytest-xdist worker is started by `python -c`, so MindSpore (which reads sys.argv[0] when it is imported) finds no
+# entry script and gpt_local's compile cache stays off in it ("no entry script on disk"). Give the workers the entry
+# script a serial run has, pytest's own __main__.py, before anything imports MindSpore.
+if os.environ.get("PYTEST_XDIST_WORKER") and (not sys.argv or sys.argv[0] in ("-c", "")):
+    sys.argv[:1] = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py")]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2``, run_scripts/test.sh), build MindFormers' Megatron helper once in the controlling
+    process before the workers start: MindFormers runs ``make`` for it at a Megatron dataset's first use, and ``make``
+    writes the library in place, so two workers building it at once could load a half-written file. Up to date: a
+    no-op. Without xdist nothing is done here (MindFormers builds it at first use, as it always does)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    import importlib.util
+    spec = importlib.util.find_spec("mindformers")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    folder = os.path.join(spec.submodule_search_locations[0], "dataset", "blended_datasets")
+    if os.path.isfile(os.path.join(folder, "Makefile")):  # a failed build fails the Megatron tests, with its reason
+        subprocess.run(["make", "-s", "-C", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
+
+
+# The longest test files (measured, longest first), which pytest-xdist hands out first: run_scripts/test.sh gives
+# the workers whole files in collection order (--dist loadfile --no-loadscope-reorder), so a long file started last
+# would leave one worker running alone at the end. Only the order changes; the other files follow in their usual
+# order. Paths relative to tests/. Measured on two workers (busy machine, seconds per file): the tour 489, msrun 367,
+# test_cli 330 (checkpoint/test_hf_families, 526, comes early in collection order anyway). test_cli third puts it
+# on the tour's worker right after the tour, which runs only subprocesses: its compile-cache test needs to be the
+# first in its process to use MindSpore's compile cache (it failed, storing nothing, after other files on a worker).
+LONGEST_FIRST = (
+    "e2e/test_readme_tour.py",
+    "e2e/test_msrun.py",
+    "cli/test_cli.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker, LONGEST_FIRST's files first (every worker sorts the same way, as xdist needs)."""
+    if not hasattr(config, "workerinput"):
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.relpath(str(item.path), here), len(rank)))
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=64, seq_length=64, hidden_dropout=0.0, attention_dropout=0.0,
             bos_token_id=0, eos_token_id=0, pad_token_id=0)
