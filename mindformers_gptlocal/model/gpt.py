@@ -335,6 +335,12 @@ class GPTLocalModel(nn.Cell):
                                             fresh_prefill=fresh_prefill)
         return self.final_layernorm(hidden)
 
+    def fused_prefill(self):
+        """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU attention kernel in
+        every layer: the provider gave it to each (``ParallelAttention.fused_prefill``) and there is no prefix-tuning
+        prefix (whose rows come before the prompt). The inference runtime asks this (``runtime/runner.py``)."""
+        return self.prefix_encoder is None and all(layer.attention.fused_prefill() for layer in self.layers)
+
     def document_mask(self, actual_seq_len, batch, seq):
         """Packed rows: several documents in one row of ``seq`` tokens, as MindFormers' PackingHandler and
         Megatron's compressed EOD mask describe them: ``actual_seq_len`` [B, L] holds each row's cumulative
