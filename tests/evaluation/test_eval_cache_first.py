@@ -28,7 +28,11 @@ class Manager:
 def probes(monkeypatch):
     """The process online as a user leaves it (restored afterwards); returns the list of Hub probes made, each
     answering what ``answer[0]`` says (None: reachable)."""
+    import sys
     from huggingface_hub import constants
+    if "datasets.config" in sys.modules:  # set_offline sets its switches too: restored afterwards
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            monkeypatch.setattr(sys.modules["datasets.config"], name, getattr(sys.modules["datasets.config"], name))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
