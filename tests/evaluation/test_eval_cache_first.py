@@ -33,8 +33,9 @@ def probes(monkeypatch):
     if "datasets.config" in sys.modules:  # set_offline sets its switches too: restored afterwards
         for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
             monkeypatch.setattr(sys.modules["datasets.config"], name, getattr(sys.modules["datasets.config"], name))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "")  # recorded, so that set_offline's writes are undone afterwards
+        monkeypatch.delenv(name)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     made, answer = [], [None]
     monkeypatch.setattr(run, "hub_unreachable", lambda: made.append(1) or answer[0])
