@@ -155,7 +155,7 @@ def worker(side, shape_name, steps, threads):
 
 def model_worker(spec, rounds, threads):
     """Whole-model training steps (forward + backward + AdamWeightDecay, graph mode) of one shape with the
-    kernel and with the plain path (the same model class, ``cpu_attention`` unset), both in this process,
+    kernel and with the plain path (the same model class, each layer's ``attention.core`` set to its plain core), both in this process,
     steps alternating: the kernel's share of a training step."""
     env = C.check_threads(threads, "model worker")
     import numpy as np

@@ -41,7 +41,7 @@ def _bare_name_match(name):
     """The one cached model ``ORG/name`` for a bare ``name`` (``gpt2`` -> ``openai-community/gpt2``), or None."""
     from huggingface_hub import scan_cache_dir
     try:
-        repos = scan_cache_dir().repos
+        repos = scan_cache_dir(hub_cache()).repos
     except Exception:  # noqa: BLE001  (no cache folder, or an unreadable one: nothing cached)
         return None
     found = sorted(r.repo_id for r in repos if r.repo_type == "model" and r.repo_id.split("/")[-1] == name)

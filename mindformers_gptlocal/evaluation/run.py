@@ -26,18 +26,47 @@ def hub_unreachable(timeout=3.0):
     return None
 
 
-def offline_unless_reachable():
-    """No network: the Hugging Face libraries read only their local cache (HF_HUB_OFFLINE), so a task whose data
-    set is not cached fails at once instead of retrying for a minute. Returns the reason, or None (online)."""
+def user_offline():
+    """The reason the Hugging Face libraries are offline by the user's choice (HF_HUB_OFFLINE or
+    HF_DATASETS_OFFLINE set), else None."""
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
         return "HF_HUB_OFFLINE is set"
-    reason = hub_unreachable()
-    if reason:
-        os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub and datasets at import (not yet imported)
-        for module, name in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE")):
+    return None
+
+
+def set_offline(offline):
+    """The Hugging Face libraries' offline switch in this process: HF_HUB_OFFLINE in the environment (read by
+    huggingface_hub and datasets when they are imported) and, where they are imported already, the module
+    constants they read at each call."""
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    else:
+        os.environ.pop("HF_HUB_OFFLINE", None)
+    for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+        for name in names:
             if module in sys.modules:
-                setattr(sys.modules[module], name, True)
-    return reason
+                setattr(sys.modules[module], name, bool(offline))
+
+
+def load_tasks_cache_first(manager, tasks, flag, offline):
+    """The tasks' data sets from the local Hugging Face cache first, with no network call (the process is
+    offline, ``set_offline``, from the start of ``run_eval``): where every one is there, the run stays offline and
+    never asks the Hub. Only where one is not (and the user did not set ``offline``) is the Hub asked: unreachable
+    within 3 s, one ConfigError naming the tasks and the reason; reachable, the process goes online and lm-eval
+    downloads it. Returns the reason the run is offline, or None (online)."""
+    try:
+        manager.load(tasks)
+        return offline or "the run reads the local cache only (it held every task's data set)"
+    except (ConnectionError, OSError) as err:
+        if not _is_network_error(err):
+            raise
+        missing = err
+    unreachable = offline or hub_unreachable()
+    if unreachable:
+        raise _missing_data_set(flag, f"the Hub is offline here: {unreachable}", missing)
+    set_offline(False)
+    return None
 
 
 def _lm_eval():
@@ -89,9 +118,13 @@ def _network_errors_named(tasks, offline):
         if not _is_network_error(err):
             raise
         where = f"the Hub is offline here: {offline}" if offline else "the Hub could not be reached"
-        raise ConfigError(f"--tasks {tasks}: a task's data set is not in the local Hugging Face cache and "
-                          f"{where} ({str(err).splitlines()[0]}); run it once where huggingface.co is "
-                          f"reachable (the cache is reused), or use local tasks (--include-path DIR).") from None
+        raise _missing_data_set(tasks, where, err) from None
+
+
+def _missing_data_set(tasks, where, err):
+    return ConfigError(f"--tasks {tasks}: a task's data set is not in the local Hugging Face cache and {where} "
+                       f"({str(err).splitlines()[0]}); run it once where huggingface.co is reachable (the cache is "
+                       f"reused), or use local tasks (--include-path DIR).")
 
 
 def _is_network_error(err):
@@ -104,7 +137,8 @@ def run_eval(options, own_process=False):
     """Evaluate ``options.model`` on ``options.tasks``; print the table, write ``options.output_path``.
     ``own_process``: the `gptlocal eval` command's own process (the console script), which imports the tokenizer's
     transformers without torch (``harness.import_transformers_without_torch``)."""
-    offline = offline_unless_reachable()
+    offline = user_offline()
+    set_offline(True)  # the local cache first: no network call unless a task's data set is not there
     lm_eval, TaskManager, handle_non_serializable, make_table = _lm_eval()
     if options.include_path and not os.path.isdir(options.include_path):
         raise ConfigError(f"--include_path {options.include_path} is not a folder of task YAMLs.")
@@ -117,9 +151,8 @@ def run_eval(options, own_process=False):
     if not tasks or unknown:
         raise ConfigError(f"--tasks: unknown task '{(unknown or [''])[0]}'; name lm-eval tasks (lm_eval ls tasks) "
                           f"or add --include_path DIR holding the task YAML.")
-    if offline:  # the tasks' data from the local cache, before the model loads: a missing one fails at once
-        with _network_errors_named(options.tasks, offline):
-            manager.load(tasks)
+    # the tasks' data from the local cache, before the model loads (a missing one and no Hub: one line at once)
+    offline = load_tasks_cache_first(manager, tasks, options.tasks, offline)
     from .harness import GPTLocalLM, import_transformers_without_torch
     if own_process:
         import_transformers_without_torch()

@@ -123,9 +123,11 @@ class ParallelAttention(nn.Cell):
             self.cache = KVCacheFusedPrefill(self.plain, write, self.prefix_concat, self.core)
         else:
             self.cache = KVCacheAttention(self.plain, write, self.prefix_concat)
-        # the fused core where built, else None: the runner (runtime/runner.py) asks it whether a prefill into empty
-        # rows runs the kernel; never read in construct
-        self.cpu_attention = self.core if isinstance(self.core, FusedCPUAttention) else None
+
+    def fused_prefill(self):
+        """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU kernel
+        (``KVCacheFusedPrefill``: the core is ``FusedCPUAttention``); fixed at build, never read in construct."""
+        return isinstance(self.cache, KVCacheFusedPrefill)
 
     def _choose_core(self, config, use_flash_attention, counter_dropout, kernels, scale, dropout):
         """The core of the forward without a KV cache (see the class): flash on Ascend when asked for, else

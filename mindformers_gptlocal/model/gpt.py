@@ -295,6 +295,11 @@ class GPTLocalModel(nn.Cell):
         # pet_config prefix tuning / P-Tuning v2, else None
         self.prefix_encoder = prefix_encoder(config, self.counter_dropout)
         self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
+        # what construct calls, chosen here once: the layers' prefixes (and the positions after them), the rotary
+        # angles; without a prefix each layer's is None (a constant of the graph)
+        self.layer_prefixes = self._no_prefix if self.prefix_encoder is None else self._prefix
+        self.no_prefixes = (None,) * self.num_layers
+        self.rotary_angles = self._no_rotary if self.rotary is None else self._rotary
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
                   write_index=None, actual_seq_len=None, dropout_step=None, fresh_prefill=False):
@@ -312,27 +317,43 @@ class GPTLocalModel(nn.Cell):
             position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
             attention_bias = self.causal_mask(seq)
-        prefix = None
-        if self.prefix_encoder is not None:  # the real tokens' positions follow the prefix (as peft's)
-            prefix = self.prefix_encoder(dropout_step)
-            position_ids = position_ids + self.prefix_tokens
+        prefixes, position_ids = self.layer_prefixes(position_ids, dropout_step)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
-        rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
-        if key_caches is None and prefix is None:
-            for layer in self.layers:
-                hidden = layer(hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step, rotary=rotary)
-        elif key_caches is None:
+        rotary = self.rotary_angles(position_ids)  # per-row positions, ragged or packed
+        if key_caches is None:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step,
-                                            rotary=rotary, prefix=(prefix[2 * index], prefix[2 * index + 1]))
+                                            rotary=rotary, prefix=prefixes[index])
         else:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, key_cache=key_caches[index],
                                             value_cache=value_caches[index], write_index=write_index, rotary=rotary,
-                                            prefix=None if prefix is None else (prefix[2 * index],
-                                                                                prefix[2 * index + 1]),
-                                            fresh_prefill=fresh_prefill)
+                                            prefix=prefixes[index], fresh_prefill=fresh_prefill)
         return self.final_layernorm(hidden)
+
+    def _no_prefix(self, position_ids, dropout_step):  # pylint: disable=unused-argument
+        return self.no_prefixes, position_ids
+
+    def _prefix(self, position_ids, dropout_step):
+        """Each layer's prefix (keys, values) of prefix tuning; the real tokens' positions follow the prefix (as
+        peft's)."""
+        prefix = self.prefix_encoder(dropout_step)
+        pairs = ()
+        for index in range(self.num_layers):
+            pairs = pairs + ((prefix[2 * index], prefix[2 * index + 1]),)
+        return pairs, position_ids + self.prefix_tokens
+
+    def _no_rotary(self, position_ids):  # pylint: disable=unused-argument
+        return None
+
+    def _rotary(self, position_ids):
+        return self.rotary(position_ids)
+
+    def fused_prefill(self):
+        """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU attention kernel in
+        every layer: the provider gave it to each (``ParallelAttention.fused_prefill``) and there is no prefix-tuning
+        prefix (whose rows come before the prompt). The inference runtime asks this (``runtime/runner.py``)."""
+        return self.prefix_encoder is None and all(layer.attention.fused_prefill() for layer in self.layers)
 
     def document_mask(self, actual_seq_len, batch, seq):
         """Packed rows: several documents in one row of ``seq`` tokens, as MindFormers' PackingHandler and

@@ -56,14 +56,15 @@ class Linear(nn.Cell):
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
             self.bias_add = ops.Add()
-        self.skip_bias_add = skip_bias_add
-        # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
-        # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
-        self.broadcast_bias = kernels.composed_ops()
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
         self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
+        self._skip_bias_add = skip_bias_add
+        # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
+        # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
+        self._broadcast_bias = kernels.composed_ops()
+        self._choose_bias()
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -73,19 +74,50 @@ class Linear(nn.Cell):
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
     def dense(self, x):
-        """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it."""
+        """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it. The GEMM
+        kernel or MatMul: per graph (its static rows and the train flag, ``use_gemm``), each with the bias step
+        chosen at build (``_choose_bias``)."""
         rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
         weight = self.cast(self.weight, self.compute_dtype)
         if use_gemm(self.gemm_rows, self.training, rows):
-            if self.has_bias and not self.skip_bias_add:
-                return x, self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
-            return x, self.gemm(x, weight)
+            return x, self.gemm_dense(x, weight)
+        return x, self.matmul_dense(x, weight)
+
+    # --- the bias step, chosen once (``_choose_bias``): none, added, or broadcast to [T, out] and added -----------
+    skip_bias_add = property(lambda self: self._skip_bias_add,
+                             lambda self, skip: self._choose_bias(skip=skip), doc="see the class; setting it "
+                             "(fc1 with the bias + GeLU kernel, a rank's row-parallel part) chooses the path again")
+    broadcast_bias = property(lambda self: self._broadcast_bias,
+                              lambda self, broadcast: self._choose_bias(broadcast=broadcast),
+                              doc="the CPU form of the bias Add (``composed_ops``); setting it chooses the path again")
+
+    def _choose_bias(self, skip=None, broadcast=None):
+        if skip is not None:
+            self._skip_bias_add = skip
+        if broadcast is not None:
+            self._broadcast_bias = broadcast
+        if not self.has_bias or self._skip_bias_add:
+            self.matmul_dense, self.gemm_dense = self._matmul, self._gemm
+        else:
+            self.matmul_dense = self._matmul_broadcast_bias if self._broadcast_bias else self._matmul_bias
+            self.gemm_dense = self._gemm_bias
+
+    def _matmul(self, x, weight):
+        return self.matmul(x, weight)
+
+    def _matmul_bias(self, x, weight):
+        return self.bias_add(self.matmul(x, weight), self.cast(self.bias, self.compute_dtype))
+
+    def _matmul_broadcast_bias(self, x, weight):
         y = self.matmul(x, weight)
-        if self.has_bias and not self.skip_bias_add:
-            bias = self.cast(self.bias, self.compute_dtype)
-            y = self.bias_add(y, ops.broadcast_to(bias, y.shape) if self.broadcast_bias else bias)
-        return x, y
+        return self.bias_add(y, ops.broadcast_to(self.cast(self.bias, self.compute_dtype), y.shape))
+
+    def _gemm(self, x, weight):
+        return self.gemm(x, weight)
+
+    def _gemm_bias(self, x, weight):
+        return self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
 
 
 class LayerNorm(nn.Cell):
@@ -212,28 +244,35 @@ class Activation(nn.Cell):
 
     def __init__(self, name, kernels=None):
         super().__init__()
-        self.approximate = "none" if name == "gelu" else "tanh"
-        self.is_relu = name == "relu"
-        self.is_quick = name == "quick_gelu"
-        if self.is_quick:
+        if name == "quick_gelu":
             self.fast_gelu = ops.FastGeLU()
         self.relu = ops.ReLU()
         self.gelu = ops.GeLU()
         self.composed_tanh_gelu = (kernels or kernel_provider()).composed_ops()
         self.tanh_gelu = TanhGeLU()
+        # the forward, chosen once here: construct only calls it (every other name is the tanh GeLU)
+        tanh = self._composed_tanh_gelu if self.composed_tanh_gelu else self._primitive_tanh_gelu
+        self.activate = {"relu": self._relu, "quick_gelu": self._quick_gelu, "gelu": self._erf_gelu}.get(name, tanh)
 
     def construct(self, x):
-        if self.is_relu:
-            return self.relu(x)
-        if self.is_quick:
-            return self.fast_gelu(x)
-        if self.approximate == "tanh":
-            if self.composed_tanh_gelu:
-                if self.training:
-                    return self.tanh_gelu(x)
-                return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
-            return self.gelu(x)
+        return self.activate(x)
+
+    def _relu(self, x):
+        return self.relu(x)
+
+    def _quick_gelu(self, x):
+        return self.fast_gelu(x)
+
+    def _erf_gelu(self, x):
         return ops.gelu(x, approximate="none")
+
+    def _primitive_tanh_gelu(self, x):
+        return self.gelu(x)
+
+    def _composed_tanh_gelu(self, x):
+        if self.training:  # the Cell's train flag: one of the two in each compiled graph
+            return self.tanh_gelu(x)
+        return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
 
 
 class SiLU(nn.Cell):

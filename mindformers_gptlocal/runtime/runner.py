@@ -139,10 +139,9 @@ class ModelRunner:
         self.widths = width_buckets(max_length)
         self.decode_steps = decode_steps(causal_lm.config.arch.num_hidden_layers)
         self._greedy = {}  # with_logits -> GreedySteps
-        # the prefill runs the fused CPU attention kernel over the prompt where every layer has it (not with prefix
-        # tuning, whose prefix rows come before the prompt): model/attention.py ParallelAttention._fresh_prefill
-        self.fresh_kernel = causal_lm.model.prefix_encoder is None and all(
-            getattr(layer.attention, "cpu_attention", None) is not None for layer in causal_lm.model.layers)
+        # the prefill runs the fused CPU attention kernel over the prompt where the model built it in every layer
+        # (the kernel provider's choice, kernels/provider.py; never with prefix tuning): GPTLocalModel.fused_prefill
+        self.fresh_kernel = causal_lm.model.fused_prefill()
 
     # the storage, for callers that read it
     key_caches = property(lambda self: self.cache.key_caches)

@@ -85,3 +85,37 @@ def test_an_id_absent_from_the_cache_is_one_line(hub, tmp_path, command):
     assert "'tiny-org/absent' is not in the local Hugging Face cache" in lines[0]
     assert str(root / "cache") in lines[0] and "huggingface-cli download tiny-org/absent" in lines[0]
     assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_a_cached_id_resolves_with_the_network_blocked(tmp_path, monkeypatch):
+    """No HF_HUB_OFFLINE here: the Hub's endpoint is a local port that only listens, and no connection may reach
+    it; a cached id (and its bare name) resolves from the cache at once."""
+    import json
+    import socket
+    import time
+    from huggingface_hub import constants
+    from mindformers_gptlocal.checkpoint.hub import resolve_model
+    repo = tmp_path / "cache" / ("models--" + REPO.replace("/", "--"))
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "gpt_local"}))  # used as it is
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+        start = time.monotonic()
+        by_id = resolve_model(REPO, log=None)
+        bare = resolve_model(REPO.split("/")[1], log=None)  # the one cached ORG/tiny-gpt2
+        seconds = time.monotonic() - start
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing connected to the "Hub"
+    assert os.path.samefile(by_id, snapshot) and os.path.samefile(bare, snapshot)
+    assert seconds < 1.0, seconds

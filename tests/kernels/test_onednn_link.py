@@ -111,7 +111,8 @@ def test_a_missing_onednn_package_is_one_warning_and_the_plain_path(no_onednn, t
     assert path is None and "onednn-cpu-gomp-not-installed package is not installed" in reason, reason
     assert f"pip install onednn-cpu-gomp-not-installed=={build.ONEDNN_PIN}" in reason
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
-    assert all(layer.attention.cpu_attention is None for layer in model.model.layers)
+    assert all(layer.attention.core is layer.attention.plain for layer in model.model.layers)
+    assert not model.model.fused_prefill()
     warnings = [line for line in capfd.readouterr().err.splitlines() if "CPU attention kernel off" in line]
     assert len(warnings) == 1 and "is not installed" in warnings[0], warnings
     assert not os.path.exists(tmp_path / "cache")

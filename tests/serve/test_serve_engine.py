@@ -28,30 +28,16 @@ def engine(tmp_path_factory):
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-def serve_all(engine, specs):
-    """Submit every (prompt, max_tokens, eos) at once, step until all are done: [(tokens, finish, count)]."""
-    from mindformers_gptlocal.serve.scheduler import Request
-    events = [[] for _ in specs]
-    for spec, sink in zip(specs, events):
-        prompt, max_tokens, eos = spec
-        engine.submit(Request(prompt, max_tokens, sink.append, temperature=0, eos=eos))
-    for _ in range(500):
-        if all(e and e[-1][0] == "done" for e in events):
-            break
-        engine.step()
-    out = [([ev[2] for ev in e if ev[0] == "token"], e[-1][1], e[-1][2]["completion_tokens"]) for e in events]
-    return out
-
-
-def test_engine_equals_generate(engine):
+def test_engine_equals_generate(engine, serve_all):
     rng = np.random.default_rng(3)
     prompt = lambda n: rng.integers(1, TINY["vocab_size"], n).tolist()  # noqa: E731
-    specs = [(prompt(5), 13, ()), (prompt(11), 21, ()), (prompt(40), 30, ()),  # to the cache's last row
-             (prompt(3), 19, ()), (prompt(7), 9, ())]  # the fifth waits for a slot
+    greedy = {"temperature": 0}
+    specs = [(prompt(5), 13, greedy), (prompt(11), 21, greedy), (prompt(40), 30, greedy),  # to the cache's last row
+             (prompt(3), 19, greedy), (prompt(7), 9, greedy)]  # the fifth waits for a slot
     ref = [engine.model.generate([p], max_new_tokens=min(n, CONTEXT - len(p)), do_sample=False)[0][len(p):]
            for p, n, _ in specs]
     eos = ref[1][6]  # request 1 ends at its EOS
-    specs[1] = (specs[1][0], specs[1][1], (eos,))
+    specs[1] = (specs[1][0], specs[1][1], dict(greedy, eos=(eos,)))
     ref[1] = engine.model.generate([specs[1][0]], max_new_tokens=21, do_sample=False, eos_token_id=eos)[0][11:]
     assert ref[1][-1] == eos and len(ref[1]) < 21
 

@@ -28,20 +28,7 @@ def engine(tmp_path_factory):
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-def serve_all(engine, specs):
-    """Submit every (prompt, max_tokens, options) at once, step until all are done: [(tokens, finish)]."""
-    from mindformers_gptlocal.serve.scheduler import Request
-    events = [[] for _ in specs]
-    for (prompt, max_tokens, options), sink in zip(specs, events):
-        engine.submit(Request(prompt, max_tokens, sink.append, **options))
-    for _ in range(500):
-        if all(e and e[-1][0] == "done" for e in events):
-            break
-        engine.step()
-    return [([ev[2] for ev in e if ev[0] == "token"], e[-1][1]) for e in events]
-
-
-def test_prefill_calls_equal_generate(engine):
+def test_prefill_calls_equal_generate(engine, serve_all):
     prefill = engine
     # compiled: prefill shapes 1 x 16 and 2 x 16 (64 > 32 tokens: the 40-token prompt goes in chunks), no prompt
     # shape at the full batch; decode at every bucket
@@ -63,8 +50,8 @@ def test_prefill_calls_equal_generate(engine):
     got = serve_all(prefill, specs)
     # the first four: 2 calls of 2 x 16, then the 40-token prompt's 2 more chunks; the fifth's own call later
     assert prefill.stats["prefill_calls"] - before == 5
-    assert [tokens for tokens, _ in got] == ref
-    assert all(finish == "length" for _, finish in got)
+    assert [tokens for tokens, _, _ in got] == ref
+    assert all(finish == "length" and count == len(tokens) for tokens, finish, count in got)
 
 
 def test_a_negative_max_prefill_tokens_is_one_clear_error(tmp_path):
