@@ -56,15 +56,14 @@ class Linear(nn.Cell):
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
             self.bias_add = ops.Add()
+        self.skip_bias_add = skip_bias_add
+        # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
+        # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
+        self.broadcast_bias = kernels.composed_ops()
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
         self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
-        self._skip_bias_add = skip_bias_add
-        # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
-        # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
-        self._broadcast_bias = kernels.composed_ops()
-        self._choose_bias()
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -75,49 +74,20 @@ class Linear(nn.Cell):
 
     def dense(self, x):
         """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it. The GEMM
-        kernel or MatMul: per graph (its static rows and the train flag, ``use_gemm``), each with the bias step
-        chosen at build (``_choose_bias``)."""
+        kernel or MatMul per graph (its static rows and the train flag, ``use_gemm``); the bias branches read
+        build-time attributes, which the graph compiler folds."""
         rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
         weight = self.cast(self.weight, self.compute_dtype)
         if use_gemm(self.gemm_rows, self.training, rows):
-            return x, self.gemm_dense(x, weight)
-        return x, self.matmul_dense(x, weight)
-
-    # --- the bias step, chosen once (``_choose_bias``): none, added, or broadcast to [T, out] and added -----------
-    skip_bias_add = property(lambda self: self._skip_bias_add,
-                             lambda self, skip: self._choose_bias(skip=skip), doc="see the class; setting it "
-                             "(fc1 with the bias + GeLU kernel, a rank's row-parallel part) chooses the path again")
-    broadcast_bias = property(lambda self: self._broadcast_bias,
-                              lambda self, broadcast: self._choose_bias(broadcast=broadcast),
-                              doc="the CPU form of the bias Add (``composed_ops``); setting it chooses the path again")
-
-    def _choose_bias(self, skip=None, broadcast=None):
-        if skip is not None:
-            self._skip_bias_add = skip
-        if broadcast is not None:
-            self._broadcast_bias = broadcast
-        if not self.has_bias or self._skip_bias_add:
-            self.matmul_dense, self.gemm_dense = self._matmul, self._gemm
-        else:
-            self.matmul_dense = self._matmul_broadcast_bias if self._broadcast_bias else self._matmul_bias
-            self.gemm_dense = self._gemm_bias
-
-    def _matmul(self, x, weight):
-        return self.matmul(x, weight)
-
-    def _matmul_bias(self, x, weight):
-        return self.bias_add(self.matmul(x, weight), self.cast(self.bias, self.compute_dtype))
-
-    def _matmul_broadcast_bias(self, x, weight):
+            if self.has_bias and not self.skip_bias_add:
+                return x, self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
+            return x, self.gemm(x, weight)
         y = self.matmul(x, weight)
-        return self.bias_add(y, ops.broadcast_to(self.cast(self.bias, self.compute_dtype), y.shape))
-
-    def _gemm(self, x, weight):
-        return self.gemm(x, weight)
-
-    def _gemm_bias(self, x, weight):
-        return self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
+        if self.has_bias and not self.skip_bias_add:
+            bias = self.cast(self.bias, self.compute_dtype)
+            y = self.bias_add(y, ops.broadcast_to(bias, y.shape) if self.broadcast_bias else bias)
+        return x, y
 
 
 class LayerNorm(nn.Cell):
