@@ -295,11 +295,10 @@ class GPTLocalModel(nn.Cell):
         # pet_config prefix tuning / P-Tuning v2, else None
         self.prefix_encoder = prefix_encoder(config, self.counter_dropout)
         self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
-        # what construct calls, chosen here once: the layers' prefixes (and the positions after them), the rotary
-        # angles; without a prefix each layer's is None (a constant of the graph)
+        # what construct calls, chosen here once: the layers' prefixes (and the positions after them); without a
+        # prefix each layer's is None (a constant of the graph)
         self.layer_prefixes = self._no_prefix if self.prefix_encoder is None else self._prefix
         self.no_prefixes = (None,) * self.num_layers
-        self.rotary_angles = self._no_rotary if self.rotary is None else self._rotary
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
                   write_index=None, actual_seq_len=None, dropout_step=None, fresh_prefill=False):
@@ -319,7 +318,7 @@ class GPTLocalModel(nn.Cell):
             attention_bias = self.causal_mask(seq)
         prefixes, position_ids = self.layer_prefixes(position_ids, dropout_step)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
-        rotary = self.rotary_angles(position_ids)  # per-row positions, ragged or packed
+        rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step,
@@ -342,12 +341,6 @@ class GPTLocalModel(nn.Cell):
         for index in range(self.num_layers):
             pairs = pairs + ((prefix[2 * index], prefix[2 * index + 1]),)
         return pairs, position_ids + self.prefix_tokens
-
-    def _no_rotary(self, position_ids):  # pylint: disable=unused-argument
-        return None
-
-    def _rotary(self, position_ids):
-        return self.rotary(position_ids)
 
     def fused_prefill(self):
         """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU attention kernel in
