@@ -28,7 +28,9 @@ LayerNormArgs = _struct("LayerNormArgs", "epsilon threads", "LayerNorm's (cpu_no
 BiasGeluArgs = _struct("BiasGeluArgs", "form threads", "Bias + GeLU's (cpu_norm_gelu.cc): form 0 tanh, 1 quick.")
 RMSNormArgs = _struct("RMSNormArgs", "epsilon threads", "RMSNorm's (cpu_rms_swiglu.cc).")
 SwiGLUArgs = _struct("SwiGLUArgs", "threads", "SwiGLU's silu(gate) * up (cpu_rms_swiglu.cc).")
-LinearArgs = _struct("LinearArgs", "threads", "Linear's GEMM (cpu_linear.cc).")
+LinearArgs = _struct("LinearArgs", "threads precision",
+                     "Linear's GEMM (cpu_linear.cc): precision 0 float32, 1 bfloat16 x bfloat16 -> float32 (oneDNN's "
+                     "dnnl_gemm_bf16bf16f32), 2 the same numbers emulated (inputs rounded to bfloat16, float32 sgemm).")
 LoRADropoutArgs = _struct("LoRADropoutArgs", "scale mode threads",
                           "LoRA's input dropout (lora_dropout.cc): scale 1 / (1 - p); mode 1 keep where the bits "
                           "agree, 2 where they differ.")

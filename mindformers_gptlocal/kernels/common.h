@@ -120,6 +120,35 @@ inline int64_t leading(int ndim, const int64_t *shape) {
   return rows;
 }
 
+// bfloat16 as the GEMMs take it: the top 16 bits of a float32, rounded to nearest even (a NaN stays a quiet
+// NaN). Plain bit arithmetic, so the loops over it vectorise in the AVX-512 / AVX2 clones.
+inline uint16_t bf16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);
+}
+
+// The float32 of bfloat16 bits (exact).
+inline float bf16_value(uint16_t half) {
+  const uint32_t bits = static_cast<uint32_t>(half) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// out[i] = bf16_bits(in[i]) for n elements.
+VEC_CLONES void to_bf16(const float *in, int64_t n, uint16_t *out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(in[i]);
+}
+
+// out[i] = in[i] rounded to the nearest bfloat16, kept as float32 (the emulated GEMM's inputs).
+VEC_CLONES void round_bf16(const float *in, int64_t n, float *out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(bf16_bits(in[i]));
+}
+
 // Every input and output of an AOT call is float32 (the kernels' one dtype).
 inline bool all_float32(int n, const char **dtypes) {
   for (int i = 0; i < n; ++i) {
@@ -147,7 +176,7 @@ struct SwiGLUArgs {
   float threads;
 };
 struct LinearArgs {
-  float threads;
+  float threads, precision;  // precision: 0 float32, 1 bf16 x bf16 -> f32 (oneDNN), 2 the same numbers emulated
 };
 struct LoRADropoutArgs {
   float scale, mode, threads;  // scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where they differ

@@ -6,8 +6,15 @@ inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
 ``linear_gemm_kernel`` returns None where it cannot run: silently for a dtype other than float32, after one warning
 line per process where the library cannot be built; ``model/layers.py`` Linear then keeps ``ops.MatMul``, the
 reference.
+
+``precision`` (``PRECISIONS``): "float32", or "bfloat16" (``compute_dtype: bfloat16`` on CPU: every GEMM, forward
+and both backward, bf16 x bf16 with float32 accumulation and output, oneDNN's ``dnnl_gemm_bf16bf16f32``; where this
+CPU has no bf16 GEMM the kernel emulates it, the same rounding and float32 sums, and ``bf16_native`` says so in one
+line per process); ``emulate=True`` forces the emulation (tests).
 """
+import ctypes
 import functools
+import sys
 
 from mindspore import nn, ops
 
@@ -17,16 +24,38 @@ from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
+PRECISIONS = ("float32", "bfloat16")
+_NATIVE = {}  # library path -> does oneDNN's bf16 GEMM run on this CPU
+
+
+def bf16_native(library_path):
+    """True where the library's bf16 GEMM runs oneDNN's (this CPU has the ISA it needs); False where it emulates it,
+    after one stderr line per process saying so."""
+    if library_path not in _NATIVE:
+        native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
+        _NATIVE[library_path] = native
+        if not native:
+            sys.stderr.write("gpt_local: this CPU has no bfloat16 GEMM in oneDNN; compute_dtype bfloat16 is emulated "
+                             "(the same bf16 rounding, float32 arithmetic: slower, same results).\n")
+            sys.stderr.flush()
+    return _NATIVE[library_path]
 
 
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
-    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``)."""
+    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``layers.BF16MatMul``
+    (x and w rounded to bfloat16; the gradients from dy rounded too)."""
 
-    def __init__(self, library_path, threads=None):
+    def __init__(self, library_path, threads=None, precision="float32", emulate=False):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = LinearArgs(threads).tensor()
+        if precision not in PRECISIONS:
+            raise ValueError(f"CPULinearGEMM precision {precision!r}: one of {', '.join(PRECISIONS)}")
+        code = 0
+        if precision == "bfloat16":
+            code = 2 if emulate or not bf16_native(library_path) else 1
+        self.precision = precision
+        self.config = LinearArgs(threads, code).tensor()
         self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
                                 lambda x, w, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
@@ -50,6 +79,7 @@ class CPULinearGEMM(nn.Cell):
 
 
 def linear_gemm_kernel(dtype, **kwargs):
-    """A ``CPULinearGEMM`` or None (after one warning) where it cannot run."""
+    """A ``CPULinearGEMM`` or None (after one warning) where it cannot run; ``dtype``: the graph's (float32),
+    ``kwargs``: the Cell's (``precision``, ``threads``)."""
     path = float32_library(dtype, _warn_once)
     return None if path is None else CPULinearGEMM(path, **kwargs)

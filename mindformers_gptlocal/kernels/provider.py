@@ -9,7 +9,12 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
 - the device (MindSpore's ``device_target``: the kernels are CPU kernels; every other backend runs the plain ops);
 - the parallel mode (a semi-auto/auto parallel build keeps MindSpore's primitives, which carry the shard
   strategies; the caller says whether the build is one);
-- the dtypes (the kernels compute in float32; asked with another dtype an op gets the plain path).
+- the dtypes (the kernels compute in float32; asked with another dtype an op gets the plain path), and
+  ``compute_dtype`` (``precision``): on CPU, where MindSpore's kernels and gpt_local's compute in float32, a
+  ``bfloat16`` model computes in float32 between ops (``graph_dtype``) and runs its GEMMs (every Linear, forward and
+  both backward GEMMs, and the head) bf16 x bf16 with float32 accumulation (``gemm_dtype``: the GEMM kernel in
+  bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
+  kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
 warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel; the
@@ -29,7 +34,8 @@ OPS = {
     "bias_gelu": "the MLP's fc1 bias + tanh or quick GeLU (kernels/norm_gelu.py)",
     "rms_norm": "RMSNorm (kernels/rms_swiglu.py)",
     "swiglu": "SwiGLU's silu(gate) * up (kernels/rms_swiglu.py)",
-    "linear": "the Linears' and the head's x W^T (+ b), oneDNN's sgemm (kernels/linear.py)",
+    "linear": "the Linears' and the head's x W^T (+ b), oneDNN's sgemm, or its bf16 GEMM with compute_dtype "
+              "bfloat16 (kernels/linear.py)",
     "lora_dropout": "LoRA's input dropout (kernels/lora_dropout.py)",
     "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
@@ -54,6 +60,12 @@ RETIRED_SWITCHES = {
     "GPTLOCAL_ATTENTION_GEMM": None,
 }
 _TOLD = set()
+DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16"}
+
+
+def dtype_name(dtype):
+    """A config dtype (its name, or a MindSpore dtype) as its name: "bfloat16"."""
+    return dtype if isinstance(dtype, str) else DTYPE_NAMES.get(dtype, str(dtype))
 
 
 def retired_switches(environ=None):
@@ -108,24 +120,48 @@ def plain_cpu_kernels(value):
 
 class KernelProvider:
     """The model's kernel choices. ``cpu_kernels``: the config value (``read_cpu_kernels``); ``parallel``: the build
-    is semi-auto/auto parallel; ``device_target``: None reads MindSpore's context.
+    is semi-auto/auto parallel; ``device_target``: None reads MindSpore's context; ``compute_dtype``: the config's
+    (``gemm_dtype``).
 
     Each op's method returns its kernel Cell (or, for ``linear_gemm``, the Cell and its rows) or None, the plain
     path; ``uses(op)`` says whether the op's kernel is chosen at all (before dtypes and the library)."""
 
-    def __init__(self, cpu_kernels="auto", parallel=False, device_target=None):
+    def __init__(self, cpu_kernels="auto", parallel=False, device_target=None, compute_dtype="float32"):
         retired_switches()
         self.modes = read_cpu_kernels(cpu_kernels)
         self.device_target = device_target or ms.get_context("device_target")
         self.parallel = bool(parallel)
+        self.gemm_dtype = self._gemm_dtype(dtype_name(compute_dtype))
 
     @classmethod
     def from_config(cls, config, parallel=False):
-        """The provider of a ``GPTLocalConfig`` (its ``cpu_kernels``) for a build that is or is not ``parallel``."""
-        return cls(config.cpu_kernels, parallel)
+        """The provider of a ``GPTLocalConfig`` (its ``cpu_kernels`` and ``compute_dtype``) for a build that is or
+        is not ``parallel``."""
+        return cls(config.cpu_kernels, parallel, compute_dtype=config.compute_dtype)
 
     def __repr__(self):
-        return f"KernelProvider({self.modes!r}, parallel={self.parallel}, device_target={self.device_target!r})"
+        return (f"KernelProvider({self.modes!r}, parallel={self.parallel}, device_target={self.device_target!r}, "
+                f"gemm_dtype={self.gemm_dtype!r})")
+
+    # --- precision: the one rule of which dtype runs where --------------------------------------------------
+    def graph_dtype(self, dtype):
+        """The dtype (its name) a graph computes or keeps ``dtype`` in on this device: on CPU bfloat16 -> float32
+        (MindSpore's CPU kernels and gpt_local's are float32; the GEMMs still take bfloat16: ``gemm_dtype``); every
+        other dtype, and every dtype on GPU and Ascend, unchanged."""
+        name = dtype_name(dtype)
+        return "float32" if self.device_target == "CPU" and name == "bfloat16" else name
+
+    def _gemm_dtype(self, compute_dtype):
+        """"bfloat16" where the GEMMs run bf16 x bf16 -> float32 on a float32 graph (CPU, compute_dtype bfloat16,
+        not a parallel build: those keep MindSpore's MatMul primitives, which carry the shard strategies, and run
+        them in float32, said once), else None (the GEMMs in the graph's dtype)."""
+        if self.device_target != "CPU" or compute_dtype != "bfloat16":
+            return None
+        if self.parallel:
+            _tell_once("gpt_local: compute_dtype bfloat16 on CPU in a semi-auto/auto parallel build: the GEMMs run "
+                       "in float32 (the bf16 GEMMs are single-device builds').")
+            return None
+        return "bfloat16"
 
     def mode(self, op):
         return self.modes[op]
@@ -181,14 +217,16 @@ class KernelProvider:
         """(the GEMM kernel Cell, the rows from which a graph runs it) or (None, None): float32 compute; ``auto``
         from ``LINEAR_GEMM_ROWS`` (``HEAD_GEMM_ROWS`` for the head) rows in inference graphs, where it measured
         faster (prefill, eval; not the few-row decode step, not training), ``kernel`` in every graph (rows 0,
-        training too). The rule per graph: ``use_gemm``."""
+        training too). With ``gemm_dtype`` bfloat16 the kernel runs bf16 GEMMs, in every graph under ``auto``
+        too (MindSpore's CPU MatMul has no bf16; the emulation, ``BF16MatMul``, is slower). The rule per graph:
+        ``use_gemm``."""
         if compute_dtype != ms.float32 or not self.uses("linear"):
             return None, None
         from .linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel
-        gemm = linear_gemm_kernel(compute_dtype)
+        gemm = linear_gemm_kernel(compute_dtype, precision=self.gemm_dtype or "float32")
         if gemm is None:
             return None, None
-        if self.modes["linear"] == "kernel":
+        if self.modes["linear"] == "kernel" or self.gemm_dtype == "bfloat16":
             return gemm, 0
         return gemm, HEAD_GEMM_ROWS if head else LINEAR_GEMM_ROWS
 
@@ -211,6 +249,14 @@ class KernelProvider:
     def composed_ops(self):
         """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
         return self.uses("composed_ops")
+
+
+def _tell_once(line):
+    """``line`` on stderr, once per process."""
+    if line not in _TOLD:
+        _TOLD.add(line)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def use_gemm(gemm_rows, training, rows):

@@ -424,6 +424,40 @@ class GPTLocalConfig(ConfigBase):
 _KNOWN = None
 
 
+DTYPE_KEYS = ("params_dtype", "compute_dtype", "layernorm_compute_dtype", "softmax_compute_dtype")
+_DTYPE_NOTES = {  # what a dtype key set to bfloat16 does on CPU, said once per process (compute_dtype: as asked)
+    "params_dtype": "params_dtype (param_init_type) bfloat16 on CPU: the Parameters and the optimizer state are "
+                    "float32 (master weights); the GEMMs follow compute_dtype.",
+    "layernorm_compute_dtype": "layernorm_compute_dtype bfloat16 on CPU: the norms compute in float32.",
+    "softmax_compute_dtype": "softmax_compute_dtype bfloat16 on CPU: the softmax computes in float32.",
+}
+_NOTED = set()
+
+
+def graph_config(config, kernels):
+    """The config a model's Cells are built from, for its ``KernelProvider`` ``kernels``: ``config`` itself where
+    every dtype key runs as set, else a copy with the dtypes the device runs (``kernels.graph_dtype``: on CPU
+    bfloat16 -> float32, the GEMMs then bf16 by ``kernels.gemm_dtype``), each such key but compute_dtype said in one
+    stderr line per process. The model keeps ``config`` (config.json, save_pretrained, MindFormers see the
+    YAML's dtypes)."""
+    import sys  # pylint: disable=import-outside-toplevel
+    changed = {}
+    for key in DTYPE_KEYS:
+        value = kernels.graph_dtype(getattr(config, key))
+        if value != str(getattr(config, key)):
+            changed[key] = value
+    if not changed:
+        return config
+    for key in changed:
+        if key in _DTYPE_NOTES and key not in _NOTED:
+            _NOTED.add(key)
+            sys.stderr.write(f"gpt_local: {_DTYPE_NOTES[key]}\n")
+    view = copy.copy(config)
+    for key, value in changed.items():
+        setattr(view, key, value)
+    return view
+
+
 def _plain_pet_config(pet_config):
     """pet_config as a plain dict (MindFormers hands a DictConfig/LoraConfig; dtypes become their names)."""
     if not pet_config:

@@ -26,9 +26,10 @@ from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
-from .config import GPTLocalConfig, GenerationOptions
+from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import Activation, Linear, SiLU, kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm
+from .layers import (Activation, Linear, SiLU, kernel_provider, make_norm, plain_matmul, residual_init_std, to_mstype,
+                     use_gemm)
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -264,6 +265,7 @@ class GPTLocalModel(nn.Cell):
         self.config = config
         # which implementation each op runs (kernels/provider.py), asked once here and handed to every layer
         self.kernels = kernels or kernel_provider(config)
+        config = graph_config(config, self.kernels)  # the dtypes this device runs (CPU: bf16 -> fp32, bf16 GEMMs)
         layout = config.layout if layout is None else layout
         stage_ids = layout.stage_of_layers(config.num_hidden_layers)
         recompute = RecomputePlan(layout, config.num_hidden_layers)
@@ -420,6 +422,7 @@ class GPTLocalForCausalLM(nn.Cell):
         # which Cell each layer's Linears and adapter sites are built with (layer_spec.py): pet_config's LoRA or
         # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells
         self.model = GPTLocalModel(config, layout, pet_layer_spec(config) if layer_spec is None else layer_spec)
+        config = graph_config(config, self.model.kernels)  # the head's dtypes as the model's (GPTLocalModel)
         self.untied = config.arch.untied
         if self.untied:  # its own head table, on the last stage
             self.output_layer = OutputLayer(config)
@@ -428,7 +431,7 @@ class GPTLocalForCausalLM(nn.Cell):
             self.dropout_step = DropoutCounter.new_counter(DROPOUT_STEP)
             self.dropout_counter = DropoutCounter()
         self.compute_dtype = to_mstype(config.compute_dtype)
-        self.head_matmul = ops.MatMul(transpose_b=True)
+        self.head_matmul = plain_matmul(self.model.kernels)
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
         self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True)
         self.log_softmax = ops.LogSoftmax(axis=-1)

@@ -26,7 +26,42 @@ def kernel_provider(config=None):
     """The ``KernelProvider`` (``kernels/provider.py``) of a model built now from ``config`` (its
     ``cpu_kernels``; None: ``auto``), in this build's parallel mode. The model asks once and hands it to its
     layers (``kernels=``); a Cell built without one asks here."""
-    return KernelProvider("auto" if config is None else config.cpu_kernels, parallel=is_parallel_build())
+    if config is None:
+        return KernelProvider("auto", parallel=is_parallel_build())
+    return KernelProvider.from_config(config, parallel=is_parallel_build())
+
+
+def round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, kept float32: a Cast there and back."""
+    return ops.cast(ops.cast(x, ms.bfloat16), ms.float32)
+
+
+class BF16MatMul(nn.Cell):
+    """x W^T on a float32 graph with bfloat16 GEMM numerics (``KernelProvider.gemm_dtype`` bfloat16 where the GEMM
+    kernel is not used: ``cpu_kernels: plain`` or ``{linear: plain}``): x and W rounded to bfloat16, float32
+    MatMul; its backward rounds dy as well, dx = r(dy) r(W), dW = r(dy)^T r(x), as the kernel's bf16 GEMMs
+    compute them (``kernels/linear.py``, tested against this by value). Autodiff of the casts alone would round
+    dx and dW after an unrounded dy instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.dx_matmul = ops.MatMul()
+        self.dw_matmul = ops.MatMul(transpose_a=True)
+
+    def construct(self, x, weight):
+        return self.matmul(round_bf16(x), round_bf16(weight))
+
+    def bprop(self, x, weight, out, dout):
+        dy = round_bf16(dout)
+        return self.dx_matmul(dy, round_bf16(weight)), self.dw_matmul(dy, round_bf16(x))
+
+
+def plain_matmul(kernels):
+    """The plain x W^T of a Linear or the head for the model's ``kernels``: ``BF16MatMul`` where its GEMMs run in
+    bfloat16 on a float32 graph, else ``ops.MatMul(transpose_b=True)`` (the primitive a shard strategy attaches
+    to)."""
+    return BF16MatMul() if kernels.gemm_dtype == "bfloat16" else ops.MatMul(transpose_b=True)
 
 
 class Linear(nn.Cell):
@@ -41,7 +76,9 @@ class Linear(nn.Cell):
     (``kernels/linear.py``, ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs whose
     static row count is at least ``gemm_rows`` (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more;
     ``kernel``, every graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also
-    carries the shard strategies (then BroadcastTo + Add for the bias).
+    carries the shard strategies (then BroadcastTo + Add for the bias). With bfloat16 GEMMs on a float32 graph
+    (``KernelProvider.gemm_dtype``: CPU, ``compute_dtype: bfloat16``) the kernel runs them in every graph, and
+    ``matmul`` is ``BF16MatMul`` (``plain_matmul``).
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
@@ -61,7 +98,7 @@ class Linear(nn.Cell):
         # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
         self.broadcast_bias = kernels.composed_ops()
         self.compute_dtype = compute_dtype
-        self.matmul = ops.MatMul(transpose_b=True)
+        self.matmul = plain_matmul(kernels)
         self.cast = ops.Cast()
         self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
 
