@@ -40,6 +40,6 @@ def test_a_vector_of_another_length_fails_the_call(library, pynative_mode):
     cell = linear.CPULinearGEMM(library, threads=1)
     x, w = Tensor(np.ones((3, 4), np.float32)), Tensor(np.ones((5, 4), np.float32))
     np.testing.assert_array_equal(cell(x, w).asnumpy(), np.full((3, 5), 4.0, np.float32))
-    cell.config = Tensor(np.array([1.0, 0.0], np.float32))  # two floats: not a LinearArgs
+    cell.config = Tensor(np.array([1.0, 0.0, 0.0], np.float32))  # three floats: not a LinearArgs (two)
     with pytest.raises(RuntimeError):
         cell(x, w).asnumpy()
