@@ -189,3 +189,11 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
 // 1 where LinearArgs.precision 1 runs oneDNN's bf16 GEMM on this CPU, 0 where it runs the emulation (kernels/linear.py
 // says so once per process).
 extern "C" int gptlocal_linear_bf16_native() { return lin_bf16_native() ? 1 : 0; }
+
+// The forward with the bias under a name of its own: MindSpore keys an AOT Custom's backward by its function, so two
+// Customs of one symbol (kernels/linear.py: without and with the bias) would share one bprop in a compiled training
+// graph (a TypeError on the argument count).
+extern "C" int gptlocal_linear_fwd_bias(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                        void *stream, void *extra) {
+  return nparam == 5 ? gptlocal_linear_fwd(nparam, params, ndims, shapes, dtypes, stream, extra) : 1;
+}

@@ -60,7 +60,7 @@ class CPULinearGEMM(nn.Cell):
                                 lambda x, w, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
                                lambda x, w, c: x, bprop=self._bprop)
-        self.forward_bias = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, b, c: [x[0], w[0]],
+        self.forward_bias = custom_op(library_path, "gptlocal_linear_fwd_bias", lambda x, w, b, c: [x[0], w[0]],
                                     lambda x, w, b, c: x, bprop=self._bprop_bias)
         self.bias_grad = ops.ReduceSum()
 

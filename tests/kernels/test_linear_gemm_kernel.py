@@ -113,3 +113,33 @@ def test_model_builds_the_row_thresholds():
         provider.LINEAR_GEMM_ROWS, provider.LINEAR_GEMM_ROWS, provider.HEAD_GEMM_ROWS]
     plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"linear": "plain"}))
     assert plain.head_gemm is None and plain.model.layers[0].attention.linear_qkv.gemm_rows is None
+
+
+def test_compiled_training_graph_with_and_without_bias(library, graph_mode):
+    """One compiled training graph holding the kernel's forward with the bias and without it (cpu_kernels
+    {linear: kernel}): each keeps its own backward (the two share one C++ forward; two AOT Customs of one symbol
+    once shared a bprop there, a TypeError), loss and gradients as MatMul + Add's."""
+    from mindspore import nn
+
+    class Two(nn.Cell):
+        def __init__(self, mode):
+            super().__init__()
+            kernels = KernelProvider({"linear": mode})
+            self.first = Linear(IN, OUT, 0.5, ms.float32, ms.float32, kernels=kernels)
+            self.second = Linear(OUT, IN, 0.5, ms.float32, ms.float32, has_bias=False, kernels=kernels)
+
+        def construct(self, x):
+            return (self.second(self.first(x)) ** 2).sum()
+
+    x = Tensor(np.random.default_rng(5).standard_normal((9, IN)).astype(np.float32))
+    results = []
+    for mode in ("kernel", "plain"):
+        ms.set_seed(0)
+        net = Two(mode)
+        net.first.bias.set_data(Tensor(np.random.default_rng(6).standard_normal(OUT).astype(np.float32)))
+        assert (net.first.gemm is not None) == (mode == "kernel")
+        net.set_train(True)
+        loss, grads = ms.value_and_grad(net, None, net.trainable_params())(x)
+        results.append([loss.asnumpy()] + [g.asnumpy() for g in grads])
+    for got, want in zip(*results):
+        _close(got / max(1.0, float(np.abs(want).max())), want / max(1.0, float(np.abs(want).max())), "training")
