@@ -421,16 +421,18 @@ class GPTLocalForCausalLM(nn.Cell):
         layout = config.layout
         # which Cell each layer's Linears and adapter sites are built with (layer_spec.py): pet_config's LoRA or
         # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells
-        self.model = GPTLocalModel(config, layout, pet_layer_spec(config) if layer_spec is None else layer_spec)
-        config = graph_config(config, self.model.kernels)  # the head's dtypes as the model's (GPTLocalModel)
+        kernels = kernel_provider(config)
+        graph = graph_config(config, kernels)  # the dtypes this device runs (GPTLocalModel's too: adapters, head)
+        self.model = GPTLocalModel(config, layout, pet_layer_spec(graph) if layer_spec is None else layer_spec,
+                                   kernels)
         self.untied = config.arch.untied
         if self.untied:  # its own head table, on the last stage
-            self.output_layer = OutputLayer(config)
+            self.output_layer = OutputLayer(graph)
             self.output_layer.pipeline_stage = self.model.stage_ids[-1]
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
             self.dropout_step = DropoutCounter.new_counter(DROPOUT_STEP)
             self.dropout_counter = DropoutCounter()
-        self.compute_dtype = to_mstype(config.compute_dtype)
+        self.compute_dtype = to_mstype(graph.compute_dtype)
         self.head_matmul = plain_matmul(self.model.kernels)
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
         self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True)

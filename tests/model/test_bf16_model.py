@@ -157,3 +157,17 @@ def test_lora_bf16_builds_and_steps(mcore_context):
              Tensor(np.tile(np.arange(32, dtype=np.int32), (2, 1))))
     losses = [float(cell(*batch)[0]) for _ in range(6)]
     assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("pet", [
+    dict(pet_type="adapter", bottleneck_size=16, non_linearity="gelu", freeze_include=["*"],
+         freeze_exclude=["*adapter*"]),
+    dict(pet_type="prefixtuning", prefix_token_num=4, freeze_include=["*"], freeze_exclude=["*prefix*"])])
+def test_adapters_and_prefix_build_with_bf16(graph_mode, pet):
+    """Bottleneck adapters and prefix tuning on a bf16 model build on the float32 graph (their Cells from the
+    graph's dtypes) and give finite logits; the base Linears keep the bf16 GEMM."""
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(BF16, seq_length=32), pet_config=pet))
+    model.set_train(False)
+    assert model.model.layers[0].mlp.linear_fc1.gemm.precision == "bfloat16"
+    logits = model(_ids(1, 8)).asnumpy()
+    assert logits.shape == (1, 8, TINY["vocab_size"]) and np.isfinite(logits).all()
