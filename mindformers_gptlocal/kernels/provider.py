@@ -9,8 +9,8 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
 - the device (MindSpore's ``device_target``: the kernels are CPU kernels; every other backend runs the plain ops);
 - the parallel mode (a semi-auto/auto parallel build keeps MindSpore's primitives, which carry the shard
   strategies; the caller says whether the build is one);
-- the dtypes (the kernels compute in float32; asked with another dtype an op gets the plain path), and
-  ``compute_dtype`` (``precision``): on CPU, where MindSpore's kernels and gpt_local's compute in float32, a
+- the dtypes (the kernels compute in float32; asked with another dtype an op gets the plain path), and the
+  config's ``compute_dtype``: on CPU, where MindSpore's kernels and gpt_local's compute in float32, a
   ``bfloat16`` model computes in float32 between ops (``graph_dtype``) and runs its GEMMs (every Linear, forward and
   both backward GEMMs, and the head) bf16 x bf16 with float32 accumulation (``gemm_dtype``: the GEMM kernel in
   bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
@@ -159,7 +159,7 @@ class KernelProvider:
             return None
         if self.parallel:
             _tell_once("gpt_local: compute_dtype bfloat16 on CPU in a semi-auto/auto parallel build: the GEMMs run "
-                       "in float32 (the bf16 GEMMs are single-device builds').")
+                       "in float32 (bf16 GEMMs on CPU are for single-device builds).")
             return None
         return "bfloat16"
 
