@@ -171,3 +171,27 @@ def test_adapters_and_prefix_build_with_bf16(graph_mode, pet):
     assert model.model.layers[0].mlp.linear_fc1.gemm.precision == "bfloat16"
     logits = model(_ids(1, 8)).asnumpy()
     assert logits.shape == (1, 8, TINY["vocab_size"]) and np.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("params_dtype", ["float32", "bfloat16"])
+def test_mindformers_yaml_builds_mindformers_class(tmp_path, graph_mode, params_dtype):
+    """A MindFormers-style YAML model_config (param_init_type, compute_dtype bfloat16, layernorm and softmax
+    float32), read as MindFormers reads it (MindFormerConfig) into the classes on MindFormers' bases
+    (``mf/model.py``): builds on CPU with float32 Parameters and the bf16 GEMM kernel, finite logits; its
+    config keeps the YAML's dtypes."""
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers_gptlocal import yaml_io
+    from mindformers_gptlocal.mf import model as mf_model
+    from mindformers_gptlocal.preflight.checks import model_config_of
+    keys = dict(TINY, type="GPTLocalConfig", param_init_type=params_dtype, compute_dtype="bfloat16",
+                layernorm_compute_dtype="float32", softmax_compute_dtype="float32")
+    path = yaml_io.dump_yaml({"model": {"model_config": keys}}, str(tmp_path / "model.yaml"))
+    values = model_config_of(MindFormerConfig(path)).to_dict()
+    config = mf_model.GPTLocalConfig(**{k: v for k, v in values.items() if k in keys or k.endswith("dtype")})
+    assert (config.params_dtype, config.compute_dtype) == (params_dtype, "bfloat16")
+    model = mf_model.GPTLocalForCausalLM(config)
+    model.set_train(False)
+    assert {p.dtype for p in model.get_parameters()} == {ms.float32}
+    assert model.head_gemm.precision == "bfloat16" and model.config.compute_dtype == "bfloat16"
+    logits = model(_ids(1, 6)).asnumpy()
+    assert np.isfinite(logits).all()
