@@ -48,6 +48,10 @@ def test_bf16_logits_near_float32_not_equal(graph_mode):
     assert layer.attention.linear_qkv.gemm_rows == 0 and bf16.head_gemm_rows == 0  # every graph: the bf16 kernel
     assert bf16.head_gemm.precision == "bfloat16" and fp32.head_gemm.precision == "float32"
     assert layer.mlp.linear_fc1.weight.dtype == ms.float32 and bf16.compute_dtype == ms.float32
+    # the float32 graph keeps the other CPU kernels: fused attention, LayerNorm, bias + GeLU
+    assert type(layer.attention.core).__name__ == "FusedCPUAttention"
+    assert type(layer.input_layernorm).__name__ == "KernelLayerNorm"
+    assert type(layer.mlp).__name__ == "BiasGeLUFeedForward"
     assert bf16.config.compute_dtype == "bfloat16"  # the model keeps the YAML's dtypes
     for seq in (1, 17):  # a one-row graph (decode-sized) and a prefill
         batch = _ids(2, seq)
