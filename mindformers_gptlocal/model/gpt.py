@@ -95,9 +95,15 @@ def make_mlp(config, layer_spec=None, kernels=None):
         kernel = kernels.swiglu(compute_dtype)
         cls = GatedFeedForward if kernel is None else SwiGLUFeedForward
         return cls(config, layer_spec, kernels, kernel)
-    form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
+    form = gelu_form(config.hidden_act)
     kernel = kernels.bias_gelu(form, compute_dtype) if config.arch.bias and form is not None else None
     return (ParallelFeedForward if kernel is None else BiasGeLUFeedForward)(config, layer_spec, kernels, kernel)
+
+
+def gelu_form(hidden_act):
+    """The GeLU form the CPU kernels compute for ``hidden_act`` ("tanh" or "quick", as ``Activation`` reads the
+    names), or None (the erf GeLU, ReLU)."""
+    return {"quick_gelu": "quick", "gelu": None, "relu": None}.get(hidden_act, "tanh")
 
 
 class ParallelFeedForward(nn.Cell):
@@ -172,7 +178,7 @@ def make_decode_layer(config, block, kernels):
     attention, mlp = block.attention, block.mlp
     linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
     norms = (block.input_layernorm, block.post_attention_layernorm)
-    form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
+    form = gelu_form(config.hidden_act)
     fits = (form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and not arch.gated and
             not arch.parallel_residual and attention.prefix_concat is None and block.attention_adapter is None and
             block.mlp_adapter is None and block.layerdrop is None and attention.plain.softmax_dtype == ms.float32 and
