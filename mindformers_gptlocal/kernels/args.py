@@ -35,3 +35,7 @@ LoRADropoutArgs = _struct("LoRADropoutArgs", "scale mode threads",
                           "LoRA's input dropout (lora_dropout.cc): scale 1 / (1 - p); mode 1 keep where the bits "
                           "agree, 2 where they differ.")
 STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, LinearArgs, LoRADropoutArgs)
+DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads",
+                          "The decode step's layer (cpu_decode_layer.cc): the LayerNorms' epsilon, attention's "
+                          "scale, form 0 tanh GeLU, 1 quick.")
+STRUCTS += (DecodeLayerArgs,)

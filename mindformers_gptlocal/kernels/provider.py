@@ -40,6 +40,7 @@ OPS = {
     "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
+    "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py)",
 }
 MODES = ("auto", "kernel", "plain")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
@@ -249,6 +250,17 @@ class KernelProvider:
     def composed_ops(self):
         """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
         return self.uses("composed_ops")
+
+    def decode_layer(self, epsilon, scale, form, compute_dtype):
+        """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
+        cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
+        ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
+        ("tanh" or "quick"), or None: the plain decode graph. Float32 compute and GEMMs, one rank (a bf16 model's
+        decode runs the plain graph with its bf16 GEMMs, so prefill and decode share numerics)."""
+        if compute_dtype != ms.float32 or self.gemm_dtype == "bfloat16" or not self.uses("decode_layer"):
+            return None
+        from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
+        return decode_layer_kernel(epsilon, scale, form, compute_dtype)
 
 
 def _tell_once(line):

@@ -28,8 +28,8 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (Activation, Linear, SiLU, kernel_provider, make_norm, plain_matmul, residual_init_std, to_mstype,
-                     use_gemm)
+from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, kernel_provider, make_norm, plain_matmul,
+                     residual_init_std, to_mstype, use_gemm)
 from .layer_spec import freeze_pet, pet_layer_spec
 from .params import DROPOUT_STEP
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -95,9 +95,15 @@ def make_mlp(config, layer_spec=None, kernels=None):
         kernel = kernels.swiglu(compute_dtype)
         cls = GatedFeedForward if kernel is None else SwiGLUFeedForward
         return cls(config, layer_spec, kernels, kernel)
-    form = {"quick_gelu": "quick", "gelu": None, "relu": None}.get(config.hidden_act, "tanh")
+    form = gelu_form(config.hidden_act)
     kernel = kernels.bias_gelu(form, compute_dtype) if config.arch.bias and form is not None else None
     return (ParallelFeedForward if kernel is None else BiasGeLUFeedForward)(config, layer_spec, kernels, kernel)
+
+
+def gelu_form(hidden_act):
+    """The GeLU form the CPU kernels compute for ``hidden_act`` ("tanh" or "quick", as ``Activation`` reads the
+    names), or None (the erf GeLU, ReLU)."""
+    return {"quick_gelu": "quick", "gelu": None, "relu": None}.get(hidden_act, "tanh")
 
 
 class ParallelFeedForward(nn.Cell):
@@ -162,6 +168,28 @@ class SwiGLUFeedForward(ParallelFeedForward):
         return self.linear_fc2(self.swiglu(self.linear_gate(hidden, step), self.linear_fc1(hidden, step)), step)
 
 
+def make_decode_layer(config, block, kernels):
+    """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``, from the model's
+    ``KernelProvider``), or None: the block's plain decode graph. Only where the built block is exactly what the
+    kernel computes: GPT-2's structure (LayerNorm, biased base-class Linears, learned positions, sequential
+    residual, MHA or GQA, the tanh or quick GeLU), float32 weights, norms and softmax, and no LoRA, adapter,
+    prefix or LayerDrop."""
+    arch = config.arch
+    attention, mlp = block.attention, block.mlp
+    linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
+    norms = (block.input_layernorm, block.post_attention_layernorm)
+    form = gelu_form(config.hidden_act)
+    fits = (form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and not arch.gated and
+            not arch.parallel_residual and attention.prefix_concat is None and block.attention_adapter is None and
+            block.mlp_adapter is None and block.layerdrop is None and attention.plain.softmax_dtype == ms.float32 and
+            to_mstype(config.layernorm_compute_dtype) == ms.float32 and
+            all(type(norm) in (LayerNorm, KernelLayerNorm) and norm.weight.dtype == ms.float32 for norm in norms) and
+            all(type(linear) is Linear and linear.weight.dtype == ms.float32 for linear in linears))
+    if not fits:
+        return None
+    return kernels.decode_layer(config.layernorm_epsilon, attention.plain.scale, form, to_mstype(config.compute_dtype))
+
+
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 # ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm or RMSNorm
 # (``normalization``), chosen when the block is built. Each part's residual update passes its bottleneck adapter
@@ -198,6 +226,8 @@ class GPTLocalBlock(nn.Cell):
         self.attention_adapter = layer_spec["attention_adapter"]() if "attention_adapter" in layer_spec else None
         self.mlp_adapter = layer_spec["mlp_adapter"]() if "mlp_adapter" in layer_spec else None
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
+        # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
+        self.decode_kernel = make_decode_layer(config, self, kernels)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -206,7 +236,14 @@ class GPTLocalBlock(nn.Cell):
         ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
         ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
         ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``);
-        ``fresh_prefill``: a KV-cache prefill at positions 0..S-1 (see ParallelAttention)."""
+        ``fresh_prefill``: a KV-cache prefill at positions 0..S-1 (see ParallelAttention).
+
+        A decode step (a KV cache, one token a row, not a fresh prefill, inference) runs ``decode_kernel`` where
+        the block has one (``make_decode_layer``): shapes and flags are constants of the compiled graph, so each
+        graph holds one of the two paths."""
+        if self.decode_kernel is not None and key_cache is not None and hidden.shape[1] == 1 and \
+                not fresh_prefill and not self.training:
+            return self.decode_step(hidden, attention_bias, key_cache, value_cache, write_index)
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
                               value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
@@ -230,6 +267,17 @@ class GPTLocalBlock(nn.Cell):
         if self.layerdrop is not None:
             mlp = self.layerdrop(mlp, dropout_step)
         return self.add(hidden, mlp)
+
+    def decode_step(self, hidden, attention_bias, key_cache, value_cache, write_index):
+        """The whole layer for one token a row through ``decode_kernel``: its Parameters as stored, the caches
+        written in place at ``write_index``, attention over each row's cached positions (``attention_bias``)."""
+        attention, mlp = self.attention, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        return self.decode_kernel(hidden, norm1.weight, norm1.bias, attention.linear_qkv.weight,
+                                  attention.linear_qkv.bias, attention.linear_proj.weight, attention.linear_proj.bias,
+                                  norm2.weight, norm2.bias, mlp.linear_fc1.weight, mlp.linear_fc1.bias,
+                                  mlp.linear_fc2.weight, mlp.linear_fc2.bias, key_cache, value_cache, write_index,
+                                  attention_bias)
 
 
 def prefix_encoder(config, counter_dropout=False):

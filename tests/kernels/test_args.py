@@ -31,7 +31,8 @@ def test_structs_match_common_h():
 
 
 def test_every_kernel_reads_its_struct():
-    for name in ("cpu_attention.cc", "cpu_linear.cc", "cpu_norm_gelu.cc", "cpu_rms_swiglu.cc", "lora_dropout.cc"):
+    for name in ("cpu_attention.cc", "cpu_linear.cc", "cpu_norm_gelu.cc", "cpu_rms_swiglu.cc", "lora_dropout.cc",
+                 "cpu_decode_layer.cc"):
         text = open(os.path.join(HERE, name), encoding="utf-8").read()
         assert "args_at<" in text and not re.search(r"\bconfig\[\d\]|\bcfg\[\d\]", text), name
 

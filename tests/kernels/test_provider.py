@@ -69,7 +69,7 @@ def _kernel_cells(model):
     """Names of the model's Cells and attributes that are gpt_local kernels (or choose one)."""
     found = []
     for name, cell in model.cells_and_names():
-        for attr in ("kernel", "bias_gelu", "swiglu", "gemm"):
+        for attr in ("kernel", "bias_gelu", "swiglu", "gemm", "decode_kernel"):
             if getattr(cell, attr, None) is not None:
                 found.append(f"{name}.{attr}")
         if getattr(cell, "composed_tanh_gelu", False) or getattr(cell, "broadcast_bias", False):

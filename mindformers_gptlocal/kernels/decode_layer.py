@@ -1,0 +1,60 @@
+"""``CPUDecodeLayer``: one GPT-2 decoder layer of a decode step (one new token a row) as ONE CPU kernel node
+(``cpu_decode_layer.cc``).
+
+The plain decode graph runs some 20-30 small MindSpore ops a layer, and for one token a row their dispatch costs
+more than their arithmetic. This node takes the layer's input hidden [B, 1, H], its Parameters (the two LayerNorms',
+the four Linears' weights [out, in] and biases, float32, as stored) and its KV-cache Parameters, and returns the new
+hidden: LayerNorm, QKV, this token's keys and values written in place into the caches at ``write_index`` (as the
+in-place ``kv_write.py`` write: the op is marked ``side_effect_mem``, so MindSpore keeps every later use of the
+caches after it), each head's query over its row's cached keys 0..position (plus the additive ``attention_bias``,
+``model/kv_cache.py``), the projection, the residual, LayerNorm, fc1 + bias + GeLU (tanh or quick), fc2, the
+residual. Inference only (no dropout, no backward).
+
+``KernelProvider.decode_layer`` (``provider.py``) chooses it; ``model/gpt.py`` ``make_decode_layer`` decides
+whether a block's structure is the one the kernel computes (GPT-2's: LayerNorm, biases, learned positions, MHA or
+GQA, no LoRA, adapter, prefix or LayerDrop) and the block runs it in its decode graphs only (one token a row, a KV
+cache, not a fresh prefill); everything else stays the plain graph, the reference it is tested against.
+The GEMMs read the weights in their plain [out, in] float32 layout through oneDNN's sgemm each call (pre-packed
+weights are not done yet).
+"""
+import functools
+
+from mindspore import nn
+
+from . import build
+from .args import DecodeLayerArgs
+from .aot import custom_op, float32_library
+from .attention import kernel_threads
+
+SYMBOL = "gptlocal_decode_layer_fwd"
+GELU_FORMS = {"tanh": 0, "quick": 1}
+_warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, the plain decode graph used instead")
+
+
+class CPUDecodeLayer(nn.Cell):
+    """``construct(hidden [B, 1, H], ln1 (weight, bias), qkv (weight, bias), proj (weight, bias), ln2 (weight,
+    bias), fc1 (weight, bias), fc2 (weight, bias), key_cache, value_cache, write_index [B, G, 1, 3],
+    attention_bias [B or 1, 1, 1, L])`` -> the layer's output hidden [B, 1, H]; the caches written in place."""
+
+    def __init__(self, library_path, epsilon, scale, form="tanh", threads=None):
+        super().__init__()
+        threads = kernel_threads() if threads is None else threads
+        self.config = DecodeLayerArgs(epsilon, scale, GELU_FORMS[form], threads).tensor()
+        self.op = custom_op(library_path, SYMBOL, lambda hidden, *rest: hidden, lambda hidden, *rest: hidden)
+        self.op.add_prim_attr("side_effect_mem", True)  # writes the cache Parameters (inputs 13 and 14)
+
+    def construct(self, hidden, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight,
+                  ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, key_cache, value_cache, write_index,
+                  attention_bias):
+        return self.op(hidden, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight,
+                       ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, key_cache, value_cache, write_index,
+                       attention_bias, self.config)
+
+
+def decode_layer_kernel(epsilon, scale, form, dtype, **kwargs):
+    """A ``CPUDecodeLayer`` or None: silently for a dtype other than float32 or a GeLU form it does not compute,
+    after one warning line where the library cannot be built."""
+    if form not in GELU_FORMS:
+        return None
+    path = float32_library(dtype, _warn_once)
+    return None if path is None else CPUDecodeLayer(path, epsilon, scale, form, **kwargs)

@@ -1,0 +1,124 @@
+"""The decode step's layer kernel (``kernels/decode_layer.py``, ``cpu_decode_layer.cc``; ``GPTLocalBlock`` runs it in
+its one-token KV-cache graphs) against the plain decode graph of the same weights (``cpu_kernels: {decode_layer:
+plain}``): the logits of every step of a greedy generation of 24 tokens within 1e-5, one-token steps
+(``ModelRunner.decode``) and the unrolled greedy graph (``decode_greedy``, generate's greedy path), batch 1 and batch
+3 with ragged prompts (right padding), a row subset of the cache's slots (serve's smaller batch buckets), the caches
+equal afterwards; GPT-2's tiny shape, and an odd one (hidden 40, 5 heads of 8, one key/value group, quick GeLU).
+Also: the decode graph really calls the kernel, and the layers it cannot compute keep the plain graph."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor
+
+from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer
+from conftest import TINY
+
+SHAPES = {"tiny": {}, "odd": dict(hidden_size=40, num_attention_heads=5, num_query_groups=1, hidden_act="quick_gelu",
+                                  intermediate_size=72)}
+STEPS = 24
+
+
+def pair(changes):
+    """(model with the kernel, the same weights without it), in inference mode."""
+    ms.set_seed(3)
+    fast = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes, cpu_kernels={"decode_layer": "plain"})))
+    weights = dict(fast.parameters_and_names())
+    for name, param in plain.parameters_and_names():
+        param.set_data(Tensor(weights[name].asnumpy()))
+    fast.set_train(False)
+    plain.set_train(False)
+    return fast, plain
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def models(request):
+    ms.set_context(mode=ms.GRAPH_MODE)
+    fast, plain = pair(SHAPES[request.param])
+    assert all(isinstance(layer.decode_kernel, CPUDecodeLayer) for layer in fast.model.layers)
+    assert all(layer.decode_kernel is None for layer in plain.model.layers)
+    yield fast, plain
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def caches(runner):
+    return [c.asnumpy() for c in (*runner.key_caches, *runner.value_caches)]
+
+
+def close(a, b, what):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=what)
+
+
+@pytest.mark.parametrize("prompts", [[[5, 17, 42, 7, 99, 3, 11]], [[5, 17, 42], [8], list(range(100, 121))]],
+                         ids=["batch1", "batch3-ragged"])
+def test_every_step_equals_the_plain_decode_graph(models, prompts):
+    fast, plain = models
+    runners = [m.kv_cache(len(prompts), max(len(p) for p in prompts) + STEPS + 1) for m in (fast, plain)]
+    logits = [r.prefill(prompts) for r in runners]
+    close(*logits, "prefill")
+    positions = np.array([len(p) for p in prompts])
+    for step in range(STEPS):  # one-token steps, both fed the plain path's greedy tokens
+        tokens = logits[1].argmax(-1)
+        logits = [r.decode(tokens, positions + step) for r in runners]
+        assert np.abs(logits[1]).max() > 0.1
+        close(*logits, f"decode step {step}")
+    for index, (a, b) in enumerate(zip(caches(runners[0]), caches(runners[1]))):
+        close(a, b, f"cache tensor {index} after the steps")
+    # the unrolled greedy graph from here on: the same tokens and logits
+    start = positions + STEPS
+    tokens = logits[1].argmax(-1)
+    (picked_fast, seen_fast), (picked_plain, seen_plain) = [r.decode_greedy(tokens, start, with_logits=True)
+                                                            for r in runners]
+    np.testing.assert_array_equal(picked_fast, picked_plain)
+    close(seen_fast, seen_plain, "greedy graph logits")
+    for index, (a, b) in enumerate(zip(caches(runners[0]), caches(runners[1]))):
+        close(a, b, f"cache tensor {index} after the greedy graph")
+
+
+def test_generate_and_a_row_subset_of_the_slots(models):
+    """``generate`` (its greedy graph) gives the plain tokens; a step over 2 of 3 slots (serve's smaller batch
+    bucket: rows name their slots) writes and reads only those slots."""
+    fast, plain = models
+    prompts = [[7, 3, 9, 1], list(range(40, 53))]
+    assert fast.generate(prompts, max_new_tokens=20, do_sample=False) == \
+        plain.generate(prompts, max_new_tokens=20, do_sample=False)
+    runners = [m.kv_cache(3, 40) for m in (fast, plain)]
+    for r in runners:
+        r.prefill([[4, 5, 6], [9] * 11, [2, 8]])
+    slots, positions = np.array([2, 0]), np.array([[2], [3]])
+    for step in range(3):
+        got = [r.step([[11 + step], [13 + step]], positions + step, [0, 0], slots) for r in runners]
+        close(*got, f"subset step {step}")
+    for index, (a, b) in enumerate(zip(caches(runners[0]), caches(runners[1]))):
+        close(a, b, f"cache tensor {index} after the subset steps")
+
+
+def test_the_decode_graph_calls_the_kernel(graph_mode):
+    """An argument vector of the wrong length fails the kernel's call: the decode graph fails, the prefill graph
+    and a multi-token step over the cache (serve's prefill chunks), which do not run the kernel, do not."""
+    fast, _ = pair({})
+    for layer in fast.model.layers:
+        layer.decode_kernel.config = Tensor(np.ones(2, np.float32))
+    runner = fast.kv_cache(1, 30)
+    runner.step([[1, 2]], [[0, 1]], [1])
+    logits = runner.prefill([[1, 2, 3]])
+    with pytest.raises(RuntimeError):
+        runner.decode(logits.argmax(-1), np.array([3]))
+
+
+@pytest.mark.parametrize("changes", [
+    dict(cpu_kernels="plain"),
+    dict(cpu_kernels={"decode_layer": "plain"}),
+    dict(position_embedding_type="rope"),
+    dict(normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False),
+    dict(use_parallel_residual=True),
+    dict(hidden_act="gelu"),
+    dict(add_bias_linear=False),
+    dict(pet_config=dict(pet_type="lora", lora_rank=2, lora_alpha=4, target_modules=".*linear_qkv",
+                         freeze_include=["*"], freeze_exclude=["*lora*"])),
+    dict(seq_length=48, pet_config=dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False)),
+], ids=["plain", "decode-plain", "rope", "llama", "parallel-residual", "erf-gelu", "no-bias", "lora", "prefix"])
+def test_layers_the_kernel_does_not_compute_keep_the_plain_graph(changes):
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
+    assert all(layer.decode_kernel is None for layer in model.model.layers)
