@@ -32,4 +32,6 @@ LinearArgs = _struct("LinearArgs", "threads", "Linear's GEMM (cpu_linear.cc).")
 LoRADropoutArgs = _struct("LoRADropoutArgs", "scale mode threads",
                           "LoRA's input dropout (lora_dropout.cc): scale 1 / (1 - p); mode 1 keep where the bits "
                           "agree, 2 where they differ.")
+Int8LinearArgs = _struct("Int8LinearArgs", "threads", "An int8 model's Linear (cpu_linear_int8.cc).")
 STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, LinearArgs, LoRADropoutArgs)
+STRUCTS += (Int8LinearArgs,)

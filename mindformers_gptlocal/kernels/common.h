@@ -152,6 +152,9 @@ struct LinearArgs {
 struct LoRADropoutArgs {
   float scale, mode, threads;  // scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where they differ
 };
+struct Int8LinearArgs {
+  float threads;
+};
 
 // Input `index`'s memory as the op's argument struct, or nullptr when that input is not exactly one such struct of
 // float32 (a caller built for another layout: the kernel then fails the call instead of reading past it).

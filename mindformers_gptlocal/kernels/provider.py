@@ -35,6 +35,8 @@ OPS = {
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
 }
+OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
+                      "(kernels/linear_int8.py)")
 MODES = ("auto", "kernel", "plain")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
 # head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
@@ -211,6 +213,15 @@ class KernelProvider:
     def composed_ops(self):
         """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
         return self.uses("composed_ops")
+
+    def int8_linear(self, compute_dtype):
+        """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their
+        per-channel scales), or None: the same scheme in MindSpore ops (``model/quant_cells.py``). Every graph
+        runs it where chosen (inference only: an int8 model does not train)."""
+        if compute_dtype != ms.float32 or not self.uses("int8_linear"):
+            return None
+        from .linear_int8 import int8_linear_kernel  # pylint: disable=import-outside-toplevel
+        return int8_linear_kernel(compute_dtype)
 
 
 def use_gemm(gemm_rows, training, rows):
