@@ -190,3 +190,29 @@ def test_quantization_key_is_checked():
     with pytest.raises(ConfigError, match="compute_dtype"):
         GPTLocalConfig(**TINY, quantization=dict(QUANTIZATION), compute_dtype="bfloat16")
     assert GPTLocalConfig(**TINY, quantization=dict(QUANTIZATION)).to_dict()["quantization"] == QUANTIZATION
+
+
+def _greedy_text(model_dir, prompt, max_new):
+    """model.generate's greedy text for ``prompt`` (what the CLI must print)."""
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    ids = tokenizer.encode(prompt).ids
+    model = GPTLocalForCausalLM.from_pretrained(model_dir)
+    eos = model.config.eos_token_id
+    out = model.generate([ids], max_new_tokens=max_new, eos_token_id=eos, do_sample=False)[0][len(ids):]
+    return tokenizer.decode([t for t in out if t != eos])
+
+
+def test_generate_and_chat_cli_run_the_int8_directory(dirs, capsys, monkeypatch, graph_mode):
+    """`gptlocal generate --model INT8` prints the int8 model's greedy text; `gptlocal chat` answers from it."""
+    import io
+    import sys
+    prompt = "def main(args):\n    "
+    expected = prompt + _greedy_text(dirs["int8"], prompt, 6) + "\n"
+    assert main(["generate", "--model", dirs["int8"], "--prompt", prompt, "--temperature", "0",
+                 "--max-new-tokens", "6", "--compile-cache", "off"]) == 0
+    assert capsys.readouterr().out == expected
+    monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
+    assert main(["chat", "--model", dirs["int8"], "--temperature", "0", "--max-new-tokens", "4",
+                 "--compile-cache", "off"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
