@@ -234,3 +234,12 @@ def test_gpt2_small_int8_bytes_from_the_parameter_table():
                for name, spec in table.items())
     table_fp32 = int8 + 3 * size(table[WORD_EMBEDDINGS].shape) - 4 * table[WORD_EMBEDDINGS].shape[0]
     assert round(int8 / fp32, 3) == 0.257 and 0.48 < table_fp32 / fp32 < 0.50
+
+
+def test_converters_refuse_an_int8_directory(dirs, tmp_path, capsys):
+    code, lines = _refused(capsys, ["quantize", "--model", dirs["int8"], "--out", str(tmp_path / "x"),
+                                    "--dtype", "bfloat16"])
+    assert code == 2 and "already int8" in lines[0]
+    assert main(["convert", "ms2hf", "--ms-dir", dirs["int8"], "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "int8 model directory" in err and not (tmp_path / "hf").exists()
