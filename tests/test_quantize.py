@@ -243,3 +243,18 @@ def test_converters_refuse_an_int8_directory(dirs, tmp_path, capsys):
     assert main(["convert", "ms2hf", "--ms-dir", dirs["int8"], "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert "int8 model directory" in err and not (tmp_path / "hf").exists()
+
+
+def test_quantize_command_imports_no_mindspore(dirs, tmp_path):
+    """`gptlocal quantize` is plain Python and numpy, as `gptlocal convert` (a lean process: no MindSpore loaded)."""
+    import subprocess
+    import sys
+    from conftest import source_env
+    script = ("import sys\nfrom mindformers_gptlocal.cli.main import main\n"
+              f"code = main(['quantize', '--model', {dirs['fp32']!r}, '--out', {str(tmp_path / 'q')!r}, "
+              "'--dtype', 'int8'])\n"
+              "print('LOADED', [m for m in ('mindspore', 'mindformers', 'torch') if m in sys.modules], code)\n")
+    proc = subprocess.run([sys.executable, "-c", script], env=source_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "LOADED [] 0", proc.stdout + proc.stderr
+    assert os.path.isfile(tmp_path / "q" / "model.safetensors")
