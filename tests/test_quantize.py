@@ -258,3 +258,16 @@ def test_quantize_command_imports_no_mindspore(dirs, tmp_path):
                           timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "LOADED [] 0", proc.stdout + proc.stderr
     assert os.path.isfile(tmp_path / "q" / "model.safetensors")
+
+
+def test_an_int8_model_saves_and_loads_back(dirs, tmp_path):
+    """save_pretrained of a loaded int8 model writes the same format (int8 tensors, scales, quantization)."""
+    model = GPTLocalForCausalLM.from_pretrained(dirs["int8"])
+    model.save_pretrained(str(tmp_path / "again"), tokenizer_dir=dirs["int8"])
+    config = json.load(open(tmp_path / "again" / "config.json", encoding="utf-8"))
+    assert config["quantization"] == QUANTIZATION
+    saved = read_safetensors(str(tmp_path / "again" / "model.safetensors"))
+    original = read_safetensors(os.path.join(dirs["int8"], "model.safetensors"))
+    assert sorted(saved) == sorted(original)
+    for name, value in original.items():
+        assert saved[name].dtype == value.dtype and np.array_equal(saved[name], value), name
