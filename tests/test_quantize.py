@@ -271,3 +271,19 @@ def test_an_int8_model_saves_and_loads_back(dirs, tmp_path):
     assert sorted(saved) == sorted(original)
     for name, value in original.items():
         assert saved[name].dtype == value.dtype and np.array_equal(saved[name], value), name
+
+
+def test_lora_on_an_int8_model_is_refused():
+    """pet_config or serve --lora's adapters on an int8 model: one ConfigError (its Linears hold no float weight)."""
+    from mindformers_gptlocal.model.config import GPTLocalConfig
+    from mindformers_gptlocal.model.layer_spec import model_layer_spec
+    from conftest import TINY
+    int8 = dict(TINY, quantization=dict(QUANTIZATION))
+    lora = {"pet_type": "lora", "lora_rank": 4, "lora_alpha": 8, "target_modules": ".*linear_qkv",
+            "freeze_include": ["*"], "freeze_exclude": ["*lora*"]}
+    with pytest.raises(ConfigError, match="int8 model .* no pet_config and no --lora"):
+        model_layer_spec(GPTLocalConfig(**int8, pet_config=lora))
+    with pytest.raises(ConfigError, match="int8 model"):
+        model_layer_spec(GPTLocalConfig(**int8), given=lambda index: {})
+    spec = model_layer_spec(GPTLocalConfig(**int8))(0)
+    assert {cls.__name__ for cls in spec.values()} == {"QuantLinear"} and len(spec) == 5
