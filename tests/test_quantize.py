@@ -243,6 +243,9 @@ def test_converters_refuse_an_int8_directory(dirs, tmp_path, capsys):
     assert main(["convert", "ms2hf", "--ms-dir", dirs["int8"], "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert "int8 model directory" in err and not (tmp_path / "hf").exists()
+    assert main(["lora", "merge", "--base", dirs["int8"], "--adapter", dirs["fp32"], "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "int8 model directory" in err and "then quantize" in err and not (tmp_path / "m").exists()
 
 
 def test_quantize_command_imports_no_mindspore(dirs, tmp_path):
