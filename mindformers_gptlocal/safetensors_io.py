@@ -102,7 +102,8 @@ def tensor_shapes(path):
 
 
 # safetensors dtype -> numpy dtype of the stored bytes. BF16 (numpy has none) is stored as its upper 16 bits
-# and read widened to float32 exactly (``SafetensorsReader.get``); it is never written.
+# and read widened to float32 exactly (``SafetensorsReader.get``); written only by ``write_safetensors_streamed``
+# from those bits (a plan entry of dtype "BF16": ``gptlocal quantize --dtype bfloat16``).
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
           "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
@@ -187,11 +188,13 @@ def write_safetensors(path, tensors, metadata=None):
 
 def write_safetensors_streamed(path, plan, metadata=None):
     """Write safetensors from ``plan``: list of (name, shape, dtype, produce) where produce() returns
-    the array. Only one tensor is in memory at a time."""
+    the array. Only one tensor is in memory at a time. dtype "BF16": produce() returns the bfloat16 bits (uint16)."""
     header, offset = {}, 0
-    for name, shape, dtype, _ in plan:
+    plan = [(name, shape, np.uint16 if dtype == "BF16" else dtype, produce, dtype == "BF16")
+            for name, shape, dtype, produce in plan]
+    for name, shape, dtype, _, bf16 in plan:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": WRITABLE[np.dtype(dtype)], "shape": list(shape),
+        header[name] = {"dtype": "BF16" if bf16 else WRITABLE[np.dtype(dtype)], "shape": list(shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     if metadata:
@@ -201,7 +204,7 @@ def write_safetensors_streamed(path, plan, metadata=None):
     with open(path, "wb") as handle:
         handle.write(struct.pack("<Q", len(blob)))
         handle.write(blob)
-        for name, shape, dtype, produce in plan:
+        for name, shape, dtype, produce, _ in plan:
             array = np.asarray(produce(), dtype=dtype, order="C")
             if tuple(array.shape) != tuple(shape):
                 raise CheckpointError(f"tensor '{name}' came out {array.shape}, expected {tuple(shape)}.")

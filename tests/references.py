@@ -161,3 +161,18 @@ def trains_like_plain(fast, plain, batches, learning_rate):
     np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
     assert losses[-1] < losses[0]  # it trains
     return grads, plain_grads
+
+
+def int8_linear_reference(x, quantized, scale, bias=None):
+    """The int8 Linear's scheme (model/quantization.py) in numpy, the way the kernel computes it: x [T, K] float32
+    quantized per row (max |x| / 127; x * (127 / max) rounded to nearest even, clipped to +-127; a zero row gives
+    zeros), the int8 product exact in int64, then acc * (x_scale * scale) (+ bias), all in float32."""
+    x = np.asarray(x, np.float32)
+    amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
+    inverse = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, np.float32(1)), np.float32(0))
+    inverse = inverse.astype(np.float32)
+    xq = np.clip(np.rint(x * inverse[:, None]), -127, 127).astype(np.int64)
+    acc = (xq @ quantized.astype(np.int64).T).astype(np.float32)
+    x_scale = (amax / np.float32(127)).astype(np.float32)
+    y = acc * (x_scale[:, None] * np.asarray(scale, np.float32)[None, :])
+    return y if bias is None else (y + np.asarray(bias, np.float32)[None, :]).astype(np.float32)

@@ -16,9 +16,9 @@ import mindformers_gptlocal
 PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
 BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
 ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-               "registration", "mf", "runtime"}
+               "registration", "mf", "runtime", "quantize"}
 ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-                 "registration", "mf"}
+                 "registration", "mf", "quantize"}
 
 
 def imports(folder):

@@ -91,6 +91,9 @@ def merge(base_dir, adapter, out, alpha=None, overwrite=False):
     if base_config.get("model_type") != "gpt_local":
         raise CheckpointError(f"--base {base_dir}/config.json is not a gpt_local config; convert it with "
                               f"`gptlocal convert hf2ms` first.")
+    if base_config.get("quantization"):
+        raise CheckpointError(f"--base {base_dir} is an int8 model directory (`gptlocal quantize`); merge into the "
+                              f"float model directory, then quantize the merged one.")
     weights, pairs = adapter_tensors(adapter)
     pet = None if alpha is not None else lora_settings(adapter, weights)
     scaling, rank, alpha = _scaling(pet, pairs, alpha)

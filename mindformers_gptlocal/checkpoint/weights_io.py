@@ -124,4 +124,7 @@ def read_ms_config(ms_dir):
     local = read_json(os.path.join(ms_dir, "config.json"), "--ms-dir")
     if local.get("model_type") != "gpt_local":
         raise CheckpointError(f"{ms_dir}/config.json has model_type {local.get('model_type')!r}, not gpt_local.")
+    if local.get("quantization"):  # int8 tensors and their scales: no other format holds them
+        raise CheckpointError(f"--ms-dir {ms_dir} is an int8 model directory (`gptlocal quantize`), which only "
+                              f"gpt_local loads; convert the float model directory it was quantized from.")
     return local

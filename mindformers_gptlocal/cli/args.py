@@ -27,6 +27,7 @@ COMMANDS = {
     "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
     "generate": "continue a prompt with a model directory (no YAML), streamed",
     "chat": "chat with a model directory on stdin (its chat template), replies streamed",
+    "quantize": "a model directory -> an int8 or bfloat16 inference model directory (generate, chat, serve, eval)",
 }
 
 
@@ -451,6 +452,18 @@ def eval_parser():
     return parser
 
 
+def quantize_parser():
+    parser = Parser(prog="gptlocal quantize",
+                    description="A gpt_local model directory -> an inference model directory in int8 (weights per "
+                                "output channel, activations per row at run time) or bfloat16; generate, chat, "
+                                "serve and eval load it like any other (docs/model-directory.md).")
+    parser.add_argument("--model", required=True, help="the float gpt_local model directory")
+    parser.add_argument("--out", required=True, help="new folder for the quantized model directory")
+    parser.add_argument("--dtype", required=True, help="int8 or bfloat16")
+    return parser
+
+
 PARSERS = {"prepare-data": prepare_data_parser, "convert": convert_parser, "ckpt": ckpt_parser, "run": run_parser,
            "plan": plan_parser, "quickstart": quickstart_parser, "serve": serve_parser, "eval": eval_parser,
-           "lora": lora_parser, "migrate-yaml": migrate_yaml_parser, "generate": generate_parser, "chat": chat_parser}
+           "lora": lora_parser, "migrate-yaml": migrate_yaml_parser, "generate": generate_parser, "chat": chat_parser,
+           "quantize": quantize_parser}

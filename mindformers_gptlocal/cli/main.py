@@ -1,6 +1,7 @@
 """``gptlocal``: prepare-data, convert (Hugging Face GPT-2, Llama/Qwen2, GPT-NeoX <-> gpt_local), ckpt (split/merge per-rank shards),
 run (the run_mindformer.py drop-in), quickstart, plan (layout check and per-device memory, before any compile),
-lora merge (fold LoRA adapters into the weights), generate and chat (a model directory, no YAML).
+lora merge (fold LoRA adapters into the weights), generate and chat (a model directory, no YAML), quantize (int8 or
+bfloat16 inference model directories).
 
 Arguments are defined in ``args.py``; each command imports only what its work needs (``plan``,
 ``convert`` and every ``--help`` load neither MindSpore nor MindFormers: ``main`` answers ``--help`` from
@@ -130,6 +131,16 @@ def lora(argv):
                     overwrite=options.overwrite)
     print(f"merged {summary['adapters']} LoRA adapters (rank {summary['rank']}, alpha {summary['alpha']:g}) "
           f"into {summary['out']}")
+    return 0
+
+
+def quantize(argv):
+    options = cli_args.quantize_parser().parse_args(argv)
+    from ..quantize import quantize_model
+    summary = quantize_model(options.model, options.out, options.dtype)
+    print(f"wrote {summary['out']}: {summary['dtype']}, {summary['tensors']} tensors, weights "
+          f"{summary['bytes_after'] / 2**20:.1f} MiB ({summary['bytes_after'] / summary['bytes_before']:.0%} of "
+          f"{summary['bytes_before'] / 2**20:.1f} MiB)")
     return 0
 
 
@@ -273,7 +284,8 @@ class SqueezedBlankLines:
 
 
 COMMANDS = {"prepare-data": prepare_data, "convert": convert, "ckpt": ckpt, "run": run, "quickstart": quickstart,
-            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora, "migrate-yaml": migrate_yaml, "generate": generate, "chat": chat}
+            "plan": plan, "serve": serve, "eval": evaluate, "lora": lora, "migrate-yaml": migrate_yaml, "generate": generate, "chat": chat,
+            "quantize": quantize}
 
 
 def _asks_for_help(argv):

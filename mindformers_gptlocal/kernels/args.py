@@ -34,8 +34,9 @@ LinearArgs = _struct("LinearArgs", "threads precision",
 LoRADropoutArgs = _struct("LoRADropoutArgs", "scale mode threads",
                           "LoRA's input dropout (lora_dropout.cc): scale 1 / (1 - p); mode 1 keep where the bits "
                           "agree, 2 where they differ.")
+Int8LinearArgs = _struct("Int8LinearArgs", "threads", "An int8 model's Linear (cpu_linear_int8.cc).")
 STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, LinearArgs, LoRADropoutArgs)
 DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads",
                           "The decode step's layer (cpu_decode_layer.cc): the LayerNorms' epsilon, attention's "
                           "scale, form 0 tanh GeLU, 1 quick.")
-STRUCTS += (DecodeLayerArgs,)
+STRUCTS += (DecodeLayerArgs, Int8LinearArgs)

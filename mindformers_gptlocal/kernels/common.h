@@ -184,6 +184,9 @@ struct LoRADropoutArgs {
 struct DecodeLayerArgs {
   float epsilon, scale, form, threads;  // the norms' epsilon, attention's scale; form: 0 tanh GeLU, 1 quick
 };
+struct Int8LinearArgs {
+  float threads;
+};
 
 // Input `index`'s memory as the op's argument struct, or nullptr when that input is not exactly one such struct of
 // float32 (a caller built for another layout: the kernel then fails the call instead of reading past it).

@@ -42,6 +42,8 @@ OPS = {
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
     "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py)",
 }
+OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
+                      "(kernels/linear_int8.py)")
 MODES = ("auto", "kernel", "plain")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
 # head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
@@ -261,6 +263,15 @@ class KernelProvider:
             return None
         from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
         return decode_layer_kernel(epsilon, scale, form, compute_dtype)
+
+    def int8_linear(self, compute_dtype):
+        """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their
+        per-channel scales), or None: the same scheme in MindSpore ops (``model/quant_cells.py``). Every graph
+        runs it where chosen (inference only: an int8 model does not train)."""
+        if compute_dtype != ms.float32 or not self.uses("int8_linear"):
+            return None
+        from .linear_int8 import int8_linear_kernel  # pylint: disable=import-outside-toplevel
+        return int8_linear_kernel(compute_dtype)
 
 
 def _tell_once(line):

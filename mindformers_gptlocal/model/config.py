@@ -23,6 +23,7 @@ from ..parallel.rules import build_device_count, check_parallel_layout, raise_if
 from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
 from ..peft import check_trainable, read as read_pet_config
 from .params import table_of_dims, dims
+from .quantization import read_quantization
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -217,6 +218,7 @@ class GPTLocalConfig(ConfigBase):
                 else parallel_config
         _reject_unknown(kwargs)
         pet_config = kwargs.pop("pet_config", None)  # PEFT (peft/); checked in validate()
+        quantization = kwargs.pop("quantization", None)  # an int8 model's (model/quantization.py); validate()
         layout_batch_size = kwargs.get("batch_size")
         for key in MINDFORMERS_INJECTED:
             kwargs.pop(key, None)
@@ -283,6 +285,7 @@ class GPTLocalConfig(ConfigBase):
         # (None / its default layout), after ours were set above: ours again, and no default layout where none was
         # given (as on 1.8: config.json and this class on ConfigBase stay the same)
         self.pet_config = _plain_pet_config(pet_config)
+        self.quantization = dict(quantization.items()) if hasattr(quantization, "items") else quantization
         if parallel_config is not None:
             self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
                 else parallel_config
@@ -309,8 +312,8 @@ class GPTLocalConfig(ConfigBase):
                               f"`gptlocal convert hf2ms` first.")
         for key in ("architectures", "transformers_version", "mindformers_version", "_name_or_path",
                     "checkpoint_name_or_path", "pretrained_model_dir", "tokenizer_class", "is_encoder_decoder",
-                    "is_sample_acceleration", "quantization_config", "quantization", "torch_dtype", "dtype"):
-            values.pop(key, None)
+                    "is_sample_acceleration", "quantization_config", "torch_dtype", "dtype"):
+            values.pop(key, None)  # (``quantization`` stays: an int8 directory's, quantization.py)
         values.update(overrides)
         return cls(**values)
 
@@ -386,6 +389,9 @@ class GPTLocalConfig(ConfigBase):
             raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
                               "the attention numerics); set it to False.")
         self.pet_spec()
+        if read_quantization(self.quantization) and str(self.compute_dtype) != "float32":
+            raise ConfigError(f"model_config.compute_dtype {self.compute_dtype!r} with an int8 model (quantization): "
+                              f"int8 models compute in float32; set compute_dtype: float32.")
 
     def pet_spec(self):
         """The PEFT settings of ``pet_config`` (its method's ``peft`` PetSpec: LoRA, bottleneck adapters, prefix

@@ -30,7 +30,9 @@ from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
 from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, kernel_provider, make_norm, plain_matmul,
                      residual_init_std, to_mstype, use_gemm)
-from .layer_spec import freeze_pet, pet_layer_spec
+from .layer_spec import freeze_pet, model_layer_spec
+from .quant_cells import int8_lookup, int8_matmul, int8_parameter, scale_parameter
+from .quantization import read_quantization
 from .params import DROPOUT_STEP
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
@@ -60,9 +62,14 @@ class GPTLocalEmbedding(nn.Cell):
     def __init__(self, config, counter_dropout=False):
         super().__init__()
         params_dtype = to_mstype(config.params_dtype)
-        self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
-                                                     (config.vocab_size, config.hidden_size), params_dtype),
-                                         name="word_embeddings")
+        self.int8 = read_quantization(config.quantization) is not None  # build-time flag (words)
+        if self.int8:  # an int8 model (quant_cells.py): the table int8, one scale per row
+            self.word_embeddings = int8_parameter((config.vocab_size, config.hidden_size), "word_embeddings")
+            self.word_embeddings_scale = scale_parameter(config.vocab_size, "word_embeddings_scale")
+        else:
+            self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
+                                                         (config.vocab_size, config.hidden_size), params_dtype),
+                                             name="word_embeddings")
         self.learned_positions = config.arch.learned_positions
         if self.learned_positions:
             self.position_embeddings = Parameter(initializer(Normal(config.initializer_range),
@@ -73,8 +80,14 @@ class GPTLocalEmbedding(nn.Cell):
         self.dropout = make_dropout(config.embedding_dropout, dropout_site(), config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
 
+    def words(self, input_ids):
+        """The token rows (an int8 table's times their scales)."""
+        if self.int8:
+            return int8_lookup(self.gather, self.word_embeddings, self.word_embeddings_scale, input_ids)
+        return self.gather(self.word_embeddings, input_ids, 0)
+
     def construct(self, input_ids, position_ids, dropout_step=None):
-        words = self.gather(self.word_embeddings, input_ids, 0)
+        words = self.words(input_ids)
         if not self.learned_positions:
             return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)
         positions = self.position_gather(self.position_embeddings, position_ids, 0)
@@ -449,6 +462,10 @@ class OutputLayer(nn.Cell):
 
     def __init__(self, config):
         super().__init__()
+        if read_quantization(config.quantization) is not None:  # an int8 model: int8 rows and their scales
+            self.weight = int8_parameter((config.vocab_size, config.hidden_size), "weight")
+            self.weight_scale = scale_parameter(config.vocab_size, "weight_scale")
+            return
         self.weight = Parameter(initializer(Normal(config.initializer_range), (config.vocab_size, config.hidden_size),
                                             to_mstype(config.params_dtype)), name="weight")
 
@@ -471,8 +488,8 @@ class GPTLocalForCausalLM(nn.Cell):
         # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells
         kernels = kernel_provider(config)
         graph = graph_config(config, kernels)  # the dtypes this device runs (GPTLocalModel's too: adapters, head)
-        self.model = GPTLocalModel(config, layout, pet_layer_spec(graph) if layer_spec is None else layer_spec,
-                                   kernels)
+        # an int8 model's QuantLinears (model_layer_spec)
+        self.model = GPTLocalModel(config, layout, model_layer_spec(graph, layer_spec), kernels)
         self.untied = config.arch.untied
         if self.untied:  # its own head table, on the last stage
             self.output_layer = OutputLayer(graph)
@@ -484,6 +501,8 @@ class GPTLocalForCausalLM(nn.Cell):
         self.head_matmul = plain_matmul(self.model.kernels)
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
         self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True)
+        # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
+        self.head_int8 = int8_matmul(self.model.kernels) if self.model.embedding.int8 else None
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()
         self.ignore_token_id = config.ignore_token_id
@@ -551,6 +570,11 @@ class GPTLocalForCausalLM(nn.Cell):
         """The head (tied to the token table, or ``output_layer``): hidden [B, S, H] -> fp32 logits [B*S, V]."""
         batch, seq, width = hidden.shape
         hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
+        if self.head_int8 is not None:  # build-time: an int8 table and its per-row scales (float32 compute)
+            if self.untied:
+                return self.head_int8(hidden, self.output_layer.weight, self.output_layer.weight_scale)
+            return self.head_int8(hidden, self.model.embedding.word_embeddings,
+                                  self.model.embedding.word_embeddings_scale)
         if self.untied:
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:

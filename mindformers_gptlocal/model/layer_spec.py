@@ -10,7 +10,13 @@ the factory takes ``Linear``'s arguments, e.g. ``LoRALinear`` with its spec boun
 ``pet_layer_spec`` builds it from ``model_config.pet_config`` (its method's ``layer_spec``, ``peft/``); ``serve --lora``
 gives its own (``peft.lora_cells.MultiLoRASpec``) to ``GPTLocalForCausalLM(config, layer_spec=...)``.
 """
+from ..errors import ConfigError
 from .params import is_weight
+from .quantization import read_quantization
+
+# the paths of a block's Linears (the factories take Linear's arguments)
+LINEAR_PATHS = ("attention.linear_qkv", "attention.linear_proj", "mlp.linear_fc1", "mlp.linear_gate",
+                "mlp.linear_fc2")
 
 
 def pet_layer_spec(config):
@@ -19,6 +25,21 @@ def pet_layer_spec(config):
     adds no Cell to a layer)."""
     spec = config.pet_spec()
     return None if spec is None else spec.layer_spec(config)
+
+
+def model_layer_spec(config, given=None):
+    """The layer spec a model is built with: an int8 model's (``config.quantization``: ``QuantLinear`` on every
+    Linear path, ``quant_cells.py``), else ``given`` (serve --lora's) or the pet_config's (``pet_layer_spec``).
+    LoRA, adapters or prefix tuning on an int8 model are refused with one line (its Linears hold no float weight
+    to add to)."""
+    if read_quantization(config.quantization) is None:
+        return pet_layer_spec(config) if given is None else given
+    if given is not None or config.pet_spec() is not None:
+        raise ConfigError("an int8 model (config.json quantization, `gptlocal quantize`) takes no pet_config and no "
+                          "--lora adapters; use the float model directory it was quantized from.")
+    from .quant_cells import QuantLinear  # pylint: disable=import-outside-toplevel
+    spec = dict.fromkeys(LINEAR_PATHS, QuantLinear)
+    return lambda index: spec
 
 
 def freeze_pet(model, log=print):

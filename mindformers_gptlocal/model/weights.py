@@ -71,6 +71,22 @@ def model_state(tensors, model):
     return state
 
 
+def check_precision(path, reader, params):
+    """Refuse an int8 file (``gptlocal quantize``: int8 tensors and their ``*_scale``, ``quantization.py``) for a
+    float model, and a float file for an int8 one, before anything is read: the shapes agree, the numbers would
+    not."""
+    int8_file = any(reader.header[name]["dtype"] == "I8" for name in reader.names())
+    int8_model = any(param.dtype == ms.int8 for param in params.values())
+    if int8_file and not int8_model:
+        raise CheckpointError(f"{path} holds int8 weights (a `gptlocal quantize` model directory), which are for "
+                              f"inference only: load the directory with from_pretrained / --model (its config.json "
+                              f"says quantization), or train from the float model directory it was quantized from.")
+    if int8_model and not int8_file:
+        raise CheckpointError(f"{path} holds float weights but the model is int8 (config quantization); make the "
+                              f"int8 directory with `gptlocal quantize --dtype int8`, or drop quantization from its "
+                              f"config.json.")
+
+
 def load_weights(model, path):
     """Load a safetensors checkpoint into ``model`` (strict on names and shapes). Returns the file used.
 
@@ -80,11 +96,12 @@ def load_weights(model, path):
     RSS of building + loading 2,039 -> 1,090 MB, measured)."""
     path = resolve_weights_file(path)
     reader = SafetensorsReader(path)
-    names = model_state(reader.shapes(), model)
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
+    check_precision(path, reader, params)
+    names = model_state(reader.shapes(), model)
     for name in names:
         param = params[name]
-        target = param.asnumpy() if param.dtype in (ms.float32, ms.float16, ms.float64) else None
+        target = param.asnumpy() if param.dtype in (ms.float32, ms.float16, ms.float64, ms.int8) else None
         if target is None or not reader.read_into(name, target):
             param.set_data(ms.Tensor(reader.get(name), param.dtype))
     return path

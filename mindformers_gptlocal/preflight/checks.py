@@ -156,6 +156,35 @@ def check_data(config, model_config):
         check_instruct_records(section, name, model_config.seq_length)
 
 
+def check_not_int8_training(config, model_config):
+    """An int8 model (``gptlocal quantize``: model_config or pretrained_model_dir's config.json ``quantization``,
+    or int8 tensors in the weights load_checkpoint names) is for inference: training or finetuning from it is
+    refused with one line naming where it came from."""
+    if config.run_mode not in ("train", "finetune"):
+        return
+    from ..model.quantization import read_quantization  # pylint: disable=import-outside-toplevel
+    from ..safetensors_io import CONFIG_NAME, SafetensorsReader, resolve_weights_file  # pylint: disable=import-outside-toplevel
+    found = "model_config.quantization" if read_quantization(model_config.quantization) else None
+    pretrained = config.get("pretrained_model_dir")
+    if not found and pretrained and os.path.isfile(os.path.join(pretrained, CONFIG_NAME)):
+        import json  # pylint: disable=import-outside-toplevel
+        with open(os.path.join(pretrained, CONFIG_NAME), encoding="utf-8") as handle:
+            if (json.load(handle) or {}).get("quantization"):
+                found = f"pretrained_model_dir {pretrained}"
+    checkpoint = config.get("load_checkpoint")
+    if not found and checkpoint and isinstance(checkpoint, str) and os.path.exists(checkpoint):
+        try:
+            reader = SafetensorsReader(resolve_weights_file(checkpoint))
+        except Exception:  # pylint: disable=broad-except  # not ours to judge here: the loader names it
+            reader = None
+        if reader is not None and any(reader.header[name]["dtype"] == "I8" for name in reader.names()):
+            found = f"load_checkpoint {checkpoint}"
+    if found:
+        raise ConfigError(f"{found} is an int8 model (`gptlocal quantize`), which is for inference only (generate, "
+                          f"chat, serve, eval); run_mode {config.run_mode} needs the float model directory it was "
+                          f"quantized from.")
+
+
 def check_layout(config):
     """The parallel layout rules ``gptlocal plan`` applies, on the run's YAML."""
     raise_if_bad(check_yaml_layout(config, launch_device_count(config)))
@@ -184,6 +213,7 @@ def check_run(config, log=print):
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_tokenizer_identity(config, log)  # model, data and saved tokenizer: one tokenizer (tokenizers.py)
     check_data(config, model_config)
+    check_not_int8_training(config, model_config)
     if config.run_mode == "predict" and config.get("pretrained_model_dir"):
         tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")
         if not os.path.isfile(tokenizer):

@@ -1,0 +1,41 @@
+"""``CPUInt8Linear``: an int8 model's Linear, y = x W_q^T * scales (+ b) (``cpu_linear_int8.cc``: x quantized per row
+on the fly, oneDNN's ``dnnl_gemm_s8s8s32``), as a Cell. Inference only (no bprop: an int8 model does not train).
+
+``int8_linear_kernel`` returns None where it cannot run: silently for a compute dtype other than float32, after one
+warning line per process where the library cannot be built; ``model/quant_cells.py`` then runs the same scheme with
+MindSpore ops, the reference.
+"""
+import functools
+
+from mindspore import nn
+
+from . import build
+from .args import Int8LinearArgs
+from .aot import custom_op, float32_library
+from .attention import kernel_threads
+
+_warn_once = functools.partial(build.warn_once, "CPU int8 Linear kernel off, MindSpore ops used instead")
+
+
+class CPUInt8Linear(nn.Cell):
+    """``construct(x [T, K] float32, weight [N, K] int8, scale [N] float32, bias [N] or None)`` -> [T, N] float32."""
+
+    def __init__(self, library_path, threads=None):
+        super().__init__()
+        threads = kernel_threads() if threads is None else threads
+        self.config = Int8LinearArgs(threads).tensor()
+        self.forward = custom_op(library_path, "gptlocal_int8_linear_fwd", lambda x, w, s, c: [x[0], w[0]],
+                                 lambda x, w, s, c: x)
+        self.forward_bias = custom_op(library_path, "gptlocal_int8_linear_fwd",
+                                      lambda x, w, s, b, c: [x[0], w[0]], lambda x, w, s, b, c: x)
+
+    def construct(self, x, weight, scale, bias=None):
+        if bias is None:
+            return self.forward(x, weight, scale, self.config)
+        return self.forward_bias(x, weight, scale, bias, self.config)
+
+
+def int8_linear_kernel(dtype, **kwargs):
+    """A ``CPUInt8Linear`` or None (after one warning) where it cannot run."""
+    path = float32_library(dtype, _warn_once)
+    return None if path is None else CPUInt8Linear(path, **kwargs)
