@@ -147,16 +147,30 @@ def emit(report):
     print(WORKER_TAG + json.dumps(report), flush=True)
 
 
-def run_worker(script, args, threads, timeout=7200, **extra_env):
-    """Run ``python script args`` with :func:`worker_env`; return (its last WORKER report, its output)."""
+def run_worker(script, args, threads, timeout=7200, one_line=False, **extra_env):
+    """Run ``python script args`` with :func:`worker_env`; return (its last WORKER report, its output). A failed
+    worker stops the benchmark with its output's tail, or with ``one_line`` (a side that may not run here, e.g. a
+    precision this tree or CPU lacks) gives ``({"failed": its last error line}, output)``."""
     out = subprocess.run([sys.executable, os.path.abspath(script), *args], capture_output=True, text=True,
                          env=worker_env(threads, **extra_env), cwd=tempfile.gettempdir(), timeout=timeout)
     text = out.stdout + out.stderr
     lines = [x for x in out.stdout.splitlines() if x.startswith(WORKER_TAG)]
+    if (out.returncode or not lines) and one_line:
+        return {"failed": last_error_line(out.stderr or out.stdout, out.returncode)}, text
     if out.returncode or not lines:
         raise SystemExit(f"worker {os.path.basename(script)} {' '.join(args[:2])} failed "
                          f"(exit {out.returncode}):\n{text[-4000:]}")
     return json.loads(lines[-1][len(WORKER_TAG):]), text
+
+
+def last_error_line(text, code):
+    """A failed process's error in one line: the last exception line of its output (``TypeError: ...``; MindSpore
+    puts its C++ stack after it), else its last line, else its exit status."""
+    import re
+    found = [x.strip() for x in text.splitlines() if x.strip()]
+    errors = [x for x in found if re.match(r"^[\w.]*(Error|Exception|Exit)\b", x)]
+    line = (errors or found or [f"exit status {code}, no output"])[-1]
+    return line[:400]
 
 
 def alternate(sides, rounds, measure):
@@ -236,6 +250,33 @@ def machine_line(threads):
                          f"average {load:.1f} before the first worker; every worker: "
                          f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker{busy}")
     return _MACHINE[threads]
+
+
+CPU_PRECISION_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnni", "avx_vnni", "amx_int8")}
+
+
+def cpu_flags():
+    """The CPU's feature flags (``/proc/cpuinfo``'s first ``flags`` line), as a set; empty where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def precision_line(flags=None):
+    """One line: which reduced-precision instructions this CPU has (bf16: avx512_bf16 / AMX; int8: VNNI / AMX),
+    so a bf16 or int8 row on a CPU without them says so."""
+    flags = cpu_flags() if flags is None else flags
+    parts = []
+    for precision, names in CPU_PRECISION_FLAGS.items():
+        have = [name for name in names if name in flags]
+        parts.append(f"{precision}: {', '.join(have)}" if have else
+                     f"{precision}: none of {', '.join(names)} (emulated or plain fp32 paths: not this CPU's speed)")
+    return "CPU precision support: " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- GEMM peaks
