@@ -168,8 +168,13 @@ def last_error_line(text, code):
     puts its C++ stack after it), else its last line, else its exit status."""
     import re
     found = [x.strip() for x in text.splitlines() if x.strip()]
-    errors = [x for x in found if re.match(r"^[\w.]*(Error|Exception|Exit)\b", x)]
-    line = (errors or found or [f"exit status {code}, no output"])[-1]
+    errors = [i for i, x in enumerate(found) if re.match(r"^[\w.]*(Error|Exception|Exit)\b", x)]
+    if not errors:
+        return (found or [f"exit status {code}, no output"])[-1][:400]
+    line = found[errors[-1]]
+    if line.endswith(":"):  # MindSpore: "TypeError:", its message on the lines after (between "----" rules)
+        after = [x for x in found[errors[-1] + 1:] if not x.startswith("-")]
+        line = f"{line} {after[0]}" if after else line
     return line[:400]
 
 
@@ -448,15 +453,19 @@ TORCH_VARIANTS = {
     "sdpa+fused": ("sdpa", True, False),
     "compile": ("sdpa", True, True),
 }
+# the same in bfloat16: torch.autocast("cpu", bfloat16) around the forward and loss (oneDNN's bf16 GEMMs), fp32
+# weights, gradients and AdamW state, as PyTorch's mixed precision on CPU is used
+TORCH_BF16_VARIANTS = {"sdpa+fused-bf16": "sdpa+fused", "compile-bf16": "compile"}  # name: its fp32 variant
 
 
 def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lora=None, prefix=None):
     """Worker body, PyTorch side: Hugging Face GPT2LMHeadModel (tied head, dropout off) trained with AdamW
     (betas 0.9/0.95, eps 1e-8, weight decay 0.01, as our YAML) and grad-norm clipping at 1.0 (as our
     wrapper) on the same token windows. ``variant`` picks the attention kernel, fused AdamW and
-    torch.compile (TORCH_VARIANTS); ``lora`` (dict rank/alpha/dropout) wraps the model with peft LoRA on
-    c_attn/c_proj/c_fc and trains the adapters only; ``prefix`` (virtual tokens) wraps it with peft prefix tuning
-    (PrefixTuningConfig, no projection) and trains the prefix only. ``steps`` 0 reports the threads and exits."""
+    torch.compile (TORCH_VARIANTS; a TORCH_BF16_VARIANTS name: its fp32 variant under bfloat16 autocast);
+    ``lora`` (dict rank/alpha/dropout) wraps the model with peft LoRA on c_attn/c_proj/c_fc and trains the
+    adapters only; ``prefix`` (virtual tokens) wraps it with peft prefix tuning (PrefixTuningConfig, no
+    projection) and trains the prefix only. ``steps`` 0 reports the threads and exits."""
     env = check_threads(threads, "torch worker")
     runtime = torch_threads(threads, "torch worker")
     if steps == 0:
@@ -464,7 +473,8 @@ def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lo
     import numpy as np
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    attention, fused, compiled = TORCH_VARIANTS[variant]
+    autocast = variant in TORCH_BF16_VARIANTS
+    attention, fused, compiled = TORCH_VARIANTS[TORCH_BF16_VARIANTS.get(variant, variant)]
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["hidden"],
                         n_layer=s["layers"], n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -491,11 +501,14 @@ def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lo
         start_row = (step * s["batch"]) % max(1, len(windows) - s["batch"] + 1)
         batch = torch.from_numpy(windows[start_row:start_row + s["batch"], :s["seq"]]).long()
         start = time.perf_counter()
-        loss = forward(input_ids=batch, labels=batch).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = forward(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
+    if autocast and any(p.dtype != torch.float32 for p in trainable):
+        raise SystemExit("torch worker: bf16 autocast changed a master weight's dtype")
     emit({"env": env, "runtime_threads": runtime, "variant": variant, "step_times": times,
           "trainable": sum(p.numel() for p in trainable), "peak_rss_mb": vm_hwm_mb(), "last_loss": float(loss)})

@@ -382,7 +382,8 @@ def main():
                                f"from generate_throughput import setup; setup({work!r}, {shape!r}, {sides!r})"],
                               env=C.worker_env(args.threads), check=False, capture_output=True, text=True)
         if made.returncode:
-            raise SystemExit(f"setup of {shape} failed (exit {made.returncode}):\n{(made.stdout + made.stderr)[-4000:]}")
+            raise SystemExit(f"setup of {shape} failed (exit {made.returncode}):\n"
+                             f"{(made.stdout + made.stderr)[-4000:]}")
         with open(os.path.join(work, shape + "_setup.json"), encoding="utf-8") as handle:
             notes = json.load(handle)
         ct2 = notes.get("ct2", ct2)
