@@ -178,6 +178,13 @@ def last_error_line(text, code):
     return line[:400]
 
 
+def error_line(err):
+    """An exception in one line: its type and the first line of its message that says something (MindSpore's
+    start with rules of dashes and headings)."""
+    lines = [x.strip() for x in str(err).splitlines() if x.strip() and not x.strip().startswith("-")]
+    return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+
+
 def alternate(sides, rounds, measure):
     """Run ``measure(side, round)`` for every side, ``rounds`` times, alternating the order
     (A B C, C B A, A B C, ...) so drift and neighbours hit every side alike; {side: [results]}."""

@@ -143,18 +143,12 @@ def setup(work, shape, sides=()):
             from mindformers_gptlocal.quantize import quantize_model
             quantize_model(os.path.join(work, shape + "_ms"), os.path.join(work, shape + "_int8"), "int8")
         except Exception as err:  # pylint: disable=broad-except  (one line for the table, the other sides run)
-            notes["skipped"]["ours-int8"] = f"quantize_model(dir, out, 'int8') failed: {one_line(err)}"
+            notes["skipped"]["ours-int8"] = f"quantize_model(dir, out, 'int8') failed: {C.error_line(err)}"
     ct2 = [side for side in sides if side in CT2_SIDES]
     if ct2:
         notes["ct2"] = ct2_convert(work, shape, ct2, notes["skipped"])
     with open(os.path.join(work, shape + "_setup.json"), "w", encoding="utf-8") as handle:
         json.dump(notes, handle)
-
-
-def one_line(err):
-    """An exception as one line: its type and the first line of its message."""
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 def ct2_convert(work, shape, sides, skipped):
