@@ -453,7 +453,8 @@ def print_table(rows):
     print("| shape | batch | side | precision | decode tok/s | vs HF | vs CT2 same precision | TTFT s | TTFT vs HF "
           "| TTFT vs CT2 | cache/no-cache | first call s | peak RSS MB | RSS vs HF | RSS vs CT2 | each phase's peak MB: "
           "import / load / first call / timed |")
-    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| --- |")
     bests = []
 
     def ratio(value, reference, fmt="{:.2f}x"):

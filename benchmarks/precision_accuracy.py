@@ -168,8 +168,8 @@ def inference_worker(options):
     for precision, figures in stats.items():
         agree, prefix, same = greedy_agreement(sequences["fp32"], sequences[precision], options["prompt_tokens"])
         results[precision] = dict(max_diff=figures["max_diff"], mean_diff=figures["sum_diff"] / figures["values"],
-                                  top1=figures["top1"] / figures["positions"],
-                                  perplexity=float(np.exp(figures["nll"] / figures["tokens"])), tokens=figures["tokens"],
+                                  top1=figures["top1"] / figures["positions"], tokens=figures["tokens"],
+                                  perplexity=float(np.exp(figures["nll"] / figures["tokens"])),
                                   greedy_agreement=agree, common_prefix=prefix, identical=same)
     C.emit({"env": env, "runtime_threads": runtime, "rows": int(len(input_ids)), "results": results,
             "failed": failed, "peak_rss_mb": C.vm_hwm_mb()})
