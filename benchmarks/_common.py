@@ -147,16 +147,42 @@ def emit(report):
     print(WORKER_TAG + json.dumps(report), flush=True)
 
 
-def run_worker(script, args, threads, timeout=7200, **extra_env):
-    """Run ``python script args`` with :func:`worker_env`; return (its last WORKER report, its output)."""
+def run_worker(script, args, threads, timeout=7200, one_line=False, **extra_env):
+    """Run ``python script args`` with :func:`worker_env`; return (its last WORKER report, its output). A failed
+    worker stops the benchmark with its output's tail, or with ``one_line`` (a side that may not run here, e.g. a
+    precision this tree or CPU lacks) gives ``({"failed": its last error line}, output)``."""
     out = subprocess.run([sys.executable, os.path.abspath(script), *args], capture_output=True, text=True,
                          env=worker_env(threads, **extra_env), cwd=tempfile.gettempdir(), timeout=timeout)
     text = out.stdout + out.stderr
     lines = [x for x in out.stdout.splitlines() if x.startswith(WORKER_TAG)]
+    if (out.returncode or not lines) and one_line:
+        return {"failed": last_error_line(out.stderr or out.stdout, out.returncode)}, text
     if out.returncode or not lines:
         raise SystemExit(f"worker {os.path.basename(script)} {' '.join(args[:2])} failed "
                          f"(exit {out.returncode}):\n{text[-4000:]}")
     return json.loads(lines[-1][len(WORKER_TAG):]), text
+
+
+def last_error_line(text, code):
+    """A failed process's error in one line: the last exception line of its output (``TypeError: ...``; MindSpore
+    puts its C++ stack after it), else its last line, else its exit status."""
+    import re
+    found = [x.strip() for x in text.splitlines() if x.strip()]
+    errors = [i for i, x in enumerate(found) if re.match(r"^[\w.]*(Error|Exception|Exit)\b", x)]
+    if not errors:
+        return (found or [f"exit status {code}, no output"])[-1][:400]
+    line = found[errors[-1]]
+    if line.endswith(":"):  # MindSpore: "TypeError:", its message on the lines after (between "----" rules)
+        after = [x for x in found[errors[-1] + 1:] if not x.startswith("-")]
+        line = f"{line} {after[0]}" if after else line
+    return line[:400]
+
+
+def error_line(err):
+    """An exception in one line: its type and the first line of its message that says something (MindSpore's
+    start with rules of dashes and headings)."""
+    lines = [x.strip() for x in str(err).splitlines() if x.strip() and not x.strip().startswith("-")]
+    return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def alternate(sides, rounds, measure):
@@ -236,6 +262,33 @@ def machine_line(threads):
                          f"average {load:.1f} before the first worker; every worker: "
                          f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker{busy}")
     return _MACHINE[threads]
+
+
+CPU_PRECISION_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnni", "avx_vnni", "amx_int8")}
+
+
+def cpu_flags():
+    """The CPU's feature flags (``/proc/cpuinfo``'s first ``flags`` line), as a set; empty where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def precision_line(flags=None):
+    """One line: which reduced-precision instructions this CPU has (bf16: avx512_bf16 / AMX; int8: VNNI / AMX),
+    so a bf16 or int8 row on a CPU without them says so."""
+    flags = cpu_flags() if flags is None else flags
+    parts = []
+    for precision, names in CPU_PRECISION_FLAGS.items():
+        have = [name for name in names if name in flags]
+        parts.append(f"{precision}: {', '.join(have)}" if have else
+                     f"{precision}: none of {', '.join(names)} (emulated or plain fp32 paths: not this CPU's speed)")
+    return "CPU precision support: " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- GEMM peaks
@@ -407,15 +460,19 @@ TORCH_VARIANTS = {
     "sdpa+fused": ("sdpa", True, False),
     "compile": ("sdpa", True, True),
 }
+# the same in bfloat16: torch.autocast("cpu", bfloat16) around the forward and loss (oneDNN's bf16 GEMMs), fp32
+# weights, gradients and AdamW state, as PyTorch's mixed precision on CPU is used
+TORCH_BF16_VARIANTS = {"sdpa+fused-bf16": "sdpa+fused", "compile-bf16": "compile"}  # name: its fp32 variant
 
 
 def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lora=None, prefix=None):
     """Worker body, PyTorch side: Hugging Face GPT2LMHeadModel (tied head, dropout off) trained with AdamW
     (betas 0.9/0.95, eps 1e-8, weight decay 0.01, as our YAML) and grad-norm clipping at 1.0 (as our
     wrapper) on the same token windows. ``variant`` picks the attention kernel, fused AdamW and
-    torch.compile (TORCH_VARIANTS); ``lora`` (dict rank/alpha/dropout) wraps the model with peft LoRA on
-    c_attn/c_proj/c_fc and trains the adapters only; ``prefix`` (virtual tokens) wraps it with peft prefix tuning
-    (PrefixTuningConfig, no projection) and trains the prefix only. ``steps`` 0 reports the threads and exits."""
+    torch.compile (TORCH_VARIANTS; a TORCH_BF16_VARIANTS name: its fp32 variant under bfloat16 autocast);
+    ``lora`` (dict rank/alpha/dropout) wraps the model with peft LoRA on c_attn/c_proj/c_fc and trains the
+    adapters only; ``prefix`` (virtual tokens) wraps it with peft prefix tuning (PrefixTuningConfig, no
+    projection) and trains the prefix only. ``steps`` 0 reports the threads and exits."""
     env = check_threads(threads, "torch worker")
     runtime = torch_threads(threads, "torch worker")
     if steps == 0:
@@ -423,7 +480,8 @@ def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lo
     import numpy as np
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    attention, fused, compiled = TORCH_VARIANTS[variant]
+    autocast = variant in TORCH_BF16_VARIANTS
+    attention, fused, compiled = TORCH_VARIANTS[TORCH_BF16_VARIANTS.get(variant, variant)]
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["hidden"],
                         n_layer=s["layers"], n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -450,11 +508,14 @@ def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lo
         start_row = (step * s["batch"]) % max(1, len(windows) - s["batch"] + 1)
         batch = torch.from_numpy(windows[start_row:start_row + s["batch"], :s["seq"]]).long()
         start = time.perf_counter()
-        loss = forward(input_ids=batch, labels=batch).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = forward(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
+    if autocast and any(p.dtype != torch.float32 for p in trainable):
+        raise SystemExit("torch worker: bf16 autocast changed a master weight's dtype")
     emit({"env": env, "runtime_threads": runtime, "variant": variant, "step_times": times,
           "trainable": sum(p.numel() for p in trainable), "peak_rss_mb": vm_hwm_mb(), "last_loss": float(loss)})

@@ -32,6 +32,22 @@ time (median), plain / kernels, and the largest logit difference. The kernels si
 ``--sides ours,ours-matmul,hf``: ours-matmul is ours with model_config.cpu_kernels {linear: plain} (every Linear and
 the head on MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others in the
 same run.
+
+Precision sides (``python benchmarks/run.py precision --part generate``):
+
+    python benchmarks/generate_throughput.py --sides ours,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf
+
+``ours-bf16``: ours with ``from_pretrained(dir, compute_dtype="bfloat16")``; ``ours-int8``: the model directory
+``mindformers_gptlocal.quantize.quantize_model(dir, out, "int8")`` writes (``gptlocal quantize``). ``ct2-*``:
+CTranslate2 (the ``bench`` extra: ``ctranslate2==4.8.5``) on the same random HF GPT-2, converted per precision with
+its own ``TransformersConverter`` (a word-level tokenizer of the model's vocabulary is saved beside a link to the HF
+weights: the converter reads the vocabulary from a tokenizer) and run by ``ctranslate2.Generator`` with
+``compute_type`` float32 / int8 / bfloat16 and ``intra_threads`` = --threads, greedy, 128 new tokens, no end token
+before them; its TTFT is a generation of one token. A CTranslate2 precision this CPU does not support
+(``ctranslate2.get_supported_compute_types("cpu")``) is left out with a note; a side whose setup or worker fails is
+given as one line and left out of the table (the other sides still run). The table gives each side's precision and
+its speed, TTFT and peak RSS against the CTranslate2 side of the same precision, and a line per shape and batch:
+our best precision against CTranslate2's best.
 """
 import argparse
 import os
@@ -49,10 +65,16 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
-SIDES = ("ours", "ours-mf", "ours-matmul", "ours-cached", "hf")
+CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
+SIDES = ("ours", "ours-mf", "ours-matmul", "ours-cached", "ours-bf16", "ours-int8", "hf", *CT2_SIDES)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul); the other
 # sides keep the converted folder's (auto), as gptlocal generate runs it
 SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}}
+# more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
+SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}}
+# each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
+PRECISION = {"ours-bf16": "bf16", "ours-int8": "int8", "ct2-int8": "int8", "ct2-bf16": "bf16"}  # else fp32
+CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
 # --linear-kernel -> the kernels side's cpu_kernels of kernels_vs_plain (the plain side: {linear: plain})
 LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}
 
@@ -86,18 +108,86 @@ def timed_hf(model, prompts):
     return ttft, total
 
 
+def timed_ct2(generator, prompts):
+    """(ttft, total) seconds of CTranslate2's greedy generation of NEW tokens (TTFT: the median of TTFT_CALLS
+    generations of one token); ``prompts`` are token strings (its Generator takes no ids)."""
+    options = dict(include_prompt_in_result=False, sampling_topk=1, beam_size=1)
+    ttft = C.median([C.timed(lambda: generator.generate_batch(prompts, max_length=1, **options))
+                     for _ in range(TTFT_CALLS)])
+    start = time.perf_counter()
+    out = generator.generate_batch(prompts, max_length=NEW, min_length=NEW, **options)
+    total = time.perf_counter() - start
+    assert all(len(r.sequences_ids[0]) == NEW for r in out), [len(r.sequences_ids[0]) for r in out]
+    return ttft, total
+
+
 def decode_rate(batch, ttft, total):
     return batch * (NEW - 1) / max(total - ttft, 1e-9)
 
 
-def setup(work, shape):
-    """A random HF GPT-2 of ``shape`` saved under work/shape, converted to ours under work/shape_ms."""
+def setup(work, shape, sides=()):
+    """A random HF GPT-2 of ``shape`` saved under work/shape, converted to ours under work/shape_ms; for the
+    precision sides among ``sides`` also ours quantized to int8 (work/shape_int8) and CTranslate2's conversions
+    (work/shape_ct2-*). Writes work/shape_setup.json: {"skipped": {side: one-line reason}, "ct2": version and the
+    compute types it supports on this CPU}."""
+    import json
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(os.path.join(work, shape))
     hf_to_ms(os.path.join(work, shape), os.path.join(work, shape + "_ms"))
+    notes = {"skipped": {}}
+    if "ours-int8" in sides:
+        try:
+            from mindformers_gptlocal.quantize import quantize_model
+            quantize_model(os.path.join(work, shape + "_ms"), os.path.join(work, shape + "_int8"), "int8")
+        except Exception as err:  # pylint: disable=broad-except  (one line for the table, the other sides run)
+            notes["skipped"]["ours-int8"] = f"quantize_model(dir, out, 'int8') failed: {C.error_line(err)}"
+    ct2 = [side for side in sides if side in CT2_SIDES]
+    if ct2:
+        notes["ct2"] = ct2_convert(work, shape, ct2, notes["skipped"])
+    with open(os.path.join(work, shape + "_setup.json"), "w", encoding="utf-8") as handle:
+        json.dump(notes, handle)
+
+
+def ct2_convert(work, shape, sides, skipped):
+    """CTranslate2's own converter (``TransformersConverter``) on the HF model of work/shape, once per precision
+    of ``sides`` into work/shape_ct2-*; a precision CTranslate2 does not run on this CPU goes to ``skipped``. The
+    converter reads the vocabulary from a tokenizer: a word-level one of the model's size (token i is ``t<i>``, 0
+    is ``<|endoftext|>``) is saved in work/shape_ct2src beside links to the HF files."""
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+    source = os.path.join(work, shape + "_ct2src")
+    os.makedirs(source, exist_ok=True)
+    for name in os.listdir(os.path.join(work, shape)):
+        if not os.path.exists(os.path.join(source, name)):
+            os.symlink(os.path.join(work, shape, name), os.path.join(source, name))
+    ct2_tokenizer(SHAPES[shape]["vocab_size"]).save_pretrained(source)
+    supported = sorted(ctranslate2.get_supported_compute_types("cpu"))
+    for side in sides:
+        compute = CT2_SIDES[side]
+        if compute not in supported:
+            skipped[side] = (f"CTranslate2 {ctranslate2.__version__} runs no compute_type {compute} on this CPU "
+                             f"(it supports {', '.join(supported)})")
+            continue
+        TransformersConverter(source).convert(os.path.join(work, f"{shape}_{side}"), quantization=compute, force=True)
+    return {"version": ctranslate2.__version__, "compute_types": supported}
+
+
+def ct2_tokenizer(vocab_size):
+    """A word-level tokenizer of ``vocab_size`` tokens (``t<i>``, 0 = ``<|endoftext|>``): the vocabulary
+    CTranslate2's converter reads for a model saved without one."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    vocab = {ct2_token(i): i for i in range(vocab_size)}
+    end = ct2_token(0)
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token=end)),
+                                   bos_token=end, eos_token=end, unk_token=end)
+
+
+def ct2_token(index):
+    return "<|endoftext|>" if index == 0 else f"t{index}"
 
 
 def worker(side, work, shape, batch, threads, recompute):
@@ -108,7 +198,7 @@ def worker(side, work, shape, batch, threads, recompute):
     env = C.check_threads(threads, f"{side} generate worker")
     # PyTorch only where it runs: importing it into our side would add its ~180 MB to our peak RSS
     report = {"env": env, "torch_threads": C.torch_threads(threads, f"{side} generate worker") if side == "hf"
-              else "not loaded"}
+              else "not loaded", "precision": PRECISION.get(side, "fp32")}
     prompts = np.random.default_rng(batch).integers(0, SHAPES[shape]["vocab_size"], (batch, PROMPT)).tolist()
     phases = C.Phases()  # each phase's own peak RSS (VmHWM reset at its start) and the RSS after it
     if side == "hf":
@@ -120,6 +210,19 @@ def worker(side, work, shape, batch, threads, recompute):
             timed_hf(model, prompts)  # warm-up
         with phases("timed"):
             ttft, total = timed_hf(model, prompts)
+    elif side in CT2_SIDES:  # CTranslate2's Generator on its conversion of the same HF weights (setup)
+        with phases("import"):
+            import ctranslate2
+        report["ct2_version"] = ctranslate2.__version__
+        with phases("load"):
+            model = ctranslate2.Generator(os.path.join(work, f"{shape}_{side}"), device="cpu",
+                                          compute_type=CT2_SIDES[side], intra_threads=threads, inter_threads=1)
+        report["runtime_threads"] = threads  # intra_threads (CTranslate2 has no getter); OMP_NUM_THREADS checked
+        tokens = [[ct2_token(t) for t in prompt] for prompt in prompts]
+        with phases("first_call"):
+            timed_ct2(model, tokens)  # warm-up
+        with phases("timed"):
+            ttft, total = timed_ct2(model, tokens)
     else:  # ours: the model's own classes (gptlocal generate's: no MindFormers); ours-mf: MindFormers' classes
         import mindspore as ms
         report["runtime_threads"] = C.mindspore_threads(threads, "ours generate worker")
@@ -131,9 +234,10 @@ def worker(side, work, shape, batch, threads, recompute):
                 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
         report["mindformers_loaded"] = "mindformers" in sys.modules
         with phases("load"):
-            model_dir = os.path.join(work, shape + "_ms")
+            model_dir = os.path.join(work, shape + ("_int8" if side == "ours-int8" else "_ms"))
             kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
-            model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels)
+            model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels,
+                                                        **SIDE_OVERRIDES.get(side, {}))
         if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
             from mindformers_gptlocal.runtime.graph_cache import attach
             attach(model, os.path.join(work, "compile-cache"), model_dir)
@@ -149,7 +253,7 @@ def worker(side, work, shape, batch, threads, recompute):
             report["nocache_rate"] = decode_rate(batch, n_ttft, n_total)
             report["recompute_peak_rss_mb"] = phases.peaks["recompute"]
     if side != "hf" and "torch" in sys.modules:
-        raise SystemExit("ours generate worker: PyTorch was imported (it would count in our peak RSS)")
+        raise SystemExit(f"{side} generate worker: PyTorch was imported (it would count in its peak RSS)")
     report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), phases=phases.peaks, rss_after=phases.after,
                   peak_rss_mb=phases.peak(("import", "load", "first_call", "timed")), peak_resets=phases.resets)
     C.emit(report)
@@ -221,7 +325,9 @@ def main():
                              "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
                              "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
-                             "round 1 compiles and stores, later rounds load), hf")
+                             "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
+                             "ours-int8 (a quantize_model int8 directory), hf, ct2-fp32, ct2-int8, ct2-bf16 "
+                             "(CTranslate2, the bench extra)")
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
@@ -256,19 +362,41 @@ def main():
                                 "--linear-kernel", args.linear_kernel],
                                env=C.worker_env(args.threads), check=True)
         return None
+    sides = tuple(args.sides.split(","))
+    check_sides(sides)
     work = C.scratch_dir("gptlocal-gen-")
     print(C.machine_line(args.threads), flush=True)
-    rows = []
+    if any(PRECISION.get(side) for side in sides):
+        print(C.precision_line(), flush=True)
+    rows, skipped, ct2 = [], {}, None
     for shape in args.shapes.split(","):
+        import json
         import subprocess
-        subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); "
-                        f"from generate_throughput import setup; setup({work!r}, {shape!r})"],
-                       env=C.worker_env(args.threads), check=True, capture_output=True)
+        made = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); "
+                               f"from generate_throughput import setup; setup({work!r}, {shape!r}, {sides!r})"],
+                              env=C.worker_env(args.threads), check=False, capture_output=True, text=True)
+        if made.returncode:
+            raise SystemExit(f"setup of {shape} failed (exit {made.returncode}):\n"
+                             f"{(made.stdout + made.stderr)[-4000:]}")
+        with open(os.path.join(work, shape + "_setup.json"), encoding="utf-8") as handle:
+            notes = json.load(handle)
+        ct2 = notes.get("ct2", ct2)
+        for side, reason in notes["skipped"].items():
+            print(f"{shape}: {side} left out: {reason}", flush=True)
+            skipped.setdefault(side, reason)
         for batch in (int(b) for b in args.batches.split(",")):
-            def one(side, index, shape=shape, batch=batch):
+            def one(side, index, shape=shape, batch=batch, skip=notes["skipped"]):
+                if side in skip:
+                    return None
                 extra = ["--recompute"] if side.startswith("ours") and shape in args.recompute_shapes.split(",") else []
                 report, _ = C.run_worker(__file__, ["--worker", side, "--work", work, "--shape", shape, "--batch",
-                                                    str(batch), "--threads", str(args.threads), *extra], args.threads)
+                                                    str(batch), "--threads", str(args.threads), *extra], args.threads,
+                                         one_line=side in PRECISION or side in CT2_SIDES)
+                if "failed" in report:  # a precision side's worker failed: its one line, the other sides run
+                    print(f"{shape} batch {batch} round {index + 1} {side}: failed: {report['failed']}", flush=True)
+                    skip[side] = f"its worker failed: {report['failed']}"
+                    skipped.setdefault(side, skip[side])
+                    return None
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases"].items())
                 print(f"{shape} batch {batch} round {index + 1} {side:7}: {report['rate']:.1f} tok/s, TTFT "
                       f"{report['ttft']:.3f} s, peak RSS {report['peak_rss_mb']:.0f} MB (each phase's own peak: "
@@ -277,40 +405,94 @@ def main():
                       f"threads: C env "
                       f"{report['env']}, torch {report['torch_threads']}"
                       + (f", MindSpore {report['runtime_threads']}, first call {report['first_call_s']:.1f} s"
-                         if side != "hf" else ""), flush=True)
+                         if side.startswith("ours") else "")
+                      + (f", CTranslate2 {report['ct2_version']} intra_threads {report['runtime_threads']}"
+                         if side in CT2_SIDES else ""), flush=True)
                 return report
-            sides = tuple(args.sides.split(","))
-            unknown = [x for x in sides if x not in SIDES]
-            if unknown or "hf" not in sides or len(sides) < 2:
-                raise SystemExit(f"--sides {args.sides}: give hf and one or more of ours, ours-mf, ours-matmul, "
-                                 f"ours-cached")
             runs = C.alternate(sides, args.rounds, one)
-            rows.append((shape, batch, runs))
+            rows.append((shape, batch, {side: [r for r in reports if r] for side, reports in runs.items()}))
     print(f"\n{C.machine_line(args.threads)}")
-    print(f"{PROMPT}-token prompts, {NEW} new tokens, greedy, fp32; {args.rounds} rounds, sides alternating, each "
+    if any(PRECISION.get(side) for side in sides):
+        print(C.precision_line())
+    if ct2:
+        print(f"CTranslate2 {ct2['version']}, compute types on this CPU: {', '.join(ct2['compute_types'])}")
+    for side, reason in skipped.items():
+        print(f"{side}: not in the table: {reason}")
+    print(f"{PROMPT}-token prompts, {NEW} new tokens, greedy; {args.rounds} rounds, sides alternating, each "
           f"in its own worker; median [min-max] over rounds; peak RSS = generate's (import, load, first call, timed "
           f"calls), without our no-cache path's compiles (given apart where it ran)\n")
-    print("| shape | batch | side | decode tok/s | vs HF | TTFT s | TTFT vs HF | cache/no-cache | first call s "
-          "| peak RSS MB | RSS vs HF | each phase's peak MB: import / load / first call / timed |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print_table(rows)
+
+
+def check_sides(sides):
+    """--sides: known names, at least two, one of them a peer (hf or a CTranslate2 side); the CTranslate2 sides
+    need ``ctranslate2`` importable (the bench extra). A bad list: one line, exit 2."""
+    import importlib.util
+    unknown = [x for x in sides if x not in SIDES]
+    peers = [x for x in sides if x == "hf" or x in CT2_SIDES]
+    if unknown or not peers or len(sides) < 2:
+        print(f"--sides {','.join(sides)}: give a peer (hf, {', '.join(CT2_SIDES)}) and one or more of "
+              f"{', '.join(x for x in SIDES if x.startswith('ours'))}", file=sys.stderr)
+        raise SystemExit(2)
+    if any(x in CT2_SIDES for x in sides) and importlib.util.find_spec("ctranslate2") is None:
+        print(f"--sides {','.join(sides)}: the CTranslate2 sides need ctranslate2=={CT2_VERSION}, not importable here "
+              f"(pip install 'mindformers-gptlocal[bench]', or leave the ct2-* sides out)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def best_ct2(runs, precision=None):
+    """(side, median decode rate) of the fastest CTranslate2 side measured (of ``precision`` if given), or None."""
+    found = [(side, C.median([r["rate"] for r in reports])) for side, reports in runs.items()
+             if side in CT2_SIDES and reports and (precision is None or PRECISION.get(side, "fp32") == precision)]
+    return max(found, key=lambda x: x[1]) if found else None
+
+
+def print_table(rows):
+    """The markdown table: every side against HF (where it ran) and against the CTranslate2 side of the same
+    precision (where one ran); then our best precision against CTranslate2's best, per shape and batch."""
+    print("| shape | batch | side | precision | decode tok/s | vs HF | vs CT2 same precision | TTFT s | TTFT vs HF "
+          "| TTFT vs CT2 | cache/no-cache | first call s | peak RSS MB | RSS vs HF | RSS vs CT2 | each phase's peak MB: "
+          "import / load / first call / timed |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| --- |")
+    bests = []
+
+    def ratio(value, reference, fmt="{:.2f}x"):
+        return fmt.format(value / reference) if value is not None and reference else "-"
+
     for shape, batch, runs in rows:
-        hf = runs["hf"]
-        hf_rate, hf_ttft = C.median([r["rate"] for r in hf]), C.median([r["ttft"] for r in hf])
-        hf_rss = C.median([r["peak_rss_mb"] for r in hf])
+        def medians(side):
+            reports = runs.get(side) or []
+            return tuple(C.median([r[k] for r in reports]) for k in ("rate", "ttft", "peak_rss_mb"))
+        hf = medians("hf") if runs.get("hf") else (None, None, None)
         for side, reports in runs.items():
-            rate, ttft = C.median([r["rate"] for r in reports]), C.median([r["ttft"] for r in reports])
-            rss = C.median([r["peak_rss_mb"] for r in reports])
+            if not reports:
+                continue
+            rate, ttft, rss = medians(side)
+            precision = PRECISION.get(side, "fp32")
+            peer = best_ct2(runs, precision)
+            peer = medians(peer[0]) if peer and peer[0] != side else (None, None, None)
             nocache = C.median([r.get("nocache_rate") for r in reports])
             first = C.median([r.get("first_call_s") for r in reports])
             nocache_rss = C.median([r.get("recompute_peak_rss_mb") for r in reports])
             phases = " / ".join(f"{C.median([r['phases'][k] for r in reports]):.0f}"
                                 for k in ("import", "load", "first_call", "timed"))
-            print(f"| {shape} | {batch} | {side} | {C.spread([r['rate'] for r in reports], '{:.1f}')} | "
-                  f"{rate / hf_rate:.2f}x | {ttft:.3f} | {ttft / hf_ttft:.2f}x | "
+            print(f"| {shape} | {batch} | {side} | {precision} | {C.spread([r['rate'] for r in reports], '{:.1f}')} | "
+                  f"{ratio(rate, hf[0])} | {ratio(rate, peer[0])} | {ttft:.3f} | {ratio(ttft, hf[1])} | "
+                  f"{ratio(ttft, peer[1])} | "
                   f"{f'{rate / nocache:.1f}x (its peak {nocache_rss:.0f} MB)' if nocache else '-'} | "
                   f"{f'{first:.1f}' if first else '-'} | "
-                  f"{rss:.0f} | {rss / hf_rss:.2f}x | {phases} |")
-
+                  f"{rss:.0f} | {ratio(rss, hf[2])} | {ratio(rss, peer[2])} | {phases} |")
+        ours = [(side, medians(side)[0]) for side, reports in runs.items() if side.startswith("ours") and reports]
+        theirs = best_ct2(runs)
+        if ours and theirs:
+            side, rate = max(ours, key=lambda x: x[1])
+            bests.append(f"{shape}, batch {batch}: our best {side} {rate:.1f} tok/s, CTranslate2's best {theirs[0]} "
+                         f"{theirs[1]:.1f} tok/s: {rate / theirs[1]:.2f}x")
+    if bests:
+        print("\n'vs' columns: this side / the other (above 1.00x: this side is faster, or for TTFT and RSS, "
+              "slower / larger).")
+        print("\n".join(bests))
 
 if __name__ == "__main__":
     main()

@@ -47,6 +47,17 @@ SUITES = {
         ("llama", "llama_style_vs_transformers.py", "--shape 120m --batches 1,4 --rounds 2 --repeats 1 --threads 2 "
                                                     "--compile-cache"),
     ]),
+    "precision": ("bf16 and int8: decode against CTranslate2 (bench extra), bf16 training against PyTorch autocast, "
+                  "accuracy against fp32", [
+        ("generate", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
+                                               "--recompute-shapes none "
+                                               "--sides ours,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf"),
+        ("train-tiny", "train_throughput.py", "--shapes tiny --rounds 3 --ours-bf16 "
+                                              "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
+        ("train-small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --ours-bf16 "
+                                               "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
+        ("accuracy", "precision_accuracy.py", "--make"),
+    ]),
     "serve": ("gptlocal serve (continuous batching) against transformers, one generate per request", [
         ("tiny", "serve_throughput.py", "--shapes tiny --clients 1,16 --new 32 --requests 16 --threads 2 --rounds 2 "
                                         "--sides ours,ours-cached,hf"),

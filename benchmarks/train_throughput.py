@@ -15,11 +15,23 @@ torch.set_num_threads get the same count (benchmarks/_common.py):
   sdpa+fused  GPT2LMHeadModel, scaled_dot_product_attention, AdamW(fused=True)
   compile     sdpa+fused under torch.compile; its first step (the compile) is shown apart
 All sides: AdamW betas 0.9/0.95, eps 1e-8, weight decay 0.01 (fp32 moments for every weight), grad-norm
-clip 1.0, dropout off, tied head, fp32. The sides run alternately (A B C D, D C B A, ...) for --rounds
-rounds; tokens/s of a run = batch x seq / median step time after --warmup steps; the tables give the
-median over rounds and [min-max]. MFU = tokens/s x (6N + 12 L H S) / peak, where peak is the higher of
-the two fp32 GEMM rates measured at the start of this run (torch's MKL matmul and MindSpore's MatMul,
+clip 1.0, dropout off, tied head, fp32 (the bf16 sides below aside). The sides run alternately (A B C D,
+D C B A, ...) for --rounds rounds; tokens/s of a run = batch x seq / median step time after --warmup steps; the
+tables give the median over rounds and [min-max]. MFU = tokens/s x (6N + 12 L H S) / peak, where peak is the
+higher of the two fp32 GEMM rates measured at the start of this run (torch's MKL matmul and MindSpore's MatMul,
 2048^3, best of 7, same threads), so neither side's MFU can borrow the other's faster GEMM.
+
+bfloat16 sides (``python benchmarks/run.py precision --part train-tiny``):
+
+    python benchmarks/train_throughput.py --shapes tiny --ours-bf16 \
+        --torch-variants sdpa+fused-bf16,compile-bf16,compile
+
+  ours_bf16        ours with model_config.compute_dtype bfloat16 (``--ours-bf16``: the GEMMs in bf16, fp32 master
+                   weights and optimizer state)
+  sdpa+fused-bf16  sdpa+fused with the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
+  compile-bf16     compile, the same under autocast
+The machine line is followed by the CPU's bf16 / int8 instructions (a CPU without avx512_bf16 or AMX says so). MFU
+stays against the fp32 GEMM peak (a bf16 side can pass 100%).
 """
 import argparse
 import json
@@ -29,31 +41,47 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
-SIDES = ("ours",) + tuple(C.TORCH_VARIANTS)
+SIDES = ("ours",) + tuple(C.TORCH_VARIANTS) + tuple(C.TORCH_BF16_VARIANTS)
+# ours_bf16 (--ours-bf16): model_config.compute_dtype bfloat16
+BF16 = {"compute_dtype": "bfloat16"}
 # ours_plain: model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU)
 PLAIN_NORM_GELU = {"layer_norm": "plain", "bias_gelu": "plain"}
 LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, LayerNorm/GeLU plain", "eager": "HF GPT-2, eager",
-          "sdpa+fused": "HF GPT-2, sdpa + fused AdamW", "compile": "HF GPT-2, torch.compile"}
+          "sdpa+fused": "HF GPT-2, sdpa + fused AdamW", "compile": "HF GPT-2, torch.compile",
+          "ours_bf16": "gpt_local, compute_dtype bfloat16",
+          "sdpa+fused-bf16": "HF GPT-2, sdpa + fused AdamW, bf16 autocast",
+          "compile-bf16": "HF GPT-2, torch.compile, bf16 autocast"}
+OURS = ("ours", "ours_plain", "ours_bf16")  # the sides run through gptlocal run
+BF16_SIDES = ("ours_bf16", *C.TORCH_BF16_VARIANTS)
 
 
 def side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra=None):
     """Our side's YAML: the tiny one resized (``_common.ours_yaml``); ours_plain's model_config also holds
-    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels)."""
+    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels);
+    ours_bf16's compute_dtype bfloat16."""
     if side == "ours_plain":
         model_extra = dict(model_extra or {}, cpu_kernels=dict(PLAIN_NORM_GELU))
+    if side == "ours_bf16":
+        model_extra = dict(model_extra or {}, **BF16)
     return C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
 
 
 def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra=None):
-    if side in ("ours", "ours_plain"):
+    """One run of ``side``: its worker's report. A bf16 side that cannot run here (this tree or CPU) reports
+    ``{"failed": its one error line}`` instead of stopping the benchmark."""
+    one_line = side in BF16_SIDES
+    if side in OURS:
         yaml_path = side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra)
-        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads)
+        report, text = C.run_worker(__file__, ["--ms-worker", yaml_path, "--threads", str(threads)], threads,
+                                    one_line=one_line)
+        if "failed" in report:
+            return report
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
         if len(report["step_times"]) != steps:
             raise SystemExit(f"ours: {len(report['step_times'])} step lines, expected {steps}:\n{text[-3000:]}")
     else:
         report, _ = C.run_worker(__file__, ["--torch-worker", json.dumps(s), "--variant", side, "--steps", str(steps),
-                                            "--data", windows, "--threads", str(threads)], threads)
+                                            "--data", windows, "--threads", str(threads)], threads, one_line=one_line)
     return report
 
 
@@ -75,12 +103,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--torch-variants", default=",".join(C.TORCH_VARIANTS),
-                        help=f"comma list of {list(C.TORCH_VARIANTS)} (compile costs ~30 s a run for GPT-2 small)")
+                        help=f"comma list of {list(C.TORCH_VARIANTS) + list(C.TORCH_BF16_VARIANTS)} (compile costs "
+                             "~30 s a run for GPT-2 small; *-bf16: under torch.autocast bfloat16)")
     parser.add_argument("--attention-block-size", type=int, default=0,
                         help="ours: model_config.attention_block_size (memory-efficient attention; 0 = plain)")
     parser.add_argument("--ours-plain", action="store_true",
                         help="also run ours with model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} "
                              "(MindSpore's LayerNorm and Add + GeLU instead of the kernels)")
+    parser.add_argument("--ours-bf16", action="store_true",
+                        help="also run ours with model_config.compute_dtype bfloat16")
     parser.add_argument("--json", help="also write every run's numbers here")
     parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
@@ -96,10 +127,11 @@ def main():
         return C.gemm_worker(args.gemm_worker, args.threads)
 
     variants = [v for v in args.torch_variants.split(",") if v]
-    unknown = [v for v in variants if v not in C.TORCH_VARIANTS]
+    unknown = [v for v in variants if v not in SIDES[1:]]
     if unknown:
-        raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(C.TORCH_VARIANTS)}")
-    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *variants)
+        raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(SIDES[1:])}")
+    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *(("ours_bf16",) if args.ours_bf16 else ()),
+             *variants)
     shapes = {name: C.shape_with(name, args.batch_size, args.seq_length) for name in args.shapes.split(",")}
     seq = next(iter(shapes.values()))["seq"]
     workdir = C.scratch_dir("gptlocal-bench-")
@@ -108,47 +140,68 @@ def main():
             for fw in ("torch", "mindspore")}
     peak = max(gemm.values())
     print(C.machine_line(args.threads), flush=True)
+    bf16 = any(side in ("ours_bf16", *C.TORCH_BF16_VARIANTS) for side in sides)
+    if bf16:
+        print(C.precision_line(), flush=True)
     print(f"fp32 GEMM 2048^3 here: torch {gemm['torch']:.0f} GFLOP/s, MindSpore {gemm['mindspore']:.0f} GFLOP/s; "
           f"MFU below is against the higher, {peak:.0f}", flush=True)
-    rows = {}
+    rows, failed = {}, {}
     for name, s in shapes.items():
         steps = args.steps or (20 if name == "tiny" else 8)
 
         def one(side, index, name=name, s=s, steps=steps):
+            if side in failed:
+                return None
             extra = {"attention_block_size": args.attention_block_size} if args.attention_block_size else None
-            report = summarise(measure(side, s, steps, corpus, windows, workdir, args.threads, f"{side}_{name}_{index}",
-                                       extra), s, args.warmup, peak)
+            report = measure(side, s, steps, corpus, windows, workdir, args.threads, f"{side}_{name}_{index}", extra)
+            if "failed" in report:  # one line; the side leaves the table, the others run
+                print(f"{name} round {index + 1} {side}: failed: {report['failed']}", flush=True)
+                failed[side] = report["failed"]
+                return None
+            report = summarise(report, s, args.warmup, peak)
             print(f"{name} round {index + 1} {side:10} {report['tokens_per_s']:8.0f} tokens/s  first step "
                   f"{report['first_step_s']:6.1f} s (compile ~{report['compile_s']:.1f} s)  peak RSS "
                   f"{report['peak_rss_mb']:6.0f} MB  threads: C env "
                   f"{report['env']}, runtime {report['runtime_threads']}", flush=True)
             return report
-        rows[name] = (s, steps, C.alternate(sides, args.rounds, one))
+        runs = C.alternate(sides, args.rounds, one)
+        rows[name] = (s, steps, {side: [r for r in reports if r] for side, reports in runs.items()})
 
     print(f"\n{C.machine_line(args.threads)}")
+    if bf16:
+        print(C.precision_line())
     print(f"fp32 GEMM peak (2048^3, best of 7, this run): torch {gemm['torch']:.0f} GFLOP/s, MindSpore "
           f"{gemm['mindspore']:.0f} GFLOP/s; MFU against {peak:.0f}. {args.rounds} rounds, sides alternating; "
           f"median [min-max] over rounds; tokens/s from the median step after {args.warmup} warm-up steps.\n")
     if args.attention_block_size:
         print(f"ours: model_config.attention_block_size {args.attention_block_size}\n")
-    print("| shape | batch x seq | side | tokens/s | vs ours | compile s | peak RSS MB | MFU |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    ours_bf16 = "ours_bf16" in sides
+    print(f"| shape | batch x seq | side | tokens/s | vs ours |{' vs ours bf16 |' if ours_bf16 else ''} compile s | "
+          f"peak RSS MB | MFU |")
+    print(f"| --- | --- | --- | ---: | ---: |{' ---: |' if ours_bf16 else ''} ---: | ---: | ---: |")
     for name, (s, steps, results) in rows.items():
         ours = C.median([r["tokens_per_s"] for r in results["ours"]])
+        ours_b = C.median([r["tokens_per_s"] for r in results["ours_bf16"]]) if ours_bf16 else None
         for side in sides:
             runs = results[side]
+            if not runs:
+                continue
             rate = C.median([r["tokens_per_s"] for r in runs])
+            compiles = side in (*OURS, "compile", "compile-bf16")
             print(f"| {name} ({C.params_count(s) / 1e6:.0f}M) | {s['batch']} x {s['seq']} | {LABELS[side]} | "
                   f"{C.spread([r['tokens_per_s'] for r in runs])} | {ours / rate:.2f}x | "
-                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if side in ('ours', 'ours_plain', 'compile') else '-'} | "
+                  f"{(f'{ours_b / rate:.2f}x' if ours_b else '-') + ' | ' if ours_bf16 else ''}"
+                  f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if compiles else '-'} | "
                   f"{C.spread([r['peak_rss_mb'] for r in runs])} | "
                   f"{100 * C.median([r['mfu'] for r in runs]):.0f}% |")
+    for side, reason in failed.items():
+        print(f"\n{LABELS[side]}: not in the table, its worker failed: {reason}")
     if any(r["mfu"] > 1.0 for _, _, results in rows.values() for runs in results.values() for r in runs):
         print("\nWARNING: an MFU above 100%: the GEMM peak measured at the start was below what a step reached "
               "(a busy machine at that moment?); rerun on a quiet machine.")
-    print("\n'vs ours' = ours / that side (above 1: ours faster). 'compile s' = first step - median step: ours "
-          "compiles the training graph in its first step, torch.compile its graphs (issue #15 target for GPT-2 "
-          "small: <= 20 s).")
+    print("\n'vs ours' = ours / that side (above 1: ours faster); 'vs ours bf16' the same for ours_bf16. "
+          "'compile s' = first step - median step: ours compiles the training graph in its first step, "
+          "torch.compile its graphs (issue #15 target for GPT-2 small: <= 20 s).")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"args": vars(args), "gemm_gflops": gemm,
