@@ -117,9 +117,10 @@ def test_bfloat16_directory_holds_the_rounded_weights_and_generates(dirs, graph_
         rounded = (to_bfloat16_bits(value).astype(np.uint32) << 16).view(np.float32)
         assert np.array_equal(reader.get(name), rounded), name
         assert np.abs(rounded - value).max() <= np.abs(value).max() * 2.0 ** -8
-    # the loader widens the bf16 weights into the float32 Parameters (compute_dtype float32 here: bf16 compute on
-    # CPU is the precision key's own test); greedy tokens like the float model's
-    model = GPTLocalForCausalLM.from_pretrained(dirs["bf16"], compute_dtype="float32")
+    # the loader widens the bf16 weights into the float32 Parameters (CPU: a bf16 model's Parameters are float32,
+    # its GEMMs bf16) and the directory's own compute_dtype bfloat16 generates
+    model = GPTLocalForCausalLM.from_pretrained(dirs["bf16"])
+    assert model.model.kernels.gemm_dtype == "bfloat16"
     name = "model.layers.0.attention.linear_qkv.weight"
     param = dict((p.name, p) for p in model.get_parameters())[name]
     assert np.array_equal(param.asnumpy(), reader.get(name))

@@ -12,6 +12,7 @@ from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer
+from mindformers_gptlocal.model.quantization import QUANTIZATION
 from conftest import TINY
 
 SHAPES = {"tiny": {}, "odd": dict(hidden_size=40, num_attention_heads=5, num_query_groups=1, hidden_act="quick_gelu",
@@ -118,7 +119,10 @@ def test_the_decode_graph_calls_the_kernel(graph_mode):
     dict(pet_config=dict(pet_type="lora", lora_rank=2, lora_alpha=4, target_modules=".*linear_qkv",
                          freeze_include=["*"], freeze_exclude=["*lora*"])),
     dict(seq_length=48, pet_config=dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False)),
-], ids=["plain", "decode-plain", "rope", "llama", "parallel-residual", "erf-gelu", "no-bias", "lora", "prefix"])
+    dict(compute_dtype="bfloat16"),  # its GEMMs run bf16 (the kernel's are float32): the plain graph, like prefill
+    dict(quantization=dict(QUANTIZATION)),  # QuantLinears
+], ids=["plain", "decode-plain", "rope", "llama", "parallel-residual", "erf-gelu", "no-bias", "lora", "prefix", "bf16",
+        "int8"])
 def test_layers_the_kernel_does_not_compute_keep_the_plain_graph(changes):
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
     assert all(layer.decode_kernel is None for layer in model.model.layers)
