@@ -112,8 +112,8 @@ def migrate(old, device_target=None, model_dir=None):
     new["trainer"] = _trainer(old.pop("trainer", None) or {}, notes)
     new["runner_config"] = _runner_config(old.pop("runner_config", None) or {}, cpu, notes)
     new["model"] = {"model_config": _model_config(model_config, arch, cpu, notes)}
-    fp32 = new["model"]["model_config"].get("compute_dtype", "float32") == "float32"
-    new["runner_wrapper"] = _runner_wrapper(old.pop("runner_wrapper", None), fp32, notes)
+    no_fp16 = new["model"]["model_config"].get("compute_dtype", "float32") != "float16"
+    new["runner_wrapper"] = _runner_wrapper(old.pop("runner_wrapper", None), no_fp16, notes)
     new["optimizer"] = _optimizer(old.pop("optimizer", None) or {}, notes)
     new["lr_schedule"] = _lr_schedule(old.pop("lr_schedule", None) or {}, notes)
     new["context"] = _context(context, cpu, notes)
@@ -205,10 +205,13 @@ def _model_config(mf, arch, cpu, notes):
         raise ConfigError("model.model_config.post_layernorm_residual is True; gpt_local is a pre-LayerNorm GPT-2.")
     if cpu:
         for key in ("params_dtype", "compute_dtype", "layernorm_compute_dtype", "softmax_compute_dtype"):
-            if out.get(key) in ("float16", "bfloat16"):
-                notes.append(f"model_config.{key} {out[key]} -> float32 on CPU (fp16 matmuls run at half the fp32 "
-                             f"speed there, bf16 ones not at all)")
+            if out.get(key) == "float16":
+                notes.append(f"model_config.{key} float16 -> float32 on CPU (fp16 matmuls run at half the fp32 "
+                             f"speed there; bfloat16 is the CPU's reduced precision)")
                 out[key] = "float32"
+        if out.get("compute_dtype") == "bfloat16":
+            notes.append("model_config.compute_dtype bfloat16 kept: on CPU the GEMMs run bf16 x bf16 -> float32, "
+                         "the rest float32 (docs/configuration.md, Precision)")
         if out.get("use_flash_attention"):
             notes.append("model_config.use_flash_attention True -> False on CPU (no flash-attention kernel)")
             out["use_flash_attention"] = False
@@ -241,7 +244,7 @@ def _pet_config(pet, notes):
     return out
 
 
-def _runner_wrapper(wrapper, fp32, notes):
+def _runner_wrapper(wrapper, no_fp16, notes):
     wrapper = dict(wrapper or {"type": "MFTrainOneStepCell"})
     old_type = wrapper.pop("type", "MFTrainOneStepCell")
     scale = wrapper.pop("scale_sense", 1.0)
@@ -249,9 +252,9 @@ def _runner_wrapper(wrapper, fp32, notes):
            "max_grad_norm": wrapper.pop("max_grad_norm", 1.0)}
     notes.append(f"runner_wrapper {old_type} -> GPTLocalTrainOneStepCell (the same step; its overflow check also "
                  f"runs on CPU/GPU)")
-    if isinstance(scale, dict) and fp32:
-        notes.append(f"runner_wrapper.scale_sense {scale.get('type')} -> 1.0: an fp32 model needs no loss scale "
-                     f"(and takes the wrapper's lean step)")
+    if isinstance(scale, dict) and no_fp16:
+        notes.append(f"runner_wrapper.scale_sense {scale.get('type')} -> 1.0: an fp32 or bf16 model needs no loss "
+                     f"scale (and takes the wrapper's lean step)")
         scale = 1.0
     out["scale_sense"] = scale
     for key in wrapper:

@@ -381,3 +381,20 @@ def test_quick_gelu_is_mindspore_fastgelu_and_gets_a_shard_strategy():
                             parallel_config={"data_parallel": 2, "model_parallel": 2})
     applied = apply_sharding(GPTLocalForCausalLM(config), config)
     assert applied["model.layers.0.mlp.activation.fast_gelu"] == ((2, 1, 2),)
+
+
+def test_migrate_yaml_keeps_bfloat16_on_cpu_and_drops_fp16(tmp_path, capsys):
+    """A bf16 YAML keeps compute_dtype bfloat16 on CPU (bf16 GEMMs there) and needs no loss scale; float16 still
+    becomes float32 there."""
+    old = yaml_io.load_yaml(os.path.join(DATA, "run_gpt2.yaml"))
+    old["model"]["model_config"].update(compute_dtype="bfloat16", layernorm_compute_type="float16")
+    old["runner_wrapper"]["scale_sense"] = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65536}
+    old_yaml = yaml_io.dump_yaml(old, str(tmp_path / "bf16.yaml"))
+    new_yaml = str(tmp_path / "new.yaml")
+    assert main(["migrate-yaml", old_yaml, "--out", new_yaml, "--device-target", "CPU"]) == 0
+    printed = capsys.readouterr().out
+    new = yaml_io.load_yaml(new_yaml)
+    mc = new["model"]["model_config"]
+    assert mc["compute_dtype"] == "bfloat16" and mc["layernorm_compute_dtype"] == "float32"
+    assert new["runner_wrapper"]["scale_sense"] == 1.0
+    assert "compute_dtype bfloat16 kept" in printed and "layernorm_compute_dtype float16 -> float32" in printed
