@@ -66,10 +66,12 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
-SIDES = ("ours", "ours-mf", "ours-matmul", "ours-cached", "ours-bf16", "ours-int8", "hf", *CT2_SIDES)
-# model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul); the other
-# sides keep the converted folder's (auto), as gptlocal generate runs it
-SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}}
+SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-cached", "ours-bf16", "ours-int8", "hf",
+         *CT2_SIDES)
+# model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
+# ours-plain-decode: the decode step's plain graph, not the decode-layer kernel); the other sides keep the converted
+# folder's (auto), as gptlocal generate runs it
+SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
 SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}}
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
@@ -323,7 +325,8 @@ def main():
     parser.add_argument("--sides", default="ours,hf",
                         help="ours (the model's own classes, as gptlocal generate: no MindFormers), ours-mf (the "
                              "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
-                             "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), ours-cached (ours "
+                             "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), "
+                             "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
                              "ours-int8 (a quantize_model int8 directory), hf, ct2-fp32, ct2-int8, ct2-bf16 "
