@@ -21,6 +21,11 @@
 //  16 bias [B or 1, 1, 1, L]   (KVCache.attention_bias: 0 on rows 0..position, MASK_VALUE after)
 //  17 args: DecodeLayerArgs (common.h: epsilon, scale, form 0 tanh / 1 quick GeLU, threads)
 // output: 18 new hidden [B, 1, H]
+// gptlocal_decode_layer_int8_fwd: the same layer of an int8 model (model/quant_cells.py QuantLinear: each weight int8
+// [out, in] followed by its float32 per-channel scales [out]; its GEMMs are cpu_linear_int8.cc's, the input
+// quantized per row): 0 hidden, 1-2 ln1, 3 Wqkv int8, 4 its scales, 5 bqkv, 6 Wproj int8, 7 scales, 8 bproj,
+// 9-10 ln2, 11 W1 int8, 12 scales, 13 b1, 14 W2 int8, 15 scales, 16 b2, 17-18 the caches, 19 write_index, 20 bias,
+// 21 args -> 22 new hidden.
 // Row b's query attends to its slot's keys 0..position (what the bias keeps; the keys after it are masked by the
 // bias in the plain graph, and skipped here). Scratch: per-thread buffers kept across calls (grown, never shrunk).
 #include <algorithm>
@@ -36,19 +41,20 @@ typedef int (*AotKernel)(int, void **, int *, int64_t **, const char **, void *,
 extern "C" int gptlocal_layernorm_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 extern "C" int gptlocal_bias_gelu_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 extern "C" int gptlocal_linear_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
+extern "C" int gptlocal_int8_linear_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 
 namespace {
 
 // One call of another AOT kernel of this library on float32 buffers of rank <= 2 (the argument structs included).
 class SubCall {
  public:
-  SubCall &add(const void *data, int64_t rows, int64_t cols = -1) {
+  SubCall &add(const void *data, int64_t rows, int64_t cols = -1, const char *dtype = "float32") {
     params_[count_] = const_cast<void *>(data);
     dims_[count_][0] = rows;
     dims_[count_][1] = cols;
     ndims_[count_] = cols < 0 ? 1 : 2;
     shapes_[count_] = dims_[count_];
-    dtypes_[count_] = "float32";
+    dtypes_[count_] = dtype;
     ++count_;
     return *this;
   }
@@ -115,39 +121,52 @@ std::vector<float> &scratch(size_t floats) {
   return buffer;
 }
 
-}  // namespace
+// Where each input of a layer's call sits: the float32 layout (gptlocal_decode_layer_fwd) or the int8 one, whose
+// weights are each followed by their scales (scale -1: none).
+struct Slots {
+  int nparam, ln1, qkv_w, qkv_s, qkv_b, proj_w, proj_s, proj_b, ln2, fc1_w, fc1_s, fc1_b, fc2_w, fc2_s, fc2_b, key,
+      value, index, bias, args, out;
+  bool int8() const { return qkv_s >= 0; }
+  bool is_weight(int i) const { return i == qkv_w || i == proj_w || i == fc1_w || i == fc2_w; }
+};
+constexpr Slots FLOAT_SLOTS{19, 1, 3, -1, 4, 5, -1, 6, 7, 9, -1, 10, 11, -1, 12, 13, 14, 15, 16, 17, 18};
+constexpr Slots INT8_SLOTS{23, 1, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22};
 
-extern "C" int gptlocal_decode_layer_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                         void *stream, void *extra) {
-  if (nparam != 19) return 1;
+int decode_layer(const Slots &s, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                 void *stream, void *extra) {
+  if (nparam != s.nparam) return 1;
   for (int i = 0; i < nparam; ++i) {
-    if (std::strcmp(dtypes[i], i == 15 ? "int32" : "float32") != 0) return 1;
+    const char *want = i == s.index ? "int32" : (s.int8() && s.is_weight(i) ? "int8" : "float32");
+    if (std::strcmp(dtypes[i], want) != 0) return 1;
   }
-  const DecodeLayerArgs *args = args_at<DecodeLayerArgs>(17, params, ndims, shapes, dtypes);
-  if (args == nullptr || ndims[0] != 3 || shapes[0][1] != 1 || ndims[13] != 4 || ndims[14] != 4) return 1;
+  const DecodeLayerArgs *args = args_at<DecodeLayerArgs>(s.args, params, ndims, shapes, dtypes);
+  if (args == nullptr || ndims[0] != 3 || shapes[0][1] != 1 || ndims[s.key] != 4 || ndims[s.value] != 4) return 1;
   const int64_t B = shapes[0][0], H = shapes[0][2];
-  const int64_t Bc = shapes[13][0], G = shapes[13][1], L = shapes[13][2], D = shapes[13][3];
-  const int64_t Q = shapes[3][0], ND = shapes[5][1], I = shapes[9][0];
+  const int64_t Bc = shapes[s.key][0], G = shapes[s.key][1], L = shapes[s.key][2], D = shapes[s.key][3];
+  const int64_t Q = shapes[s.qkv_w][0], ND = shapes[s.proj_w][1], I = shapes[s.fc1_w][0];
   for (int axis = 0; axis < 4; ++axis) {
-    if (shapes[14][axis] != shapes[13][axis]) return 2;
+    if (shapes[s.value][axis] != shapes[s.key][axis]) return 2;
   }
   if (G <= 0 || D <= 0 || ND % D != 0) return 2;
   const int64_t N = ND / D, group = N / G;
   if (N % G != 0 || Q != (N + 2 * G) * D) return 2;
-  const bool shapes_ok = shapes[1][0] == H && shapes[2][0] == H && shapes[3][1] == H && shapes[4][0] == Q &&
-                         shapes[5][0] == H && shapes[6][0] == H && shapes[7][0] == H && shapes[8][0] == H &&
-                         shapes[9][1] == H && shapes[10][0] == I && shapes[11][0] == H && shapes[11][1] == I &&
-                         shapes[12][0] == H && ndims[15] == 4 && shapes[15][0] == B && shapes[15][1] == G &&
-                         shapes[15][2] == 1 && shapes[15][3] == 3 && ndims[16] == 4 &&
-                         (shapes[16][0] == 1 || shapes[16][0] == B) && shapes[16][3] == L && ndims[18] == 3 &&
-                         shapes[18][0] == B && shapes[18][2] == H;
+  const bool scales_ok = !s.int8() || (shapes[s.qkv_s][0] == Q && shapes[s.proj_s][0] == H &&
+                                       shapes[s.fc1_s][0] == I && shapes[s.fc2_s][0] == H);
+  const bool shapes_ok = scales_ok && shapes[s.ln1][0] == H && shapes[s.ln1 + 1][0] == H && shapes[s.qkv_w][1] == H &&
+                         shapes[s.qkv_b][0] == Q && shapes[s.proj_w][0] == H && shapes[s.proj_b][0] == H &&
+                         shapes[s.ln2][0] == H && shapes[s.ln2 + 1][0] == H && shapes[s.fc1_w][1] == H &&
+                         shapes[s.fc1_b][0] == I && shapes[s.fc2_w][0] == H && shapes[s.fc2_w][1] == I &&
+                         shapes[s.fc2_b][0] == H && ndims[s.index] == 4 && shapes[s.index][0] == B &&
+                         shapes[s.index][1] == G && shapes[s.index][2] == 1 && shapes[s.index][3] == 3 &&
+                         ndims[s.bias] == 4 && (shapes[s.bias][0] == 1 || shapes[s.bias][0] == B) &&
+                         shapes[s.bias][3] == L && ndims[s.out] == 3 && shapes[s.out][0] == B && shapes[s.out][2] == H;
   if (!shapes_ok) return 2;
   const float *hidden = static_cast<const float *>(params[0]);
-  float *key_cache = static_cast<float *>(params[13]);
-  float *value_cache = static_cast<float *>(params[14]);
-  const int32_t *index = static_cast<const int32_t *>(params[15]);
-  const float *bias = static_cast<const float *>(params[16]);
-  float *out = static_cast<float *>(params[18]);
+  float *key_cache = static_cast<float *>(params[s.key]);
+  float *value_cache = static_cast<float *>(params[s.value]);
+  const int32_t *index = static_cast<const int32_t *>(params[s.index]);
+  const float *bias = static_cast<const float *>(params[s.bias]);
+  float *out = static_cast<float *>(params[s.out]);
   if (B == 0) return 0;
   // where each row writes and how many keys it reads: every (slot, head, position) checked before anything is written
   int64_t keys = 0;  // key rows read, over rows and heads: the attention's work
@@ -163,21 +182,29 @@ extern "C" int gptlocal_decode_layer_fwd(int nparam, void **params, int *ndims, 
         *inner = mid + B * H, *moments = inner + B * I, *swap = moments + 2 * B;  // swap: [B, H]
   const LayerNormArgs norm_args{args->epsilon, args->threads};
   const LinearArgs linear_args{args->threads};
+  const Int8LinearArgs int8_args{args->threads};
   const BiasGeluArgs gelu_args{args->form, args->threads};
   auto norm = [&](const float *x, int gamma, float *y) {
     return SubCall().add(x, B, H).add(params[gamma], H).add(params[gamma + 1], H).args(norm_args)
         .add(y, B, H).add(moments, B).add(moments + B, B).run(gptlocal_layernorm_fwd, stream, extra);
   };
+  // x W^T (+ b): the float32 GEMM kernel, or the int8 one over the weight and its scales (the slot after it)
   auto linear = [&](const float *x, int64_t in, int weight, int64_t width, const float *b, float *y) {
     SubCall call;
-    call.add(x, B, in).add(params[weight], width, in);
+    call.add(x, B, in);
+    if (s.int8()) {
+      call.add(params[weight], width, in, "int8").add(params[weight + 1], width);
+    } else {
+      call.add(params[weight], width, in);
+    }
     if (b != nullptr) call.add(b, width);
+    if (s.int8()) return call.args(int8_args).add(y, B, width).run(gptlocal_int8_linear_fwd, stream, extra);
     return call.args(linear_args).add(y, B, width).run(gptlocal_linear_fwd, stream, extra);
   };
 
   // LayerNorm, QKV
-  int status = norm(hidden, 1, normed);
-  if (status == 0) status = linear(normed, H, 3, Q, static_cast<const float *>(params[4]), qkv);
+  int status = norm(hidden, s.ln1, normed);
+  if (status == 0) status = linear(normed, H, s.qkv_w, Q, static_cast<const float *>(params[s.qkv_b]), qkv);
   if (status != 0) return 10 + status;
   // this token's keys and values into the caches, in place
   for (int64_t bg = 0; bg < B * G; ++bg) {
@@ -197,21 +224,21 @@ extern "C" int gptlocal_decode_layer_fwd(int nparam, void **params, int *ndims, 
       const int32_t *at = index + (b * G + g) * 3;
       const int64_t base = (static_cast<int64_t>(at[0]) * G + g) * L * D;
       attend(qkv + b * Q + (g * (group + 2) + n % group) * D, key_cache + base, value_cache + base,
-             bias + (shapes[16][0] == 1 ? 0 : b) * L, at[2] + 1, D, args->scale, scores.data(),
+             bias + (shapes[s.bias][0] == 1 ? 0 : b) * L, at[2] + 1, D, args->scale, scores.data(),
              context + b * ND + n * D);
     }
   });
   // projection + residual, LayerNorm, fc1 + bias + GeLU, fc2 + residual
-  status = linear(context, ND, 5, H, static_cast<const float *>(params[6]), mid);
+  status = linear(context, ND, s.proj_w, H, static_cast<const float *>(params[s.proj_b]), mid);
   if (status != 0) return 20 + status;
   for (int64_t b = 0; b < B; ++b) add_into(mid + b * H, hidden + b * H, H);
-  status = norm(mid, 7, normed);
-  if (status == 0) status = linear(normed, H, 9, I, nullptr, inner);
+  status = norm(mid, s.ln2, normed);
+  if (status == 0) status = linear(normed, H, s.fc1_w, I, nullptr, inner);
   if (status == 0) {
-    status = SubCall().add(inner, B, I).add(params[10], I).args(gelu_args).add(inner, B, I)
+    status = SubCall().add(inner, B, I).add(params[s.fc1_b], I).args(gelu_args).add(inner, B, I)
                  .run(gptlocal_bias_gelu_fwd, stream, extra);
   }
-  if (status == 0) status = linear(inner, I, 11, H, static_cast<const float *>(params[12]), swap);
+  if (status == 0) status = linear(inner, I, s.fc2_w, H, static_cast<const float *>(params[s.fc2_b]), swap);
   if (status != 0) return 30 + status;
   for (int64_t b = 0; b < B; ++b) {
     const float *x = swap + b * H, *r = mid + b * H;
@@ -219,4 +246,16 @@ extern "C" int gptlocal_decode_layer_fwd(int nparam, void **params, int *ndims, 
     for (int64_t h = 0; h < H; ++h) y[h] = r[h] + x[h];
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" int gptlocal_decode_layer_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                         void *stream, void *extra) {
+  return decode_layer(FLOAT_SLOTS, nparam, params, ndims, shapes, dtypes, stream, extra);
+}
+
+extern "C" int gptlocal_decode_layer_int8_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
+                                              const char **dtypes, void *stream, void *extra) {
+  return decode_layer(INT8_SLOTS, nparam, params, ndims, shapes, dtypes, stream, extra);
 }

@@ -15,7 +15,9 @@ whether a block's structure is the one the kernel computes (GPT-2's: LayerNorm, 
 GQA, no LoRA, adapter, prefix or LayerDrop) and the block runs it in its decode graphs only (one token a row, a KV
 cache, not a fresh prefill); everything else stays the plain graph, the reference it is tested against.
 The GEMMs read the weights in their plain [out, in] float32 layout through oneDNN's sgemm each call (pre-packed
-weights are not done yet).
+weights are not done yet). ``CPUDecodeLayerInt8`` is the same layer of an int8 model (``model/quant_cells.py``
+``QuantLinear``): each weight int8 followed by its per-channel scales, the GEMMs ``cpu_linear_int8.cc``'s (the input
+quantized per row), so its numbers are the plain int8 decode graph's with the int8 kernel.
 """
 import functools
 
@@ -27,6 +29,7 @@ from .aot import custom_op, float32_library
 from .attention import kernel_threads
 
 SYMBOL = "gptlocal_decode_layer_fwd"
+INT8_SYMBOL = "gptlocal_decode_layer_int8_fwd"
 GELU_FORMS = {"tanh": 0, "quick": 1}
 _warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, the plain decode graph used instead")
 
@@ -36,12 +39,14 @@ class CPUDecodeLayer(nn.Cell):
     bias), fc1 (weight, bias), fc2 (weight, bias), key_cache, value_cache, write_index [B, G, 1, 3],
     attention_bias [B or 1, 1, 1, L])`` -> the layer's output hidden [B, 1, H]; the caches written in place."""
 
+    symbol = SYMBOL
+
     def __init__(self, library_path, epsilon, scale, form="tanh", threads=None):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.config = DecodeLayerArgs(epsilon, scale, GELU_FORMS[form], threads).tensor()
-        self.op = custom_op(library_path, SYMBOL, lambda hidden, *rest: hidden, lambda hidden, *rest: hidden)
-        self.op.add_prim_attr("side_effect_mem", True)  # writes the cache Parameters (inputs 13 and 14)
+        self.op = custom_op(library_path, self.symbol, lambda hidden, *rest: hidden, lambda hidden, *rest: hidden)
+        self.op.add_prim_attr("side_effect_mem", True)  # writes the cache Parameters (the key and value caches)
 
     def construct(self, hidden, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight,
                   ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, key_cache, value_cache, write_index,
@@ -51,10 +56,26 @@ class CPUDecodeLayer(nn.Cell):
                        attention_bias, self.config)
 
 
-def decode_layer_kernel(epsilon, scale, form, dtype, **kwargs):
-    """A ``CPUDecodeLayer`` or None: silently for a dtype other than float32 or a GeLU form it does not compute,
-    after one warning line where the library cannot be built."""
+class CPUDecodeLayerInt8(CPUDecodeLayer):
+    """``CPUDecodeLayer`` of an int8 model: ``construct(hidden, ln1 (weight, bias), qkv (weight int8, scale, bias),
+    proj (weight, scale, bias), ln2 (weight, bias), fc1 (weight, scale, bias), fc2 (weight, scale, bias),
+    key_cache, value_cache, write_index, attention_bias)``."""
+
+    symbol = INT8_SYMBOL
+
+    def construct(self, hidden, ln1_weight, ln1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight, proj_scale,
+                  proj_bias, ln2_weight, ln2_bias, fc1_weight, fc1_scale, fc1_bias, fc2_weight, fc2_scale, fc2_bias,
+                  key_cache, value_cache, write_index, attention_bias):
+        return self.op(hidden, ln1_weight, ln1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight, proj_scale,
+                       proj_bias, ln2_weight, ln2_bias, fc1_weight, fc1_scale, fc1_bias, fc2_weight, fc2_scale,
+                       fc2_bias, key_cache, value_cache, write_index, attention_bias, self.config)
+
+
+def decode_layer_kernel(epsilon, scale, form, dtype, int8=False, **kwargs):
+    """A ``CPUDecodeLayer`` (``int8``: a ``CPUDecodeLayerInt8``) or None: silently for a dtype other than float32 or
+    a GeLU form it does not compute, after one warning line where the library cannot be built."""
     if form not in GELU_FORMS:
         return None
     path = float32_library(dtype, _warn_once)
-    return None if path is None else CPUDecodeLayer(path, epsilon, scale, form, **kwargs)
+    cls = CPUDecodeLayerInt8 if int8 else CPUDecodeLayer
+    return None if path is None else cls(path, epsilon, scale, form, **kwargs)

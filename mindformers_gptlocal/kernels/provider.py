@@ -253,16 +253,19 @@ class KernelProvider:
         """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
         return self.uses("composed_ops")
 
-    def decode_layer(self, epsilon, scale, form, compute_dtype):
+    def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False):
         """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
         cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
         ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
-        ("tanh" or "quick"), or None: the plain decode graph. Float32 compute and GEMMs, one rank (a bf16 model's
-        decode runs the plain graph with its bf16 GEMMs, so prefill and decode share numerics)."""
+        ("tanh" or "quick"), or None: the plain decode graph. Float32 compute and GEMMs, or an int8 model's
+        (``int8``: its Linears through the ``int8_linear`` kernel, so only where that op is chosen too); one rank.
+        A bf16 model's decode runs the plain graph with its bf16 GEMMs, so prefill and decode share numerics."""
         if compute_dtype != ms.float32 or self.gemm_dtype == "bfloat16" or not self.uses("decode_layer"):
             return None
+        if int8 and not self.uses("int8_linear"):
+            return None
         from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
-        return decode_layer_kernel(epsilon, scale, form, compute_dtype)
+        return decode_layer_kernel(epsilon, scale, form, compute_dtype, int8=int8)
 
     def int8_linear(self, compute_dtype):
         """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their

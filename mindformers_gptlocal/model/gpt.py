@@ -31,7 +31,7 @@ from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make
 from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, kernel_provider, make_norm, plain_matmul,
                      residual_init_std, to_mstype, use_gemm)
 from .layer_spec import freeze_pet, model_layer_spec
-from .quant_cells import int8_lookup, int8_matmul, int8_parameter, scale_parameter
+from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
 from .params import DROPOUT_STEP
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
@@ -184,23 +184,25 @@ class SwiGLUFeedForward(ParallelFeedForward):
 def make_decode_layer(config, block, kernels):
     """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``, from the model's
     ``KernelProvider``), or None: the block's plain decode graph. Only where the built block is exactly what the
-    kernel computes: GPT-2's structure (LayerNorm, biased base-class Linears, learned positions, sequential
-    residual, MHA or GQA, the tanh or quick GeLU), float32 weights, norms and softmax, and no LoRA, adapter,
-    prefix or LayerDrop."""
+    kernel computes: GPT-2's structure (LayerNorm, biased Linears, learned positions, sequential residual, MHA or
+    GQA, the tanh or quick GeLU), float32 norms and softmax, its Linears all base-class float32 ones or all an int8
+    model's ``QuantLinear`` on the int8 kernel, and no LoRA, adapter, prefix or LayerDrop."""
     arch = config.arch
     attention, mlp = block.attention, block.mlp
     linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
     norms = (block.input_layernorm, block.post_attention_layernorm)
     form = gelu_form(config.hidden_act)
+    int8 = all(type(linear) is QuantLinear and linear.product.use_kernel for linear in linears)
     fits = (form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and not arch.gated and
             not arch.parallel_residual and attention.prefix_concat is None and block.attention_adapter is None and
             block.mlp_adapter is None and block.layerdrop is None and attention.plain.softmax_dtype == ms.float32 and
             to_mstype(config.layernorm_compute_dtype) == ms.float32 and
             all(type(norm) in (LayerNorm, KernelLayerNorm) and norm.weight.dtype == ms.float32 for norm in norms) and
-            all(type(linear) is Linear and linear.weight.dtype == ms.float32 for linear in linears))
+            (int8 or all(type(linear) is Linear and linear.weight.dtype == ms.float32 for linear in linears)))
     if not fits:
         return None
-    return kernels.decode_layer(config.layernorm_epsilon, attention.plain.scale, form, to_mstype(config.compute_dtype))
+    return kernels.decode_layer(config.layernorm_epsilon, attention.plain.scale, form, to_mstype(config.compute_dtype),
+                                int8=int8)
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
@@ -241,6 +243,8 @@ class GPTLocalBlock(nn.Cell):
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
         # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
+        # build-time: an int8 model's kernel also takes each weight's scales
+        self.decode_int8 = self.decode_kernel is not None and isinstance(self.attention.linear_qkv, QuantLinear)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -286,6 +290,12 @@ class GPTLocalBlock(nn.Cell):
         written in place at ``write_index``, attention over each row's cached positions (``attention_bias``)."""
         attention, mlp = self.attention, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        if self.decode_int8:
+            qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
+            return self.decode_kernel(hidden, norm1.weight, norm1.bias, qkv.weight, qkv.weight_scale, qkv.bias,
+                                      proj.weight, proj.weight_scale, proj.bias, norm2.weight, norm2.bias,
+                                      fc1.weight, fc1.weight_scale, fc1.bias, fc2.weight, fc2.weight_scale, fc2.bias,
+                                      key_cache, value_cache, write_index, attention_bias)
         return self.decode_kernel(hidden, norm1.weight, norm1.bias, attention.linear_qkv.weight,
                                   attention.linear_qkv.bias, attention.linear_proj.weight, attention.linear_proj.bias,
                                   norm2.weight, norm2.bias, mlp.linear_fc1.weight, mlp.linear_fc1.bias,

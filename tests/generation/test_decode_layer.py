@@ -3,8 +3,10 @@ its one-token KV-cache graphs) against the plain decode graph of the same weight
 plain}``): the logits of every step of a greedy generation of 24 tokens within 1e-5, one-token steps
 (``ModelRunner.decode``) and the unrolled greedy graph (``decode_greedy``, generate's greedy path), batch 1 and batch
 3 with ragged prompts (right padding), a row subset of the cache's slots (serve's smaller batch buckets), the caches
-equal afterwards; GPT-2's tiny shape, and an odd one (hidden 40, 5 heads of 8, one key/value group, quick GeLU).
-Also: the decode graph really calls the kernel, and the layers it cannot compute keep the plain graph."""
+equal afterwards; GPT-2's tiny shape, an odd one (hidden 40, 5 heads of 8, one key/value group, quick GeLU), and
+an int8 model of the tiny shape (``gptlocal quantize``'s scheme: the int8 decode kernel against the plain int8
+decode graph on the int8 GEMM kernel). Also: the decode graph really calls the kernel, and the layers it cannot
+compute keep the plain graph."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -12,22 +14,31 @@ from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer
-from mindformers_gptlocal.model.quantization import QUANTIZATION
+from mindformers_gptlocal.model.quantization import QUANTIZATION, quantize_rows
 from conftest import TINY
 
 SHAPES = {"tiny": {}, "odd": dict(hidden_size=40, num_attention_heads=5, num_query_groups=1, hidden_act="quick_gelu",
-                                  intermediate_size=72)}
+                                  intermediate_size=72),
+          "int8": dict(quantization=dict(QUANTIZATION))}
 STEPS = 24
 
 
 def pair(changes):
-    """(model with the kernel, the same weights without it), in inference mode."""
+    """(model with the kernel, the same weights without it), in inference mode. An int8 model's weights: a float
+    model's quantized as ``gptlocal quantize`` does (int8 rows and their scales)."""
     ms.set_seed(3)
+    source = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **dict(changes, quantization=None))))
+    weights = {name: param.asnumpy() for name, param in source.parameters_and_names()}
     fast = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
     plain = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes, cpu_kernels={"decode_layer": "plain"})))
-    weights = dict(fast.parameters_and_names())
-    for name, param in plain.parameters_and_names():
-        param.set_data(Tensor(weights[name].asnumpy()))
+    for model in (fast, plain):
+        for name, param in model.parameters_and_names():
+            if name.endswith("_scale"):
+                param.set_data(Tensor(quantize_rows(weights[name[:-len("_scale")]])[1]))
+            elif param.dtype == ms.int8:
+                param.set_data(Tensor(quantize_rows(weights[name])[0]))
+            else:
+                param.set_data(Tensor(weights[name]))
     fast.set_train(False)
     plain.set_train(False)
     return fast, plain
@@ -38,6 +49,7 @@ def models(request):
     ms.set_context(mode=ms.GRAPH_MODE)
     fast, plain = pair(SHAPES[request.param])
     assert all(isinstance(layer.decode_kernel, CPUDecodeLayer) for layer in fast.model.layers)
+    assert all(layer.decode_int8 == (request.param == "int8") for layer in fast.model.layers)
     assert all(layer.decode_kernel is None for layer in plain.model.layers)
     yield fast, plain
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -120,9 +132,9 @@ def test_the_decode_graph_calls_the_kernel(graph_mode):
                          freeze_include=["*"], freeze_exclude=["*lora*"])),
     dict(seq_length=48, pet_config=dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False)),
     dict(compute_dtype="bfloat16"),  # its GEMMs run bf16 (the kernel's are float32): the plain graph, like prefill
-    dict(quantization=dict(QUANTIZATION)),  # QuantLinears
+    dict(quantization=dict(QUANTIZATION), cpu_kernels={"int8_linear": "plain"}),  # the int8 GEMM's plain form
 ], ids=["plain", "decode-plain", "rope", "llama", "parallel-residual", "erf-gelu", "no-bias", "lora", "prefix", "bf16",
-        "int8"])
+        "int8-plain-gemm"])
 def test_layers_the_kernel_does_not_compute_keep_the_plain_graph(changes):
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
     assert all(layer.decode_kernel is None for layer in model.model.layers)
