@@ -66,16 +66,18 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
-SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-cached", "ours-bf16", "ours-int8", "hf",
-         *CT2_SIDES)
+SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-cached", "ours-bf16", "ours-int8",
+         "ours-int8-plain-decode", "hf", *CT2_SIDES)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
 # ours-plain-decode: the decode step's plain graph, not the decode-layer kernel); the other sides keep the converted
 # folder's (auto), as gptlocal generate runs it
-SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"}}
+SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"},
+                "ours-int8-plain-decode": {"decode_layer": "plain"}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
 SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}}
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
-PRECISION = {"ours-bf16": "bf16", "ours-int8": "int8", "ct2-int8": "int8", "ct2-bf16": "bf16"}  # else fp32
+PRECISION = {"ours-bf16": "bf16", "ours-int8": "int8", "ours-int8-plain-decode": "int8", "ct2-int8": "int8",
+             "ct2-bf16": "bf16"}  # else fp32
 CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
 # --linear-kernel -> the kernels side's cpu_kernels of kernels_vs_plain (the plain side: {linear: plain})
 LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}
@@ -140,12 +142,13 @@ def setup(work, shape, sides=()):
     GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(os.path.join(work, shape))
     hf_to_ms(os.path.join(work, shape), os.path.join(work, shape + "_ms"))
     notes = {"skipped": {}}
-    if "ours-int8" in sides:
+    if any(side.startswith("ours-int8") for side in sides):
         try:
             from mindformers_gptlocal.quantize import quantize_model
             quantize_model(os.path.join(work, shape + "_ms"), os.path.join(work, shape + "_int8"), "int8")
         except Exception as err:  # pylint: disable=broad-except  (one line for the table, the other sides run)
-            notes["skipped"]["ours-int8"] = f"quantize_model(dir, out, 'int8') failed: {C.error_line(err)}"
+            for side in ("ours-int8", "ours-int8-plain-decode"):
+                notes["skipped"][side] = f"quantize_model(dir, out, 'int8') failed: {C.error_line(err)}"
     ct2 = [side for side in sides if side in CT2_SIDES]
     if ct2:
         notes["ct2"] = ct2_convert(work, shape, ct2, notes["skipped"])
@@ -236,7 +239,7 @@ def worker(side, work, shape, batch, threads, recompute):
                 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
         report["mindformers_loaded"] = "mindformers" in sys.modules
         with phases("load"):
-            model_dir = os.path.join(work, shape + ("_int8" if side == "ours-int8" else "_ms"))
+            model_dir = os.path.join(work, shape + ("_int8" if side.startswith("ours-int8") else "_ms"))
             kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
             model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels,
                                                         **SIDE_OVERRIDES.get(side, {}))
@@ -329,7 +332,7 @@ def main():
                              "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
-                             "ours-int8 (a quantize_model int8 directory), hf, ct2-fp32, ct2-int8, ct2-bf16 "
+                             "ours-int8 (a quantize_model int8 directory), ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 "
                              "(CTranslate2, the bench extra)")
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU kernels vs plain")

@@ -40,11 +40,18 @@ OPS = {
     "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
-    "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py)",
+    "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py); "
+                    "auto: int8 models, kernel: float32 ones too",
 }
 OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
                       "(kernels/linear_int8.py)")
 MODES = ("auto", "kernel", "plain")
+# The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-02, AMD EPYC,
+# 2 threads, benchmarks/generate_throughput.py (ours-int8 vs ours-int8-plain-decode, ours vs ours-plain-decode), decode
+# tok/s kernel / plain graph: int8 tiny 1.76x / 1.54x, GPT-2 small 1.58x / 1.65x (batch 1 / 8); float32 tiny
+# 1.2-1.3x / 0.93x, GPT-2 small 0.85x / 0.87-1.07x: the float32 layer's GEMMs through oneDNN's sgemm at 1-8 rows
+# are slower than the plain graph's MatMul, so float32 takes it only under decode_layer: kernel.
+DECODE_LAYER_AUTO = ("int8",)
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
 # head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
 # (docs/performance.md "Linear's GEMM kernel by row count"). ``linear: auto`` uses it from there in inference graphs.
@@ -257,12 +264,15 @@ class KernelProvider:
         """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
         cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
         ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
-        ("tanh" or "quick"), or None: the plain decode graph. Float32 compute and GEMMs, or an int8 model's
-        (``int8``: its Linears through the ``int8_linear`` kernel, so only where that op is chosen too); one rank.
-        A bf16 model's decode runs the plain graph with its bf16 GEMMs, so prefill and decode share numerics."""
+        ("tanh" or "quick"), or None: the plain decode graph. An int8 model's (``int8``: its Linears through the
+        ``int8_linear`` kernel, so only where that op is chosen too) under ``auto`` and ``kernel``; float32 compute
+        and GEMMs under ``kernel`` only (``DECODE_LAYER_AUTO``); one rank. A bf16 model's decode runs the plain graph
+        with its bf16 GEMMs, so prefill and decode share numerics."""
         if compute_dtype != ms.float32 or self.gemm_dtype == "bfloat16" or not self.uses("decode_layer"):
             return None
         if int8 and not self.uses("int8_linear"):
+            return None
+        if self.modes["decode_layer"] == "auto" and ("int8" if int8 else "float32") not in DECODE_LAYER_AUTO:
             return None
         from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
         return decode_layer_kernel(epsilon, scale, form, compute_dtype, int8=int8)

@@ -29,7 +29,7 @@ def pair(changes):
     ms.set_seed(3)
     source = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **dict(changes, quantization=None))))
     weights = {name: param.asnumpy() for name, param in source.parameters_and_names()}
-    fast = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
+    fast = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes, cpu_kernels={"decode_layer": "kernel"})))
     plain = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes, cpu_kernels={"decode_layer": "plain"})))
     for model in (fast, plain):
         for name, param in model.parameters_and_names():
@@ -136,5 +136,16 @@ def test_the_decode_graph_calls_the_kernel(graph_mode):
 ], ids=["plain", "decode-plain", "rope", "llama", "parallel-residual", "erf-gelu", "no-bias", "lora", "prefix", "bf16",
         "int8-plain-gemm"])
 def test_layers_the_kernel_does_not_compute_keep_the_plain_graph(changes):
+    changes = dict(changes, cpu_kernels=dict({"decode_layer": "kernel"}, **changes.get("cpu_kernels", {}))) \
+        if changes.get("cpu_kernels") != "plain" else changes
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
     assert all(layer.decode_kernel is None for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_auto_runs_the_kernel_for_int8_models_only(int8):
+    """cpu_kernels decode_layer: auto (the default) gives an int8 model the kernel, a float32 one the plain graph
+    (it measured slower at GPT-2 small: kernels/provider.py DECODE_LAYER_AUTO)."""
+    changes = dict(quantization=dict(QUANTIZATION)) if int8 else {}
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
+    assert all((layer.decode_kernel is not None) == int8 for layer in model.model.layers)

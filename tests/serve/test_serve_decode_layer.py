@@ -26,7 +26,7 @@ def engines(tmp_path_factory):
     import mindspore as ms
     root = tmp_path_factory.mktemp("decode_layer")
     try:
-        fast = _engine(save_tiny_base(root / "fast", None, 0))
+        fast = _engine(save_tiny_base(root / "fast", None, 0, cpu_kernels={"decode_layer": "kernel"}))
         plain = _engine(save_tiny_base(root / "plain", None, 0, cpu_kernels={"decode_layer": "plain"}))
         yield fast, plain
     finally:
