@@ -107,6 +107,26 @@ int run_chunks(int threads, int64_t rows, Work work) {
   return count;
 }
 
+// Runs work(begin, end) over `columns` split into at most `threads` blocks of whole 16-column groups, each block's
+// oneDNN GEMM single-threaded (the Linear kernels: cpu_linear.cc, cpu_linear_int8.cc).
+template <class Work>
+void column_blocks(int threads, int64_t columns, Work work) {
+  const int64_t groups = (columns + 15) / 16;
+  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, groups)));
+  const int64_t step = (groups + count - 1) / count * 16;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) {
+    const int64_t begin = std::min<int64_t>(columns, t * step), end = std::min<int64_t>(columns, (t + 1) * step);
+    if (begin < end) pool.emplace_back([&work, begin, end] {
+      SequentialGemm one;
+      work(begin, end);
+    });
+  }
+  SequentialGemm one;
+  work(0, std::min<int64_t>(columns, step));
+  for (auto &thread : pool) thread.join();
+}
+
 // Few elements: one thread (a thread start costs more than the work; decode steps have a handful of rows).
 inline int threads_for(float requested, int64_t elements) {
   const int threads = std::max(1, static_cast<int>(requested));

@@ -30,25 +30,6 @@
 
 namespace {
 
-// Runs work(begin, end) over `columns` split into at most `threads` blocks of whole 16-column groups.
-template <class Work>
-void lin_blocks(int threads, int64_t columns, Work work) {
-  const int64_t groups = (columns + 15) / 16;
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, groups)));
-  const int64_t step = (groups + count - 1) / count * 16;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) {
-    const int64_t begin = std::min<int64_t>(columns, t * step), end = std::min<int64_t>(columns, (t + 1) * step);
-    if (begin < end) pool.emplace_back([&work, begin, end] {
-      SequentialGemm one;
-      work(begin, end);
-    });
-  }
-  SequentialGemm one;
-  work(0, std::min<int64_t>(columns, step));
-  for (auto &thread : pool) thread.join();
-}
-
 // oneDNN's bf16 GEMM (row-major, like dnnl_sgemm): exported by every oneDNN 3.x library but declared in no
 // header of the 3.2 package, so declared here, under our own name bound to its symbol.
 extern "C" dnnl_status_t gptlocal_dnnl_gemm_bf16(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha,
@@ -127,7 +108,7 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
     wb = lin_to_bf16(threads, w, N * K);
   }
   const bool native = precision == 1 && lin_bf16_native();
-  lin_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
     if (b != nullptr) {
       for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
     } else if (K == 0) {
@@ -166,10 +147,10 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
   const int threads = lin_threads(args->threads, T * N * K);
   const int precision = static_cast<int>(args->precision);
   if (precision == 0) {
-    lin_blocks(threads, K, [&](int64_t k0, int64_t k1) {  // dx[:, k0:k1] = dy w[:, k0:k1]
+    column_blocks(threads, K, [&](int64_t k0, int64_t k1) {  // dx[:, k0:k1] = dy w[:, k0:k1]
       dnnl_sgemm('N', 'N', T, k1 - k0, N, 1.0f, dy, N, w + k0, K, 0.0f, dx + k0, K);
     });
-    lin_blocks(threads, N, [&](int64_t n0, int64_t n1) {  // dw[n0:n1] = dy[:, n0:n1]^T x
+    column_blocks(threads, N, [&](int64_t n0, int64_t n1) {  // dw[n0:n1] = dy[:, n0:n1]^T x
       dnnl_sgemm('T', 'N', n1 - n0, K, T, 1.0f, dy + n0, N, x, K, 0.0f, dw + n0 * K, K);
     });
     return 0;
@@ -177,10 +158,10 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
   const std::vector<uint16_t> xb = lin_to_bf16(threads, x, T * K), wb = lin_to_bf16(threads, w, N * K),
                               dyb = lin_to_bf16(threads, dy, T * N);
   const bool native = precision == 1 && lin_bf16_native();
-  lin_blocks(threads, K, [&](int64_t k0, int64_t k1) {
+  column_blocks(threads, K, [&](int64_t k0, int64_t k1) {
     lin_gemm_bf16(native, 'N', 'N', T, k1 - k0, N, dyb.data(), N, wb.data() + k0, K, 0.0f, dx + k0, K);
   });
-  lin_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
     lin_gemm_bf16(native, 'T', 'N', n1 - n0, K, T, dyb.data() + n0, N, xb.data(), K, 0.0f, dw + n0 * K, K);
   });
   return 0;

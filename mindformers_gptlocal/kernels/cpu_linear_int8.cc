@@ -21,25 +21,6 @@
 
 namespace {
 
-// Runs work(begin, end) over `columns` split into at most `threads` blocks of whole 16-column groups.
-template <class Work>
-void int8_blocks(int threads, int64_t columns, Work work) {
-  const int64_t groups = (columns + 15) / 16;
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, groups)));
-  const int64_t step = (groups + count - 1) / count * 16;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) {
-    const int64_t begin = std::min<int64_t>(columns, t * step), end = std::min<int64_t>(columns, (t + 1) * step);
-    if (begin < end) pool.emplace_back([&work, begin, end] {
-      SequentialGemm one;
-      work(begin, end);
-    });
-  }
-  SequentialGemm one;
-  work(0, std::min<int64_t>(columns, step));
-  for (auto &thread : pool) thread.join();
-}
-
 // Row t of x [T, K] as int8 (q) and its scale: max |x| / 127, x * (127 / max) rounded to nearest (ties to even,
 // numpy's rint), so a row's largest element is +-127.
 void quantize_row(const float *x, int64_t K, int8_t *q, float *scale) {
@@ -103,7 +84,7 @@ extern "C" int gptlocal_int8_linear_fwd(int nparam, void **params, int *ndims, i
   std::vector<int32_t> acc(static_cast<size_t>(T * N));
   const int32_t no_offset = 0;
   const int gemm_threads = T * N * K < (int64_t(1) << 18) ? 1 : threads;  // a small GEMM: one thread
-  int8_blocks(gemm_threads, N, [&](int64_t n0, int64_t n1) {
+  column_blocks(gemm_threads, N, [&](int64_t n0, int64_t n1) {
     dnnl_gemm_s8s8s32('N', 'T', 'F', T, n1 - n0, K, 1.0f, xq.data(), K, 0, w + n0 * K, K, 0, 0.0f,
                       acc.data() + n0, N, &no_offset);
     for (int64_t t = 0; t < T; ++t) {
