@@ -81,6 +81,7 @@ def clone(tmp_path_factory):
     if quickstart.poll() is None:
         quickstart.kill()
         quickstart.wait()
+    shutil.rmtree(root, ignore_errors=True)  # ~500 MB of checkpoints; the suite's disk stays small
 
 
 def _wait(quickstart, root):
