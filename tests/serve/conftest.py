@@ -22,3 +22,27 @@ def _serve_all(engine, specs):
 def serve_all():
     """``_serve_all``: run a batch of requests through an engine to the end."""
     return _serve_all
+
+
+@pytest.fixture(scope="module")
+def start_engine():
+    """``start(path, check=None, **options)``: an ``Engine`` on the model directory ``path`` (``options``: Engine's
+    keywords) loaded, warmed up and ready, driven from the test's thread (no worker thread, no HTTP); ``check(engine)``
+    runs between the warm-up and ready. The module's end puts MindSpore back in PYNATIVE mode (an engine compiles its
+    graphs in GRAPH mode)."""
+    import mindspore as ms
+    from mindformers_gptlocal.serve.engine import Engine
+
+    def start(path, check=None, **options):
+        engine = Engine(str(path), **options)
+        engine._load()
+        engine.warm_up()
+        if check is not None:
+            check(engine)
+        engine.ready.set()
+        return engine
+
+    try:
+        yield start
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -7,19 +7,10 @@ from conftest import TINY, save_tiny_base
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    import mindspore as ms
-    from mindformers_gptlocal.serve.engine import Engine
+def engine(tmp_path_factory, start_engine):
     out = save_tiny_base(tmp_path_factory.mktemp("bf16") / "tiny", None, 0, compute_dtype="bfloat16")
-    engine = Engine(out, max_batch_size=2, max_model_len=TINY["max_position_embeddings"], prompt_buckets=[16],
-                    batch_buckets=[2])
-    try:
-        engine._load()
-        engine.warm_up()
-        engine.ready.set()
-        yield engine
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+    return start_engine(out, max_batch_size=2, max_model_len=TINY["max_position_embeddings"], prompt_buckets=[16],
+                        batch_buckets=[2])
 
 
 def test_bf16_engine_equals_generate(engine, serve_all):

@@ -10,27 +10,15 @@ from conftest import TINY, save_tiny_base
 CONTEXT = TINY["max_position_embeddings"]  # 64
 
 
-def _engine(path):
-    from mindformers_gptlocal.serve.engine import Engine
-    engine = Engine(path, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[2, 4],
-                    prefill_tokens=32)
-    engine._load()
-    engine.warm_up()
-    engine.ready.set()
-    return engine
-
-
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def engines(tmp_path_factory, start_engine):
     """(the kernel's engine, the plain engine) on the same weights (the same seed)."""
-    import mindspore as ms
     root = tmp_path_factory.mktemp("decode_layer")
-    try:
-        fast = _engine(save_tiny_base(root / "fast", None, 0, cpu_kernels={"decode_layer": "kernel"}))
-        plain = _engine(save_tiny_base(root / "plain", None, 0, cpu_kernels={"decode_layer": "plain"}))
-        yield fast, plain
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+    options = dict(max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[2, 4],
+                   prefill_tokens=32)
+    fast = start_engine(save_tiny_base(root / "fast", None, 0, cpu_kernels={"decode_layer": "kernel"}), **options)
+    plain = start_engine(save_tiny_base(root / "plain", None, 0, cpu_kernels={"decode_layer": "plain"}), **options)
+    return fast, plain
 
 
 def test_served_tokens_equal_the_plain_decode_graph(engines, serve_all):

@@ -11,21 +11,15 @@ CONTEXT = TINY["max_position_embeddings"]  # 64
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine(tmp_path_factory, start_engine):
     """A tiny model served by an Engine driven from this thread (no worker thread, no HTTP)."""
-    import mindspore as ms
-    from mindformers_gptlocal.serve.engine import Engine
     out = save_tiny_base(tmp_path_factory.mktemp("chunks") / "tiny", None, 0)
-    engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[4],
-                    warmup_tokens=64)  # the 4 x 64 refill compiles on its first use
-    try:
-        engine._load()
-        engine.warm_up()
+
+    def lazy_refill(engine):  # the 4 x 64 refill compiles on its first use
         assert engine.lazy == {(4, CONTEXT)}
-        engine.ready.set()
-        yield engine
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+    return start_engine(out, check=lazy_refill, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16],
+                        batch_buckets=[4], warmup_tokens=64)
 
 
 def test_engine_equals_generate(engine, serve_all):

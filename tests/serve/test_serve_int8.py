@@ -9,22 +9,13 @@ CONTEXT = TINY["max_position_embeddings"]
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    import mindspore as ms
+def engine(tmp_path_factory, start_engine):
     from mindformers_gptlocal.quantize import quantize_model
-    from mindformers_gptlocal.serve.engine import Engine
     root = tmp_path_factory.mktemp("serve_int8")
     base = save_tiny_base(root / "fp32", None, 4)
     quantize_model(base, str(root / "int8"), "int8", log=lambda line: None)
-    engine = Engine(str(root / "int8"), max_batch_size=2, max_model_len=CONTEXT, prompt_buckets=[16],
-                    batch_buckets=[2])
-    try:
-        engine._load()
-        engine.warm_up()
-        engine.ready.set()
-        yield engine
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+    return start_engine(root / "int8", max_batch_size=2, max_model_len=CONTEXT, prompt_buckets=[16],
+                        batch_buckets=[2])
 
 
 def test_int8_engine_equals_generate(engine, serve_all):

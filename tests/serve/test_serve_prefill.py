@@ -12,20 +12,11 @@ CONTEXT = TINY["max_position_embeddings"]  # 64
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine(tmp_path_factory, start_engine):
     """An Engine on a tiny model driven from this thread: prefill calls of at most 32 tokens."""
-    import mindspore as ms
-    from mindformers_gptlocal.serve.engine import Engine
     out = save_tiny_base(tmp_path_factory.mktemp("prefill") / "tiny", None, 0)
-    engine = Engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[1, 2, 4],
-                    prefill_tokens=32)
-    try:
-        engine._load()
-        engine.warm_up()
-        engine.ready.set()
-        yield engine
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+    return start_engine(out, max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[1, 2, 4],
+                        prefill_tokens=32)
 
 
 def test_prefill_calls_equal_generate(engine, serve_all):
