@@ -57,6 +57,8 @@ SUITES = {
         ("train-small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --ours-bf16 "
                                                "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
         ("accuracy", "precision_accuracy.py", "--make"),
+        ("serve", "serve_throughput.py", "--shapes tiny,small --clients 1,16 --new 32 --requests 16 --threads 2 "
+                                         "--rounds 2 --sides ours,ours-int8"),
     ]),
     "serve": ("gptlocal serve (continuous batching) against transformers, one generate per request", [
         ("tiny", "serve_throughput.py", "--shapes tiny --clients 1,16 --new 32 --requests 16 --threads 2 --rounds 2 "

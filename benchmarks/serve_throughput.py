@@ -180,7 +180,8 @@ def main():
                         "as before issue 25 item 5), ours-refill (prompts join the "
                         "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch "
                         "buckets 1,4,16, --max-prefill-tokens 128), ours-cached (the defaults through a compile cache: "
-                        "round 1 stores, later rounds load; the others run with --compile-cache off), hf")
+                        "round 1 stores, later rounds load; the others run with --compile-cache off), ours-int8 (the same model "
+                        "through `gptlocal quantize --dtype int8`, served with the defaults), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
     parser.add_argument("--variant", choices=("plain", "refill", "wide", "cached"),
                         help="(with --ours-server) ours-plain / ours-refill / ours-wide / ours-cached")
@@ -204,10 +205,14 @@ def main():
         hf_dir, ms_dir = os.path.join(work, shape), os.path.join(work, shape + "_ms")
         GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(hf_dir)
         hf_to_ms(hf_dir, ms_dir)
+        if "ours-int8" in args.sides.split(","):
+            from mindformers_gptlocal.quantize import quantize_model
+            quantize_model(ms_dir, ms_dir + "_int8", "int8", log=lambda line: None)
 
         def serve_round(side, index, shape=shape, hf_dir=hf_dir, ms_dir=ms_dir):
-            server_args = (["--ours-server", ms_dir, str(args.max_batch_size)]
-                           + (["--variant", side.split("-")[1]] if "-" in side else [])
+            int8 = side == "ours-int8"
+            server_args = (["--ours-server", ms_dir + "_int8" if int8 else ms_dir, str(args.max_batch_size)]
+                           + (["--variant", side.split("-")[1]] if "-" in side and not int8 else [])
                            if side.startswith("ours") else ["--hf-server", hf_dir])
             proc, base, ready_s = start(server_args + ["--threads", str(args.threads)], args.threads)
             rss_ready = peak_rss_mb(proc.pid)
@@ -242,7 +247,7 @@ def main():
                                  rss=C.median([f["rss"] for f in found]),
                                  ready=C.median([f["ready_s"] for f in found])))
     print(f"\n{C.machine_line(args.threads)}")
-    print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32; ours: --max-batch-size "
+    print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32 (ours-int8: its int8 model); ours: --max-batch-size "
           f"{args.max_batch_size}; HF: one generate per request, one at a time; {args.rounds} server starts per side, "
           f"alternating; tokens/s median [min-max], latencies the median of the rounds' p50/p99\n")
     print("| shape | server | clients | requests | tokens/s | vs HF | p50 latency s | p99 latency s | vs own 1-client "
@@ -260,10 +265,17 @@ def main():
                   "ours-refill": "gptlocal serve, refills (--max-prefill-tokens 0)",
                   "ours-wide": "gptlocal serve, buckets 1,4,16, --max-prefill-tokens 128",
                   "ours-cached": "gptlocal serve, compile cache (round 1 stores, later rounds load)",
+                  "ours-int8": "gptlocal serve, int8 model (gptlocal quantize)",
                   }.get(r["side"], "HF generate")
         print(f"| {r['shape']} | {server} | {r['clients']} | "
               f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | "
               f"{ratio} | {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")
+    for r in rows:  # a side against the fp32 server at the same level
+        fp32 = next((x for x in rows if x["shape"] == r["shape"] and x["side"] == "ours" and x["clients"] == r["clients"]),
+                    None)
+        if fp32 and r["side"] not in ("ours", "hf"):
+            print(f"{r['shape']} {r['side']} {r['clients']} clients / ours: "
+                  f"{C.median(r['rates']) / C.median(fp32['rates']):.2f}x")
 
 
 if __name__ == "__main__":
