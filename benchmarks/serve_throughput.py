@@ -180,8 +180,8 @@ def main():
                         "as before issue 25 item 5), ours-refill (prompts join the "
                         "decode call: --max-prefill-tokens 0), ours-wide (the defaults before the lean ones: batch "
                         "buckets 1,4,16, --max-prefill-tokens 128), ours-cached (the defaults through a compile cache: "
-                        "round 1 stores, later rounds load; the others run with --compile-cache off), ours-int8 (the same model "
-                        "through `gptlocal quantize --dtype int8`, served with the defaults), hf")
+                        "round 1 stores, later rounds load; the others run with --compile-cache off), ours-int8 (the "
+                        "same model through `gptlocal quantize --dtype int8`, served with the defaults), hf")
     parser.add_argument("--ours-server", nargs=2, metavar=("DIR", "BATCH"))
     parser.add_argument("--variant", choices=("plain", "refill", "wide", "cached"),
                         help="(with --ours-server) ours-plain / ours-refill / ours-wide / ours-cached")
@@ -247,7 +247,8 @@ def main():
                                  rss=C.median([f["rss"] for f in found]),
                                  ready=C.median([f["ready_s"] for f in found])))
     print(f"\n{C.machine_line(args.threads)}")
-    print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32 (ours-int8: its int8 model); ours: --max-batch-size "
+    print(f"{PROMPT}-token prompts, {args.new} new tokens each, greedy, fp32 (ours-int8: its int8 model); "
+          f"ours: --max-batch-size "
           f"{args.max_batch_size}; HF: one generate per request, one at a time; {args.rounds} server starts per side, "
           f"alternating; tokens/s median [min-max], latencies the median of the rounds' p50/p99\n")
     print("| shape | server | clients | requests | tokens/s | vs HF | p50 latency s | p99 latency s | vs own 1-client "
@@ -271,8 +272,8 @@ def main():
               f"{r['requests']} | {C.spread(r['rates'], '{:.1f}')} | {vs_hf} | {r['p50']:.2f} | {r['p99']:.2f} | "
               f"{ratio} | {r['rss']:.0f} | {rss_hf} | {r['ready']:.1f} |")
     for r in rows:  # a side against the fp32 server at the same level
-        fp32 = next((x for x in rows if x["shape"] == r["shape"] and x["side"] == "ours" and x["clients"] == r["clients"]),
-                    None)
+        fp32 = next((x for x in rows if x["shape"] == r["shape"] and x["side"] == "ours"
+                     and x["clients"] == r["clients"]), None)
         if fp32 and r["side"] not in ("ours", "hf"):
             print(f"{r['shape']} {r['side']} {r['clients']} clients / ours: "
                   f"{C.median(r['rates']) / C.median(fp32['rates']):.2f}x")
