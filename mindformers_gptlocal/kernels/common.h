@@ -4,11 +4,17 @@
 // cache key with them).
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <omp.h>
 #include <vector>
@@ -16,6 +22,114 @@
 #include "oneapi/dnnl/dnnl.h"  // dnnl_sgemm: the onednn-devel-cpu-gomp package's headers (build.py)
 
 typedef dnnl_dim_t dim_t;
+
+namespace gptlocal {
+
+// The library's worker threads, started on first use and kept: a kernel's parallel part wakes them instead of
+// starting std::threads at each call (measured: a decode step's layer at GPT-2-tiny width took 171 us with two
+// threads started per GEMM against 59 us on one thread). Idle workers sleep on a condition variable, never spin
+// (an OpenMP team's idle threads spin after a region and take CPU from MindSpore's own thread pool). One job at a
+// time: a caller that finds the pool busy (another MindSpore thread inside a kernel, or a kernel's worker calling
+// one) gets false and starts its own threads. After fork() the child makes a new pool (its parent's threads do not
+// exist there; the old pool is left as it was, never destroyed, as the pool is at exit).
+class WorkerPool {
+ public:
+  // job(t) for t = 1 .. count - 1 on the pool's threads and job(0) on the caller, then returns; false (nothing run)
+  // when the pool is busy.
+  bool run(int count, const std::function<void(int)> &job) {
+    bool idle = false;
+    if (!busy_.compare_exchange_strong(idle, true, std::memory_order_acquire)) return false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (static_cast<int>(threads_.size()) < count - 1) {
+        const int index = static_cast<int>(threads_.size()) + 1;
+        const uint64_t seen = generation_.load(std::memory_order_relaxed);
+        threads_.emplace_back([this, index, seen] { work(index, seen); });
+      }
+      job_ = &job;
+      count_ = count;
+      pending_.store(count - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    job(0);
+    for (auto until = spin_end(); pending_.load(std::memory_order_acquire) != 0; std::this_thread::yield()) {
+      if (std::chrono::steady_clock::now() > until) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+        break;
+      }
+    }
+    busy_.store(false, std::memory_order_release);
+    return true;
+  }
+
+  // The process's pool (a new one in a forked child).
+  static WorkerPool &get() {
+    static std::atomic<WorkerPool *> pool(nullptr);
+    static std::atomic<pid_t> owner(0);
+    static std::mutex making;
+    const pid_t pid = getpid();
+    WorkerPool *current = pool.load(std::memory_order_acquire);
+    if (current == nullptr || owner.load(std::memory_order_acquire) != pid) {
+      std::lock_guard<std::mutex> lock(making);
+      current = pool.load(std::memory_order_acquire);
+      if (current == nullptr || owner.load(std::memory_order_acquire) != pid) {
+        current = new WorkerPool();  // never deleted: its threads sleep until the process ends
+        pool.store(current, std::memory_order_release);
+        owner.store(pid, std::memory_order_release);
+      }
+    }
+    return *current;
+  }
+
+ private:
+  // A worker polls for the next job this long after its last one before it sleeps, and the caller for the workers'
+  // end, yielding the core at each poll (a runnable thread, MindSpore's own, goes first): a kernel's parallel parts
+  // follow each other within microseconds (a decode step's layer has five), where a sleep and a wake cost tens of
+  // microseconds each.
+  static std::chrono::steady_clock::time_point spin_end() {
+    return std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  }
+
+  void work(int index, uint64_t seen) {
+    omp_set_num_threads(1);  // oneDNN sequential in this thread (SequentialGemm's reason)
+    for (;;) {
+      for (auto until = spin_end(); generation_.load(std::memory_order_acquire) == seen; std::this_thread::yield()) {
+        if (std::chrono::steady_clock::now() > until) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          wake_.wait(lock, [this, seen] { return generation_.load(std::memory_order_acquire) != seen; });
+          break;
+        }
+      }
+      const std::function<void(int)> *job;
+      int count;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        seen = generation_.load(std::memory_order_acquire);
+        job = job_;
+        count = count_;
+      }
+      if (index >= count) continue;
+      (*job)(index);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(mutex_);  // the caller is polling, or waits on done_ under this mutex
+        done_.notify_one();
+      }
+    }
+  }
+
+  std::atomic<bool> busy_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int)> *job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  int count_ = 0;
+};
+
+}  // namespace gptlocal
 
 // Elementwise loops are compiled for a baseline x86-64 plus AVX2 and AVX-512 clones chosen at load time, so one
 // cached library is right on any x86-64 CPU (build.py passes -DGPTLOCAL_NO_CLONES elsewhere).
@@ -64,22 +178,36 @@ class SequentialGemm {
   int saved_;
 };
 
-// Runs worker(next, t) on `threads` threads (t = 0 is this one); each worker takes tasks from the shared counter
-// (dynamic scheduling) or uses its index t (static). Plain std::threads that end with the call, not an OpenMP
-// team: libgomp's idle threads spin after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads
-// libgomp) and can take CPU from MindSpore's own thread pool running the model's next ops.
+// Runs job(t) for t = 0 .. count - 1, t = 0 on this thread, the others on the library's worker pool
+// (gptlocal::WorkerPool), or on std::threads started for the call where the pool is busy; oneDNN's GEMMs
+// sequential in each (SequentialGemm). Returns when all have ended. Not an OpenMP team: libgomp's idle threads spin
+// after a parallel region (GOMP_SPINCOUNT, read once when MindSpore loads libgomp) and can take CPU from
+// MindSpore's own thread pool running the model's next ops.
+template <class Job>
+void fork_join(int count, Job job) {
+  if (count <= 1) {
+    SequentialGemm one;
+    job(0);
+    return;
+  }
+  const std::function<void(int)> each = [&job](int t) {
+    SequentialGemm one;
+    job(t);
+  };
+  if (gptlocal::WorkerPool::get().run(count, each)) return;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) pool.emplace_back(each, t);
+  each(0);
+  for (auto &thread : pool) thread.join();
+}
+
+// Runs worker(next, t) on `threads` threads (t = 0 is this one, fork_join); each worker takes tasks from the shared
+// counter (dynamic scheduling) or uses its index t (static).
 template <class Worker>
 void run_parallel(int threads, int64_t tasks, Worker worker) {
   std::atomic<int64_t> next(0);
   const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) pool.emplace_back([&worker, &next, t] {
-    SequentialGemm one;
-    worker(next, t);
-  });
-  SequentialGemm one;
-  worker(next, 0);
-  for (auto &thread : pool) thread.join();
+  fork_join(count, [&worker, &next](int t) { worker(next, t); });
 }
 
 // 1 / (1 + exp(-z)) without overflow: exp of -|z| only.
@@ -94,16 +222,10 @@ template <class Work>
 int run_chunks(int threads, int64_t rows, Work work) {
   const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, rows)));
   const int64_t step = (rows + count - 1) / count;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) {
-    pool.emplace_back([&work, t, step, rows] {
-      SequentialGemm one;
-      work(t, t * step, std::min<int64_t>(rows, (t + 1) * step));
-    });
-  }
-  SequentialGemm one;
-  work(0, 0, std::min<int64_t>(rows, step));
-  for (auto &thread : pool) thread.join();
+  fork_join(count, [&work, step, rows](int t) {
+    const int64_t begin = std::min<int64_t>(rows, t * step);
+    work(t, begin, std::min<int64_t>(rows, (t + 1) * step));
+  });
   return count;
 }
 
@@ -114,20 +236,13 @@ void column_blocks(int threads, int64_t columns, Work work) {
   const int64_t groups = (columns + 15) / 16;
   const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, groups)));
   const int64_t step = (groups + count - 1) / count * 16;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) {
+  fork_join(count, [&work, step, columns](int t) {
     const int64_t begin = std::min<int64_t>(columns, t * step), end = std::min<int64_t>(columns, (t + 1) * step);
-    if (begin < end) pool.emplace_back([&work, begin, end] {
-      SequentialGemm one;
-      work(begin, end);
-    });
-  }
-  SequentialGemm one;
-  work(0, std::min<int64_t>(columns, step));
-  for (auto &thread : pool) thread.join();
+    if (begin < end) work(begin, end);
+  });
 }
 
-// Few elements: one thread (a thread start costs more than the work; decode steps have a handful of rows).
+// Few elements: one thread (waking a worker costs more than the work; decode steps have a handful of rows).
 inline int threads_for(float requested, int64_t elements) {
   const int threads = std::max(1, static_cast<int>(requested));
   return elements < 32768 ? 1 : threads;

@@ -4,7 +4,7 @@
 // Built with the other sources into one library by mindformers_gptlocal/kernels/build.py. Why: in a profiled
 // Llama-style 124M forward (docs/performance.md) MindSpore 2.7.2's CPU MatMul is 85% of the op time, and oneDNN's
 // sgemm (the MindSpore wheel's libdnnl.so.2, sequential when called like this) on the same shapes was faster per
-// call. The work is split into `threads` contiguous column blocks, one std::thread each (common.h's reasons), each
+// call. The work is split into `threads` contiguous column blocks, one thread each (common.h fork_join), each
 // one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the thread count.
 //
 // gptlocal_linear_fwd: x [T, K], w [N, K], args (LinearArgs, common.h: threads) -> y [T, N] = x w^T; or, with five

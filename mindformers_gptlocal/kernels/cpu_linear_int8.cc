@@ -6,7 +6,8 @@
 // (x_scale[t] = max_k |x[t, k]| / 127, x_q = round(x * (127 / max))), multiplies x_q W_q^T exactly in int32 with
 // oneDNN's dnnl_gemm_s8s8s32 and writes y[t, n] = acc[t, n] * (x_scale[t] * scale[n]) (+ b[n]). A row of zeros has
 // scale 0 and gives b. The columns are split into `threads` contiguous blocks of whole 16-column groups, one
-// std::thread each, each one GEMM into its own block (as cpu_linear.cc): results depend on nothing but the inputs.
+// thread each (common.h fork_join), each one GEMM into its own block (as cpu_linear.cc): results depend on nothing
+// but the inputs.
 //
 // gptlocal_int8_linear_fwd: x [T, K] float32, w [N, K] int8, scale [N] float32, args (Int8LinearArgs, common.h)
 //   -> y [T, N] float32; or, with six parameters, x, w, scale, b [N] float32, args -> y = ... + b

@@ -7,8 +7,8 @@
 // BroadcastTo + Add are a dozen passes over the [T, 4H] activations; here each is one pass (two for the
 // LayerNorm backward's parameter sums).
 //
-// Rows are split into `threads` contiguous chunks, one std::thread each (not an OpenMP team: see
-// common.h, run_parallel); the parameter-gradient sums over rows are added chunk by chunk in a fixed
+// Rows are split into `threads` contiguous chunks, one thread each (common.h fork_join: the library's worker
+// pool); the parameter-gradient sums over rows are added chunk by chunk in a fixed
 // order, so the results depend only on the thread count, never on scheduling (a resumed run is bit-exact).
 //
 // gptlocal_layernorm_fwd: x [..., H], gamma [H], beta [H], args (LayerNormArgs, common.h: epsilon, threads)

@@ -7,7 +7,7 @@
 // its backward), SiLU(gate) * up from Sigmoid, Mul, Mul three passes over [T, F] plus their gradients; here each
 // is one pass (the RMSNorm backward two: its row sum, then dx and the weight-gradient sum).
 //
-// Rows are split into `threads` contiguous chunks, one std::thread each (common.h's reasons); the weight-gradient
+// Rows are split into `threads` contiguous chunks, one thread each (common.h fork_join); the weight-gradient
 // sum over rows is added chunk by chunk in a fixed order, so results depend only on the thread count.
 //
 // gptlocal_rmsnorm_fwd: x [..., H], weight [H], args (RMSNormArgs, common.h: epsilon, threads) -> y [..., H], rstd [...]
