@@ -66,12 +66,14 @@ SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
 PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
-SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-cached", "ours-bf16", "ours-int8",
-         "ours-int8-plain-decode", "hf", *CT2_SIDES)
+SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-kernel", "ours-cached", "ours-bf16",
+         "ours-int8", "ours-int8-plain-decode", "hf", *CT2_SIDES)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
-# ours-plain-decode: the decode step's plain graph, not the decode-layer kernel); the other sides keep the converted
+# ours-plain-decode: the decode step's plain graph, not the decode-layer kernel; ours-decode-kernel: the decode-layer
+# kernel, which auto gives int8 models only); the other sides keep the converted
 # folder's (auto), as gptlocal generate runs it
 SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"},
+                "ours-decode-kernel": {"decode_layer": "kernel"},
                 "ours-int8-plain-decode": {"decode_layer": "plain"}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
 SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}}
@@ -329,7 +331,8 @@ def main():
                         help="ours (the model's own classes, as gptlocal generate: no MindFormers), ours-mf (the "
                              "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
                              "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), "
-                             "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-cached (ours "
+                             "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-decode-kernel (cpu_kernels "
+                             "{decode_layer: kernel}: the float32 model's decode-layer kernel), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
                              "ours-int8 (a quantize_model int8 directory), ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 "

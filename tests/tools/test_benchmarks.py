@@ -175,10 +175,13 @@ def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
     modes = read_cpu_kernels(finetune_throughput.PLAIN_DROPOUT["cpu_kernels"])
     assert [op for op, mode in modes.items() if mode == "plain"] == ["lora_dropout"]
     assert read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-matmul"])["linear"] == "plain"
-    assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul", "ours-plain-decode", "ours-int8-plain-decode"}
+    assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul", "ours-plain-decode", "ours-int8-plain-decode",
+                                                     "ours-decode-kernel"}
     for side in ("ours-plain-decode", "ours-int8-plain-decode"):  # the decode-layer kernel off, nothing else
         modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS[side])
         assert [op for op, mode in modes.items() if mode == "plain"] == ["decode_layer"]
+    modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-decode-kernel"])  # forced on, the rest auto
+    assert {op: mode for op, mode in modes.items() if mode != "auto"} == {"decode_layer": "kernel"}
     assert generate_throughput.LINEAR_KERNEL == {"rows": "auto", "always": "kernel", "off": "plain"}
     modes = read_cpu_kernels(llama_style_vs_transformers.SIDE_KERNELS["ours_plain"])
     assert sorted(op for op, mode in modes.items() if mode == "plain") == ["rms_norm", "swiglu"]
