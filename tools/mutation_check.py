@@ -116,7 +116,7 @@ MUTATIONS = [
     Mutation("the epilogues run float32 GEMMs for bf16", PKG + "kernels/linear.py",
              "code = precision_code(library_path, precision, emulate)", "code = 0",
              ["tests/kernels/test_linear_epilogue.py", "-k", "bf16_epilogue"]),
-    Mutation("the fused MLP drops fc1's bias", PKG + "model/gpt.py",
+    Mutation("the epilogue MLP drops fc1's bias", PKG + "model/gpt.py",
              "inner = self.epilogue.gelu(x, ops.cast(fc1.weight, dtype), ops.cast(fc1.bias, dtype))",
              "inner = self.epilogue.gelu(x, ops.cast(fc1.weight, dtype), ops.zeros_like(fc1.bias))",
              ["tests/model/test_gemm_epilogue.py", "-k", "training_step and float32"]),
