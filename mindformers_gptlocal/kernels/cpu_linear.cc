@@ -15,7 +15,7 @@
 // GEMM epilogues (kernels/linear.py CPULinearEpilogue; cpu_kernels.gemm_epilogue), the bias written as above:
 // gptlocal_linear_gelu_fwd: x, w, b, args (LinearGeluArgs: threads, precision, form) -> y = gelu(h), h = x w^T + b
 //   [T, N] (the GeLU of common.h applied to each column block right after its GEMM); gptlocal_linear_gelu_bwd: x,
-//   w, h, dy, args -> dx, dw, db from dh = dy * gelu'(h)
+//   w, h, dy, args -> dx, dw, db from dh = dy * gelu'(h) (and dh [T, N] itself: its scratch output)
 // gptlocal_linear_residual_fwd: x, w, b, residual [T, N], args (LinearArgs) -> y = residual + x w^T + b (the
 //   block's residual + b written, then the GEMM with beta 1); its backward is gptlocal_linear_bwd's
 //
@@ -264,7 +264,7 @@ extern "C" int gptlocal_linear_gelu_bwd(int nparam, void **params, int *ndims, i
                                         void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 8 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 ||
+  if (nparam != 9 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 ||
       ndims[3] != 2)
     return 1;
   const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
@@ -277,12 +277,12 @@ extern "C" int gptlocal_linear_gelu_bwd(int nparam, void **params, int *ndims, i
   float *dx = static_cast<float *>(params[5]);
   float *dw = static_cast<float *>(params[6]);
   float *db = static_cast<float *>(params[7]);
+  float *dh = static_cast<float *>(params[8]);  // scratch MindSpore allocates (its pool: no page faults per call)
   const bool quick = args->form != 0.0f;
-  std::vector<float> dh(static_cast<size_t>(T * N));
   column_blocks(lin_threads(args->threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
-    gelu_grad_block(h, dy, dh.data(), db, T, N, n0, n1, quick);
+    gelu_grad_block(h, dy, dh, db, T, N, n0, n1, quick);
   });
-  lin_backward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, dh.data(), dx, dw);
+  lin_backward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, dh, dx, dw);
   return 0;
 }
 

@@ -99,7 +99,7 @@ class CPULinearEpilogue(nn.Cell):
         self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
                                 lambda x, w, dy, c: (x, w))
         self.gelu_backward = custom_op(library_path, "gptlocal_linear_gelu_bwd",
-                                     lambda x, w, h, dy, c: (x, w, [w[0]]), lambda x, w, h, dy, c: (x, w, w))
+                                     lambda x, w, h, dy, c: (x, w, [w[0]], h), lambda x, w, h, dy, c: (x, w, w, h))
         self.gelu_forward = custom_op(library_path, "gptlocal_linear_gelu_fwd",
                                     lambda x, w, b, c: ([x[0], w[0]], [x[0], w[0]]), lambda x, w, b, c: (x, x),
                                     bprop=self._bprop_gelu)
@@ -108,7 +108,7 @@ class CPULinearEpilogue(nn.Cell):
         self.bias_grad = ops.ReduceSum()
 
     def _bprop_gelu(self, x, weight, bias, config, out, dout):
-        dx, dweight, dbias = self.gelu_backward(x, weight, out[1], dout[0], config)  # out[1]: h
+        dx, dweight, dbias, _ = self.gelu_backward(x, weight, out[1], dout[0], config)  # out[1]: h; _: dh
         return dx, dweight, dbias, ops.zeros_like(config)
 
     def _bprop_residual(self, x, weight, bias, residual, config, out, dout):

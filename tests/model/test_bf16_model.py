@@ -51,7 +51,7 @@ def test_bf16_logits_near_float32_not_equal(graph_mode):
     # the float32 graph keeps the other CPU kernels: fused attention, LayerNorm, bias + GeLU
     assert type(layer.attention.core).__name__ == "FusedCPUAttention"
     assert type(layer.input_layernorm).__name__ == "KernelLayerNorm"
-    assert type(layer.mlp).__name__ == "EpilogueFeedForward"  # bias + GeLU, with the GEMM epilogues
+    assert type(layer.mlp).__name__ == "BiasGeLUFeedForward"
     assert bf16.config.compute_dtype == "bfloat16"  # the model keeps the YAML's dtypes
     for seq in (1, 17):  # a one-row graph (decode-sized) and a prefill
         batch = _ids(2, seq)

@@ -1,9 +1,9 @@
 """The MLP's GEMM epilogues in a model (``cpu_kernels.gemm_epilogue``; ``model/gpt.py`` ``EpilogueFeedForward``,
-``kernels/linear.py`` ``CPULinearEpilogue``): which builds run them (the linear and bias_gelu kernels chosen; ``plain``
-gives the unfused MLP), and a tiny model's compiled training step (GRAPH mode: loss, then 3 AdamW steps' losses and
-every first-step gradient) and inference logits with them equal to ``gemm_epilogue: plain``'s within float32's
-tolerance, float32 and bf16 GEMMs, tanh and quick GeLU; graphs below the GEMM kernel's rows run the unfused MLP
-exactly."""
+``kernels/linear.py`` ``CPULinearEpilogue``): which builds run them (``kernel``, with the linear and bias_gelu
+kernels; ``auto`` and ``plain`` give the unfused MLP), and a tiny model's compiled training step (GRAPH mode: the
+AdamW steps' losses and every first-step gradient) and inference logits with them equal to ``gemm_epilogue:
+plain``'s within float32's tolerance, float32 and bf16 GEMMs, tanh and quick GeLU; graphs below the GEMM kernel's
+rows run the unfused MLP exactly."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -19,7 +19,7 @@ SEQ = 16
 def _pair(cpu_kernels, **changes):
     """(epilogue model, plain-epilogue model) of the same weights (non-zero biases), ``cpu_kernels`` besides."""
     values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, **changes)
-    fused = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels=dict(cpu_kernels)))
+    fused = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels=dict(cpu_kernels, gemm_epilogue="kernel")))
     plain = GPTLocalForCausalLM(GPTLocalConfig(**values, cpu_kernels=dict(cpu_kernels, gemm_epilogue="plain")))
     rng = np.random.default_rng(5)
     for _, param in fused.parameters_and_names():
@@ -68,8 +68,8 @@ def test_training_step_matches_the_unfused_mlp(library, graph_mode, cpu_kernels,
 
 
 def test_inference_graphs_fused_from_the_gemm_rows(library, graph_mode):
-    """``cpu_kernels: auto`` in float32: an inference graph of 32 rows (the GEMM kernel's, so the epilogues') has
-    the unfused MLP's logits within float32 tolerance; one of 8 rows (MatMul's graph, the unfused MLP) exactly."""
+    """float32 with ``linear: auto``: an inference graph of 32 rows (the GEMM kernel's, so the epilogues') has the
+    unfused MLP's logits within float32 tolerance; one of 8 rows (MatMul's graph, the unfused MLP) exactly."""
     fused, plain = _pair({})
     for model in (fused, plain):
         model.set_train(False)
@@ -83,16 +83,20 @@ def test_inference_graphs_fused_from_the_gemm_rows(library, graph_mode):
 
 
 def test_which_builds_fuse(library):
-    """The epilogues need the linear and bias_gelu kernels; their residual needs nothing between the MLP and its
-    Add (hidden_dropout 0); ``plain`` (everything, or the op) builds the unfused MLP."""
-    def mlp_of(**values):
-        layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **values))).model.layers[0]
+    """The epilogues under ``gemm_epilogue: kernel`` only, with the linear and bias_gelu kernels; their residual
+    needs nothing between the MLP and its Add (hidden_dropout 0); ``auto`` and ``plain`` (the op, or everything)
+    build the unfused MLP."""
+    def mlp_of(cpu_kernels=None, **values):
+        kernels = cpu_kernels or {"gemm_epilogue": "kernel"}
+        layer = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, cpu_kernels=kernels, **values))).model.layers[0]
         return type(layer.mlp).__name__, layer.mlp_residual
 
     assert mlp_of() == ("EpilogueFeedForward", True)
+    assert mlp_of(compute_dtype="bfloat16") == ("EpilogueFeedForward", True)
     assert mlp_of(hidden_dropout=0.1) == ("EpilogueFeedForward", False)
-    assert mlp_of(cpu_kernels={"bias_gelu": "plain"})[0] == "ParallelFeedForward"
-    assert mlp_of(cpu_kernels={"linear": "plain"}) == ("BiasGeLUFeedForward", False)
-    assert mlp_of(cpu_kernels={"gemm_epilogue": "plain"}) == ("BiasGeLUFeedForward", False)
-    assert mlp_of(cpu_kernels="plain") == ("ParallelFeedForward", False)
+    assert mlp_of({"gemm_epilogue": "kernel", "bias_gelu": "plain"})[0] == "ParallelFeedForward"
+    assert mlp_of({"gemm_epilogue": "kernel", "linear": "plain"}) == ("BiasGeLUFeedForward", False)
+    assert mlp_of({"linear": "kernel"}) == ("BiasGeLUFeedForward", False)  # auto: off
+    assert mlp_of({"gemm_epilogue": "plain"}) == ("BiasGeLUFeedForward", False)
+    assert mlp_of("plain") == ("ParallelFeedForward", False)
     assert mlp_of(hidden_act="gelu")[0] == "ParallelFeedForward"  # the erf GeLU: no kernel form
