@@ -153,6 +153,11 @@ void lin_backward(float requested, int precision, int64_t T, int64_t N, int64_t 
   });
 }
 
+// out[t, n0:n1] = b[n0:n1] for every row t: the bias the forward GEMMs then add onto (beta 1).
+void bias_rows(const float *b, float *out, int64_t T, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, out + t * N + n0);
+}
+
 // y[t, n0:n1] = gelu(h[t, n0:n1]) for every row t (the forms of common.h).
 VEC_CLONES void gelu_block(const float *h, float *y, int64_t T, int64_t N, int64_t n0, int64_t n1, bool quick) {
   for (int64_t t = 0; t < T; ++t) {
@@ -209,10 +214,8 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
   const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
   if (args == nullptr) return 1;
   float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
-  const auto bias_rows = [&](int64_t n0, int64_t n1) {
-    for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
-  };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, y, has_bias ? &bias_rows : nullptr,
+  const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, y, T, N, n0, n1); };
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, y, has_bias ? &bias : nullptr,
               kNoEpilogue);
   return 0;
 }
@@ -250,10 +253,8 @@ extern "C" int gptlocal_linear_gelu_fwd(int nparam, void **params, int *ndims, i
   float *y = static_cast<float *>(params[4]);
   float *h = static_cast<float *>(params[5]);
   const bool quick = args->form != 0.0f;
-  const auto bias_rows = [&](int64_t n0, int64_t n1) {
-    for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, h + t * N + n0);
-  };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, h, &bias_rows,
+  const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, h, T, N, n0, n1); };
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, h, &bias,
               [&](int64_t n0, int64_t n1) { gelu_block(h, y, T, N, n0, n1, quick); });
   return 0;
 }
