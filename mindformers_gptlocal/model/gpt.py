@@ -183,7 +183,8 @@ class EpilogueFeedForward(BiasGeLUFeedForward):
 
     def __init__(self, config, layer_spec=None, kernels=None, kernel=None, epilogue=None):
         super().__init__(config, layer_spec, kernels, kernel)
-        fits = type(self.linear_fc1) is Linear and type(self.linear_fc2) is Linear  # pylint: disable=unidiomatic-typecheck
+        # the plain Linear only (not LoRA's subclasses, whose update comes between the GEMM and its epilogue)
+        fits = all(type(linear) is Linear for linear in (self.linear_fc1, self.linear_fc2))
         self.epilogue = epilogue if fits else None
         self.add = ops.Add()
 
