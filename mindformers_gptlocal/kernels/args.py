@@ -31,6 +31,9 @@ SwiGLUArgs = _struct("SwiGLUArgs", "threads", "SwiGLU's silu(gate) * up (cpu_rms
 LinearArgs = _struct("LinearArgs", "threads precision",
                      "Linear's GEMM (cpu_linear.cc): precision 0 float32, 1 bfloat16 x bfloat16 -> float32 (oneDNN's "
                      "dnnl_gemm_bf16bf16f32), 2 the same numbers emulated (inputs rounded to bfloat16, float32 sgemm).")
+LinearGeluArgs = _struct("LinearGeluArgs", "threads precision form",
+                         "Linear's GEMM with the bias + GeLU epilogue (cpu_linear.cc): LinearArgs' fields, then "
+                         "BiasGeluArgs' form (0 tanh, 1 quick).")
 LoRADropoutArgs = _struct("LoRADropoutArgs", "scale mode threads",
                           "LoRA's input dropout (lora_dropout.cc): scale 1 / (1 - p); mode 1 keep where the bits "
                           "agree, 2 where they differ.")
@@ -39,4 +42,4 @@ STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, 
 DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads",
                           "The decode step's layer (cpu_decode_layer.cc): the LayerNorms' epsilon, attention's "
                           "scale, form 0 tanh GeLU, 1 quick.")
-STRUCTS += (DecodeLayerArgs, Int8LinearArgs)
+STRUCTS += (DecodeLayerArgs, Int8LinearArgs, LinearGeluArgs)

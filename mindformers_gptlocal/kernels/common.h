@@ -217,6 +217,26 @@ inline float sigmoid(float z) {
   return z >= 0.0f ? r : e * r;
 }
 
+// GeLU on u = x + bias, the forms of the bias + GeLU kernels (cpu_norm_gelu.cc, cpu_linear.cc's epilogue): tanh
+// u * sigmoid(2c(u + 0.044715 u^3)), c = sqrt(2/pi) (== 0.5 u (1 + tanh(c(u + 0.044715 u^3)))); quick
+// u * sigmoid(1.702 u). gelu_grad: its derivative times dy. One definition each, so the kernels agree bit for bit.
+constexpr float kTanhScale = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
+constexpr float kCubic = 0.044715f;
+constexpr float kQuick = 1.702f;
+
+inline float gelu_tanh(float u) { return u * sigmoid(kTanhScale * (u + kCubic * u * u * u)); }
+inline float gelu_quick(float u) { return u * sigmoid(kQuick * u); }
+
+inline float gelu_tanh_grad(float u, float dy) {
+  const float square = u * u;
+  const float s = sigmoid(kTanhScale * (u + kCubic * square * u));
+  return dy * (s + u * s * (1.0f - s) * (kTanhScale * (1.0f + 3.0f * kCubic * square)));
+}
+inline float gelu_quick_grad(float u, float dy) {
+  const float s = sigmoid(kQuick * u);
+  return dy * (s + u * s * (1.0f - s) * kQuick);
+}
+
 // Runs work(chunk, begin, end) over `rows` split into at most `threads` contiguous chunks; returns the chunk count.
 template <class Work>
 int run_chunks(int threads, int64_t rows, Work work) {
@@ -312,6 +332,9 @@ struct SwiGLUArgs {
 };
 struct LinearArgs {
   float threads, precision;  // precision: 0 float32, 1 bf16 x bf16 -> f32 (oneDNN), 2 the same numbers emulated
+};
+struct LinearGeluArgs {
+  float threads, precision, form;  // LinearArgs' two, then BiasGeluArgs' form: 0 tanh, 1 quick
 };
 struct LoRADropoutArgs {
   float scale, mode, threads;  // scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where they differ

@@ -12,6 +12,13 @@
 //   sgemm adds x w^T to them (beta 1), so the bias costs no node and no pass of its own (Linear's bias inside)
 // gptlocal_linear_bwd: x, w, dy [T, N], args -> dx [T, K] = dy w, dw [N, K] = dy^T x
 //
+// GEMM epilogues (kernels/linear.py CPULinearEpilogue; cpu_kernels.gemm_epilogue), the bias written as above:
+// gptlocal_linear_gelu_fwd: x, w, b, args (LinearGeluArgs: threads, precision, form) -> y = gelu(h), h = x w^T + b
+//   [T, N] (the GeLU of common.h applied to each column block right after its GEMM); gptlocal_linear_gelu_bwd: x,
+//   w, h, dy, args -> dx, dw, db from dh = dy * gelu'(h) (and dh [T, N] itself: its scratch output)
+// gptlocal_linear_residual_fwd: x, w, b, residual [T, N], args (LinearArgs) -> y = residual + x w^T + b (the
+//   block's residual + b written, then the GEMM with beta 1); its backward is gptlocal_linear_bwd's
+//
 // LinearArgs.precision 1 (compute_dtype: bfloat16 on CPU): every GEMM above, forward and both backward, takes its
 // two float32 operands rounded to bfloat16 (common.h bf16_bits: to nearest even; converted once per call, in
 // parallel, into bf16 buffers the column blocks share) and runs oneDNN's dnnl_gemm_bf16bf16f32 (float32
@@ -83,6 +90,114 @@ int lin_threads(float requested, int64_t work) {  // a GEMM below ~256K multiply
 }
 
 
+// y [T, N] = x w^T over column blocks, each block's GEMM accumulating onto what `init(n0, n1)` wrote there (beta
+// 1: the bias rows, or residual + bias) and, when `init` is null, onto zeros (beta 0); then `epilogue(n0, n1)` on
+// the block just written (the GeLU), while it is the last thing this thread touched. precision: LinearArgs'.
+template <class Init, class Epilogue>
+void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
+                 float *y, const Init *init, const Epilogue &epilogue) {
+  if (T == 0 || N == 0) return;
+  const int threads = lin_threads(requested, T * N * std::max<int64_t>(K, 1));
+  std::vector<uint16_t> xb, wb;  // bf16 operands (precision 1, 2)
+  if (precision != 0 && K > 0) {
+    xb = lin_to_bf16(threads, x, T * K);
+    wb = lin_to_bf16(threads, w, N * K);
+  }
+  const bool native = precision == 1 && lin_bf16_native();
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+    if (init != nullptr) {
+      (*init)(n0, n1);
+    } else if (K == 0) {
+      for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + n0, y + t * N + n1, 0.0f);
+    }
+    if (K > 0) {
+      const float beta = init != nullptr ? 1.0f : 0.0f;
+      if (precision == 0) {
+        dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, beta, y + n0, N);
+      } else {
+        lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb.data() + n0 * K, K, beta, y + n0, N);
+      }
+    }
+    epilogue(n0, n1);
+  });
+}
+
+// dx [T, K] = dy w, dw [N, K] = dy^T x, each over its own column blocks; precision 1, 2: dy, w and x rounded to
+// bf16 first (LinearArgs).
+void lin_backward(float requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
+                  const float *dy, float *dx, float *dw) {
+  if (T == 0 || N == 0) {  // nothing flows back
+    std::fill(dx, dx + T * K, 0.0f);
+    std::fill(dw, dw + N * K, 0.0f);
+    return;
+  }
+  if (K == 0) return;
+  const int threads = lin_threads(requested, T * N * K);
+  if (precision == 0) {
+    column_blocks(threads, K, [&](int64_t k0, int64_t k1) {  // dx[:, k0:k1] = dy w[:, k0:k1]
+      dnnl_sgemm('N', 'N', T, k1 - k0, N, 1.0f, dy, N, w + k0, K, 0.0f, dx + k0, K);
+    });
+    column_blocks(threads, N, [&](int64_t n0, int64_t n1) {  // dw[n0:n1] = dy[:, n0:n1]^T x
+      dnnl_sgemm('T', 'N', n1 - n0, K, T, 1.0f, dy + n0, N, x, K, 0.0f, dw + n0 * K, K);
+    });
+    return;
+  }
+  const std::vector<uint16_t> xb = lin_to_bf16(threads, x, T * K), wb = lin_to_bf16(threads, w, N * K),
+                              dyb = lin_to_bf16(threads, dy, T * N);
+  const bool native = precision == 1 && lin_bf16_native();
+  column_blocks(threads, K, [&](int64_t k0, int64_t k1) {
+    lin_gemm_bf16(native, 'N', 'N', T, k1 - k0, N, dyb.data(), N, wb.data() + k0, K, 0.0f, dx + k0, K);
+  });
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+    lin_gemm_bf16(native, 'T', 'N', n1 - n0, K, T, dyb.data() + n0, N, xb.data(), K, 0.0f, dw + n0 * K, K);
+  });
+}
+
+// out[t, n0:n1] = b[n0:n1] for every row t: the bias the forward GEMMs then add onto (beta 1).
+void bias_rows(const float *b, float *out, int64_t T, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, out + t * N + n0);
+}
+
+// y[t, n0:n1] = gelu(h[t, n0:n1]) for every row t (the forms of common.h).
+VEC_CLONES void gelu_block(const float *h, float *y, int64_t T, int64_t N, int64_t n0, int64_t n1, bool quick) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float *hr = h + t * N;
+    float *yr = y + t * N;
+    if (quick) {
+#pragma omp simd
+      for (int64_t n = n0; n < n1; ++n) yr[n] = gelu_quick(hr[n]);
+    } else {
+#pragma omp simd
+      for (int64_t n = n0; n < n1; ++n) yr[n] = gelu_tanh(hr[n]);
+    }
+  }
+}
+
+// dh[t, n0:n1] = dy * gelu'(h) for every row t, and db[n0:n1] their sums over rows, in row order.
+VEC_CLONES void gelu_grad_block(const float *h, const float *dy, float *dh, float *db, int64_t T, int64_t N,
+                                int64_t n0, int64_t n1, bool quick) {
+  std::fill(db + n0, db + n1, 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    const float *hr = h + t * N, *dyr = dy + t * N;
+    float *dhr = dh + t * N;
+    if (quick) {
+#pragma omp simd
+      for (int64_t n = n0; n < n1; ++n) {
+        dhr[n] = gelu_quick_grad(hr[n], dyr[n]);
+        db[n] += dhr[n];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t n = n0; n < n1; ++n) {
+        dhr[n] = gelu_tanh_grad(hr[n], dyr[n]);
+        db[n] += dhr[n];
+      }
+    }
+  }
+}
+
+const auto kNoEpilogue = [](int64_t, int64_t) {};
+
 }  // namespace
 
 extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -99,29 +214,9 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
   const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
   if (args == nullptr) return 1;
   float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
-  if (T == 0 || N == 0) return 0;
-  const int threads = lin_threads(args->threads, T * N * std::max<int64_t>(K, 1));
-  const int precision = static_cast<int>(args->precision);
-  std::vector<uint16_t> xb, wb;  // bf16 operands (precision 1, 2)
-  if (precision != 0 && K > 0) {
-    xb = lin_to_bf16(threads, x, T * K);
-    wb = lin_to_bf16(threads, w, N * K);
-  }
-  const bool native = precision == 1 && lin_bf16_native();
-  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
-    if (b != nullptr) {
-      for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
-    } else if (K == 0) {
-      for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + n0, y + t * N + n1, 0.0f);
-    }
-    if (K == 0) return;
-    const float beta = b != nullptr ? 1.0f : 0.0f;
-    if (precision == 0) {
-      dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, beta, y + n0, N);
-    } else {
-      lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb.data() + n0 * K, K, beta, y + n0, N);
-    }
-  });
+  const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, y, T, N, n0, n1); };
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, y, has_bias ? &bias : nullptr,
+              kNoEpilogue);
   return 0;
 }
 
@@ -131,41 +226,97 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
   (void)extra;
   if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2) return 1;
   const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *dy = static_cast<const float *>(params[2]);
   const LinearArgs *args = args_at<LinearArgs>(3, params, ndims, shapes, dtypes);
   if (args == nullptr) return 1;
-  float *dx = static_cast<float *>(params[4]);
-  float *dw = static_cast<float *>(params[5]);
-  if (T == 0 || N == 0) {  // nothing flows back
-    std::fill(dx, dx + T * K, 0.0f);
-    std::fill(dw, dw + N * K, 0.0f);
-    return 0;
-  }
-  if (K == 0) return 0;
-  const int threads = lin_threads(args->threads, T * N * K);
-  const int precision = static_cast<int>(args->precision);
-  if (precision == 0) {
-    column_blocks(threads, K, [&](int64_t k0, int64_t k1) {  // dx[:, k0:k1] = dy w[:, k0:k1]
-      dnnl_sgemm('N', 'N', T, k1 - k0, N, 1.0f, dy, N, w + k0, K, 0.0f, dx + k0, K);
-    });
-    column_blocks(threads, N, [&](int64_t n0, int64_t n1) {  // dw[n0:n1] = dy[:, n0:n1]^T x
-      dnnl_sgemm('T', 'N', n1 - n0, K, T, 1.0f, dy + n0, N, x, K, 0.0f, dw + n0 * K, K);
-    });
-    return 0;
-  }
-  const std::vector<uint16_t> xb = lin_to_bf16(threads, x, T * K), wb = lin_to_bf16(threads, w, N * K),
-                              dyb = lin_to_bf16(threads, dy, T * N);
-  const bool native = precision == 1 && lin_bf16_native();
-  column_blocks(threads, K, [&](int64_t k0, int64_t k1) {
-    lin_gemm_bf16(native, 'N', 'N', T, k1 - k0, N, dyb.data(), N, wb.data() + k0, K, 0.0f, dx + k0, K);
-  });
-  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
-    lin_gemm_bf16(native, 'T', 'N', n1 - n0, K, T, dyb.data() + n0, N, xb.data(), K, 0.0f, dw + n0 * K, K);
-  });
+  lin_backward(args->threads, static_cast<int>(args->precision), T, N, K, static_cast<const float *>(params[0]),
+               static_cast<const float *>(params[1]), static_cast<const float *>(params[2]),
+               static_cast<float *>(params[4]), static_cast<float *>(params[5]));
   return 0;
 }
+
+// The bias + GeLU epilogue: h = x w^T + b (the bias rows, then the GEMM with beta 1, as gptlocal_linear_fwd_bias),
+// then y = gelu(h) on each column block as soon as its GEMM has written it. h is an output: the backward's
+// gelu'(h) reads it, which costs the [T, N] float32 the unfused path keeps anyway (fc1's output, the bias + GeLU
+// kernel's input); recomputing it would cost the forward GEMM again.
+extern "C" int gptlocal_linear_gelu_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                        void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1) return 1;
+  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  if (shapes[1][1] != K || shapes[2][0] != N) return 2;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *b = static_cast<const float *>(params[2]);
+  const LinearGeluArgs *args = args_at<LinearGeluArgs>(3, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
+  float *y = static_cast<float *>(params[4]);
+  float *h = static_cast<float *>(params[5]);
+  const bool quick = args->form != 0.0f;
+  const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, h, T, N, n0, n1); };
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, h, &bias,
+              [&](int64_t n0, int64_t n1) { gelu_block(h, y, T, N, n0, n1, quick); });
+  return 0;
+}
+
+// Its backward: dh = dy * gelu'(h) and db = dh's column sums on column blocks, then dx = dh w, dw = dh^T x as
+// gptlocal_linear_bwd (bf16 precisions: dh rounded to bf16 for the GEMMs, db from the float32 dh).
+extern "C" int gptlocal_linear_gelu_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                        void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 9 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 ||
+      ndims[3] != 2)
+    return 1;
+  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *h = static_cast<const float *>(params[2]);
+  const float *dy = static_cast<const float *>(params[3]);
+  const LinearGeluArgs *args = args_at<LinearGeluArgs>(4, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
+  float *dx = static_cast<float *>(params[5]);
+  float *dw = static_cast<float *>(params[6]);
+  float *db = static_cast<float *>(params[7]);
+  float *dh = static_cast<float *>(params[8]);  // scratch MindSpore allocates (its pool: no page faults per call)
+  const bool quick = args->form != 0.0f;
+  column_blocks(lin_threads(args->threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
+    gelu_grad_block(h, dy, dh, db, T, N, n0, n1, quick);
+  });
+  lin_backward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, dh, dx, dw);
+  return 0;
+}
+
+// The residual epilogue: y = residual + x w^T + b (each column block of residual + b written first, then the GEMM
+// with beta 1). Its backward is gptlocal_linear_bwd's dx and dw; d residual = dy and db = dy's column sums are the
+// Cell's (kernels/linear.py).
+extern "C" int gptlocal_linear_residual_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
+                                            const char **dtypes, void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1 ||
+      ndims[3] != 2)
+    return 1;
+  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  if (shapes[1][1] != K || shapes[2][0] != N || shapes[3][0] != T || shapes[3][1] != N) return 2;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float *b = static_cast<const float *>(params[2]);
+  const float *residual = static_cast<const float *>(params[3]);
+  const LinearArgs *args = args_at<LinearArgs>(4, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
+  float *y = static_cast<float *>(params[5]);
+  const auto residual_rows = [&](int64_t n0, int64_t n1) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float *r = residual + t * N;
+      float *yr = y + t * N;
+      for (int64_t n = n0; n < n1; ++n) yr[n] = r[n] + b[n];
+    }
+  };
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, y, &residual_rows, kNoEpilogue);
+  return 0;
+}
+
 
 // 1 where LinearArgs.precision 1 runs oneDNN's bf16 GEMM on this CPU, 0 where it runs the emulation (kernels/linear.py
 // says so once per process).

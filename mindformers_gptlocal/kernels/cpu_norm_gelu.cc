@@ -15,8 +15,7 @@
 //                         -> y [..., H], mean [...], rstd [...]
 // gptlocal_layernorm_bwd: x, gamma, mean, rstd, dy, args -> dx [..., H], dgamma [H], dbeta [H]
 // gptlocal_bias_gelu_fwd: x [..., F], bias [F], args (BiasGeluArgs: form 0 tanh / 1 quick, threads) -> y [..., F]
-//                         y = gelu(x + bias); tanh form: u * sigmoid(2c(u + 0.044715 u^3)), c = sqrt(2/pi)
-//                         (== 0.5 u (1 + tanh(c(u + 0.044715 u^3)))); quick form: u * sigmoid(1.702 u)
+//                         y = gelu(x + bias), the tanh or quick form (common.h gelu_tanh, gelu_quick)
 // gptlocal_bias_gelu_bwd: x, bias, dy, args -> dx [..., F], dbias [F]
 #include <algorithm>
 #include <cmath>
@@ -28,10 +27,6 @@
 #include "common.h"
 
 namespace {
-
-constexpr float kTanhScale = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
-constexpr float kCubic = 0.044715f;
-constexpr float kQuick = 1.702f;
 
 VEC_CLONES void layernorm_rows(const float *x, const float *gamma, const float *beta, float *y, float *mean,
                               float *rstd, int64_t begin, int64_t end, int64_t H, float eps) {
@@ -90,16 +85,10 @@ VEC_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int6
     float *yr = y + row * F;
     if (quick) {
 #pragma omp simd
-      for (int64_t j = 0; j < F; ++j) {
-        const float u = xr[j] + bias[j];
-        yr[j] = u * sigmoid(kQuick * u);
-      }
+      for (int64_t j = 0; j < F; ++j) yr[j] = gelu_quick(xr[j] + bias[j]);
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < F; ++j) {
-        const float u = xr[j] + bias[j];
-        yr[j] = u * sigmoid(kTanhScale * (u + kCubic * u * u * u));
-      }
+      for (int64_t j = 0; j < F; ++j) yr[j] = gelu_tanh(xr[j] + bias[j]);
     }
   }
 }
@@ -114,19 +103,14 @@ VEC_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const flo
     if (quick) {
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
-        const float u = xr[j] + bias[j];
-        const float s = sigmoid(kQuick * u);
-        const float g = dyr[j] * (s + u * s * (1.0f - s) * kQuick);
+        const float g = gelu_quick_grad(xr[j] + bias[j], dyr[j]);
         dxr[j] = g;
         dbias[j] += g;
       }
     } else {
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
-        const float u = xr[j] + bias[j];
-        const float square = u * u;
-        const float s = sigmoid(kTanhScale * (u + kCubic * square * u));
-        const float g = dyr[j] * (s + u * s * (1.0f - s) * (kTanhScale * (1.0f + 3.0f * kCubic * square)));
+        const float g = gelu_tanh_grad(xr[j] + bias[j], dyr[j]);
         dxr[j] = g;
         dbias[j] += g;
       }

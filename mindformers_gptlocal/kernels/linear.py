@@ -19,9 +19,10 @@ import sys
 from mindspore import nn, ops
 
 from . import build
-from .args import LinearArgs
+from .args import LinearArgs, LinearGeluArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
+from .norm_gelu import GELU_FORMS
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
 PRECISIONS = ("float32", "bfloat16")
@@ -41,6 +42,16 @@ def bf16_native(library_path):
     return _NATIVE[library_path]
 
 
+def precision_code(library_path, precision, emulate=False):
+    """``LinearArgs.precision`` for ``precision`` ("float32" or "bfloat16"): 0, 1 (oneDNN's bf16 GEMM) or 2 (its
+    emulation: forced by ``emulate``, or this CPU has no bf16 GEMM)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"CPULinearGEMM precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    if precision == "bfloat16":
+        return 2 if emulate or not bf16_native(library_path) else 1
+    return 0
+
+
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
     ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``layers.BF16MatMul``
@@ -49,13 +60,8 @@ class CPULinearGEMM(nn.Cell):
     def __init__(self, library_path, threads=None, precision="float32", emulate=False):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        if precision not in PRECISIONS:
-            raise ValueError(f"CPULinearGEMM precision {precision!r}: one of {', '.join(PRECISIONS)}")
-        code = 0
-        if precision == "bfloat16":
-            code = 2 if emulate or not bf16_native(library_path) else 1
         self.precision = precision
-        self.config = LinearArgs(threads, code).tensor()
+        self.config = LinearArgs(threads, precision_code(library_path, precision, emulate)).tensor()
         self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
                                 lambda x, w, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
@@ -78,8 +84,57 @@ class CPULinearGEMM(nn.Cell):
         return self.forward_bias(x, weight, bias, self.config)
 
 
+class CPULinearEpilogue(nn.Cell):
+    """The GEMM kernel with what follows it in the MLP fused into each column block (``cpu_kernels.gemm_epilogue``;
+    ``model/gpt.py`` ``EpilogueFeedForward``): ``gelu(x, w, b)`` -> gelu(x w^T + b), the GeLU ``form`` "tanh" or
+    "quick" of the bias + GeLU kernel, and ``residual(x, w, b, r)`` -> r + x w^T + b; ``precision`` and ``emulate``
+    as ``CPULinearGEMM``'s, whose numbers they give (the bias + GeLU and the Add after it), forward and backward."""
+
+    def __init__(self, library_path, form, threads=None, precision="float32", emulate=False):
+        super().__init__()
+        threads = kernel_threads() if threads is None else threads
+        code = precision_code(library_path, precision, emulate)
+        self.config = LinearArgs(threads, code).tensor()
+        self.gelu_config = LinearGeluArgs(threads, code, GELU_FORMS[form]).tensor()
+        self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
+                                lambda x, w, dy, c: (x, w))
+        self.gelu_backward = custom_op(library_path, "gptlocal_linear_gelu_bwd",
+                                     lambda x, w, h, dy, c: (x, w, [w[0]], h), lambda x, w, h, dy, c: (x, w, w, h))
+        self.gelu_forward = custom_op(library_path, "gptlocal_linear_gelu_fwd",
+                                    lambda x, w, b, c: ([x[0], w[0]], [x[0], w[0]]), lambda x, w, b, c: (x, x),
+                                    bprop=self._bprop_gelu)
+        self.residual_forward = custom_op(library_path, "gptlocal_linear_residual_fwd",
+                                        lambda x, w, b, r, c: r, lambda x, w, b, r, c: x, bprop=self._bprop_residual)
+        self.bias_grad = ops.ReduceSum()
+
+    def _bprop_gelu(self, x, weight, bias, config, out, dout):
+        dx, dweight, dbias, _ = self.gelu_backward(x, weight, out[1], dout[0], config)  # out[1]: h; _: dh
+        return dx, dweight, dbias, ops.zeros_like(config)
+
+    def _bprop_residual(self, x, weight, bias, residual, config, out, dout):
+        dx, dweight = self.backward(x, weight, dout, config)
+        return dx, dweight, self.bias_grad(dout, 0), dout, ops.zeros_like(config)
+
+    def gelu(self, x, weight, bias):
+        """x [T, K], w [N, K], b [N] -> gelu(x w^T + b) [T, N]."""
+        return self.gelu_forward(x, weight, bias, self.gelu_config)[0]
+
+    def residual(self, x, weight, bias, residual):
+        """x [T, K], w [N, K], b [N], residual [T, N] -> residual + x w^T + b."""
+        return self.residual_forward(x, weight, bias, residual, self.config)
+
+    def construct(self, x, weight, bias):
+        return self.gelu(x, weight, bias)
+
+
 def linear_gemm_kernel(dtype, **kwargs):
     """A ``CPULinearGEMM`` or None (after one warning) where it cannot run; ``dtype``: the graph's (float32),
     ``kwargs``: the Cell's (``precision``, ``threads``)."""
     path = float32_library(dtype, _warn_once)
     return None if path is None else CPULinearGEMM(path, **kwargs)
+
+
+def linear_epilogue_kernel(form, dtype, **kwargs):
+    """A ``CPULinearEpilogue`` for the GeLU ``form`` or None (after one warning) where it cannot run."""
+    path = float32_library(dtype, _warn_once)
+    return None if path is None else CPULinearEpilogue(path, form, **kwargs)

@@ -45,6 +45,9 @@ OPS = {
 }
 OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
                       "(kernels/linear_int8.py)")
+OPS["gemm_epilogue"] = ("the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels "
+                        "run: fc1 + bias + GeLU, fc2 + bias + the residual (kernels/linear.py CPULinearEpilogue); "
+                        "kernel only (auto: off, not measured faster yet)")
 MODES = ("auto", "kernel", "plain")
 # The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-02, AMD EPYC,
 # 2 threads, benchmarks/generate_throughput.py (ours-int8 vs ours-int8-plain-decode, ours vs ours-plain-decode), decode
@@ -239,6 +242,18 @@ class KernelProvider:
         if self.modes["linear"] == "kernel" or self.gemm_dtype == "bfloat16":
             return gemm, 0
         return gemm, HEAD_GEMM_ROWS if head else LINEAR_GEMM_ROWS
+
+    def gemm_epilogue(self, form, compute_dtype):
+        """The MLP's GEMM epilogues (``kernels/linear.py`` ``CPULinearEpilogue``: fc1 + bias + GeLU ``form``, fc2 +
+        bias + the residual, in ``gemm_dtype``'s precision) or None: under ``kernel``, float32 compute, where the
+        ``linear`` and ``bias_gelu`` kernels are chosen as well. The MLP runs them in the graphs where its Linears
+        run the GEMM kernel (``use_gemm`` with ``linear_gemm``'s rows), its unfused kernels elsewhere. ``auto``
+        leaves them off (not measured faster than the unfused kernels yet), ``plain`` too: the unfused graph."""
+        if compute_dtype != ms.float32 or self.modes["gemm_epilogue"] == "auto" or \
+                not all(self.uses(op) for op in ("gemm_epilogue", "linear", "bias_gelu")):
+            return None
+        from .linear import linear_epilogue_kernel  # pylint: disable=import-outside-toplevel
+        return linear_epilogue_kernel(form, compute_dtype, precision=self.gemm_dtype or "float32")
 
     def lora_dropout(self, plain, compute_dtype):
         """LoRA's input-dropout kernel for the counter dropout ``plain`` (0 < p < 1, float32), or None."""

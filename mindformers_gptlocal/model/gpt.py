@@ -14,6 +14,7 @@ returns ``(logits, labels, mask)`` laid out for a perplexity metric; predict ret
 Decoding runs the same ``GPTLocalModel.construct`` with per-layer caches (``kv_cache.py``, ``runtime/runner.py``).
 The parallel layout is read once (``config.layout``) and handed to placement, recompute and sharding.
 """
+import math
 import os
 
 import numpy as np
@@ -97,11 +98,13 @@ class GPTLocalEmbedding(nn.Cell):
 # The MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with ``gated_linear_unit`` (SwiGLU,
 # Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear. ``make_mlp`` picks the class, i.e.
 # the forward, once at build from the model's ``KernelProvider``: the plain ops, or a CPU kernel for bias + GeLU
-# (``kernels/norm_gelu.py``) or silu(gate) * up (``kernels/rms_swiglu.py``).
+# (``kernels/norm_gelu.py``) or silu(gate) * up (``kernels/rms_swiglu.py``), or with the bias + GeLU kernel the GEMM
+# epilogues (``kernels/linear.py`` CPULinearEpilogue: fc1's GEMM with the bias + GeLU, fc2's with the block's
+# residual) in the graphs where the Linears run the GEMM kernel.
 def make_mlp(config, layer_spec=None, kernels=None):
     """The MLP of one block: ``ParallelFeedForward`` (plain, not gated), ``GatedFeedForward``, or their kernel forms
-    ``BiasGeLUFeedForward`` (biased fc1, tanh or quick GeLU) and ``SwiGLUFeedForward`` where ``kernels`` gives the
-    kernel (CPU, float32, one rank)."""
+    ``BiasGeLUFeedForward`` (biased fc1, tanh or quick GeLU; ``EpilogueFeedForward`` where ``kernels`` gives the
+    GEMM epilogues too) and ``SwiGLUFeedForward`` where ``kernels`` gives the kernel (CPU, float32, one rank)."""
     kernels = kernels or kernel_provider(config)
     compute_dtype = to_mstype(config.compute_dtype)
     if config.arch.gated:
@@ -110,7 +113,12 @@ def make_mlp(config, layer_spec=None, kernels=None):
         return cls(config, layer_spec, kernels, kernel)
     form = gelu_form(config.hidden_act)
     kernel = kernels.bias_gelu(form, compute_dtype) if config.arch.bias and form is not None else None
-    return (ParallelFeedForward if kernel is None else BiasGeLUFeedForward)(config, layer_spec, kernels, kernel)
+    if kernel is None:
+        return ParallelFeedForward(config, layer_spec, kernels, kernel)
+    epilogue = kernels.gemm_epilogue(form, compute_dtype)
+    if epilogue is None:
+        return BiasGeLUFeedForward(config, layer_spec, kernels, kernel)
+    return EpilogueFeedForward(config, layer_spec, kernels, kernel, epilogue)
 
 
 def gelu_form(hidden_act):
@@ -163,6 +171,39 @@ class BiasGeLUFeedForward(ParallelFeedForward):
     def construct(self, hidden, dropout_step=None):
         y = self.linear_fc1(hidden, dropout_step)  # with LoRA on fc1: its low-rank update included
         return self.linear_fc2(self.bias_gelu(y, ops.cast(self.linear_fc1.bias, y.dtype)), dropout_step)
+
+
+class EpilogueFeedForward(BiasGeLUFeedForward):
+    """``BiasGeLUFeedForward`` with the GEMM epilogues (``cpu_kernels.gemm_epilogue``): in the graphs where its
+    Linears run the GEMM kernel (``use_gemm``: their static rows and the train flag, fixed at compile time) fc1 +
+    bias + GeLU is one node, and fc2 + bias one more, with the block's residual added in it when the block hands
+    it over (``residual``, ``GPTLocalBlock.mlp_residual``); in the other graphs, where fc1 or fc2 is not the
+    plain Linear (LoRA...) and where fc2 leaves its bias to the caller (a tensor-parallel rank's part in the CPU
+    proofs), ``BiasGeLUFeedForward``'s forward, then the residual's Add."""
+
+    def __init__(self, config, layer_spec=None, kernels=None, kernel=None, epilogue=None):
+        super().__init__(config, layer_spec, kernels, kernel)
+        # the plain Linear only (not LoRA's subclasses, whose update comes between the GEMM and its epilogue)
+        fits = all(type(linear) is Linear for linear in (self.linear_fc1, self.linear_fc2))
+        self.epilogue = epilogue if fits else None
+        self.add = ops.Add()
+
+    def construct(self, hidden, dropout_step=None, residual=None):
+        """``residual``: None, or the block's hidden [..., H], returned plus the MLP's output."""
+        fc1, fc2 = self.linear_fc1, self.linear_fc2
+        if self.epilogue is None or fc2.skip_bias_add or \
+                not use_gemm(fc1.gemm_rows, self.training, math.prod(hidden.shape[:-1])):
+            y = fc1(hidden, dropout_step)
+            y = fc2(self.bias_gelu(y, ops.cast(fc1.bias, y.dtype)), dropout_step)
+            return y if residual is None else self.add(residual, ops.cast(y, residual.dtype))
+        dtype = fc1.compute_dtype
+        x = ops.reshape(ops.cast(hidden, dtype), (-1, hidden.shape[-1]))
+        inner = self.epilogue.gelu(x, ops.cast(fc1.weight, dtype), ops.cast(fc1.bias, dtype))
+        if residual is None:
+            return fc2(ops.reshape(inner, hidden.shape[:-1] + (inner.shape[-1],)), dropout_step)
+        weight, bias = ops.cast(fc2.weight, dtype), ops.cast(fc2.bias, dtype)
+        rows = ops.reshape(residual, (-1, residual.shape[-1]))
+        return ops.reshape(self.epilogue.residual(inner, weight, bias, rows), residual.shape)
 
 
 class GatedFeedForward(ParallelFeedForward):
@@ -241,6 +282,11 @@ class GPTLocalBlock(nn.Cell):
         self.attention_adapter = layer_spec["attention_adapter"]() if "attention_adapter" in layer_spec else None
         self.mlp_adapter = layer_spec["mlp_adapter"]() if "mlp_adapter" in layer_spec else None
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
+        # build-time: the MLP adds the residual in fc2's GEMM (EpilogueFeedForward) where nothing comes between
+        # the MLP's output and that Add (no dropout, adapter, LayerDrop; the sequential residual)
+        self.mlp_residual = (isinstance(self.mlp, EpilogueFeedForward) and self.mlp.epilogue is not None and
+                             not config.hidden_dropout and self.mlp_adapter is None and self.layerdrop is None and
+                             not self.parallel_residual)
         # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
         # build-time: an int8 model's kernel also takes each weight's scales
@@ -277,6 +323,8 @@ class GPTLocalBlock(nn.Cell):
             hidden = self.add(hidden, attn)
         else:
             hidden = self.add(hidden, attn)
+            if self.mlp_residual:  # hidden + the MLP's output, added by the MLP (EpilogueFeedForward)
+                return self.mlp(self.post_attention_layernorm(hidden), dropout_step, hidden)
             mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
         mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
         if self.mlp_adapter is not None:
