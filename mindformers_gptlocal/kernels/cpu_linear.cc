@@ -20,6 +20,12 @@
 // without the ISA it needs) the block runs the emulation instead: the same rounded operands widened back to
 // float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 2 forces the emulation
 // (tests; gptlocal_linear_bf16_native says which one precision 1 gets on this CPU).
+//
+// gptlocal_linear_bf16w_fwd: x [T, K] float32, w [N, K] bfloat16, [b [N] float32,] args -> y [T, N] float32, the
+// forward of precision 1 or 2 above on a weight already held as bfloat16 (an inference build of a bf16 model:
+// model/layers.py Linear, kernels/provider.py bf16_weights): x is rounded per call as above, the weight is used as
+// it is (no conversion per call), so the numbers are those of gptlocal_linear_fwd on the float32 weight the bf16
+// one widens to. Inference only: no backward. precision 0 is refused (the call fails).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -82,6 +88,28 @@ int lin_threads(float requested, int64_t work) {  // a GEMM below ~256K multiply
   return work < (int64_t(1) << 18) ? 1 : threads;
 }
 
+// y [T, N] = x w^T (+ b): precision 0 the float32 w; 1, 2 (the bf16 GEMM, oneDNN's or emulated) w's bf16 bits
+// `wb` (x rounded here), the columns in `threads` blocks as above.
+void lin_forward(int threads, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
+                 const uint16_t *wb, const float *b, float *y) {
+  std::vector<uint16_t> xb;  // x as bf16 (precision 1, 2)
+  if (precision != 0 && K > 0) xb = lin_to_bf16(threads, x, T * K);
+  const bool native = precision == 1 && lin_bf16_native();
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+    if (b != nullptr) {
+      for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
+    } else if (K == 0) {
+      for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + n0, y + t * N + n1, 0.0f);
+    }
+    if (K == 0) return;
+    const float beta = b != nullptr ? 1.0f : 0.0f;
+    if (precision == 0) {
+      dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, beta, y + n0, N);
+    } else {
+      lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb + n0 * K, K, beta, y + n0, N);
+    }
+  });
+}
 
 }  // namespace
 
@@ -102,26 +130,35 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
   if (T == 0 || N == 0) return 0;
   const int threads = lin_threads(args->threads, T * N * std::max<int64_t>(K, 1));
   const int precision = static_cast<int>(args->precision);
-  std::vector<uint16_t> xb, wb;  // bf16 operands (precision 1, 2)
-  if (precision != 0 && K > 0) {
-    xb = lin_to_bf16(threads, x, T * K);
-    wb = lin_to_bf16(threads, w, N * K);
+  std::vector<uint16_t> wb;  // the weight as bf16, converted at every call (precision 1, 2)
+  if (precision != 0 && K > 0) wb = lin_to_bf16(threads, w, N * K);
+  lin_forward(threads, precision, T, N, K, x, w, wb.data(), b, y);
+  return 0;
+}
+
+extern "C" int gptlocal_linear_bf16w_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
+                                         const char **dtypes, void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  const bool has_bias = nparam == 5;
+  if (nparam != 4 && !has_bias) return 1;
+  for (int i = 0; i < nparam; ++i) {  // x, w, [b,] args, y: float32 but the weight
+    if (std::strcmp(dtypes[i], i == 1 ? "bfloat16" : "float32") != 0) return 1;
   }
-  const bool native = precision == 1 && lin_bf16_native();
-  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
-    if (b != nullptr) {
-      for (int64_t t = 0; t < T; ++t) std::copy(b + n0, b + n1, y + t * N + n0);
-    } else if (K == 0) {
-      for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + n0, y + t * N + n1, 0.0f);
-    }
-    if (K == 0) return;
-    const float beta = b != nullptr ? 1.0f : 0.0f;
-    if (precision == 0) {
-      dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, beta, y + n0, N);
-    } else {
-      lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb.data() + n0 * K, K, beta, y + n0, N);
-    }
-  });
+  if (ndims[0] != 2 || ndims[1] != 2) return 1;
+  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
+  const float *x = static_cast<const float *>(params[0]);
+  const uint16_t *wb = static_cast<const uint16_t *>(params[1]);
+  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
+  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
+  const int precision = static_cast<int>(args->precision);
+  if (precision != 1 && precision != 2) return 1;
+  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
+  if (T == 0 || N == 0) return 0;
+  const int threads = lin_threads(args->threads, T * N * std::max<int64_t>(K, 1));
+  lin_forward(threads, precision, T, N, K, x, nullptr, wb, b, y);
   return 0;
 }
 
