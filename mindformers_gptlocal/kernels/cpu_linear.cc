@@ -88,12 +88,37 @@ int lin_threads(float requested, int64_t work) {  // a GEMM below ~256K multiply
   return work < (int64_t(1) << 18) ? 1 : threads;
 }
 
-// y [T, N] = x w^T (+ b): precision 0 the float32 w; 1, 2 (the bf16 GEMM, oneDNN's or emulated) w's bf16 bits
-// `wb` (x rounded here), the columns in `threads` blocks as above.
-void lin_forward(int threads, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
-                 const uint16_t *wb, const float *b, float *y) {
-  std::vector<uint16_t> xb;  // x as bf16 (precision 1, 2)
-  if (precision != 0 && K > 0) xb = lin_to_bf16(threads, x, T * K);
+// The forward of gptlocal_linear_fwd (`bf16_weight` false: w float32, converted to bf16 at every call under
+// precision 1, 2) and of gptlocal_linear_bf16w_fwd (true: w already bf16 bits, precision 1 or 2 only):
+// y [T, N] = x w^T (+ b), x rounded to bf16 here under precision 1, 2, the columns in `threads` blocks as above.
+int lin_forward(bool bf16_weight, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  const bool has_bias = nparam == 5;
+  if (nparam != 4 && !has_bias) return 1;
+  for (int i = 0; i < nparam; ++i) {  // x, w, [b,] args, y: float32 but a bf16 weight
+    if (std::strcmp(dtypes[i], i == 1 && bf16_weight ? "bfloat16" : "float32") != 0) return 1;
+  }
+  if (ndims[0] != 2 || ndims[1] != 2) return 1;
+  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = bf16_weight ? nullptr : static_cast<const float *>(params[1]);
+  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
+  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
+  const int precision = static_cast<int>(args->precision);
+  if (bf16_weight && precision != 1 && precision != 2) return 1;
+  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
+  if (T == 0 || N == 0) return 0;
+  const int threads = lin_threads(args->threads, T * N * std::max<int64_t>(K, 1));
+  std::vector<uint16_t> xb, converted;  // x as bf16; a float32 weight as bf16, at every call (precision 1, 2)
+  const uint16_t *wb = bf16_weight ? static_cast<const uint16_t *>(params[1]) : nullptr;
+  if (precision != 0 && K > 0) {
+    xb = lin_to_bf16(threads, x, T * K);
+    if (!bf16_weight) {
+      converted = lin_to_bf16(threads, w, N * K);
+      wb = converted.data();
+    }
+  }
   const bool native = precision == 1 && lin_bf16_native();
   column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
     if (b != nullptr) {
@@ -109,6 +134,7 @@ void lin_forward(int threads, int precision, int64_t T, int64_t N, int64_t K, co
       lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb + n0 * K, K, beta, y + n0, N);
     }
   });
+  return 0;
 }
 
 }  // namespace
@@ -117,49 +143,14 @@ extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  const bool has_bias = nparam == 5;
-  if ((nparam != 4 && !has_bias) || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
-  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
-  if (T == 0 || N == 0) return 0;
-  const int threads = lin_threads(args->threads, T * N * std::max<int64_t>(K, 1));
-  const int precision = static_cast<int>(args->precision);
-  std::vector<uint16_t> wb;  // the weight as bf16, converted at every call (precision 1, 2)
-  if (precision != 0 && K > 0) wb = lin_to_bf16(threads, w, N * K);
-  lin_forward(threads, precision, T, N, K, x, w, wb.data(), b, y);
-  return 0;
+  return lin_forward(false, nparam, params, ndims, shapes, dtypes);
 }
 
 extern "C" int gptlocal_linear_bf16w_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
                                          const char **dtypes, void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  const bool has_bias = nparam == 5;
-  if (nparam != 4 && !has_bias) return 1;
-  for (int i = 0; i < nparam; ++i) {  // x, w, [b,] args, y: float32 but the weight
-    if (std::strcmp(dtypes[i], i == 1 ? "bfloat16" : "float32") != 0) return 1;
-  }
-  if (ndims[0] != 2 || ndims[1] != 2) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const uint16_t *wb = static_cast<const uint16_t *>(params[1]);
-  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
-  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  const int precision = static_cast<int>(args->precision);
-  if (precision != 1 && precision != 2) return 1;
-  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
-  if (T == 0 || N == 0) return 0;
-  const int threads = lin_threads(args->threads, T * N * std::max<int64_t>(K, 1));
-  lin_forward(threads, precision, T, N, K, x, nullptr, wb, b, y);
-  return 0;
+  return lin_forward(true, nparam, params, ndims, shapes, dtypes);
 }
 
 extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
