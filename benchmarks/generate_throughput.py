@@ -82,8 +82,8 @@ SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}, "ours-bf16-per-cal
 # gptlocal generate builds them (runtime/loader.py load_model: inference=True)
 TRAINING_BUILD = ("ours-bf16-per-call",)
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
-PRECISION = {"ours-bf16": "bf16", "ours-bf16-per-call": "bf16", "ours-int8": "int8", "ours-int8-plain-decode": "int8", "ct2-int8": "int8",
-             "ct2-bf16": "bf16"}  # else fp32
+PRECISION = {"ours-bf16": "bf16", "ours-bf16-per-call": "bf16", "ours-int8": "int8", "ours-int8-plain-decode": "int8",
+             "ct2-int8": "int8", "ct2-bf16": "bf16"}  # else fp32
 CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
 # --linear-kernel -> the kernels side's cpu_kernels of kernels_vs_plain (the plain side: {linear: plain})
 LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}

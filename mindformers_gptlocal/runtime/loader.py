@@ -53,8 +53,9 @@ def load_model(model_dir, device_target="CPU", compile_cache="off", cache_flag="
     """The model of a checked directory, ready for inference: MindSpore's mode (graph by default: MindSpore's own
     default is PyNative) and device set, ``GPTLocalForCausalLM.from_pretrained(model_dir, inference=True,
     **from_pretrained)`` (``layer_spec``, ``max_batch_size`` ...; built for inference only: a bf16 model's weights
-    held as bfloat16 on CPU, ``KernelProvider.bf16_weights``), eval mode, the compile cache attached as ``compile_cache`` (the
-    value of ``cache_flag``) says, within ``cache_days`` / ``cache_mb`` (None: its defaults)."""
+    held as bfloat16 on CPU, ``KernelProvider.bf16_weights``), eval mode, the compile cache attached as
+    ``compile_cache`` (the value of ``cache_flag``) says, within ``cache_days`` / ``cache_mb`` (None: its
+    defaults)."""
     from .graph_cache import attach, bounds
     bounds(cache_days, cache_mb)  # a bad bound: one line before anything is built
     import mindspore as ms
