@@ -594,12 +594,14 @@ class GPTLocalForCausalLM(nn.Cell):
                 return self.head_int8(hidden, self.output_layer.weight, self.output_layer.weight_scale)
             return self.head_int8(hidden, self.model.embedding.word_embeddings,
                                   self.model.embedding.word_embeddings_scale)
-        if self.untied:
+        if self.head_bf16:  # build-time: a bf16 table as held, for the kernel (every graph runs it then)
+            weight = self.output_layer.weight
+        elif self.untied:
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:
             weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
         if use_gemm(self.head_gemm_rows, self.training, batch * seq):  # fixed at compile time (layers.py)
-            logits = self.head_gemm(hidden, self.output_layer.weight if self.head_bf16 else weight)
+            logits = self.head_gemm(hidden, weight)
         else:
             logits = self.head_matmul(hidden, weight)
         return ops.cast(logits, ms.float32)

@@ -114,9 +114,10 @@ def load_weights(model, path):
 
 
 def save_weights(model, path):
-    """All model parameters to one safetensors file, written atomically."""
-    write_safetensors(path, {p.name: p.asnumpy() for p in model.get_parameters() if is_weight(p.name)},
-                      {"format": "gpt_local"})
+    """All model parameters to one safetensors file, written atomically (a bfloat16 Parameter of an inference build,
+    ``KernelProvider.bf16_weights``, widened exactly to float32: the writer takes numpy dtypes)."""
+    write_safetensors(path, {p.name: p.asnumpy().astype(np.float32) if p.dtype == ms.bfloat16 else p.asnumpy()
+                             for p in model.get_parameters() if is_weight(p.name)}, {"format": "gpt_local"})
 
 
 def save_model_dir(model, out_dir, tokenizer_dir=None):

@@ -18,6 +18,7 @@ from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
 from mindformers_gptlocal.model.layers import Linear
 from mindformers_gptlocal.quantize import quantize_model
 from mindformers_gptlocal.runtime.loader import load_model
+from mindformers_gptlocal.safetensors_io import read_safetensors
 from conftest import save_tiny_base
 
 ODD = dict(hidden_size=72, intermediate_size=200)  # qkv 216, fc1 200, fc2 / proj 72: no multiple of 16
@@ -100,9 +101,10 @@ def _pair(model_dir, **overrides):
 
 
 @pytest.mark.parametrize("case", ["tied", "untied", "fp32_converted_at_load"])
-def test_bf16_weights_model_equals_todays_bf16_path(dirs, graph_mode, case):
+def test_bf16_weights_model_equals_todays_bf16_path(dirs, graph_mode, case, tmp_path):
     """The inference build's logits (T 1 and 7) and greedy tokens (tied) equal today's bf16 path's (float32 Parameters),
-    its Linears (and an untied head) hold bf16 weights that do not train: half the bytes."""
+    its Linears (and an untied head) hold bf16 weights that do not train: half the bytes; save_pretrained writes them
+    widened to float32."""
     if case == "fp32_converted_at_load":  # a float32 directory, compute_dtype bfloat16 asked for: rounded once
         today, held = _pair(dirs["tied_fp32"], compute_dtype="bfloat16")
     else:
@@ -114,6 +116,10 @@ def test_bf16_weights_model_equals_todays_bf16_path(dirs, graph_mode, case):
     assert held_bytes * 2 == today_bytes
     if case == "untied":
         assert held.output_layer.weight.dtype == ms.bfloat16 and today.output_layer.weight.dtype == ms.float32
+        held.save_pretrained(str(tmp_path))  # written widened to float32, exactly: today's Parameters' values
+        saved = read_safetensors(str(tmp_path / "model.safetensors"))
+        for param in today.get_parameters():
+            np.testing.assert_array_equal(saved[param.name], param.asnumpy(), err_msg=param.name)
     else:  # the tied table is the token lookup's too: kept float32
         assert held.model.embedding.word_embeddings.dtype == ms.float32
     name = "model.layers.1.mlp.linear_fc1.weight"
