@@ -22,6 +22,7 @@ from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
 from ..errors import CheckpointError
+from ..safetensors_io import to_bfloat16_bits
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
@@ -33,7 +34,7 @@ from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
-from .params import DROPOUT_STEP
+from .params import DROPOUT_STEP, HEAD_TABLE
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -515,8 +516,13 @@ class GPTLocalForCausalLM(nn.Cell):
         self.compute_dtype = to_mstype(graph.compute_dtype)
         self.head_matmul = plain_matmul(self.model.kernels)
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
-        # (an untied bf16 head table: the kernel takes it as held; the tied table stays float32, the lookup's too)
-        self.head_bf16 = self.untied and kernels.bf16_weights
+        # bf16 weights (kernels.bf16_weights): the kernel takes the head's table as held, an untied head's own or,
+        # for a tied head, a bfloat16 copy of the token table (which stays float32: the lookup's), made here and at
+        # load (refresh_head_table), never saved
+        self.head_bf16 = kernels.bf16_weights
+        if self.head_bf16 and not self.untied:
+            self.head_table = bf16_parameter((config.vocab_size, config.hidden_size), HEAD_TABLE)
+            self.refresh_head_table()
         self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True,
                                                                              bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
@@ -541,7 +547,16 @@ class GPTLocalForCausalLM(nn.Cell):
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
         """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder."""
-        return load_weights(self, path)
+        path = load_weights(self, path)
+        self.refresh_head_table()
+        return path
+
+    def refresh_head_table(self):
+        """A tied head's bf16 copy of the token table (``head_table``: bf16 weights, kernels.bf16_weights) made
+        again from the table, rounded to nearest even; nothing for any other model."""
+        if self.head_bf16 and not self.untied:
+            bits = self.head_table.asnumpy().view(np.uint16)  # asnumpy shares the Parameter's memory on CPU
+            bits[...] = to_bfloat16_bits(self.model.embedding.word_embeddings.asnumpy())
 
     @classmethod
     def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, inference=False, **overrides):
@@ -595,7 +610,7 @@ class GPTLocalForCausalLM(nn.Cell):
             return self.head_int8(hidden, self.model.embedding.word_embeddings,
                                   self.model.embedding.word_embeddings_scale)
         if self.head_bf16:  # build-time: a bf16 table as held, for the kernel (every graph runs it then)
-            weight = self.output_layer.weight
+            weight = self.output_layer.weight if self.untied else self.head_table
         elif self.untied:
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:

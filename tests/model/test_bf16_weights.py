@@ -4,7 +4,8 @@ head's weights as bfloat16 once, and the GEMM kernel takes them so (``cpu_linear
 
 Checked by value against today's bf16 path (float32 weights rounded at every GEMM, precision 1 and 2): the kernel
 alone on odd shapes (T 1, 7, 33; N, K not multiples of 16), with and without the bias; a tiny bf16 model directory
-(tied and untied, widths not multiples of 16) and a float32 one with compute_dtype bfloat16 converted at load: the
+(tied: the head on a bf16 copy of the float32 token table; untied; widths not multiples of 16) and a float32 one
+with compute_dtype bfloat16 converted at load: the
 same logits at T 1 and 7 and the same greedy tokens; the Linears' weight bytes halved; ``cpu_kernels: plain`` on
 the bf16 weights; the provider's rule (inference builds with bf16 GEMMs only; training keeps float32 weights)."""
 import numpy as np
@@ -116,12 +117,17 @@ def test_bf16_weights_model_equals_todays_bf16_path(dirs, graph_mode, case, tmp_
     assert held_bytes * 2 == today_bytes
     if case == "untied":
         assert held.output_layer.weight.dtype == ms.bfloat16 and today.output_layer.weight.dtype == ms.float32
-        held.save_pretrained(str(tmp_path))  # written widened to float32, exactly: today's Parameters' values
+    else:  # the tied table is the token lookup's too: kept float32, the head its bf16 copy (rounded, nearest even)
+        table = held.model.embedding.word_embeddings
+        assert table.dtype == ms.float32 and held.head_table.dtype == ms.bfloat16 and not held.head_table.requires_grad
+        np.testing.assert_array_equal(held.head_table.asnumpy().astype(np.float32),
+                                      Tensor(table.asnumpy()).astype(ms.bfloat16).astype(ms.float32).asnumpy())
+    if case != "fp32_converted_at_load":
+        held.save_pretrained(str(tmp_path))  # bf16 Parameters widened to float32, exactly; no head_table
         saved = read_safetensors(str(tmp_path / "model.safetensors"))
+        assert sorted(saved) == sorted(p.name for p in today.get_parameters())
         for param in today.get_parameters():
             np.testing.assert_array_equal(saved[param.name], param.asnumpy(), err_msg=param.name)
-    else:  # the tied table is the token lookup's too: kept float32
-        assert held.model.embedding.word_embeddings.dtype == ms.float32
     name = "model.layers.1.mlp.linear_fc1.weight"
     held_w, today_w = (dict((p.name, p) for p in m.get_parameters())[name] for m in (held, today))
     np.testing.assert_array_equal(held_w.asnumpy().astype(np.float32), ms.Tensor(today_w.asnumpy()).astype(
