@@ -16,8 +16,9 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
   bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
   kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do. A build
   for inference (``inference``: ``runtime/loader.py`` ``load_model``, what generate, chat, serve and eval build)
-  with those bf16 GEMMs through the GEMM kernel holds the Linears' and an untied head's weights as bfloat16 once
-  (``bf16_weights``; the kernel takes them as they are), the same numbers as the float32 weights rounded at every
+  with those bf16 GEMMs through the GEMM kernel holds the Linears' and the head's weights as bfloat16 once
+  (``bf16_weights``; a tied head a bf16 copy of the float32 token table; the kernel takes them as they are), the
+  same numbers as the float32 weights rounded at every
   GEMM; training builds and the plain path keep float32 weights.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
@@ -182,7 +183,8 @@ class KernelProvider:
 
     @functools.cached_property
     def bf16_weights(self):
-        """True where the Linears and an untied head hold bfloat16 weights: an inference build whose GEMMs run in
+        """True where the Linears and the head hold bfloat16 weights (a tied head a bf16 copy of the float32 token
+        table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in
         bf16 through the GEMM kernel (they round the weight anyway, so holding it rounded changes no number; the
         kernel takes it as held). Training builds keep float32 weights; so does the plain path (``linear: plain``
         or no library): MindSpore 2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the
