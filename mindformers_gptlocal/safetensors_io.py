@@ -113,10 +113,10 @@ WRITABLE = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
 
 def to_bfloat16_bits(array):
     """float32 -> the upper 16 bits of its bfloat16 rounding (nearest, ties to even), as uint16 (NaN kept NaN)."""
-    bits = np.ascontiguousarray(array, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    nan = np.isnan(np.asarray(array, np.float32))
-    return np.where(nan, 0x7FC0, rounded).astype(np.uint16)
+    array = np.ascontiguousarray(array, np.float32)
+    bits = array.view(np.uint32)  # uint32 sums wrap only for NaN bit patterns, replaced below
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(array), np.uint16(0x7FC0), rounded)
 
 
 class SafetensorsReader:

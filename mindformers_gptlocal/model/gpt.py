@@ -556,7 +556,9 @@ class GPTLocalForCausalLM(nn.Cell):
         again from the table, rounded to nearest even; nothing for any other model."""
         if self.head_bf16 and not self.untied:
             bits = self.head_table.asnumpy().view(np.uint16)  # asnumpy shares the Parameter's memory on CPU
-            bits[...] = to_bfloat16_bits(self.model.embedding.word_embeddings.asnumpy())
+            table = self.model.embedding.word_embeddings.asnumpy()
+            for start in range(0, len(table), 4096):  # in row blocks: the rounding's temporaries stay small
+                bits[start:start + 4096] = to_bfloat16_bits(table[start:start + 4096])
 
     @classmethod
     def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, inference=False, **overrides):
