@@ -37,7 +37,10 @@ Precision sides (``python benchmarks/run.py precision --part generate``):
 
     python benchmarks/generate_throughput.py --sides ours,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf
 
-``ours-bf16``: ours with ``from_pretrained(dir, compute_dtype="bfloat16")``; ``ours-int8``: the model directory
+``ours-bf16``: ours with ``from_pretrained(dir, compute_dtype="bfloat16")``, built for inference as every ours side
+(``inference=True``, as ``gptlocal generate`` builds it: the Linears' weights held as bfloat16 once);
+``ours-bf16-per-call``: the same built as training builds it (float32 Parameters, the weight rounded to bf16 at every
+GEMM: the path before bf16 weights, for an A/B); ``ours-int8``: the model directory
 ``mindformers_gptlocal.quantize.quantize_model(dir, out, "int8")`` writes (``gptlocal quantize``). ``ct2-*``:
 CTranslate2 (the ``bench`` extra: ``ctranslate2==4.8.5``) on the same random HF GPT-2, converted per precision with
 its own ``TransformersConverter`` (a word-level tokenizer of the model's vocabulary is saved beside a link to the HF
@@ -67,6 +70,7 @@ PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
 SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-kernel", "ours-cached", "ours-bf16",
+         "ours-bf16-per-call",
          "ours-int8", "ours-int8-plain-decode", "hf", *CT2_SIDES)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
 # ours-plain-decode: the decode step's plain graph, not the decode-layer kernel; ours-decode-kernel: the decode-layer
@@ -76,10 +80,13 @@ SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decod
                 "ours-decode-kernel": {"decode_layer": "kernel"},
                 "ours-int8-plain-decode": {"decode_layer": "plain"}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
-SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}}
+SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}, "ours-bf16-per-call": {"compute_dtype": "bfloat16"}}
+# the ours sides not built for inference (from_pretrained's inference=False: float32 Parameters); the others as
+# gptlocal generate builds them (runtime/loader.py load_model: inference=True)
+TRAINING_BUILD = ("ours-bf16-per-call",)
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
-PRECISION = {"ours-bf16": "bf16", "ours-int8": "int8", "ours-int8-plain-decode": "int8", "ct2-int8": "int8",
-             "ct2-bf16": "bf16"}  # else fp32
+PRECISION = {"ours-bf16": "bf16", "ours-bf16-per-call": "bf16", "ours-int8": "int8", "ours-int8-plain-decode": "int8",
+             "ct2-int8": "int8", "ct2-bf16": "bf16"}  # else fp32
 CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
 # --linear-kernel -> the kernels side's cpu_kernels of kernels_vs_plain (the plain side: {linear: plain})
 LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}
@@ -244,6 +251,7 @@ def worker(side, work, shape, batch, threads, recompute):
             model_dir = os.path.join(work, shape + ("_int8" if side.startswith("ours-int8") else "_ms"))
             kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
             model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels,
+                                                        inference=side not in TRAINING_BUILD,
                                                         **SIDE_OVERRIDES.get(side, {}))
         if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
             from mindformers_gptlocal.runtime.graph_cache import attach
@@ -335,6 +343,7 @@ def main():
                              "{decode_layer: kernel}: the float32 model's decode-layer kernel), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
+                             "ours-bf16-per-call (the same, float32 weights rounded at every GEMM), "
                              "ours-int8 (a quantize_model int8 directory), ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 "
                              "(CTranslate2, the bench extra)")
     parser.add_argument("--kernels-vs-plain", action="store_true",

@@ -8,7 +8,9 @@
   and the position table stay float32; ``config.json`` gains ``"quantization": QUANTIZATION`` (and computes in
   float32: a Linear quantizes its input per row on the fly, ``kernels/cpu_linear_int8.cc``).
 - ``dtype="bfloat16"``: every floating tensor as bfloat16 (rounded to nearest even), ``config.json``
-  ``compute_dtype: "bfloat16"``; the loader widens the weights into the model's float32 Parameters exactly.
+  ``compute_dtype: "bfloat16"``; an inference build (generate, chat, serve, eval) reads the bits into its bfloat16
+  Linear and untied-head weights as they are, every other tensor (and every tensor of a training build) is widened
+  into float32 Parameters exactly (``model/weights.py`` ``load_weights``).
 
 The tokenizer files and the ``tokenizer_id`` are copied. Refused with one line, nothing written: an unknown dtype,
 a folder without config.json or weights, an already quantized (int8 or bfloat16) model, an ``out_dir`` that holds
@@ -25,19 +27,11 @@ from .errors import CheckpointError, ConfigError
 from .model.params import layer_of
 from .model.quantization import QUANTIZATION, is_quantized_name, quantize_rows, read_quantization, scale_name
 from .safetensors_io import (DTYPES as DTYPES_STORED, CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, SafetensorsReader,
-                             write_safetensors_streamed)
+                             to_bfloat16_bits, write_safetensors_streamed)
 from .staging import write_folder
 from .tokenizer_id import ID_FILE
 
 DTYPES = ("int8", "bfloat16")
-
-
-def to_bfloat16_bits(array):
-    """float32 -> the upper 16 bits of its bfloat16 rounding (nearest, ties to even), as uint16 (NaN kept NaN)."""
-    bits = np.ascontiguousarray(array, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    nan = np.isnan(np.asarray(array, np.float32))
-    return np.where(nan, 0x7FC0, rounded).astype(np.uint16)
 
 
 def _source(model_dir, dtype):

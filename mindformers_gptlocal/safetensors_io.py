@@ -102,12 +102,21 @@ def tensor_shapes(path):
 
 
 # safetensors dtype -> numpy dtype of the stored bytes. BF16 (numpy has none) is stored as its upper 16 bits
-# and read widened to float32 exactly (``SafetensorsReader.get``); written only by ``write_safetensors_streamed``
-# from those bits (a plan entry of dtype "BF16": ``gptlocal quantize --dtype bfloat16``).
+# and read widened to float32 exactly (``SafetensorsReader.get``) or as those bits (``read_bf16_into``: a bfloat16
+# Parameter's memory); written only by ``write_safetensors_streamed`` from those bits (a plan entry of dtype
+# "BF16": ``gptlocal quantize --dtype bfloat16``; ``to_bfloat16_bits``).
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
           "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
 WRITABLE = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
+
+
+def to_bfloat16_bits(array):
+    """float32 -> the upper 16 bits of its bfloat16 rounding (nearest, ties to even), as uint16 (NaN kept NaN)."""
+    array = np.ascontiguousarray(array, np.float32)
+    bits = array.view(np.uint32)  # uint32 sums wrap only for NaN bit patterns, replaced below
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(array), np.uint16(0x7FC0), rounded)
 
 
 class SafetensorsReader:
@@ -171,6 +180,16 @@ class SafetensorsReader:
             return False
         self._read(name, info, memoryview(target).cast("B"))
         return True
+
+
+    def read_bf16_into(self, name, bits):
+        """The tensor as bfloat16 bits into the uint16 array ``bits`` (a bfloat16 Parameter's memory, same shape):
+        a BF16 tensor read straight in, any other read and rounded to nearest even (``to_bfloat16_bits``)."""
+        info, _ = self._stored(name)
+        if info["dtype"] == "BF16" and bits.flags["C_CONTIGUOUS"]:
+            self._read(name, info, memoryview(bits).cast("B"))
+        else:
+            bits[...] = to_bfloat16_bits(self.get(name))
 
 
 def read_safetensors(path):

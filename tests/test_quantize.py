@@ -14,8 +14,8 @@ from mindformers_gptlocal.cli.main import main
 from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
 from mindformers_gptlocal.model.quantization import QUANTIZATION, dequantize_rows
-from mindformers_gptlocal.quantize import quantize_model, to_bfloat16_bits
-from mindformers_gptlocal.safetensors_io import SafetensorsReader, read_safetensors
+from mindformers_gptlocal.quantize import quantize_model
+from mindformers_gptlocal.safetensors_io import SafetensorsReader, read_safetensors, to_bfloat16_bits
 from conftest import save_tiny_base
 
 WIDER = dict(vocab_size=2048, hidden_size=128)  # the token table ~40% of the weights (GPT-2 small: 31%)

@@ -57,7 +57,8 @@ SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNd
 SOURCES += tuple(os.path.join(HERE, name) for name in ("cpu_rms_swiglu.cc", "cpu_linear.cc"))  # + .py Cells
 SYMBOLS += ("gptlocal_rmsnorm_fwd", "gptlocal_rmsnorm_bwd", "gptlocal_swiglu_fwd", "gptlocal_swiglu_bwd",
             "gptlocal_linear_fwd", "gptlocal_linear_bwd", "gptlocal_linear_fwd_bias", "gptlocal_linear_bf16_native",
-            "gptlocal_linear_gelu_fwd", "gptlocal_linear_gelu_bwd", "gptlocal_linear_residual_fwd")
+            "gptlocal_linear_gelu_fwd", "gptlocal_linear_gelu_bwd", "gptlocal_linear_residual_fwd",
+            "gptlocal_linear_bf16w_fwd")
 SOURCES += (os.path.join(HERE, "cpu_decode_layer.cc"),)  # the decode step's layer (decode_layer.py)
 SYMBOLS += ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd")
 SOURCES += (os.path.join(HERE, "cpu_linear_int8.cc"),)  # an int8 model's Linear (linear_int8.py)

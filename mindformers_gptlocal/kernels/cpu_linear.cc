@@ -27,6 +27,12 @@
 // without the ISA it needs) the block runs the emulation instead: the same rounded operands widened back to
 // float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 2 forces the emulation
 // (tests; gptlocal_linear_bf16_native says which one precision 1 gets on this CPU).
+//
+// gptlocal_linear_bf16w_fwd: x [T, K] float32, w [N, K] bfloat16, [b [N] float32,] args -> y [T, N] float32, the
+// forward of precision 1 or 2 above on a weight already held as bfloat16 (an inference build of a bf16 model:
+// model/layers.py Linear, kernels/provider.py bf16_weights): x is rounded per call as above, the weight is used as
+// it is (no conversion per call), so the numbers are those of gptlocal_linear_fwd on the float32 weight the bf16
+// one widens to. Inference only: no backward. precision 0 is refused (the call fails).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -92,16 +98,21 @@ int lin_threads(float requested, int64_t work) {  // a GEMM below ~256K multiply
 
 // y [T, N] = x w^T over column blocks, each block's GEMM accumulating onto what `init(n0, n1)` wrote there (beta
 // 1: the bias rows, or residual + bias) and, when `init` is null, onto zeros (beta 0); then `epilogue(n0, n1)` on
-// the block just written (the GeLU), while it is the last thing this thread touched. precision: LinearArgs'.
+// the block just written (the GeLU), while it is the last thing this thread touched. precision: LinearArgs'; w_bf16:
+// the weight already as bf16 bits (gptlocal_linear_bf16w_fwd; precision 1, 2), else null (w converted per call).
 template <class Init, class Epilogue>
 void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
-                 float *y, const Init *init, const Epilogue &epilogue) {
+                 const uint16_t *w_bf16, float *y, const Init *init, const Epilogue &epilogue) {
   if (T == 0 || N == 0) return;
   const int threads = lin_threads(requested, T * N * std::max<int64_t>(K, 1));
-  std::vector<uint16_t> xb, wb;  // bf16 operands (precision 1, 2)
+  std::vector<uint16_t> xb, converted;  // x as bf16; a float32 weight as bf16, at every call (precision 1, 2)
+  const uint16_t *wb = w_bf16;
   if (precision != 0 && K > 0) {
     xb = lin_to_bf16(threads, x, T * K);
-    wb = lin_to_bf16(threads, w, N * K);
+    if (wb == nullptr) {
+      converted = lin_to_bf16(threads, w, N * K);
+      wb = converted.data();
+    }
   }
   const bool native = precision == 1 && lin_bf16_native();
   column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
@@ -115,7 +126,7 @@ void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K
       if (precision == 0) {
         dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, beta, y + n0, N);
       } else {
-        lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb.data() + n0 * K, K, beta, y + n0, N);
+        lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb + n0 * K, K, beta, y + n0, N);
       }
     }
     epilogue(n0, n1);
@@ -198,26 +209,46 @@ VEC_CLONES void gelu_grad_block(const float *h, const float *dy, float *dh, floa
 
 const auto kNoEpilogue = [](int64_t, int64_t) {};
 
+// The forward of gptlocal_linear_fwd (`bf16_weight` false: w float32, converted to bf16 at every call under
+// precision 1, 2) and of gptlocal_linear_bf16w_fwd (true: w already bf16 bits, precision 1 or 2 only):
+// y [T, N] = x w^T (+ b), x rounded to bf16 here under precision 1, 2, the columns in `threads` blocks as above.
+int lin_forward_call(bool bf16_weight, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  const bool has_bias = nparam == 5;
+  if (nparam != 4 && !has_bias) return 1;
+  for (int i = 0; i < nparam; ++i) {  // x, w, [b,] args, y: float32 but a bf16 weight
+    if (std::strcmp(dtypes[i], i == 1 && bf16_weight ? "bfloat16" : "float32") != 0) return 1;
+  }
+  if (ndims[0] != 2 || ndims[1] != 2) return 1;
+  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = bf16_weight ? nullptr : static_cast<const float *>(params[1]);
+  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
+  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
+  if (args == nullptr) return 1;
+  const int precision = static_cast<int>(args->precision);
+  if (bf16_weight && precision != 1 && precision != 2) return 1;
+  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
+  const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, y, T, N, n0, n1); };
+  const uint16_t *w_bf16 = bf16_weight ? static_cast<const uint16_t *>(params[1]) : nullptr;
+  lin_forward(args->threads, precision, T, N, K, x, w, w_bf16, y, has_bias ? &bias : nullptr, kNoEpilogue);
+  return 0;
+}
+
 }  // namespace
 
 extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                    void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  const bool has_bias = nparam == 5;
-  if ((nparam != 4 && !has_bias) || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
-  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
-  const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, y, T, N, n0, n1); };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, y, has_bias ? &bias : nullptr,
-              kNoEpilogue);
-  return 0;
+  return lin_forward_call(false, nparam, params, ndims, shapes, dtypes);
+}
+
+extern "C" int gptlocal_linear_bf16w_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
+                                         const char **dtypes, void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  return lin_forward_call(true, nparam, params, ndims, shapes, dtypes);
 }
 
 extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -254,7 +285,7 @@ extern "C" int gptlocal_linear_gelu_fwd(int nparam, void **params, int *ndims, i
   float *h = static_cast<float *>(params[5]);
   const bool quick = args->form != 0.0f;
   const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, h, T, N, n0, n1); };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, h, &bias,
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, nullptr, h, &bias,
               [&](int64_t n0, int64_t n1) { gelu_block(h, y, T, N, n0, n1, quick); });
   return 0;
 }
@@ -313,7 +344,8 @@ extern "C" int gptlocal_linear_residual_fwd(int nparam, void **params, int *ndim
       for (int64_t n = n0; n < n1; ++n) yr[n] = r[n] + b[n];
     }
   };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, y, &residual_rows, kNoEpilogue);
+  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, nullptr, y, &residual_rows,
+              kNoEpilogue);
   return 0;
 }
 

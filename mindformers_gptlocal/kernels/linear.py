@@ -11,6 +11,10 @@ reference.
 and both backward, bf16 x bf16 with float32 accumulation and output, oneDNN's ``dnnl_gemm_bf16bf16f32``; where this
 CPU has no bf16 GEMM the kernel emulates it, the same rounding and float32 sums, and ``bf16_native`` says so in one
 line per process); ``emulate=True`` forces the emulation (tests).
+
+``bf16_weights=True`` (precision "bfloat16" only): the Cell takes the weight as a bfloat16 tensor, held so once (an
+inference build of a bf16 model, ``KernelProvider.bf16_weights``), and runs ``gptlocal_linear_bf16w_fwd``: the same
+forward numbers without converting the weight at every call; inference only (no bprop).
 """
 import ctypes
 import functools
@@ -55,20 +59,29 @@ def precision_code(library_path, precision, emulate=False):
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
     ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``layers.BF16MatMul``
-    (x and w rounded to bfloat16; the gradients from dy rounded too)."""
+    (x and w rounded to bfloat16; the gradients from dy rounded too); with ``bf16_weights`` w is bfloat16 and there
+    is no backward."""
 
-    def __init__(self, library_path, threads=None, precision="float32", emulate=False):
+    def __init__(self, library_path, threads=None, precision="float32", emulate=False, bf16_weights=False):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
         self.precision = precision
+        if bf16_weights and precision != "bfloat16":
+            raise ValueError("CPULinearGEMM bf16_weights takes precision 'bfloat16'")
         self.config = LinearArgs(threads, precision_code(library_path, precision, emulate)).tensor()
+        self.bias_grad = ops.ReduceSum()
+        if bf16_weights:  # one symbol without and with the bias: no bprop to key by it
+            self.forward = custom_op(library_path, "gptlocal_linear_bf16w_fwd", lambda x, w, c: [x[0], w[0]],
+                                     lambda x, w, c: x)
+            self.forward_bias = custom_op(library_path, "gptlocal_linear_bf16w_fwd",
+                                          lambda x, w, b, c: [x[0], w[0]], lambda x, w, b, c: x)
+            return
         self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
                                 lambda x, w, dy, c: (x, w))
         self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
                                lambda x, w, c: x, bprop=self._bprop)
         self.forward_bias = custom_op(library_path, "gptlocal_linear_fwd_bias", lambda x, w, b, c: [x[0], w[0]],
                                     lambda x, w, b, c: x, bprop=self._bprop_bias)
-        self.bias_grad = ops.ReduceSum()
 
     def _bprop(self, x, weight, config, out, dout):
         dx, dweight = self.backward(x, weight, dout, config)
@@ -129,7 +142,7 @@ class CPULinearEpilogue(nn.Cell):
 
 def linear_gemm_kernel(dtype, **kwargs):
     """A ``CPULinearGEMM`` or None (after one warning) where it cannot run; ``dtype``: the graph's (float32),
-    ``kwargs``: the Cell's (``precision``, ``threads``)."""
+    ``kwargs``: the Cell's (``precision``, ``threads``, ``bf16_weights``)."""
     path = float32_library(dtype, _warn_once)
     return None if path is None else CPULinearGEMM(path, **kwargs)
 

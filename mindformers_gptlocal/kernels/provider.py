@@ -14,12 +14,18 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
   ``bfloat16`` model computes in float32 between ops (``graph_dtype``) and runs its GEMMs (every Linear, forward and
   both backward GEMMs, and the head) bf16 x bf16 with float32 accumulation (``gemm_dtype``: the GEMM kernel in
   bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
-  kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do.
+  kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do. A build
+  for inference (``inference``: ``runtime/loader.py`` ``load_model``, what generate, chat, serve and eval build)
+  with those bf16 GEMMs through the GEMM kernel holds the Linears' and the head's weights as bfloat16 once
+  (``bf16_weights``; a tied head a bf16 copy of the float32 token table; the kernel takes them as they are), the
+  same numbers as the float32 weights rounded at every
+  GEMM; training builds and the plain path keep float32 weights.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
 warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel; the
 retired ``GPTLOCAL_*`` kernel switches, when set, print one line naming their config key (``retired_switches``).
 """
+import functools
 import sys
 
 import mindspore as ms
@@ -134,27 +140,29 @@ def plain_cpu_kernels(value):
 class KernelProvider:
     """The model's kernel choices. ``cpu_kernels``: the config value (``read_cpu_kernels``); ``parallel``: the build
     is semi-auto/auto parallel; ``device_target``: None reads MindSpore's context; ``compute_dtype``: the config's
-    (``gemm_dtype``).
+    (``gemm_dtype``); ``inference``: the model is built for inference only (``bf16_weights``).
 
     Each op's method returns its kernel Cell (or, for ``linear_gemm``, the Cell and its rows) or None, the plain
     path; ``uses(op)`` says whether the op's kernel is chosen at all (before dtypes and the library)."""
 
-    def __init__(self, cpu_kernels="auto", parallel=False, device_target=None, compute_dtype="float32"):
+    def __init__(self, cpu_kernels="auto", parallel=False, device_target=None, compute_dtype="float32",
+                 inference=False):
         retired_switches()
         self.modes = read_cpu_kernels(cpu_kernels)
         self.device_target = device_target or ms.get_context("device_target")
         self.parallel = bool(parallel)
         self.gemm_dtype = self._gemm_dtype(dtype_name(compute_dtype))
+        self.inference = bool(inference)
 
     @classmethod
-    def from_config(cls, config, parallel=False):
+    def from_config(cls, config, parallel=False, inference=False):
         """The provider of a ``GPTLocalConfig`` (its ``cpu_kernels`` and ``compute_dtype``) for a build that is or
-        is not ``parallel``."""
-        return cls(config.cpu_kernels, parallel, compute_dtype=config.compute_dtype)
+        is not ``parallel``, and is or is not for ``inference`` only."""
+        return cls(config.cpu_kernels, parallel, compute_dtype=config.compute_dtype, inference=inference)
 
     def __repr__(self):
         return (f"KernelProvider({self.modes!r}, parallel={self.parallel}, device_target={self.device_target!r}, "
-                f"gemm_dtype={self.gemm_dtype!r})")
+                f"gemm_dtype={self.gemm_dtype!r}, inference={self.inference})")
 
     # --- precision: the one rule of which dtype runs where --------------------------------------------------
     def graph_dtype(self, dtype):
@@ -175,6 +183,19 @@ class KernelProvider:
                        "in float32 (bf16 GEMMs on CPU are for single-device builds).")
             return None
         return "bfloat16"
+
+    @functools.cached_property
+    def bf16_weights(self):
+        """True where the Linears and the head hold bfloat16 weights (a tied head a bf16 copy of the float32 token
+        table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in
+        bf16 through the GEMM kernel (they round the weight anyway, so holding it rounded changes no number; the
+        kernel takes it as held). Training builds keep float32 weights; so does the plain path (``linear: plain``
+        or no library): MindSpore 2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the
+        plain KV write, ScatterNdUpdate), which has no bfloat16 kernel there."""
+        if not (self.inference and self.gemm_dtype == "bfloat16" and self.uses("linear")):
+            return False
+        from . import build  # pylint: disable=import-outside-toplevel
+        return build.library()[0] is not None
 
     def mode(self, op):
         return self.modes[op]
@@ -226,17 +247,18 @@ class KernelProvider:
         from .rms_swiglu import swiglu_kernel  # pylint: disable=import-outside-toplevel
         return swiglu_kernel(compute_dtype)
 
-    def linear_gemm(self, compute_dtype, head=False):
+    def linear_gemm(self, compute_dtype, head=False, bf16_weights=False):
         """(the GEMM kernel Cell, the rows from which a graph runs it) or (None, None): float32 compute; ``auto``
         from ``LINEAR_GEMM_ROWS`` (``HEAD_GEMM_ROWS`` for the head) rows in inference graphs, where it measured
         faster (prefill, eval; not the few-row decode step, not training), ``kernel`` in every graph (rows 0,
         training too). With ``gemm_dtype`` bfloat16 the kernel runs bf16 GEMMs, in every graph under ``auto``
         too (MindSpore's CPU MatMul has no bf16; the emulation, ``BF16MatMul``, is slower). The rule per graph:
-        ``use_gemm``."""
+        ``use_gemm``. ``bf16_weights``: the caller's weight is held as bfloat16 (``self.bf16_weights``), so the
+        Cell takes it so (the inference-only forward of ``kernels/linear.py``)."""
         if compute_dtype != ms.float32 or not self.uses("linear"):
             return None, None
         from .linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel
-        gemm = linear_gemm_kernel(compute_dtype, precision=self.gemm_dtype or "float32")
+        gemm = linear_gemm_kernel(compute_dtype, precision=self.gemm_dtype or "float32", bf16_weights=bf16_weights)
         if gemm is None:
             return None, None
         if self.modes["linear"] == "kernel" or self.gemm_dtype == "bfloat16":

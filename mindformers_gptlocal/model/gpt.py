@@ -23,18 +23,19 @@ from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
 from ..errors import CheckpointError
+from ..safetensors_io import to_bfloat16_bits
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, kernel_provider, make_norm, plain_matmul,
-                     residual_init_std, to_mstype, use_gemm)
+from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter, kernel_provider, make_norm,
+                     plain_matmul, residual_init_std, to_mstype, use_gemm)
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
-from .params import DROPOUT_STEP
+from .params import DROPOUT_STEP, HEAD_TABLE
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -516,13 +517,17 @@ class GPTLocalModel(nn.Cell):
 
 
 class OutputLayer(nn.Cell):
-    """The untied output head's table [vocab, hidden] (``untie_embeddings_and_output_weights``)."""
+    """The untied output head's table [vocab, hidden] (``untie_embeddings_and_output_weights``): bfloat16 where
+    ``kernels`` (the model's provider) says ``bf16_weights``, like the Linears'."""
 
-    def __init__(self, config):
+    def __init__(self, config, kernels):
         super().__init__()
         if read_quantization(config.quantization) is not None:  # an int8 model: int8 rows and their scales
             self.weight = int8_parameter((config.vocab_size, config.hidden_size), "weight")
             self.weight_scale = scale_parameter(config.vocab_size, "weight_scale")
+            return
+        if kernels.bf16_weights:
+            self.weight = bf16_parameter((config.vocab_size, config.hidden_size), "weight")
             return
         self.weight = Parameter(initializer(Normal(config.initializer_range), (config.vocab_size, config.hidden_size),
                                             to_mstype(config.params_dtype)), name="weight")
@@ -539,18 +544,19 @@ class GPTLocalForCausalLM(nn.Cell):
     # unpacks (MindFormers' mcore steps: 3 or 4, mf/model.py); 1: the loss alone, in a tuple
     train_outputs = 1
 
-    def __init__(self, config: GPTLocalConfig, layer_spec=None):
+    def __init__(self, config: GPTLocalConfig, layer_spec=None, inference=False):
         self._init_base(config)
         layout = config.layout
         # which Cell each layer's Linears and adapter sites are built with (layer_spec.py): pet_config's LoRA or
-        # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells
-        kernels = kernel_provider(config)
+        # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells.
+        # ``inference``: built for inference only (runtime/loader.py): a bf16 model's weights then bf16 on CPU
+        kernels = kernel_provider(config, inference=inference)
         graph = graph_config(config, kernels)  # the dtypes this device runs (GPTLocalModel's too: adapters, head)
         # an int8 model's QuantLinears (model_layer_spec)
         self.model = GPTLocalModel(config, layout, model_layer_spec(graph, layer_spec), kernels)
         self.untied = config.arch.untied
         if self.untied:  # its own head table, on the last stage
-            self.output_layer = OutputLayer(graph)
+            self.output_layer = OutputLayer(graph, kernels)
             self.output_layer.pipeline_stage = self.model.stage_ids[-1]
         if self.model.counter_dropout:  # training state, not a weight (params.DROPOUT_STEP); checkpoints keep it
             self.dropout_step = DropoutCounter.new_counter(DROPOUT_STEP)
@@ -558,7 +564,15 @@ class GPTLocalForCausalLM(nn.Cell):
         self.compute_dtype = to_mstype(graph.compute_dtype)
         self.head_matmul = plain_matmul(self.model.kernels)
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
-        self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True)
+        # bf16 weights (kernels.bf16_weights): the kernel takes the head's table as held, an untied head's own or,
+        # for a tied head, a bfloat16 copy of the token table (which stays float32: the lookup's), made here and at
+        # load (refresh_head_table), never saved
+        self.head_bf16 = kernels.bf16_weights
+        if self.head_bf16 and not self.untied:
+            self.head_table = bf16_parameter((config.vocab_size, config.hidden_size), HEAD_TABLE)
+            self.refresh_head_table()
+        self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True,
+                                                                             bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
         self.head_int8 = int8_matmul(self.model.kernels) if self.model.embedding.int8 else None
         self.log_softmax = ops.LogSoftmax(axis=-1)
@@ -581,19 +595,31 @@ class GPTLocalForCausalLM(nn.Cell):
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
         """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder."""
-        return load_weights(self, path)
+        path = load_weights(self, path)
+        self.refresh_head_table()
+        return path
+
+    def refresh_head_table(self):
+        """A tied head's bf16 copy of the token table (``head_table``: bf16 weights, kernels.bf16_weights) made
+        again from the table, rounded to nearest even; nothing for any other model."""
+        if self.head_bf16 and not self.untied:
+            bits = self.head_table.asnumpy().view(np.uint16)  # asnumpy shares the Parameter's memory on CPU
+            table = self.model.embedding.word_embeddings.asnumpy()
+            for start in range(0, len(table), 4096):  # in row blocks: the rounding's temporaries stay small
+                bits[start:start + 4096] = to_bfloat16_bits(table[start:start + 4096])
 
     @classmethod
-    def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, **overrides):
-        """Build from ``model_dir/config.json`` (``layer_spec``: as for ``__init__``) and load its weights
-        (model.safetensors). A folder without weights is refused (``CheckpointError`` naming it) unless
+    def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, inference=False, **overrides):
+        """Build from ``model_dir/config.json`` (``layer_spec``, ``inference``: as for ``__init__``) and load its
+        weights (model.safetensors). A folder without weights is refused (``CheckpointError`` naming it) unless
         ``random_init=True`` asks for a randomly initialised model on purpose. The folder's tokenizer files must be
         those its weights were trained with (``tokenizer_id``)."""
         lacking = None if random_init else missing_weights(model_dir)
         if lacking:
             raise CheckpointError(lacking)
         check_tokenizer_id(model_dir)
-        model = cls(cls.config_class.from_model_dir(model_dir, **overrides), layer_spec=layer_spec)
+        model = cls(cls.config_class.from_model_dir(model_dir, **overrides), layer_spec=layer_spec,
+                    inference=inference)
         if not random_init:
             model.load_weights(model_dir)
         return model
@@ -633,7 +659,9 @@ class GPTLocalForCausalLM(nn.Cell):
                 return self.head_int8(hidden, self.output_layer.weight, self.output_layer.weight_scale)
             return self.head_int8(hidden, self.model.embedding.word_embeddings,
                                   self.model.embedding.word_embeddings_scale)
-        if self.untied:
+        if self.head_bf16:  # build-time: a bf16 table as held, for the kernel (every graph runs it then)
+            weight = self.output_layer.weight if self.untied else self.head_table
+        elif self.untied:
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:
             weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)

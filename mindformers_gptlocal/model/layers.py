@@ -22,13 +22,19 @@ def to_mstype(name):
     return DTYPE[name] if isinstance(name, str) else name
 
 
-def kernel_provider(config=None):
+def kernel_provider(config=None, inference=False):
     """The ``KernelProvider`` (``kernels/provider.py``) of a model built now from ``config`` (its
-    ``cpu_kernels``; None: ``auto``), in this build's parallel mode. The model asks once and hands it to its
-    layers (``kernels=``); a Cell built without one asks here."""
+    ``cpu_kernels``; None: ``auto``), in this build's parallel mode, for ``inference`` only or not. The model asks
+    once and hands it to its layers (``kernels=``); a Cell built without one asks here."""
     if config is None:
         return KernelProvider("auto", parallel=is_parallel_build())
-    return KernelProvider.from_config(config, parallel=is_parallel_build())
+    return KernelProvider.from_config(config, parallel=is_parallel_build(), inference=inference)
+
+
+def bf16_parameter(shape, name):
+    """A bfloat16 weight Parameter of zeros that does not train (``KernelProvider.bf16_weights``: an inference
+    build's Linears and untied head; the loader fills it)."""
+    return Parameter(initializer(Zero(), shape, ms.bfloat16), name=name, requires_grad=False)
 
 
 def round_bf16(x):
@@ -78,7 +84,9 @@ class Linear(nn.Cell):
     ``kernel``, every graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also
     carries the shard strategies (then BroadcastTo + Add for the bias). With bfloat16 GEMMs on a float32 graph
     (``KernelProvider.gemm_dtype``: CPU, ``compute_dtype: bfloat16``) the kernel runs them in every graph, and
-    ``matmul`` is ``BF16MatMul`` (``plain_matmul``).
+    ``matmul`` is ``BF16MatMul`` (``plain_matmul``). In an inference build with those GEMMs
+    through the kernel (``KernelProvider.bf16_weights``) the weight is held as bfloat16 (``bf16_weight``, not
+    trained) and the kernel takes it as it is.
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
@@ -87,8 +95,12 @@ class Linear(nn.Cell):
         kernels = kernels or kernel_provider()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(initializer(Normal(sigma=init_std), (out_features, in_features), params_dtype),
-                                name="weight")
+        self.bf16_weight = kernels.bf16_weights  # build-time flag: the graph compiler folds its branches
+        if self.bf16_weight:
+            self.weight = bf16_parameter((out_features, in_features), "weight")
+        else:
+            self.weight = Parameter(initializer(Normal(sigma=init_std), (out_features, in_features), params_dtype),
+                                    name="weight")
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
@@ -100,7 +112,8 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.matmul = plain_matmul(kernels)
         self.cast = ops.Cast()
-        self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype)  # the CPU GEMM kernel Cell and its rows, or None
+        # the CPU GEMM kernel Cell and its rows, or None
+        self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype, bf16_weights=self.bf16_weight)
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -115,7 +128,8 @@ class Linear(nn.Cell):
         build-time attributes, which the graph compiler folds."""
         rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
-        weight = self.cast(self.weight, self.compute_dtype)
+        # a bf16 weight as held: the kernel runs every graph then (rows 0, provider.bf16_weights)
+        weight = self.weight if self.bf16_weight else self.cast(self.weight, self.compute_dtype)
         if use_gemm(self.gemm_rows, self.training, rows):
             if self.has_bias and not self.skip_bias_add:
                 return x, self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))

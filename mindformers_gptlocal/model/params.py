@@ -30,11 +30,15 @@ LAYER_PREFIX = "model.layers."
 # training state held as a Parameter but not a weight (saved in training checkpoints, never in model files):
 # the forward counter of counter-based dropout (model/dropout.py)
 DROPOUT_STEP = "dropout_step"
+# a tied head's bfloat16 copy of the token table in an inference build of a bf16 model (model/gpt.py
+# ``GPTLocalForCausalLM.head_table``): made from the table at build and at load, never saved or read from a file
+HEAD_TABLE = "head_table"
 
 
 def is_weight(name):
-    """True for the parameters of the table; False for training state such as ``dropout_step``."""
-    return name != DROPOUT_STEP
+    """True for the parameters of the table; False for training state such as ``dropout_step`` and for what is
+    made from the weights (``head_table``)."""
+    return name not in (DROPOUT_STEP, HEAD_TABLE)
 
 
 class ParamSpec(namedtuple("ParamSpec", "shape layout stages")):

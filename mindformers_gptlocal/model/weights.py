@@ -7,6 +7,7 @@ import os
 import shutil
 
 import mindspore as ms
+import numpy as np
 
 from ..errors import CheckpointError
 from ..safetensors_io import (CONFIG_NAME, TOKENIZER_FILES, WEIGHTS_NAME, SafetensorsReader, atomic_write,
@@ -93,7 +94,9 @@ def load_weights(model, path):
     Names and shapes are checked from the file's header first; then each tensor is read straight into its
     Parameter's own buffer when the dtypes agree (``asnumpy()`` shares a CPU Parameter's memory), else read
     alone and converted, so the process never holds a second copy of the model (GPT-2 small, fp32: peak
-    RSS of building + loading 2,039 -> 1,090 MB, measured)."""
+    RSS of building + loading 2,039 -> 1,090 MB, measured). A bfloat16 Parameter (an inference build of a bf16
+    model, ``KernelProvider.bf16_weights``) takes a BF16 tensor's bits as stored, a float one rounded to nearest
+    even (``SafetensorsReader.read_bf16_into``)."""
     path = resolve_weights_file(path)
     reader = SafetensorsReader(path)
     params = {p.name: p for p in model.get_parameters() if is_weight(p.name)}
@@ -101,6 +104,9 @@ def load_weights(model, path):
     names = model_state(reader.shapes(), model)
     for name in names:
         param = params[name]
+        if param.dtype == ms.bfloat16:  # an inference build's bf16 weight: its bits (asnumpy shares the memory)
+            reader.read_bf16_into(name, param.asnumpy().view(np.uint16))
+            continue
         target = param.asnumpy() if param.dtype in (ms.float32, ms.float16, ms.float64, ms.int8) else None
         if target is None or not reader.read_into(name, target):
             param.set_data(ms.Tensor(reader.get(name), param.dtype))
@@ -108,9 +114,10 @@ def load_weights(model, path):
 
 
 def save_weights(model, path):
-    """All model parameters to one safetensors file, written atomically."""
-    write_safetensors(path, {p.name: p.asnumpy() for p in model.get_parameters() if is_weight(p.name)},
-                      {"format": "gpt_local"})
+    """All model parameters to one safetensors file, written atomically (a bfloat16 Parameter of an inference build,
+    ``KernelProvider.bf16_weights``, widened exactly to float32: the writer takes numpy dtypes)."""
+    write_safetensors(path, {p.name: p.asnumpy().astype(np.float32) if p.dtype == ms.bfloat16 else p.asnumpy()
+                             for p in model.get_parameters() if is_weight(p.name)}, {"format": "gpt_local"})
 
 
 def save_model_dir(model, out_dir, tokenizer_dir=None):

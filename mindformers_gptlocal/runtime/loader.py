@@ -51,15 +51,17 @@ def read_tokenizer(model_dir):
 def load_model(model_dir, device_target="CPU", compile_cache="off", cache_flag="--compile-cache", mode="graph",
                cache_days=None, cache_mb=None, **from_pretrained):
     """The model of a checked directory, ready for inference: MindSpore's mode (graph by default: MindSpore's own
-    default is PyNative) and device set, ``GPTLocalForCausalLM.from_pretrained(model_dir, **from_pretrained)``
-    (``layer_spec``, ``max_batch_size`` ...), eval mode, the compile cache attached as ``compile_cache`` (the
-    value of ``cache_flag``) says, within ``cache_days`` / ``cache_mb`` (None: its defaults)."""
+    default is PyNative) and device set, ``GPTLocalForCausalLM.from_pretrained(model_dir, inference=True,
+    **from_pretrained)`` (``layer_spec``, ``max_batch_size`` ...; built for inference only: a bf16 model's weights
+    held as bfloat16 on CPU, ``KernelProvider.bf16_weights``), eval mode, the compile cache attached as
+    ``compile_cache`` (the value of ``cache_flag``) says, within ``cache_days`` / ``cache_mb`` (None: its
+    defaults)."""
     from .graph_cache import attach, bounds
     bounds(cache_days, cache_mb)  # a bad bound: one line before anything is built
     import mindspore as ms
     from ..model.gpt import GPTLocalForCausalLM
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
-    model = GPTLocalForCausalLM.from_pretrained(model_dir, **from_pretrained)
+    model = GPTLocalForCausalLM.from_pretrained(model_dir, inference=True, **from_pretrained)
     model.set_train(False)
     attach(model, compile_cache, model_dir, flag=cache_flag, days=cache_days, max_mb=cache_mb)
     return model

@@ -29,12 +29,16 @@ def test_bf16_directory_scores(tmp_path, corpus):
         for param in lm.model.get_parameters():  # sharpen: differences show at bf16's size
             if "norm" not in param.name:
                 param.set_data(ms.Tensor(param.asnumpy() * 8.0))
+        lm.model.refresh_head_table()  # the tied head's bf16 copy of the table (an inference build's), made again
         rows = [[3, 40, 7, 99, 12, 5], [8, 2, 77]]
         picked = lm._score(rows)[0]  # pylint: disable=protected-access
         fp32 = GPTLocalForCausalLM.from_pretrained(folder, compute_dtype="float32")
         fp32.set_train(False)
-        for param, source in zip(fp32.get_parameters(), lm.model.get_parameters()):
-            param.set_data(ms.Tensor(source.asnumpy()))
+        # by name (the harness's scoring Cell prefixes them "lm."; an inference build has head_table too); its
+        # Linears are bf16 Parameters: widened exactly
+        sources = {param.name.removeprefix("lm."): param for param in lm.model.get_parameters()}
+        for param in fp32.get_parameters():
+            param.set_data(ms.Tensor(sources[param.name].asnumpy().astype(np.float32)))
         for index, row in enumerate(rows):
             got = picked[index, :len(row) - 1]
             np.testing.assert_allclose(got, _log_probs(lm.model, row), atol=1e-4, rtol=0)
