@@ -70,23 +70,25 @@ PROMPT, NEW = 32, 128
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
 SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-kernel", "ours-cached", "ours-bf16",
-         "ours-bf16-per-call",
+         "ours-bf16-per-call", "ours-bf16-decode-kernel",
          "ours-int8", "ours-int8-plain-decode", "hf", *CT2_SIDES)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
 # ours-plain-decode: the decode step's plain graph, not the decode-layer kernel; ours-decode-kernel: the decode-layer
-# kernel, which auto gives int8 models only); the other sides keep the converted
+# kernel, which auto gives float32 and int8 models; ours-bf16-decode-kernel: a bf16 model's, kernel only); the other
+# sides keep the converted
 # folder's (auto), as gptlocal generate runs it
 SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"},
-                "ours-decode-kernel": {"decode_layer": "kernel"},
+                "ours-decode-kernel": {"decode_layer": "kernel"}, "ours-bf16-decode-kernel": {"decode_layer": "kernel"},
                 "ours-int8-plain-decode": {"decode_layer": "plain"}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
-SIDE_OVERRIDES = {"ours-bf16": {"compute_dtype": "bfloat16"}, "ours-bf16-per-call": {"compute_dtype": "bfloat16"}}
+SIDE_OVERRIDES = {side: {"compute_dtype": "bfloat16"}
+                  for side in ("ours-bf16", "ours-bf16-per-call", "ours-bf16-decode-kernel")}
 # the ours sides not built for inference (from_pretrained's inference=False: float32 Parameters); the others as
 # gptlocal generate builds them (runtime/loader.py load_model: inference=True)
 TRAINING_BUILD = ("ours-bf16-per-call",)
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
-PRECISION = {"ours-bf16": "bf16", "ours-bf16-per-call": "bf16", "ours-int8": "int8", "ours-int8-plain-decode": "int8",
-             "ct2-int8": "int8", "ct2-bf16": "bf16"}  # else fp32
+PRECISION = {"ours-bf16": "bf16", "ours-bf16-per-call": "bf16", "ours-bf16-decode-kernel": "bf16", "ours-int8": "int8",
+             "ours-int8-plain-decode": "int8", "ct2-int8": "int8", "ct2-bf16": "bf16"}  # else fp32
 CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
 # --linear-kernel -> the kernels side's cpu_kernels of kernels_vs_plain (the plain side: {linear: plain})
 LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}
@@ -340,10 +342,11 @@ def main():
                              "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
                              "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), "
                              "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-decode-kernel (cpu_kernels "
-                             "{decode_layer: kernel}: the float32 model's decode-layer kernel), ours-cached (ours "
+                             "{decode_layer: kernel}; auto runs it too), ours-cached (ours "
                              "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
                              "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
                              "ours-bf16-per-call (the same, float32 weights rounded at every GEMM), "
+                             "ours-bf16-decode-kernel (ours-bf16 with cpu_kernels {decode_layer: kernel}), "
                              "ours-int8 (a quantize_model int8 directory), ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 "
                              "(CTranslate2, the bench extra)")
     parser.add_argument("--kernels-vs-plain", action="store_true",

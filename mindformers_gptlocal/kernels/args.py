@@ -39,7 +39,7 @@ LoRADropoutArgs = _struct("LoRADropoutArgs", "scale mode threads",
                           "agree, 2 where they differ.")
 Int8LinearArgs = _struct("Int8LinearArgs", "threads", "An int8 model's Linear (cpu_linear_int8.cc).")
 STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, LinearArgs, LoRADropoutArgs)
-DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads",
+DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads precision",
                           "The decode step's layer (cpu_decode_layer.cc): the LayerNorms' epsilon, attention's "
-                          "scale, form 0 tanh GeLU, 1 quick.")
+                          "scale, form 0 tanh GeLU, 1 quick, and its GEMMs' precision (LinearArgs').")
 STRUCTS += (DecodeLayerArgs, Int8LinearArgs, LinearGeluArgs)

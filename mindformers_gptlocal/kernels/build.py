@@ -60,7 +60,7 @@ SYMBOLS += ("gptlocal_rmsnorm_fwd", "gptlocal_rmsnorm_bwd", "gptlocal_swiglu_fwd
             "gptlocal_linear_gelu_fwd", "gptlocal_linear_gelu_bwd", "gptlocal_linear_residual_fwd",
             "gptlocal_linear_bf16w_fwd")
 SOURCES += (os.path.join(HERE, "cpu_decode_layer.cc"),)  # the decode step's layer (decode_layer.py)
-SYMBOLS += ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd")
+SYMBOLS += ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd", "gptlocal_decode_layer_bf16w_fwd")
 SOURCES += (os.path.join(HERE, "cpu_linear_int8.cc"),)  # an int8 model's Linear (linear_int8.py)
 SYMBOLS += ("gptlocal_int8_linear_fwd",)
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")

@@ -340,7 +340,8 @@ struct LoRADropoutArgs {
   float scale, mode, threads;  // scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where they differ
 };
 struct DecodeLayerArgs {
-  float epsilon, scale, form, threads;  // the norms' epsilon, attention's scale; form: 0 tanh GeLU, 1 quick
+  float epsilon, scale, form, threads, precision;  // the norms' epsilon, attention's scale; form: 0 tanh GeLU, 1 quick;
+                                                   // precision: the GEMMs' (LinearArgs)
 };
 struct Int8LinearArgs {
   float threads;

@@ -19,13 +19,17 @@
 //  13 key cache [Bc, G, L, D] 14 value cache [Bc, G, L, D]  (Parameters, written IN PLACE)
 //  15 write_index int32 [B, G, 1, 3] ((slot, head, position), KVCache.write_index)
 //  16 bias [B or 1, 1, 1, L]   (KVCache.attention_bias: 0 on rows 0..position, MASK_VALUE after)
-//  17 args: DecodeLayerArgs (common.h: epsilon, scale, form 0 tanh / 1 quick GeLU, threads)
+//  17 args: DecodeLayerArgs (common.h: epsilon, scale, form 0 tanh / 1 quick GeLU, threads, precision: the GEMMs'
+//     LinearArgs precision, 0 float32, 1 bf16 x bf16 -> f32, 2 the same emulated)
 // output: 18 new hidden [B, 1, H]
 // gptlocal_decode_layer_int8_fwd: the same layer of an int8 model (model/quant_cells.py QuantLinear: each weight int8
 // [out, in] followed by its float32 per-channel scales [out]; its GEMMs are cpu_linear_int8.cc's, the input
 // quantized per row): 0 hidden, 1-2 ln1, 3 Wqkv int8, 4 its scales, 5 bqkv, 6 Wproj int8, 7 scales, 8 bproj,
 // 9-10 ln2, 11 W1 int8, 12 scales, 13 b1, 14 W2 int8, 15 scales, 16 b2, 17-18 the caches, 19 write_index, 20 bias,
 // 21 args -> 22 new hidden.
+// gptlocal_decode_layer_bf16w_fwd: the float32 layout with the four weights held as bfloat16 (a bf16 model built for
+// inference, provider.py bf16_weights; precision 1 or 2): its GEMMs are cpu_linear.cc's gptlocal_linear_bf16w_fwd,
+// the numbers of that model's plain decode graph.
 // Row b's query attends to its slot's keys 0..position (what the bias keeps; the keys after it are masked by the
 // bias in the plain graph, and skipped here). Scratch: per-thread buffers kept across calls (grown, never shrunk).
 #include <algorithm>
@@ -41,6 +45,7 @@ typedef int (*AotKernel)(int, void **, int *, int64_t **, const char **, void *,
 extern "C" int gptlocal_layernorm_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 extern "C" int gptlocal_bias_gelu_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 extern "C" int gptlocal_linear_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
+extern "C" int gptlocal_linear_bf16w_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 extern "C" int gptlocal_int8_linear_fwd(int, void **, int *, int64_t **, const char **, void *, void *);
 
 namespace {
@@ -121,26 +126,33 @@ std::vector<float> &scratch(size_t floats) {
   return buffer;
 }
 
-// Where each input of a layer's call sits: the float32 layout (gptlocal_decode_layer_fwd) or the int8 one, whose
-// weights are each followed by their scales (scale -1: none).
+// Where each input of a layer's call sits and the weights' dtype: the float32 layout (gptlocal_decode_layer_fwd), the
+// same with bfloat16 weights (gptlocal_decode_layer_bf16w_fwd) or the int8 one, whose weights are each followed by
+// their scales (scale -1: none).
 struct Slots {
   int nparam, ln1, qkv_w, qkv_s, qkv_b, proj_w, proj_s, proj_b, ln2, fc1_w, fc1_s, fc1_b, fc2_w, fc2_s, fc2_b, key,
       value, index, bias, args, out;
+  const char *weights;  // the four weights' dtype
   bool int8() const { return qkv_s >= 0; }
+  bool bf16() const { return std::strcmp(weights, "bfloat16") == 0; }
   bool is_weight(int i) const { return i == qkv_w || i == proj_w || i == fc1_w || i == fc2_w; }
 };
-constexpr Slots FLOAT_SLOTS{19, 1, 3, -1, 4, 5, -1, 6, 7, 9, -1, 10, 11, -1, 12, 13, 14, 15, 16, 17, 18};
-constexpr Slots INT8_SLOTS{23, 1, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22};
+constexpr Slots FLOAT_SLOTS{19, 1, 3, -1, 4, 5, -1, 6, 7, 9, -1, 10, 11, -1, 12, 13, 14, 15, 16, 17, 18, "float32"};
+constexpr Slots BF16_SLOTS{19, 1, 3, -1, 4, 5, -1, 6, 7, 9, -1, 10, 11, -1, 12, 13, 14, 15, 16, 17, 18, "bfloat16"};
+constexpr Slots INT8_SLOTS{23, 1, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, "int8"};
 
 int decode_layer(const Slots &s, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                  void *stream, void *extra) {
   if (nparam != s.nparam) return 1;
   for (int i = 0; i < nparam; ++i) {
-    const char *want = i == s.index ? "int32" : (s.int8() && s.is_weight(i) ? "int8" : "float32");
+    const char *want = i == s.index ? "int32" : (s.is_weight(i) ? s.weights : "float32");
     if (std::strcmp(dtypes[i], want) != 0) return 1;
   }
   const DecodeLayerArgs *args = args_at<DecodeLayerArgs>(s.args, params, ndims, shapes, dtypes);
-  if (args == nullptr || ndims[0] != 3 || shapes[0][1] != 1 || ndims[s.key] != 4 || ndims[s.value] != 4) return 1;
+  const int precision = args == nullptr ? -1 : static_cast<int>(args->precision);
+  // the GEMMs' precision: float32 weights any (0, or rounded to bf16 at each call), bf16 ones 1 or 2, int8 ones 0
+  if (precision < 0 || precision > 2 || (s.bf16() && precision == 0) || (s.int8() && precision != 0)) return 1;
+  if (ndims[0] != 3 || shapes[0][1] != 1 || ndims[s.key] != 4 || ndims[s.value] != 4) return 1;
   const int64_t B = shapes[0][0], H = shapes[0][2];
   const int64_t Bc = shapes[s.key][0], G = shapes[s.key][1], L = shapes[s.key][2], D = shapes[s.key][3];
   const int64_t Q = shapes[s.qkv_w][0], ND = shapes[s.proj_w][1], I = shapes[s.fc1_w][0];
@@ -181,25 +193,23 @@ int decode_layer(const Slots &s, int nparam, void **params, int *ndims, int64_t 
   float *normed = buffer.data(), *qkv = normed + B * H, *context = qkv + B * Q, *mid = context + B * ND,
         *inner = mid + B * H, *moments = inner + B * I, *swap = moments + 2 * B;  // swap: [B, H]
   const LayerNormArgs norm_args{args->epsilon, args->threads};
-  const LinearArgs linear_args{args->threads};
+  const LinearArgs linear_args{args->threads, args->precision};
   const Int8LinearArgs int8_args{args->threads};
   const BiasGeluArgs gelu_args{args->form, args->threads};
   auto norm = [&](const float *x, int gamma, float *y) {
     return SubCall().add(x, B, H).add(params[gamma], H).add(params[gamma + 1], H).args(norm_args)
         .add(y, B, H).add(moments, B).add(moments + B, B).run(gptlocal_layernorm_fwd, stream, extra);
   };
-  // x W^T (+ b): the float32 GEMM kernel, or the int8 one over the weight and its scales (the slot after it)
+  // x W^T (+ b): the GEMM kernel (float32 or bf16 weights, in `precision`), or the int8 one over the weight and its
+  // scales (the slot after it)
   auto linear = [&](const float *x, int64_t in, int weight, int64_t width, const float *b, float *y) {
     SubCall call;
-    call.add(x, B, in);
-    if (s.int8()) {
-      call.add(params[weight], width, in, "int8").add(params[weight + 1], width);
-    } else {
-      call.add(params[weight], width, in);
-    }
+    call.add(x, B, in).add(params[weight], width, in, s.weights);
+    if (s.int8()) call.add(params[weight + 1], width);
     if (b != nullptr) call.add(b, width);
     if (s.int8()) return call.args(int8_args).add(y, B, width).run(gptlocal_int8_linear_fwd, stream, extra);
-    return call.args(linear_args).add(y, B, width).run(gptlocal_linear_fwd, stream, extra);
+    return call.args(linear_args).add(y, B, width)
+        .run(s.bf16() ? gptlocal_linear_bf16w_fwd : gptlocal_linear_fwd, stream, extra);
   };
 
   // LayerNorm, QKV
@@ -253,6 +263,11 @@ int decode_layer(const Slots &s, int nparam, void **params, int *ndims, int64_t 
 extern "C" int gptlocal_decode_layer_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                          void *stream, void *extra) {
   return decode_layer(FLOAT_SLOTS, nparam, params, ndims, shapes, dtypes, stream, extra);
+}
+
+extern "C" int gptlocal_decode_layer_bf16w_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
+                                               const char **dtypes, void *stream, void *extra) {
+  return decode_layer(BF16_SLOTS, nparam, params, ndims, shapes, dtypes, stream, extra);
 }
 
 extern "C" int gptlocal_decode_layer_int8_fwd(int nparam, void **params, int *ndims, int64_t **shapes,

@@ -14,10 +14,12 @@ residual. Inference only (no dropout, no backward).
 whether a block's structure is the one the kernel computes (GPT-2's: LayerNorm, biases, learned positions, MHA or
 GQA, no LoRA, adapter, prefix or LayerDrop) and the block runs it in its decode graphs only (one token a row, a KV
 cache, not a fresh prefill); everything else stays the plain graph, the reference it is tested against.
-The GEMMs read the weights in their plain [out, in] float32 layout through oneDNN's sgemm each call (pre-packed
-weights are not done yet). ``CPUDecodeLayerInt8`` is the same layer of an int8 model (``model/quant_cells.py``
-``QuantLinear``): each weight int8 followed by its per-channel scales, the GEMMs ``cpu_linear_int8.cc``'s (the input
-quantized per row), so its numbers are the plain int8 decode graph's with the int8 kernel.
+The GEMMs read the weights in their plain [out, in] layout each call (pre-packed weights are not done yet): float32
+through oneDNN's sgemm, or in a bf16 model built for inference (``KernelProvider.bf16_weights``) held as bfloat16
+(``CPUDecodeLayerBF16``, ``cpu_linear.cc``'s ``gptlocal_linear_bf16w_fwd``: the numbers of that model's plain decode
+graph, whose Linears run the same kernel). ``CPUDecodeLayerInt8`` is the same layer of an int8 model
+(``model/quant_cells.py`` ``QuantLinear``): each weight int8 followed by its per-channel scales, the GEMMs
+``cpu_linear_int8.cc``'s (the input quantized per row), so its numbers are the plain int8 decode graph's with the int8 kernel.
 """
 import functools
 
@@ -27,9 +29,11 @@ from . import build
 from .args import DecodeLayerArgs
 from .aot import custom_op, float32_library
 from .attention import kernel_threads
+from .linear import precision_code
 
 SYMBOL = "gptlocal_decode_layer_fwd"
 INT8_SYMBOL = "gptlocal_decode_layer_int8_fwd"
+BF16_SYMBOL = "gptlocal_decode_layer_bf16w_fwd"
 GELU_FORMS = {"tanh": 0, "quick": 1}
 _warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, the plain decode graph used instead")
 
@@ -41,10 +45,11 @@ class CPUDecodeLayer(nn.Cell):
 
     symbol = SYMBOL
 
-    def __init__(self, library_path, epsilon, scale, form="tanh", threads=None):
+    def __init__(self, library_path, epsilon, scale, form="tanh", threads=None, precision="float32", emulate=False):
         super().__init__()
         threads = kernel_threads() if threads is None else threads
-        self.config = DecodeLayerArgs(epsilon, scale, GELU_FORMS[form], threads).tensor()
+        code = precision_code(library_path, precision, emulate)
+        self.config = DecodeLayerArgs(epsilon, scale, GELU_FORMS[form], threads, code).tensor()
         self.op = custom_op(library_path, self.symbol, lambda hidden, *rest: hidden, lambda hidden, *rest: hidden)
         self.op.add_prim_attr("side_effect_mem", True)  # writes the cache Parameters (the key and value caches)
 
@@ -71,11 +76,23 @@ class CPUDecodeLayerInt8(CPUDecodeLayer):
                        fc2_bias, key_cache, value_cache, write_index, attention_bias, self.config)
 
 
-def decode_layer_kernel(epsilon, scale, form, dtype, int8=False, **kwargs):
-    """A ``CPUDecodeLayer`` (``int8``: a ``CPUDecodeLayerInt8``) or None: silently for a dtype other than float32 or
-    a GeLU form it does not compute, after one warning line where the library cannot be built."""
+class CPUDecodeLayerBF16(CPUDecodeLayer):
+    """``CPUDecodeLayer`` of a bf16 model built for inference: the same inputs, the four Linear weights bfloat16
+    (``precision="bfloat16"``: oneDNN's bf16 GEMM, or its emulation with ``emulate`` or on a CPU without it)."""
+
+    symbol = BF16_SYMBOL
+
+
+def decode_layer_kernel(epsilon, scale, form, dtype, int8=False, precision="float32", bf16_weights=False, **kwargs):
+    """A ``CPUDecodeLayer`` (``int8``: a ``CPUDecodeLayerInt8``; ``bf16_weights``: a ``CPUDecodeLayerBF16``) or None:
+    silently for a graph dtype other than float32 or a GeLU form it does not compute, after one warning line where
+    the library cannot be built. ``precision``: the GEMMs' ("float32", or "bfloat16" for a bf16 model's)."""
     if form not in GELU_FORMS:
         return None
     path = float32_library(dtype, _warn_once)
-    cls = CPUDecodeLayerInt8 if int8 else CPUDecodeLayer
-    return None if path is None else cls(path, epsilon, scale, form, **kwargs)
+    if path is None:
+        return None
+    if int8:
+        return CPUDecodeLayerInt8(path, epsilon, scale, form, **kwargs)
+    cls = CPUDecodeLayerBF16 if bf16_weights else CPUDecodeLayer
+    return cls(path, epsilon, scale, form, precision=precision, **kwargs)

@@ -47,7 +47,7 @@ OPS = {
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
     "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py); "
-                    "auto: int8 models, kernel: float32 ones too",
+                    "auto: float32 and int8 models, kernel: bf16 ones built for inference too",
 }
 OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
                       "(kernels/linear_int8.py)")
@@ -55,12 +55,12 @@ OPS["gemm_epilogue"] = ("the MLP's GEMMs with what follows them fused in, where 
                         "run: fc1 + bias + GeLU, fc2 + bias + the residual (kernels/linear.py CPULinearEpilogue); "
                         "kernel only (auto: off, not measured faster yet)")
 MODES = ("auto", "kernel", "plain")
-# The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-02, AMD EPYC,
-# 2 threads, benchmarks/generate_throughput.py (ours-int8 vs ours-int8-plain-decode, ours vs ours-plain-decode), decode
-# tok/s kernel / plain graph: int8 tiny 1.76x / 1.54x, GPT-2 small 1.58x / 1.65x (batch 1 / 8); float32 tiny
-# 1.2-1.3x / 0.93x, GPT-2 small 0.85x / 0.87-1.07x: the float32 layer's GEMMs through oneDNN's sgemm at 1-8 rows
-# are slower than the plain graph's MatMul, so float32 takes it only under decode_layer: kernel.
-DECODE_LAYER_AUTO = ("int8",)
+# The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-03, AMD EPYC,
+# 2 threads, quiet machine, `python benchmarks/run.py precision --part generate` (ours-decode-kernel vs ours, decode
+# tok/s, medians of 2 rounds): float32 tiny 452 vs 383 (1.18x, batch 1), 2969 vs 1598 (1.86x, batch 8), GPT-2 small
+# 29.2 vs 27.6 (1.06x), 123.1 vs 123.5 (1.00x); int8 (2026-12-02) 1.54-1.76x. Since the worker pool (common.h) the
+# float32 kernel is no longer slower at GPT-2 small (0.85-0.87x before), so auto runs it for both.
+DECODE_LAYER_AUTO = ("int8", "float32")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
 # head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
 # (docs/performance.md "Linear's GEMM kernel by row count"). ``linear: auto`` uses it from there in inference graphs.
@@ -297,22 +297,26 @@ class KernelProvider:
         """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
         return self.uses("composed_ops")
 
-    def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False):
+    def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False, bf16_weights=False):
         """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
         cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
         ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
-        ("tanh" or "quick"), or None: the plain decode graph. An int8 model's (``int8``: its Linears through the
-        ``int8_linear`` kernel, so only where that op is chosen too) under ``auto`` and ``kernel``; float32 compute
-        and GEMMs under ``kernel`` only (``DECODE_LAYER_AUTO``); one rank. A bf16 model's decode runs the plain graph
-        with its bf16 GEMMs, so prefill and decode share numerics."""
-        if compute_dtype != ms.float32 or self.gemm_dtype == "bfloat16" or not self.uses("decode_layer"):
+        ("tanh" or "quick"), or None: the plain decode graph. Float32 and int8 models (``int8``: its Linears through
+        the ``int8_linear`` kernel, so only where that op is chosen too) under ``auto`` and ``kernel``
+        (``DECODE_LAYER_AUTO``); a bf16 model's (``compute_dtype`` bfloat16, a float32 graph with bf16 GEMMs here)
+        where its Linears hold bfloat16 weights (``bf16_weights``, an inference build: ``self.bf16_weights``), its
+        GEMMs the same bf16 kernel as its plain graph's, under ``kernel`` only (not yet measured faster); one rank."""
+        bf16 = self.gemm_dtype == "bfloat16"
+        if self.graph_dtype(compute_dtype) != "float32" or not self.uses("decode_layer") or bf16 != bool(bf16_weights):
             return None
-        if int8 and not self.uses("int8_linear"):
+        if int8 and (bf16 or not self.uses("int8_linear")):
             return None
-        if self.modes["decode_layer"] == "auto" and ("int8" if int8 else "float32") not in DECODE_LAYER_AUTO:
+        kind = "int8" if int8 else ("bfloat16" if bf16 else "float32")
+        if self.modes["decode_layer"] == "auto" and kind not in DECODE_LAYER_AUTO:
             return None
         from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
-        return decode_layer_kernel(epsilon, scale, form, compute_dtype, int8=int8)
+        return decode_layer_kernel(epsilon, scale, form, ms.float32, int8=int8, precision=self.gemm_dtype or "float32",
+                                   bf16_weights=bf16)
 
     def int8_linear(self, compute_dtype):
         """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their

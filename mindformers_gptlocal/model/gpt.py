@@ -227,24 +227,27 @@ def make_decode_layer(config, block, kernels):
     """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``, from the model's
     ``KernelProvider``), or None: the block's plain decode graph. Only where the built block is exactly what the
     kernel computes: GPT-2's structure (LayerNorm, biased Linears, learned positions, sequential residual, MHA or
-    GQA, the tanh or quick GeLU), float32 norms and softmax, its Linears all base-class float32 ones or all an int8
-    model's ``QuantLinear`` on the int8 kernel, and no LoRA, adapter, prefix or LayerDrop."""
+    GQA, the tanh or quick GeLU), float32 norms and softmax, its Linears all base-class ones holding float32 weights,
+    all holding bfloat16 ones (a bf16 model built for inference) or all an int8 model's ``QuantLinear`` on the int8
+    kernel, and no LoRA, adapter, prefix or LayerDrop."""
     arch = config.arch
     attention, mlp = block.attention, block.mlp
     linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
     norms = (block.input_layernorm, block.post_attention_layernorm)
     form = gelu_form(config.hidden_act)
     int8 = all(type(linear) is QuantLinear and linear.product.use_kernel for linear in linears)
+    weights = {linear.weight.dtype for linear in linears if type(linear) is Linear}
+    plain_linears = all(type(linear) is Linear for linear in linears) and len(weights) == 1
     fits = (form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and not arch.gated and
             not arch.parallel_residual and attention.prefix_concat is None and block.attention_adapter is None and
             block.mlp_adapter is None and block.layerdrop is None and attention.plain.softmax_dtype == ms.float32 and
             to_mstype(config.layernorm_compute_dtype) == ms.float32 and
             all(type(norm) in (LayerNorm, KernelLayerNorm) and norm.weight.dtype == ms.float32 for norm in norms) and
-            (int8 or all(type(linear) is Linear and linear.weight.dtype == ms.float32 for linear in linears)))
+            (int8 or (plain_linears and weights <= {ms.float32, ms.bfloat16})))
     if not fits:
         return None
     return kernels.decode_layer(config.layernorm_epsilon, attention.plain.scale, form, to_mstype(config.compute_dtype),
-                                int8=int8)
+                                int8=int8, bf16_weights=weights == {ms.bfloat16})
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with

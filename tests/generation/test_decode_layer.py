@@ -5,40 +5,51 @@ plain}``): the logits of every step of a greedy generation of 24 tokens within 1
 3 with ragged prompts (right padding), a row subset of the cache's slots (serve's smaller batch buckets), the caches
 equal afterwards; GPT-2's tiny shape, an odd one (hidden 40, 5 heads of 8, one key/value group, quick GeLU), and
 an int8 model of the tiny shape (``gptlocal quantize``'s scheme: the int8 decode kernel against the plain int8
-decode graph on the int8 GEMM kernel). Also: the decode graph really calls the kernel, and the layers it cannot
-compute keep the plain graph."""
+decode graph on the int8 GEMM kernel), and a bf16 model built for inference (bfloat16 weights, the bf16-weight decode
+kernel against the plain bf16 decode graph, whose Linears run the same bf16 GEMM kernel; oneDNN's bf16 GEMM and its
+emulation). Also: the decode graph really calls the kernel, and the layers it cannot compute keep the plain graph."""
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer
+from mindformers_gptlocal.kernels import linear
+from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16
 from mindformers_gptlocal.model.quantization import QUANTIZATION, quantize_rows
 from conftest import TINY
 
 SHAPES = {"tiny": {}, "odd": dict(hidden_size=40, num_attention_heads=5, num_query_groups=1, hidden_act="quick_gelu",
                                   intermediate_size=72),
-          "int8": dict(quantization=dict(QUANTIZATION))}
+          "int8": dict(quantization=dict(QUANTIZATION)),
+          # a bf16 model for inference (bf16 weights); odd widths; the emulated bf16 GEMM where this CPU has one
+          "bf16": dict(compute_dtype="bfloat16", hidden_size=72, num_attention_heads=3, intermediate_size=200),
+          "bf16-emulated": dict(compute_dtype="bfloat16", cpu_kernels={"linear": "kernel"})}
+BF16 = ("bf16", "bf16-emulated")
 STEPS = 24
 
 
-def pair(changes):
+def pair(changes, inference=False):
     """(model with the kernel, the same weights without it), in inference mode. An int8 model's weights: a float
-    model's quantized as ``gptlocal quantize`` does (int8 rows and their scales)."""
+    model's quantized as ``gptlocal quantize`` does (int8 rows and their scales); ``inference``: built as generate
+    builds (a bf16 model's weights then bfloat16)."""
     ms.set_seed(3)
     source = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **dict(changes, quantization=None))))
     weights = {name: param.asnumpy() for name, param in source.parameters_and_names()}
-    fast = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes, cpu_kernels={"decode_layer": "kernel"})))
-    plain = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes, cpu_kernels={"decode_layer": "plain"})))
-    for model in (fast, plain):
+    kernels = changes.get("cpu_kernels", {})
+    models = [GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **dict(changes, cpu_kernels=dict(kernels,
+                                                                                              decode_layer=mode)))),
+                                  inference=inference) for mode in ("kernel", "plain")]
+    for model in models:
         for name, param in model.parameters_and_names():
             if name.endswith("_scale"):
                 param.set_data(Tensor(quantize_rows(weights[name[:-len("_scale")]])[1]))
             elif param.dtype == ms.int8:
                 param.set_data(Tensor(quantize_rows(weights[name])[0]))
-            else:
-                param.set_data(Tensor(weights[name]))
+            elif name in weights:
+                param.set_data(Tensor(weights[name], param.dtype))
+        model.refresh_head_table()
+    fast, plain = models
     fast.set_train(False)
     plain.set_train(False)
     return fast, plain
@@ -47,7 +58,12 @@ def pair(changes):
 @pytest.fixture(scope="module", params=sorted(SHAPES))
 def models(request):
     ms.set_context(mode=ms.GRAPH_MODE)
-    fast, plain = pair(SHAPES[request.param])
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "bf16-emulated":  # every bf16 GEMM of both models (chosen at build) emulated
+            patch.setattr(linear, "bf16_native", lambda path: False)
+        fast, plain = pair(SHAPES[request.param], inference=request.param in BF16)
+    kind = CPUDecodeLayerBF16 if request.param in BF16 else CPUDecodeLayer
+    assert all(type(layer.decode_kernel) is kind or request.param == "int8" for layer in fast.model.layers)
     assert all(isinstance(layer.decode_kernel, CPUDecodeLayer) for layer in fast.model.layers)
     assert all(layer.decode_int8 == (request.param == "int8") for layer in fast.model.layers)
     assert all(layer.decode_kernel is None for layer in plain.model.layers)
@@ -131,7 +147,7 @@ def test_the_decode_graph_calls_the_kernel(graph_mode):
     dict(pet_config=dict(pet_type="lora", lora_rank=2, lora_alpha=4, target_modules=".*linear_qkv",
                          freeze_include=["*"], freeze_exclude=["*lora*"])),
     dict(seq_length=48, pet_config=dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False)),
-    dict(compute_dtype="bfloat16"),  # its GEMMs run bf16 (the kernel's are float32): the plain graph, like prefill
+    dict(compute_dtype="bfloat16"),  # a training build's bf16 model: float32 weights, the plain graph
     dict(quantization=dict(QUANTIZATION), cpu_kernels={"int8_linear": "plain"}),  # the int8 GEMM's plain form
 ], ids=["plain", "decode-plain", "rope", "llama", "parallel-residual", "erf-gelu", "no-bias", "lora", "prefix", "bf16",
         "int8-plain-gemm"])
@@ -142,10 +158,13 @@ def test_layers_the_kernel_does_not_compute_keep_the_plain_graph(changes):
     assert all(layer.decode_kernel is None for layer in model.model.layers)
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
-def test_auto_runs_the_kernel_for_int8_models_only(int8):
-    """cpu_kernels decode_layer: auto (the default) gives an int8 model the kernel, a float32 one the plain graph
-    (it measured slower at GPT-2 small: kernels/provider.py DECODE_LAYER_AUTO)."""
-    changes = dict(quantization=dict(QUANTIZATION)) if int8 else {}
-    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes)))
-    assert all((layer.decode_kernel is not None) == int8 for layer in model.model.layers)
+@pytest.mark.parametrize("kind", ["float32", "int8", "bf16"])
+def test_auto_runs_the_kernel_for_float32_and_int8_models(kind):
+    """cpu_kernels decode_layer: auto (the default) gives float32 and int8 models the kernel, a bf16 one (built for
+    inference: bf16 weights) the plain graph (kernels/provider.py DECODE_LAYER_AUTO); plain keeps the plain graph."""
+    changes = {"float32": {}, "int8": dict(quantization=dict(QUANTIZATION)), "bf16": dict(compute_dtype="bfloat16")}
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **changes[kind])), inference=True)
+    assert all((layer.decode_kernel is not None) == (kind != "bf16") for layer in model.model.layers)
+    plain = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, cpu_kernels={"decode_layer": "plain"}, **changes[kind])),
+                                inference=True)
+    assert all(layer.decode_kernel is None for layer in plain.model.layers)
