@@ -201,7 +201,7 @@ MUTATIONS = [
              'call.add(params[weight], width, in, "int8").add(params[weight + 2], width);',
              ["tests/generation/test_decode_layer.py", "-k", "int8 and every_step"]),
     Mutation("decode_layer: auto leaves float32 models on the plain decode graph", PKG + "kernels/provider.py",
-             'DECODE_LAYER_AUTO = ("int8", "float32")', 'DECODE_LAYER_AUTO = ("int8",)',
+             'DECODE_LAYER_AUTO = ("int8", "float32", "bfloat16")', 'DECODE_LAYER_AUTO = ("int8", "bfloat16")',
              ["tests/generation/test_decode_layer.py", "-k", "auto_runs"]),
     Mutation("a bf16 training build's decode runs the decode-layer kernel", PKG + "kernels/provider.py",
              'not self.uses("decode_layer") or bf16 != bool(bf16_weights)', 'not self.uses("decode_layer")',

@@ -47,7 +47,7 @@ OPS = {
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
     "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py); "
-                    "auto: float32 and int8 models, kernel: bf16 ones built for inference too",
+                    "float32, int8 and (built for inference) bf16 models",
 }
 OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
                       "(kernels/linear_int8.py)")
@@ -56,11 +56,11 @@ OPS["gemm_epilogue"] = ("the MLP's GEMMs with what follows them fused in, where 
                         "kernel only (auto: off, not measured faster yet)")
 MODES = ("auto", "kernel", "plain")
 # The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-03, AMD EPYC,
-# 2 threads, quiet machine, `python benchmarks/run.py precision --part generate` (ours-decode-kernel vs ours, decode
-# tok/s, medians of 2 rounds): float32 tiny 452 vs 383 (1.18x, batch 1), 2969 vs 1598 (1.86x, batch 8), GPT-2 small
-# 29.2 vs 27.6 (1.06x), 123.1 vs 123.5 (1.00x); int8 (2026-12-02) 1.54-1.76x. Since the worker pool (common.h) the
-# float32 kernel is no longer slower at GPT-2 small (0.85-0.87x before), so auto runs it for both.
-DECODE_LAYER_AUTO = ("int8", "float32")
+# 2 threads, quiet machine, benchmarks/generate_throughput.py --sides ours-bf16,ours-bf16-decode-kernel,
+# ours-plain-decode,ours,ct2-fp32 (decode tok/s, kernel / plain decode graph, medians of 2 rounds, tiny batch 1 / 8,
+# GPT-2 small batch 1 / 8): float32 1.46x / 1.25x / 1.06x / 1.23x (0.85-1.07x at GPT-2 small before the worker pool,
+# common.h); bf16 weights 1.38x / 1.71x / 1.31x / 1.53x; int8 (2026-12-02) 1.76x / 1.54x / 1.58x / 1.65x.
+DECODE_LAYER_AUTO = ("int8", "float32", "bfloat16")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
 # head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
 # (docs/performance.md "Linear's GEMM kernel by row count"). ``linear: auto`` uses it from there in inference graphs.
@@ -302,10 +302,10 @@ class KernelProvider:
         cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
         ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
         ("tanh" or "quick"), or None: the plain decode graph. Float32 and int8 models (``int8``: its Linears through
-        the ``int8_linear`` kernel, so only where that op is chosen too) under ``auto`` and ``kernel``
-        (``DECODE_LAYER_AUTO``); a bf16 model's (``compute_dtype`` bfloat16, a float32 graph with bf16 GEMMs here)
-        where its Linears hold bfloat16 weights (``bf16_weights``, an inference build: ``self.bf16_weights``), its
-        GEMMs the same bf16 kernel as its plain graph's, under ``kernel`` only (not yet measured faster); one rank."""
+        the ``int8_linear`` kernel, so only where that op is chosen too) and a bf16 model's (``compute_dtype``
+        bfloat16, a float32 graph with bf16 GEMMs here) where its Linears hold bfloat16 weights (``bf16_weights``,
+        an inference build: ``self.bf16_weights``; its GEMMs the same bf16 kernel as its plain graph's), under
+        ``auto`` and ``kernel`` (``DECODE_LAYER_AUTO``); one rank."""
         bf16 = self.gemm_dtype == "bfloat16"
         if self.graph_dtype(compute_dtype) != "float32" or not self.uses("decode_layer") or bf16 != bool(bf16_weights):
             return None
