@@ -51,7 +51,7 @@ SUITES = {
                   "accuracy against fp32", [
         ("generate", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
                                                "--recompute-shapes none "
-                                               "--sides ours,ours-decode-kernel,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf"),
+                                               "--sides ours,ours-plain-decode,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf"),
         ("train-tiny", "train_throughput.py", "--shapes tiny --rounds 3 --ours-bf16 "
                                               "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
         ("train-small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --ours-bf16 "

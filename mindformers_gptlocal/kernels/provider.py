@@ -18,8 +18,8 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
   for inference (``inference``: ``runtime/loader.py`` ``load_model``, what generate, chat, serve and eval build)
   with those bf16 GEMMs through the GEMM kernel holds the Linears' and the head's weights as bfloat16 once
   (``bf16_weights``; a tied head a bf16 copy of the float32 token table; the kernel takes them as they are), the
-  same numbers as the float32 weights rounded at every
-  GEMM; training builds and the plain path keep float32 weights.
+  same numbers as the float32 weights rounded at every GEMM; training builds and the plain path keep float32
+  weights.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
 warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel; the
@@ -187,9 +187,8 @@ class KernelProvider:
     @functools.cached_property
     def bf16_weights(self):
         """True where the Linears and the head hold bfloat16 weights (a tied head a bf16 copy of the float32 token
-        table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in
-        bf16 through the GEMM kernel (they round the weight anyway, so holding it rounded changes no number; the
-        kernel takes it as held). Training builds keep float32 weights; so does the plain path (``linear: plain``
+        table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in bf16 through the GEMM kernel
+        (they round the weight anyway, so holding it rounded changes no number; the kernel takes it as held). Training builds keep float32 weights; so does the plain path (``linear: plain``
         or no library): MindSpore 2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the
         plain KV write, ScatterNdUpdate), which has no bfloat16 kernel there."""
         if not (self.inference and self.gemm_dtype == "bfloat16" and self.uses("linear")):

@@ -100,7 +100,9 @@ def test_sides_a_run_cannot_have_are_refused_in_one_line(monkeypatch, capsys):
     assert exit_.value.code == 2 and "need ctranslate2==4.8.5" in err and "[bench]" in err and err.count("\n") == 1
     assert G.PRECISION["ours-bf16"] == "bf16" and G.PRECISION["ours-int8"] == G.PRECISION["ct2-int8"] == "int8"
     assert G.SIDE_OVERRIDES == {"ours-bf16": {"compute_dtype": "bfloat16"},
-                                "ours-bf16-per-call": {"compute_dtype": "bfloat16"}}
+                                "ours-bf16-per-call": {"compute_dtype": "bfloat16"},
+                                "ours-bf16-decode-kernel": {"compute_dtype": "bfloat16"}}
+    assert G.PRECISION["ours-bf16-decode-kernel"] == "bf16"
     assert G.TRAINING_BUILD == ("ours-bf16-per-call",) and G.PRECISION["ours-bf16-per-call"] == "bf16"
 
 

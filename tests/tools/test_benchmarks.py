@@ -176,7 +176,7 @@ def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
     assert [op for op, mode in modes.items() if mode == "plain"] == ["lora_dropout"]
     assert read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-matmul"])["linear"] == "plain"
     assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul", "ours-plain-decode", "ours-int8-plain-decode",
-                                                     "ours-decode-kernel"}
+                                                     "ours-decode-kernel", "ours-bf16-decode-kernel"}
     for side in ("ours-plain-decode", "ours-int8-plain-decode"):  # the decode-layer kernel off, nothing else
         modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS[side])
         assert [op for op, mode in modes.items() if mode == "plain"] == ["decode_layer"]
