@@ -342,13 +342,12 @@ def main():
                              "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
                              "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), "
                              "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-decode-kernel (cpu_kernels "
-                             "{decode_layer: kernel}; auto runs it too), ours-cached (ours "
-                             "through a compile-cache folder of this run, as gptlocal generate's default --compile-cache: "
-                             "round 1 compiles and stores, later rounds load), ours-bf16 (compute_dtype bfloat16), "
-                             "ours-bf16-per-call (the same, float32 weights rounded at every GEMM), "
-                             "ours-bf16-decode-kernel (ours-bf16 with cpu_kernels {decode_layer: kernel}), "
-                             "ours-int8 (a quantize_model int8 directory), ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 "
-                             "(CTranslate2, the bench extra)")
+                             "{decode_layer: kernel}; auto runs it too), ours-cached (ours through a compile-cache "
+                             "folder of this run, as gptlocal generate's default --compile-cache: round 1 compiles and "
+                             "stores, later rounds load), ours-bf16 (compute_dtype bfloat16), ours-bf16-per-call (the "
+                             "same, float32 weights rounded at every GEMM), ours-bf16-decode-kernel (ours-bf16 with "
+                             "cpu_kernels {decode_layer: kernel}), ours-int8 (a quantize_model int8 directory), "
+                             "ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 (CTranslate2, the bench extra)")
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")

@@ -19,7 +19,8 @@ through oneDNN's sgemm, or in a bf16 model built for inference (``KernelProvider
 (``CPUDecodeLayerBF16``, ``cpu_linear.cc``'s ``gptlocal_linear_bf16w_fwd``: the numbers of that model's plain decode
 graph, whose Linears run the same kernel). ``CPUDecodeLayerInt8`` is the same layer of an int8 model
 (``model/quant_cells.py`` ``QuantLinear``): each weight int8 followed by its per-channel scales, the GEMMs
-``cpu_linear_int8.cc``'s (the input quantized per row), so its numbers are the plain int8 decode graph's with the int8 kernel.
+``cpu_linear_int8.cc``'s (the input quantized per row), so its numbers are the plain int8 decode graph's with the
+int8 kernel.
 """
 import functools
 

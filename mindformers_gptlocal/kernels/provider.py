@@ -188,9 +188,10 @@ class KernelProvider:
     def bf16_weights(self):
         """True where the Linears and the head hold bfloat16 weights (a tied head a bf16 copy of the float32 token
         table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in bf16 through the GEMM kernel
-        (they round the weight anyway, so holding it rounded changes no number; the kernel takes it as held). Training builds keep float32 weights; so does the plain path (``linear: plain``
-        or no library): MindSpore 2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the
-        plain KV write, ScatterNdUpdate), which has no bfloat16 kernel there."""
+        (they round the weight anyway, so holding it rounded changes no number; the kernel takes it as held).
+        Training builds keep float32 weights; so does the plain path (``linear: plain`` or no library): MindSpore
+        2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the plain KV write, ScatterNdUpdate),
+        which has no bfloat16 kernel there."""
         if not (self.inference and self.gemm_dtype == "bfloat16" and self.uses("linear")):
             return False
         from . import build  # pylint: disable=import-outside-toplevel
