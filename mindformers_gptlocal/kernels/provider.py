@@ -66,6 +66,12 @@ DECODE_LAYER_AUTO = ("int8", "float32", "bfloat16")
 # (docs/performance.md "Linear's GEMM kernel by row count"). ``linear: auto`` uses it from there in inference graphs.
 LINEAR_GEMM_ROWS = 16
 HEAD_GEMM_ROWS = 16
+# The head's GEMM (GPT-2 small's 768 -> 50,257) at one or two rows, since the worker pool (common.h): the kernel
+# 1.20-1.34x MatMul's wall time (min) and 1.68-1.95x its CPU time; at 4 and 8 rows 0.49-0.71x
+# (`benchmarks/linear_rows.py --shapes head --rows 1,2,4,8 --rounds 20 --threads 2`, 2026-12-03, AMD EPYC). In the
+# decode step at batch 1 a GPT-2-small-shaped generate took ~30 ms a token with the kernel on the head against ~40
+# with MatMul. So ``linear: auto`` runs the head's kernel in inference graphs of at most this many rows too.
+HEAD_GEMM_FEW_ROWS = 2
 
 # the environment switches that chose kernels before model_config.cpu_kernels: one line each when set
 RETIRED_SWITCHES = {
@@ -336,11 +342,12 @@ def _tell_once(line):
         sys.stderr.flush()
 
 
-def use_gemm(gemm_rows, training, rows):
+def use_gemm(gemm_rows, training, rows, few_rows=0):
     """True where a graph of ``rows`` static rows runs the GEMM kernel (``linear_gemm``'s rows; ``training``: the
-    Cell's flag). Shapes and the flag are constants in a compiled graph, so this is decided at compile time: the
-    graph holds one of the two paths, never a branch."""
-    return gemm_rows is not None and (gemm_rows == 0 or (not training and rows >= gemm_rows))
+    Cell's flag; ``few_rows``: an inference graph of at most this many rows runs it too, the head's
+    ``HEAD_GEMM_FEW_ROWS``). Shapes and the flag are constants in a compiled graph, so this is decided at compile
+    time: the graph holds one of the two paths, never a branch."""
+    return gemm_rows is not None and (gemm_rows == 0 or (not training and (rows >= gemm_rows or rows <= few_rows)))
 
 
 def provider_of(network):

@@ -30,8 +30,8 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter, kernel_provider, make_norm,
-                     plain_matmul, residual_init_std, to_mstype, use_gemm)
+from .layers import (HEAD_GEMM_FEW_ROWS, Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter,
+                     kernel_provider, make_norm, plain_matmul, residual_init_std, to_mstype, use_gemm)
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -668,7 +668,8 @@ class GPTLocalForCausalLM(nn.Cell):
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:
             weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
-        if use_gemm(self.head_gemm_rows, self.training, batch * seq):  # fixed at compile time (layers.py)
+        # fixed at compile time (layers.py); the head's kernel also at 1-2 rows (the decode step's head at batch 1, 2)
+        if use_gemm(self.head_gemm_rows, self.training, batch * seq, HEAD_GEMM_FEW_ROWS):
             logits = self.head_gemm(hidden, weight)
         else:
             logits = self.head_matmul(hidden, weight)

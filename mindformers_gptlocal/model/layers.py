@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from ..kernels.provider import KernelProvider, use_gemm
+from ..kernels.provider import HEAD_GEMM_FEW_ROWS, KernelProvider, use_gemm
 from ..parallel.sharding import is_parallel_build
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)

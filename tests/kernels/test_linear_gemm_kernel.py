@@ -99,6 +99,11 @@ def test_always_and_never(library, pynative_mode):
     assert Linear(IN, OUT, 0.5, ms.float32, ms.float32, kernels=KernelProvider({"linear": "plain"})).gemm is None
     assert [use_gemm(rows_at, False, 5) for rows_at in (None, 0, 5, 6)] == [False, True, True, False]
     assert [use_gemm(rows_at, True, 99) for rows_at in (None, 0, 5)] == [False, True, False]
+    # the head's few-row rule (HEAD_GEMM_FEW_ROWS 2): 1 and 2 rows and from 16, inference graphs only
+    few = provider.HEAD_GEMM_FEW_ROWS
+    assert [use_gemm(16, False, rows, few) for rows in (1, 2, 3, 15, 16)] == [True, True, False, False, True]
+    assert [use_gemm(rows_at, True, 1, few) for rows_at in (None, 0, 16)] == [False, True, False]
+    assert not use_gemm(None, False, 1, few)
     with pytest.raises(ConfigError, match=r"model_config.cpu_kernels.linear is 'yes'; set one of auto, kernel, plain"):
         read_cpu_kernels({"linear": "yes"})
 
@@ -143,3 +148,19 @@ def test_compiled_training_graph_with_and_without_bias(library, graph_mode):
         results.append([loss.asnumpy()] + [g.asnumpy() for g in grads])
     for got, want in zip(*results):
         _close(got / max(1.0, float(np.abs(want).max())), want / max(1.0, float(np.abs(want).max())), "training")
+
+
+def test_the_head_runs_the_kernel_at_one_and_two_rows_in_inference(graph_mode):
+    """cpu_kernels auto: an inference graph's head of 1 or 2 rows (the decode step at batch 1, 2) runs the GEMM kernel
+    (HEAD_GEMM_FEW_ROWS), 3-15 rows MatMul: with the head kernel's argument vector broken, a batch-4 prefill of 3
+    tokens (12 rows) and its decode steps (4 rows) run, a batch-1 or batch-2 decode fails."""
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY), inference=True)
+    model.set_train(False)
+    model.head_gemm.config = Tensor(np.ones(1, np.float32))  # a call of the head's kernel now fails
+    runner = model.kv_cache(4, 30)
+    logits = runner.prefill([[1, 2, 3]] * 4)
+    runner.decode(logits.argmax(-1), np.array([3] * 4))
+    for batch in (1, 2):
+        with pytest.raises(RuntimeError):
+            small = model.kv_cache(batch, 30)
+            small.decode(small.prefill([[1, 2, 3]] * batch).argmax(-1), np.array([3] * batch))
