@@ -181,7 +181,6 @@ class SafetensorsReader:
         self._read(name, info, memoryview(target).cast("B"))
         return True
 
-
     def read_bf16_into(self, name, bits):
         """The tensor as bfloat16 bits into the uint16 array ``bits`` (a bfloat16 Parameter's memory, same shape):
         a BF16 tensor read straight in, any other read and rounded to nearest even (``to_bfloat16_bits``)."""

@@ -84,9 +84,9 @@ class Linear(nn.Cell):
     ``kernel``, every graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also
     carries the shard strategies (then BroadcastTo + Add for the bias). With bfloat16 GEMMs on a float32 graph
     (``KernelProvider.gemm_dtype``: CPU, ``compute_dtype: bfloat16``) the kernel runs them in every graph, and
-    ``matmul`` is ``BF16MatMul`` (``plain_matmul``). In an inference build with those GEMMs
-    through the kernel (``KernelProvider.bf16_weights``) the weight is held as bfloat16 (``bf16_weight``, not
-    trained) and the kernel takes it as it is.
+    ``matmul`` is ``BF16MatMul`` (``plain_matmul``). In an inference build with those GEMMs through the kernel
+    (``KernelProvider.bf16_weights``) the weight is held as bfloat16 (``bf16_weight``, not trained) and the kernel
+    takes it as it is.
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
