@@ -73,6 +73,15 @@ HEAD_GEMM_ROWS = 16
 # with MatMul. So ``linear: auto`` runs the head's kernel in inference graphs of at most this many rows too.
 HEAD_GEMM_FEW_ROWS = 2
 
+
+# Which compiled graphs run the GEMM kernel, a rule (from_rows, up_to_rows) that ``KernelProvider.linear_gemm`` hands
+# each Linear and the head: every graph, training too, when from_rows is 0; else inference graphs of at least
+# from_rows or at most up_to_rows static rows (``use_gemm``). A plain tuple of ints: the graph compiler reads it as
+# a constant.
+EVERY_GRAPH = (0, 0)
+LINEAR_RULE = (LINEAR_GEMM_ROWS, 0)
+HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
+
 # the environment switches that chose kernels before model_config.cpu_kernels: one line each when set
 RETIRED_SWITCHES = {
     "GPTLOCAL_PLAIN_KERNELS": "model_config.cpu_kernels: plain",
@@ -254,12 +263,12 @@ class KernelProvider:
         return swiglu_kernel(compute_dtype)
 
     def linear_gemm(self, compute_dtype, head=False, bf16_weights=False):
-        """(the GEMM kernel Cell, the rows from which a graph runs it) or (None, None): float32 compute; ``auto``
-        from ``LINEAR_GEMM_ROWS`` (``HEAD_GEMM_ROWS`` for the head) rows in inference graphs, where it measured
-        faster (prefill, eval; not the few-row decode step, not training), ``kernel`` in every graph (rows 0,
-        training too). With ``gemm_dtype`` bfloat16 the kernel runs bf16 GEMMs, in every graph under ``auto``
-        too (MindSpore's CPU MatMul has no bf16; the emulation, ``BF16MatMul``, is slower). The rule per graph:
-        ``use_gemm``. ``bf16_weights``: the caller's weight is held as bfloat16 (``self.bf16_weights``), so the
+        """(the GEMM kernel Cell, its rule: ``use_gemm``) or (None, None): float32 compute; ``auto`` runs it in inference
+        graphs where it measured faster, from ``LINEAR_GEMM_ROWS`` rows (prefill, eval; not the few-row decode step,
+        not training; ``LINEAR_RULE``), the head from ``HEAD_GEMM_ROWS`` and at up to ``HEAD_GEMM_FEW_ROWS``
+        (``HEAD_RULE``); ``kernel`` in every graph (``EVERY_GRAPH``, training too). With ``gemm_dtype`` bfloat16
+        the kernel runs bf16 GEMMs, in every graph under ``auto`` too (MindSpore's CPU MatMul has no bf16; the
+        emulation, ``BF16MatMul``, is slower). The rule per graph: ``use_gemm``. ``bf16_weights``: the caller's weight is held as bfloat16 (``self.bf16_weights``), so the
         Cell takes it so (the inference-only forward of ``kernels/linear.py``)."""
         if compute_dtype != ms.float32 or not self.uses("linear"):
             return None, None
@@ -268,8 +277,8 @@ class KernelProvider:
         if gemm is None:
             return None, None
         if self.modes["linear"] == "kernel" or self.gemm_dtype == "bfloat16":
-            return gemm, 0
-        return gemm, HEAD_GEMM_ROWS if head else LINEAR_GEMM_ROWS
+            return gemm, EVERY_GRAPH
+        return gemm, HEAD_RULE if head else LINEAR_RULE
 
     def gemm_epilogue(self, form, compute_dtype):
         """The MLP's GEMM epilogues (``kernels/linear.py`` ``CPULinearEpilogue``: fc1 + bias + GeLU ``form``, fc2 +
@@ -342,12 +351,14 @@ def _tell_once(line):
         sys.stderr.flush()
 
 
-def use_gemm(gemm_rows, training, rows, few_rows=0):
-    """True where a graph of ``rows`` static rows runs the GEMM kernel (``linear_gemm``'s rows; ``training``: the
-    Cell's flag; ``few_rows``: an inference graph of at most this many rows runs it too, the head's
-    ``HEAD_GEMM_FEW_ROWS``). Shapes and the flag are constants in a compiled graph, so this is decided at compile
-    time: the graph holds one of the two paths, never a branch."""
-    return gemm_rows is not None and (gemm_rows == 0 or (not training and (rows >= gemm_rows or rows <= few_rows)))
+def use_gemm(rule, training, rows):
+    """True where a graph of ``rows`` static rows runs the GEMM kernel: ``rule``, ``linear_gemm``'s (from_rows,
+    up_to_rows) or None (no kernel); ``training``: the Cell's flag. Shapes and the flag are constants in a compiled
+    graph, so this is decided at compile time: the graph holds one of the two paths, never a branch."""
+    if rule is None:
+        return False
+    from_rows, up_to_rows = rule
+    return from_rows == 0 or (not training and (rows >= from_rows or rows <= up_to_rows))
 
 
 def provider_of(network):

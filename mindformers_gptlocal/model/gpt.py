@@ -30,7 +30,7 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (HEAD_GEMM_FEW_ROWS, Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter,
+from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter,
                      kernel_provider, make_norm, plain_matmul, residual_init_std, to_mstype, use_gemm)
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
@@ -193,7 +193,7 @@ class EpilogueFeedForward(BiasGeLUFeedForward):
         """``residual``: None, or the block's hidden [..., H], returned plus the MLP's output."""
         fc1, fc2 = self.linear_fc1, self.linear_fc2
         if self.epilogue is None or fc2.skip_bias_add or \
-                not use_gemm(fc1.gemm_rows, self.training, math.prod(hidden.shape[:-1])):
+                not use_gemm(fc1.gemm_rule, self.training, math.prod(hidden.shape[:-1])):
             y = fc1(hidden, dropout_step)
             y = fc2(self.bias_gelu(y, ops.cast(fc1.bias, y.dtype)), dropout_step)
             return y if residual is None else self.add(residual, ops.cast(y, residual.dtype))
@@ -574,7 +574,7 @@ class GPTLocalForCausalLM(nn.Cell):
         if self.head_bf16 and not self.untied:
             self.head_table = bf16_parameter((config.vocab_size, config.hidden_size), HEAD_TABLE)
             self.refresh_head_table()
-        self.head_gemm, self.head_gemm_rows = self.model.kernels.linear_gemm(self.compute_dtype, head=True,
+        self.head_gemm, self.head_gemm_rule = self.model.kernels.linear_gemm(self.compute_dtype, head=True,
                                                                              bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
         self.head_int8 = int8_matmul(self.model.kernels) if self.model.embedding.int8 else None
@@ -668,8 +668,8 @@ class GPTLocalForCausalLM(nn.Cell):
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:
             weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
-        # fixed at compile time (layers.py); the head's kernel also at 1-2 rows (the decode step's head at batch 1, 2)
-        if use_gemm(self.head_gemm_rows, self.training, batch * seq, HEAD_GEMM_FEW_ROWS):
+        # fixed at compile time (layers.py); the head's rule, provider.HEAD_RULE: also at 1-2 rows (decode at batch 1, 2)
+        if use_gemm(self.head_gemm_rule, self.training, batch * seq):
             logits = self.head_gemm(hidden, weight)
         else:
             logits = self.head_matmul(hidden, weight)

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from ..kernels.provider import HEAD_GEMM_FEW_ROWS, KernelProvider, use_gemm
+from ..kernels.provider import KernelProvider, use_gemm
 from ..parallel.sharding import is_parallel_build
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
@@ -79,8 +79,8 @@ class Linear(nn.Cell):
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
     ``kernels``: the model's ``KernelProvider`` (None: ``kernel_provider()``). Where it gives the GEMM kernel
-    (``kernels/linear.py``, ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs whose
-    static row count is at least ``gemm_rows`` (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more;
+    (``kernels/linear.py``, ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs its
+    ``gemm_rule`` picks by static row count (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more;
     ``kernel``, every graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also
     carries the shard strategies (then BroadcastTo + Add for the bias). With bfloat16 GEMMs on a float32 graph
     (``KernelProvider.gemm_dtype``: CPU, ``compute_dtype: bfloat16``) the kernel runs them in every graph, and
@@ -113,7 +113,7 @@ class Linear(nn.Cell):
         self.matmul = plain_matmul(kernels)
         self.cast = ops.Cast()
         # the CPU GEMM kernel Cell and its rows, or None
-        self.gemm, self.gemm_rows = kernels.linear_gemm(compute_dtype, bf16_weights=self.bf16_weight)
+        self.gemm, self.gemm_rule = kernels.linear_gemm(compute_dtype, bf16_weights=self.bf16_weight)
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -130,7 +130,7 @@ class Linear(nn.Cell):
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
         # a bf16 weight as held: the kernel runs every graph then (rows 0, provider.bf16_weights)
         weight = self.weight if self.bf16_weight else self.cast(self.weight, self.compute_dtype)
-        if use_gemm(self.gemm_rows, self.training, rows):
+        if use_gemm(self.gemm_rule, self.training, rows):
             if self.has_bias and not self.skip_bias_add:
                 return x, self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
             return x, self.gemm(x, weight)

@@ -22,7 +22,7 @@ from conftest import Launch, source_env, step_losses
 from conftest import write_yaml
 
 STEPS = 40
-KILLS = 6
+KILLS = 4
 BUDGET_S = 150
 
 

@@ -91,22 +91,22 @@ def test_provider_dtype_rule():
     cpu = KernelProvider(compute_dtype="bfloat16", device_target="CPU")
     assert (cpu.gemm_dtype, cpu.graph_dtype("bfloat16"), cpu.graph_dtype(ms.bfloat16)) == ("bfloat16",) + ("float32",) * 2
     assert cpu.graph_dtype("float16") == "float16"
-    gemm, rows = cpu.linear_gemm(ms.float32)
-    assert rows == 0 and gemm.precision == "bfloat16"
-    assert cpu.linear_gemm(ms.float32, head=True)[1] == 0
+    gemm, rule = cpu.linear_gemm(ms.float32)
+    assert rule == provider.EVERY_GRAPH and gemm.precision == "bfloat16"
+    assert cpu.linear_gemm(ms.float32, head=True)[1] == provider.EVERY_GRAPH
     assert KernelProvider(compute_dtype="bfloat16", device_target="CPU", parallel=True).gemm_dtype is None
     assert KernelProvider(compute_dtype=ms.bfloat16, device_target="CPU").gemm_dtype == "bfloat16"
     for target in ("Ascend", "GPU"):
         other = KernelProvider(compute_dtype="bfloat16", device_target=target)
         assert (other.gemm_dtype, other.graph_dtype("bfloat16")) == (None, "bfloat16")
     fp32 = KernelProvider(device_target="CPU")
-    assert fp32.gemm_dtype is None and fp32.linear_gemm(ms.float32)[1] == provider.LINEAR_GEMM_ROWS
+    assert fp32.gemm_dtype is None and fp32.linear_gemm(ms.float32)[1] == provider.LINEAR_RULE
     assert fp32.linear_gemm(ms.float32)[0].precision == "float32"
     plain = KernelProvider({"linear": "plain"}, compute_dtype="bfloat16", device_target="CPU")
     assert plain.linear_gemm(ms.float32) == (None, None) and isinstance(plain_matmul(plain), BF16MatMul)
     assert type(plain_matmul(fp32)).__name__ == "MatMul"
     layer = Linear(77, 109, 0.5, ms.float32, ms.float32, kernels=cpu)
-    assert layer.gemm_rows == 0 and isinstance(layer.matmul, BF16MatMul)
+    assert layer.gemm_rule == provider.EVERY_GRAPH and isinstance(layer.matmul, BF16MatMul)
     with pytest.raises(ValueError, match="precision"):
         linear.CPULinearGEMM("unused", precision="int4")
 

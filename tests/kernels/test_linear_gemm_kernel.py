@@ -79,7 +79,7 @@ def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode
     and training graphs MatMul; [B, S, in] inputs count as B * S rows."""
     threshold = provider.LINEAR_GEMM_ROWS
     layer, weight, bias = _marked_linear(library, None)
-    assert layer.gemm_rows == threshold
+    assert layer.gemm_rule == provider.LINEAR_RULE == (threshold, 0)
     layer.set_train(False)
     _check(layer, weight, bias, (threshold - 1, 1, IN), False)
     _check(layer, weight, bias, (2, threshold // 2, IN), True)  # exactly the threshold
@@ -90,20 +90,21 @@ def test_linear_picks_the_kernel_by_static_rows_in_inference(library, graph_mode
 def test_always_and_never(library, pynative_mode):
     """cpu_kernels {linear: kernel}: the kernel in every graph, one row and training too; plain builds none; anything
     else is refused naming the key and the allowed values."""
-    assert _marked_linear(library, "auto")[0].gemm_rows == provider.LINEAR_GEMM_ROWS
+    assert _marked_linear(library, "auto")[0].gemm_rule == (provider.LINEAR_GEMM_ROWS, 0)
     layer, weight, bias = _marked_linear(library, "kernel")
-    assert layer.gemm_rows == 0
+    assert layer.gemm_rule == provider.EVERY_GRAPH
     for train in (False, True):
         layer.set_train(train)
         _check(layer, weight, bias, (1, IN), True)
     assert Linear(IN, OUT, 0.5, ms.float32, ms.float32, kernels=KernelProvider({"linear": "plain"})).gemm is None
-    assert [use_gemm(rows_at, False, 5) for rows_at in (None, 0, 5, 6)] == [False, True, True, False]
-    assert [use_gemm(rows_at, True, 99) for rows_at in (None, 0, 5)] == [False, True, False]
-    # the head's few-row rule (HEAD_GEMM_FEW_ROWS 2): 1 and 2 rows and from 16, inference graphs only
-    few = provider.HEAD_GEMM_FEW_ROWS
-    assert [use_gemm(16, False, rows, few) for rows in (1, 2, 3, 15, 16)] == [True, True, False, False, True]
-    assert [use_gemm(rows_at, True, 1, few) for rows_at in (None, 0, 16)] == [False, True, False]
-    assert not use_gemm(None, False, 1, few)
+    rules = (None, (0, 0), (5, 0), (6, 0))
+    assert [use_gemm(rule, False, 5) for rule in rules] == [False, True, True, False]
+    assert [use_gemm(rule, True, 99) for rule in rules[:3]] == [False, True, False]
+    # the head's rule (HEAD_RULE: from 16 rows and at up to HEAD_GEMM_FEW_ROWS, 2), inference graphs only
+    head = provider.HEAD_RULE
+    assert head == (16, 2)
+    assert [use_gemm(head, False, rows) for rows in (1, 2, 3, 15, 16)] == [True, True, False, False, True]
+    assert [use_gemm(rule, True, 1) for rule in (None, (0, 2), head)] == [False, True, False]
     with pytest.raises(ConfigError, match=r"model_config.cpu_kernels.linear is 'yes'; set one of auto, kernel, plain"):
         read_cpu_kernels({"linear": "yes"})
 
@@ -114,10 +115,10 @@ def test_model_builds_the_row_thresholds():
     config = GPTLocalConfig(**TINY)
     model = GPTLocalForCausalLM(config)
     layer = model.model.layers[0]
-    assert [layer.attention.linear_qkv.gemm_rows, layer.mlp.linear_fc2.gemm_rows, model.head_gemm_rows] == [
-        provider.LINEAR_GEMM_ROWS, provider.LINEAR_GEMM_ROWS, provider.HEAD_GEMM_ROWS]
+    assert [layer.attention.linear_qkv.gemm_rule, layer.mlp.linear_fc2.gemm_rule, model.head_gemm_rule] == [
+        provider.LINEAR_RULE, provider.LINEAR_RULE, provider.HEAD_RULE]
     plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"linear": "plain"}))
-    assert plain.head_gemm is None and plain.model.layers[0].attention.linear_qkv.gemm_rows is None
+    assert plain.head_gemm is None and plain.model.layers[0].attention.linear_qkv.gemm_rule is None
 
 
 def test_compiled_training_graph_with_and_without_bias(library, graph_mode):
@@ -152,7 +153,7 @@ def test_compiled_training_graph_with_and_without_bias(library, graph_mode):
 
 def test_the_head_runs_the_kernel_at_one_and_two_rows_in_inference(graph_mode):
     """cpu_kernels auto: an inference graph's head of 1 or 2 rows (the decode step at batch 1, 2) runs the GEMM kernel
-    (HEAD_GEMM_FEW_ROWS), 3-15 rows MatMul: with the head kernel's argument vector broken, a batch-4 prefill of 3
+    (HEAD_RULE), 3-15 rows MatMul: with the head kernel's argument vector broken, a batch-4 prefill of 3
     tokens (12 rows) and its decode steps (4 rows) run, a batch-1 or batch-2 decode fails."""
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY), inference=True)
     model.set_train(False)

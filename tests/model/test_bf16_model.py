@@ -45,7 +45,7 @@ def test_bf16_logits_near_float32_not_equal(graph_mode):
         _sharpened(model)
         model.set_train(False)
     layer = bf16.model.layers[0]
-    assert layer.attention.linear_qkv.gemm_rows == 0 and bf16.head_gemm_rows == 0  # every graph: the bf16 kernel
+    assert layer.attention.linear_qkv.gemm_rule == bf16.head_gemm_rule == (0, 0)  # every graph: the bf16 kernel
     assert bf16.head_gemm.precision == "bfloat16" and fp32.head_gemm.precision == "float32"
     assert layer.mlp.linear_fc1.weight.dtype == ms.float32 and bf16.compute_dtype == ms.float32
     # the float32 graph keeps the other CPU kernels: fused attention, LayerNorm, bias + GeLU

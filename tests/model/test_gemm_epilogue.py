@@ -67,7 +67,7 @@ def test_training_step_matches_the_unfused_mlp(library, graph_mode, cpu_kernels,
     assert any("mlp.linear_fc1.bias" in name and np.abs(g).max() > 0 for name, g in grads.items())
 
 
-def test_inference_graphs_fused_from_the_gemm_rows(library, graph_mode):
+def test_inference_graphs_fused_where_the_gemm_rule_runs_the_kernel(library, graph_mode):
     """float32 with ``linear: auto``: an inference graph of 32 rows (the GEMM kernel's, so the epilogues') has the
     unfused MLP's logits within float32 tolerance; one of 8 rows (MatMul's graph, the unfused MLP) exactly."""
     fused, plain = _pair({})
