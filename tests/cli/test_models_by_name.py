@@ -16,9 +16,19 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = "tiny-org/tiny-gpt2"
 
 
+def _start(args, env, cwd=None):
+    """A gptlocal command started now; ``.communicate()`` later (independent commands overlap: suite time)."""
+    return subprocess.Popen([sys.executable, "-m", "mindformers_gptlocal.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+
+
+def _result(proc):
+    out, err = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def _gptlocal(args, env, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=600)
+    return _result(_start(args, env, cwd))
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +60,7 @@ def test_an_id_in_the_cache_equals_its_converted_directory(hub, tmp_path):
     root, env = hub
     flags = ["--prompt", "def f(", "--temperature", "0", "--max-new-tokens", "8", "--compile-cache", "off"]
     converted = tmp_path / "converted"
+    by_id = _start(["generate", "--model", REPO, *flags], env)  # converts into the cache meanwhile
     done = _gptlocal(["convert", "hf2ms", "--hf-dir", REPO, "--out", str(converted)], env)
     assert done.returncode == 0, done.stderr
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(converted))
@@ -57,19 +68,19 @@ def test_an_id_in_the_cache_equals_its_converted_directory(hub, tmp_path):
     assert by_dir.returncode == 0, by_dir.stderr
     assert by_dir.stdout.startswith("def f(") and len(by_dir.stdout) > len("def f(\n")
 
-    by_id = _gptlocal(["generate", "--model", REPO, *flags], env)
+    by_id = _result(by_id)
     assert by_id.returncode == 0, by_id.stderr
     assert by_id.stdout == by_dir.stdout
     cached = root / "xdg" / "mindformers_gptlocal" / "hub" / REPO.replace("/", "--") / COMMIT
     assert (cached / "model.safetensors").is_file()
     assert "converting the Hugging Face snapshot" in by_id.stderr and str(cached) in by_id.stderr
 
-    bare = _gptlocal(["generate", "--model", REPO.split("/")[1], *flags], env)  # the one cached ORG/tiny-gpt2
-    assert bare.returncode == 0, bare.stderr
-    assert bare.stdout == by_dir.stdout and "converting" not in bare.stderr  # converted once, reused
-
+    bare = _start(["generate", "--model", REPO.split("/")[1], *flags], env)  # the one cached ORG/tiny-gpt2
     shutil.copytree(converted, tmp_path / "tiny-org" / "absent")  # a path that exists wins over an id
     local = _gptlocal(["generate", "--model", "tiny-org/absent", *flags], env, cwd=str(tmp_path))
+    bare = _result(bare)
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout == by_dir.stdout and "converting" not in bare.stderr  # converted once, reused
     assert local.returncode == 0, local.stderr
     assert local.stdout == by_dir.stdout
 

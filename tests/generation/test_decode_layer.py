@@ -2,9 +2,9 @@
 its one-token KV-cache graphs) against the plain decode graph of the same weights (``cpu_kernels: {decode_layer:
 plain}``): the logits of every step of a greedy generation of 24 tokens within 1e-5, one-token steps
 (``ModelRunner.decode``) and the unrolled greedy graph (``decode_greedy``, generate's greedy path), batch 1 and batch
-3 with ragged prompts (right padding), a row subset of the cache's slots (serve's smaller batch buckets), the caches
-equal afterwards; GPT-2's tiny shape, an odd one (hidden 40, 5 heads of 8, one key/value group, quick GeLU), and
-an int8 model of the tiny shape (``gptlocal quantize``'s scheme: the int8 decode kernel against the plain int8
+3 with ragged prompts (right padding), the caches equal afterwards (and, on the tiny shape, ``generate`` and a row
+subset of the cache's slots: serve's smaller batch buckets); GPT-2's tiny shape, an odd one (hidden 40, 5 heads of
+8, one key/value group, quick GeLU), and an int8 model of the tiny shape (``gptlocal quantize``'s scheme: the int8 decode kernel against the plain int8
 decode graph on the int8 GEMM kernel), and a bf16 model built for inference (bfloat16 weights, the bf16-weight decode
 kernel against the plain bf16 decode graph, whose Linears run the same bf16 GEMM kernel; oneDNN's bf16 GEMM and its
 emulation). Also: the decode graph really calls the kernel, and the layers it cannot compute keep the plain graph."""
@@ -127,9 +127,11 @@ def steps_equal(fast, plain, prompts):
         close(a, b, f"cache tensor {index} after the greedy graph")
 
 
+@pytest.mark.parametrize("models", ["tiny"], indirect=True, scope="module")
 def test_generate_and_a_row_subset_of_the_slots(models):
     """``generate`` (its greedy graph) gives the plain tokens; a step over 2 of 3 slots (serve's smaller batch
-    bucket: rows name their slots) writes and reads only those slots."""
+    bucket: rows name their slots) writes and reads only those slots. On the tiny shape: the way from ``generate``
+    and the slots to the kernel is the same for every weight layout, which the step tests check by value."""
     fast, plain = models
     prompts = [[7, 3, 9, 1], list(range(40, 53))]
     assert fast.generate(prompts, max_new_tokens=20, do_sample=False) == \
