@@ -263,13 +263,14 @@ class KernelProvider:
         return swiglu_kernel(compute_dtype)
 
     def linear_gemm(self, compute_dtype, head=False, bf16_weights=False):
-        """(the GEMM kernel Cell, its rule: ``use_gemm``) or (None, None): float32 compute; ``auto`` runs it in inference
-        graphs where it measured faster, from ``LINEAR_GEMM_ROWS`` rows (prefill, eval; not the few-row decode step,
-        not training; ``LINEAR_RULE``), the head from ``HEAD_GEMM_ROWS`` and at up to ``HEAD_GEMM_FEW_ROWS``
-        (``HEAD_RULE``); ``kernel`` in every graph (``EVERY_GRAPH``, training too). With ``gemm_dtype`` bfloat16
-        the kernel runs bf16 GEMMs, in every graph under ``auto`` too (MindSpore's CPU MatMul has no bf16; the
-        emulation, ``BF16MatMul``, is slower). The rule per graph: ``use_gemm``. ``bf16_weights``: the caller's weight is held as bfloat16 (``self.bf16_weights``), so the
-        Cell takes it so (the inference-only forward of ``kernels/linear.py``)."""
+        """(the GEMM kernel Cell, its rule for ``use_gemm``) or (None, None): float32 compute; ``auto`` runs it in
+        inference graphs where it measured faster, from ``LINEAR_GEMM_ROWS`` rows (prefill, eval; not the few-row
+        decode step, not training; ``LINEAR_RULE``), the head from ``HEAD_GEMM_ROWS`` rows and at up to
+        ``HEAD_GEMM_FEW_ROWS`` (``HEAD_RULE``); ``kernel`` in every graph (``EVERY_GRAPH``, training too). With
+        ``gemm_dtype`` bfloat16 the kernel runs bf16 GEMMs, in every graph under ``auto`` too (MindSpore's CPU MatMul
+        has no bf16; the emulation, ``BF16MatMul``, is slower). ``bf16_weights``: the caller's weight is held as
+        bfloat16 (``self.bf16_weights``), so the Cell takes it so (the inference-only forward of
+        ``kernels/linear.py``)."""
         if compute_dtype != ms.float32 or not self.uses("linear"):
             return None, None
         from .linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel

@@ -668,7 +668,7 @@ class GPTLocalForCausalLM(nn.Cell):
             weight = ops.cast(self.output_layer.weight, self.compute_dtype)
         else:
             weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
-        # fixed at compile time (layers.py); the head's rule, provider.HEAD_RULE: also at 1-2 rows (decode at batch 1, 2)
+        # fixed at compile time (layers.py); the head's rule (provider.HEAD_RULE) takes 1-2 rows too: decode, batch 1-2
         if use_gemm(self.head_gemm_rule, self.training, batch * seq):
             logits = self.head_gemm(hidden, weight)
         else:

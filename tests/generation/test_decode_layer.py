@@ -3,11 +3,12 @@ its one-token KV-cache graphs) against the plain decode graph of the same weight
 plain}``): the logits of every step of a greedy generation of 24 tokens within 1e-5, one-token steps
 (``ModelRunner.decode``) and the unrolled greedy graph (``decode_greedy``, generate's greedy path), batch 1 and batch
 3 with ragged prompts (right padding), the caches equal afterwards (and, on the tiny shape, ``generate`` and a row
-subset of the cache's slots: serve's smaller batch buckets); GPT-2's tiny shape, an odd one (hidden 40, 5 heads of
-8, one key/value group, quick GeLU), and an int8 model of the tiny shape (``gptlocal quantize``'s scheme: the int8 decode kernel against the plain int8
-decode graph on the int8 GEMM kernel), and a bf16 model built for inference (bfloat16 weights, the bf16-weight decode
-kernel against the plain bf16 decode graph, whose Linears run the same bf16 GEMM kernel; oneDNN's bf16 GEMM and its
-emulation). Also: the decode graph really calls the kernel, and the layers it cannot compute keep the plain graph."""
+subset of the cache's slots: serve's smaller batch buckets); GPT-2's tiny shape, an odd one (hidden 40, 5 heads of 8,
+one key/value group, quick GeLU), and an int8 model of the tiny shape (``gptlocal quantize``'s scheme: the int8
+decode kernel against the plain int8 decode graph on the int8 GEMM kernel), and a bf16 model built for inference
+(bfloat16 weights, the bf16-weight decode kernel against the plain bf16 decode graph, whose Linears run the same bf16
+GEMM kernel; oneDNN's bf16 GEMM and its emulation). Also: the decode graph really calls the kernel, and the layers it
+cannot compute keep the plain graph."""
 import numpy as np
 import pytest
 import mindspore as ms
