@@ -76,6 +76,7 @@ SUITES = {
         ("attention", "attention_kernel.py", "--rounds 3"),
         ("norm-gelu", "norm_gelu_kernels.py", "--rounds 20 --threads 2"),
         ("linear", "linear_rows.py", "--rounds 20 --threads 2"),
+        ("decode-layer", "decode_layer_calls.py", "--rounds 10 --threads 2"),
         ("kv-write", "kv_cache_lengths.py", "--shapes small --batches 1 8 --cache-lengths 64 512 2048 --steps 5 "
                                             "--rounds 2"),
         ("reduce", "reduce_kernels.py", ""),
