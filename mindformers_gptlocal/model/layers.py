@@ -112,7 +112,7 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.matmul = plain_matmul(kernels)
         self.cast = ops.Cast()
-        # the CPU GEMM kernel Cell and its rows, or None
+        # the CPU GEMM kernel Cell and its rule (provider.use_gemm), or (None, None)
         self.gemm, self.gemm_rule = kernels.linear_gemm(compute_dtype, bf16_weights=self.bf16_weight)
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
