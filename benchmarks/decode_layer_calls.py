@@ -40,32 +40,12 @@ def layer_arrays(rng, hidden, inter):
     return arrays
 
 
-class Direct:
-    """``symbol`` of the kernel library called through ctypes on numpy arrays (the AOT calling convention)."""
-
-    def __init__(self, path, symbol, arrays):
-        self.fn = getattr(ctypes.CDLL(path), symbol)
-        self.arrays = arrays  # kept alive: the pointers below point into them
-        count = len(arrays)
-        self.count = count
-        self.params = (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays])
-        self.ndims = (ctypes.c_int * count)(*[a.ndim for a in arrays])
-        self._shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
-        self.shapes = (ctypes.POINTER(ctypes.c_int64) * count)(
-            *[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in self._shapes])
-        self.dtypes = (ctypes.c_char_p * count)(*[str(a.dtype).encode() for a in arrays])
-
-    def __call__(self):
-        status = self.fn(self.count, self.params, self.ndims, self.shapes, self.dtypes, None, None)
-        if status != 0:
-            raise RuntimeError(f"the kernel returned {status}")
-
-
 def worker(names, copies_list, length, rounds, reps, threads):
     """Prints one table row per (shape, copies)."""
     import mindspore as ms
     from mindspore import Parameter, Tensor, nn
     from mindformers_gptlocal.kernels import build
+    from mindformers_gptlocal.kernels.aot import DirectCall
     from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer
     C.mindspore_threads(threads, "decode layer calls worker")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -109,10 +89,13 @@ def worker(names, copies_list, length, rounds, reps, threads):
             inputs = (Tensor(hidden_in), Tensor(index), Tensor(bias))
             graph(*inputs).asnumpy()  # compiles
             config = kernel.config.asnumpy()
-            direct = [Direct(path, kernel.symbol, [hidden_in, *arrays, *caches, index, bias, config,
-                                                   np.zeros_like(hidden_in)]) for arrays in sets]
+            function = getattr(ctypes.CDLL(path), kernel.symbol)
+            direct = [DirectCall(function, [hidden_in, *arrays, *caches, index, bias, config, np.zeros_like(hidden_in)])
+                      for arrays in sets]
             for call in direct:
-                call()
+                status = call.call()
+                if status != 0:
+                    raise RuntimeError(f"{kernel.symbol} returned {status}")
 
             def measure(side, _):
                 start = time.perf_counter()
@@ -120,7 +103,7 @@ def worker(names, copies_list, length, rounds, reps, threads):
                     graph(*inputs).asnumpy()
                 else:
                     for call in range(reps):
-                        direct[call % copies]()
+                        direct[call % copies].call()
                 return (time.perf_counter() - start) / reps * 1e6
 
             times = C.alternate(("graph", "direct"), rounds, measure)

@@ -30,8 +30,8 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter,
-                     kernel_provider, make_norm, plain_matmul, residual_init_std, to_mstype, use_gemm)
+from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter, kernel_provider, make_norm,
+                     plain_matmul, residual_init_std, to_mstype, use_gemm)
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization

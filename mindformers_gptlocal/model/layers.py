@@ -128,7 +128,7 @@ class Linear(nn.Cell):
         build-time attributes, which the graph compiler folds."""
         rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
-        # a bf16 weight as held: the kernel runs every graph then (rows 0, provider.bf16_weights)
+        # a bf16 weight as held: the kernel runs every graph then (EVERY_GRAPH, provider.bf16_weights)
         weight = self.weight if self.bf16_weight else self.cast(self.weight, self.compute_dtype)
         if use_gemm(self.gemm_rule, self.training, rows):
             if self.has_bias and not self.skip_bias_add:

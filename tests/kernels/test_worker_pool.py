@@ -11,6 +11,8 @@ import threading
 import numpy as np
 import pytest
 
+from mindformers_gptlocal.kernels.aot import DirectCall
+
 
 @pytest.fixture(scope="module")
 def library():
@@ -25,14 +27,7 @@ def linear(library, x, w, threads):
     """gptlocal_linear_fwd(x, w, LinearArgs(threads, float32)) -> x w^T, as MindSpore calls it."""
     args = np.array([threads, 0], np.float32)
     y = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    arrays = [x, w, args, y]
-    count = len(arrays)
-    params = (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * count)(*[a.ndim for a in arrays])
-    dims = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
-    shapes = (ctypes.POINTER(ctypes.c_int64) * count)(*[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims])
-    dtypes = (ctypes.c_char_p * count)(*[b"float32"] * count)
-    assert library.gptlocal_linear_fwd(count, params, ndims, shapes, dtypes, None, None) == 0
+    assert DirectCall(library.gptlocal_linear_fwd, [x, w, args, y]).call() == 0
     return y
 
 
