@@ -102,7 +102,7 @@ def build_step(args, kernels, lora=None, plain_dropout=False):
     config = GPTLocalConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                             max_position_embeddings=max(1024, args.seq), seq_length=args.seq, hidden_dropout=0.0,
                             attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                            hidden_act=args.hidden_act, pet_config=lora,
+                            hidden_act=args.hidden_act, pet_config=lora, compute_dtype=args.compute_dtype,
                             cpu_kernels=cpu_kernels(args.plain_op, kernels, plain_dropout))
     ms.set_seed(0)
     model = GPTLocalForCausalLM(config)
@@ -270,6 +270,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--hidden-act", default="gelu_new")
+    parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="model_config.compute_dtype (bfloat16 on CPU: float32 between ops, bf16 GEMMs)")
     parser.add_argument("--variant", choices=("kernels", "plain"), default="kernels")
     parser.add_argument("--groups", action="store_true", help="fold op types into the docs' groups")
     parser.add_argument("--min-ms", type=float, default=0.5, help="op types below this many ms a step are not listed")

@@ -42,4 +42,5 @@ STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, 
 DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads precision",
                           "The decode step's layer (cpu_decode_layer.cc): the LayerNorms' epsilon, attention's "
                           "scale, form 0 tanh GeLU, 1 quick, and its GEMMs' precision (LinearArgs').")
-STRUCTS += (DecodeLayerArgs, Int8LinearArgs, LinearGeluArgs)
+AdamWArgs = _struct("AdamWArgs", "threads", "AdamW's in-place update (cpu_adamw.cc).")
+STRUCTS += (DecodeLayerArgs, Int8LinearArgs, LinearGeluArgs, AdamWArgs)

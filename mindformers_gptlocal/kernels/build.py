@@ -4,10 +4,10 @@
 attention ``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU
 kernels ``cpu_norm_gelu.cc``, LoRA's input dropout ``lora_dropout.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``,
 Linear's GEMM ``cpu_linear.cc``, the decode step's layer ``cpu_decode_layer.cc``, an int8 model's Linear
-``cpu_linear_int8.cc``) with the system compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``,
-compiled against the headers of the ``onednn-devel-cpu-gomp`` package and linked to the ``libdnnl.so.3`` of the
-``onednn-cpu-gomp`` package (both in install_requires; oneDNN 3.2, GNU OpenMP runtime, for ``dnnl_sgemm``,
-``dnnl_gemm_bf16bf16f32`` and ``dnnl_gemm_s8s8s32``), with a run path to that library. Both
+``cpu_linear_int8.cc``, AdamW's update ``cpu_adamw.cc``) with the system compiler (``$CXX``, default ``g++``):
+``-O3 -fPIC -shared -fopenmp``, compiled against the headers of the ``onednn-devel-cpu-gomp`` package and linked to
+the ``libdnnl.so.3`` of the ``onednn-cpu-gomp`` package (both in install_requires; oneDNN 3.2, GNU OpenMP runtime,
+for ``dnnl_sgemm``, ``dnnl_gemm_bf16bf16f32`` and ``dnnl_gemm_s8s8s32``), with a run path to that library. Both
 are found through the installed distributions' file lists (``importlib.metadata``), never by guessing a folder.
 Or None, with the reason, when it cannot be built or loaded: no compiler, no oneDNN package, a failed build.
 
@@ -63,6 +63,8 @@ SOURCES += (os.path.join(HERE, "cpu_decode_layer.cc"),)  # the decode step's lay
 SYMBOLS += ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd", "gptlocal_decode_layer_bf16w_fwd")
 SOURCES += (os.path.join(HERE, "cpu_linear_int8.cc"),)  # an int8 model's Linear (linear_int8.py)
 SYMBOLS += ("gptlocal_int8_linear_fwd",)
+SOURCES += (os.path.join(HERE, "cpu_adamw.cc"),)  # AdamW's in-place update (adamw.py)
+SYMBOLS += ("gptlocal_adamw_fwd",)
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)

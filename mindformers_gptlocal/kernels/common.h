@@ -346,6 +346,9 @@ struct DecodeLayerArgs {
 struct Int8LinearArgs {
   float threads;
 };
+struct AdamWArgs {
+  float threads;
+};
 
 // Input `index`'s memory as the op's argument struct, or nullptr when that input is not exactly one such struct of
 // float32 (a caller built for another layout: the kernel then fails the call instead of reading past it).

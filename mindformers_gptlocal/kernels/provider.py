@@ -49,6 +49,9 @@ OPS = {
     "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py); "
                     "float32, int8 and (built for inference) bf16 models",
 }
+OPS["adamw"] = ("GPTLocalAdamW's update of each float32 parameter and its moments in place, one pass "
+                "(kernels/adamw.py; AdamWeightDecay's formula), in a train step that hands the optimizer the model's "
+                "provider (GPTLocalTrainOneStepCell)")
 OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
                       "(kernels/linear_int8.py)")
 OPS["gemm_epilogue"] = ("the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels "
@@ -333,6 +336,14 @@ class KernelProvider:
         from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
         return decode_layer_kernel(epsilon, scale, form, ms.float32, int8=int8, precision=self.gemm_dtype or "float32",
                                    bf16_weights=bf16)
+
+    def adamw(self, param_dtypes):
+        """GPTLocalAdamW's update kernel (``kernels/adamw.py`` ``CPUAdamW``) where every parameter it updates is
+        float32 (``param_dtypes``), or None: MindSpore's ``AdamWeightDecay``."""
+        if not self.uses("adamw") or any(dtype != ms.float32 for dtype in param_dtypes):
+            return None
+        from .adamw import adamw_kernel  # pylint: disable=import-outside-toplevel
+        return adamw_kernel()
 
     def int8_linear(self, compute_dtype):
         """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their

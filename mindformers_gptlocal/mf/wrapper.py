@@ -44,13 +44,17 @@ class TrimAfterCompileMixin:
 
 
 class IsFiniteOverflowMixin:
-    """Overflow = some gradient is not finite; used on CPU and GPU."""
+    """Overflow = some gradient is not finite; used on CPU and GPU. Also hands the model's kernel provider to the
+    clip (the fast square sums) and to a ``GPTLocalAdamW`` (its AdamW kernel)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_isfinite_check = ms.get_context("device_target") != "Ascend"
-        if getattr(self, "use_clip_grad", False) and provider_of(self.network).composed_ops():
+        provider = provider_of(self.network)
+        if getattr(self, "use_clip_grad", False) and provider.composed_ops():
             self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]))
+        if hasattr(self.optimizer, "use_kernels"):  # GPTLocalAdamW: the model's AdamW kernel where it has one
+            self.optimizer.use_kernels(provider)
 
     def get_overflow_status(self, status, compute_output):
         if not self.use_isfinite_check:

@@ -14,6 +14,10 @@ MindFormers' AdamW exactly (up to rounding), with b1 = 1 - beta1^t and b2 = 1 - 
 Same constructor arguments and state names (``adam_m.*``, ``adam_v.*``) as MindFormers' AdamW, so a
 YAML switches with ``optimizer.type`` alone and checkpoints carry over.
 
+On CPU, in gpt_local's train step (``GPTLocalTrainOneStepCell``), the kernel is gpt_local's own
+(``kernels/adamw.py``: the same formula and inputs, one pass a parameter on the library's threads; the model's
+``cpu_kernels`` op ``adamw``), as MindSpore's CPU ``AdamWeightDecay`` runs ~3x slower than the memory it touches.
+
 (Folding the clip factor into the fused step, ``fused_clip``, measured slower on an idle CPU and is gone: a YAML that
 still sets it gets one line.)
 """
@@ -65,10 +69,18 @@ class GPTLocalAdamW(Optimizer):
         self.eps = Tensor(np.array([eps], np.float32))
         self.exp_avg = self._moments("adam_m")
         self.exp_avg_sq = self._moments("adam_v")
-        self.kernel = ops.AdamWeightDecay()
+        self.kernel = ops.AdamWeightDecay()  # the train step may give it the CPU kernel (use_kernels)
         if fused_clip is not None:
             sys.stderr.write("gpt_local: optimizer.fused_clip is no longer read (the train step clips the gradients "
                              "before the fused step); remove it from the YAML.\n")
+
+    def use_kernels(self, provider):
+        """Runs the update through ``provider``'s AdamW kernel (``KernelProvider.adamw``: on CPU, one in-place pass
+        a parameter, the same formula) where it gives one; else keeps ``AdamWeightDecay``. Called by the train step
+        (``mf/wrapper.py``) with its model's provider, before the step compiles."""
+        kernel = provider.adamw([param.dtype for param in self._parameters])
+        if kernel is not None:
+            self.kernel = kernel
 
     def _moments(self, prefix):
         """fp32 zeros shaped like each parameter, sharing its parallel layout (for optimizer sharding)."""

@@ -1,16 +1,20 @@
 """GPTLocalAdamW's fused AdamWeightDecay step against MindFormers' AdamW on the same clipped gradients (the train
-step clips them first); ``fused_clip`` (removed) is accepted with one line and changes nothing."""
+step clips them first), and with the CPU AdamW kernel the train step gives it (``use_kernels``, ``kernels/adamw.py``)
+against both; ``fused_clip`` (removed) is accepted with one line and changes nothing."""
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import nn, Tensor, Parameter
+from mindspore import nn, ops, Tensor, Parameter
 
 from mindformers.core.optim import AdamW
+from mindformers_gptlocal.kernels.adamw import CPUAdamW
+from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.training.optim import GPTLocalAdamW
 
-# odd sizes: the kernels' 16-wide SIMD loop and their scalar remainder both run
-SHAPES = {"w1": (33, 17), "b1": (33,), "w2": (7, 5, 3), "g": (1,)}
-DECAYED = ("w1", "w2")
+# odd sizes: the kernels' 16-wide SIMD loop and their scalar remainder both run; w3 is large enough for the AdamW
+# kernel to split it over two threads (odd chunk lengths)
+SHAPES = {"w1": (33, 17), "b1": (33,), "w2": (7, 5, 3), "g": (1,), "w3": (203, 199)}
+DECAYED = ("w1", "w2", "w3")
 STEPS = 8
 # clip factors per step: clipping active (< 1) and inactive (just below 1, as MindFormers' ClipGradNorm gives)
 COEFFICIENTS = [0.25, 1 / (1 + 1e-6), 0.031, 1 / (1 + 1e-6), 0.9, 0.5, 1 / (1 + 1e-6), 0.0625]
@@ -44,6 +48,9 @@ def _run(kind):
     else:
         extra = {"fused_clip": True} if kind == "fused-clip-set" else {}
         optimizer = GPTLocalAdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8, **extra)
+        if kind == "kernel":  # as GPTLocalTrainOneStepCell does with its model's provider (auto on CPU)
+            optimizer.use_kernels(KernelProvider())
+            assert isinstance(optimizer.kernel, CPUAdamW)
     params = list(optimizer._parameters)  # group order, which the gradients follow
     start = [p.asnumpy().copy() for p in params]
     for grads, coefficient in zip(_gradients(params), COEFFICIENTS):
@@ -55,7 +62,7 @@ def _run(kind):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {kind: _run(kind) for kind in ("fused", "fused-clip-set", "mindformers")}
+    return {kind: _run(kind) for kind in ("fused", "fused-clip-set", "kernel", "mindformers")}
 
 
 def test_fused_step_matches_mindformers_on_clipped_gradients(runs):
@@ -68,6 +75,31 @@ def test_fused_step_matches_mindformers_on_clipped_gradients(runs):
     for state in range(3):  # the removed fused_clip changes no bit
         for name, value in runs["fused-clip-set"][state].items():
             np.testing.assert_array_equal(value, fused[state][name], err_msg=name)
+
+
+def test_the_adamw_kernel_matches_adamweightdecay_and_mindformers(runs):
+    """The CPU kernel's parameters and moments after every step equal AdamWeightDecay's to rounding (the same
+    formula), so MindFormers' AdamW's too."""
+    kernel = runs["kernel"]
+    assert kernel[3] > 1e-2
+    for reference, rtol in ((runs["fused"], 1e-6), (runs["mindformers"], 1e-5)):
+        for state in range(3):
+            assert kernel[state].keys() == reference[state].keys()
+            for name, value in kernel[state].items():
+                np.testing.assert_allclose(value, reference[state][name], rtol=rtol, atol=rtol, err_msg=name)
+
+
+def test_the_train_step_gives_the_optimizer_its_models_adamw_kernel():
+    """GPTLocalTrainOneStepCell hands the model's provider to GPTLocalAdamW: the kernel under cpu_kernels auto,
+    AdamWeightDecay under {adamw: plain} (and MindFormers' AdamW is left as it is)."""
+    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTrainOneStepCell
+    from conftest import TINY
+    ms.set_context(mode=0, device_target="CPU")
+    for modes, kind in (("auto", CPUAdamW), ({"adamw": "plain"}, ops.AdamWeightDecay)):
+        model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, cpu_kernels=modes)))
+        optimizer = GPTLocalAdamW(model.trainable_params())
+        GPTLocalTrainOneStepCell(model, optimizer, use_clip_grad=True, max_grad_norm=1.0, scale_sense=1.0)
+        assert isinstance(optimizer.kernel, kind)
 
 
 def test_fused_clip_is_refused_softly_with_one_line(capfd):
