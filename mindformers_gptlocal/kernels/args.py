@@ -42,5 +42,6 @@ STRUCTS = (AttentionArgs, LayerNormArgs, BiasGeluArgs, RMSNormArgs, SwiGLUArgs, 
 DecodeLayerArgs = _struct("DecodeLayerArgs", "epsilon scale form threads precision",
                           "The decode step's layer (cpu_decode_layer.cc): the LayerNorms' epsilon, attention's "
                           "scale, form 0 tanh GeLU, 1 quick, and its GEMMs' precision (LinearArgs').")
-AdamWArgs = _struct("AdamWArgs", "threads", "AdamW's in-place update (cpu_adamw.cc).")
-STRUCTS += (DecodeLayerArgs, Int8LinearArgs, LinearGeluArgs, AdamWArgs)
+AdamWArgs = _struct("AdamWArgs", "threads", "AdamW's in-place update (cpu_train_step.cc).")
+SquareSumArgs = _struct("SquareSumArgs", "threads", "A gradient's sum of squares (cpu_train_step.cc).")
+STRUCTS += (DecodeLayerArgs, Int8LinearArgs, LinearGeluArgs, AdamWArgs, SquareSumArgs)

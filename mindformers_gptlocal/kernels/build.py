@@ -1,14 +1,15 @@
 """Builds the CPU kernels' shared library at first use, into a per-user cache, and finds it again.
 
-``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused
-attention ``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU
-kernels ``cpu_norm_gelu.cc``, LoRA's input dropout ``lora_dropout.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``,
-Linear's GEMM ``cpu_linear.cc``, the decode step's layer ``cpu_decode_layer.cc``, an int8 model's Linear
-``cpu_linear_int8.cc``, AdamW's update ``cpu_adamw.cc``) with the system compiler (``$CXX``, default ``g++``):
-``-O3 -fPIC -shared -fopenmp``, compiled against the headers of the ``onednn-devel-cpu-gomp`` package and linked to
-the ``libdnnl.so.3`` of the ``onednn-cpu-gomp`` package (both in install_requires; oneDNN 3.2, GNU OpenMP runtime,
-for ``dnnl_sgemm``, ``dnnl_gemm_bf16bf16f32`` and ``dnnl_gemm_s8s8s32``), with a run path to that library. Both
-are found through the installed distributions' file lists (``importlib.metadata``), never by guessing a folder.
+``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused attention
+``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU kernels
+``cpu_norm_gelu.cc``, LoRA's input dropout ``lora_dropout.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``, Linear's
+GEMM ``cpu_linear.cc``, the decode step's layer ``cpu_decode_layer.cc``, an int8 model's Linear
+``cpu_linear_int8.cc``, the train step's sums of squares and AdamW update ``cpu_train_step.cc``) with the system
+compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, compiled against the headers of the
+``onednn-devel-cpu-gomp`` package and linked to the ``libdnnl.so.3`` of the ``onednn-cpu-gomp`` package (both in
+install_requires; oneDNN 3.2, GNU OpenMP runtime, for ``dnnl_sgemm``, ``dnnl_gemm_bf16bf16f32`` and
+``dnnl_gemm_s8s8s32``), with a run path to that library. Both are found through the installed distributions' file
+lists (``importlib.metadata``), never by guessing a folder.
 Or None, with the reason, when it cannot be built or loaded: no compiler, no oneDNN package, a failed build.
 
 Two oneDNN copies in one process: MindSpore loads its own at ``import mindspore`` (2.7.2: ``libdnnl.so.2``,
@@ -63,8 +64,8 @@ SOURCES += (os.path.join(HERE, "cpu_decode_layer.cc"),)  # the decode step's lay
 SYMBOLS += ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd", "gptlocal_decode_layer_bf16w_fwd")
 SOURCES += (os.path.join(HERE, "cpu_linear_int8.cc"),)  # an int8 model's Linear (linear_int8.py)
 SYMBOLS += ("gptlocal_int8_linear_fwd",)
-SOURCES += (os.path.join(HERE, "cpu_adamw.cc"),)  # AdamW's in-place update (adamw.py)
-SYMBOLS += ("gptlocal_adamw_fwd",)
+SOURCES += (os.path.join(HERE, "cpu_train_step.cc"),)  # gradient sums of squares, AdamW's update (train_step.py)
+SYMBOLS += ("gptlocal_square_sum_fwd", "gptlocal_adamw_fwd")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)

@@ -349,6 +349,9 @@ struct Int8LinearArgs {
 struct AdamWArgs {
   float threads;
 };
+struct SquareSumArgs {
+  float threads;
+};
 
 // Input `index`'s memory as the op's argument struct, or nullptr when that input is not exactly one such struct of
 // float32 (a caller built for another layout: the kernel then fails the call instead of reading past it).

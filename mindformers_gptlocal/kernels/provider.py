@@ -50,8 +50,10 @@ OPS = {
                     "float32, int8 and (built for inference) bf16 models",
 }
 OPS["adamw"] = ("GPTLocalAdamW's update of each float32 parameter and its moments in place, one pass "
-                "(kernels/adamw.py; AdamWeightDecay's formula), in a train step that hands the optimizer the model's "
-                "provider (GPTLocalTrainOneStepCell)")
+                "(kernels/train_step.py; AdamWeightDecay's formula), in gpt_local's train step "
+                "(GPTLocalTrainOneStepCell)")
+OPS["square_sum"] = ("each gradient's sum of squares, one read-only pass, for the train step's overflow check and "
+                     "the clip's global norm (kernels/train_step.py; GPTLocalTrainOneStepCell)")
 OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
                       "(kernels/linear_int8.py)")
 OPS["gemm_epilogue"] = ("the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels "
@@ -338,12 +340,20 @@ class KernelProvider:
                                    bf16_weights=bf16)
 
     def adamw(self, param_dtypes):
-        """GPTLocalAdamW's update kernel (``kernels/adamw.py`` ``CPUAdamW``) where every parameter it updates is
-        float32 (``param_dtypes``), or None: MindSpore's ``AdamWeightDecay``."""
+        """GPTLocalAdamW's update kernel (``kernels/train_step.py`` ``CPUAdamW``) where every parameter it updates
+        is float32 (``param_dtypes``), or None: MindSpore's ``AdamWeightDecay``."""
         if not self.uses("adamw") or any(dtype != ms.float32 for dtype in param_dtypes):
             return None
-        from .adamw import adamw_kernel  # pylint: disable=import-outside-toplevel
+        from .train_step import adamw_kernel  # pylint: disable=import-outside-toplevel
         return adamw_kernel()
+
+    def square_sum(self):
+        """The gradients' sum-of-squares kernel (``kernels/train_step.py`` ``CPUSquareSum``: the train step's
+        overflow check and clip norm), or None: Square + ReduceSum (``training/grad_checks.py``)."""
+        if not self.uses("square_sum"):
+            return None
+        from .train_step import square_sum_kernel  # pylint: disable=import-outside-toplevel
+        return square_sum_kernel()
 
     def int8_linear(self, compute_dtype):
         """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their

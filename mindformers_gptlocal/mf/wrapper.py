@@ -15,16 +15,25 @@ from mindspore.ops import functional as F
 
 from ..host_memory import release_freed_heap
 from ..kernels.provider import provider_of
-from ..training.grad_checks import non_finite, square_sum
+from ..training.grad_checks import kernel_non_finite, kernel_square_sum, non_finite, square_sum
 from .symbols import (ClipGradNorm, MFTrainOneStepCell, MFPipelineWithLossScaleCell, MindFormerRegister,
                       MindFormerModuleType, apply_global_norm)
 
 
 class GPTLocalClipGradNorm(ClipGradNorm):
-    """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums."""
+    """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums: ``sum_of_squares`` (the CPU
+    kernel, ``kernels/train_step.py``), else the two-stage reduction (``training/grad_checks.py``)."""
+
+    def __init__(self, max_norm=1.0, sum_of_squares=None):
+        super().__init__(max_norm=max_norm)
+        self.sum_of_squares = sum_of_squares
 
     def construct(self, x):
-        global_norm = F.sqrt(F.addn(self.hyper_map(square_sum, x)))
+        if self.sum_of_squares is None:
+            sums = self.hyper_map(square_sum, x)
+        else:
+            sums = self.hyper_map(F.partial(kernel_square_sum, self.sum_of_squares), x)
+        global_norm = F.sqrt(F.addn(sums))
         cond = self.greater_equal(global_norm, self.clip_norm)
         global_norm_clip = F.select(cond, global_norm, self.clip_norm)
         clip_x = self.hyper_map(F.partial(apply_global_norm, self.clip_norm, global_norm_clip), x)
@@ -44,22 +53,33 @@ class TrimAfterCompileMixin:
 
 
 class IsFiniteOverflowMixin:
-    """Overflow = some gradient is not finite; used on CPU and GPU. Also hands the model's kernel provider to the
-    clip (the fast square sums) and to a ``GPTLocalAdamW`` (its AdamW kernel)."""
+    """Overflow = some gradient is not finite; used on CPU and GPU. The gradients' sums of squares (the overflow
+    check's and the clip's) and a ``GPTLocalAdamW``'s update run the model's CPU kernels where its provider gives
+    them."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_isfinite_check = ms.get_context("device_target") != "Ascend"
         provider = provider_of(self.network)
-        if getattr(self, "use_clip_grad", False) and provider.composed_ops():
-            self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]))
+        # the gradients' sums of squares (overflow check, clip norm): the model's CPU kernel, else None (plain ops)
+        self.sum_of_squares = provider.square_sum()
+        if getattr(self, "use_clip_grad", False) and (provider.composed_ops() or self.sum_of_squares is not None):
+            self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]),
+                                                       sum_of_squares=self.sum_of_squares)
         if hasattr(self.optimizer, "use_kernels"):  # GPTLocalAdamW: the model's AdamW kernel where it has one
             self.optimizer.use_kernels(provider)
 
     def get_overflow_status(self, status, compute_output):
         if not self.use_isfinite_check:
             return super().get_overflow_status(status, compute_output)
-        return self._get_distributed_overflow_status_on_infnan_mode(non_finite, compute_output)
+        if self.sum_of_squares is None:
+            return self._get_distributed_overflow_status_on_infnan_mode(non_finite, compute_output)
+        # as MindSpore's _get_distributed_overflow_status_on_infnan_mode, which cannot take a partial function
+        flag_sum = F.reshape(F.addn(self.hyper_map(F.partial(kernel_non_finite, self.sum_of_squares),
+                                                   compute_output)), ())
+        if self.is_distributed:
+            flag_sum = self.allreduce(flag_sum)
+        return self.less_equal(self.base, flag_sum)
 
 
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)

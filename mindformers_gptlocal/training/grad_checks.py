@@ -4,8 +4,10 @@ MindSpore 2.7.2's CPU kernels for ReduceSum / ReduceAll over all axes of a large
 slow: on GPT-2's [50257, 768] embedding gradient the sum of squares takes 149 ms and
 ``ReduceAll(IsFinite(x))`` 105 ms, against 16 ms and 6 ms when the last axis is summed first and
 then the rest (`python benchmarks/reduce_kernels.py`, 2 cores). Both the overflow check and
-gradient clipping reduce every gradient every step, so they use the two-stage form here, in fp32. The
-clip Cell built on them (``GPTLocalClipGradNorm``, a MindFormers ``ClipGradNorm``) is in ``mf/wrapper.py``.
+gradient clipping reduce every gradient every step, so they use the two-stage form here, in fp32. On CPU the train
+step computes both sums with one kernel instead (``kernel_non_finite`` / ``kernel_square_sum``: the model's
+``cpu_kernels`` op ``square_sum``). The clip Cell built on them (``GPTLocalClipGradNorm``, a MindFormers
+``ClipGradNorm``) is in ``mf/wrapper.py``.
 """
 import mindspore.common.dtype as mstype
 from mindspore import ops
@@ -47,5 +49,23 @@ def _non_finite(grad):
 def _square_sum(grad):
     """Sum of squares as a [1] tensor, the shape MindFormers' ClipGradNorm adds up."""
     return ops.expand_dims(sum_all(F.square(fp32(grad))), 0)
+
+
+# The same two through a sum-of-squares kernel given as their first argument (kernels/train_step.py CPUSquareSum:
+# one read-only pass, no squared copy of the gradient): ops.partial(kernel_square_sum, kernel)
+kernel_non_finite = ops.MultitypeFuncGraph("gptlocal_kernel_non_finite")
+kernel_square_sum = ops.MultitypeFuncGraph("gptlocal_kernel_square_sum")
+
+
+@kernel_non_finite.register("Function", "Tensor")
+def _kernel_non_finite(sum_of_squares, grad):
+    """``non_finite`` with the kernel's sum ([1])."""
+    return 1.0 - F.cast(_is_finite(sum_of_squares(fp32(grad))), mstype.float32)
+
+
+@kernel_square_sum.register("Function", "Tensor")
+def _kernel_square_sum(sum_of_squares, grad):
+    """``square_sum`` with the kernel's sum ([1])."""
+    return sum_of_squares(fp32(grad))
 
 

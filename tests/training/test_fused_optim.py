@@ -1,13 +1,13 @@
 """GPTLocalAdamW's fused AdamWeightDecay step against MindFormers' AdamW on the same clipped gradients (the train
-step clips them first), and with the CPU AdamW kernel the train step gives it (``use_kernels``, ``kernels/adamw.py``)
-against both; ``fused_clip`` (removed) is accepted with one line and changes nothing."""
+step clips them first), and with the CPU AdamW kernel the train step gives it (``use_kernels``,
+``kernels/train_step.py``) against both; ``fused_clip`` (removed) is accepted with one line and changes nothing."""
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
 
 from mindformers.core.optim import AdamW
-from mindformers_gptlocal.kernels.adamw import CPUAdamW
+from mindformers_gptlocal.kernels.train_step import CPUAdamW
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.training.optim import GPTLocalAdamW
 

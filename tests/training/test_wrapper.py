@@ -5,6 +5,8 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
+from mindformers_gptlocal.kernels.provider import OPS
+from mindformers_gptlocal.kernels.train_step import CPUSquareSum
 from references import LossOf
 
 
@@ -37,13 +39,16 @@ def test_steps_update_weights_and_lower_loss(tiny_config, mcore_context, seed):
     assert not np.array_equal(before, model.model.layers[0].mlp.linear_fc1.weight.asnumpy())
 
 
-def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_context):
-    """The wrapper's skip-and-back-off logic. The model is built on MindSpore's ops: at 2^127 whether the fp32
-    gradients overflow depends on the order of their sums, and the CPU LayerNorm/GeLU kernels' chunked sums can
-    stay finite where the plain ones overflow (that the kernels pass an overflow on: test_norm_gelu_kernel)."""
-    tiny_config.cpu_kernels = "plain"
+@pytest.mark.parametrize("square_sum", ["plain", "kernel"])
+def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_context, square_sum):
+    """The wrapper's skip-and-back-off logic, its overflow check on the two-stage ops and on the sum-of-squares
+    kernel. The model is built on MindSpore's ops: at 2^127 whether the fp32 gradients overflow depends on the order
+    of their sums, and the CPU LayerNorm/GeLU kernels' chunked sums can stay finite where the plain ones overflow
+    (that the kernels pass an overflow on: test_norm_gelu_kernel)."""
+    tiny_config.cpu_kernels = dict(dict.fromkeys(OPS, "plain"), square_sum=square_sum)
     manager = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 127, scale_factor=2, scale_window=2)
     model, cell = _step_cell(tiny_config, manager)
+    assert isinstance(cell.sum_of_squares, CPUSquareSum) == (square_sum == "kernel")
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
     _, overflow, _, _, _ = cell(*_batch())  # loss x 2^127 overflows fp32 gradients
     assert bool(overflow)
