@@ -79,13 +79,22 @@ bool lin_bf16_native() {
   return native;
 }
 
-// The n float32 values at `in` as bf16 bits, converted on up to `threads` threads.
-std::vector<uint16_t> lin_to_bf16(int threads, const float *in, int64_t n) {
-  std::vector<uint16_t> out(static_cast<size_t>(n));
+// What a GEMM call converts to bf16: its input x, its weight, the output's gradient dy.
+enum Converted { kInput = 0, kWeight = 1, kOutputGrad = 2 };
+
+// The n float32 values at `in` as bf16 bits, converted on up to `threads` threads into this thread's buffer for
+// `what`, kept across calls (grown, never shrunk, never zeroed again): a new buffer at every call cost about as much
+// as the conversion (zeroed, or page-faulted in: GPT-2's 77 MB head weight). Valid until this thread's next
+// conversion of the same kind.
+const uint16_t *lin_to_bf16(Converted what, int threads, const float *in, int64_t n) {
+  thread_local std::vector<uint16_t> buffers[3];
+  std::vector<uint16_t> &buffer = buffers[what];
+  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
+  uint16_t *out = buffer.data();
   const int64_t blocks = (n + 65535) / 65536;
   run_chunks(threads, blocks, [&](int, int64_t b0, int64_t b1) {
     const int64_t begin = b0 * 65536, end = std::min<int64_t>(n, b1 * 65536);
-    if (begin < end) to_bf16(in + begin, end - begin, out.data() + begin);
+    if (begin < end) to_bf16(in + begin, end - begin, out + begin);
   });
   return out;
 }
@@ -105,14 +114,10 @@ void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K
                  const uint16_t *w_bf16, float *y, const Init *init, const Epilogue &epilogue) {
   if (T == 0 || N == 0) return;
   const int threads = lin_threads(requested, T * N * std::max<int64_t>(K, 1));
-  std::vector<uint16_t> xb, converted;  // x as bf16; a float32 weight as bf16, at every call (precision 1, 2)
-  const uint16_t *wb = w_bf16;
+  const uint16_t *xb = nullptr, *wb = w_bf16;  // x as bf16; a float32 weight as bf16, at every call (precision 1, 2)
   if (precision != 0 && K > 0) {
-    xb = lin_to_bf16(threads, x, T * K);
-    if (wb == nullptr) {
-      converted = lin_to_bf16(threads, w, N * K);
-      wb = converted.data();
-    }
+    xb = lin_to_bf16(kInput, threads, x, T * K);
+    if (wb == nullptr) wb = lin_to_bf16(kWeight, threads, w, N * K);
   }
   const bool native = precision == 1 && lin_bf16_native();
   column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
@@ -126,7 +131,7 @@ void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K
       if (precision == 0) {
         dnnl_sgemm('N', 'T', T, n1 - n0, K, 1.0f, x, K, w + n0 * K, K, beta, y + n0, N);
       } else {
-        lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb.data(), K, wb + n0 * K, K, beta, y + n0, N);
+        lin_gemm_bf16(native, 'N', 'T', T, n1 - n0, K, xb, K, wb + n0 * K, K, beta, y + n0, N);
       }
     }
     epilogue(n0, n1);
@@ -153,14 +158,14 @@ void lin_backward(float requested, int precision, int64_t T, int64_t N, int64_t 
     });
     return;
   }
-  const std::vector<uint16_t> xb = lin_to_bf16(threads, x, T * K), wb = lin_to_bf16(threads, w, N * K),
-                              dyb = lin_to_bf16(threads, dy, T * N);
+  const uint16_t *xb = lin_to_bf16(kInput, threads, x, T * K), *wb = lin_to_bf16(kWeight, threads, w, N * K),
+                 *dyb = lin_to_bf16(kOutputGrad, threads, dy, T * N);
   const bool native = precision == 1 && lin_bf16_native();
   column_blocks(threads, K, [&](int64_t k0, int64_t k1) {
-    lin_gemm_bf16(native, 'N', 'N', T, k1 - k0, N, dyb.data(), N, wb.data() + k0, K, 0.0f, dx + k0, K);
+    lin_gemm_bf16(native, 'N', 'N', T, k1 - k0, N, dyb, N, wb + k0, K, 0.0f, dx + k0, K);
   });
   column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
-    lin_gemm_bf16(native, 'T', 'N', n1 - n0, K, T, dyb.data() + n0, N, xb.data(), K, 0.0f, dw + n0 * K, K);
+    lin_gemm_bf16(native, 'T', 'N', n1 - n0, K, T, dyb + n0, N, xb, K, 0.0f, dw + n0 * K, K);
   });
 }
 

@@ -88,6 +88,7 @@ BARRIER_USERS = ("mindformers.trainer.utils", "mindformers.version_control", "mi
 WRAPPER = "mindformers.wrapper.wrapper"
 CALLBACK = "mindformers.core.callback.callback"
 MS_CHECKPOINT = "mindspore.train.callback._checkpoint"
+MS_LOSS_SCALE = "mindspore.nn.wrap.loss_scale"
 BASE_TRAINER = "mindformers.trainer.base_trainer"
 
 
@@ -170,11 +171,14 @@ PATCHES = (
     Patch("isfinite overflow check", "mf/wrapper.py IsFiniteOverflowMixin",
           "MFTrainOneStepCell / MFPipelineWithLossScaleCell read overflow from Ascend/GPU float-status kernels CPU "
           "lacks (\"Unsupported op [NPUGetFloatStatusV2] on CPU\"); off Ascend, overflow is an isfinite reduction "
-          "through MindSpore's private _get_distributed_overflow_status_on_infnan_mode; the clip Cell is swapped.",
+          "through MindSpore's private _get_distributed_overflow_status_on_infnan_mode (or, with the sum-of-squares "
+          "kernel, the same steps on its attributes); the clip Cell is swapped.",
           (Target(WRAPPER, "MFTrainOneStepCell.get_overflow_status", ("self", "status", "compute_output")),
            Target(WRAPPER, "MFPipelineWithLossScaleCell.get_overflow_status", ("self", "status", "compute_output")),
            Target(WRAPPER, "MFTrainOneStepCell._get_distributed_overflow_status_on_infnan_mode",
                   ("self", "grad_overflow_check_func", "compute_output")),
+           Target(MS_LOSS_SCALE, "TrainOneStepWithLossScaleCell.__init__",
+                  assigns=("hyper_map", "base", "less_equal", "allreduce", "is_distributed")),
            Target(WRAPPER, "MFTrainOneStepCell.__init__", assigns=("use_clip_grad", "clip_grad_norm")))),
     Patch("mcore training outputs", "mf/compat.py mcore_train_outputs, GPTLocalForCausalLM.construct",
           "MindFormers' mcore train steps unpack a fixed tuple of losses from the model (1.8: lm, mtp, aux; 1.9 adds "
