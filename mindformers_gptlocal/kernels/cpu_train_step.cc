@@ -10,8 +10,8 @@
 // temporary for each.
 //
 // gptlocal_square_sum_fwd: 0 x (float32, any shape), 1 args SquareSumArgs (threads) -> 2 the sum of x's squares,
-// float32 [1]: accumulated in double per thread, so it is inf (or nan) exactly where the float32 total overflows
-// (or x holds a nan or an inf), as the overflow check needs.
+// float32 [1]: accumulated in double per thread, so it is inf (or nan) where the float32 total overflows (or x holds
+// a nan or an inf), as the overflow check needs.
 //
 // gptlocal_adamw_fwd: AdamWeightDecay's update (MindSpore's nnacl AdamWeightDecayFp32), the same formula in the same
 // order:
@@ -34,8 +34,8 @@ int64_t count(int ndim, const int64_t *shape) {
   return n;
 }
 
-// sum of x[i]^2, i < n: float32 lanes over blocks of 4096 elements (the products exact in double are not needed:
-// float32 squares, as Square's), each block's total added in double
+// sum of x[i]^2, i < n: the squares and each 4096-element block's sum in float32 (vector lanes), the blocks' sums
+// added in double
 VEC_CLONES double square_sum_chunk(const float *x, int64_t n) {
   double total = 0.0;
   for (int64_t start = 0; start < n; start += 4096) {

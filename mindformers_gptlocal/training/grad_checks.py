@@ -67,5 +67,3 @@ def _kernel_non_finite(sum_of_squares, grad):
 def _kernel_square_sum(sum_of_squares, grad):
     """``square_sum`` with the kernel's sum ([1])."""
     return sum_of_squares(fp32(grad))
-
-

@@ -91,7 +91,7 @@ def test_the_adamw_kernel_matches_adamweightdecay_and_mindformers(runs):
 
 def test_the_train_step_gives_the_optimizer_its_models_adamw_kernel():
     """GPTLocalTrainOneStepCell hands the model's provider to GPTLocalAdamW: the kernel under cpu_kernels auto,
-    AdamWeightDecay under {adamw: plain} (and MindFormers' AdamW is left as it is)."""
+    AdamWeightDecay under {adamw: plain}."""
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTrainOneStepCell
     from conftest import TINY
     ms.set_context(mode=0, device_target="CPU")
