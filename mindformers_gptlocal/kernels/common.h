@@ -275,6 +275,13 @@ inline int64_t leading(int ndim, const int64_t *shape) {
   return rows;
 }
 
+// The product of every axis: a tensor's element count.
+inline int64_t elements(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int axis = 0; axis < ndim; ++axis) n *= shape[axis];
+  return n;
+}
+
 // bfloat16 as the GEMMs take it: the top 16 bits of a float32, rounded to nearest even (a NaN stays a quiet
 // NaN). Plain bit arithmetic, so the loops over it vectorise in the AVX-512 / AVX2 clones.
 inline uint16_t bf16_bits(float value) {

@@ -159,8 +159,7 @@ extern "C" int gptlocal_swiglu_bwd(int nparam, void **params, int *ndims, int64_
   (void)stream;
   (void)extra;
   if (nparam != 6 || !all_float32(nparam, dtypes)) return 1;
-  int64_t total = 1;
-  for (int axis = 0; axis < ndims[0]; ++axis) total *= shapes[0][axis];
+  const int64_t total = elements(ndims[0], shapes[0]);
   const float *gate = static_cast<const float *>(params[0]);
   const float *up = static_cast<const float *>(params[1]);
   const float *dy = static_cast<const float *>(params[2]);

@@ -28,12 +28,6 @@
 
 namespace {
 
-int64_t count(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int axis = 0; axis < ndim; ++axis) n *= shape[axis];
-  return n;
-}
-
 // sum of x[i]^2, i < n: the squares and each 4096-element block's sum in float32 (vector lanes), the blocks' sums
 // added in double
 VEC_CLONES double square_sum_chunk(const float *x, int64_t n) {
@@ -70,9 +64,9 @@ extern "C" int gptlocal_square_sum_fwd(int nparam, void **params, int *ndims, in
   (void)extra;
   if (nparam != 3 || std::strcmp(dtypes[0], "float32") != 0 || std::strcmp(dtypes[2], "float32") != 0) return 1;
   const SquareSumArgs *args = args_at<SquareSumArgs>(1, params, ndims, shapes, dtypes);
-  if (args == nullptr || count(ndims[2], shapes[2]) != 1) return 1;
+  if (args == nullptr || elements(ndims[2], shapes[2]) != 1) return 1;
   const float *x = static_cast<const float *>(params[0]);
-  const int64_t n = count(ndims[0], shapes[0]);
+  const int64_t n = elements(ndims[0], shapes[0]);
   double partial[64] = {0.0};
   const int threads = std::min(64, threads_for(args->threads, n));
   const int used = run_chunks(threads, n, [&](int chunk, int64_t begin, int64_t end) {
@@ -94,12 +88,12 @@ extern "C" int gptlocal_adamw_fwd(int nparam, void **params, int *ndims, int64_t
   }
   const AdamWArgs *args = args_at<AdamWArgs>(9, params, ndims, shapes, dtypes);
   if (args == nullptr) return 1;
-  const int64_t n = count(ndims[0], shapes[0]);
+  const int64_t n = elements(ndims[0], shapes[0]);
   for (int i = 1; i < 4; ++i) {
-    if (count(ndims[i], shapes[i]) != n) return 2;
+    if (elements(ndims[i], shapes[i]) != n) return 2;
   }
   for (int i = 4; i < 9; ++i) {
-    if (count(ndims[i], shapes[i]) != 1) return 2;
+    if (elements(ndims[i], shapes[i]) != 1) return 2;
   }
   float *w = static_cast<float *>(params[0]), *m = static_cast<float *>(params[1]);
   float *v = static_cast<float *>(params[2]);

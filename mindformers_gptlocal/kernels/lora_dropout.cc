@@ -36,12 +36,6 @@ bool dtypes_ok(const char **dtypes) {  // x, t1, t2 float32, offsets int32, args
          std::strcmp(dtypes[4], "float32") == 0 && std::strcmp(dtypes[5], "float32") == 0;
 }
 
-int64_t elements(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int axis = 0; axis < ndim; ++axis) n *= shape[axis];
-  return n;
-}
-
 int run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 6 || !dtypes_ok(dtypes)) return 1;
   const float *in = static_cast<const float *>(params[0]);
