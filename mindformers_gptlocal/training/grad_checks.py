@@ -35,14 +35,19 @@ non_finite = ops.MultitypeFuncGraph("gptlocal_non_finite")
 square_sum = ops.MultitypeFuncGraph("gptlocal_square_sum")
 
 
+def overflowed(sum_of_squares):
+    """1.0 when a gradient's sum of squares is not finite, else 0.0: the gradient holds a NaN or Inf, or is so large
+    that its squared norm overflows fp32.
+
+    One test covers both. The second case matters with ``use_clip_grad``: an infinite global norm makes the clip
+    factor 0, and the optimizer would step on zeroed gradients instead of skipping the batch."""
+    return 1.0 - F.cast(_is_finite(sum_of_squares), mstype.float32)
+
+
 @non_finite.register("Tensor")
 def _non_finite(grad):
-    """1.0 when ``grad`` holds a NaN or Inf, or is so large that its squared norm overflows fp32, else 0.0.
-
-    One test covers both: the sum of squares is not finite exactly then. The second case matters with
-    ``use_clip_grad``: an infinite global norm makes the clip factor 0, and the optimizer would step on
-    zeroed gradients instead of skipping the batch."""
-    return 1.0 - F.cast(_is_finite(sum_all(F.square(fp32(grad)))), mstype.float32)
+    """``overflowed`` of ``grad``'s two-stage sum of squares."""
+    return overflowed(sum_all(F.square(fp32(grad))))
 
 
 @square_sum.register("Tensor")
@@ -60,7 +65,7 @@ kernel_square_sum = ops.MultitypeFuncGraph("gptlocal_kernel_square_sum")
 @kernel_non_finite.register("Function", "Tensor")
 def _kernel_non_finite(sum_of_squares, grad):
     """``non_finite`` with the kernel's sum ([1])."""
-    return 1.0 - F.cast(_is_finite(sum_of_squares(fp32(grad))), mstype.float32)
+    return overflowed(sum_of_squares(fp32(grad)))
 
 
 @kernel_square_sum.register("Function", "Tensor")
