@@ -15,13 +15,15 @@ the suite's own options are appended to each part's (argparse takes the last val
 part's default can be overridden. ``--keep`` is passed on: ``_common.scratch_dir`` keeps its folder and prints
 its path. Exit status: 0 when every part succeeded, else the first failing part's.
 
-Run the suites on a quiet machine, one at a time (the scripts print BUSY when the 1-min load says otherwise).
+Run the suites on a quiet machine, one at a time (the scripts print BUSY when the 1-min load says otherwise; a part
+that follows another first waits, up to 150 s, for the 1-min load of the one before to fade).
 """
 import argparse
 import os
 import shlex
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -114,6 +116,32 @@ def listing():
     return "\n".join(lines)
 
 
+SETTLE_LIMIT = 150.0  # seconds a part waits at most for the previous part's load to fade
+
+
+def load_average():
+    """The 1-min load average (what ``_common.machine_line`` reads), and half the usable CPUs: its BUSY line."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return os.getloadavg()[0], 0.5 * usable
+
+
+def settle(limit=SETTLE_LIMIT, poll=5.0):
+    """Before a part that follows another: wait until the 1-min load average falls below the BUSY line (at most
+    ``limit`` s). The average trails the last minute, so right after a part it still counts that part's workers,
+    and the next part's machine line would call a quiet machine busy. Returns the number of polls waited."""
+    start = time.monotonic()
+    load, line = load_average()
+    polls = 0
+    while load > line and time.monotonic() - start < limit:
+        time.sleep(poll)
+        polls += 1
+        load, line = load_average()
+    if polls:
+        print(f"== waited {time.monotonic() - start:.0f} s for the previous part's load to fade (1-min load now "
+              f"{load:.1f})", flush=True)
+    return polls
+
+
 def main(argv=None):
     # allow_abbrev=False: a script's option that begins like one of ours (--k, --li) goes to the script
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=listing(), allow_abbrev=False,
@@ -134,11 +162,13 @@ def main(argv=None):
         parser.error(f"suite {args.suite} has no part {unknown[0]!r}; its parts: {', '.join(names)}")
     chosen = [p for p in parts if not args.part or p[0] in args.part]
     status = 0
-    for part, script, arguments in chosen:
+    for index, (part, script, arguments) in enumerate(chosen):
         argv_ = command(script, arguments, extra, args.keep)
         print(f"== {args.suite}/{part}: {shown(argv_)}", flush=True)
         if args.dry_run:
             continue
+        if index:
+            settle()
         code = subprocess.run(argv_, cwd=os.path.dirname(HERE), check=False).returncode
         if code and not status:
             status = code
