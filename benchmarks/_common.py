@@ -250,14 +250,29 @@ def scratch_dir(prefix):
 _MACHINE = {}
 
 
+def usable_cpus():
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def load_average():
+    """The 1-min load average (nan where the system has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def busy_line():
+    """The 1-min load above which ``machine_line`` calls the machine busy: half the usable CPUs."""
+    return 0.5 * usable_cpus()
+
+
 def machine_line(threads):
     """One line naming the machine and the thread count every worker ran with. The load average is the one
     at the first call (before any worker ran: a later reading would count the benchmark's own workers)."""
     if threads in _MACHINE:
         return _MACHINE[threads]
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > 0.5 * usable else ""
+    usable = usable_cpus()
+    load = load_average()
+    busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > busy_line() else ""
     _MACHINE[threads] = (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), 1-min load "
                          f"average {load:.1f} before the first worker; every worker: "
                          f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker{busy}")

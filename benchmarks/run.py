@@ -26,6 +26,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import _common as C  # noqa: E402  (benchmarks/ is not a package; _common imports the standard library only)
 
 # suite -> (what it measures, [(part, script, arguments)]); the arguments are those of docs/performance.md's table
 SUITES = {
@@ -119,23 +121,18 @@ def listing():
 SETTLE_LIMIT = 150.0  # seconds a part waits at most for the previous part's load to fade
 
 
-def load_average():
-    """The 1-min load average (what ``_common.machine_line`` reads), and half the usable CPUs: its BUSY line."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return os.getloadavg()[0], 0.5 * usable
-
-
 def settle(limit=SETTLE_LIMIT, poll=5.0):
-    """Before a part that follows another: wait until the 1-min load average falls below the BUSY line (at most
-    ``limit`` s). The average trails the last minute, so right after a part it still counts that part's workers,
-    and the next part's machine line would call a quiet machine busy. Returns the number of polls waited."""
+    """Before a part that follows another: wait until the 1-min load average falls below ``_common``'s BUSY line
+    (at most ``limit`` s). The average trails the last minute, so right after a part it still counts that part's
+    workers, and the next part's machine line would call a quiet machine busy. Returns the number of polls
+    waited."""
     start = time.monotonic()
-    load, line = load_average()
+    load = C.load_average()
     polls = 0
-    while load > line and time.monotonic() - start < limit:
+    while load > C.busy_line() and time.monotonic() - start < limit:
         time.sleep(poll)
         polls += 1
-        load, line = load_average()
+        load = C.load_average()
     if polls:
         print(f"== waited {time.monotonic() - start:.0f} s for the previous part's load to fade (1-min load now "
               f"{load:.1f})", flush=True)

@@ -100,14 +100,15 @@ def test_run_py_waits_for_the_previous_parts_load_before_the_next(tmp_path, capf
     probe.write_text("import sys\nprint('part', sys.argv[1:])\n")
     import run
     readings = iter([1.9, 1.4, 0.8])  # after the first part: two polls, then below 0.5 x 2 CPUs
-    monkeypatch.setattr(run, "load_average", lambda: (next(readings), 1.0))
+    monkeypatch.setattr(run.C, "load_average", lambda: next(readings))
+    monkeypatch.setattr(run.C, "busy_line", lambda: 1.0)
     monkeypatch.setattr(run.time, "sleep", lambda seconds: None)
     monkeypatch.setitem(run.SUITES, "probe", ("test", [("a", str(probe), "--a"), ("b", str(probe), "--b")]))
     assert run.main(["probe"]) == 0
     out = capfd.readouterr().out
     assert out.index("part ['--a']") < out.index("== waited") < out.index("part ['--b']")
     assert "1-min load now 0.8" in out and next(readings, None) is None
-    monkeypatch.setattr(run, "load_average", lambda: (3.0, 1.0))
+    monkeypatch.setattr(run.C, "load_average", lambda: 3.0)
     assert run.settle(limit=0.05, poll=0.01) >= 1  # returns after the limit, load still high
 
 
