@@ -76,14 +76,14 @@ SUITES = {
     "eval": ("gptlocal eval (lm-eval) against lm-eval's hf backend on the same weights, cold and warm", [
         ("tiny", "eval_throughput.py", "--shape tiny --rounds 2 --threads 2 --limit 48 --docs 48"),
     ]),
-    "kernels": ("each CPU kernel against the plain MindSpore ops it replaces, in one process, alternating", [
-        ("attention", "attention_kernel.py", "--rounds 3"),
-        ("norm-gelu", "norm_gelu_kernels.py", "--rounds 20 --threads 2"),
-        ("linear", "linear_rows.py", "--rounds 20 --threads 2"),
-        ("decode-layer", "decode_layer_calls.py", "--rounds 10 --threads 2"),
-        ("kv-write", "kv_cache_lengths.py", "--shapes small --batches 1 8 --cache-lengths 64 512 2048 --steps 5 "
-                                            "--rounds 2"),
-        ("reduce", "reduce_kernels.py", ""),
+    "kernels": ("each CPU kernel against the plain MindSpore ops it replaces, sides alternating", [
+        ("attention", "kernels.py", "attention --rounds 3"),
+        ("norm-gelu", "kernels.py", "norm-gelu --rounds 20 --threads 2"),
+        ("linear", "kernels.py", "linear --rounds 20 --threads 2"),
+        ("decode-layer", "kernels.py", "decode-layer --rounds 10 --threads 2"),
+        ("kv-write", "kernels.py", "kv-write --shapes small --batches 1 8 --cache-lengths 64 512 2048 --steps 5 "
+                                   "--rounds 2"),
+        ("reduce", "kernels.py", "reduce"),
     ]),
     "memory": ("where the bytes go: conversion, a server process, the planner's CPU memory fit", [
         ("convert", "convert_memory.py", ""),

@@ -29,7 +29,8 @@ def mindspore_imported():
     ("finetune_throughput.py", ["--torch-worker", "tiny", "--lora", "--steps", "0", "--data", "-"]),
     ("train_throughput.py", ["--ms-worker", "-"]),
     ("train_throughput.py", ["--gemm-worker", "torch"]),
-    ("attention_kernel.py", ["--worker", "kernel", "noop", "--steps", "0"]),
+    ("kernels.py", ["attention", "--side", "kernel", "--shape", "noop", "--steps", "0", "--worker"]),
+    ("kernels.py", ["reduce", "--worker", "--noop"]),
     ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
     ("serve_memory.py", ["--worker", "--noop"]),
 ])
