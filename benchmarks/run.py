@@ -91,8 +91,8 @@ SUITES = {
         ("rss-fit", "cpu_rss_fit.py", "fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192"),
     ]),
     "profile": ("per-op profiles (MindSpore's profiler) of a training step and of Llama-style inference", [
-        ("train", "train_step_profile.py", "--shape tiny --batch 4 --seq 256"),
-        ("llama", "llama_style_profile.py", "--batch 1 --seq 256 --new 32"),
+        ("train", "op_profile.py", "train --shape tiny --batch 4 --seq 256"),
+        ("llama", "op_profile.py", "llama --batch 1 --seq 256 --new 32"),
     ]),
     "soak": ("a long training run: does memory creep, does the checkpoint folder stay bounded", [
         ("tiny", "soak.py", ""),

@@ -31,6 +31,7 @@ def mindspore_imported():
     ("train_throughput.py", ["--gemm-worker", "torch"]),
     ("kernels.py", ["attention", "--side", "kernel", "--shape", "noop", "--steps", "0", "--worker"]),
     ("kernels.py", ["reduce", "--worker", "--noop"]),
+    ("op_profile.py", ["llama", "--worker", "--noop"]),
     ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
     ("serve_memory.py", ["--worker", "--noop"]),
 ])
@@ -207,10 +208,10 @@ def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
     assert sorted(op for op, mode in modes.items() if mode == "plain") == ["rms_norm", "swiglu"]
 
 
-def test_train_step_profile_plain_op_is_a_cpu_kernels_op():
+def test_op_profile_plain_op_is_a_cpu_kernels_op():
     """``--plain-op``: the plain variant sets those cpu_kernels ops to plain, the kernels variant to kernel (as the old
     switch's 0 / 1); lora-plaindrop adds lora_dropout plain; a name that is no op is refused, exit 2."""
-    import train_step_profile as P
+    import op_profile as P
     from mindformers_gptlocal.kernels.provider import KernelProvider
     assert P.cpu_kernels(["layer_norm", "bias_gelu"], False) == {"layer_norm": "plain", "bias_gelu": "plain"}
     assert P.cpu_kernels(["linear"], True) == {"linear": "kernel"}
@@ -218,6 +219,6 @@ def test_train_step_profile_plain_op_is_a_cpu_kernels_op():
     plain = KernelProvider(P.cpu_kernels(["linear"], False), device_target="CPU")
     assert plain.linear_gemm(__import__("mindspore").float32) == (None, None)
     assert KernelProvider(P.cpu_kernels(["linear"], True), device_target="CPU").uses("linear")
-    bad = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_profile.py"), "--plain-op", "layernorm"],
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "op_profile.py"), "train", "--plain-op", "layernorm"],
                          capture_output=True, text=True, check=False, env=C.worker_env(THREADS))
     assert bad.returncode == 2 and "--plain-op: layernorm not an op of model_config.cpu_kernels" in bad.stderr
