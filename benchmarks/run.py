@@ -86,16 +86,16 @@ SUITES = {
         ("reduce", "kernels.py", "reduce"),
     ]),
     "memory": ("where the bytes go: conversion, a server process, the planner's CPU memory fit", [
-        ("convert", "convert_memory.py", ""),
-        ("serve", "serve_memory.py", "--shape small --threads 2"),
-        ("rss-fit", "cpu_rss_fit.py", "fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192"),
+        ("convert", "memory.py", "convert"),
+        ("serve", "memory.py", "serve --shape small --threads 2"),
+        ("rss-fit", "memory.py", "rss-fit fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192"),
     ]),
     "profile": ("per-op profiles (MindSpore's profiler) of a training step and of Llama-style inference", [
         ("train", "op_profile.py", "train --shape tiny --batch 4 --seq 256"),
         ("llama", "op_profile.py", "llama --batch 1 --seq 256 --new 32"),
     ]),
     "soak": ("a long training run: does memory creep, does the checkpoint folder stay bounded", [
-        ("tiny", "soak.py", ""),
+        ("tiny", "memory.py", "soak"),
     ]),
 }
 

@@ -33,7 +33,7 @@ def mindspore_imported():
     ("kernels.py", ["reduce", "--worker", "--noop"]),
     ("op_profile.py", ["llama", "--worker", "--noop"]),
     ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
-    ("serve_memory.py", ["--worker", "--noop"]),
+    ("memory.py", ["serve", "--noop"]),
 ])
 def test_workers_run_with_the_threads_asked(mindspore_imported, script, args):
     report, _ = C.run_worker(os.path.join(BENCH, script), args + ["--threads", str(THREADS)], THREADS)
