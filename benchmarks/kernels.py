@@ -263,8 +263,8 @@ def model_steps(spec, rounds):
 def attention_main(args):
     common = ["--threads", str(args.threads), "--worker"]
     if args.models:
-        print("| model batch x seq | tokens/s kernel | tokens/s plain | kernel / plain | first step s kernel / plain |\n"
-              "| --- | ---: | ---: | ---: | ---: |")
+        print("| model batch x seq | tokens/s kernel | tokens/s plain | kernel / plain | first step s kernel / plain "
+              "|\n| --- | ---: | ---: | ---: | ---: |")
     for spec in filter(None, args.models.split(",")):
         report, _ = C.run_worker(__file__, ["attention", "--model-worker", spec, "--model-rounds",
                                             str(args.model_rounds), *common], args.threads)
@@ -377,7 +377,8 @@ def linear_worker(args, _report):
     for name in args.shapes.split(","):
         inp, out, bias, count = LINEAR_SHAPES[name]
         count = count if args.layers is None or name == "head" else args.layers
-        stacks = {side: Stack(count, inp, out, bias, mode) for side, mode in (("matmul", "plain"), ("kernel", "kernel"))}
+        stacks = {side: Stack(count, inp, out, bias, mode)
+                  for side, mode in (("matmul", "plain"), ("kernel", "kernel"))}
         for stack in stacks.values():
             stack.set_train(False)
         for (_, p), (_, q) in zip(stacks["matmul"].parameters_and_names(), stacks["kernel"].parameters_and_names()):
@@ -602,11 +603,12 @@ HEADERS = {
     "linear": "| shape | rows M | matmul wall ms | kernel wall ms | matmul CPU ms | kernel CPU ms | "
               "matmul / kernel (wall min, CPU) | max abs diff | 1-min load |\n"
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    "decode-layer": "| shape | weight sets | in a graph, us a call | direct, us a call | graph / direct | 1-min load |\n"
-                    "| --- | ---: | ---: | ---: | ---: | ---: |",
+    "decode-layer": "| shape | weight sets | in a graph, us a call | direct, us a call | graph / direct | 1-min load "
+                    "|\n| --- | ---: | ---: | ---: | ---: | ---: |",
     "kv-write": "ms per decode step: wall median [min-max], and the process's CPU time (all threads) median\n"
-                "| shape | batch | cache rows | in-place wall | plain wall | in-place CPU | plain CPU | plain / in-place "
-                "(wall min, CPU) | max abs logit diff |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+                "| shape | batch | cache rows | in-place wall | plain wall | in-place CPU | plain CPU | plain / "
+                "in-place (wall min, CPU) | max abs logit diff |\n"
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     "reduce": "graph mode, best of 5\n| work | MindSpore kernel | ms | used instead | ms | speed-up |\n"
               "| --- | --- | ---: | --- | ---: | ---: |",
 }

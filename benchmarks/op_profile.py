@@ -163,7 +163,8 @@ def cpu_kernels(plain_ops, kernels, plain_dropout=False):
 
 
 def build_step(args, kernels, lora=None, plain_dropout=False):
-    """One train step: (cell, inputs); ``lora``: a pet_config or None; ``kernels``, ``plain_dropout``: ``cpu_kernels``."""
+    """One train step: (cell, inputs); ``lora``: a pet_config or None; ``kernels``, ``plain_dropout``: the
+    ``cpu_kernels`` (``cpu_kernels``)."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
