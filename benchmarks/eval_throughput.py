@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -192,7 +193,8 @@ def main():
     if not os.path.isdir(os.path.join(args.work, "ref")):
         code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_throughput import setup; "
                 f"setup({args.work!r}, {args.shape!r})")
-        subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), check=True)
+        subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), cwd=tempfile.gettempdir(),
+                       check=True)
     tasks = os.path.join(args.work, "tasks")
     code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_tasks import write_tasks; "
             f"write_tasks({tasks!r}, {args.docs})")

@@ -62,6 +62,7 @@ our best precision against CTranslate2's best.
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -475,7 +476,7 @@ def main():
                                 "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
                                 "--cache-lengths", args.cache_lengths,
                                 "--linear-kernel", args.linear_kernel],
-                               env=C.worker_env(args.threads), check=True)
+                               env=C.worker_env(args.threads), cwd=tempfile.gettempdir(), check=True)
         return None
     sides = tuple(args.sides.split(","))
     check_sides(sides)
@@ -489,7 +490,8 @@ def main():
         import subprocess
         made = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); "
                                f"from generate_throughput import setup; setup({work!r}, {shape!r}, {sides!r})"],
-                              env=C.worker_env(args.threads), check=False, capture_output=True, text=True)
+                              env=C.worker_env(args.threads), cwd=tempfile.gettempdir(), check=False,
+                              capture_output=True, text=True)
         if made.returncode:
             raise SystemExit(f"setup of {shape} failed (exit {made.returncode}):\n"
                              f"{(made.stdout + made.stderr)[-4000:]}")
