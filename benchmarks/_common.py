@@ -1,6 +1,6 @@
 """What every benchmark here shares: the workers' thread environment and its check inside each worker,
 peak RSS (VmHWM), alternating rounds with median and min-max, the machine line, GEMM peaks, and the
-PyTorch GPT-2 training loop the train and finetune benchmarks compare against.
+PyTorch training loop (Hugging Face GPT-2 or Llama) the train and finetune benchmarks compare against.
 
 Why workers get an explicit environment: ``import mindspore`` sets ``OMP_NUM_THREADS=1`` in the C
 environment (``os.environ`` does not show it), and a child started without ``env=`` inherits it, so a
@@ -27,11 +27,18 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OFFLINE = dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 WORKER_TAG = "WORKER "
 
-# Model shapes the train and finetune benchmarks share (batch and seq are defaults; the scripts take flags).
+# Model shapes the train and finetune benchmarks share (batch and seq are defaults; the scripts take flags). GPT-2's
+# layout unless ``arch`` is "llama": Llama-style layers (rope, grouped-query attention over ``groups`` key/value heads,
+# SwiGLU of width ``ffn``, RMSNorm, no biases, an untied head), against Hugging Face's LlamaForCausalLM.
 SHAPES = {
     "tiny": dict(layers=4, hidden=256, heads=4, vocab=8192, batch=4, seq=256),
     "small": dict(layers=12, hidden=768, heads=12, vocab=50257, batch=2, seq=256),
+    "llama": dict(arch="llama", layers=12, hidden=768, heads=12, groups=4, ffn=2048, vocab=8192, batch=2, seq=256),
+    "llama-tiny": dict(arch="llama", layers=4, hidden=256, heads=8, groups=2, ffn=688, vocab=8192, batch=4, seq=256),
 }
+# model_config keys of the Llama-style layout (model_configs/pretrain_llama_style_tiny_cpu.yaml's)
+LLAMA_KEYS = dict(position_embedding_type="rope", rotary_base=10000.0, hidden_act="swiglu", normalization="RMSNorm",
+                  layernorm_epsilon=1e-5, add_bias_linear=False, untie_embeddings_and_output_weights=True)
 
 
 # ---------------------------------------------------------------------------------------------- threads
@@ -366,14 +373,21 @@ def gemm_worker(framework, threads):
 
 # ---------------------------------------------------------------------------------------------- model math
 def params_count(s):
-    """GPT-2 parameters (tied head), positions sized max(1024, seq)."""
+    """The model's parameters: GPT-2's (tied head, positions sized max(1024, seq)) or the Llama-style layout's
+    (``arch`` llama: QKV of ``heads + 2 * groups`` heads, SwiGLU's three [ffn, hidden] weights, two RMSNorms a layer,
+    a final one, the token table and an untied head; no biases, no position table)."""
     h, layers, v = s["hidden"], s["layers"], s["vocab"]
+    if s.get("arch") == "llama":
+        kv = 2 * s["groups"] * (h // s["heads"])
+        return 2 * v * h + layers * (h * (h + kv) + h * h + 3 * h * s["ffn"] + 2 * h) + h
     return v * h + max(1024, s["seq"]) * h + layers * (12 * h * h + 13 * h) + 2 * h
 
 
 def flops_per_token(s):
-    """Training FLOPs per token: 6N (forward + backward of the weights) + 12*L*H*S (attention scores)."""
-    return 6 * params_count(s) + 12 * s["layers"] * s["hidden"] * s["seq"]
+    """Training FLOPs per token: 6N (forward + backward of the weights; an untied model's token table is a lookup,
+    not counted) + 12*L*H*S (attention scores)."""
+    lookup = s["vocab"] * s["hidden"] if s.get("arch") == "llama" else 0
+    return 6 * (params_count(s) - lookup) + 12 * s["layers"] * s["hidden"] * s["seq"]
 
 
 def shape_with(shape, batch=None, seq=None):
@@ -414,14 +428,17 @@ def windows_in(corpus):
 
 
 def ours_yaml(s, steps, corpus, workdir, name, threads, pet_config=None, model_extra=None):
-    """The tiny pretrain YAML resized to shape ``s`` (dropout off), ``steps`` steps on ``corpus``;
-    ``model_extra``: more model_config keys (e.g. attention_block_size)."""
+    """The tiny pretrain YAML resized to shape ``s`` (dropout off; a Llama-style shape gets ``LLAMA_KEYS``, its query
+    groups and SwiGLU width), ``steps`` steps on ``corpus``; ``model_extra``: more model_config keys (e.g.
+    attention_block_size)."""
     from mindformers_gptlocal import yaml_io
     config = yaml_io.load_yaml(os.path.join(REPO, "model_configs", "pretrain_gpt_local_tiny_cpu.yaml"))
     config["model"]["model_config"].update(
         vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"], seq_length=s["seq"], max_position_embeddings=max(1024, s["seq"]),
         hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0)
+    if s.get("arch") == "llama":
+        config["model"]["model_config"].update(LLAMA_KEYS, num_query_groups=s["groups"], intermediate_size=s["ffn"])
     config["model"]["model_config"].update(model_extra or {})
     if pet_config:
         config["model"]["model_config"]["pet_config"] = pet_config
@@ -480,8 +497,34 @@ TORCH_VARIANTS = {
 TORCH_BF16_VARIANTS = {"sdpa+fused-bf16": "sdpa+fused", "compile-bf16": "compile"}  # name: its fp32 variant
 
 
+def hf_model(s, attention):
+    """Hugging Face's model of shape ``s``, dropout off, with ``attention`` ("eager" or "sdpa"): GPT2LMHeadModel (tied
+    head), or for a Llama-style shape LlamaForCausalLM (its keys as ``LLAMA_KEYS``: rope 10000, RMSNorm eps 1e-5, no
+    biases, untied head)."""
+    if s.get("arch") == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
+                             num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                             num_key_value_heads=s["groups"], max_position_embeddings=max(1024, s["seq"]),
+                             rms_norm_eps=LLAMA_KEYS["layernorm_epsilon"], rope_theta=LLAMA_KEYS["rotary_base"],
+                             tie_word_embeddings=False, attention_bias=False, mlp_bias=False, attention_dropout=0.0,
+                             bos_token_id=0, eos_token_id=0)
+        cls = LlamaForCausalLM
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["hidden"],
+                            n_layer=s["layers"], n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cls = GPT2LMHeadModel
+    config._attn_implementation = attention  # noqa: SLF001 (transformers reads it at build)
+    model = cls(config)
+    if model.config._attn_implementation != attention:  # noqa: SLF001
+        raise SystemExit(f"torch worker: asked {attention} attention, model has {model.config._attn_implementation}")
+    return model
+
+
 def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lora=None, prefix=None):
-    """Worker body, PyTorch side: Hugging Face GPT2LMHeadModel (tied head, dropout off) trained with AdamW
+    """Worker body, PyTorch side: Hugging Face GPT2LMHeadModel (tied head, dropout off; LlamaForCausalLM for a
+    Llama-style shape, ``hf_model``) trained with AdamW
     (betas 0.9/0.95, eps 1e-8, weight decay 0.01, as our YAML) and grad-norm clipping at 1.0 (as our
     wrapper) on the same token windows. ``variant`` picks the attention kernel, fused AdamW and
     torch.compile (TORCH_VARIANTS; a TORCH_BF16_VARIANTS name: its fp32 variant under bfloat16 autocast);
@@ -494,16 +537,12 @@ def torch_train_worker(s, steps, windows_path, threads, variant="sdpa+fused", lo
         return emit({"env": env, "runtime_threads": runtime, "step_times": [], "peak_rss_mb": vm_hwm_mb()})
     import numpy as np
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
     autocast = variant in TORCH_BF16_VARIANTS
     attention, fused, compiled = TORCH_VARIANTS[TORCH_BF16_VARIANTS.get(variant, variant)]
+    if (lora or prefix) and s.get("arch") == "llama":
+        raise SystemExit("torch worker: the PEFT sides are GPT-2's (c_attn/c_proj/c_fc)")
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=s["vocab"], n_positions=max(1024, s["seq"]), n_embd=s["hidden"],
-                        n_layer=s["layers"], n_head=s["heads"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    config._attn_implementation = attention  # noqa: SLF001 (transformers reads it at build)
-    model = GPT2LMHeadModel(config)
-    if model.config._attn_implementation != attention:  # noqa: SLF001
-        raise SystemExit(f"torch worker: asked {attention} attention, model has {model.config._attn_implementation}")
+    model = hf_model(s, attention)
     if lora:
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],

@@ -22,12 +22,12 @@ whether torch got imported), no torch seed, lm-eval's env info without torch (ev
 (generate_until, stop "\\n", max_gen_toks 8) from benchmarks/eval_tasks.py, --docs documents each.
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,6 +68,8 @@ def worker(args):
         threads = {"mindspore": C.mindspore_threads(args.threads, "ours eval worker"), **env}
     else:
         threads = {"torch": C.torch_threads(args.threads, f"{args.worker} eval worker"), **env}
+    if args.work == "-":  # the threads checked, nothing measured (tests/tools/test_benchmarks.py)
+        return C.emit({"env": env, "runtime_threads": threads.get("mindspore", threads.get("torch"))})
     import lm_eval
     from lm_eval.tasks import TaskManager
     manager = TaskManager(include_path=os.path.join(args.work, "tasks"))
@@ -103,13 +105,12 @@ def worker(args):
             rss[run] = C.vm_hwm_mb()
     requests = sum(len(s["arguments"]) for s in out["samples"][args.task])
     compiles = getattr(model, "compiled_shapes", lambda: None)()
-    print("RESULT " + json.dumps({"side": args.worker, "task": args.task, "requests": requests,
-                                  "cold_seconds": loaded - started + runs["cold"], "import_seconds": imported - started,
-                                  "load_seconds": loaded - imported, "first_eval_seconds": runs["cold"],
-                                  "warm_seconds": runs["warm"], "compiles": compiles, "threads": threads,
-                                  "torch_imported": "torch" in sys.modules, "peak_rss_steps_mb": rss,
-                                  "graphs": graphs,
-                                  "peak_rss_mb": C.vm_hwm_mb()}), flush=True)
+    return C.emit({"side": args.worker, "task": args.task, "requests": requests,
+                   "cold_seconds": loaded - started + runs["cold"], "import_seconds": imported - started,
+                   "load_seconds": loaded - imported, "first_eval_seconds": runs["cold"],
+                   "warm_seconds": runs["warm"], "compiles": compiles, "threads": threads,
+                   "torch_imported": "torch" in sys.modules, "peak_rss_steps_mb": rss, "graphs": graphs,
+                   "peak_rss_mb": C.vm_hwm_mb()})
 
 
 def trace_graphs(model, graphs):
@@ -151,14 +152,10 @@ def measure(args, side, task, round_index=0):
 
 
 def run_one(args, side, task, cache, label):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--task", task, "--work", args.work,
-           "--threads", str(args.threads), "--limit", str(args.limit), "--docs", str(args.docs),
-           "--batch-size", str(args.batch_size)] + (["--compile-cache", cache] if cache else [])
-    proc = subprocess.run(cmd, env=C.worker_env(args.threads), capture_output=True, text=True, timeout=3600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise SystemExit(f"{side} {task} worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    r = json.loads(lines[-1][len("RESULT "):])
+    r, _ = C.run_worker(__file__, ["--worker", side, "--task", task, "--work", args.work, "--threads",
+                                   str(args.threads), "--limit", str(args.limit), "--docs", str(args.docs),
+                                   "--batch-size", str(args.batch_size)] + (["--compile-cache", cache] if cache else []),
+                        args.threads, timeout=3600)
     print(f"  {side + (' ' + label if label else ''):15} {task:9} cold {r['requests'] / r['cold_seconds']:7.2f} requests/s ({r['cold_seconds']:.1f} s: "
           f"import {r['import_seconds']:.1f}, load {r['load_seconds']:.1f}, "
           f"first evaluate {r['first_eval_seconds']:.1f}"
@@ -196,7 +193,8 @@ def main():
     if not os.path.isdir(os.path.join(args.work, "ref")):
         code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_throughput import setup; "
                 f"setup({args.work!r}, {args.shape!r})")
-        subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), check=True)
+        subprocess.run([sys.executable, "-c", code], env=C.worker_env(args.threads), cwd=tempfile.gettempdir(),
+                       check=True)
     tasks = os.path.join(args.work, "tasks")
     code = (f"import sys; sys.path.insert(0, {HERE!r}); from eval_tasks import write_tasks; "
             f"write_tasks({tasks!r}, {args.docs})")

@@ -1,14 +1,20 @@
-"""Generation speed of gpt_local's KV cache against Hugging Face GPT-2 `generate` (PyTorch, with its
-cache), same weights, same prompts, same machine, same run.
+"""Generation speed of gpt_local's KV cache against Hugging Face `generate` (PyTorch, with its cache) and CTranslate2,
+same weights, same prompts, same machine, same run; GPT-2 and Llama-style models.
 
     python benchmarks/generate_throughput.py                      # tiny and GPT-2 small, batch 1 and 8
     python benchmarks/generate_throughput.py --shapes tiny --batches 1
+    python benchmarks/generate_throughput.py --shapes llama --batches 1,8 --forward   # Llama-style ~124M, + forward
 
-For each shape a random HF GPT-2 is saved and converted with `gptlocal convert hf2ms`. Prompts are
+Shapes: tiny (GPT-2 layout, 4 x 256, vocab 8,192), small (GPT-2 small), llama (Llama-style ~124M: 12 x 768, 12 heads
+over 4 key/value groups, SwiGLU 2,048, RMSNorm, rope, no biases, untied 32,000 head; HF ``LlamaForCausalLM``),
+llama-tiny (the same layout at 4 x 256, 8 heads over 2 groups, vocab 8,192). For each shape a random HF model is saved
+and converted with `gptlocal convert hf2ms` (``checkpoint/hf_models.py``). Prompts are
 32 random tokens, 128 new tokens, greedy (no EOS). Time to first token (TTFT) = the prefill call;
 decode tokens/s = batch x (new tokens - 1) / time after the first token; the TTFT is the median of TTFT_CALLS
 calls. Each side gets one warm-up generation first (ours compiles its prefill and decode graphs there; the
 compile time is printed). Also reported: our cache against our own recomputation of the whole sequence per token.
+``--forward``: also one forward over [batch, 256] (tokens/s after a warm-up call, median of FORWARD_REPEATS calls, and
+its own peak RSS: a worker of its own per side), ours and HF sides.
 
 Each measurement is its own worker process, started with an explicit environment (OMP_NUM_THREADS =
 MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that it checks in its C environment before importing
@@ -31,9 +37,10 @@ time (median), plain / kernels, and the largest logit difference. The kernels si
 
 ``--sides ours,ours-matmul,hf``: ours-matmul is ours with model_config.cpu_kernels {linear: plain} (every Linear and
 the head on MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others in the
-same run.
+same run; ours-plain-rms-swiglu (a Llama-style shape) {rms_norm: plain, swiglu: plain}: MindSpore's RMSNorm and
+SiLU * up ops instead of the kernels.
 
-Precision sides (``python benchmarks/run.py precision --part generate``):
+Precision sides (``python benchmarks/run.py generate``):
 
     python benchmarks/generate_throughput.py --sides ours,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf
 
@@ -55,6 +62,7 @@ our best precision against CTranslate2's best.
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -64,13 +72,19 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
-SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
+SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),  # GPT2Config's
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
+LLAMA_SHAPES = {  # LlamaConfig's: GPT-2 small's width and depth with Llama's layers, and a tiny one
+    "llama": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                  intermediate_size=2048, vocab_size=32000),
+    "llama-tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                       intermediate_size=688, vocab_size=8192)}
 PROMPT, NEW = 32, 128
+FORWARD_SEQ, FORWARD_REPEATS = 256, 3  # --forward: [batch, FORWARD_SEQ], the median of this many timed calls
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)
 CT2_SIDES = {"ct2-fp32": "float32", "ct2-int8": "int8", "ct2-bf16": "bfloat16"}  # side -> compute_type
 SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-kernel", "ours-cached", "ours-bf16",
-         "ours-bf16-per-call", "ours-bf16-decode-kernel",
+         "ours-bf16-per-call", "ours-bf16-decode-kernel", "ours-plain-rms-swiglu",
          "ours-int8", "ours-int8-plain-decode", "hf", *CT2_SIDES)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
 # ours-plain-decode: the decode step's plain graph, not the decode-layer kernel; ours-decode-kernel: the decode-layer
@@ -79,7 +93,8 @@ SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-ker
 # folder's (auto), as gptlocal generate runs it
 SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"},
                 "ours-decode-kernel": {"decode_layer": "kernel"}, "ours-bf16-decode-kernel": {"decode_layer": "kernel"},
-                "ours-int8-plain-decode": {"decode_layer": "plain"}}
+                "ours-int8-plain-decode": {"decode_layer": "plain"},
+                "ours-plain-rms-swiglu": {"rms_norm": "plain", "swiglu": "plain"}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
 SIDE_OVERRIDES = {side: {"compute_dtype": "bfloat16"}
                   for side in ("ours-bf16", "ours-bf16-per-call", "ours-bf16-decode-kernel")}
@@ -94,17 +109,27 @@ CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
 LINEAR_KERNEL = {"rows": "auto", "always": "kernel", "off": "plain"}
 
 
-def timed_ours(model, prompts, use_past):
+def vocab(shape):
+    return {**SHAPES, **LLAMA_SHAPES}[shape]["vocab_size"]
+
+
+def no_eos(shape):
+    """Our generate's keywords for ``shape``: a Llama-style model's end token (0) is one a random model can pick, so
+    none stops it (the peers' ``min_new_tokens`` / ``min_length`` do the same)."""
+    return {"eos_token_id": -1} if shape in LLAMA_SHAPES else {}
+
+
+def timed_ours(model, prompts, use_past, **options):
     """(ttft, total) seconds of one greedy generation (after a warm-up call of the same shape)."""
-    model.generate(prompts, max_new_tokens=NEW, do_sample=False, use_past=use_past)
+    model.generate(prompts, max_new_tokens=NEW, do_sample=False, use_past=use_past, **options)
     start = time.perf_counter()
-    model.generate(prompts, max_new_tokens=NEW, do_sample=False, use_past=use_past)
+    model.generate(prompts, max_new_tokens=NEW, do_sample=False, use_past=use_past, **options)
     total = time.perf_counter() - start
     if use_past:  # TTFT: the prefill call of the cache that generation used (compiled by the warm-up)
         cache = model.kv_cache(len(prompts), PROMPT + NEW)
         return C.median([C.timed(lambda: cache.prefill(prompts)) for _ in range(TTFT_CALLS)]), total
     start = time.perf_counter()
-    model.generate(prompts, max_new_tokens=1, do_sample=False, use_past=use_past)
+    model.generate(prompts, max_new_tokens=1, do_sample=False, use_past=use_past, **options)
     return time.perf_counter() - start, total
 
 
@@ -141,16 +166,24 @@ def decode_rate(batch, ttft, total):
 
 
 def setup(work, shape, sides=()):
-    """A random HF GPT-2 of ``shape`` saved under work/shape, converted to ours under work/shape_ms; for the
+    """A random HF model of ``shape`` (GPT-2, or LlamaForCausalLM with an untied head for a Llama-style shape) saved
+    under work/shape, converted to ours under work/shape_ms (``gptlocal convert hf2ms``'s ``hf_to_ms``); for the
     precision sides among ``sides`` also ours quantized to int8 (work/shape_int8) and CTranslate2's conversions
     (work/shape_ct2-*). Writes work/shape_setup.json: {"skipped": {side: one-line reason}, "ct2": version and the
     compute types it supports on this CPU}."""
     import json
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
+    from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(os.path.join(work, shape))
+    if shape in LLAMA_SHAPES:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
+                                             eos_token_id=0, **LLAMA_SHAPES[shape]))
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        model = GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape]))
+    model.save_pretrained(os.path.join(work, shape))
+    del model
     hf_to_ms(os.path.join(work, shape), os.path.join(work, shape + "_ms"))
     notes = {"skipped": {}}
     if any(side.startswith("ours-int8") for side in sides):
@@ -179,7 +212,7 @@ def ct2_convert(work, shape, sides, skipped):
     for name in os.listdir(os.path.join(work, shape)):
         if not os.path.exists(os.path.join(source, name)):
             os.symlink(os.path.join(work, shape, name), os.path.join(source, name))
-    ct2_tokenizer(SHAPES[shape]["vocab_size"]).save_pretrained(source)
+    ct2_tokenizer(vocab(shape)).save_pretrained(source)
     supported = sorted(ctranslate2.get_supported_compute_types("cpu"))
     for side in sides:
         compute = CT2_SIDES[side]
@@ -187,7 +220,11 @@ def ct2_convert(work, shape, sides, skipped):
             skipped[side] = (f"CTranslate2 {ctranslate2.__version__} runs no compute_type {compute} on this CPU "
                              f"(it supports {', '.join(supported)})")
             continue
-        TransformersConverter(source).convert(os.path.join(work, f"{shape}_{side}"), quantization=compute, force=True)
+        try:
+            TransformersConverter(source).convert(os.path.join(work, f"{shape}_{side}"), quantization=compute,
+                                                  force=True)
+        except Exception as err:  # pylint: disable=broad-except  (one line for the table, the other sides run)
+            skipped[side] = f"CTranslate2's converter failed: {C.error_line(err)}"
     return {"version": ctranslate2.__version__, "compute_types": supported}
 
 
@@ -206,22 +243,28 @@ def ct2_token(index):
     return "<|endoftext|>" if index == 0 else f"t{index}"
 
 
-def worker(side, work, shape, batch, threads, recompute):
+def worker(side, work, shape, batch, threads, recompute, job="generate"):
     """One side's numbers for one shape and batch; prints a WORKER line. ``phases``: each phase's own peak RSS
     (MB; VmHWM reset at the phase's start): import, build + load, the first generation (our compiles), the timed
     generations, and (``recompute``) our no-cache path; ``peak_rss_mb`` is generate's peak, without the no-cache
-    path's full-width compiles (before, they counted in the tiny rows' peak)."""
+    path's full-width compiles (before, they counted in the tiny rows' peak). ``job`` "forward": ``forward_worker``;
+    ``work`` "-": the threads checked, nothing measured."""
     env = C.check_threads(threads, f"{side} generate worker")
+    if work == "-":
+        runtime = C.torch_threads(threads, "hf worker") if side == "hf" else C.mindspore_threads(threads, "worker")
+        return C.emit({"env": env, "runtime_threads": runtime})
+    if job == "forward":
+        return forward_worker(side, work, shape, batch, threads, env)
     # PyTorch only where it runs: importing it into our side would add its ~180 MB to our peak RSS
     report = {"env": env, "torch_threads": C.torch_threads(threads, f"{side} generate worker") if side == "hf"
               else "not loaded", "precision": PRECISION.get(side, "fp32")}
-    prompts = np.random.default_rng(batch).integers(0, SHAPES[shape]["vocab_size"], (batch, PROMPT)).tolist()
+    prompts = np.random.default_rng(batch).integers(0, vocab(shape), (batch, PROMPT)).tolist()
     phases = C.Phases()  # each phase's own peak RSS (VmHWM reset at its start) and the RSS after it
     if side == "hf":
         with phases("import"):
-            from transformers import GPT2LMHeadModel
+            from transformers import AutoModelForCausalLM
         with phases("load"):
-            model = GPT2LMHeadModel.from_pretrained(os.path.join(work, shape)).eval()
+            model = AutoModelForCausalLM.from_pretrained(os.path.join(work, shape)).eval()
         with phases("first_call"):
             timed_hf(model, prompts)  # warm-up
         with phases("timed"):
@@ -240,39 +283,82 @@ def worker(side, work, shape, batch, threads, recompute):
         with phases("timed"):
             ttft, total = timed_ct2(model, tokens)
     else:  # ours: the model's own classes (gptlocal generate's: no MindFormers); ours-mf: MindFormers' classes
-        import mindspore as ms
         report["runtime_threads"] = C.mindspore_threads(threads, "ours generate worker")
-        ms.set_context(mode=ms.GRAPH_MODE)
-        with phases("import"):
-            if side == "ours-mf":
-                from mindformers_gptlocal import GPTLocalForCausalLM
-            else:
-                from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
-        report["mindformers_loaded"] = "mindformers" in sys.modules
-        with phases("load"):
-            model_dir = os.path.join(work, shape + ("_int8" if side.startswith("ours-int8") else "_ms"))
-            kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
-            model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels,
-                                                        inference=side not in TRAINING_BUILD,
-                                                        **SIDE_OVERRIDES.get(side, {}))
-        if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
-            from mindformers_gptlocal.runtime.graph_cache import attach
-            attach(model, os.path.join(work, "compile-cache"), model_dir)
+        model = ours_model(side, work, shape, batch, phases, report)
         with phases("first_call"):
             start = time.perf_counter()
-            model.generate(prompts, max_new_tokens=NEW, do_sample=False)  # compiles prefill + decode
+            model.generate(prompts, max_new_tokens=NEW, do_sample=False, **no_eos(shape))  # compiles prefill + decode
             report["first_call_s"] = time.perf_counter() - start
         with phases("timed"):
-            ttft, total = timed_ours(model, prompts, True)
+            ttft, total = timed_ours(model, prompts, True, **no_eos(shape))
         if recompute:  # our no-cache path compiles full-width forwards: its own phase, not generate's peak
             with phases("recompute"):
-                n_ttft, n_total = timed_ours(model, prompts, False)
+                n_ttft, n_total = timed_ours(model, prompts, False, **no_eos(shape))
             report["nocache_rate"] = decode_rate(batch, n_ttft, n_total)
             report["recompute_peak_rss_mb"] = phases.peaks["recompute"]
     if side != "hf" and "torch" in sys.modules:
         raise SystemExit(f"{side} generate worker: PyTorch was imported (it would count in its peak RSS)")
     report.update(ttft=ttft, rate=decode_rate(batch, ttft, total), phases=phases.peaks, rss_after=phases.after,
                   peak_rss_mb=phases.peak(("import", "load", "first_call", "timed")), peak_resets=phases.resets)
+    C.emit(report)
+
+
+def ours_model(side, work, shape, batch, phases, report, **build):
+    """Our side's model as ``gptlocal generate`` loads it (``side``'s cpu_kernels and overrides; ours-mf: the model on
+    MindFormers' bases), its import and load as ``phases``; ours-cached attaches the compile cache of this run."""
+    import mindspore as ms
+    ms.set_context(mode=ms.GRAPH_MODE)
+    with phases("import"):
+        if side == "ours-mf":
+            from mindformers_gptlocal import GPTLocalForCausalLM
+        else:
+            from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+    report["mindformers_loaded"] = "mindformers" in sys.modules
+    with phases("load"):
+        model_dir = os.path.join(work, shape + ("_int8" if side.startswith("ours-int8") else "_ms"))
+        kernels = {"cpu_kernels": SIDE_KERNELS[side]} if side in SIDE_KERNELS else {}
+        model = GPTLocalForCausalLM.from_pretrained(model_dir, max_batch_size=max(8, batch), **kernels,
+                                                    inference=side not in TRAINING_BUILD,
+                                                    **SIDE_OVERRIDES.get(side, {}), **build)
+    if side == "ours-cached":  # as gptlocal generate's --compile-cache: round 1 stores, later rounds load
+        from mindformers_gptlocal.runtime.graph_cache import attach
+        attach(model, os.path.join(work, "compile-cache"), model_dir)
+    return model
+
+
+def forward_worker(side, work, shape, batch, threads, env):
+    """``--forward``: one forward over [batch, FORWARD_SEQ] random tokens, tokens/s of the median of FORWARD_REPEATS
+    calls after a warm-up (our compile), the first call's seconds, and this job's peak RSS per phase."""
+    report = {"env": env, "precision": PRECISION.get(side, "fp32"), "job": "forward"}
+    ids = np.random.default_rng(batch).integers(0, vocab(shape), (batch, FORWARD_SEQ))
+    phases = C.Phases()
+    if side == "hf":
+        report["runtime_threads"] = C.torch_threads(threads, "hf forward worker")
+        import torch
+        with phases("import"):
+            from transformers import AutoModelForCausalLM
+        with phases("load"):
+            model = AutoModelForCausalLM.from_pretrained(os.path.join(work, shape)).eval()
+        tensor = torch.from_numpy(ids)
+
+        def call():
+            with torch.no_grad():
+                model(tensor)
+    else:
+        from mindspore import Tensor
+        report["runtime_threads"] = C.mindspore_threads(threads, "ours forward worker")
+        model = ours_model(side, work, shape, batch, phases, report, seq_length=FORWARD_SEQ)
+        model.set_train(False)
+        tensor = Tensor(ids.astype(np.int32))
+
+        def call():
+            model(tensor).asnumpy()
+    with phases("first_call"):
+        report["first_call_s"] = C.timed(call)
+    with phases("timed"):
+        seconds = C.median([C.timed(call) for _ in range(FORWARD_REPEATS)])
+    report.update(rate=batch * FORWARD_SEQ / seconds, phases=phases.peaks, peak_rss_mb=phases.peak(),
+                  peak_resets=phases.resets)
     C.emit(report)
 
 
@@ -347,7 +433,11 @@ def main():
                              "stores, later rounds load), ours-bf16 (compute_dtype bfloat16), ours-bf16-per-call (the "
                              "same, float32 weights rounded at every GEMM), ours-bf16-decode-kernel (ours-bf16 with "
                              "cpu_kernels {decode_layer: kernel}), ours-int8 (a quantize_model int8 directory), "
-                             "ours-int8-plain-decode, hf, ct2-fp32, ct2-int8, ct2-bf16 (CTranslate2, the bench extra)")
+                             "ours-int8-plain-decode, ours-plain-rms-swiglu (a Llama-style shape: cpu_kernels "
+                             "{rms_norm: plain, swiglu: plain}), hf, ct2-fp32, ct2-int8, ct2-bf16 (CTranslate2, the "
+                             "bench extra)")
+    parser.add_argument("--forward", action="store_true",
+                        help=f"also one forward over [batch, {FORWARD_SEQ}] per side (ours and hf), a worker each")
     parser.add_argument("--kernels-vs-plain", action="store_true",
                         help="in one worker: prefill and decode step through the CPU kernels vs plain")
     parser.add_argument("--cache-lengths", default="256,1024,2048", help="decode cache lengths (--kernels-vs-plain)")
@@ -361,9 +451,15 @@ def main():
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recompute", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--job", choices=("generate", "forward"), default="generate", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker, args.work, args.shape, args.batch, args.threads, args.recompute)
+        return worker(args.worker, args.work, args.shape, args.batch, args.threads, args.recompute, args.job)
+    shapes = args.shapes.split(",")
+    known = list(SHAPES) if args.kernels_vs_plain or args.kvp_worker else [*SHAPES, *LLAMA_SHAPES]
+    if any(shape not in known for shape in shapes):
+        print(f"--shapes {args.shapes}: choose from {', '.join(known)}", file=sys.stderr)
+        raise SystemExit(2)
     lengths = [int(x) for x in args.cache_lengths.split(",")]
     if args.kvp_worker:
         C.check_threads(args.threads, "kernels-vs-plain worker")
@@ -374,13 +470,13 @@ def main():
               "plain / kernels (wall min, CPU) | max abs logit diff | 1-min load |")
         print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
         import subprocess
-        for shape in args.shapes.split(","):
+        for shape in shapes:
             for batch in (int(b) for b in args.batches.split(",")):
                 subprocess.run([sys.executable, __file__, "--kvp-worker", "--shapes", shape, "--shape", shape,
                                 "--batch", str(batch), "--rounds", str(args.rounds), "--threads", str(args.threads),
                                 "--cache-lengths", args.cache_lengths,
                                 "--linear-kernel", args.linear_kernel],
-                               env=C.worker_env(args.threads), check=True)
+                               env=C.worker_env(args.threads), cwd=tempfile.gettempdir(), check=True)
         return None
     sides = tuple(args.sides.split(","))
     check_sides(sides)
@@ -388,13 +484,14 @@ def main():
     print(C.machine_line(args.threads), flush=True)
     if any(PRECISION.get(side) for side in sides):
         print(C.precision_line(), flush=True)
-    rows, skipped, ct2 = [], {}, None
-    for shape in args.shapes.split(","):
+    rows, forward_rows, skipped, ct2 = [], [], {}, None
+    for shape in shapes:
         import json
         import subprocess
         made = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); "
                                f"from generate_throughput import setup; setup({work!r}, {shape!r}, {sides!r})"],
-                              env=C.worker_env(args.threads), check=False, capture_output=True, text=True)
+                              env=C.worker_env(args.threads), cwd=tempfile.gettempdir(), check=False,
+                              capture_output=True, text=True)
         if made.returncode:
             raise SystemExit(f"setup of {shape} failed (exit {made.returncode}):\n"
                              f"{(made.stdout + made.stderr)[-4000:]}")
@@ -431,6 +528,21 @@ def main():
                 return report
             runs = C.alternate(sides, args.rounds, one)
             rows.append((shape, batch, {side: [r for r in reports if r] for side, reports in runs.items()}))
+            if args.forward:
+                def forward(side, index, shape=shape, batch=batch, skip=notes["skipped"]):
+                    if side in skip:
+                        return None
+                    report, _ = C.run_worker(__file__, ["--worker", side, "--job", "forward", "--work", work,
+                                                        "--shape", shape, "--batch", str(batch), "--threads",
+                                                        str(args.threads)], args.threads, one_line=side in PRECISION)
+                    if "failed" in report:
+                        print(f"{shape} batch {batch} round {index + 1} {side} forward: failed: {report['failed']}")
+                        return None
+                    print(f"{shape} batch {batch} round {index + 1} {side} forward: {report['rate']:.0f} tok/s, first "
+                          f"call {report['first_call_s']:.1f} s, peak RSS {report['peak_rss_mb']:.0f} MB", flush=True)
+                    return report
+                runs = C.alternate(tuple(x for x in sides if x not in CT2_SIDES), args.rounds, forward)
+                forward_rows.append((shape, batch, {side: [r for r in reports if r] for side, reports in runs.items()}))
     print(f"\n{C.machine_line(args.threads)}")
     if any(PRECISION.get(side) for side in sides):
         print(C.precision_line())
@@ -442,6 +554,43 @@ def main():
           f"in its own worker; median [min-max] over rounds; peak RSS = generate's (import, load, first call, timed "
           f"calls), without our no-cache path's compiles (given apart where it ran)\n")
     print_table(rows)
+    if forward_rows:
+        print_forward(forward_rows)
+    for shape in shapes:
+        if shape in LLAMA_SHAPES:
+            print(kv_cache_line(shape))
+
+
+def print_forward(rows):
+    """The --forward table: each side's tokens/s over [batch, FORWARD_SEQ], against HF, its first call and peak."""
+    print(f"\nforward over [batch, {FORWARD_SEQ}], median of {FORWARD_REPEATS} calls after a warm-up; a worker per "
+          "side and round (its peak RSS is the forward's alone)\n")
+    print("| shape | batch | side | forward tok/s | vs HF | first call s | peak RSS MB | RSS vs HF |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for shape, batch, runs in rows:
+        hf = runs.get("hf") or []
+        hf_rate, hf_rss = (C.median([r[k] for r in hf]) for k in ("rate", "peak_rss_mb")) if hf else (None, None)
+        for side, reports in runs.items():
+            if not reports:
+                continue
+            rate, rss = (C.median([r[k] for r in reports]) for k in ("rate", "peak_rss_mb"))
+            print(f"| {shape} | {batch} | {side} | {C.spread([r['rate'] for r in reports])} | "
+                  f"{f'{rate / hf_rate:.2f}x' if hf_rate else '-'} | "
+                  f"{C.median([r['first_call_s'] for r in reports]):.1f} | {rss:.0f} | "
+                  f"{f'{rss / hf_rss:.2f}x' if hf_rss else '-'} |")
+
+
+def kv_cache_line(shape, length=1024):
+    """What grouped-query attention saves: the decode KV cache of one ``length``-token sequence, fp32, with the
+    shape's key/value groups against one per head (arithmetic)."""
+    s = LLAMA_SHAPES[shape]
+    per_head = 2 * s["num_hidden_layers"] * length * (s["hidden_size"] // s["num_attention_heads"]) * 4
+
+    def mib(heads):
+        return per_head * heads / 2 ** 20
+    return (f"{shape}: decode KV cache per {length}-token sequence (fp32) {mib(s['num_key_value_heads']):.1f} MiB with "
+            f"{s['num_key_value_heads']} key/value heads, {mib(s['num_attention_heads']):.1f} MiB with "
+            f"{s['num_attention_heads']} ({s['num_attention_heads'] // s['num_key_value_heads']}x)")
 
 
 def check_sides(sides):

@@ -119,11 +119,14 @@ def load_models(options, work):
 
 
 def inference_worker(options):
-    """Worker body: the inference comparison (``--what inference``); emits each precision's figures."""
-    import numpy as np
-    import mindspore as ms
+    """Worker body: the inference comparison (``--what inference``); emits each precision's figures. ``model`` "-":
+    the threads checked, nothing measured (tests/tools/test_benchmarks.py)."""
     env = C.check_threads(options["threads"], "accuracy worker")
     runtime = C.mindspore_threads(options["threads"], "accuracy worker")
+    if options.get("model") == "-":
+        return C.emit({"env": env, "runtime_threads": runtime})
+    import numpy as np
+    import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE)
     work = C.scratch_dir("gptlocal-accuracy-")
     input_ids, labels, loss_mask = read_rows(options["data"], options["max_rows"])
@@ -173,6 +176,7 @@ def inference_worker(options):
                                   greedy_agreement=agree, common_prefix=prefix, identical=same)
     C.emit({"env": env, "runtime_threads": runtime, "rows": int(len(input_ids)), "results": results,
             "failed": failed, "peak_rss_mb": C.vm_hwm_mb()})
+    return None
 
 
 def inference_table(report, options):

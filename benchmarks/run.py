@@ -31,13 +31,23 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package; _common import
 
 # suite -> (what it measures, [(part, script, arguments)]); the arguments are those of docs/performance.md's table
 SUITES = {
-    "train": ("pretraining tokens/s, MFU and peak RSS against HF GPT-2 under torch.compile", [
-        ("tiny", "train_throughput.py", "--shapes tiny --rounds 3 --torch-variants compile"),
-        ("small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --torch-variants compile"),
+    "train": ("pretraining tokens/s, MFU and peak RSS in fp32 and bf16 against Hugging Face GPT-2 / Llama under "
+              "torch.compile and bf16 autocast", [
+        ("tiny", "train_throughput.py", "--shapes tiny --rounds 3 --ours-bf16 "
+                                        "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
+        ("small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --ours-bf16 "
+                                         "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
+        ("llama", "train_throughput.py", "--shapes llama --rounds 2 --steps 5 --warmup 2 --ours-bf16 "
+                                         "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
     ]),
-    "long": ("long-sequence training (the fused attention kernel) against HF with SDPA and fused AdamW", [
+    "long": ("training at one long sequence (the fused attention kernel) against HF with SDPA and fused AdamW, and "
+             "torch.compile, fp32 and bf16", [
         ("small1024", "train_throughput.py", "--shapes small --seq-length 1024 --batch-size 1 --steps 5 --warmup 2 "
-                                             "--rounds 2 --torch-variants sdpa+fused"),
+                                             "--rounds 2 --ours-bf16 "
+                                             "--torch-variants sdpa+fused,compile,sdpa+fused-bf16,compile-bf16"),
+        ("llama1024", "train_throughput.py", "--shapes llama --seq-length 1024 --batch-size 1 --steps 5 --warmup 2 "
+                                             "--rounds 2 --ours-bf16 "
+                                             "--torch-variants sdpa+fused,compile,sdpa+fused-bf16,compile-bf16"),
         ("tiny2048", "train_throughput.py", "--shapes tiny --seq-length 2048 --batch-size 1 --steps 8 --rounds 2 "
                                             "--torch-variants sdpa+fused"),
     ]),
@@ -45,57 +55,52 @@ SUITES = {
         ("lora", "finetune_throughput.py", "--shape small --steps 5 --warmup 2 --rounds 2 --threads 2 --methods lora"),
         ("prefix", "finetune_throughput.py", "--shape tiny --steps 8 --rounds 2 --methods prefix"),
     ]),
-    "generate": ("KV-cache generation (decode tok/s, TTFT, peak RSS) against transformers' generate", [
+    "generate": ("KV-cache generation (decode tok/s, TTFT, peak RSS) at fp32, bf16 and int8 against transformers' "
+                 "generate and CTranslate2 (the bench extra)", [
         ("gpt2", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
-                                           "--sides ours,ours-cached,hf"),
-        ("llama", "llama_style_vs_transformers.py", "--shape 120m --batches 1,4 --rounds 2 --repeats 1 --threads 2 "
-                                                    "--compile-cache"),
+                                           "--recompute-shapes none "
+                                           "--sides ours,ours-plain-decode,ours-bf16,ours-int8,"
+                                           "ct2-fp32,ct2-int8,ct2-bf16,hf"),
+        ("llama", "generate_throughput.py", "--shapes llama --batches 1,8 --rounds 2 --threads 2 "
+                                            "--recompute-shapes none --sides ours,ours-bf16,ours-int8,"
+                                            "ct2-fp32,ct2-int8,ct2-bf16,hf --forward"),
     ]),
-    "precision": ("bf16 and int8: decode against CTranslate2 (bench extra), bf16 training against PyTorch autocast, "
-                  "accuracy against fp32", [
-        ("generate", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
-                                               "--recompute-shapes none "
-                                               "--sides ours,ours-plain-decode,ours-bf16,ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf"),
-        ("train-tiny", "train_throughput.py", "--shapes tiny --rounds 3 --ours-bf16 "
-                                              "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
-        ("train-small", "train_throughput.py", "--shapes small --rounds 2 --steps 5 --warmup 2 --ours-bf16 "
-                                               "--torch-variants compile,sdpa+fused-bf16,compile-bf16"),
-        ("accuracy", "precision_accuracy.py", "--make"),
-        ("serve", "serve_throughput.py", "--shapes tiny,small --clients 1,16 --new 32 --requests 16 --threads 2 "
-                                         "--rounds 2 --sides ours,ours-int8"),
-    ]),
-    "serve": ("gptlocal serve (continuous batching) against transformers, one generate per request", [
+    "serve": ("gptlocal serve (continuous batching) against transformers (one generate per request), an int8 model "
+              "against fp32, and multi-LoRA serving", [
         ("tiny", "serve_throughput.py", "--shapes tiny --clients 1,16 --new 32 --requests 16 --threads 2 --rounds 2 "
                                         "--sides ours,ours-cached,hf"),
         ("small", "serve_throughput.py", "--shapes small --clients 1,16 --new 16 --requests 16 --threads 2 --rounds 2 "
                                          "--sides ours,ours-cached,hf"),
-    ]),
-    "multi-lora": ("gptlocal serve --lora with one client per adapter against one adapter and the merged model", [
-        ("tiny", "serve_multi_lora.py", "--adapters 4 --requests 2 --new 32 --rounds 5 --threads 2"),
+        ("int8", "serve_throughput.py", "--shapes tiny,small --clients 1,16 --new 32 --requests 16 --threads 2 "
+                                        "--rounds 2 --sides ours,ours-int8"),
+        ("multi-lora", "serve_throughput.py", "--multi-lora --adapters 4 --requests 2 --new 32 --rounds 5 --threads 2"),
     ]),
     "eval": ("gptlocal eval (lm-eval) against lm-eval's hf backend on the same weights, cold and warm", [
         ("tiny", "eval_throughput.py", "--shape tiny --rounds 2 --threads 2 --limit 48 --docs 48"),
     ]),
-    "kernels": ("each CPU kernel against the plain MindSpore ops it replaces, in one process, alternating", [
-        ("attention", "attention_kernel.py", "--rounds 3"),
-        ("norm-gelu", "norm_gelu_kernels.py", "--rounds 20 --threads 2"),
-        ("linear", "linear_rows.py", "--rounds 20 --threads 2"),
-        ("decode-layer", "decode_layer_calls.py", "--rounds 10 --threads 2"),
-        ("kv-write", "kv_cache_lengths.py", "--shapes small --batches 1 8 --cache-lengths 64 512 2048 --steps 5 "
-                                            "--rounds 2"),
-        ("reduce", "reduce_kernels.py", ""),
+    "precision": ("bf16 and int8 accuracy against fp32 (logits, greedy tokens, perplexity, bf16 training's loss)", [
+        ("accuracy", "precision_accuracy.py", "--make"),
+    ]),
+    "kernels": ("each CPU kernel against the plain MindSpore ops it replaces, sides alternating", [
+        ("attention", "kernels.py", "attention --rounds 3"),
+        ("norm-gelu", "kernels.py", "norm-gelu --rounds 20 --threads 2"),
+        ("linear", "kernels.py", "linear --rounds 20 --threads 2"),
+        ("decode-layer", "kernels.py", "decode-layer --rounds 10 --threads 2"),
+        ("kv-write", "kernels.py", "kv-write --shapes small --batches 1 8 --cache-lengths 64 512 2048 --steps 5 "
+                                   "--rounds 2"),
+        ("reduce", "kernels.py", "reduce"),
     ]),
     "memory": ("where the bytes go: conversion, a server process, the planner's CPU memory fit", [
-        ("convert", "convert_memory.py", ""),
-        ("serve", "serve_memory.py", "--shape small --threads 2"),
-        ("rss-fit", "cpu_rss_fit.py", "fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192"),
+        ("convert", "memory.py", "convert"),
+        ("serve", "memory.py", "serve --shape small --threads 2"),
+        ("rss-fit", "memory.py", "rss-fit fit benchmarks/cpu_rss_runs.jsonl --held-out small_v8192"),
     ]),
     "profile": ("per-op profiles (MindSpore's profiler) of a training step and of Llama-style inference", [
-        ("train", "train_step_profile.py", "--shape tiny --batch 4 --seq 256"),
-        ("llama", "llama_style_profile.py", "--batch 1 --seq 256 --new 32"),
+        ("train", "op_profile.py", "train --shape tiny --batch 4 --seq 256"),
+        ("llama", "op_profile.py", "llama --batch 1 --seq 256 --new 32"),
     ]),
     "soak": ("a long training run: does memory creep, does the checkpoint folder stay bounded", [
-        ("tiny", "soak.py", ""),
+        ("tiny", "memory.py", "soak"),
     ]),
 }
 
@@ -114,7 +119,7 @@ def listing():
     lines = []
     for suite, (what, parts) in SUITES.items():
         lines.append(f"{suite}: {what}")
-        lines += [f"  {part:<11} {shown(command(script, arguments))}" for part, script, arguments in parts]
+        lines += [f"  {part:<12} {shown(command(script, arguments))}" for part, script, arguments in parts]
     return "\n".join(lines)
 
 

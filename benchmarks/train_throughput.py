@@ -1,9 +1,17 @@
 """Training throughput and peak memory of gpt_local (MindSpore, through MindFormers' trainer) against
-Hugging Face GPT-2 on PyTorch, same shapes, same tokens, same machine, same run.
+Hugging Face GPT-2 (and, for the Llama-style shapes, LlamaForCausalLM) on PyTorch, same shapes, same tokens, same
+machine, same run.
 
     python benchmarks/train_throughput.py                            # tiny and GPT-2 small, 3 rounds
+    python benchmarks/train_throughput.py --shapes llama --steps 5 --warmup 2 --ours-bf16 \
+        --torch-variants compile,sdpa+fused-bf16,compile-bf16        # Llama-style 12 x 768, fp32 and bf16
     python benchmarks/train_throughput.py --shapes small --seq-length 1024 --batch-size 1 --attention-block-size 256
     python benchmarks/train_throughput.py --shapes tiny --seq-length 2048 --torch-variants sdpa+fused
+
+Shapes (``_common.SHAPES``): tiny (GPT-2 layout, 4 x 256, vocab 8,192), small (GPT-2 small, 124M), llama (12 x 768,
+12 heads over 4 key/value groups, SwiGLU 2,048, RMSNorm, rope, no biases, untied head, vocab 8,192: ours with the
+Llama-style model_config keys of model_configs/pretrain_llama_style_tiny_cpu.yaml, theirs LlamaForCausalLM of the same
+sizes), llama-tiny (the same layout at 4 x 256, 8 heads over 2 groups: a quick check).
 
 Sides, each run in its own worker process (so VmHWM is its own peak RSS), started with an explicit
 environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads) that each worker
@@ -11,17 +19,17 @@ checks in its C environment before importing anything; MindSpore's runtime_num_t
 torch.set_num_threads get the same count (benchmarks/_common.py):
   ours        ``gptlocal run`` on the tiny YAML resized to the shape (GPTLocalAdamW, clip 1.0), step times
               from GPTLocalThroughputMonitor; its first step includes the graph compile
-  eager       GPT2LMHeadModel, eager attention, AdamW (foreach)
-  sdpa+fused  GPT2LMHeadModel, scaled_dot_product_attention, AdamW(fused=True)
+  eager       the HF model, eager attention, AdamW (foreach)
+  sdpa+fused  the HF model, scaled_dot_product_attention, AdamW(fused=True)
   compile     sdpa+fused under torch.compile; its first step (the compile) is shown apart
 All sides: AdamW betas 0.9/0.95, eps 1e-8, weight decay 0.01 (fp32 moments for every weight), grad-norm
-clip 1.0, dropout off, tied head, fp32 (the bf16 sides below aside). The sides run alternately (A B C D,
+clip 1.0, dropout off, fp32 (the bf16 sides below aside). The sides run alternately (A B C D,
 D C B A, ...) for --rounds rounds; tokens/s of a run = batch x seq / median step time after --warmup steps; the
 tables give the median over rounds and [min-max]. MFU = tokens/s x (6N + 12 L H S) / peak, where peak is the
 higher of the two fp32 GEMM rates measured at the start of this run (torch's MKL matmul and MindSpore's MatMul,
 2048^3, best of 7, same threads), so neither side's MFU can borrow the other's faster GEMM.
 
-bfloat16 sides (``python benchmarks/run.py precision --part train-tiny``):
+bfloat16 sides (``python benchmarks/run.py train``):
 
     python benchmarks/train_throughput.py --shapes tiny --ours-bf16 \
         --torch-variants sdpa+fused-bf16,compile-bf16,compile
@@ -44,23 +52,32 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SIDES = ("ours",) + tuple(C.TORCH_VARIANTS) + tuple(C.TORCH_BF16_VARIANTS)
 # ours_bf16 (--ours-bf16): model_config.compute_dtype bfloat16
 BF16 = {"compute_dtype": "bfloat16"}
-# ours_plain: model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU)
+# ours_plain: model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU);
+# a Llama-style shape's {rms_norm: plain, swiglu: plain}
 PLAIN_NORM_GELU = {"layer_norm": "plain", "bias_gelu": "plain"}
-LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, LayerNorm/GeLU plain", "eager": "HF GPT-2, eager",
-          "sdpa+fused": "HF GPT-2, sdpa + fused AdamW", "compile": "HF GPT-2, torch.compile",
+PLAIN_RMS_SWIGLU = {"rms_norm": "plain", "swiglu": "plain"}
+LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, its norm/MLP kernels plain",
+          "eager": "HF {peer}, eager", "sdpa+fused": "HF {peer}, sdpa + fused AdamW",
+          "compile": "HF {peer}, torch.compile",
           "ours_bf16": "gpt_local, compute_dtype bfloat16",
-          "sdpa+fused-bf16": "HF GPT-2, sdpa + fused AdamW, bf16 autocast",
-          "compile-bf16": "HF GPT-2, torch.compile, bf16 autocast"}
+          "sdpa+fused-bf16": "HF {peer}, sdpa + fused AdamW, bf16 autocast",
+          "compile-bf16": "HF {peer}, torch.compile, bf16 autocast"}
+
+
+def label(side, s):
+    """The table's name of ``side`` for shape ``s`` (the HF model it trains: GPT-2 or Llama)."""
+    return LABELS[side].format(peer="Llama" if s.get("arch") == "llama" else "GPT-2")
 OURS = ("ours", "ours_plain", "ours_bf16")  # the sides run through gptlocal run
 BF16_SIDES = ("ours_bf16", *C.TORCH_BF16_VARIANTS)
 
 
 def side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra=None):
     """Our side's YAML: the tiny one resized (``_common.ours_yaml``); ours_plain's model_config also holds
-    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels);
-    ours_bf16's compute_dtype bfloat16."""
+    cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels;
+    a Llama-style shape's {rms_norm: plain, swiglu: plain}); ours_bf16's compute_dtype bfloat16."""
     if side == "ours_plain":
-        model_extra = dict(model_extra or {}, cpu_kernels=dict(PLAIN_NORM_GELU))
+        plain = PLAIN_RMS_SWIGLU if s.get("arch") == "llama" else PLAIN_NORM_GELU
+        model_extra = dict(model_extra or {}, cpu_kernels=dict(plain))
     if side == "ours_bf16":
         model_extra = dict(model_extra or {}, **BF16)
     return C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
@@ -95,10 +112,10 @@ def summarise(report, s, warmup, peak):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default="tiny,small", help=f"comma list of {sorted(C.SHAPES)}")
+    parser.add_argument("--shapes", default="tiny,small", help=f"comma list of {list(C.SHAPES)}")
     parser.add_argument("--seq-length", type=int, help="tokens per row (default 256)")
     parser.add_argument("--batch-size", type=int, help="rows per step (default 4 tiny, 2 small)")
-    parser.add_argument("--steps", type=int, default=0, help="steps per run (default 20 tiny, 8 small)")
+    parser.add_argument("--steps", type=int, default=0, help="steps per run (default 20 tiny shapes, 8 the others)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -132,6 +149,9 @@ def main():
         raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(SIDES[1:])}")
     sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *(("ours_bf16",) if args.ours_bf16 else ()),
              *variants)
+    unknown = [name for name in args.shapes.split(",") if name not in C.SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; choose from {list(C.SHAPES)}")
     shapes = {name: C.shape_with(name, args.batch_size, args.seq_length) for name in args.shapes.split(",")}
     seq = next(iter(shapes.values()))["seq"]
     workdir = C.scratch_dir("gptlocal-bench-")
@@ -147,7 +167,7 @@ def main():
           f"MFU below is against the higher, {peak:.0f}", flush=True)
     rows, failed = {}, {}
     for name, s in shapes.items():
-        steps = args.steps or (20 if name == "tiny" else 8)
+        steps = args.steps or (20 if "tiny" in name else 8)
 
         def one(side, index, name=name, s=s, steps=steps):
             if side in failed:
@@ -159,7 +179,7 @@ def main():
                 failed[side] = report["failed"]
                 return None
             report = summarise(report, s, args.warmup, peak)
-            print(f"{name} round {index + 1} {side:10} {report['tokens_per_s']:8.0f} tokens/s  first step "
+            print(f"{name} round {index + 1} {side:15} {report['tokens_per_s']:8.0f} tokens/s  first step "
                   f"{report['first_step_s']:6.1f} s (compile ~{report['compile_s']:.1f} s)  peak RSS "
                   f"{report['peak_rss_mb']:6.0f} MB  threads: C env "
                   f"{report['env']}, runtime {report['runtime_threads']}", flush=True)
@@ -188,14 +208,14 @@ def main():
                 continue
             rate = C.median([r["tokens_per_s"] for r in runs])
             compiles = side in (*OURS, "compile", "compile-bf16")
-            print(f"| {name} ({C.params_count(s) / 1e6:.0f}M) | {s['batch']} x {s['seq']} | {LABELS[side]} | "
+            print(f"| {name} ({C.params_count(s) / 1e6:.0f}M) | {s['batch']} x {s['seq']} | {label(side, s)} | "
                   f"{C.spread([r['tokens_per_s'] for r in runs])} | {ours / rate:.2f}x | "
                   f"{(f'{ours_b / rate:.2f}x' if ours_b else '-') + ' | ' if ours_bf16 else ''}"
                   f"{C.spread([r['compile_s'] for r in runs], '{:.1f}') if compiles else '-'} | "
                   f"{C.spread([r['peak_rss_mb'] for r in runs])} | "
                   f"{100 * C.median([r['mfu'] for r in runs]):.0f}% |")
     for side, reason in failed.items():
-        print(f"\n{LABELS[side]}: not in the table, its worker failed: {reason}")
+        print(f"\n{side}: not in the table, its worker failed: {reason}")
     if any(r["mfu"] > 1.0 for _, _, results in rows.values() for runs in results.values() for r in runs):
         print("\nWARNING: an MFU above 100%: the GEMM peak measured at the start was below what a step reached "
               "(a busy machine at that moment?); rerun on a quiet machine.")

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -29,9 +30,15 @@ def mindspore_imported():
     ("finetune_throughput.py", ["--torch-worker", "tiny", "--lora", "--steps", "0", "--data", "-"]),
     ("train_throughput.py", ["--ms-worker", "-"]),
     ("train_throughput.py", ["--gemm-worker", "torch"]),
-    ("attention_kernel.py", ["--worker", "kernel", "noop", "--steps", "0"]),
-    ("llama_style_vs_transformers.py", ["--worker", "ours", "--dir", "-"]),
-    ("serve_memory.py", ["--worker", "--noop"]),
+    ("kernels.py", ["attention", "--side", "kernel", "--shape", "noop", "--steps", "0", "--worker"]),
+    ("kernels.py", ["reduce", "--worker", "--noop"]),
+    ("op_profile.py", ["llama", "--worker", "--noop"]),
+    ("generate_throughput.py", ["--worker", "ours", "--work", "-"]),
+    ("generate_throughput.py", ["--worker", "hf", "--work", "-"]),
+    ("memory.py", ["serve", "--noop"]),
+    ("serve_throughput.py", ["--ours-server", "-", "16"]),
+    ("eval_throughput.py", ["--worker", "ours", "--work", "-"]),
+    ("precision_accuracy.py", ["--worker", json.dumps({"threads": THREADS, "model": "-"})]),
 ])
 def test_workers_run_with_the_threads_asked(mindspore_imported, script, args):
     report, _ = C.run_worker(os.path.join(BENCH, script), args + ["--threads", str(THREADS)], THREADS)
@@ -69,13 +76,13 @@ def test_run_py_names_every_benchmark_and_runs_a_part():
     out = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "train", "--part", "small", "--dry-run",
                           "--rounds", "1"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ("== train/small: python benchmarks/train_throughput.py --shapes small --rounds 2 --steps 5 "
-                           "--warmup 2 --torch-variants compile --rounds 1")
+                           "--warmup 2 --ours-bf16 --torch-variants compile,sdpa+fused-bf16,compile-bf16 --rounds 1")
     listed = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--list"], capture_output=True, text=True,
                             check=True).stdout
     assert all(f"python benchmarks/{script}" in listed for script in scripts)
     bad = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "train", "--part", "huge"],
                          capture_output=True, text=True, check=False)
-    assert bad.returncode == 2 and "suite train has no part 'huge'; its parts: tiny, small" in bad.stderr
+    assert bad.returncode == 2 and "suite train has no part 'huge'; its parts: tiny, small, llama" in bad.stderr
 
 
 def test_run_py_runs_the_part_with_keep(tmp_path, capfd):
@@ -176,7 +183,6 @@ def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
     import train_throughput
     import finetune_throughput
     import generate_throughput
-    import llama_style_vs_transformers
     from mindformers_gptlocal import yaml_io
     from mindformers_gptlocal.kernels.provider import read_cpu_kernels
     corpus = tmp_path / "train.mindrecord"
@@ -195,21 +201,26 @@ def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
     assert [op for op, mode in modes.items() if mode == "plain"] == ["lora_dropout"]
     assert read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-matmul"])["linear"] == "plain"
     assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul", "ours-plain-decode", "ours-int8-plain-decode",
-                                                     "ours-decode-kernel", "ours-bf16-decode-kernel"}
+                                                     "ours-decode-kernel", "ours-bf16-decode-kernel",
+                                                     "ours-plain-rms-swiglu"}
     for side in ("ours-plain-decode", "ours-int8-plain-decode"):  # the decode-layer kernel off, nothing else
         modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS[side])
         assert [op for op, mode in modes.items() if mode == "plain"] == ["decode_layer"]
     modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-decode-kernel"])  # forced on, the rest auto
     assert {op: mode for op, mode in modes.items() if mode != "auto"} == {"decode_layer": "kernel"}
     assert generate_throughput.LINEAR_KERNEL == {"rows": "auto", "always": "kernel", "off": "plain"}
-    modes = read_cpu_kernels(llama_style_vs_transformers.SIDE_KERNELS["ours_plain"])
+    modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-plain-rms-swiglu"])
     assert sorted(op for op, mode in modes.items() if mode == "plain") == ["rms_norm", "swiglu"]
+    llama = dict(C.SHAPES["llama-tiny"], seq=32, batch=1)
+    path = train_throughput.side_yaml("ours_plain", llama, 2, str(corpus), str(tmp_path), "llama_plain", THREADS)
+    assert dict(yaml_io.load_yaml(path)["model"]["model_config"]["cpu_kernels"]) == {"rms_norm": "plain",
+                                                                                      "swiglu": "plain"}
 
 
-def test_train_step_profile_plain_op_is_a_cpu_kernels_op():
+def test_op_profile_plain_op_is_a_cpu_kernels_op():
     """``--plain-op``: the plain variant sets those cpu_kernels ops to plain, the kernels variant to kernel (as the old
     switch's 0 / 1); lora-plaindrop adds lora_dropout plain; a name that is no op is refused, exit 2."""
-    import train_step_profile as P
+    import op_profile as P
     from mindformers_gptlocal.kernels.provider import KernelProvider
     assert P.cpu_kernels(["layer_norm", "bias_gelu"], False) == {"layer_norm": "plain", "bias_gelu": "plain"}
     assert P.cpu_kernels(["linear"], True) == {"linear": "kernel"}
@@ -217,6 +228,35 @@ def test_train_step_profile_plain_op_is_a_cpu_kernels_op():
     plain = KernelProvider(P.cpu_kernels(["linear"], False), device_target="CPU")
     assert plain.linear_gemm(__import__("mindspore").float32) == (None, None)
     assert KernelProvider(P.cpu_kernels(["linear"], True), device_target="CPU").uses("linear")
-    bad = subprocess.run([sys.executable, os.path.join(BENCH, "train_step_profile.py"), "--plain-op", "layernorm"],
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "op_profile.py"), "train", "--plain-op", "layernorm"],
                          capture_output=True, text=True, check=False, env=C.worker_env(THREADS))
     assert bad.returncode == 2 and "--plain-op: layernorm not an op of model_config.cpu_kernels" in bad.stderr
+
+
+def test_llama_style_training_shape_is_one_model_on_both_sides(tmp_path):
+    """The training benchmark's Llama-style shape: our YAML builds gpt_local's Llama-style layers (rope, grouped-query
+    attention, SwiGLU, RMSNorm, no biases, untied head), HF's side builds LlamaForCausalLM, both with the parameter
+    count ``_common.params_count`` gives (the MFU's 6N); the PyTorch worker trains the tiny variant a step, fp32 and
+    under bf16 autocast."""
+    import train_throughput
+    from mindformers_gptlocal import yaml_io
+    from mindformers_gptlocal.model.config import GPTLocalConfig
+    from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
+    corpus = tmp_path / "train.mindrecord"
+    (tmp_path / "train.mindrecord.rows").write_text("8")
+    shape = dict(C.SHAPES["llama-tiny"], seq=32, batch=1)
+    path = train_throughput.side_yaml("ours", shape, 2, str(corpus), str(tmp_path), "llama", THREADS)
+    config = dict(yaml_io.load_yaml(path)["model"]["model_config"])
+    assert {k: config[k] for k in C.LLAMA_KEYS} == C.LLAMA_KEYS
+    assert (config["num_query_groups"], config["intermediate_size"], config["num_attention_heads"]) == (2, 688, 8)
+    values = {k: v for k, v in config.items() if k not in ("type", "model_type", "architectures", "auto_register")}
+    ours = GPTLocalForCausalLM(GPTLocalConfig(**values))
+    assert sum(p.size for p in ours.get_parameters()) == C.params_count(shape)
+    windows = tmp_path / "windows.npy"
+    np.save(windows, np.random.default_rng(0).integers(0, shape["vocab"], (4, shape["seq"] + 1)))
+    for variant in ("sdpa+fused", "sdpa+fused-bf16"):
+        report, _ = C.run_worker(os.path.join(BENCH, "train_throughput.py"),
+                                 ["--torch-worker", json.dumps(shape), "--variant", variant, "--steps", "1", "--data",
+                                  str(windows), "--threads", str(THREADS)], THREADS)
+        assert report["trainable"] == C.params_count(shape) and len(report["step_times"]) == 1
+        assert np.isfinite(report["last_loss"])
