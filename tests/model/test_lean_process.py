@@ -104,7 +104,7 @@ def test_each_plain_base_holds_what_mindformers_class_holds(tiny_config):
     from mindformers.generation import GenerationConfig
     from mindformers.models.configuration_utils import PretrainedConfig
     from mindformers.modules.transformer.moe import MoEConfig
-    from mindformers_gptlocal.generation.loop import DEFAULTS
+    from mindformers_gptlocal.generation.defaults import LIBRARY
     from mindformers_gptlocal.model import config as plain
     def theirs(**made):
         """PretrainedConfig's dict without what MindFormers 1.9's base also sets: its default layout and pet_config
@@ -126,7 +126,7 @@ def test_each_plain_base_holds_what_mindformers_class_holds(tiny_config):
     for config in (tiny_config, PretrainedConfig(eos_token_id=7, pad_token_id=1, max_length=40, top_k=3)):
         theirs = GenerationConfig.from_model_config(config).to_dict()
         ours = plain.GenerationOptions.from_model_config(config)
-        assert {k: ours[k] for k in DEFAULTS} == {k: theirs.get(k) for k in DEFAULTS}
+        assert {k: ours[k] for k in LIBRARY} == {k: theirs.get(k) for k in LIBRARY}
 
 
 def test_the_plain_model_and_mindformers_model_compute_the_same(tiny_config):
