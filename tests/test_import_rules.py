@@ -7,7 +7,7 @@ use it; ``peft/``'s settings modules (everything but its ``*_cells.py``) are pur
 the base, ``parallel/`` and each other, never MindSpore), its Cells modules sit beside ``model/``'s building blocks
 (they import them, nothing above ``model/``). ``mf/`` is the one MindFormers boundary: no module outside it imports
 MindFormers (the rest takes its names from ``mf/symbols.py``), and ``model/`` and ``runtime/`` import nothing of
-it."""
+it; its lowest floor, ``mf/compat.py`` (the pre-flight and the launcher import it), imports only the base."""
 import ast
 import os
 
@@ -157,3 +157,12 @@ def test_the_model_and_the_inference_runtime_import_nothing_of_mf():
         found = imports(folder)
         assert found, folder
         assert not [f for f in found if f[2] in ("mf", "registration")], (folder, found)
+
+
+def test_the_boundary_imports_nothing_above_it():
+    """mf/compat.py, imported by the pre-flight and the launcher, imports only ``errors``: what its patches call of the
+    layers above it (the pre-flight, the resume check ...) ``mf/registration.py`` hands to ``compat.apply``."""
+    found = [f for f in imports("mf") if f[0] == os.path.join("mf", "compat.py")]
+    assert found and {f[2] for f in found} == {"errors"}, found
+    checks = [f for f in imports("preflight") if f[0] == os.path.join("preflight", "checks.py") and f[2] == "mf"]
+    assert checks, "the pre-flight calls the boundary (compat.require)"
