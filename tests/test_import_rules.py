@@ -16,9 +16,9 @@ import mindformers_gptlocal
 PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
 BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
 ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-               "registration", "mf", "runtime", "quantize"}
+               "mf", "runtime", "quantize"}
 ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-                 "registration", "mf", "quantize"}
+                 "mf", "quantize"}
 
 
 def imports(folder):
@@ -156,7 +156,7 @@ def test_the_model_and_the_inference_runtime_import_nothing_of_mf():
     for folder in ("model", "runtime", "generation", "serve", "evaluation"):
         found = imports(folder)
         assert found, folder
-        assert not [f for f in found if f[2] in ("mf", "registration")], (folder, found)
+        assert not [f for f in found if f[2] == "mf"], (folder, found)
 
 
 def test_the_boundary_imports_nothing_above_it():
