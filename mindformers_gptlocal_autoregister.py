@@ -16,8 +16,7 @@ mindformers`` 944 -> 716 MB; peak RSS of a LoRA finetune of GPT-2 small through 
 imports tensorboardX itself (after mindspore) before mindformers keeps its full import. It also loads the one nltk module MindFormers
 imports at start-up (BLEU) without nltk's package ``__init__`` (``import_bleu_without_nltk``; about a fifth of
 ``import mindformers``); nltk imported before mindformers is left whole. Each falls back to MindFormers' own import
-by itself on any failure. (``GPTLOCAL_TENSORBOARDX_TORCH`` / ``GPTLOCAL_NLTK_FULL`` are no longer read: set, one
-line says so, ``RETIRED``.)
+by itself on any failure.
 """
 import importlib
 import importlib.abc
@@ -32,30 +31,12 @@ HARNESS_TARGET = "lm_eval"
 HARNESS = "mindformers_gptlocal.evaluation.harness"
 
 
-# environment switches no longer read -> what to do instead (one stderr line each when set, at import mindformers)
-RETIRED = {
-    "GPTLOCAL_TENSORBOARDX_TORCH": "import tensorboardX (after mindspore) before mindformers to keep its PyTorch "
-                                   "import (the hook leaves a loaded tensorboardX alone)",
-    "GPTLOCAL_NLTK_FULL": "import nltk before mindformers to have MindFormers import the whole package (the hook "
-                          "leaves a loaded nltk alone; a later `import nltk` is whole either way)",
-}
-
-
-def notice_retired_switches(stream=None):
-    """One line per retired switch that is set; returns their names."""
-    found = [name for name in RETIRED if name in os.environ]
-    for name in found:
-        (stream or sys.stderr).write(f"gpt_local: {name} is no longer read: {RETIRED[name]}.\n")
-    return found
-
-
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     """Wraps the loader of ``mindformers`` so the plugin is imported right after it."""
 
     target = TARGET
 
     def before(self):
-        notice_retired_switches()
         import_tensorboardx_without_torch()
         self.bleu = import_bleu_without_nltk()
 

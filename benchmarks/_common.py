@@ -238,9 +238,6 @@ def cpu_model():
 KEEP = "--keep" in sys.argv[1:]
 if KEEP:
     sys.argv.remove("--keep")
-if os.environ.get("GPTLOCAL_KEEP_BENCH"):
-    print("GPTLOCAL_KEEP_BENCH is no longer read; pass --keep to the benchmark (or to benchmarks/run.py).",
-          file=sys.stderr, flush=True)
 
 
 def scratch_dir(prefix):

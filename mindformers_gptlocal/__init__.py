@@ -8,7 +8,6 @@ YAML (``mf/model.py``: the model's own classes on MindFormers' bases, so asking 
 model's own, MindFormers-free classes are ``mindformers_gptlocal.model``'s.
 """
 import importlib
-import os
 import sys
 
 from .errors import GPTLocalError, ConfigError, DataError, CheckpointError
@@ -44,13 +43,4 @@ def _register_with_mindformers():
         register()
 
 
-def _retired_lean_switch():
-    """``GPTLOCAL_LEAN`` is no longer read (the model never imports MindFormers): one stderr line when set."""
-    if "GPTLOCAL_LEAN" in os.environ:
-        sys.stderr.write("gpt_local: GPTLOCAL_LEAN is no longer read and not needed: the model and gptlocal "
-                         "generate/chat/serve/eval never import MindFormers (import the model's classes from "
-                         "mindformers_gptlocal.model); unset it.\n")
-
-
-_retired_lean_switch()
 _register_with_mindformers()

@@ -5,8 +5,7 @@ it allocated, glibc keeps the freed pages mapped, and the first training step th
 ``release_freed_heap`` (glibc's ``malloc_trim(0)``) hands them back; the train-one-step wrappers call it once,
 after their first compile (``mf/wrapper.py``). Measured through ``gptlocal run``, LoRA r=8 on GPT-2 small
 at 2 x 256: peak RSS 3,164-3,184 -> 3,034-3,043 MB, with no cost per step (it runs once). A no-op off glibc.
-Two lines of libc through ctypes: no library does this. (``GPTLOCAL_MALLOC_DEFAULTS=1``, which skipped it to
-measure it, is no longer read: one line says so when it is set.)
+Two lines of libc through ctypes: no library does this.
 
 Not done here, measured: glibc's ``MALLOC_TRIM_THRESHOLD_=0`` (or any fixed trim/mmap threshold) lowers the
 peak by another ~115 MB but returns and re-faults ~240 MB of pages every step (61,000 minor faults a step
@@ -15,8 +14,6 @@ the environment; README says so.
 """
 import ctypes
 import ctypes.util
-import os
-import sys
 
 _LIBC = []
 
@@ -24,9 +21,6 @@ _LIBC = []
 def _glibc():
     """glibc through ctypes, or None (another libc)."""
     if not _LIBC:
-        if "GPTLOCAL_MALLOC_DEFAULTS" in os.environ:  # retired: one line, once (the first call fills _LIBC)
-            sys.stderr.write("gpt_local: GPTLOCAL_MALLOC_DEFAULTS is no longer read; the heap a compile freed is "
-                             "always handed back (glibc's MALLOC_* variables still tune the allocator).\n")
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             _LIBC.append(libc if hasattr(libc, "malloc_trim") else None)

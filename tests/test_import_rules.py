@@ -7,7 +7,7 @@ use it; ``peft/``'s settings modules (everything but its ``*_cells.py``) are pur
 the base, ``parallel/`` and each other, never MindSpore), its Cells modules sit beside ``model/``'s building blocks
 (they import them, nothing above ``model/``). ``mf/`` is the one MindFormers boundary: no module outside it imports
 MindFormers (the rest takes its names from ``mf/symbols.py``), and ``model/`` and ``runtime/`` import nothing of
-it."""
+it; its lowest floor, ``mf/compat.py`` (the pre-flight and the launcher import it), imports only the base."""
 import ast
 import os
 
@@ -16,9 +16,9 @@ import mindformers_gptlocal
 PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
 BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
 ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-               "registration", "mf", "runtime", "quantize"}
+               "mf", "runtime", "quantize"}
 ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-                 "registration", "mf", "quantize"}
+                 "mf", "quantize"}
 
 
 def imports(folder):
@@ -156,4 +156,13 @@ def test_the_model_and_the_inference_runtime_import_nothing_of_mf():
     for folder in ("model", "runtime", "generation", "serve", "evaluation"):
         found = imports(folder)
         assert found, folder
-        assert not [f for f in found if f[2] in ("mf", "registration")], (folder, found)
+        assert not [f for f in found if f[2] == "mf"], (folder, found)
+
+
+def test_the_boundary_imports_nothing_above_it():
+    """mf/compat.py, imported by the pre-flight and the launcher, imports only ``errors``: what its patches call of the
+    layers above it (the pre-flight, the resume check ...) ``mf/registration.py`` hands to ``compat.apply``."""
+    found = [f for f in imports("mf") if f[0] == os.path.join("mf", "compat.py")]
+    assert found and {f[2] for f in found} == {"errors"}, found
+    checks = [f for f in imports("preflight") if f[0] == os.path.join("preflight", "checks.py") and f[2] == "mf"]
+    assert checks, "the pre-flight calls the boundary (compat.require)"

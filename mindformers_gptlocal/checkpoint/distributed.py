@@ -63,10 +63,6 @@ class Plan:
     def rank_of(self, stage, dp_index, mp_index):
         return stage * self.dp * self.mp + dp_index * self.mp + mp_index
 
-    def coords(self, rank):
-        stage, rest = divmod(rank, self.dp * self.mp)
-        return stage, rest // self.mp, rest % self.mp
-
     def parameter_of(self, name):
         """The model parameter a tensor belongs to (itself, or the parameter its optimizer state tracks)."""
         if name in self.table:

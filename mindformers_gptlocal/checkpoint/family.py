@@ -22,7 +22,8 @@ import os
 import numpy as np
 
 from ..errors import CheckpointError
-from ..model.params import architecture, parameter_table, rotary_dim
+from ..model.arch import Arch, rotary_dim
+from ..model.params import parameter_table
 from ..parallel.layout import Layout
 from ..safetensors_io import SafetensorsReader, resolve_weights_file, write_safetensors_streamed
 from ..staging import write_folder
@@ -40,7 +41,7 @@ def expected_shapes(local):
 # tensor layouts, by kind
 def _group_dims(local):
     heads = local["num_attention_heads"]
-    groups = architecture(local).groups
+    groups = Arch.of(local).groups
     return groups, heads // groups, local["hidden_size"] // heads
 
 
@@ -218,7 +219,7 @@ def _check_leftovers(source, used, family, local, hf_dir, entries):
     for name in source.names():
         if name in used or name.endswith(family.drop):
             continue
-        if name == family.tied_head and not architecture(local).untied:
+        if name == family.tied_head and not Arch.of(local).untied:
             embedding = family.find(source.files, entries[0][1][0])
             if not np.array_equal(source.get(name), source.get(embedding)):
                 raise CheckpointError(f"{hf_dir}: {name} differs from the token embedding but gpt_local ties the "

@@ -10,7 +10,7 @@ both read. The head is tied to the token embedding (``lm_head.weight``, when pre
 Output is written into ``<out>.partial-<pid>`` and renamed into place; a failure leaves nothing.
 """
 from ..errors import CheckpointError
-from ..model.params import ACTIVATIONS
+from ..model.fields import ACTIVATIONS
 from . import family as framework
 from .family import Family, expected_shapes
 

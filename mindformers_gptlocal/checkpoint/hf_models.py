@@ -21,7 +21,7 @@ Pure numpy: no MindSpore, no torch (except to read a weights-only ``.bin``).
 import os
 
 from ..errors import CheckpointError
-from ..model.params import architecture, rotary_dim
+from ..model.arch import Arch, rotary_dim
 from . import family as framework
 from .family import Family
 from .hf_gpt2 import GPT2, GPT2_TYPES
@@ -98,7 +98,7 @@ def llama_to_local(hf):
 
 def local_to_llama(local):
     """gpt_local config dict (Llama-style) -> HF LlamaConfig or Qwen2Config dict."""
-    arch = architecture(local)
+    arch = Arch.of(local)
     qwen2 = arch.qkv_bias and not arch.bias
     hf = {
         "model_type": "qwen2" if qwen2 else "llama",
@@ -154,7 +154,7 @@ def neox_to_local(hf):
 
 def local_to_neox(local):
     """gpt_local config dict (NeoX-style) -> HF GPTNeoXConfig dict."""
-    arch = architecture(local)
+    arch = Arch.of(local)
     head_dim = local["hidden_size"] // local["num_attention_heads"]
     return {
         "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "vocab_size": local["vocab_size"],
@@ -230,7 +230,7 @@ def family_of_hf(hf):
 
 def family_of_local(local):
     """The HF family a gpt_local config exports as."""
-    arch = architecture(local)
+    arch = Arch.of(local)
     if not arch.rope and not arch.rmsnorm and not arch.gated and arch.bias and arch.qkv_bias and not arch.untied \
             and not arch.parallel_residual:
         return GPT2

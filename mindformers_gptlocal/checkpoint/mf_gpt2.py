@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import yaml_io
 from ..errors import CheckpointError
-from ..model.params import architecture
+from ..model.arch import Arch
 from ..safetensors_io import SafetensorsReader, resolve_weights_file
 from .family import Family, expected_shapes, foreign_shapes, to_foreign, to_local
 from .weights_io import read_ms_config, write_ms_dir
@@ -281,7 +281,7 @@ def ms_to_mf(ms_dir, out):
     local.setdefault("intermediate_size", 4 * local["hidden_size"])
     local.setdefault("max_position_embeddings", 1024)
     local.setdefault("seq_length", local["max_position_embeddings"])
-    arch = architecture(local)
+    arch = Arch.of(local)
     if arch.rope or arch.gated or arch.rmsnorm or arch.untied or not arch.bias or arch.parallel_residual or \
             local.get("hidden_act", "gelu_new") not in MF_ACTIVATIONS.values() or \
             local.get("scale_attn_by_inverse_layer_idx") or local.get("pet_config"):

@@ -11,7 +11,7 @@ import argparse
 import difflib
 import sys
 
-from ..generation.defaults import CLI as CLI_DEFAULTS
+from ..generation.defaults import CLI as CLI_DEFAULTS, EVAL as EVAL_DEFAULTS
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
@@ -446,7 +446,8 @@ def eval_parser():
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, help="context length (default: max_position_embeddings)")
     parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
-    parser.add_argument("--seed", type=int, default=1234, help="seed of lm-eval and of sampled generation")
+    parser.add_argument("--seed", type=int, default=EVAL_DEFAULTS["seed"],
+                        help="seed of lm-eval and of sampled generation")
     parser.add_argument("--log-samples", action="store_true", help="also keep every request's responses in the JSON")
     compile_cache_flag(parser, "the scoring and generate_until graphs")
     return parser

@@ -11,6 +11,8 @@ import sys
 import time
 
 from ..errors import ConfigError
+from ..generation.defaults import CLI as CLI_DEFAULTS
+from ..generation.sampling import sampling_options
 
 
 def load(options):
@@ -31,13 +33,14 @@ def sampling(options):
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {options.temperature}.")
     if not 0 < options.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {options.top_p}.")
-    penalty = getattr(options, "repetition_penalty", 1.0)
+    penalty = getattr(options, "repetition_penalty", CLI_DEFAULTS["repetition_penalty"])
     if not penalty > 0:
         raise ConfigError(f"--repetition-penalty must be > 0 (1 = off), got {penalty}.")
-    if options.temperature == 0:
-        return {"max_new_tokens": options.max_new_tokens, "do_sample": False, "repetition_penalty": penalty}
-    return {"max_new_tokens": options.max_new_tokens, "do_sample": True, "temperature": options.temperature,
-            "top_k": options.top_k, "top_p": options.top_p, "seed": options.seed, "repetition_penalty": penalty}
+    kwargs = {"max_new_tokens": options.max_new_tokens,
+              **sampling_options(options.temperature, options.top_k, options.top_p), "repetition_penalty": penalty}
+    if kwargs["do_sample"]:
+        kwargs["seed"] = options.seed
+    return kwargs
 
 
 class Streamer:
@@ -95,7 +98,7 @@ def generate(options):
     """``gptlocal generate``: the prompt, then its continuation, on stdout; with ``--num-samples N`` N of them,
     each under a ``--- sample i/N ---`` line, sample i seeded ``--seed + i - 1`` (so sample 1 is the one-sample run)."""
     kwargs = sampling(options)
-    samples = getattr(options, "num_samples", 1)
+    samples = getattr(options, "num_samples", CLI_DEFAULTS["num_samples"])
     if samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {samples}.")
     stop = [s for s in getattr(options, "stop", None) or [] if s]

@@ -35,7 +35,9 @@ from lm_eval.models.utils import (Collator, _add_special_kwargs, configure_pad_t
                                   has_bos_prefix, normalize_gen_kwargs)
 
 from ..errors import ConfigError, DataError
+from ..generation.defaults import EVAL as EVAL_DEFAULTS
 from ..generation.loop import is_greedy, resolve_options
+from ..generation.sampling import sampling_options
 from ..host_memory import release_freed_heap
 from ..runtime.buckets import bucket_of, length_bucket, width_buckets
 from ..runtime.detokenizer import cut_at_stop, find_stop
@@ -262,8 +264,9 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
     backend = "causal"
     think_end_token = None
 
-    def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU", max_gen_toks=256,
-                 seed=1234, add_bos_token=None, prefix_token_id=None, progress=True, mode="graph",
+    def __init__(self, pretrained=None, batch_size=8, max_length=None, device_target="CPU",
+                 max_gen_toks=EVAL_DEFAULTS["max_gen_toks"], seed=EVAL_DEFAULTS["seed"], add_bos_token=None,
+                 prefix_token_id=None, progress=True, mode="graph",
                  width_plan="adaptive", compile_cache="off", compile_cache_days=None, compile_cache_mb=None,
                  **kwargs):
         super().__init__()
@@ -499,12 +502,7 @@ class GPTLocalLM(HFLMTokens, TemplateLM):
             raise ConfigError(f"gptlocal eval: generation option '{unknown[0]}' is not supported; supported: "
                               f"{', '.join(sorted(GEN_OPTIONS))}, until, max_gen_toks.")
         options = dict(kwargs)
-        temperature = float(options.pop("temperature", 0.0) or 0.0)
-        do_sample = bool(options.pop("do_sample", False)) and temperature > 0.0
-        options["do_sample"] = do_sample
-        if do_sample:
-            options["temperature"] = temperature
-        else:
-            options.pop("top_k", None)
-            options.pop("top_p", None)
+        options.update(sampling_options(float(options.pop("temperature", EVAL_DEFAULTS["temperature"]) or 0.0),
+                                        options.pop("top_k", None), options.pop("top_p", None),
+                                        do_sample=bool(options.pop("do_sample", EVAL_DEFAULTS["do_sample"]))))
         return options

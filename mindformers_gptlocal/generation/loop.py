@@ -7,19 +7,18 @@ seed. Nothing here knows the model: ``runtime/generate.py`` hands in its runner'
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from .defaults import LIBRARY
+from .defaults import LIBRARY, LIBRARY_NEW_TOKENS
 from .sampling import next_tokens
-
-DEFAULTS = LIBRARY  # generation/defaults.py: the one table of defaults
+from .stopping import StopRule
 
 
 def resolve_options(base=None, **overrides):
-    """DEFAULTS <- a GenerationConfig / dict <- keyword overrides (None values do not override)."""
-    options = dict(DEFAULTS)
+    """``defaults.LIBRARY`` <- a GenerationConfig / dict <- keyword overrides (None values do not override)."""
+    options = dict(LIBRARY)
     if base is not None:
         items = base.to_dict() if hasattr(base, "to_dict") else dict(base)
-        options.update({k: v for k, v in items.items() if k in DEFAULTS and v is not None})
-    options.update({k: v for k, v in overrides.items() if k in DEFAULTS and v is not None})
+        options.update({k: v for k, v in items.items() if k in LIBRARY and v is not None})
+    options.update({k: v for k, v in overrides.items() if k in LIBRARY and v is not None})
     eos = options["eos_token_id"]
     options["eos_token_id"] = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     options["top_k"] = int(options["top_k"] or 0)
@@ -27,11 +26,12 @@ def resolve_options(base=None, **overrides):
 
 
 def new_token_budget(prompts, options):
-    """max_new_tokens, or what max_length leaves after the longest prompt (at least 1), or 32."""
+    """max_new_tokens, or what max_length leaves after the longest prompt (at least 1), or
+    ``defaults.LIBRARY_NEW_TOKENS``."""
     if options["max_new_tokens"] is not None:
         return options["max_new_tokens"]
     longest = max((len(p) for p in prompts), default=0)
-    return max(options["max_length"] - longest, 1) if options["max_length"] else 32
+    return max(options["max_length"] - longest, 1) if options["max_length"] else LIBRARY_NEW_TOKENS
 
 
 def check_prompts(prompts, vocab_size, max_positions, max_new_tokens, max_batch_size):
@@ -59,28 +59,32 @@ def is_greedy(options):
 
 
 def decode_loop(prompts, max_new, options, rng, logits, step, stop_when=None, greedy_steps=None):
-    """Pick, append, stop at EOS or after max_new tokens. ``logits``: [B, V] after each prompt;
-    ``step(tokens, positions)`` places one token per sequence at ``positions`` and returns the next logits.
-    ``stop_when(rows, generated)`` (optional) ends the rows it returns True for (e.g. a stop string).
-    ``greedy_steps(tokens, positions)`` (optional, used only when ``is_greedy(options)``) places the tokens and
+    """Pick, append, stop (``stopping.StopRule``: at EOS, at a stop string, after max_new tokens). ``logits``: [B, V]
+    after each prompt; ``step(tokens, positions)`` places one token per sequence at ``positions`` and returns the next
+    logits. ``stop_when(rows, generated)`` (optional: the stop-string check) is asked after each new token for the
+    rows still running whose token is not EOS, with their generated tokens so far, and ends the rows it returns True
+    for. ``greedy_steps(tokens, positions)`` (optional, used only when ``is_greedy(options)``) places the tokens and
     returns the next k greedy picks [B, k] at once; they are taken one by one exactly as picks from ``step``
     would be, and the picks of a finished row (or past max_new) are discarded, so the result is the same."""
     outputs = [list(p) for p in prompts]
     done = np.zeros(len(prompts), bool)
     cursor = np.array([len(p) for p in prompts], np.int32)
+    rule = StopRule(options["eos_token_id"], max_new)
     chunked = greedy_steps is not None and is_greedy(options)
     queued = [next_tokens(logits, outputs, options, rng)]
-    for produced in range(max_new):
+    for produced in range(1, max_new + 1):
         tokens = queued.pop(0)
-        for row, token in enumerate(tokens):
-            if not done[row]:
-                outputs[row].append(int(token))
-                done[row] = int(token) in options["eos_token_id"]
-        if stop_when is not None and not done.all():
-            rows = np.flatnonzero(~done)
-            stopped = stop_when(rows.tolist(), [outputs[r][len(prompts[r]):] for r in rows])
-            done[rows[np.asarray(stopped, bool)]] = True
-        if done.all() or produced == max_new - 1:
+        running = np.flatnonzero(~done).tolist()
+        for row in running:
+            outputs[row].append(int(tokens[row]))
+        matched = set()
+        asked = [row for row in running if not rule.is_eos(tokens[row])]
+        if stop_when is not None and asked:
+            hits = stop_when(asked, [outputs[row][len(prompts[row]):] for row in asked])
+            matched = {row for row, hit in zip(asked, hits) if hit}
+        for row in running:
+            done[row] = rule.finish(tokens[row], produced, row in matched) is not None
+        if done.all():
             break
         if queued:
             continue

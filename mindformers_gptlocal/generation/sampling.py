@@ -1,9 +1,21 @@
 """Choosing the next token from logits, with MindFormers' GenerationConfig options and their
-Hugging Face meanings: greedy, sampling (temperature, top-k, top-p), repetition penalty.
+Hugging Face meanings: greedy, sampling (temperature, top-k, top-p), repetition penalty; and the one temperature rule
+(``sampling_options``: temperature 0 is greedy) the CLI, the server and the eval read their flags and fields by.
 
 Runs on the host in numpy: logits of one step are [batch, vocab], small next to the model.
 """
 import numpy as np
+
+
+def sampling_options(temperature, top_k=None, top_p=None, do_sample=True):
+    """The temperature rule of every way in (litgpt's ``generate``, the OpenAI API, lm-eval's gen_kwargs): temperature
+    0, or ``do_sample`` False, is greedy (the most likely token each step); above 0, sampled at that temperature among
+    ``top_k`` / ``top_p`` (None: not set here). Returns the options it sets: ``{"do_sample": False}``, or
+    ``{"do_sample": True, "temperature": t}`` with ``top_k`` / ``top_p`` when given."""
+    if not do_sample or not temperature > 0:
+        return {"do_sample": False}
+    chosen = {"do_sample": True, "temperature": float(temperature), "top_k": top_k, "top_p": top_p}
+    return {key: value for key, value in chosen.items() if value is not None}
 
 
 def apply_repetition_penalty(logits, histories, penalty):

@@ -22,8 +22,7 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
   weights.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
-warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel; the
-retired ``GPTLOCAL_*`` kernel switches, when set, print one line naming their config key (``retired_switches``).
+warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel.
 """
 import functools
 import sys
@@ -87,41 +86,13 @@ EVERY_GRAPH = (0, 0)
 LINEAR_RULE = (LINEAR_GEMM_ROWS, 0)
 HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
 
-# the environment switches that chose kernels before model_config.cpu_kernels: one line each when set
-RETIRED_SWITCHES = {
-    "GPTLOCAL_PLAIN_KERNELS": "model_config.cpu_kernels: plain",
-    "GPTLOCAL_NORM_GELU_KERNELS": "model_config.cpu_kernels: {layer_norm: plain, bias_gelu: plain}",
-    "GPTLOCAL_RMS_SWIGLU_KERNELS": "model_config.cpu_kernels: {rms_norm: plain, swiglu: plain}",
-    "GPTLOCAL_LORA_DROPOUT_KERNEL": "model_config.cpu_kernels: {lora_dropout: plain}",
-    "GPTLOCAL_LINEAR_KERNEL": "model_config.cpu_kernels: {linear: auto|kernel|plain} (=1 was kernel, =0 plain)",
-    "GPTLOCAL_DECODE_ATTENTION_KERNEL": None,  # removed with its kernel (never measured faster)
-    "GPTLOCAL_HEAD_LOSS_KERNEL": None,
-    "GPTLOCAL_ATTENTION_GEMM": None,
-}
-_TOLD = set()
+_TOLD = set()  # the lines _tell_once wrote
 DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16"}
 
 
 def dtype_name(dtype):
     """A config dtype (its name, or a MindSpore dtype) as its name: "bfloat16"."""
     return dtype if isinstance(dtype, str) else DTYPE_NAMES.get(dtype, str(dtype))
-
-
-def retired_switches(environ=None):
-    """One stderr line (per process) for each retired kernel switch set in the environment, naming its config key
-    (or saying that its path is gone); returns the lines written. The value is not used."""
-    import os  # pylint: disable=import-outside-toplevel
-    environ = os.environ if environ is None else environ
-    lines = []
-    for name, key in RETIRED_SWITCHES.items():
-        if name in environ and name not in _TOLD:
-            _TOLD.add(name)
-            lines.append(f"gpt_local: {name} is no longer read; set {key} instead." if key else
-                         f"gpt_local: {name} is no longer read; the path it chose was removed (never measured "
-                         "faster), nothing replaces it.")
-    for line in lines:
-        sys.stderr.write(line + "\n")
-    return lines
 
 
 def read_cpu_kernels(value):
@@ -167,7 +138,6 @@ class KernelProvider:
 
     def __init__(self, cpu_kernels="auto", parallel=False, device_target=None, compute_dtype="float32",
                  inference=False):
-        retired_switches()
         self.modes = read_cpu_kernels(cpu_kernels)
         self.device_target = device_target or ms.get_context("device_target")
         self.parallel = bool(parallel)

@@ -14,8 +14,9 @@ MindFormers. ``tests/test_import_rules.py`` holds both rules.
   Cells (subclasses of MindFormers' step); ``checkpoint_monitor.py``: the crash-safe ``CheckpointMonitor``;
   ``data_handler.py`` / ``tokenizer.py``: the instruction handler and tokenizer MindFormers builds by name.
 - ``registration.py``: ``register()``, what the ``.pth`` hook and ``import mindformers_gptlocal`` run once
-  MindFormers is loaded: the registered modules, then ``compat.apply()``.
-- ``compat.py``: every run-time patch of MindFormers / MindSpore, each checked against the installed version;
+  MindFormers is loaded: the registered modules, then ``compat.apply`` (handed what the patches call above it).
+- ``compat.py``: every run-time patch of MindFormers / MindSpore, each checked against the installed version (the
+  boundary's lowest floor: the pre-flight calls it, it imports only ``errors``);
   ``logs.py``: MindFormers' logger and config dump held or quieted for a ``gptlocal run``; ``run_yaml.py``: the
   keys the pre-flight sets in the run YAML for MindFormers' trainer.
 

@@ -7,8 +7,9 @@ module, attribute, parameter names and the ``self.x = `` assignments it relies o
 at registration and checks every target on the installed MindFormers: a moved, renamed or re-signed
 target gives one ``GPTLocalCompatWarning`` naming the patch (registration never breaks
 ``import mindformers``), the patch is not applied, and the pre-flight of a gpt_local run stops with a
-``CompatError`` naming it (``require()``) unless the patch can fall back (``required=False``: a hand-listed barrier user that moved is covered
-by the scan of loaded modules). ``GPTLOCAL_COMPAT=warn`` turns that error into the warning only.
+``CompatError`` naming it (``require()``) unless the patch can fall back (``required=False``: a hand-listed barrier
+user that moved is covered by the scan of loaded modules). The run YAML's top-level ``gptlocal_compat: warn`` turns
+that error into the warning only.
 
 Patches applied here (``apply()``, called by ``registration.register``): the ``build_context`` wrap,
 the instruction handler's name, the CPU barrier, the finished-run refusal, the gpt_local wrapper kept
@@ -18,8 +19,10 @@ under pipeline / gradient accumulation. The others live where they are used and 
 (callbacks told the resume step, ``stop_step``), ``mf/model.py`` (the mcore step's count of losses:
 ``mcore_train_outputs``), the ``.pth`` hook (tensorboardX without torch, BLEU without nltk's package).
 
-This module imports only ``errors`` at the top (the patch bodies import what they call when called),
-so ``training/`` and ``checkpoint/`` may import it without importing upwards.
+This module is the boundary's lowest floor: it imports only ``errors`` (and, in the patch bodies, MindFormers and
+MindSpore). What the patches call of the layers above it (the pre-flight, the resume check, the instruction handler,
+the prefix-tuning pet_types) is handed to ``apply`` by ``mf/registration.py`` (``Hooks``); the pre-flight calls this
+module (``require``, ``is_gpt_local``), never the reverse.
 """
 import functools
 import importlib
@@ -32,13 +35,16 @@ import sys
 import warnings
 from collections import namedtuple
 
-from ..errors import CompatError, GPTLocalCompatWarning
+from ..errors import CompatError, ConfigError, GPTLocalCompatWarning
 
 # the pairs every patch is checked on: the default install first, then the compatibility pair (setup.cfg's
 # ``mf18`` extra, docs/mindformers-versions.md)
 SUPPORTED = ({"mindformers": "1.9.0", "mindspore": "2.9.0"}, {"mindformers": "1.8.0", "mindspore": "2.7.2"})
 WRITTEN_FOR = SUPPORTED[0]
-MODE_ENV = "GPTLOCAL_COMPAT"
+MODE_KEY = "gptlocal_compat"  # the run YAML's top-level key: strict (the default) or warn
+MODES = ("strict", "warn")
+MODEL_TYPE = "gpt_local"
+ARCHITECTURE = "GPTLocalForCausalLM"
 
 Target = namedtuple("Target", "module attr params includes assigns", defaults=(None, None, None, ()))
 Target.__doc__ = """What a patch relies on: ``module`` (dotted), ``attr`` (dotted path inside it, None: the module
@@ -57,6 +63,24 @@ class Patch(namedtuple("Patch", "name where why targets required extra only", de
             return True
         version = version if version is not None else _mindformers_version()
         return ".".join((version or "").split(".")[:2]) in self.only
+
+
+Hooks = namedtuple("Hooks", "preflight steps_left instruct_handler prefix_types")
+Hooks.__doc__ = """What the patches call of the layers above this module, handed to ``apply`` by ``mf/registration.py``
+(which imports them): ``preflight(config)`` (``preflight/checks.py``), ``steps_left(runner_config, dataset_size,
+load_checkpoint)`` (``checkpoint/resume.py`` ``check_steps_left``), ``instruct_handler`` (the class MindFormers'
+HFDataLoader looks up by name, ``mf/data_handler.py``), ``prefix_types`` (the pet_types whose prefix the model builds
+itself, ``peft/prefix.py``)."""
+
+
+def is_gpt_local(config):
+    """Whether a run YAML is gpt_local's: model_type gpt_local, or our architecture name next to a mistyped
+    model_type (the patches leave every other model alone; the pre-flight checks only these)."""
+    model = config.get("model") or {}
+    model_config = model.get("model_config") if isinstance(model, dict) else None
+    if not isinstance(model_config, dict):
+        return False
+    return model_config.get("model_type") == MODEL_TYPE or ARCHITECTURE in str(model_config.get("architectures"))
 
 
 def _mindformers_version():
@@ -347,13 +371,16 @@ def ok(name):
     return name not in verify()
 
 
-def require():
-    """For a gpt_local run (the pre-flight): one CompatError naming every required patch whose target moved.
-    ``GPTLOCAL_COMPAT=warn`` keeps it to the registration warning."""
+def require(mode="strict"):
+    """For a gpt_local run (the pre-flight, with the run YAML's ``gptlocal_compat``): one CompatError naming every
+    required patch whose target moved; ``mode`` warn keeps it to the registration warning."""
+    if mode not in MODES:
+        raise ConfigError(f"{MODE_KEY}: {mode!r} is not a mode; use strict (the default: a MindFormers patch whose "
+                          f"target moved stops the run) or warn (it is only a warning).")
     failed = {n: p for n, p in verify().items() if BY_NAME[n].required}
-    if failed and os.environ.get(MODE_ENV) != "warn":
+    if failed and mode != "warn":
         raise CompatError(" | ".join(message(n, p) for n, p in failed.items()) +
-                          f" (set {MODE_ENV}=warn to run anyway)")
+                          f" (set `{MODE_KEY}: warn` at the run YAML's top level to run anyway)")
 
 
 def defer_checkpoint_rotation(manager, deferred):
@@ -377,11 +404,10 @@ def mark_checked(config):
     _CHECKED.add(id(config))
 
 
-def _with_preflight(build_context):
+def _with_preflight(build_context, preflight):
     @functools.wraps(build_context)
     def wrapper(config, *args, **kwargs):
         if id(config) not in _CHECKED:
-            from ..preflight.checks import preflight
             preflight(config)
             _CHECKED.add(id(config))
         return build_context(config, *args, **kwargs)
@@ -410,16 +436,15 @@ def _keeping_gptlocal_wrapper(reset):
     return wrapper
 
 
-def _keeping_gptlocal_prefix(get_pet_model):
-    """``get_pet_model(base_model, config)`` returning a gpt_local model with a prefix-tuning pet_config as it is
-    (its prefix is built and the base frozen in ``GPTLocalForCausalLM.__init__``); anything else goes on to
-    MindFormers' PetModel."""
+def _keeping_gptlocal_prefix(get_pet_model, prefix_types):
+    """``get_pet_model(base_model, config)`` returning a gpt_local model with a prefix-tuning pet_config (a pet_type
+    of ``prefix_types``) as it is (its prefix is built and the base frozen in ``GPTLocalForCausalLM.__init__``);
+    anything else goes on to MindFormers' PetModel."""
     @functools.wraps(get_pet_model)
     def wrapper(base_model, config, *args, **kwargs):
-        from ..peft.prefix import PREFIX_TYPES
         pet_type = config.get("pet_type") if hasattr(config, "get") else getattr(config, "pet_type", None)
-        if pet_type in PREFIX_TYPES and getattr(getattr(base_model, "config", None), "model_type", None) == \
-                "gpt_local":
+        if pet_type in prefix_types and getattr(getattr(base_model, "config", None), "model_type", None) == \
+                MODEL_TYPE:
             return base_model
         return get_pet_model(base_model, config, *args, **kwargs)
     wrapper.gptlocal_wrapped = True
@@ -432,7 +457,6 @@ def _resuming_from_a_file(convert_checkpoint_config):
     HuggingFace checkpoint folder, the one thing that check refuses to resume from."""
     @functools.wraps(convert_checkpoint_config)
     def wrapper(config, *args, **kwargs):
-        from ..preflight.checks import is_gpt_local
         if not is_gpt_local(config):
             return convert_checkpoint_config(config, *args, **kwargs)
         utils = sys.modules[convert_checkpoint_config.__module__]
@@ -451,16 +475,14 @@ def _resuming_from_a_file(convert_checkpoint_config):
     return wrapper
 
 
-def _refusing_finished_runs(check_runner_config):
+def _refusing_finished_runs(check_runner_config, steps_left):
     """After MindFormers sets epochs, sink size and the resume step: a resumed gpt_local run with no step
-    left fails here, before the network is built (``checkpoint.resume.check_steps_left``)."""
+    left fails here, before the network is built (``steps_left``: ``checkpoint.resume.check_steps_left``)."""
     @functools.wraps(check_runner_config)
     def wrapper(config, dataset, *args, **kwargs):
         result = check_runner_config(config, dataset, *args, **kwargs)
-        from ..preflight.checks import is_gpt_local
         if is_gpt_local(config) and config.get("resume_training"):
-            from ..checkpoint.resume import check_steps_left
-            check_steps_left(config.runner_config, dataset.get_dataset_size(), config.get("load_checkpoint"))
+            steps_left(config.runner_config, dataset.get_dataset_size(), config.get("load_checkpoint"))
         return result
     wrapper.gptlocal_wrapped = True
     return wrapper
@@ -517,8 +539,9 @@ def _patch_barriers():
         sys.modules[name].barrier = wrapped
 
 
-def apply():
-    """The patches made at registration (idempotent), each only where its check passed."""
+def apply(hooks):
+    """The patches made at registration (idempotent), each only where its check passed; ``hooks`` (``Hooks``):
+    what they call of the layers above this module."""
     verify()
     import mindformers
     if ok("build_context pre-flight"):
@@ -526,20 +549,20 @@ def apply():
         import mindformers.core.context
         original = mindformers.core.context.build_context
         if not getattr(original, "gptlocal_wrapped", False):
-            wrapped = _with_preflight(original)
+            wrapped = _with_preflight(original, hooks.preflight)
             for module in (mindformers, mindformers.core, mindformers.core.context):
                 if getattr(module, "build_context", None) is original:
                     module.build_context = wrapped
     if ok("instruction handler by name"):
         import mindformers.dataset.handler as handlers
-        from .data_handler import GPTLocalInstructHandler
-        handlers.GPTLocalInstructHandler = GPTLocalInstructHandler
+        setattr(handlers, hooks.instruct_handler.__name__, hooks.instruct_handler)
     if ok("CPU barrier"):
         _patch_barriers()
     if ok("finished run refused"):
         from mindformers.trainer import base_trainer
         if not getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False):
-            base_trainer.check_runner_config = _refusing_finished_runs(base_trainer.check_runner_config)
+            base_trainer.check_runner_config = _refusing_finished_runs(base_trainer.check_runner_config,
+                                                                       hooks.steps_left)
     if BY_NAME["resume from a checkpoint file"].applies() and ok("resume from a checkpoint file"):
         from mindformers.trainer import trainer
         if not getattr(trainer.convert_checkpoint_config, "gptlocal_wrapped", False):
@@ -547,7 +570,8 @@ def apply():
     if ok("prefix tuning kept ours"):
         import mindformers.pet
         if not getattr(mindformers.pet.get_pet_model, "gptlocal_wrapped", False):
-            mindformers.pet.get_pet_model = _keeping_gptlocal_prefix(mindformers.pet.get_pet_model)
+            mindformers.pet.get_pet_model = _keeping_gptlocal_prefix(mindformers.pet.get_pet_model,
+                                                                     hooks.prefix_types)
     if ok("gpt_local wrapper kept"):
         from mindformers.trainer.base_trainer import BaseTrainer
         for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):

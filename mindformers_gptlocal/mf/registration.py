@@ -18,15 +18,16 @@ name (``mindformers_gptlocal.GPTLocalForCausalLM`` ...) is handed out. It
    clear error instead of MindSpore's "epoch must bigger than initial_epoch".
 
 Items 2-5 (and the handler's name in 1) are patches of MindFormers/MindSpore: they live in ``compat.py`` with
-every other patch, each checked against the installed MindFormers before it is applied (``compat.apply()``).
+every other patch, each checked against the installed MindFormers before it is applied (``compat.apply``, handed
+what the patches call of the layers above it: the pre-flight, the resume check, the handler, the prefix pet_types).
 No MindFormers file is edited; other models pass through untouched.
 """
 import importlib
 
 from . import compat
-from .compat import (BARRIER_USERS, GPTLOCAL_WRAPPERS, mark_checked,  # noqa: F401  (their old home)
-                     _barrier_on_cpu, _keeping_gptlocal_wrapper, _refusing_finished_runs, _with_preflight)
-from ..preflight.checks import is_gpt_local, preflight  # noqa: F401  (imported before the model, as before)
+from ..checkpoint.resume import check_steps_left
+from ..peft.prefix import PREFIX_TYPES
+from ..preflight.checks import preflight
 
 # modules whose classes MindFormers finds by name (YAML ``type:`` / ``model_type``), under mindformers_gptlocal
 REGISTERED_MODULES = ("mf.wrapper", "mf.registry", "mf.checkpoint_monitor", "mf.tokenizer", "mf.data_handler",
@@ -45,4 +46,6 @@ def register():
         # a module of ours may be importing right now (it imported mindformers first, which fired the hook):
         # import_module then returns it half-built, and its decorators run when it finishes
         importlib.import_module(f"{PACKAGE}.{name}")
-    compat.apply()
+    handler = importlib.import_module(f"{PACKAGE}.mf.data_handler").GPTLocalInstructHandler
+    compat.apply(compat.Hooks(preflight=preflight, steps_left=check_steps_left, instruct_handler=handler,
+                              prefix_types=PREFIX_TYPES))

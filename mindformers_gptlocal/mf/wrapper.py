@@ -8,7 +8,6 @@ accumulation and pipeline micro-batches) and, off Ascend, decide overflow with
 an ``isfinite`` reduction over the gradients (and their squared norms), all-reduced across
 data-parallel ranks. An overflowing step is skipped: weights and optimizer state stay as they were.
 """
-import sys
 
 import mindspore as ms
 from mindspore.ops import functional as F
@@ -85,14 +84,7 @@ class IsFiniteOverflowMixin:
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)
 class GPTLocalTrainOneStepCell(TrimAfterCompileMixin, IsFiniteOverflowMixin, MFTrainOneStepCell):
     """``MFTrainOneStepCell`` that also runs on CPU (set ``runner_wrapper.type: GPTLocalTrainOneStepCell``): its
-    step is MindFormers' own, with the overflow check and clip Cell of ``IsFiniteOverflowMixin``.
-    ``lean_step`` (a removed path that measured no faster and no smaller than this step) is accepted with one line."""
-
-    def __init__(self, *args, lean_step=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if lean_step is not None:
-            sys.stderr.write("gpt_local: runner_wrapper.lean_step is no longer read (the train step is MindFormers' "
-                             "own; the lean one measured no faster); remove it from the YAML.\n")
+    step is MindFormers' own, with the overflow check and clip Cell of ``IsFiniteOverflowMixin``."""
 
 
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)

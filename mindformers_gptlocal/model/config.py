@@ -1,31 +1,29 @@
 """GPTLocalConfig: the one config of a gpt_local model (GPT-2, Llama-style, NeoX-style), in Hugging Face style.
 
-Field names follow MindFormers' mcore vocabulary (``num_hidden_layers``,
-``layernorm_epsilon``, ``hidden_dropout`` ...) so that the same YAML
-``model_config`` section feeds both this config and MindFormers'
-``TransformerConfig``. GPT-2's own names (``n_layer``, ``n_embd`` ...) are
-accepted as aliases. Unknown keys are refused with the closest known key.
-The architecture (sizes, layer choices and what they imply) is read once into ``config.arch``
-(``model/arch.py``); the parallel ``Layout`` and the PEFT settings are read once too (``layout``, ``pet_spec``).
+Its keys are ``fields.py``'s table (each key's default, its other names, how it is read and its rule, declared
+once). Their names follow MindFormers' mcore vocabulary (``num_hidden_layers``, ``layernorm_epsilon``,
+``hidden_dropout`` ...) so that the same YAML ``model_config`` section feeds both this config and MindFormers'
+``TransformerConfig``; GPT-2's own names (``n_layer``, ``n_embd`` ...) are accepted too. Unknown keys are refused
+with the closest known key. The architecture (sizes, layer choices and what they imply) is read once into
+``config.arch`` (``model/arch.py``); the parallel ``Layout`` and the PEFT settings are read once too (``layout``,
+``pet_spec``).
 
 Plain Python on a plain base (``ConfigBase``): MindFormers never imported. The class MindFormers builds from a YAML
 (``model_config: type: GPTLocalConfig``) is ``mf/model.py``'s, this one on MindFormers' ``PretrainedConfig``.
 """
 import copy
 import difflib
-import functools
+import inspect
 
 from ..errors import ConfigError
 from ..generation.defaults import MINDFORMERS as MINDFORMERS_GENERATION_DEFAULTS
-from ..kernels.provider import plain_cpu_kernels
 from ..parallel.layout import Layout
 from ..parallel.rules import build_device_count, check_parallel_layout, raise_if_bad
-from .arch import DEFAULTS, GPT2_ALIASES, Arch, number as _number
+from .arch import Arch
+from .fields import ALIASES, FIELDS, dtype
 from ..peft import check_trainable, read as read_pet_config
 from .params import table_of_dims, dims
 from .quantization import read_quantization
-
-DTYPES = ("float32", "float16", "bfloat16")
 
 # Keys that MindFormers itself puts into model_config while building a model
 # (parallel/moe/dataset settings, trainer bookkeeping). Accepted and ignored
@@ -146,150 +144,58 @@ class GenerationOptions(dict):
 
 
 
-def _accept_gpt2_names(init):
-    """Let ``__init__`` take GPT-2 names (n_layer, n_embd ...) for our fields."""
-    @functools.wraps(init)
-    def wrapper(self, *args, **kwargs):
-        for alias, name in GPT2_ALIASES.items():
-            if alias not in kwargs:
-                continue
-            value = kwargs.pop(alias)
-            if name in kwargs and kwargs[name] != value:
-                raise ConfigError(f"model_config sets {name} twice with different values "
-                                  f"({name}={kwargs[name]!r} and {alias}={value!r}); keep one.")
-            kwargs[name] = value
-        return init(self, *args, **kwargs)
-    return wrapper
+def _our_names(kwargs):
+    """``kwargs`` with GPT-2's and mcore's names of our keys (``fields.ALIASES``) renamed to ours; one ConfigError
+    for a key given twice with different values."""
+    for alias, name in ALIASES.items():
+        if alias not in kwargs:
+            continue
+        value = kwargs.pop(alias)
+        if name in kwargs and kwargs[name] != value:
+            raise ConfigError(f"model_config sets {name} twice with different values "
+                              f"({name}={kwargs[name]!r} and {alias}={value!r}); keep one.")
+        kwargs[name] = value
+    return kwargs
+
+
+def _layout_section(parallel_config):
+    return DictConfig(parallel_config) if isinstance(parallel_config, dict) else parallel_config
 
 
 class GPTLocalConfig(ConfigBase):
     """Configuration of a causal LM: GPT-2 by default (learned positions, pre-LN, biases, tied head); rope, GQA,
-    SwiGLU, RMSNorm, untied head and parallel residual by their keys (``model/arch.py``)."""
+    SwiGLU, RMSNorm, untied head and parallel residual by their keys (``model/arch.py``). Takes the keys of
+    ``fields.FIELDS`` (and their other names), besides what MindFormers puts into ``model_config``."""
 
     model_type = "gpt_local"
 
-    @_accept_gpt2_names
-    def __init__(self,
-                 vocab_size=DEFAULTS["vocab_size"],
-                 hidden_size=DEFAULTS["hidden_size"],
-                 num_hidden_layers=DEFAULTS["num_hidden_layers"],
-                 num_attention_heads=DEFAULTS["num_attention_heads"],
-                 intermediate_size=DEFAULTS["intermediate_size"],
-                 max_position_embeddings=DEFAULTS["max_position_embeddings"],
-                 seq_length=DEFAULTS["seq_length"],
-                 layernorm_epsilon=1e-5,
-                 hidden_act=DEFAULTS["hidden_act"],
-                 hidden_dropout=0.1,
-                 attention_dropout=0.1,
-                 embedding_dropout=None,
-                 dropout_seed=0,
-                 initializer_range=0.02,
-                 tie_word_embeddings=True,
-                 params_dtype="float32",
-                 compute_dtype="float32",
-                 layernorm_compute_dtype="float32",
-                 softmax_compute_dtype="float32",
-                 use_flash_attention=False,
-                 attention_block_size=0,
-                 max_batch_size=8,
-                 scale_attn_by_inverse_layer_idx=False,
-                 reorder_and_upcast_attn=False,
-                 scale_attn_weights=True,
-                 ignore_token_id=-100,
-                 bos_token_id=50256,
-                 eos_token_id=50256,
-                 pad_token_id=50256,
-                 position_embedding_type=DEFAULTS["position_embedding_type"],
-                 rotary_percent=DEFAULTS["rotary_percent"],
-                 rotary_base=DEFAULTS["rotary_base"],
-                 num_query_groups=DEFAULTS["num_query_groups"],
-                 gated_linear_unit=DEFAULTS["gated_linear_unit"],
-                 normalization=DEFAULTS["normalization"],
-                 add_bias_linear=DEFAULTS["add_bias_linear"],
-                 add_qkv_bias=DEFAULTS["add_qkv_bias"],
-                 untie_embeddings_and_output_weights=DEFAULTS["untie_embeddings_and_output_weights"],
-                 use_parallel_residual=DEFAULTS["use_parallel_residual"],
-                 layerdrop=0.0,
-                 cpu_kernels="auto",
-                 **kwargs):
+    def __init__(self, **kwargs):
+        kwargs = _our_names(kwargs)
         parallel_config = kwargs.pop("parallel_config", None)
         if parallel_config is not None:
-            self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
-                else parallel_config
+            self.parallel_config = _layout_section(parallel_config)
         _reject_unknown(kwargs)
-        pet_config = kwargs.pop("pet_config", None)  # PEFT (peft/); checked in validate()
-        quantization = kwargs.pop("quantization", None)  # an int8 model's (model/quantization.py); validate()
         layout_batch_size = kwargs.get("batch_size")
-        for key in MINDFORMERS_INJECTED:
+        given = {key.name: kwargs.pop(key.name, key.default) for key in FIELDS}
+        for key in MINDFORMERS_INJECTED | {"architectures"}:
             kwargs.pop(key, None)
         # the architecture, read once (model/arch.py): its resolved values are what config.json keeps
-        arch = Arch.read(dict(
-            vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-            num_attention_heads=num_attention_heads, intermediate_size=intermediate_size,
-            max_position_embeddings=max_position_embeddings, seq_length=seq_length, hidden_act=hidden_act,
-            position_embedding_type=position_embedding_type, rotary_percent=rotary_percent, rotary_base=rotary_base,
-            num_query_groups=num_query_groups, gated_linear_unit=gated_linear_unit, normalization=normalization,
-            add_bias_linear=add_bias_linear, add_qkv_bias=add_qkv_bias, tie_word_embeddings=tie_word_embeddings,
-            untie_embeddings_and_output_weights=untie_embeddings_and_output_weights,
-            use_parallel_residual=use_parallel_residual))
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.intermediate_size = arch.inter
-        self.max_position_embeddings = max_position_embeddings
-        self.seq_length = seq_length
-        self.layernorm_epsilon = _number("layernorm_epsilon", layernorm_epsilon)
-        self.hidden_act = hidden_act
-        self.hidden_dropout = _number("hidden_dropout", hidden_dropout)
-        self.attention_dropout = _number("attention_dropout", attention_dropout)
-        if embedding_dropout is None:
-            embedding_dropout = hidden_dropout
-        self.embedding_dropout = _number("embedding_dropout", embedding_dropout)
-        if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or dropout_seed < 0:
-            raise ConfigError(f"model_config.dropout_seed must be a whole number >= 0, got {dropout_seed!r}.")
-        self.dropout_seed = dropout_seed
-        self.initializer_range = _number("initializer_range", initializer_range)
-        self.params_dtype = params_dtype
-        self.compute_dtype = compute_dtype
-        self.layernorm_compute_dtype = layernorm_compute_dtype
-        self.softmax_compute_dtype = softmax_compute_dtype
-        self.use_flash_attention = bool(use_flash_attention)
-        self.attention_block_size = attention_block_size
-        self.max_batch_size = max_batch_size
-        self.scale_attn_by_inverse_layer_idx = bool(scale_attn_by_inverse_layer_idx)
-        self.reorder_and_upcast_attn = bool(reorder_and_upcast_attn)
-        self.scale_attn_weights = bool(scale_attn_weights)
-        self.ignore_token_id = ignore_token_id
-        self.pet_config = _plain_pet_config(pet_config)
-        # the block's layer choices (model/arch.py ARCH_DEFAULTS: GPT-2's values reproduce GPT-2's graph)
-        self.position_embedding_type = position_embedding_type
-        self.rotary_percent = arch.rotary_percent
-        self.rotary_base = arch.rotary_base
-        self.num_query_groups = arch.groups
-        self.gated_linear_unit = arch.gated
-        self.normalization = normalization
-        self.add_bias_linear = arch.bias
-        self.add_qkv_bias = arch.qkv_bias
-        self.untie_embeddings_and_output_weights = arch.untied
-        tie_word_embeddings = not arch.untied
-        self.use_parallel_residual = arch.parallel_residual
-        self.layerdrop = _number("layerdrop", layerdrop)  # LayerDrop (model/dropout.py), training only
-        # which implementation each op runs on CPU (kernels/provider.py): auto, plain, kernel or {op: mode}; checked
-        self.cpu_kernels = plain_cpu_kernels(cpu_kernels)
-        kwargs.pop("architectures", None)
-        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
-                         eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                         architectures=["GPTLocalForCausalLM"], **kwargs)
-        # MindFormers 1.9's PretrainedConfig.__init__ (the base of mf/model.py's class) sets both from its own kwargs
-        # (None / its default layout), after ours were set above: ours again, and no default layout where none was
-        # given (as on 1.8: config.json and this class on ConfigBase stay the same)
-        self.pet_config = _plain_pet_config(pet_config)
-        self.quantization = dict(quantization.items()) if hasattr(quantization, "items") else quantization
-        if parallel_config is not None:
-            self.parallel_config = DictConfig(parallel_config) if isinstance(parallel_config, dict) \
-                else parallel_config
-        else:
+        arch = Arch.read(given)
+        kept = {}
+        for key in FIELDS:
+            value = given[key.fallback] if given[key.name] is None and key.fallback else given[key.name]
+            kept[key.name] = getattr(arch, key.name) if key.arch else key.read(key.name, value) if key.read else value
+        kept["tie_word_embeddings"] = not arch.untied
+        for key in FIELDS:
+            if not key.base:
+                setattr(self, key.name, kept[key.name])
+        # MindFormers 1.9's PretrainedConfig.__init__ (the base of mf/model.py's class) sets pet_config and
+        # parallel_config from its kwargs (None / its default layout): ours go there too, and no default layout
+        # stays where none was given (as on 1.8: config.json and this class on ConfigBase stay the same)
+        layout = {} if parallel_config is None else {"parallel_config": _layout_section(parallel_config)}
+        super().__init__(**{key.name: kept[key.name] for key in FIELDS if key.base}, pet_config=self.pet_config,
+                         **layout, architectures=["GPTLocalForCausalLM"], **kwargs)
+        if parallel_config is None:
             self.__dict__.pop("parallel_config", None)
         self.validate()
         if parallel_config is not None:
@@ -346,48 +252,13 @@ class GPTLocalConfig(ConfigBase):
         """The model's architecture (``model/arch.py`` ``Arch``): sizes, layer choices, derived values."""
         return self._derived_value("arch", lambda: Arch.read(self))
 
-    @property
-    def gated(self):
-        """SwiGLU MLP (gated_linear_unit, or hidden_act: swiglu)."""
-        return self.arch.gated
-
-    @property
-    def rope(self):
-        return self.arch.rope
-
-    @property
-    def rotary_dim(self):
-        """Channels of each head that rotary embeddings turn (head_dim * rotary_percent); 0 without rope."""
-        return self.arch.rotary_dim
-
-    @property
-    def architecture(self):
-        """The block's layer choices: the ``Arch`` (kept as a name; ``arch`` is the same object)."""
-        return self.arch
-
     def validate(self):
-        """Refuse shapes and settings the model cannot build, naming the key and the fix."""
+        """Refuse shapes and settings the model cannot build, naming the key and the fix: the architecture's rules
+        (``Arch.check``), each other key's own (``fields.FIELDS``), then the PEFT settings and int8's dtype."""
         self.arch.check()
-        value = self.max_batch_size
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"model_config.max_batch_size must be a positive integer, got {value!r}.")
-        block = self.attention_block_size
-        if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-            raise ConfigError(f"model_config.attention_block_size must be a whole number >= 0 (0: plain attention; "
-                              f"e.g. 256: memory-efficient attention over query blocks of 256 rows), got {block!r}.")
-        for key in ("params_dtype", "compute_dtype", "layernorm_compute_dtype", "softmax_compute_dtype"):
-            if str(getattr(self, key)) not in DTYPES:
-                raise ConfigError(f"model_config.{key} {getattr(self, key)!r} is not a dtype; "
-                                  f"use one of {', '.join(DTYPES)}.")
-        for key in ("hidden_dropout", "attention_dropout", "embedding_dropout", "layerdrop"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model_config.{key} must be in [0, 1), got {getattr(self, key)}.")
-        if not self.scale_attn_weights:
-            raise ConfigError("model_config.scale_attn_weights=False (no 1/sqrt(head_dim) scaling) is not "
-                              "supported; remove it or set it to True.")
-        if self.reorder_and_upcast_attn:
-            raise ConfigError("model_config.reorder_and_upcast_attn=True is not supported (it changes "
-                              "the attention numerics); set it to False.")
+        for key in FIELDS:
+            if key.check and not key.arch:
+                key.check(key.name, getattr(self, key.name))
         self.pet_spec()
         if read_quantization(self.quantization) and str(self.compute_dtype) != "float32":
             raise ConfigError(f"model_config.compute_dtype {self.compute_dtype!r} with an int8 model (quantization): "
@@ -406,11 +277,6 @@ class GPTLocalConfig(ConfigBase):
             check_trainable(spec, list(table_of_dims(dims(self.arch), Layout(), spec)))
         return spec
 
-    def lora_spec(self):
-        """The settings of a method that puts Cells in the layers (LoRA, adapters), or None."""
-        spec = self.pet_spec()
-        return None if spec is None or spec.adds_prefix else spec
-
     def prefix_spec(self):
         """The prefix tuning / P-Tuning v2 settings (attention reads the prefix rows), or None."""
         spec = self.pet_spec()
@@ -427,10 +293,15 @@ class GPTLocalConfig(ConfigBase):
         raise_if_bad(check_parallel_layout(self, self.layout, devices=build_device_count(), batch_size=batch_size))
 
 
+# help() and inspect show every key and its default
+GPTLocalConfig.__init__.__signature__ = inspect.Signature(
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
+    [inspect.Parameter(key.name, inspect.Parameter.KEYWORD_ONLY, default=key.default) for key in FIELDS] +
+    [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
 _KNOWN = None
 
 
-DTYPE_KEYS = ("params_dtype", "compute_dtype", "layernorm_compute_dtype", "softmax_compute_dtype")
+DTYPE_KEYS = tuple(key.name for key in FIELDS if key.check is dtype)
 _DTYPE_NOTES = {  # what a dtype key set to bfloat16 does on CPU, said once per process (compute_dtype: as asked)
     "params_dtype": "params_dtype (param_init_type) bfloat16 on CPU: the Parameters and the optimizer state are "
                     "float32 (master weights); the GEMMs follow compute_dtype.",
@@ -464,23 +335,13 @@ def graph_config(config, kernels):
     return view
 
 
-def _plain_pet_config(pet_config):
-    """pet_config as a plain dict (MindFormers hands a DictConfig/LoraConfig; dtypes become their names)."""
-    if not pet_config:
-        return None
-    items = pet_config.items() if hasattr(pet_config, "items") else vars(pet_config).items()
-    return {k: (v if v is None or isinstance(v, (str, int, float, bool, list, tuple)) else str(v))
-            for k, v in items}
-
-
 def known_keys():
     """Every key a gpt_local model_config may hold."""
     global _KNOWN  # pylint: disable=global-statement
     if _KNOWN is None:
-        import inspect
-        own = set(inspect.signature(GPTLocalConfig.__init__).parameters) - {"self", "kwargs"}
+        own = {key.name for key in FIELDS}
         base = set(ConfigBase().to_dict())
-        _KNOWN = own | base | set(GPT2_ALIASES) | MINDFORMERS_INJECTED | {
+        _KNOWN = own | base | set(ALIASES) | MINDFORMERS_INJECTED | {
             "model_type", "architectures", "transformers_version", "mindformers_version",
             "_name_or_path", "position_embedding_type", "normalization", "add_bias_linear",
             "gated_linear_unit", "offset", "recompute", "pipeline_stage", "name_or_path"}

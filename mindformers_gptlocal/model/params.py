@@ -13,14 +13,8 @@ from collections import namedtuple
 
 from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
-from .arch import (ACTIVATIONS, ARCH_DEFAULTS, GPT2_ALIASES, NORMALIZATIONS, POSITION_TYPES,  # noqa: F401
-                   SIZE_DEFAULTS, Arch, model_value, rotary_dim)
+from .arch import Arch
 from ..peft import read as read_pet
-
-
-def architecture(config):
-    """The block's layer choices of a model config (object or dict), defaults filled in: its ``Arch``."""
-    return Arch.of(config)
 
 
 WORD_EMBEDDINGS = "model.embedding.word_embeddings"

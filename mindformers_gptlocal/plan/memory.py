@@ -4,7 +4,7 @@ Parameter counts come from the parameter table (``model/params.py``: every weigh
 it splits under tensor parallel ``t`` = model_parallel: QKV and fc1 column-parallel, weight and bias
 split; the output projection and fc2 row-parallel, weight split, bias whole; LayerNorms whole; the
 token embedding's vocabulary split only when ``vocab_emb_dp`` is False). Activations follow what
-``model/gpt.py`` computes. The layer choices (``params.architecture``: GQA, SwiGLU, RMSNorm, biases,
+``model/gpt.py`` computes. The layer choices (``model/arch.py`` ``Arch``: GQA, SwiGLU, RMSNorm, biases,
 rope, untied head) reach the counts through the table; SwiGLU adds its gate's activations below.
 
 Memory terms (bytes per device), each the state that lives through a training step:

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..mf.compat import require as require_compat
+from ..mf.compat import MODE_KEY as COMPAT_MODE, is_gpt_local, require as require_compat
 from ..mf.run_yaml import rewrite_for_trainer
 from ..parallel.rules import check_yaml_layout, launch_device_count, raise_if_bad
 from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
@@ -23,18 +23,7 @@ from .inputs import (check_enough_rows, check_instruct_records, check_megatron_p
 from .sections import check_sections
 from .tokenizers import check_tokenizer_identity
 
-MODEL_TYPE = "gpt_local"
-ARCHITECTURE = "GPTLocalForCausalLM"
 SCAN_ROWS = 20000
-
-
-def is_gpt_local(config):
-    """model_type gpt_local, or our architecture name next to a mistyped model_type."""
-    model = config.get("model") or {}
-    model_config = model.get("model_config") if isinstance(model, dict) else None
-    if not isinstance(model_config, dict):
-        return False
-    return model_config.get("model_type") == MODEL_TYPE or ARCHITECTURE in str(model_config.get("architectures"))
 
 
 def ensure_mcore(config, log=print):
@@ -202,7 +191,8 @@ def preflight(config, log=print):
 def check_run(config, log=print):
     """Every check of a gpt_local run; writes nothing and changes no key but use_legacy (``ensure_mcore``).
     Returns the model's GPTLocalConfig."""
-    require_compat()  # a MindFormers patch whose target moved stops here, named (mf/compat.py)
+    # a MindFormers patch whose target moved stops here, named (mf/compat.py), unless the YAML says warn
+    require_compat(config.get(COMPAT_MODE) or "strict")
     ensure_mcore(config, log)
     check_structure(config)
     check_sections(config)  # top-level keys, runner, context, parallel, optimizer, lr_schedule, callbacks

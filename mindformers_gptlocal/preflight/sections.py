@@ -26,6 +26,7 @@ EXTRA_TOP_LEVEL = (
     "input_data", "adapter_id", "predict_batch_size", "use_past", "max_device_memory", "register_path",
     "moe_config", "src_strategy_path_or_dir", "load_ckpt_async", "remove_redundancy", "use_legacy_format",
     "data_simplification", "jit_level", "infer_boost", "print_separate_loss",
+    "gptlocal_compat",  # ours: strict (default) or warn, mf/compat.py require
 )
 CONTEXT_KEYS = (
     "mode", "device_target", "device_id", "max_device_memory", "max_call_depth", "save_graphs", "save_graphs_path",

@@ -54,8 +54,6 @@ from ..errors import ConfigError
 STORED = "graph.mindir"
 TIMING = "first_call_seconds"
 DEFAULT_DAYS, DEFAULT_MB = 14.0, 1024.0  # --compile-cache-days / --compile-cache-mb
-REMOVED_VARS = {"GPTLOCAL_COMPILE_CACHE_DAYS": "--compile-cache-days",  # no longer read: one line names the flag
-                "GPTLOCAL_COMPILE_CACHE_MB": "--compile-cache-mb"}
 _PRUNED = set()  # roots pruned in this process
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",
@@ -144,15 +142,6 @@ def bound(value, default, flag):
 def bounds(days=None, max_mb=None):
     """(days, max_mb) as numbers, their defaults where None; one error naming the flag of a bad one."""
     return bound(days, DEFAULT_DAYS, "--compile-cache-days"), bound(max_mb, DEFAULT_MB, "--compile-cache-mb")
-
-
-def warn_removed_variables():
-    """One stderr line a process for each removed bound variable that is set, naming its replacement."""
-    for name, flag in REMOVED_VARS.items():
-        if os.environ.get(name) is not None and name not in _PROCESS.setdefault("warned", set()):
-            _PROCESS["warned"].add(name)
-            sys.stderr.write(f"gpt_local: {name} is no longer read: give {flag} N on gptlocal generate/chat/serve/"
-                             f"eval ({flag[2:].replace('-', '_')}=N as an lm-eval model arg); unset it.\n")
 
 
 def _folder_bytes(folder):
@@ -277,7 +266,6 @@ class GraphCache:
                               f"folder for the cached graphs.")
         self.salt = salt
         self.days, self.max_mb = bounds(days, max_mb)
-        warn_removed_variables()
         self._seen = weakref.WeakKeyDictionary()  # Cell -> argument signatures it has run
         self.hits = self.misses = 0
         if self.root not in _PRUNED:

@@ -13,8 +13,6 @@ docs/performance.md "Serving"); after each compile the heap it freed goes back t
 (``host_memory.release_freed_heap``).
 """
 import logging
-import os
-import sys
 import threading
 import time
 
@@ -27,7 +25,6 @@ from .scheduler import Scheduler, batch_sizes
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
 PREFILL_TOKENS = 32  # --max-prefill-tokens: tokens per prefill call (0: refills as one call with the busy rows)
-REMOVED_GREEDY_STEPS = "GPTLOCAL_SERVE_GREEDY_STEPS"  # the server's greedy chunks are gone (never measured faster)
 
 
 class EngineNotReady(Exception):
@@ -40,9 +37,6 @@ class Engine:
     def __init__(self, model_dir, max_batch_size=8, max_queue=64, max_model_len=None, device_target="CPU",
                  prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None,
                  prefill_tokens=None, compile_cache="off", compile_cache_bounds=(None, None)):
-        if os.environ.get(REMOVED_GREEDY_STEPS):
-            sys.stderr.write(f"gpt_local: {REMOVED_GREEDY_STEPS} is gone: the server decodes one step per "
-                             f"iteration (greedy chunks were never measured faster); unset it.\n")
         self.model_dir = model_dir
         self.compile_cache = compile_cache  # --compile-cache: runtime/graph_cache.py attach, in _load
         self.compile_cache_bounds = compile_cache_bounds  # --compile-cache-days, --compile-cache-mb

@@ -28,7 +28,9 @@ idle slots) and attention reads only those slots.
 ``Scheduler.update`` takes the call's logits: cursors advance, each row whose prompt is complete samples its
 next token (``generation/sampling.next_tokens`` with the request's own options and its own
 ``numpy.random.default_rng(seed)``, so a seeded request draws exactly what ``model.generate`` with that seed
-draws), and its text goes out through the runtime's ``Detokenizer`` (stop strings, hold-back).
+draws), and its text goes out through the runtime's ``Detokenizer`` (stop strings, hold-back). It ends by
+``generation/stopping.StopRule``, the rule ``model.generate`` stops by: EOS, a stop string, its max_tokens (or the
+cache's last row).
 """
 import collections
 import itertools
@@ -37,7 +39,9 @@ import time
 
 import numpy as np
 
-from ..generation.sampling import next_tokens
+from ..generation.defaults import SERVE as SERVE_DEFAULTS
+from ..generation.sampling import next_tokens, sampling_options
+from ..generation.stopping import LENGTH, StopRule
 from ..runtime.buckets import bucket_of, buckets
 from ..runtime.detokenizer import Detokenizer
 
@@ -60,18 +64,19 @@ class Request:
     _ids = itertools.count(1)
     adapter = 0  # which --lora adapter generates it (its index in Engine.lora.names; 0: the base model)
 
-    def __init__(self, prompt, max_tokens, emit, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=(), eos=(),
-                 repetition_penalty=1.0):
+    def __init__(self, prompt, max_tokens, emit, temperature=SERVE_DEFAULTS["temperature"],
+                 top_p=SERVE_DEFAULTS["top_p"], top_k=SERVE_DEFAULTS["top_k"], seed=None, stop=(), eos=(),
+                 repetition_penalty=SERVE_DEFAULTS["repetition_penalty"]):
         self.id = next(self._ids)
         self.prompt = [int(t) for t in prompt]
         self.max_tokens = int(max_tokens)
         self.emit = emit
-        self.options = {"do_sample": temperature > 0, "temperature": float(temperature) if temperature > 0 else 1.0,
-                        "top_k": int(top_k), "top_p": float(top_p),
+        self.options = {**sampling_options(temperature, int(top_k), float(top_p)),
                         "repetition_penalty": float(repetition_penalty)}
         self.rng = np.random.default_rng(seed)
         self.stop = [s for s in stop if s]
         self.eos = set(eos)
+        self.rule = None  # its StopRule, once admitted (its budget needs the cache's length)
         self.tokens = []
         self.text = None  # its Detokenizer, once admitted
         self.cancelled = False
@@ -254,22 +259,19 @@ class Scheduler:
         self._take(index, int(next_tokens(logits, [request.prompt + request.tokens], request.options, request.rng)[0]))
 
     def _take(self, index, token):
-        """The slot's request gets ``token``: emit it, and end the request at EOS, a stop string or its limit."""
+        """The slot's request gets ``token``: emit it, and end the request by its ``StopRule`` (EOS, a stop string in
+        its text, its budget)."""
         slot = self.slots[index]
         request = slot.request
         request.tokens.append(token)
         slot.token = token
-        finish = None
-        if token in request.eos:
-            finish = "stop"
+        if request.rule.is_eos(token):  # the reply is the text before it, all of it sent now
             delta = request.text.update(request.tokens[:-1], final=True)
         else:
             delta = request.text.update(request.tokens)
-            if request.text.stopped:
-                finish = "stop"
-            elif len(request.tokens) >= request.max_tokens or slot.cursor + 1 >= self.max_model_len:
-                finish = "length"
-                delta += request.text.rest()
+        finish = request.rule.finish(token, len(request.tokens), request.text.stopped)
+        if finish == LENGTH:
+            delta += request.text.rest()
         request.emit(("token", delta, token))
         if finish:
             request.emit(("done", finish, self._usage(request)))
@@ -322,8 +324,10 @@ class Scheduler:
                         self.pending.popleft()
                         self.stats["cancelled"] += 1
                     if self.pending:
-                        slot.request = self.pending.popleft()
-                        slot.request.text = Detokenizer(self.decode, slot.request.stop)
+                        slot.request = request = self.pending.popleft()
+                        request.text = Detokenizer(self.decode, request.stop)
+                        request.rule = StopRule(request.eos, min(request.max_tokens,
+                                                                 self.max_model_len - len(request.prompt)))
                         slot.cursor = 0  # prompt tokens written so far (a prefill may take several calls)
                         admitted.append(index)
         return admitted

@@ -17,11 +17,7 @@ YAML switches with ``optimizer.type`` alone and checkpoints carry over.
 On CPU, in gpt_local's train step (``GPTLocalTrainOneStepCell``), the kernel is gpt_local's own
 (``kernels/train_step.py``: the same formula and inputs, one pass a parameter on the library's threads; the model's
 ``cpu_kernels`` op ``adamw``), as MindSpore's CPU ``AdamWeightDecay`` runs ~3x slower than the memory it touches.
-
-(Folding the clip factor into the fused step, ``fused_clip``, measured slower on an idle CPU and is gone: a YAML that
-still sets it gets one line.)
 """
-import sys
 
 import numpy as np
 import mindspore as ms
@@ -51,13 +47,12 @@ class GPTLocalAdamW(Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) as in MindFormers, fused per parameter.
 
     Use it from a YAML with ``optimizer: {type: GPTLocalAdamW, betas: [...], eps: ..., weight_decay: ...}``;
-    ``type: AdamW`` stays available as the plain reference path. ``fused_clip`` (removed) is accepted and ignored
-    with one line, so older YAMLs keep working.
+    ``type: AdamW`` stays available as the plain reference path.
     """
 
     _support_parallel_optimizer = True
 
-    def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused_clip=None):
+    def __init__(self, params, learning_rate=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         if len(betas) != 2 or not all(0.0 < float(b) < 1.0 for b in betas):
             raise ConfigError(f"optimizer.betas must be two numbers in (0, 1), got {betas!r}; set e.g. "
@@ -70,9 +65,6 @@ class GPTLocalAdamW(Optimizer):
         self.exp_avg = self._moments("adam_m")
         self.exp_avg_sq = self._moments("adam_v")
         self.kernel = ops.AdamWeightDecay()  # the train step may give it the CPU kernel (use_kernels)
-        if fused_clip is not None:
-            sys.stderr.write("gpt_local: optimizer.fused_clip is no longer read (the train step clips the gradients "
-                             "before the fused step); remove it from the YAML.\n")
 
     def use_kernels(self, provider):
         """Runs the update through ``provider``'s AdamW kernel (``KernelProvider.adamw``: on CPU, one in-place pass

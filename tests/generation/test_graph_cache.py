@@ -117,9 +117,9 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
                         {graph_cache.package_root(): "another version of the package"})
     changed["sources"] = cache.key(forward(model, 2, 64), prefill_args(2))
     monkeypatch.undo()
-    # environment switches are not the graph's (kernels are chosen by config: config.json is the salt)
-    monkeypatch.setenv("GPTLOCAL_DECODE_ATTENTION_KERNEL", "1")
-    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_DAYS", "3")  # nor are the cache's own bounds
+    # the environment beyond MindSpore's MS_* switches is not the graph's (kernels are chosen by config: config.json
+    # is the salt)
+    monkeypatch.setenv("GPTLOCAL_API_KEY", "not the graph's")
     assert cache.key(forward(model, 2, 64), prefill_args(2)) == base
     runner = ModelRunner(model, 2, 64)
     tokens = (ms.Tensor(np.zeros((2, 1), np.int32)), ms.Tensor(np.zeros((2, 1), np.int32)),
@@ -172,17 +172,3 @@ def test_prune_keeps_recent_graphs_up_to_the_size_bound(tmp_path):
         GraphCache(tmp_path / "other", days=-1)
     assert GraphCache(tmp_path / "other", days="3", max_mb=5).days == 3.0
     assert GraphCache(tmp_path / "o2").max_mb == 1024.0
-
-
-def test_the_removed_bound_variables_are_one_line_each(tmp_path, monkeypatch, capsys):
-    from mindformers_gptlocal.runtime import graph_cache
-    from mindformers_gptlocal.runtime.graph_cache import GraphCache
-    monkeypatch.setitem(graph_cache._PROCESS, "warned", set())  # pylint: disable=protected-access
-    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_DAYS", "3")
-    monkeypatch.setenv("GPTLOCAL_COMPILE_CACHE_MB", "10")
-    GraphCache(tmp_path / "a")
-    GraphCache(tmp_path / "b")  # once a process
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2
-    assert "GPTLOCAL_COMPILE_CACHE_DAYS is no longer read: give --compile-cache-days N" in lines[0]
-    assert "GPTLOCAL_COMPILE_CACHE_MB is no longer read: give --compile-cache-mb N" in lines[1]

@@ -1,8 +1,8 @@
 """The kernel provider (kernels/provider.py): ``model_config.cpu_kernels`` read and checked (one ConfigError naming
 the key and the allowed values), the same key through config.json and ``from_model_dir(**overrides)``, each op's
-choice by mode, device and parallel build, a ``plain`` model with no kernel anywhere, and the retired environment
-switches: one line naming the config key, the choice unchanged. The values of every fast path against the plain one:
-the kernels' own tests (test_*_kernel.py, test_kv_write.py)."""
+choice by mode, device and parallel build, a ``plain`` model with no kernel anywhere, and no environment read to choose
+one. The values of every fast path against the plain one: the kernels' own tests (test_*_kernel.py,
+test_kv_write.py)."""
 import glob
 import json
 import os
@@ -13,9 +13,7 @@ from mindspore import ops
 
 import mindformers_gptlocal
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.model.attention import FusedCPUAttention
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal.kernels import provider
 from mindformers_gptlocal.kernels.provider import OPS, KernelProvider, read_cpu_kernels
 from conftest import TINY
 
@@ -93,26 +91,13 @@ def test_a_plain_model_has_no_kernel_anywhere(library, arch):
     assert type(fast.model.layers[0].mlp.linear_fc2.lora_dropout).__name__ == "CPULoRADropout"
 
 
-def test_retired_switches_say_their_key_and_choose_nothing(library, monkeypatch, capfd):
-    monkeypatch.setattr(provider, "_TOLD", set())
-    monkeypatch.setenv("GPTLOCAL_PLAIN_KERNELS", "1")
-    monkeypatch.setenv("GPTLOCAL_LINEAR_KERNEL", "0")
-    monkeypatch.setenv("GPTLOCAL_HEAD_LOSS_KERNEL", "1")
-    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
-    err = capfd.readouterr().err
-    assert err.count("GPTLOCAL_PLAIN_KERNELS is no longer read; set model_config.cpu_kernels: plain instead") == 1
-    assert err.count("GPTLOCAL_LINEAR_KERNEL is no longer read; set model_config.cpu_kernels: {linear:") == 1
-    assert err.count("GPTLOCAL_HEAD_LOSS_KERNEL is no longer read; the path it chose was removed") == 1
-    assert isinstance(model.model.layers[0].attention.core, FusedCPUAttention) and model.head_gemm is not None
-
-
 def test_model_code_reads_no_environment():
-    """The layers ask the provider; no file of model/ or of the kernels' Cells reads an environment variable (the
-    provider reads only the retired switches' names, to say their key; build.py the cache folder)."""
+    """The layers ask the provider; no file of model/, of the kernels' Cells or the provider reads an environment
+    variable (build.py reads where the cache goes)."""
     readers = []
     for path in glob.glob(os.path.join(PACKAGE, "model", "*.py")) + glob.glob(os.path.join(PACKAGE, "kernels", "*.py")):
-        if os.path.basename(path) in ("build.py", "provider.py", "graph_cache.py"):
-            continue  # graph_cache.py: the compile cache
+        if os.path.basename(path) == "build.py":
+            continue
         text = open(path, encoding="utf-8").read()
         if "os.environ" in text or "getenv" in text:
             readers.append(os.path.relpath(path, PACKAGE))

@@ -9,7 +9,7 @@ import pytest
 
 import mindformers  # noqa: F401  (registers gpt_local: the patches are applied)
 from mindformers_gptlocal.mf import compat
-from mindformers_gptlocal.errors import CompatError, GPTLocalCompatWarning
+from mindformers_gptlocal.errors import CompatError, ConfigError, GPTLocalCompatWarning, GPTLocalError
 
 TARGETS = [(patch.name, index) for patch in compat.PATCHES for index in range(len(patch.targets))]
 
@@ -173,7 +173,7 @@ def test_the_config_keeps_its_pet_and_parallel_config():
     lora = dict(pet_type="lora", lora_rank=4, lora_alpha=8, target_modules=".*linear_qkv", freeze_include=["*"],
                 freeze_exclude=["*lora*"])
     config = GPTLocalConfig(**dict(TINY, pet_config=lora, parallel_config={"data_parallel": 2, "model_parallel": 1}))
-    assert config.lora_spec() is not None and config.lora_spec().rank == 4
+    assert config.pet_spec() is not None and config.pet_spec().rank == 4
     assert config.parallel_config.data_parallel == 2
 
 
@@ -186,7 +186,7 @@ def moved_patch(monkeypatch):
     return move
 
 
-def test_verify_warns_once_per_moved_patch_and_the_preflight_stops(moved_patch, monkeypatch):
+def test_verify_warns_once_per_moved_patch_and_the_preflight_stops(moved_patch):
     moved_patch("finished run refused")
     with pytest.warns(GPTLocalCompatWarning, match="'finished run refused'.*a.b is gone"):
         compat.verify()
@@ -198,10 +198,18 @@ def test_verify_warns_once_per_moved_patch_and_the_preflight_stops(moved_patch, 
     from mindformers_gptlocal.preflight.checks import preflight
     from conftest import CONFIGS
     config = MindFormerConfig(f"{CONFIGS}/pretrain_gpt_local_tiny_cpu.yaml")
-    with pytest.raises(CompatError, match="'finished run refused'.*GPTLOCAL_COMPAT=warn"):
+    with pytest.raises(CompatError, match="'finished run refused'.*set `gptlocal_compat: warn` at the run YAML"):
         preflight(config)
-    monkeypatch.setenv(compat.MODE_ENV, "warn")
-    compat.require()  # warn mode: the registration warning only
+    config.gptlocal_compat = "warn"  # the registration warning only: the pre-flight goes on to its other checks
+    try:
+        preflight(config)
+    except CompatError:
+        pytest.fail("gptlocal_compat: warn still stops the pre-flight at the moved patch")
+    except GPTLocalError:
+        pass  # a later check (the test's folder holds no run's data)
+    config.gptlocal_compat = "lenient"
+    with pytest.raises(ConfigError, match="gptlocal_compat: 'lenient' is not a mode; use strict .* or warn"):
+        preflight(config)
 
 
 def test_a_fallback_patch_does_not_stop_the_preflight(moved_patch):
@@ -249,7 +257,6 @@ def test_the_registration_patches_are_in_place():
     assert getattr(base_trainer.check_runner_config, "gptlocal_wrapped", False)
     for name in ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu"):
         assert getattr(getattr(base_trainer.BaseTrainer, name), "gptlocal_wrapped", False)
-    assert sys.modules["mindformers_gptlocal.mf.registration"].mark_checked is compat.mark_checked
 
 
 def test_bleu_patch_notices_a_bleu_module_that_needs_more_of_nltk(tmp_path):

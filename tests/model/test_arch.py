@@ -59,11 +59,11 @@ def test_layout_and_lora_are_read_once_per_config(monkeypatch):
     monkeypatch.setattr("mindformers_gptlocal.model.config.read_pet_config",
                         lambda *a: calls.append(1) or original(*a))
     fresh = GPTLocalConfig(**TINY, pet_config=PET)
-    spec = fresh.lora_spec()
-    assert fresh.lora_spec() is spec and len(calls) == 1  # validate() read it; later calls reuse it
+    spec = fresh.pet_spec()
+    assert fresh.pet_spec() is spec and len(calls) == 1  # validate() read it; later calls reuse it
     assert any(name.endswith("lora_a") for name in parameter_table(fresh)) and len(calls) == 1
     fresh.num_hidden_layers = 3  # setting a field drops what was derived from it
-    assert fresh.arch.num_hidden_layers == 3 and fresh.lora_spec() is not spec and len(calls) == 2
+    assert fresh.arch.num_hidden_layers == 3 and fresh.pet_spec() is not spec and len(calls) == 2
     assert "_derived" not in fresh.to_dict() and GPTLocalConfig(**TINY) == GPTLocalConfig(**TINY)
 
 

@@ -58,21 +58,18 @@ def lean_run(tmp_path_factory, corpus):
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
     out = str(tmp_path_factory.mktemp("lean_model") / "model")
     GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out, tokenizer_dir=corpus["model_dir"])
-    env = source_env(GPTLOCAL_LEAN="1")  # retired: what the command line used to set; now one line says so
-    proc = subprocess.run([sys.executable, "-c", LEAN_SCRIPT, out, "def main():\n    "], env=env,
+    proc = subprocess.run([sys.executable, "-c", LEAN_SCRIPT, out, "def main():\n    "], env=source_env(),
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads(lines[-1][len("REPORT "):])
-    report["lean_switch_lines"] = proc.stderr.count("GPTLOCAL_LEAN is no longer read and not needed")
-    return out, report
+    return out, json.loads(lines[-1][len("REPORT "):])
 
 
 def test_generate_process_never_loads_mindformers_and_gives_the_same_tokens(lean_run):
     from tokenizers import Tokenizer
     from mindformers_gptlocal import GPTLocalForCausalLM
     model_dir, report = lean_run
-    assert report["code"] == 0 and report["lean"] and report["lean_switch_lines"] == 1
+    assert report["code"] == 0 and report["lean"]
     assert not report["mindformers_after_cli"] and not report["mindformers_after_generate"]
     reference = GPTLocalForCausalLM.from_pretrained(model_dir)  # MindFormers' bases (this process loads it)
     prompt = "def main():\n    "
@@ -104,7 +101,7 @@ def test_each_plain_base_holds_what_mindformers_class_holds(tiny_config):
     from mindformers.generation import GenerationConfig
     from mindformers.models.configuration_utils import PretrainedConfig
     from mindformers.modules.transformer.moe import MoEConfig
-    from mindformers_gptlocal.generation.loop import DEFAULTS
+    from mindformers_gptlocal.generation.defaults import LIBRARY
     from mindformers_gptlocal.model import config as plain
     def theirs(**made):
         """PretrainedConfig's dict without what MindFormers 1.9's base also sets: its default layout and pet_config
@@ -126,7 +123,7 @@ def test_each_plain_base_holds_what_mindformers_class_holds(tiny_config):
     for config in (tiny_config, PretrainedConfig(eos_token_id=7, pad_token_id=1, max_length=40, top_k=3)):
         theirs = GenerationConfig.from_model_config(config).to_dict()
         ours = plain.GenerationOptions.from_model_config(config)
-        assert {k: ours[k] for k in DEFAULTS} == {k: theirs.get(k) for k in DEFAULTS}
+        assert {k: ours[k] for k in LIBRARY} == {k: theirs.get(k) for k in LIBRARY}
 
 
 def test_the_plain_model_and_mindformers_model_compute_the_same(tiny_config):

@@ -109,7 +109,7 @@ def test_table_equals_the_built_model_for_every_architecture(arch, parallel):
     table = parameter_table(config)
     built = {name: tuple(param.shape) for name, param in model.parameters_and_names()}
     assert {name: spec.shape for name, spec in table.items()} == built
-    assert set(param_layouts(model_rules(config, arch=config.architecture))) == set(table)
+    assert set(param_layouts(model_rules(config, arch=config.arch))) == set(table)
     last = max(model.model.stage_ids)
     untied = config.untie_embeddings_and_output_weights
     for name, spec in table.items():

@@ -40,7 +40,7 @@ def pynative():
 
 def rank_blocks(config, full, mp):
     """mp real rank blocks holding the slices the strategy assigns them (shapes must match exactly)."""
-    layouts = param_layouts(block_rules(arch=config.architecture))
+    layouts = param_layouts(block_rules(arch=config.arch))
     full_params = {name: p.asnumpy() for name, p in params_by_path(full).items()}
     assert set(layouts) == set(full_params), "every block parameter has a declared layout"
     parts = []
@@ -75,9 +75,9 @@ def test_block_parts_reassemble_to_the_unsharded_block(mp, arch):
     probe = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
     bias = causal_bias(SEQ)
     rotary = None
-    if config.rope:  # ragged offsets: row 1 starts at position 3
+    if config.arch.rope:  # ragged offsets: row 1 starts at position 3
         positions = Tensor(np.array([np.arange(SEQ), np.arange(SEQ) + 3]), ms.int32)
-        rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base)(positions)
+        rotary = RotaryEmbedding(config.arch.rotary_dim, config.rotary_base)(positions)
     full_params = params_by_path(full)
     names = sorted(full_params)
     ref_out, ref_dx, ref_grads = value_and_grads(full, ParameterTuple([full_params[n] for n in names]), x, probe, bias,
@@ -216,8 +216,8 @@ def test_strategies_cover_every_op_and_parameter_of_each_architecture(arch):
     config = GPTLocalConfig(**SMALL, **ARCHS[arch], untie_embeddings_and_output_weights=True,
                             parallel_config={"data_parallel": 2, "model_parallel": 2, "vocab_emb_dp": False})
     model = GPTLocalForCausalLM(config)
-    applied = apply_sharding(model, config, config.architecture)
-    rules = model_rules(config, arch=config.architecture)
+    applied = apply_sharding(model, config, config.arch)
+    rules = model_rules(config, arch=config.arch)
     for rule in rules:
         if resolve(model, rule.op) is None:
             assert rule.optional or rule.op.endswith((".relu", ".gelu")), rule.op
@@ -240,8 +240,8 @@ def test_prefix_strategies_cover_every_prefix_op_and_parameter(arch, pet):
     config = GPTLocalConfig(**dict(SMALL, seq_length=12), **ARCHS[arch], pet_config=pet,
                             parallel_config={"data_parallel": 2, "model_parallel": 2})
     model = GPTLocalForCausalLM(config)
-    applied = apply_sharding(model, config, config.architecture)
-    assert set(param_layouts(model_rules(config, arch=config.architecture))) == {p.name for p in model.get_parameters()}
+    applied = apply_sharding(model, config, config.arch)
+    assert set(param_layouts(model_rules(config, arch=config.arch))) == {p.name for p in model.get_parameters()}
     owners = [("model.prefix_encoder", model.model.prefix_encoder)]
     owners += [(f"model.layers.{i}.attention.prefix_concat", layer.attention.prefix_concat)
                for i, layer in enumerate(model.model.layers)]
@@ -317,9 +317,9 @@ def test_prefix_block_parts_reassemble_to_the_unsharded_block(mp, arch):
     probe = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
     bias = causal_bias(SEQ)
     rotary = None
-    if config.rope:
+    if config.arch.rope:
         positions = Tensor(np.array([np.arange(SEQ), np.arange(SEQ) + 3]) + 3, ms.int32)  # after the prefix
-        rotary = RotaryEmbedding(config.rotary_dim, config.rotary_base)(positions)
+        rotary = RotaryEmbedding(config.arch.rotary_dim, config.rotary_base)(positions)
 
     def run(block, weights):
         def loss(hidden):

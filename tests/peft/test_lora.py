@@ -183,7 +183,7 @@ def test_adapter_layouts_reassemble_per_rank(mp):
     rank's A/B slices from the declared layouts, joined by the all-reduces the layout implies, give
     the unsharded block's output and every gradient (adapters' included)."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    spec = GPTLocalConfig(**SMALL, pet_config=PET).lora_spec()
+    spec = GPTLocalConfig(**SMALL, pet_config=PET).pet_spec()
     config = GPTLocalConfig(**SMALL)
     full = GPTLocalBlock(config, 1, layer_spec=lora_layer_spec(spec, 0))
     randomised(full, seed=7)

@@ -1,7 +1,7 @@
 """The engine (``serve/engine.py`` running ``serve/scheduler.py``'s calls) against ``model.generate``, greedy, by
 value, in this process (refills; the 64-token refill compiled on first use, ``warmup_tokens``): odd prompt lengths
 and max_tokens, an EOS, a request that runs to the cache's last row, and a fifth request that waits for a slot
-and joins while the others decode. Also: the removed greedy-chunks switch, when set, is one line."""
+and joins while the others decode."""
 import numpy as np
 import pytest
 
@@ -41,14 +41,3 @@ def test_engine_equals_generate(engine, serve_all):
         assert finish == ("stop" if want[-1:] == [eos] else "length")
     assert not engine.lazy  # the 40-token prompt's refill compiled when first needed
     assert len(plain[2][0]) == CONTEXT - 40  # ended "length" at the cache's last row, before max_tokens
-
-
-def test_the_removed_greedy_chunks_switch_is_one_line(monkeypatch, capsys):
-    from mindformers_gptlocal.serve.engine import Engine
-    monkeypatch.setenv("GPTLOCAL_SERVE_GREEDY_STEPS", "1")
-    Engine("unused", max_batch_size=1)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "GPTLOCAL_SERVE_GREEDY_STEPS is gone" in err
-    monkeypatch.delenv("GPTLOCAL_SERVE_GREEDY_STEPS")
-    Engine("unused", max_batch_size=1)
-    assert capsys.readouterr().err == ""

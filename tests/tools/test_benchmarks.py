@@ -138,26 +138,10 @@ def test_performance_doc_commands_are_run_py_suites_and_parts():
     assert all(os.path.isfile(os.path.join(BENCH, name)) for name in scripts), scripts
 
 
-def retired_variables():
-    """Every ``GPTLOCAL_*`` variable the package no longer reads (it only prints a line naming the replacement)."""
+def test_no_benchmark_names_a_variable_the_package_does_not_read():
+    """The benchmarks choose kernels (and the rest) through the model config, never through the environment: every
+    ``GPTLOCAL_*`` name a script holds is one the package reads (where caches go, the server's key)."""
     import re
-    from mindformers_gptlocal.kernels.provider import RETIRED_SWITCHES
-    from mindformers_gptlocal.runtime.graph_cache import REMOVED_VARS
-    from mindformers_gptlocal.serve.engine import REMOVED_GREEDY_STEPS
-    host_memory = open(os.path.join(REPO, "mindformers_gptlocal", "host_memory.py"), encoding="utf-8").read()
-    malloc = set(re.findall(r'"(GPTLOCAL_[A-Z_]+)" in os\.environ:  # retired', host_memory))
-    assert malloc == {"GPTLOCAL_MALLOC_DEFAULTS"}
-    return set(RETIRED_SWITCHES) | set(REMOVED_VARS) | {REMOVED_GREEDY_STEPS} | malloc
-
-
-def test_no_benchmark_sets_a_retired_variable():
-    """The benchmarks choose kernels (and the rest) through the model config, never through a ``GPTLOCAL_*``
-    variable the package no longer reads: no script names one, and every ``GPTLOCAL_*`` name a script holds is one
-    the package still reads (``_common.py``'s own retired ``GPTLOCAL_KEEP_BENCH`` notice aside)."""
-    import re
-    retired = retired_variables()
-    assert {"GPTLOCAL_LINEAR_KERNEL", "GPTLOCAL_NORM_GELU_KERNELS", "GPTLOCAL_SERVE_GREEDY_STEPS",
-            "GPTLOCAL_COMPILE_CACHE_DAYS", "GPTLOCAL_COMPILE_CACHE_MB"} <= retired
     package = set()
     for root, _, files in os.walk(os.path.join(REPO, "mindformers_gptlocal")):
         for name in files:
@@ -165,15 +149,13 @@ def test_no_benchmark_sets_a_retired_variable():
                 package |= set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(root, name), encoding="utf-8").read()))
     package |= set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(REPO, "mindformers_gptlocal_autoregister.py"),
                                                          encoding="utf-8").read()))
-    read = package - retired
+    assert "GPTLOCAL_KERNEL_CACHE" in package  # the scan reads the package
     found = {}
     for name in sorted(os.listdir(BENCH)):
         if name.endswith(".py"):
-            text = open(os.path.join(BENCH, name), encoding="utf-8").read()
-            names = set(re.findall(r"GPTLOCAL_[A-Z_]+", text)) - ({"GPTLOCAL_KEEP_BENCH"} if name == "_common.py"
-                                                                      else set())
-            if names - read:
-                found[name] = sorted(names - read)
+            names = set(re.findall(r"GPTLOCAL_[A-Z_]+", open(os.path.join(BENCH, name), encoding="utf-8").read()))
+            if names - package:
+                found[name] = sorted(names - package)
     assert not found, found
 
 

@@ -1,6 +1,6 @@
 """GPTLocalAdamW's fused AdamWeightDecay step against MindFormers' AdamW on the same clipped gradients (the train
 step clips them first), and with the CPU AdamW kernel the train step gives it (``use_kernels``,
-``kernels/train_step.py``) against both; ``fused_clip`` (removed) is accepted with one line and changes nothing."""
+``kernels/train_step.py``) against both."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -36,8 +36,7 @@ def _gradients(params):
 
 def _run(kind):
     """Parameters and second moments after STEPS steps on the gradients multiplied by the clip factor (in numpy,
-    fp32); ``kind``: fused (GPTLocalAdamW), fused-clip-set (the same, built with the removed ``fused_clip: True``)
-    or MindFormers' AdamW."""
+    fp32); ``kind``: fused (GPTLocalAdamW), kernel (the same with the CPU AdamW kernel) or MindFormers' AdamW."""
     ms.set_context(mode=0, device_target="CPU")
     net = Params()
     groups = [{"params": [getattr(net, n) for n in DECAYED], "weight_decay": 0.1},
@@ -46,8 +45,7 @@ def _run(kind):
     if kind == "mindformers":
         optimizer = AdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8)
     else:
-        extra = {"fused_clip": True} if kind == "fused-clip-set" else {}
-        optimizer = GPTLocalAdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8, **extra)
+        optimizer = GPTLocalAdamW(groups, learning_rate=schedule, betas=(0.9, 0.95), eps=1e-8)
         if kind == "kernel":  # as GPTLocalTrainOneStepCell does with its model's provider (auto on CPU)
             optimizer.use_kernels(KernelProvider())
             assert isinstance(optimizer.kernel, CPUAdamW)
@@ -62,7 +60,7 @@ def _run(kind):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {kind: _run(kind) for kind in ("fused", "fused-clip-set", "kernel", "mindformers")}
+    return {kind: _run(kind) for kind in ("fused", "kernel", "mindformers")}
 
 
 def test_fused_step_matches_mindformers_on_clipped_gradients(runs):
@@ -72,9 +70,6 @@ def test_fused_step_matches_mindformers_on_clipped_gradients(runs):
         assert fused[state].keys() == ref[state].keys()
         for name, value in fused[state].items():
             np.testing.assert_allclose(value, ref[state][name], rtol=1e-5, atol=1e-6, err_msg=name)
-    for state in range(3):  # the removed fused_clip changes no bit
-        for name, value in runs["fused-clip-set"][state].items():
-            np.testing.assert_array_equal(value, fused[state][name], err_msg=name)
 
 
 def test_the_adamw_kernel_matches_adamweightdecay_and_mindformers(runs):
@@ -100,15 +95,3 @@ def test_the_train_step_gives_the_optimizer_its_models_adamw_kernel():
         optimizer = GPTLocalAdamW(model.trainable_params())
         GPTLocalTrainOneStepCell(model, optimizer, use_clip_grad=True, max_grad_norm=1.0, scale_sense=1.0)
         assert isinstance(optimizer.kernel, kind)
-
-
-def test_fused_clip_is_refused_softly_with_one_line(capfd):
-    """A YAML that still sets optimizer.fused_clip builds (the key is gone): one line naming it, no attribute."""
-    ms.set_context(mode=0, device_target="CPU")
-    net = Params()
-    GPTLocalAdamW(net.trainable_params())
-    assert "fused_clip" not in capfd.readouterr().err
-    optimizer = GPTLocalAdamW(net.trainable_params(), fused_clip=True)
-    err = capfd.readouterr().err
-    assert err.count("optimizer.fused_clip is no longer read") == 1, err
-    assert not hasattr(optimizer, "fused_clip") and not hasattr(optimizer, "clip_kernel")

@@ -88,18 +88,6 @@ def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, 
         np.testing.assert_allclose(param.asnumpy(), start - grad.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=param.name)
 
 
-def test_a_yaml_that_still_sets_lean_step_builds_with_one_line(tiny_config, mcore_context, capfd):
-    """runner_wrapper.lean_step (the removed lean step) is accepted and named once on stderr; without it, nothing."""
-    model = GPTLocalForCausalLM(tiny_config)
-    GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1), use_clip_grad=True)
-    assert "lean_step" not in capfd.readouterr().err
-    cell = GPTLocalTrainOneStepCell(model, nn.SGD(model.trainable_params(), learning_rate=0.1), use_clip_grad=True,
-                                    lean_step=False)
-    err = capfd.readouterr().err
-    assert err.count("runner_wrapper.lean_step is no longer read") == 1, err
-    assert not hasattr(cell, "lean_step")
-
-
 def test_the_first_compile_releases_the_freed_heap_once(tiny_config, mcore_context, monkeypatch):
     """The step cell hands the heap its graph compile freed back to the system after its first compile,
     and only then (host_memory.release_freed_heap; the steps after it run as before)."""
