@@ -49,6 +49,7 @@ def _ms_worker(side, shape, steps, threads):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     from mindformers_gptlocal import GPTLocalConfig
     from mindformers_gptlocal.kernels.attention import attention_kernel
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.attention import ParallelAttention
     from mindformers_gptlocal.model.blockwise_attention import BlockwiseAttention
     batch, heads, seq, dim = shape
@@ -57,7 +58,8 @@ def _ms_worker(side, shape, steps, threads):
     scale = 1.0 / dim ** 0.5
     config = GPTLocalConfig(vocab_size=64, hidden_size=heads * dim, num_attention_heads=heads, num_hidden_layers=1,
                             max_position_embeddings=seq, seq_length=seq)
-    plain = ParallelAttention(config, 1).plain  # the matmul + softmax core: context [B, S, N * D]
+    plain = ParallelAttention(config, 1, kernels=KernelProvider.from_config(config)).plain  # the matmul + softmax
+    # core: context [B, S, N * D]
     if side == "plain":  # the weights in the plain core's output layout: the same loss
         w = Tensor(w.asnumpy().transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim))
     bias = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1)[None, None])
