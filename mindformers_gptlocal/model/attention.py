@@ -235,13 +235,29 @@ def repeat_groups(x, group_size):
     return ops.reshape(x, (batch, groups * group_size, length, dim))
 
 
-class MatmulSoftmaxAttention(nn.Cell):
+class KeyValueHeads:
+    """A core's key and value [B, G, L, D] as its product takes them (``key_value_heads``, bound at build): as they
+    are where every query head has its own (``group_size`` 1), else each repeated over its group
+    (``repeat_groups``)."""
+
+    def _bind_key_value_heads(self, group_size):
+        self.group_size = group_size
+        self.key_value_heads = self._own_key_value_heads if group_size == 1 else self._repeated_key_value_heads
+
+    def _own_key_value_heads(self, key, value):
+        return key, value
+
+    def _repeated_key_value_heads(self, key, value):
+        return repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+
+
+class MatmulSoftmaxAttention(KeyValueHeads, nn.Cell):
     """The plain core: softmax(q k^T * scale + bias) v per head, the scores in ``softmax_dtype``, the dropout on
     the probabilities. query [B, N, S, D], key/value [B, G, L, D] -> context [B, S, N * D]."""
 
     def __init__(self, group_size, scale, softmax_dtype, compute_dtype, dropout, broadcast_mask):
         super().__init__()
-        self.group_size = group_size
+        self._bind_key_value_heads(group_size)
         self.scale = scale
         self.softmax_dtype = softmax_dtype
         self.compute_dtype = compute_dtype
@@ -259,7 +275,7 @@ class MatmulSoftmaxAttention(nn.Cell):
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        key, value = self.key_value_heads(key, value)
         scores = self.qk_matmul(query, key)
         scores = self.scale_mul(self.cast(scores, self.softmax_dtype), self.scale)
         bias = self.cast(attention_bias, self.softmax_dtype)
@@ -308,13 +324,13 @@ class FusedCPUAttention(nn.Cell):
         return self.attention_dropout.offsets(dropout_step)
 
 
-class BlockwiseCore(nn.Cell):
+class BlockwiseCore(KeyValueHeads, nn.Cell):
     """``BlockwiseAttention`` (``blockwise_attention.py``): query blocks of ``block_size``, no [B, N, S, S] tensor
     kept for the backward; the dropout keep mask [B, N, S, S] is the one the plain core would draw."""
 
     def __init__(self, group_size, block_size, scale, softmax_dtype, compute_dtype, dropout=None):
         super().__init__()
-        self.group_size = group_size
+        self._bind_key_value_heads(group_size)
         self.blockwise = BlockwiseAttention(block_size, scale, softmax_dtype, compute_dtype,
                                             1.0 if dropout is None else dropout.scale)
         self.attention_dropout = dropout
@@ -324,7 +340,7 @@ class BlockwiseCore(nn.Cell):
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        key, value = self.key_value_heads(key, value)
         context = self.blockwise(query, key, value, attention_bias, self.keep_mask(query, dropout_step))
         return merge_context(self.merge_heads, context)
 
@@ -338,7 +354,7 @@ class BlockwiseCore(nn.Cell):
         return self.attention_dropout.keep_shape((batch, heads, seq, seq), dropout_step)
 
 
-class FlashCore(nn.Cell):
+class FlashCore(KeyValueHeads, nn.Cell):
     """Ascend's FlashAttentionScore (BNSD, the uint8 mask); with ``seq_ends`` (packed rows) the variable-length
     form, as MindFormers' mcore FlashAttention runs it: tokens flattened to [B*S, N, D], cumulative document ends
     for q and kv, sparse_mode 3 (causal inside each document, the compressed 2048 x 2048 mask). Ascend only,
@@ -346,7 +362,7 @@ class FlashCore(nn.Cell):
 
     def __init__(self, heads, group_size, scale, attention_dropout, merge_heads):
         super().__init__()
-        self.group_size = group_size
+        self._bind_key_value_heads(group_size)
         self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
             head_num=heads, keep_prob=1.0 - attention_dropout, scale_value=scale, input_layout="BNSD", sparse_mode=0)
         self.flash_attention_varlen = ops.operations.nn_ops.FlashAttentionScore(
@@ -356,7 +372,7 @@ class FlashCore(nn.Cell):
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        key, value = self.key_value_heads(key, value)
         if seq_ends is None:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
             return merge_context(self.merge_heads, context)
