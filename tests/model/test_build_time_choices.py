@@ -223,6 +223,59 @@ def test_the_scan_sees_the_graph_methods_and_a_build_time_branch():
     assert [line for line, _ in build_time_branches(sample)] == [3]
 
 
+def test_no_cell_makes_a_provider_of_its_own():
+    """The model asks for its provider once (``GPTLocalForCausalLM.__init__``: ``kernel_provider(config)``) and hands
+    it down; no Cell of the forward or PEFT builds one (no ``kernels or kernel_provider(...)`` fallback), and the
+    Cells refuse to be built without it."""
+    import mindspore as ms
+    import pytest
+    from mindformers_gptlocal import GPTLocalConfig
+    from mindformers_gptlocal.model import GPTLocalBlock
+    from mindformers_gptlocal.model.layers import Activation, Linear
+    from conftest import TINY
+    makers = []
+    for folder in ("model", "peft"):
+        for name in sorted(os.listdir(os.path.join(ROOT, "mindformers_gptlocal", folder))):
+            if not name.endswith(".py"):
+                continue
+            tree = ast.parse(open(os.path.join(ROOT, "mindformers_gptlocal", folder, name), encoding="utf-8").read())
+            for function in ast.walk(tree):
+                if isinstance(function, ast.FunctionDef):
+                    for node in ast.walk(function):
+                        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                                "kernel_provider", "KernelProvider", "from_config"):
+                            makers.append(f"{folder}/{name}:{function.name}")
+    # GPTLocalForCausalLM's, through layers.kernel_provider (the config's provider in this build's parallel mode)
+    assert makers == ["model/gpt.py:__init__", "model/layers.py:kernel_provider"], makers
+    with pytest.raises(TypeError, match="kernels"):
+        Linear(4, 3, 0.02, ms.float32, ms.float32)
+    with pytest.raises(TypeError, match="kernels"):
+        Activation("gelu_new")  # pylint: disable=no-value-for-parameter
+    with pytest.raises(TypeError, match="kernels"):
+        GPTLocalBlock(GPTLocalConfig(**TINY), 1)
+
+
+def test_a_bias_left_to_the_caller_is_bound_again(pynative_mode):  # pylint: disable=unused-argument
+    """Linear binds its product with or without the bias at build; setting ``skip_bias_add`` afterwards (a
+    tensor-parallel rank's part) binds it again: x W^T alone, then x W^T + b again."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindformers_gptlocal.kernels.provider import KernelProvider
+    from mindformers_gptlocal.model.layers import Linear
+    for kernels in (KernelProvider(device_target="CPU"), KernelProvider({"linear": "kernel"}, device_target="CPU")):
+        linear = Linear(5, 3, 0.5, ms.float32, ms.float32, kernels=kernels)
+        linear.bias.set_data(Tensor(np.array([1.0, -2.0, 3.0], np.float32)))
+        x = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+        bare = x @ linear.weight.asnumpy().T
+        np.testing.assert_allclose(linear(Tensor(x)).asnumpy(), bare + linear.bias.asnumpy(), rtol=1e-5, atol=1e-5)
+        linear.skip_bias_add = True
+        assert linear.skip_bias_add and not linear.adds_bias
+        np.testing.assert_allclose(linear(Tensor(x)).asnumpy(), bare, rtol=1e-5, atol=1e-5)
+        linear.skip_bias_add = False
+        np.testing.assert_allclose(linear(Tensor(x)).asnumpy(), bare + linear.bias.asnumpy(), rtol=1e-5, atol=1e-5)
+
+
 if __name__ == "__main__":
     branches = scan(sys.argv[1] if len(sys.argv) > 1 else ROOT)
     for (path, where, line), condition in sorted(branches.items()):
