@@ -1,8 +1,13 @@
 """Which implementation each op of a gpt_local model runs: decided here, once, when the model is built.
 
 After Megatron-core's ``BackendSpecProvider``: a layer does not decide whether it runs a kernel; it asks the
-model's ``KernelProvider`` for its op when it is built and keeps what it gets (a kernel Cell, or None: the plain
-MindSpore ops, the reference every kernel is tested against). The choice is made from
+model's ``KernelProvider`` (a required argument of every Cell that has a kernel form: the model makes one and hands
+it down) for its op when it is built and keeps what it gets (a kernel Cell, or None: the plain MindSpore ops, the
+reference every kernel is tested against). Eligibility is decided here too: where it depends on the layer (its
+architecture, its Linears' classes, its dtypes, a prefix or an adapter), the layer passes those facts and the provider
+decides (``decode_layer_for``, ``fused_attention``, ``gemm_epilogue``, ``epilogue_residual``, ...); so are the train
+step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the runner's graphs (``fresh_prefill``,
+``greedy_steps``). The choice is made from
 
 - ``model_config.cpu_kernels`` (the same key in ``config.json`` and ``from_pretrained(..., cpu_kernels=...)``):
   ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``);
@@ -344,8 +349,8 @@ class KernelProvider:
 
     def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False, bf16_weights=False):
         """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
-        cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
-        ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
+        cache written in place, one node a layer) for a layer of GPT-2's structure (``decode_layer_for`` checks that
+        from the layer's facts) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
         ("tanh" or "quick"), or None: the plain decode graph. Float32 and int8 models (``int8``: its Linears through
         the ``int8_linear`` kernel, so only where that op is chosen too) and a bf16 model's (``compute_dtype``
         bfloat16, a float32 graph with bf16 GEMMs here) where its Linears hold bfloat16 weights (``bf16_weights``,
