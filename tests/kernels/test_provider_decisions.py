@@ -6,7 +6,6 @@ rule it states, one fact changed at a time. The values of the Cells they give: t
 import warnings
 
 import mindspore as ms
-import pytest
 from mindspore import ops
 
 from mindformers_gptlocal import GPTLocalConfig
