@@ -43,7 +43,23 @@ def plain_matmul(kernels):
     return kernels.plain_matmul()
 
 
-class Linear(nn.Cell):
+class LeavesBias:
+    """``skip_bias_add`` of a Linear (``Linear``, ``quant_cells.QuantLinear``): True where the caller adds the bias
+    (``leaves_bias``); ``adds_bias``: the Linear adds its own. Setting it binds the Linear's products again
+    (``_bind_bias``), so what ``construct`` runs is always chosen outside it."""
+
+    @property
+    def skip_bias_add(self):
+        return self.leaves_bias
+
+    @skip_bias_add.setter
+    def skip_bias_add(self, value):
+        self.leaves_bias = bool(value)
+        self.adds_bias = self.has_bias and not value
+        self._bind_bias()
+
+
+class Linear(LeavesBias, nn.Cell):
     """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
@@ -94,15 +110,8 @@ class Linear(nn.Cell):
         self.product = self._matmul_only if self.gemm is None else self._gemm_by_rows
         self.skip_bias_add = skip_bias_add
 
-    @property
-    def skip_bias_add(self):
-        """True where the caller adds the bias (see the class); setting it picks the products again."""
-        return self.leaves_bias
-
-    @skip_bias_add.setter
-    def skip_bias_add(self, value):
-        self.leaves_bias = bool(value)
-        self.adds_bias = self.has_bias and not value
+    def _bind_bias(self):
+        """The GEMM kernel's and MatMul's products with or without the bias (``LeavesBias``)."""
         if not self.adds_bias:
             self.matmul_product, self.gemm_product = self._matmul_bare, self._gemm_bare
         else:

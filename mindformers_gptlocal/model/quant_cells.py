@@ -9,6 +9,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
+from .layers import LeavesBias
+
 
 def int8_parameter(shape, name):
     """An int8 Parameter of zeros (the loader fills it)."""
@@ -58,7 +60,7 @@ def int8_matmul(kernels, compute_dtype=ms.float32):
     return Int8MatMul(kernels.int8_linear(compute_dtype))
 
 
-class QuantLinear(nn.Cell):
+class QuantLinear(LeavesBias, nn.Cell):
     """A Linear of an int8 model: ``weight`` int8 [out, in], ``weight_scale`` float32 [out], ``bias`` float32; built
     with ``Linear``'s arguments (``init_std``, ``params_dtype`` unused: the loader fills the weights), the same
     ``skip_bias_add`` contract (fc1 under the bias + GeLU kernel; setting it picks the product again).
@@ -77,15 +79,8 @@ class QuantLinear(nn.Cell):
         self.product = int8_matmul(kernels)
         self.skip_bias_add = skip_bias_add
 
-    @property
-    def skip_bias_add(self):
-        """True where the caller adds the bias."""
-        return self.leaves_bias
-
-    @skip_bias_add.setter
-    def skip_bias_add(self, value):
-        self.leaves_bias = bool(value)
-        self.adds_bias = self.has_bias and not value
+    def _bind_bias(self):
+        """The product with or without the bias (``LeavesBias``)."""
         self.rows_product = self._biased if self.adds_bias else self._bare
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
