@@ -121,7 +121,9 @@ def _attention_ms(side, shape, steps):
     scale = 1.0 / dim ** 0.5
     config = GPTLocalConfig(vocab_size=64, hidden_size=heads * dim, num_attention_heads=heads, num_hidden_layers=1,
                             max_position_embeddings=seq, seq_length=seq)
-    plain = ParallelAttention(config, 1).plain  # the matmul + softmax core: context [B, S, N * D]
+    from mindformers_gptlocal.kernels.provider import KernelProvider
+    # the matmul + softmax core: context [B, S, N * D]
+    plain = ParallelAttention(config, 1, kernels=KernelProvider.from_config(config)).plain
     if side == "plain":  # the weights in the plain core's output layout: the same loss
         w = Tensor(w.asnumpy().transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim))
     bias = Tensor(np.triu(np.full((seq, seq), -1e9, np.float32), 1)[None, None])

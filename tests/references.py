@@ -11,6 +11,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, Tensor
 
+from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import MASK_VALUE
 from mindformers_gptlocal.model.dropout import SITE_MULTIPLIERS, STEP_MULTIPLIERS, TABLE_SIZES, bit_probability
@@ -47,14 +48,15 @@ def rank_block(config, layer_number, mp, layer_spec=None):
     check_divisible(config, mp)
     arch = config.arch
     layer_spec = layer_spec or {}
-    block = GPTLocalBlock(config, layer_number, layer_spec=layer_spec)
+    kernels = KernelProvider.from_config(config)  # the provider a model of ``config`` hands its layers
+    block = GPTLocalBlock(config, layer_number, layer_spec=layer_spec, kernels=kernels)
     params, compute = to_mstype(config.params_dtype), to_mstype(config.compute_dtype)
     hidden, std = arch.hidden_size, config.initializer_range
 
     def linear(path, inp, out, has_bias, init=std, partial=False):
-        cell = layer_spec.get(path, Linear)(inp, out, init, params, compute, has_bias=has_bias)
-        cell.skip_bias_add = partial  # a row-parallel part: its bias is added after the sum over ranks
-        return cell
+        # a row-parallel part leaves its bias (skip_bias_add): it is added after the sum over ranks
+        return layer_spec.get(path, Linear)(inp, out, init, params, compute, has_bias=has_bias, skip_bias_add=partial,
+                                            kernels=kernels)
     attention = block.attention
     attention.num_heads = arch.num_attention_heads // mp
     attention.num_groups = arch.groups // mp

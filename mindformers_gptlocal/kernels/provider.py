@@ -1,8 +1,13 @@
 """Which implementation each op of a gpt_local model runs: decided here, once, when the model is built.
 
 After Megatron-core's ``BackendSpecProvider``: a layer does not decide whether it runs a kernel; it asks the
-model's ``KernelProvider`` for its op when it is built and keeps what it gets (a kernel Cell, or None: the plain
-MindSpore ops, the reference every kernel is tested against). The choice is made from
+model's ``KernelProvider`` (a required argument of every Cell that has a kernel form: the model makes one and hands
+it down) for its op when it is built and keeps what it gets (a kernel Cell, or None: the plain MindSpore ops, the
+reference every kernel is tested against). Eligibility is decided here too: where it depends on the layer (its
+architecture, its Linears' classes, its dtypes, a prefix or an adapter), the layer passes those facts and the provider
+decides (``decode_layer_for``, ``fused_attention``, ``gemm_epilogue``, ``epilogue_residual``, ...); so are the train
+step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the runner's graphs (``fresh_prefill``,
+``greedy_steps``). The choice is made from
 
 - ``model_config.cpu_kernels`` (the same key in ``config.json`` and ``from_pretrained(..., cpu_kernels=...)``):
   ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``);
@@ -24,11 +29,13 @@ MindSpore ops, the reference every kernel is tested against). The choice is made
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
 warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel.
 """
+import collections
 import functools
 import sys
+import warnings
 
 import mindspore as ms
-from mindspore import ops
+from mindspore import nn, ops
 
 from ..errors import ConfigError
 
@@ -85,6 +92,23 @@ HEAD_GEMM_FEW_ROWS = 2
 EVERY_GRAPH = (0, 0)
 LINEAR_RULE = (LINEAR_GEMM_ROWS, 0)
 HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
+# The greedy graph (runtime/runner.py GreedySteps): decode steps unrolled in one compiled call, at most
+# GREEDY_STEPS_MAX, and steps x layers at most GREEDY_STEPS_BUDGET (more steps for shallow models, where a step is
+# mostly call overhead)
+GREEDY_STEPS_BUDGET = 32
+GREEDY_STEPS_MAX = 8
+
+# What ``KernelProvider.decode_layer_for`` weighs of one built decoder layer (``model/gpt.py`` ``make_decode_layer``
+# gathers it): the kernel's arguments (``epsilon``, ``scale``, GeLU ``form``, ``compute_dtype``: as
+# ``decode_layer``'s); ``arch`` (the model's ``Arch``: ``bias``, ``qkv_bias``, ``learned_positions``, ``gated``,
+# ``parallel_residual``); ``linears``: "float32" / "bfloat16" where the four Linears are all the base Linear
+# holding weights of that dtype, "int8" where all are an int8 model's on the ``int8_linear`` kernel, None for
+# anything else (LoRA, a mix); ``layer_norms``: both norms LayerNorm (or its kernel form); ``norm_weights``: their
+# weights' dtype (None: differing); ``norm_dtype``, ``softmax_dtype``: the norms' and the softmax's compute dtypes;
+# ``prefix``, ``adapters``, ``layerdrop``: the layer has a prefix-tuning prefix, a bottleneck adapter, LayerDrop.
+DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
+    "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "layer_norms", "norm_weights", "norm_dtype",
+    "softmax_dtype", "prefix", "adapters", "layerdrop"))
 
 _TOLD = set()  # the lines _tell_once wrote
 DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16"}
@@ -216,9 +240,10 @@ class KernelProvider:
         from .norm_gelu import layernorm_kernel  # pylint: disable=import-outside-toplevel
         return layernorm_kernel(eps, compute_dtype)
 
-    def bias_gelu(self, form, compute_dtype):
-        """The bias + GeLU kernel for ``form`` ("tanh" or "quick"), or None."""
-        if not self.uses("bias_gelu"):
+    def bias_gelu(self, form, compute_dtype, bias=True):
+        """The bias + GeLU kernel for ``form`` ("tanh" or "quick"; None: a GeLU it does not compute, the erf one or
+        ReLU) of an MLP whose fc1 has a ``bias``, or None."""
+        if form is None or not bias or not self.uses("bias_gelu"):
             return None
         from .norm_gelu import bias_gelu_kernel  # pylint: disable=import-outside-toplevel
         return bias_gelu_kernel(form, compute_dtype)
@@ -256,21 +281,25 @@ class KernelProvider:
             return gemm, EVERY_GRAPH
         return gemm, HEAD_RULE if head else LINEAR_RULE
 
-    def gemm_epilogue(self, form, compute_dtype):
+    def gemm_epilogue(self, form, compute_dtype, bias=True, plain_linears=True):
         """The MLP's GEMM epilogues (``kernels/linear.py`` ``CPULinearEpilogue``: fc1 + bias + GeLU ``form``, fc2 +
         bias + the residual, in ``gemm_dtype``'s precision) or None: under ``kernel``, float32 compute, where the
-        ``linear`` and ``bias_gelu`` kernels are chosen as well. The MLP runs them in the graphs where its Linears
-        run the GEMM kernel (``use_gemm`` with ``linear_gemm``'s rows), its unfused kernels elsewhere. ``auto``
-        leaves them off (not measured faster than the unfused kernels yet), ``plain`` too: the unfused graph."""
-        if compute_dtype != ms.float32 or self.modes["gemm_epilogue"] == "auto" or \
+        ``linear`` and ``bias_gelu`` kernels are chosen as well (``bias``, ``form``: as ``bias_gelu``), and only for
+        ``plain_linears``: fc1 and fc2 both the base Linear (not LoRA's subclasses, whose update comes between the
+        GEMM and its epilogue, nor an int8 model's). The MLP runs them in the graphs where its Linears run the GEMM
+        kernel (``use_gemm`` with ``linear_gemm``'s rows), its unfused kernels elsewhere. ``auto`` leaves them off
+        (not measured faster than the unfused kernels yet), ``plain`` too: the unfused graph."""
+        if compute_dtype != ms.float32 or self.modes["gemm_epilogue"] == "auto" or not plain_linears or \
+                form is None or not bias or \
                 not all(self.uses(op) for op in ("gemm_epilogue", "linear", "bias_gelu")):
             return None
         from .linear import linear_epilogue_kernel  # pylint: disable=import-outside-toplevel
         return linear_epilogue_kernel(form, compute_dtype, precision=self.gemm_dtype or "float32")
 
     def lora_dropout(self, plain, compute_dtype):
-        """LoRA's input-dropout kernel for the counter dropout ``plain`` (0 < p < 1, float32), or None."""
-        if not self.uses("lora_dropout"):
+        """LoRA's input-dropout kernel for the counter dropout ``plain`` (0 < p < 1, float32), or None: also in a
+        parallel build, whose dropouts are MindSpore's (the kernel draws the counter dropout's masks)."""
+        if self.parallel or not self.uses("lora_dropout"):
             return None
         from .lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
         return lora_dropout_kernel(plain, compute_dtype)
@@ -290,8 +319,8 @@ class KernelProvider:
 
     def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False, bf16_weights=False):
         """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
-        cache written in place, one node a layer) for a layer of GPT-2's structure (the caller checks that:
-        ``model/gpt.py`` ``make_decode_layer``) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
+        cache written in place, one node a layer) for a layer of GPT-2's structure (``decode_layer_for`` checks that
+        from the layer's facts) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
         ("tanh" or "quick"), or None: the plain decode graph. Float32 and int8 models (``int8``: its Linears through
         the ``int8_linear`` kernel, so only where that op is chosen too) and a bf16 model's (``compute_dtype``
         bfloat16, a float32 graph with bf16 GEMMs here) where its Linears hold bfloat16 weights (``bf16_weights``,
@@ -333,6 +362,125 @@ class KernelProvider:
             return None
         from .linear_int8 import int8_linear_kernel  # pylint: disable=import-outside-toplevel
         return int8_linear_kernel(compute_dtype)
+
+    # --- what a layer, the train step or the runner asks once at build: the decision, eligibility included ----------
+    def plain_matmul(self):
+        """The plain x W^T of a Linear or the head (where the GEMM kernel does not run): ``BF16MatMul`` where the
+        GEMMs run in bfloat16 on a float32 graph (``gemm_dtype``), else ``ops.MatMul(transpose_b=True)`` (the
+        primitive a shard strategy attaches to)."""
+        return BF16MatMul() if self.gemm_dtype == "bfloat16" else ops.MatMul(transpose_b=True)
+
+    def flash_attention(self, asked, prefix=False):
+        """True where a model runs Ascend's FlashAttentionScore: ``asked`` (``use_flash_attention``), on Ascend, and
+        no prefix-tuning ``prefix`` (whose key rows the square-mask kernel does not take); else matmul + softmax."""
+        return bool(asked) and self.device_target == "Ascend" and not prefix
+
+    def fused_attention(self, scale, compute_dtype, softmax_dtype, dropout_rate=0.0, dropout=None,
+                        counter_dropout=True, prefix=False):
+        """The fused CPU attention kernel for a layer's attention without a KV cache (and a KV-cache prefill), or
+        None: the plain core. Not with a prefix-tuning ``prefix`` (the kernel is built for square masks; one warning
+        where it would run otherwise), not for ``dropout_rate`` outside [0, 1), and with attention dropout only with
+        the counter masks (``counter_dropout``; ``dropout``: the layer's ``CounterDropout``, whose tables and rule
+        go into the kernel). It computes in ``compute_dtype`` where the softmax is float32, else asks for the
+        softmax's dtype (``attention``: float32 only, one warning otherwise)."""
+        if prefix:
+            if self.uses("attention"):
+                _warn_once("gpt_local: pet_config prefix tuning uses the plain matmul + softmax attention, not the "
+                           "fused CPU attention kernel (kernels/attention.py) (built for square masks; the prefix "
+                           "adds key rows in front).")
+            return None
+        if not self.uses("attention") or not 0.0 <= dropout_rate < 1.0 or (dropout_rate > 0 and not counter_dropout):
+            return None
+        dtype = compute_dtype if softmax_dtype == ms.float32 else softmax_dtype
+        return self.attention(scale, dtype, dropout if dropout_rate > 0 else None)
+
+    def decode_layer_for(self, facts):
+        """The decode-layer kernel for one built decoder layer (``facts``: a ``DecodeLayerFacts``), or None: the
+        layer's plain decode graph. Only where the layer is exactly what the kernel computes: GPT-2's structure
+        (LayerNorm, biased Linears, learned positions, the sequential residual, MHA or GQA, the tanh or quick GeLU),
+        float32 norms and softmax, its Linears all base ones holding float32 weights, all holding bfloat16 ones (a
+        bf16 model built for inference) or all an int8 model's on the int8 kernel, and no LoRA, adapter, prefix or
+        LayerDrop; then as ``decode_layer`` decides for its precision."""
+        arch = facts.arch
+        fits = (facts.form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and
+                not arch.gated and not arch.parallel_residual and not facts.prefix and not facts.adapters and
+                not facts.layerdrop and facts.softmax_dtype == ms.float32 and facts.norm_dtype == ms.float32 and
+                facts.layer_norms and facts.norm_weights == ms.float32 and
+                facts.linears in ("float32", "bfloat16", "int8"))
+        if not fits:
+            return None
+        return self.decode_layer(facts.epsilon, facts.scale, facts.form, facts.compute_dtype,
+                                 int8=facts.linears == "int8", bf16_weights=facts.linears == "bfloat16")
+
+    def epilogue_residual(self, epilogue, hidden_dropout=0.0, adapter=False, layerdrop=False,
+                          parallel_residual=False):
+        """True where a block's MLP adds the block's residual inside fc2's GEMM epilogue: the MLP runs the
+        epilogues (``epilogue``: ``gemm_epilogue``'s Cell, or None) and nothing comes between its output and that
+        Add (no ``hidden_dropout``, ``adapter`` or ``layerdrop``; the sequential residual, not
+        ``parallel_residual``)."""
+        return epilogue is not None and not hidden_dropout and not adapter and not layerdrop and \
+            not parallel_residual
+
+    def fresh_prefill(self, fused_layers, prefix=False):
+        """True where a KV-cache prefill into empty rows runs as its own graph (``fresh_prefill``: causal attention
+        over the prompt's rows only, through the fused CPU kernel): every layer has that kernel (``fused_layers``)
+        and there is no prefix-tuning ``prefix`` (whose rows come before the prompt)."""
+        return bool(fused_layers) and not prefix
+
+    def greedy_steps(self, num_layers):
+        """How many greedy decode steps one compiled greedy graph unrolls (``runtime/runner.py`` ``GreedySteps``):
+        ``GREEDY_STEPS_BUDGET`` // layers, between 1 and ``GREEDY_STEPS_MAX``."""
+        return max(1, min(GREEDY_STEPS_MAX, GREEDY_STEPS_BUDGET // max(int(num_layers), 1)))
+
+    def adamw_update(self, param_dtypes):
+        """GPTLocalAdamW's per-parameter update: the AdamW kernel (``adamw``) where it runs, else MindSpore's
+        in-place ``AdamWeightDecay`` (the same formula and inputs)."""
+        kernel = self.adamw(param_dtypes)
+        return ops.AdamWeightDecay() if kernel is None else kernel
+
+    def grad_clip(self, sum_of_squares):
+        """True where gpt_local's clip (``mf/wrapper.py`` ``GPTLocalClipGradNorm``: the same norm from the square-sum
+        kernel ``sum_of_squares``, ``square_sum``'s, or from the two-stage reduction of ``composed_ops``) replaces
+        MindFormers' ClipGradNorm in the train step."""
+        return self.composed_ops() or sum_of_squares is not None
+
+    def isfinite_overflow(self):
+        """True where the train step decides overflow from the gradients being finite (CPU and GPU); False on
+        Ascend, whose float-status kernels MindFormers' own check reads."""
+        return self.device_target != "Ascend"
+
+
+def round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, kept float32: a Cast there and back."""
+    return ops.cast(ops.cast(x, ms.bfloat16), ms.float32)
+
+
+class BF16MatMul(nn.Cell):
+    """x W^T on a float32 graph with bfloat16 GEMM numerics (``KernelProvider.gemm_dtype`` bfloat16 where the GEMM
+    kernel is not used: ``cpu_kernels: plain`` or ``{linear: plain}``; ``KernelProvider.plain_matmul``): x and W
+    rounded to bfloat16, float32 MatMul; its backward rounds dy as well, dx = r(dy) r(W), dW = r(dy)^T r(x), as the
+    kernel's bf16 GEMMs compute them (``kernels/linear.py``, tested against this by value). Autodiff of the casts
+    alone would round dx and dW after an unrounded dy instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.dx_matmul = ops.MatMul()
+        self.dw_matmul = ops.MatMul(transpose_a=True)
+
+    def construct(self, x, weight):
+        return self.matmul(round_bf16(x), round_bf16(weight))
+
+    def bprop(self, x, weight, out, dout):
+        dy = round_bf16(dout)
+        return self.dx_matmul(dy, round_bf16(weight)), self.dw_matmul(dy, round_bf16(x))
+
+
+def _warn_once(message):
+    """``message`` as a Python warning, once per process."""
+    if message not in _TOLD:
+        _TOLD.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def _tell_once(line):

@@ -9,7 +9,6 @@ an ``isfinite`` reduction over the gradients (and their squared norms), all-redu
 data-parallel ranks. An overflowing step is skipped: weights and optimizer state stay as they were.
 """
 
-import mindspore as ms
 from mindspore.ops import functional as F
 
 from ..host_memory import release_freed_heap
@@ -21,22 +20,26 @@ from .symbols import (ClipGradNorm, MFTrainOneStepCell, MFPipelineWithLossScaleC
 
 class GPTLocalClipGradNorm(ClipGradNorm):
     """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums: ``sum_of_squares`` (the CPU
-    kernel, ``kernels/train_step.py``), else the two-stage reduction (``training/grad_checks.py``)."""
+    kernel, ``kernels/train_step.py``), else the two-stage reduction (``training/grad_checks.py``); which one is
+    picked here (``square_sums``)."""
 
     def __init__(self, max_norm=1.0, sum_of_squares=None):
         super().__init__(max_norm=max_norm)
         self.sum_of_squares = sum_of_squares
+        self.square_sums = self._two_stage_sums if sum_of_squares is None else self._kernel_sums
 
     def construct(self, x):
-        if self.sum_of_squares is None:
-            sums = self.hyper_map(square_sum, x)
-        else:
-            sums = self.hyper_map(F.partial(kernel_square_sum, self.sum_of_squares), x)
-        global_norm = F.sqrt(F.addn(sums))
+        global_norm = F.sqrt(F.addn(self.square_sums(x)))
         cond = self.greater_equal(global_norm, self.clip_norm)
         global_norm_clip = F.select(cond, global_norm, self.clip_norm)
         clip_x = self.hyper_map(F.partial(apply_global_norm, self.clip_norm, global_norm_clip), x)
         return clip_x, global_norm
+
+    def _two_stage_sums(self, x):
+        return self.hyper_map(square_sum, x)
+
+    def _kernel_sums(self, x):
+        return self.hyper_map(F.partial(kernel_square_sum, self.sum_of_squares), x)
 
 
 class TrimAfterCompileMixin:
@@ -54,31 +57,46 @@ class TrimAfterCompileMixin:
 class IsFiniteOverflowMixin:
     """Overflow = some gradient is not finite; used on CPU and GPU. The gradients' sums of squares (the overflow
     check's and the clip's) and a ``GPTLocalAdamW``'s update run the model's CPU kernels where its provider gives
-    them."""
+    them. The model's provider decides each (``provider_of``: ``isfinite_overflow``, ``square_sum``, ``grad_clip``,
+    ``adamw_update``), once here; the overflow check's form is bound here too (``overflow_status``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.use_isfinite_check = ms.get_context("device_target") != "Ascend"
         provider = provider_of(self.network)
+        self.use_isfinite_check = provider.isfinite_overflow()
         # the gradients' sums of squares (overflow check, clip norm): the model's CPU kernel, else None (plain ops)
         self.sum_of_squares = provider.square_sum()
-        if getattr(self, "use_clip_grad", False) and (provider.composed_ops() or self.sum_of_squares is not None):
+        if getattr(self, "use_clip_grad", False) and provider.grad_clip(self.sum_of_squares):
             self.clip_grad_norm = GPTLocalClipGradNorm(max_norm=float(self.clip_grad_norm.clip_norm.asnumpy()[0]),
                                                        sum_of_squares=self.sum_of_squares)
         if hasattr(self.optimizer, "use_kernels"):  # GPTLocalAdamW: the model's AdamW kernel where it has one
             self.optimizer.use_kernels(provider)
+        if not self.use_isfinite_check:
+            self.overflow_status = self._float_status_overflow
+        else:
+            self.overflow_status = self._isfinite_overflow if self.sum_of_squares is None else self._kernel_overflow
+        self.across_ranks = self._all_reduce if getattr(self, "is_distributed", False) else self._one_rank
 
     def get_overflow_status(self, status, compute_output):
-        if not self.use_isfinite_check:
-            return super().get_overflow_status(status, compute_output)
-        if self.sum_of_squares is None:
-            return self._get_distributed_overflow_status_on_infnan_mode(non_finite, compute_output)
+        return self.overflow_status(status, compute_output)
+
+    def _float_status_overflow(self, status, compute_output):
+        return super().get_overflow_status(status, compute_output)
+
+    def _isfinite_overflow(self, status, compute_output):  # pylint: disable=unused-argument
+        return self._get_distributed_overflow_status_on_infnan_mode(non_finite, compute_output)
+
+    def _kernel_overflow(self, status, compute_output):  # pylint: disable=unused-argument
         # as MindSpore's _get_distributed_overflow_status_on_infnan_mode, which cannot take a partial function
         flag_sum = F.reshape(F.addn(self.hyper_map(F.partial(kernel_non_finite, self.sum_of_squares),
                                                    compute_output)), ())
-        if self.is_distributed:
-            flag_sum = self.allreduce(flag_sum)
-        return self.less_equal(self.base, flag_sum)
+        return self.less_equal(self.base, self.across_ranks(flag_sum))
+
+    def _all_reduce(self, flag_sum):
+        return self.allreduce(flag_sum)
+
+    def _one_rank(self, flag_sum):
+        return flag_sum
 
 
 @MindFormerRegister.register(MindFormerModuleType.WRAPPER)

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .dropout import dropout_site, make_dropout
-from .layers import Linear, kernel_provider, residual_init_std, to_mstype
+from .layers import Linear, residual_init_std, to_mstype
 from ..peft.prefix_cells import PrefixConcat, prefix_rows
 
 MASK_VALUE = -1.0e9
@@ -60,8 +60,8 @@ class ParallelAttention(nn.Cell):
     """Causal multi-head self-attention of one layer: the fused QKV projection, the heads (rotary with rope),
     one attention core, the output projection.
 
-    The core is chosen once here, from the model's ``KernelProvider`` (``kernels``) and the config, never inside
-    ``construct``; each core takes query [B, N, S, D], key and value [B, G, L, D] and returns the context
+    The core is chosen once here, from the model's ``KernelProvider`` (``kernels``, required) and the config, never
+    inside ``construct``; each core takes query [B, N, S, D], key and value [B, G, L, D] and returns the context
     [B, S, N * D]:
 
     - ``MatmulSoftmaxAttention`` (``self.plain``): scores, softmax, dropout, context; always built: it is the
@@ -75,16 +75,17 @@ class ParallelAttention(nn.Cell):
 
     ``self.core`` is the one the forward without a KV cache runs; with a KV cache (call arguments ``key_cache`` ...)
     ``self.cache`` writes the new keys and values in place and reads them (``KVCacheAttention``; a prefill into
-    empty rows runs the fused kernel over the prompt where it is built, ``KVCacheFusedPrefill``).
+    empty rows runs the fused kernel over the prompt where it is built, ``KVCacheFusedPrefill``). How the fused QKV
+    output splits into heads (``split_heads``: one key/value head per query head, or groups) and whether rope turns
+    them (``rotate``: not at all, every channel, the first ``rotary_dim``) are picked here too.
     ``layer_number`` counts from 1; it picks the dropout site and matters for GPT-2's optional
     ``scale_attn_by_inverse_layer_idx``. A parallel build lets the ``shard`` strategies split the full Cell; the
     CPU proofs of tensor parallel build one rank's part in the tests (tests/references.py ``rank_block``).
     """
 
-    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None,
-                 kernels=None):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None, *,
+                 kernels):
         super().__init__()
-        kernels = kernels or kernel_provider(config)
         arch = config.arch
         linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
         params_dtype = to_mstype(config.params_dtype)
@@ -123,6 +124,11 @@ class ParallelAttention(nn.Cell):
             self.cache = KVCacheFusedPrefill(self.plain, write, self.prefix_concat, self.core)
         else:
             self.cache = KVCacheAttention(self.plain, write, self.prefix_concat)
+        self.split_heads = self._split_heads if self.group_size == 1 else self._split_groups
+        if not self.rotary_dim:
+            self.rotate = self._no_rotation
+        else:
+            self.rotate = self._rotate_all if self.rotary_dim == self.head_dim else self._rotate_part
 
     def fused_prefill(self):
         """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU kernel
@@ -131,17 +137,15 @@ class ParallelAttention(nn.Cell):
 
     def _choose_core(self, config, use_flash_attention, counter_dropout, kernels, scale, dropout):
         """The core of the forward without a KV cache (see the class): flash on Ascend when asked for, else
-        blockwise when ``attention_block_size`` > 0, else the fused CPU kernel where it can run, else the plain
-        one. Prefix tuning keeps the plain core (the others are built for square masks)."""
-        if self.prefix_concat is not None:
-            if use_flash_attention or config.attention_block_size:
-                _plain_for_prefix("use_flash_attention / attention_block_size")
-            if kernels.uses("attention"):
-                _plain_for_prefix("the fused CPU attention kernel (kernels/attention.py)")
-            return self.plain
-        if use_flash_attention:
+        blockwise when ``attention_block_size`` > 0, else the fused CPU kernel where the provider gives it
+        (``KernelProvider.fused_attention``), else the plain one. Prefix tuning keeps the plain core (the others are
+        built for square masks)."""
+        prefix = self.prefix_concat is not None
+        if prefix and (use_flash_attention or config.attention_block_size):
+            _plain_for_prefix("use_flash_attention / attention_block_size")
+        elif use_flash_attention:
             return FlashCore(self.num_heads, self.group_size, scale, config.attention_dropout, self.plain.merge_heads)
-        if config.attention_block_size:
+        elif config.attention_block_size:
             if is_parallel_build():
                 raise ConfigError("model_config.attention_block_size is for stand-alone and data-parallel "
                                   "builds (parallel.parallel_mode 0); under semi_auto/auto parallel set it to 0 "
@@ -152,17 +156,11 @@ class ParallelAttention(nn.Cell):
                                   "attention_dropout to 0 or attention_block_size to 0.")
             return BlockwiseCore(self.group_size, config.attention_block_size, scale, self.plain.softmax_dtype,
                                  self.plain.compute_dtype, dropout if config.attention_dropout > 0 else None)
-        if not kernels.uses("attention") or not 0.0 <= config.attention_dropout < 1.0:
+        kernel = kernels.fused_attention(scale, self.plain.compute_dtype, self.plain.softmax_dtype,
+                                         config.attention_dropout, dropout, counter_dropout, prefix)
+        if kernel is None:  # prefix tuning, not float32, no compiler (one warning): the plain core
             return self.plain
-        with_dropout = config.attention_dropout > 0
-        if with_dropout and not counter_dropout:
-            return self.plain
-        softmax_dtype = self.plain.softmax_dtype
-        dtype = self.plain.compute_dtype if softmax_dtype == ms.float32 else softmax_dtype
-        kernel = kernels.attention(scale, dtype, dropout if with_dropout else None)
-        if kernel is None:  # not float32, no compiler (one warning): the plain core
-            return self.plain
-        return FusedCPUAttention(kernel, dropout if with_dropout else None)
+        return FusedCPUAttention(kernel, dropout if config.attention_dropout > 0 else None)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -197,29 +195,35 @@ class ParallelAttention(nn.Cell):
 
     def _heads(self, qkv, rotary):
         """[B, S, G, group + 2, D] -> query [B, N, S, D], key and value [B, G, S, D], rotary applied."""
-        if self.group_size == 1:
-            qkv = self.transpose(qkv, (3, 0, 2, 1, 4))  # [3, B, N, S, D]
-            query, key, value = self.split_qkv(qkv)
-        else:
-            batch, seq = qkv.shape[0], qkv.shape[1]
-            query, key, value = ops.split(qkv, [self.group_size, 1, 1], axis=3)
-            query = ops.transpose(ops.reshape(query, (batch, seq, self.num_heads, self.head_dim)), (0, 2, 1, 3))
-            key = ops.transpose(ops.reshape(key, (batch, seq, self.num_groups, self.head_dim)), (0, 2, 1, 3))
-            value = ops.transpose(ops.reshape(value, (batch, seq, self.num_groups, self.head_dim)), (0, 2, 1, 3))
-        if self.rotary_dim:
-            query, key = self._rotate(query, rotary), self._rotate(key, rotary)
+        query, key, value = self.split_heads(qkv)
+        return self.rotate(query, rotary), self.rotate(key, rotary), value
+
+    def _split_heads(self, qkv):
+        """One key/value head per query head: [B, S, N, 3, D] -> [3, B, N, S, D] -> query, key, value."""
+        return self.split_qkv(self.transpose(qkv, (3, 0, 2, 1, 4)))
+
+    def _split_groups(self, qkv):
+        """Grouped-query attention: each group's query heads, then its key and value head."""
+        batch, seq = qkv.shape[0], qkv.shape[1]
+        query, key, value = ops.split(qkv, [self.group_size, 1, 1], axis=3)
+        query = ops.transpose(ops.reshape(query, (batch, seq, self.num_heads, self.head_dim)), (0, 2, 1, 3))
+        key = ops.transpose(ops.reshape(key, (batch, seq, self.num_groups, self.head_dim)), (0, 2, 1, 3))
+        value = ops.transpose(ops.reshape(value, (batch, seq, self.num_groups, self.head_dim)), (0, 2, 1, 3))
         return query, key, value
 
-    def _rotate(self, x, rotary):
-        """Rotary embedding on the first rotary_dim channels of x [B, heads, S, D] (HF's rotate_half)."""
+    def _no_rotation(self, x, rotary):  # pylint: disable=unused-argument
+        return x
+
+    def _rotate_all(self, x, rotary):
+        """Rotary embedding on every channel of x [B, heads, S, D] (HF's rotate_half), rotary_dim = head_dim."""
         cos, sin = self.cast(rotary[0], x.dtype), self.cast(rotary[1], x.dtype)
         half = self.rotary_dim // 2
-        turned = x if self.rotary_dim == self.head_dim else x[..., :self.rotary_dim]
-        rotated = ops.concat((-turned[..., half:], turned[..., :half]), -1)
-        turned = turned * cos + rotated * sin
-        if self.rotary_dim == self.head_dim:
-            return turned
-        return ops.concat((turned, x[..., self.rotary_dim:]), -1)
+        rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
+        return x * cos + rotated * sin
+
+    def _rotate_part(self, x, rotary):
+        """Rotary embedding on the first rotary_dim channels of x [B, heads, S, D], the rest as they are."""
+        return ops.concat((self._rotate_all(x[..., :self.rotary_dim], rotary), x[..., self.rotary_dim:]), -1)
 
 
 def repeat_groups(x, group_size):
@@ -231,17 +235,35 @@ def repeat_groups(x, group_size):
     return ops.reshape(x, (batch, groups * group_size, length, dim))
 
 
-class MatmulSoftmaxAttention(nn.Cell):
+class KeyValueHeads:
+    """A core's key and value [B, G, L, D] as its product takes them (``key_value_heads``, bound at build): as they
+    are where every query head has its own (``group_size`` 1), else each repeated over its group
+    (``repeat_groups``)."""
+
+    def _bind_key_value_heads(self, group_size):
+        self.group_size = group_size
+        self.key_value_heads = self._own_key_value_heads if group_size == 1 else self._repeated_key_value_heads
+
+    def _own_key_value_heads(self, key, value):
+        return key, value
+
+    def _repeated_key_value_heads(self, key, value):
+        return repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+
+
+class MatmulSoftmaxAttention(KeyValueHeads, nn.Cell):
     """The plain core: softmax(q k^T * scale + bias) v per head, the scores in ``softmax_dtype``, the dropout on
     the probabilities. query [B, N, S, D], key/value [B, G, L, D] -> context [B, S, N * D]."""
 
     def __init__(self, group_size, scale, softmax_dtype, compute_dtype, dropout, broadcast_mask):
         super().__init__()
-        self.group_size = group_size
+        self._bind_key_value_heads(group_size)
         self.scale = scale
         self.softmax_dtype = softmax_dtype
         self.compute_dtype = compute_dtype
         self.broadcast_mask = broadcast_mask
+        # the mask broadcast to the scores' shape before the Add (KernelProvider.composed_ops), or as it is
+        self.add_bias = self._broadcast_and_add if broadcast_mask else self._add
         self.qk_matmul = ops.BatchMatMul(transpose_b=True)
         self.scale_mul = ops.Mul()
         self.add_mask = ops.Add()
@@ -253,14 +275,19 @@ class MatmulSoftmaxAttention(nn.Cell):
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        key, value = self.key_value_heads(key, value)
         scores = self.qk_matmul(query, key)
         scores = self.scale_mul(self.cast(scores, self.softmax_dtype), self.scale)
         bias = self.cast(attention_bias, self.softmax_dtype)
-        scores = self.add_mask(scores, ops.broadcast_to(bias, scores.shape) if self.broadcast_mask else bias)
-        probs = self.softmax(scores)
+        probs = self.softmax(self.add_bias(scores, bias))
         probs = self.attention_dropout(self.cast(probs, self.compute_dtype), dropout_step)
         return merge_context(self.merge_heads, self.pv_matmul(probs, value))
+
+    def _add(self, scores, bias):
+        return self.add_mask(scores, bias)
+
+    def _broadcast_and_add(self, scores, bias):
+        return self.add_mask(scores, ops.broadcast_to(bias, scores.shape))
 
 
 def merge_context(transpose, context):
@@ -280,46 +307,54 @@ class FusedCPUAttention(nn.Cell):
         self.attention_dropout = dropout
         self.merge_heads = ops.Transpose()
         self.cast = ops.Cast()
+        self.offsets = self._no_offsets if dropout is None else self._dropout_offsets
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        context = self.kernel(query, key, value, self.cast(attention_bias, ms.float32), self._offsets(dropout_step))
+        context = self.kernel(query, key, value, self.cast(attention_bias, ms.float32), self.offsets(dropout_step))
         return merge_context(self.merge_heads, context)
 
-    def _offsets(self, dropout_step):
-        """The counter dropout's table offsets of this step, or None (no dropout now)."""
-        if self.attention_dropout is None or not self.attention_dropout.training or dropout_step is None:
+    def _no_offsets(self, dropout_step):  # pylint: disable=unused-argument
+        return None
+
+    def _dropout_offsets(self, dropout_step):
+        """The counter dropout's table offsets of this step, or None (no dropout now: not training, no step)."""
+        if not self.training or dropout_step is None:
             return None
         return self.attention_dropout.offsets(dropout_step)
 
 
-class BlockwiseCore(nn.Cell):
+class BlockwiseCore(KeyValueHeads, nn.Cell):
     """``BlockwiseAttention`` (``blockwise_attention.py``): query blocks of ``block_size``, no [B, N, S, S] tensor
     kept for the backward; the dropout keep mask [B, N, S, S] is the one the plain core would draw."""
 
     def __init__(self, group_size, block_size, scale, softmax_dtype, compute_dtype, dropout=None):
         super().__init__()
-        self.group_size = group_size
+        self._bind_key_value_heads(group_size)
         self.blockwise = BlockwiseAttention(block_size, scale, softmax_dtype, compute_dtype,
                                             1.0 if dropout is None else dropout.scale)
         self.attention_dropout = dropout
         self.no_keep = Tensor(np.ones((1,), np.bool_))  # "no dropout" for BlockwiseAttention
         self.merge_heads = ops.Transpose()
+        self.keep_mask = self._keep_all if dropout is None else self._dropout_keep
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
-        context = self.blockwise(query, key, value, attention_bias, self._keep_mask(query, dropout_step))
+        key, value = self.key_value_heads(key, value)
+        context = self.blockwise(query, key, value, attention_bias, self.keep_mask(query, dropout_step))
         return merge_context(self.merge_heads, context)
 
-    def _keep_mask(self, query, dropout_step):
-        if self.attention_dropout is None or not self.attention_dropout.training or dropout_step is None:
+    def _keep_all(self, query, dropout_step):  # pylint: disable=unused-argument
+        return self.no_keep
+
+    def _dropout_keep(self, query, dropout_step):
+        if not self.training or dropout_step is None:
             return self.no_keep
         batch, heads, seq, _ = query.shape
         return self.attention_dropout.keep_shape((batch, heads, seq, seq), dropout_step)
 
 
-class FlashCore(nn.Cell):
+class FlashCore(KeyValueHeads, nn.Cell):
     """Ascend's FlashAttentionScore (BNSD, the uint8 mask); with ``seq_ends`` (packed rows) the variable-length
     form, as MindFormers' mcore FlashAttention runs it: tokens flattened to [B*S, N, D], cumulative document ends
     for q and kv, sparse_mode 3 (causal inside each document, the compressed 2048 x 2048 mask). Ascend only,
@@ -327,7 +362,7 @@ class FlashCore(nn.Cell):
 
     def __init__(self, heads, group_size, scale, attention_dropout, merge_heads):
         super().__init__()
-        self.group_size = group_size
+        self._bind_key_value_heads(group_size)
         self.flash_attention = ops.operations.nn_ops.FlashAttentionScore(
             head_num=heads, keep_prob=1.0 - attention_dropout, scale_value=scale, input_layout="BNSD", sparse_mode=0)
         self.flash_attention_varlen = ops.operations.nn_ops.FlashAttentionScore(
@@ -337,7 +372,7 @@ class FlashCore(nn.Cell):
 
     # pylint: disable-next=unused-argument
     def construct(self, query, key, value, attention_bias, dropout_step=None, seq_ends=None):
-        key, value = repeat_groups(key, self.group_size), repeat_groups(value, self.group_size)
+        key, value = self.key_value_heads(key, value)
         if seq_ends is None:
             context = self.flash_attention(query, key, value, None, None, None, attention_bias, None)[3]
             return merge_context(self.merge_heads, context)

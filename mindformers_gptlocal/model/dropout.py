@@ -50,8 +50,10 @@ def tables(seed, p):
 class CounterDropout(nn.Cell):
     """Inverted dropout with probability ``p`` at dropout site ``site`` (a number unique in the model).
 
-    ``construct(x, step)``: ``step`` an int32 scalar tensor; identity when not training, when ``p`` is 0 or
-    when ``step`` is None (decided when the graph is compiled, not on tensor values)."""
+    ``construct(x, step)``: ``step`` an int32 scalar tensor; identity when not training or when ``step`` is None
+    (decided when the graph is compiled, not on tensor values), and for ``p`` 0. What the training forward does is
+    picked here from ``p`` (``drop``: nothing, zeros for ``p`` >= 1, the counter mask), and which of the two table
+    bits' relations keeps an element (``kept``), never in ``construct``."""
 
     def __init__(self, p, site, seed=0):
         super().__init__()
@@ -64,13 +66,28 @@ class CounterDropout(nn.Cell):
         self.range2 = Tensor(np.arange(TABLE_SIZES[1], dtype=np.int32))
         self.gather1, self.gather2 = ops.Gather(), ops.Gather()
         self.scale = 1.0 / (1.0 - self.p) if self.p < 1.0 else 0.0
+        self.drop = self._keep_all if self.p == 0.0 else (self._drop_all if self.p >= 1.0 else self._drop_masked)
+        self.kept = self._differ if self.keep_when_differ else self._same
 
     def construct(self, x, step=None):
-        if not self.training or self.p == 0.0 or step is None:
+        if not self.training or step is None:
             return x
-        if self.p >= 1.0:
-            return x * 0.0
+        return self.drop(x, step)
+
+    def _keep_all(self, x, step):  # pylint: disable=unused-argument
+        return x
+
+    def _drop_all(self, x, step):  # pylint: disable=unused-argument
+        return x * 0.0
+
+    def _drop_masked(self, x, step):
         return x * ops.cast(self.keep(x, step), x.dtype) * self.scale
+
+    def _differ(self, differ):
+        return differ
+
+    def _same(self, differ):
+        return ops.logical_not(differ)
 
     def keep(self, x, step):
         """bool [x.shape]: which elements stay."""
@@ -101,9 +118,7 @@ class CounterDropout(nn.Cell):
             size *= dim
         bits1 = ops.tile(rolled1, ((size + p1 - 1) // p1,))[:size]
         bits2 = ops.tile(rolled2, ((size + p2 - 1) // p2,))[:size]
-        differ = ops.not_equal(bits1, bits2)
-        keep = differ if self.keep_when_differ else ops.logical_not(differ)
-        return ops.reshape(keep, shape)
+        return ops.reshape(self.kept(ops.not_equal(bits1, bits2)), shape)
 
 
 class KernelDropout(nn.Dropout):
@@ -121,9 +136,7 @@ class LayerDrop(CounterDropout):
     LayerDrop has none either): at eval and in generation every layer runs. A skipped layer is still computed;
     its update is multiplied by 0 (no Python control flow on tensor values in ``construct``)."""
 
-    def construct(self, x, step=None):
-        if not self.training or self.p == 0.0 or step is None:
-            return x
+    def _drop_masked(self, x, step):
         return x * ops.cast(self.keep_shape((1,), step), x.dtype)
 
 
@@ -144,15 +157,21 @@ def make_layerdrop(config, layer_number, counter):
     return LayerDrop(p, LAYERDROP_SITE + layer_number, config.dropout_seed)
 
 
+def counter_dropout_build():
+    """True where this build may draw counter-based masks: stand-alone or data parallel (``parallel_mode`` 0), where
+    every rank holds whole tensors. Under semi-auto/auto parallel their index arithmetic would need shard
+    strategies, and the counter would be shared across pipeline stages; there MindSpore's own Dropout is kept (its
+    masks do not resume)."""
+    return not is_parallel_build()
+
+
 def counter_dropout_enabled(config):
-    """Counter-based dropout when some dropout (or LayerDrop) is on and the build is stand-alone or data
-    parallel (``parallel_mode`` 0): every rank then holds whole tensors. Under semi-auto/auto parallel its index
-    arithmetic would need shard strategies, and its counter would be shared across pipeline stages; there
-    MindSpore's own Dropout is kept (its masks do not resume)."""
+    """Counter-based dropout when some dropout (or LayerDrop) is on and the build allows it
+    (``counter_dropout_build``)."""
     spec = config.pet_spec()  # LoRA's lora_dropout, the prefix's dropout (peft/)
     rates = (config.hidden_dropout, config.attention_dropout, config.embedding_dropout, config.layerdrop,
              0.0 if spec is None else spec.dropout_rate)
-    return any(rate > 0 for rate in rates) and not is_parallel_build()
+    return any(rate > 0 for rate in rates) and counter_dropout_build()
 
 
 # Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1);

@@ -31,7 +31,8 @@ from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
 from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter, kernel_provider, make_norm,
-                     plain_matmul, residual_init_std, to_mstype, use_gemm)
+                     residual_init_std, to_mstype, use_gemm)
+from ..kernels.provider import DecodeLayerFacts, dtype_name
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -39,11 +40,11 @@ from .params import DROPOUT_STEP, HEAD_TABLE
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
-def use_flash_attention(config):
+def use_flash_attention(config, kernels):
     """Ascend's fused kernel when asked for and on Ascend; matmul + softmax everywhere else (and with a
-    prefix-tuning prefix, whose key rows the square-mask kernel does not take)."""
-    return bool(config.use_flash_attention) and ms.get_context("device_target") == "Ascend" and \
-        config.prefix_spec() is None
+    prefix-tuning prefix, whose key rows the square-mask kernel does not take): the model's provider ``kernels``
+    decides (``KernelProvider.flash_attention``)."""
+    return kernels.flash_attention(config.use_flash_attention, config.prefix_spec() is not None)
 
 
 def missing_weights(model_dir):
@@ -59,7 +60,8 @@ def missing_weights(model_dir):
 
 class GPTLocalEmbedding(nn.Cell):
     """Token embeddings + learned absolute position embeddings (none with rope: positions turn q and k instead),
-    then dropout."""
+    then dropout. The token lookup (``words``: a float table, or an int8 one times its scales) and whether positions
+    are added (``add_positions``) are picked here, never in ``construct``."""
 
     def __init__(self, config, counter_dropout=False):
         super().__init__()
@@ -81,19 +83,25 @@ class GPTLocalEmbedding(nn.Cell):
         self.gather = ops.Gather()
         self.dropout = make_dropout(config.embedding_dropout, dropout_site(), config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
-
-    def words(self, input_ids):
-        """The token rows (an int8 table's times their scales)."""
-        if self.int8:
-            return int8_lookup(self.gather, self.word_embeddings, self.word_embeddings_scale, input_ids)
-        return self.gather(self.word_embeddings, input_ids, 0)
+        self.words = self._int8_words if self.int8 else self._table_words  # input_ids -> the token rows
+        self.add_positions = self._learned_positions if self.learned_positions else self._no_positions
 
     def construct(self, input_ids, position_ids, dropout_step=None):
-        words = self.words(input_ids)
-        if not self.learned_positions:
-            return self.dropout(ops.cast(words, self.compute_dtype), dropout_step)
-        positions = self.position_gather(self.position_embeddings, position_ids, 0)
-        return self.dropout(ops.cast(words + positions, self.compute_dtype), dropout_step)
+        hidden = self.add_positions(self.words(input_ids), position_ids)
+        return self.dropout(ops.cast(hidden, self.compute_dtype), dropout_step)
+
+    def _table_words(self, input_ids):
+        return self.gather(self.word_embeddings, input_ids, 0)
+
+    def _int8_words(self, input_ids):
+        """An int8 table's rows times their scales."""
+        return int8_lookup(self.gather, self.word_embeddings, self.word_embeddings_scale, input_ids)
+
+    def _learned_positions(self, words, position_ids):
+        return words + self.position_gather(self.position_embeddings, position_ids, 0)
+
+    def _no_positions(self, words, position_ids):  # pylint: disable=unused-argument
+        return words
 
 
 # The MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with ``gated_linear_unit`` (SwiGLU,
@@ -102,24 +110,27 @@ class GPTLocalEmbedding(nn.Cell):
 # (``kernels/norm_gelu.py``) or silu(gate) * up (``kernels/rms_swiglu.py``), or with the bias + GeLU kernel the GEMM
 # epilogues (``kernels/linear.py`` CPULinearEpilogue: fc1's GEMM with the bias + GeLU, fc2's with the block's
 # residual) in the graphs where the Linears run the GEMM kernel.
-def make_mlp(config, layer_spec=None, kernels=None):
+def make_mlp(config, layer_spec=None, *, kernels):
     """The MLP of one block: ``ParallelFeedForward`` (plain, not gated), ``GatedFeedForward``, or their kernel forms
     ``BiasGeLUFeedForward`` (biased fc1, tanh or quick GeLU; ``EpilogueFeedForward`` where ``kernels`` gives the
-    GEMM epilogues too) and ``SwiGLUFeedForward`` where ``kernels`` gives the kernel (CPU, float32, one rank)."""
-    kernels = kernels or kernel_provider(config)
+    GEMM epilogues too) and ``SwiGLUFeedForward`` where ``kernels`` (the model's ``KernelProvider``) gives the
+    kernel: the class is what the provider answered."""
     compute_dtype = to_mstype(config.compute_dtype)
-    if config.arch.gated:
+    arch = config.arch
+    if arch.gated:
         kernel = kernels.swiglu(compute_dtype)
         cls = GatedFeedForward if kernel is None else SwiGLUFeedForward
-        return cls(config, layer_spec, kernels, kernel)
+        return cls(config, layer_spec, kernel, kernels=kernels)
     form = gelu_form(config.hidden_act)
-    kernel = kernels.bias_gelu(form, compute_dtype) if config.arch.bias and form is not None else None
+    kernel = kernels.bias_gelu(form, compute_dtype, bias=arch.bias)
     if kernel is None:
-        return ParallelFeedForward(config, layer_spec, kernels, kernel)
-    epilogue = kernels.gemm_epilogue(form, compute_dtype)
+        return ParallelFeedForward(config, layer_spec, kernels=kernels)
+    linear = (layer_spec or {}).get  # the Linear classes fc1 and fc2 get: the epilogues take the base one only
+    epilogue = kernels.gemm_epilogue(form, compute_dtype, bias=arch.bias, plain_linears=all(
+        linear(path, Linear) is Linear for path in ("mlp.linear_fc1", "mlp.linear_fc2")))
     if epilogue is None:
-        return BiasGeLUFeedForward(config, layer_spec, kernels, kernel)
-    return EpilogueFeedForward(config, layer_spec, kernels, kernel, epilogue)
+        return BiasGeLUFeedForward(config, layer_spec, kernel, kernels=kernels)
+    return EpilogueFeedForward(config, layer_spec, kernel, epilogue, kernels=kernels)
 
 
 def gelu_form(hidden_act):
@@ -131,19 +142,21 @@ def gelu_form(hidden_act):
 class ParallelFeedForward(nn.Cell):
     """hidden -> intermediate -> hidden (biases with ``add_bias_linear``); fc1 (and the gate) column-parallel,
     fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``). This class's forward is the plain,
-    not gated one; ``kernel``: the CPU kernel of the subclass that runs it (``make_mlp``), else None."""
+    not gated one; ``kernel``: the CPU kernel of the subclass that runs it (``make_mlp``), else None; ``kernels``:
+    the model's ``KernelProvider`` (required)."""
 
-    def __init__(self, config, layer_spec=None, kernels=None, kernel=None):
+    def __init__(self, config, layer_spec=None, kernel=None, *, kernels):
         super().__init__()
-        kernels = kernels or kernel_provider(config)
         arch = config.arch
         linear = (layer_spec or {}).get  # the layer spec's Linear class per path (layer_spec.py), else Linear
         params_dtype = to_mstype(config.params_dtype)
         compute_dtype = to_mstype(config.compute_dtype)
         local = arch.inter
         bias = arch.bias
+        # fc1 returns x W^T where the bias + GeLU kernel adds the bias (fc1's own Parameter)
         self.linear_fc1 = linear("mlp.linear_fc1", Linear)(config.hidden_size, local, config.initializer_range,
                                                            params_dtype, compute_dtype, has_bias=bias,
+                                                           skip_bias_add=kernel is not None and not arch.gated,
                                                            kernels=kernels)
         if arch.gated:  # SwiGLU: fc1 is the "up" projection, linear_gate the one through silu
             self.linear_gate = linear("mlp.linear_gate", Linear)(config.hidden_size, local, config.initializer_range,
@@ -158,8 +171,6 @@ class ParallelFeedForward(nn.Cell):
                                                            kernels=kernels)
         self.swiglu = kernel if arch.gated else None  # silu(gate) * up, or None
         self.bias_gelu = None if arch.gated else kernel  # fc1's bias + GeLU, or None
-        if self.bias_gelu is not None:  # fc1 returns x W^T; the kernel adds the bias (fc1's own Parameter)
-            self.linear_fc1.skip_bias_add = True
 
     def construct(self, hidden, dropout_step=None):
         """``dropout_step``: the model's forward counter, for LoRA's input dropout on the Linears (``lora.py``)."""
@@ -175,25 +186,22 @@ class BiasGeLUFeedForward(ParallelFeedForward):
 
 
 class EpilogueFeedForward(BiasGeLUFeedForward):
-    """``BiasGeLUFeedForward`` with the GEMM epilogues (``cpu_kernels.gemm_epilogue``): in the graphs where its
-    Linears run the GEMM kernel (``use_gemm``: their static rows and the train flag, fixed at compile time) fc1 +
-    bias + GeLU is one node, and fc2 + bias one more, with the block's residual added in it when the block hands
-    it over (``residual``, ``GPTLocalBlock.mlp_residual``); in the other graphs, where fc1 or fc2 is not the
-    plain Linear (LoRA...) and where fc2 leaves its bias to the caller (a tensor-parallel rank's part in the CPU
-    proofs), ``BiasGeLUFeedForward``'s forward, then the residual's Add."""
+    """``BiasGeLUFeedForward`` with the GEMM epilogues (``cpu_kernels.gemm_epilogue``; built where the provider gives
+    them: fc1 and fc2 the plain Linear, with their biases): in the graphs where its Linears run the GEMM kernel
+    (``use_gemm``: their static rows and the train flag, fixed at compile time) fc1 + bias + GeLU is one node, and
+    fc2 + bias one more, with the block's residual added in it when the block hands it over (``residual``,
+    ``GPTLocalBlock.mlp_residual``); in the other graphs ``BiasGeLUFeedForward``'s forward, then the residual's
+    Add."""
 
-    def __init__(self, config, layer_spec=None, kernels=None, kernel=None, epilogue=None):
-        super().__init__(config, layer_spec, kernels, kernel)
-        # the plain Linear only (not LoRA's subclasses, whose update comes between the GEMM and its epilogue)
-        fits = all(type(linear) is Linear for linear in (self.linear_fc1, self.linear_fc2))
-        self.epilogue = epilogue if fits else None
+    def __init__(self, config, layer_spec=None, kernel=None, epilogue=None, *, kernels):
+        super().__init__(config, layer_spec, kernel, kernels=kernels)
+        self.epilogue = epilogue
         self.add = ops.Add()
 
     def construct(self, hidden, dropout_step=None, residual=None):
         """``residual``: None, or the block's hidden [..., H], returned plus the MLP's output."""
         fc1, fc2 = self.linear_fc1, self.linear_fc2
-        if self.epilogue is None or fc2.skip_bias_add or \
-                not use_gemm(fc1.gemm_rule, self.training, math.prod(hidden.shape[:-1])):
+        if not use_gemm(fc1.gemm_rule, self.training, math.prod(hidden.shape[:-1])):
             y = fc1(hidden, dropout_step)
             y = fc2(self.bias_gelu(y, ops.cast(fc1.bias, y.dtype)), dropout_step)
             return y if residual is None else self.add(residual, ops.cast(y, residual.dtype))
@@ -224,30 +232,30 @@ class SwiGLUFeedForward(ParallelFeedForward):
 
 
 def make_decode_layer(config, block, kernels):
-    """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``, from the model's
-    ``KernelProvider``), or None: the block's plain decode graph. Only where the built block is exactly what the
-    kernel computes: GPT-2's structure (LayerNorm, biased Linears, learned positions, sequential residual, MHA or
-    GQA, the tanh or quick GeLU), float32 norms and softmax, its Linears all base-class ones holding float32 weights,
-    all holding bfloat16 ones (a bf16 model built for inference) or all an int8 model's ``QuantLinear`` on the int8
-    kernel, and no LoRA, adapter, prefix or LayerDrop."""
-    arch = config.arch
+    """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``), or None: the block's plain
+    decode graph. The model's ``KernelProvider`` decides (``decode_layer_for``) from the built block's facts
+    (``DecodeLayerFacts``): its architecture, its Linears' and norms' classes and weight dtypes, its compute dtypes,
+    and whether it has a prefix, an adapter or LayerDrop."""
     attention, mlp = block.attention, block.mlp
     linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
     norms = (block.input_layernorm, block.post_attention_layernorm)
-    form = gelu_form(config.hidden_act)
-    int8 = all(type(linear) is QuantLinear and linear.product.use_kernel for linear in linears)
-    weights = {linear.weight.dtype for linear in linears if type(linear) is Linear}
-    plain_linears = all(type(linear) is Linear for linear in linears) and len(weights) == 1
-    fits = (form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and not arch.gated and
-            not arch.parallel_residual and attention.prefix_concat is None and block.attention_adapter is None and
-            block.mlp_adapter is None and block.layerdrop is None and attention.plain.softmax_dtype == ms.float32 and
-            to_mstype(config.layernorm_compute_dtype) == ms.float32 and
-            all(type(norm) in (LayerNorm, KernelLayerNorm) and norm.weight.dtype == ms.float32 for norm in norms) and
-            (int8 or (plain_linears and weights <= {ms.float32, ms.bfloat16})))
-    if not fits:
-        return None
-    return kernels.decode_layer(config.layernorm_epsilon, attention.plain.scale, form, to_mstype(config.compute_dtype),
-                                int8=int8, bf16_weights=weights == {ms.bfloat16})
+    weights = {linear.weight.dtype for linear in linears}
+    if all(type(linear) is QuantLinear and linear.product.use_kernel for linear in linears):
+        kind = "int8"  # an int8 model's Linears on the int8 kernel
+    elif all(type(linear) is Linear for linear in linears) and len(weights) == 1:
+        kind = dtype_name(next(iter(weights)))  # the base Linear, one weight dtype
+    else:
+        kind = None  # LoRA, a mix
+    norm_weights = {norm.weight.dtype for norm in norms}
+    return kernels.decode_layer_for(DecodeLayerFacts(
+        epsilon=config.layernorm_epsilon, scale=attention.plain.scale, form=gelu_form(config.hidden_act),
+        compute_dtype=to_mstype(config.compute_dtype), arch=config.arch, linears=kind,
+        layer_norms=all(type(norm) in (LayerNorm, KernelLayerNorm) for norm in norms),
+        norm_weights=next(iter(norm_weights)) if len(norm_weights) == 1 else None,
+        norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
+        prefix=attention.prefix_concat is not None,
+        adapters=block.attention_adapter is not None or block.mlp_adapter is not None,
+        layerdrop=block.layerdrop is not None))
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
@@ -257,16 +265,16 @@ def make_decode_layer(config, block, kernels):
 # (``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist. Its Linears and adapter sites are built with the
 # Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
 # (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
-# ``Layout``, ``parallel/``), never decided in ``construct``.
+# ``Layout``, ``parallel/``), never decided in ``construct``; nor is any of the above: the build binds the forward's
+# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, ``decode_step``'s form).
 class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
     Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
-    model's ``KernelProvider`` (None: ``kernel_provider(config)``), handed to every part."""
+    model's ``KernelProvider`` (required), handed to every part."""
 
-    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None,
-                 kernels=None):
+    def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None, *,
+                 kernels):
         super().__init__()
-        kernels = kernels or kernel_provider(config)
         self.layer_number = layer_number
         self.input_layernorm = make_norm(config, kernels=kernels)
         layer_spec = layer_spec or {}  # which Cell each replaceable part is built with (layer_spec.py)
@@ -281,20 +289,31 @@ class GPTLocalBlock(nn.Cell):
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
                                                counter_dropout)
         self.add = ops.Add()
-        # pet_type: adapter's BottleneckAdapters (model/adapter.py) when the layer spec has them; LayerDrop scales
-        # both updates by 0/1
-        self.attention_adapter = layer_spec["attention_adapter"]() if "attention_adapter" in layer_spec else None
-        self.mlp_adapter = layer_spec["mlp_adapter"]() if "mlp_adapter" in layer_spec else None
+        # pet_type: adapter's BottleneckAdapters (model/adapter.py) when the layer spec has them (the factory takes
+        # the model's provider); LayerDrop scales both updates by 0/1
+        self.attention_adapter = layer_spec["attention_adapter"](kernels=kernels) \
+            if "attention_adapter" in layer_spec else None
+        self.mlp_adapter = layer_spec["mlp_adapter"](kernels=kernels) if "mlp_adapter" in layer_spec else None
         self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
-        # build-time: the MLP adds the residual in fc2's GEMM (EpilogueFeedForward) where nothing comes between
+        # the provider's: the MLP adds the residual in fc2's GEMM (EpilogueFeedForward) where nothing comes between
         # the MLP's output and that Add (no dropout, adapter, LayerDrop; the sequential residual)
-        self.mlp_residual = (isinstance(self.mlp, EpilogueFeedForward) and self.mlp.epilogue is not None and
-                             not config.hidden_dropout and self.mlp_adapter is None and self.layerdrop is None and
-                             not self.parallel_residual)
+        self.mlp_residual = kernels.epilogue_residual(
+            self.mlp.epilogue if isinstance(self.mlp, EpilogueFeedForward) else None, config.hidden_dropout,
+            self.mlp_adapter is not None, self.layerdrop is not None, self.parallel_residual)
+        # the forward's steps, bound here once
+        self.adapt_attention = self._attention_adapter if self.attention_adapter is not None else self._as_is
+        self.adapt_mlp = self._mlp_adapter if self.mlp_adapter is not None else self._as_is
+        self.drop_layer = self._layerdrop if self.layerdrop is not None else self._kept
+        if self.parallel_residual:
+            self.residuals = self._parallel_residuals
+        else:
+            self.residuals = self._residual_in_mlp if self.mlp_residual else self._sequential_residuals
         # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
-        # build-time: an int8 model's kernel also takes each weight's scales
+        # an int8 model's kernel also takes each weight's scales
         self.decode_int8 = self.decode_kernel is not None and isinstance(self.attention.linear_qkv, QuantLinear)
+        self.layer = self._layer if self.decode_kernel is None else self._layer_or_decode_kernel
+        self.decode_step = self._decode_int8 if self.decode_int8 else self._decode
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -306,53 +325,86 @@ class GPTLocalBlock(nn.Cell):
         ``fresh_prefill``: a KV-cache prefill at positions 0..S-1 (see ParallelAttention).
 
         A decode step (a KV cache, one token a row, not a fresh prefill, inference) runs ``decode_kernel`` where
-        the block has one (``make_decode_layer``): shapes and flags are constants of the compiled graph, so each
-        graph holds one of the two paths."""
-        if self.decode_kernel is not None and key_cache is not None and hidden.shape[1] == 1 and \
-                not fresh_prefill and not self.training:
+        the block has one (``make_decode_layer``; ``layer``: ``_layer_or_decode_kernel``): shapes and flags are
+        constants of the compiled graph, so each graph holds one of the two paths."""
+        return self.layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step, rotary,
+                          prefix, fresh_prefill)
+
+    def _layer_or_decode_kernel(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
+                                dropout_step, rotary, prefix, fresh_prefill):
+        if key_cache is not None and hidden.shape[1] == 1 and not fresh_prefill and not self.training:
             return self.decode_step(hidden, attention_bias, key_cache, value_cache, write_index)
+        return self._layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                           rotary, prefix, fresh_prefill)
+
+    def _layer(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step, rotary,
+               prefix, fresh_prefill):
+        """The layer's ops: attention, then each residual update (dropout, then its adapter and LayerDrop's 0/1 where
+        they exist) and the residuals' form (``residuals``)."""
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
                               value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
                               dropout_step=dropout_step, rotary=rotary, prefix=prefix,
                               fresh_prefill=fresh_prefill)
-        # each residual update: dropout, then its adapter and LayerDrop's 0/1 when they exist (None: not built)
         attn = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)
-        if self.attention_adapter is not None:
-            attn = self.attention_adapter(attn)
-        if self.layerdrop is not None:
-            attn = self.layerdrop(attn, dropout_step)
-        if self.parallel_residual:
-            mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
-            hidden = self.add(hidden, attn)
-        else:
-            hidden = self.add(hidden, attn)
-            if self.mlp_residual:  # hidden + the MLP's output, added by the MLP (EpilogueFeedForward)
-                return self.mlp(self.post_attention_layernorm(hidden), dropout_step, hidden)
-            mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
-        mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
-        if self.mlp_adapter is not None:
-            mlp = self.mlp_adapter(mlp)
-        if self.layerdrop is not None:
-            mlp = self.layerdrop(mlp, dropout_step)
-        return self.add(hidden, mlp)
+        attn = self.drop_layer(self.adapt_attention(attn), dropout_step)
+        return self.residuals(hidden, attn, dropout_step, dtype)
 
-    def decode_step(self, hidden, attention_bias, key_cache, value_cache, write_index):
-        """The whole layer for one token a row through ``decode_kernel``: its Parameters as stored, the caches
-        written in place at ``write_index``, attention over each row's cached positions (``attention_bias``)."""
+    def _mlp_update(self, mlp, dropout_step, dtype):
+        mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
+        return self.drop_layer(self.adapt_mlp(mlp), dropout_step)
+
+    def _sequential_residuals(self, hidden, attn, dropout_step, dtype):
+        hidden = self.add(hidden, attn)
+        mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
+        return self.add(hidden, self._mlp_update(mlp, dropout_step, dtype))
+
+    def _residual_in_mlp(self, hidden, attn, dropout_step, dtype):  # pylint: disable=unused-argument
+        """hidden + the MLP's output, added by the MLP (EpilogueFeedForward, ``mlp_residual``)."""
+        hidden = self.add(hidden, attn)
+        return self.mlp(self.post_attention_layernorm(hidden), dropout_step, hidden)
+
+    def _parallel_residuals(self, hidden, attn, dropout_step, dtype):
+        mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
+        hidden = self.add(hidden, attn)
+        return self.add(hidden, self._mlp_update(mlp, dropout_step, dtype))
+
+    def _as_is(self, update):
+        return update
+
+    def _attention_adapter(self, update):
+        return self.attention_adapter(update)
+
+    def _mlp_adapter(self, update):
+        return self.mlp_adapter(update)
+
+    def _kept(self, update, dropout_step):  # pylint: disable=unused-argument
+        return update
+
+    def _layerdrop(self, update, dropout_step):
+        return self.layerdrop(update, dropout_step)
+
+    def _decode(self, hidden, attention_bias, key_cache, value_cache, write_index):
+        """The whole layer for one token a row through ``decode_kernel`` (``decode_step``): its Parameters as
+        stored, the caches written in place at ``write_index``, attention over each row's cached positions
+        (``attention_bias``)."""
         attention, mlp = self.attention, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        if self.decode_int8:
-            qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
-            return self.decode_kernel(hidden, norm1.weight, norm1.bias, qkv.weight, qkv.weight_scale, qkv.bias,
-                                      proj.weight, proj.weight_scale, proj.bias, norm2.weight, norm2.bias,
-                                      fc1.weight, fc1.weight_scale, fc1.bias, fc2.weight, fc2.weight_scale, fc2.bias,
-                                      key_cache, value_cache, write_index, attention_bias)
         return self.decode_kernel(hidden, norm1.weight, norm1.bias, attention.linear_qkv.weight,
                                   attention.linear_qkv.bias, attention.linear_proj.weight, attention.linear_proj.bias,
                                   norm2.weight, norm2.bias, mlp.linear_fc1.weight, mlp.linear_fc1.bias,
                                   mlp.linear_fc2.weight, mlp.linear_fc2.bias, key_cache, value_cache, write_index,
                                   attention_bias)
+
+    def _decode_int8(self, hidden, attention_bias, key_cache, value_cache, write_index):
+        """``_decode`` of an int8 model: each weight followed by its scales."""
+        attention, mlp = self.attention, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
+        return self.decode_kernel(hidden, norm1.weight, norm1.bias, qkv.weight, qkv.weight_scale, qkv.bias,
+                                  proj.weight, proj.weight_scale, proj.bias, norm2.weight, norm2.bias,
+                                  fc1.weight, fc1.weight_scale, fc1.bias, fc2.weight, fc2.weight_scale, fc2.bias,
+                                  key_cache, value_cache, write_index, attention_bias)
 
 
 def prefix_encoder(config, counter_dropout=False):
@@ -383,16 +435,16 @@ class GPTLocalModel(nn.Cell):
     the owner adds it to the lookup's gradient, so only stage 0's table is updated.
     """
 
-    def __init__(self, config, layout=None, layer_spec=None, kernels=None):
+    def __init__(self, config, layout=None, layer_spec=None, *, kernels):
         super().__init__()
         self.config = config
-        # which implementation each op runs (kernels/provider.py), asked once here and handed to every layer
-        self.kernels = kernels or kernel_provider(config)
+        # which implementation each op runs (kernels/provider.py: the model's, required), handed to every layer
+        self.kernels = kernels
         config = graph_config(config, self.kernels)  # the dtypes this device runs (CPU: bf16 -> fp32, bf16 GEMMs)
         layout = config.layout if layout is None else layout
         stage_ids = layout.stage_of_layers(config.num_hidden_layers)
         recompute = RecomputePlan(layout, config.num_hidden_layers)
-        flash = use_flash_attention(config)
+        flash = use_flash_attention(config, kernels)
         # dropout masks from a step counter (dropout.py), so a resumed run draws the same ones
         self.counter_dropout = counter_dropout_enabled(config)
         self.embedding = GPTLocalEmbedding(config, self.counter_dropout)
@@ -407,10 +459,11 @@ class GPTLocalModel(nn.Cell):
         self.final_layernorm = make_norm(config, kernels=self.kernels)
         arch = config.arch
         self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rotary_base) if arch.rope else None
+        self.rotary_angles = self._no_rotary if self.rotary is None else self._rotary  # position_ids -> (cos, sin)
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
-        if flash:  # sparse_mode 3's compressed mask (FlashAttentionScore: uint8, 1 = masked)
-            self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+        # the masks' form the attention takes: flash attention's uint8 ones, else additive float32 ones
+        self.masks = FlashMasks() if flash else AdditiveMasks()
         # the causal mask is built per call from the token index (one [S, S] comparison), not kept as a
         # [max_position_embeddings]^2 constant: a converted Qwen2 (32,768 positions) would hold 4 GiB of it
         self.token_index = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
@@ -443,7 +496,7 @@ class GPTLocalModel(nn.Cell):
             attention_bias = self.causal_mask(seq)
         prefixes, position_ids = self.layer_prefixes(position_ids, dropout_step)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
-        rotary = None if self.rotary is None else self.rotary(position_ids)  # per-row positions, ragged or packed
+        rotary = self.rotary_angles(position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step,
@@ -458,6 +511,12 @@ class GPTLocalModel(nn.Cell):
     def _no_prefix(self, position_ids, dropout_step):  # pylint: disable=unused-argument
         return self.no_prefixes, position_ids
 
+    def _no_rotary(self, position_ids):  # pylint: disable=unused-argument
+        return None
+
+    def _rotary(self, position_ids):
+        return self.rotary(position_ids)
+
     def _prefix(self, position_ids, dropout_step):
         """Each layer's prefix (keys, values) of prefix tuning; the real tokens' positions follow the prefix (as
         peft's)."""
@@ -469,9 +528,11 @@ class GPTLocalModel(nn.Cell):
 
     def fused_prefill(self):
         """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU attention kernel in
-        every layer: the provider gave it to each (``ParallelAttention.fused_prefill``) and there is no prefix-tuning
-        prefix (whose rows come before the prompt). The inference runtime asks this (``runtime/runner.py``)."""
-        return self.prefix_encoder is None and all(layer.attention.fused_prefill() for layer in self.layers)
+        every layer: the provider's ``fresh_prefill``, from whether it gave the kernel to each layer
+        (``ParallelAttention.fused_prefill``) and whether there is a prefix-tuning prefix (whose rows come before
+        the prompt). The inference runtime asks this (``runtime/runner.py``)."""
+        return self.kernels.fresh_prefill(all(layer.attention.fused_prefill() for layer in self.layers),
+                                          self.prefix_encoder is not None)
 
     def document_mask(self, actual_seq_len, batch, seq):
         """Packed rows: several documents in one row of ``seq`` tokens, as MindFormers' PackingHandler and
@@ -490,13 +551,8 @@ class GPTLocalModel(nn.Cell):
         doc = ops.reduce_sum(passed, 1)  # [B, S]: documents ended at or before token i = its document number
         start = ops.reduce_max(ops.expand_dims(ends, 2) * passed, 1)  # [B, S]: where token i's document starts
         positions = ops.broadcast_to(index, (batch, seq)) - start
-        if self.use_flash:
-            offsets = ops.reshape(ops.arange(batch, dtype=ms.int32) * seq, (batch, 1))
-            return positions, self.varlen_mask, ops.reshape(ends + offsets, (-1,))
-        same = ops.equal(ops.expand_dims(doc, 2), ops.expand_dims(doc, 1))  # [B, S, S]
-        keep = ops.logical_and(same, self.causal_keep(seq))
-        bias = ops.cast(ops.logical_not(keep), ms.float32) * MASK_VALUE
-        return positions, ops.reshape(bias, (batch, 1, seq, seq)), None
+        mask, seq_ends = self.masks.documents(ends, doc, self.causal_keep(seq), batch, seq)
+        return positions, mask, seq_ends
 
     def causal_keep(self, seq):
         """[S, S] bool: query i may attend to key j where j <= i."""
@@ -506,17 +562,53 @@ class GPTLocalModel(nn.Cell):
     def causal_mask(self, seq):
         """The causal mask of ``seq`` tokens as the attention takes it: additive [1, 1, S, S] (0 or
         MASK_VALUE above the diagonal), or uint8 [S, S] with 1 = masked for flash attention."""
-        masked = ops.logical_not(self.causal_keep(seq))
-        if self.use_flash:
-            return ops.cast(masked, ms.uint8)
-        return ops.reshape(ops.cast(masked, ms.float32) * MASK_VALUE, (1, 1, seq, seq))
+        return self.masks.causal(ops.logical_not(self.causal_keep(seq)), seq)
 
     def mask_bias(self, attention_mask, batch, seq):
         """MindFormers' ``attention_mask`` column ([B, 1, S, S] or [B, S, S], 1 = masked: Megatron's reset
         mask, HFDataLoader's packed mask) as this model's mask: additive bias, or uint8 for flash."""
-        if self.use_flash:
-            return ops.reshape(ops.cast(attention_mask, ms.uint8), (batch, 1, seq, seq))
+        return self.masks.given(attention_mask, batch, seq)
+
+
+class AdditiveMasks(nn.Cell):
+    """The masks of matmul + softmax attention (and the fused CPU kernel, blockwise): additive float32, 0 where a
+    query may attend, ``MASK_VALUE`` where it may not (``GPTLocalModel.masks`` without flash attention)."""
+
+    def causal(self, masked, seq):
+        """[S, S] bool (True: masked) -> [1, 1, S, S]."""
+        return ops.reshape(ops.cast(masked, ms.float32) * MASK_VALUE, (1, 1, seq, seq))
+
+    def given(self, attention_mask, batch, seq):
+        """A 1 = masked column -> [B, 1, S, S]."""
         return ops.reshape(ops.cast(attention_mask, ms.float32) * MASK_VALUE, (batch, 1, seq, seq))
+
+    def documents(self, ends, doc, causal_keep, batch, seq):  # pylint: disable=unused-argument
+        """Packed rows: each token's document number ``doc`` [B, S] -> (the [B, 1, S, S] mask keeping attention
+        causal and inside each document, None: no document ends for the kernel)."""
+        same = ops.equal(ops.expand_dims(doc, 2), ops.expand_dims(doc, 1))  # [B, S, S]
+        keep = ops.logical_and(same, causal_keep)
+        bias = ops.cast(ops.logical_not(keep), ms.float32) * MASK_VALUE
+        return ops.reshape(bias, (batch, 1, seq, seq)), None
+
+
+class FlashMasks(nn.Cell):
+    """The masks of Ascend's FlashAttentionScore (``GPTLocalModel.masks`` with flash attention): uint8, 1 = masked;
+    packed rows take sparse_mode 3's compressed mask and the document ends."""
+
+    def __init__(self):
+        super().__init__()
+        self.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))  # sparse_mode 3's compressed mask
+
+    def causal(self, masked, seq):  # pylint: disable=unused-argument
+        return ops.cast(masked, ms.uint8)
+
+    def given(self, attention_mask, batch, seq):
+        return ops.reshape(ops.cast(attention_mask, ms.uint8), (batch, 1, seq, seq))
+
+    def documents(self, ends, doc, causal_keep, batch, seq):  # pylint: disable=unused-argument
+        """(the compressed mask, the row-local document ends ``ends`` [B, L] over the flattened batch)."""
+        offsets = ops.reshape(ops.arange(batch, dtype=ms.int32) * seq, (batch, 1))
+        return self.varlen_mask, ops.reshape(ends + offsets, (-1,))
 
 
 class OutputLayer(nn.Cell):
@@ -556,7 +648,7 @@ class GPTLocalForCausalLM(nn.Cell):
         kernels = kernel_provider(config, inference=inference)
         graph = graph_config(config, kernels)  # the dtypes this device runs (GPTLocalModel's too: adapters, head)
         # an int8 model's QuantLinears (model_layer_spec)
-        self.model = GPTLocalModel(config, layout, model_layer_spec(graph, layer_spec), kernels)
+        self.model = GPTLocalModel(config, layout, model_layer_spec(graph, layer_spec), kernels=kernels)
         self.untied = config.arch.untied
         if self.untied:  # its own head table, on the last stage
             self.output_layer = OutputLayer(graph, kernels)
@@ -565,7 +657,7 @@ class GPTLocalForCausalLM(nn.Cell):
             self.dropout_step = DropoutCounter.new_counter(DROPOUT_STEP)
             self.dropout_counter = DropoutCounter()
         self.compute_dtype = to_mstype(graph.compute_dtype)
-        self.head_matmul = plain_matmul(self.model.kernels)
+        self.head_matmul = kernels.plain_matmul()
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
         # bf16 weights (kernels.bf16_weights): the kernel takes the head's table as held, an untied head's own or,
         # for a tied head, a bfloat16 copy of the token table (which stays float32: the lookup's), made here and at
@@ -574,10 +666,11 @@ class GPTLocalForCausalLM(nn.Cell):
         if self.head_bf16 and not self.untied:
             self.head_table = bf16_parameter((config.vocab_size, config.hidden_size), HEAD_TABLE)
             self.refresh_head_table()
-        self.head_gemm, self.head_gemm_rule = self.model.kernels.linear_gemm(self.compute_dtype, head=True,
-                                                                             bf16_weights=self.head_bf16)
+        self.head_gemm, self.head_gemm_rule = kernels.linear_gemm(self.compute_dtype, head=True,
+                                                                  bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
-        self.head_int8 = int8_matmul(self.model.kernels) if self.model.embedding.int8 else None
+        self.head_int8 = int8_matmul(kernels) if self.model.embedding.int8 else None
+        self._bind_head()
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()
         self.ignore_token_id = config.ignore_token_id
@@ -656,24 +749,69 @@ class GPTLocalForCausalLM(nn.Cell):
     def logits(self, hidden):
         """The head (tied to the token table, or ``output_layer``): hidden [B, S, H] -> fp32 logits [B*S, V]."""
         batch, seq, width = hidden.shape
-        hidden = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        if self.head_int8 is not None:  # build-time: an int8 table and its per-row scales (float32 compute)
-            if self.untied:
-                return self.head_int8(hidden, self.output_layer.weight, self.output_layer.weight_scale)
-            return self.head_int8(hidden, self.model.embedding.word_embeddings,
-                                  self.model.embedding.word_embeddings_scale)
-        if self.head_bf16:  # build-time: a bf16 table as held, for the kernel (every graph runs it then)
-            weight = self.output_layer.weight if self.untied else self.head_table
-        elif self.untied:
-            weight = ops.cast(self.output_layer.weight, self.compute_dtype)
+        return self.head(ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width)))
+
+    def _bind_head(self):
+        """What ``logits`` and the training forward run, chosen once: the head's GEMM (``head``: an int8 model's,
+        MatMul, or per graph the GEMM kernel or MatMul), its table as that GEMM takes it (``head_weights``: the
+        untied head's own or the token table, the tied head's bf16 copy under bf16 weights; cast to the compute dtype
+        unless held as the kernel takes it) and the dropout counter's steps (``forward_step``, ``count_forward``)."""
+        if self.head_int8 is not None:  # an int8 table and its per-row scales (float32 compute)
+            self.head = self._int8_head
+            self.head_weights = self._untied_int8_table if self.untied else self._int8_table
         else:
-            weight = ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
+            self.head = self._matmul_head if self.head_gemm is None else self._gemm_head
+            if self.head_bf16:  # a bf16 table as held, for the kernel (every graph runs it then)
+                self.head_weights = self._untied_table if self.untied else self._head_table
+            else:
+                self.head_weights = self._untied_table_cast if self.untied else self._table_cast
+        counter = self.model.counter_dropout
+        self.forward_step = self._read_counter if counter else self._no_counter
+        self.count_forward = self._advance_counter if counter else self._as_counted
+
+    def _int8_head(self, hidden):
+        weight, scale = self.head_weights()
+        return self.head_int8(hidden, weight, scale)
+
+    def _matmul_head(self, hidden):
+        return ops.cast(self.head_matmul(hidden, self.head_weights()), ms.float32)
+
+    def _gemm_head(self, hidden):
+        weight = self.head_weights()
         # fixed at compile time (layers.py); the head's rule (provider.HEAD_RULE) takes 1-2 rows too: decode, batch 1-2
-        if use_gemm(self.head_gemm_rule, self.training, batch * seq):
-            logits = self.head_gemm(hidden, weight)
-        else:
-            logits = self.head_matmul(hidden, weight)
-        return ops.cast(logits, ms.float32)
+        if use_gemm(self.head_gemm_rule, self.training, hidden.shape[0]):
+            return ops.cast(self.head_gemm(hidden, weight), ms.float32)
+        return ops.cast(self.head_matmul(hidden, weight), ms.float32)
+
+    def _int8_table(self):
+        return self.model.embedding.word_embeddings, self.model.embedding.word_embeddings_scale
+
+    def _untied_int8_table(self):
+        return self.output_layer.weight, self.output_layer.weight_scale
+
+    def _head_table(self):
+        return self.head_table
+
+    def _untied_table(self):
+        return self.output_layer.weight
+
+    def _table_cast(self):
+        return ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
+
+    def _untied_table_cast(self):
+        return ops.cast(self.output_layer.weight, self.compute_dtype)
+
+    def _read_counter(self):
+        return self.dropout_counter.read(self.dropout_step)
+
+    def _no_counter(self):
+        return None
+
+    def _advance_counter(self, loss):
+        return self.dropout_counter.advance(loss, self.dropout_step)
+
+    def _as_counted(self, loss):
+        return loss
 
     def last_logits(self, hidden, last_index):
         """Logits [B, V] of one position per sequence: hidden [B, S, H], last_index [B]."""
@@ -699,8 +837,8 @@ class GPTLocalForCausalLM(nn.Cell):
         if attention_mask is not None:
             attention_bias = self.model.mask_bias(attention_mask, batch, seq)
         step = None
-        if self.training and self.model.counter_dropout:
-            step = self.dropout_counter.read(self.dropout_step)  # read before this forward's increment below
+        if self.training:
+            step = self.forward_step()  # the counter, read before this forward's increment below; or None
         hidden = self.model(input_ids, position_ids, attention_bias, actual_seq_len=actual_seq_len, dropout_step=step)
         if not self.training:
             logits = ops.reshape(self.logits(hidden), (batch, seq, self.vocab_size))
@@ -708,8 +846,7 @@ class GPTLocalForCausalLM(nn.Cell):
                 return logits
             return self._perplexity_layout(logits, labels, loss_mask)
         loss = self.lm_loss(self.logits(hidden), labels, loss_mask)
-        if step is not None:
-            loss = self.dropout_counter.advance(loss, self.dropout_step)
+        loss = self.count_forward(loss)
         zero = ops.zeros((), ms.float32)
         return (loss,) + (zero, zero, zero)[:self.train_outputs - 1]  # train_outputs: fixed at build
 

@@ -5,7 +5,8 @@ swapped in afterwards.
 A layer spec is a callable ``spec(layer_index) -> {path in the block: factory}``. The paths are a block's Linears
 (``attention.linear_qkv``, ``attention.linear_proj``, ``mlp.linear_fc1``, ``mlp.linear_gate``, ``mlp.linear_fc2``:
 the factory takes ``Linear``'s arguments, e.g. ``LoRALinear`` with its spec bound) and its adapter sites
-(``attention_adapter``, ``mlp_adapter``: the factory takes none). A path the spec leaves out is built the base way
+(``attention_adapter``, ``mlp_adapter``: the factory takes only ``kernels=``). Every factory gets the model's
+``KernelProvider`` as ``kernels``, never a provider of its own. A path the spec leaves out is built the base way
 (``Linear``; no adapter). The base Cells (``gpt.py``, ``attention.py``) only read the dict;
 ``pet_layer_spec`` builds it from ``model_config.pet_config`` (its method's ``layer_spec``, ``peft/``); ``serve --lora``
 gives its own (``peft.lora_cells.MultiLoRASpec``) to ``GPTLocalForCausalLM(config, layer_spec=...)``.

@@ -10,7 +10,8 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-from ..kernels.provider import KernelProvider, use_gemm
+# BF16MatMul and round_bf16: the provider's plain bf16 GEMM, by their names here too
+from ..kernels.provider import BF16MatMul, KernelProvider, round_bf16, use_gemm  # noqa: F401
 from ..parallel.sharding import is_parallel_build
 
 TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
@@ -22,12 +23,10 @@ def to_mstype(name):
     return DTYPE[name] if isinstance(name, str) else name
 
 
-def kernel_provider(config=None, inference=False):
-    """The ``KernelProvider`` (``kernels/provider.py``) of a model built now from ``config`` (its
-    ``cpu_kernels``; None: ``auto``), in this build's parallel mode, for ``inference`` only or not. The model asks
-    once and hands it to its layers (``kernels=``); a Cell built without one asks here."""
-    if config is None:
-        return KernelProvider("auto", parallel=is_parallel_build())
+def kernel_provider(config, inference=False):
+    """The ``KernelProvider`` (``kernels/provider.py``) of a model built now from ``config`` (its ``cpu_kernels`` and
+    ``compute_dtype``), in this build's parallel mode, for ``inference`` only or not. The model asks once and hands
+    it to every Cell it builds (``kernels=``, a required argument: no Cell makes a provider of its own)."""
     return KernelProvider.from_config(config, parallel=is_parallel_build(), inference=inference)
 
 
@@ -37,40 +36,30 @@ def bf16_parameter(shape, name):
     return Parameter(initializer(Zero(), shape, ms.bfloat16), name=name, requires_grad=False)
 
 
-def round_bf16(x):
-    """x (float32) rounded to the nearest bfloat16, kept float32: a Cast there and back."""
-    return ops.cast(ops.cast(x, ms.bfloat16), ms.float32)
-
-
-class BF16MatMul(nn.Cell):
-    """x W^T on a float32 graph with bfloat16 GEMM numerics (``KernelProvider.gemm_dtype`` bfloat16 where the GEMM
-    kernel is not used: ``cpu_kernels: plain`` or ``{linear: plain}``): x and W rounded to bfloat16, float32
-    MatMul; its backward rounds dy as well, dx = r(dy) r(W), dW = r(dy)^T r(x), as the kernel's bf16 GEMMs
-    compute them (``kernels/linear.py``, tested against this by value). Autodiff of the casts alone would round
-    dx and dW after an unrounded dy instead."""
-
-    def __init__(self):
-        super().__init__()
-        self.matmul = ops.MatMul(transpose_b=True)
-        self.dx_matmul = ops.MatMul()
-        self.dw_matmul = ops.MatMul(transpose_a=True)
-
-    def construct(self, x, weight):
-        return self.matmul(round_bf16(x), round_bf16(weight))
-
-    def bprop(self, x, weight, out, dout):
-        dy = round_bf16(dout)
-        return self.dx_matmul(dy, round_bf16(weight)), self.dw_matmul(dy, round_bf16(x))
-
-
 def plain_matmul(kernels):
-    """The plain x W^T of a Linear or the head for the model's ``kernels``: ``BF16MatMul`` where its GEMMs run in
-    bfloat16 on a float32 graph, else ``ops.MatMul(transpose_b=True)`` (the primitive a shard strategy attaches
-    to)."""
-    return BF16MatMul() if kernels.gemm_dtype == "bfloat16" else ops.MatMul(transpose_b=True)
+    """The plain x W^T of a Linear or the head for the model's ``kernels``: ``KernelProvider.plain_matmul``
+    (``BF16MatMul`` where its GEMMs run in bfloat16 on a float32 graph, else ``ops.MatMul(transpose_b=True)``, the
+    primitive a shard strategy attaches to)."""
+    return kernels.plain_matmul()
 
 
-class Linear(nn.Cell):
+class LeavesBias:
+    """``skip_bias_add`` of a Linear (``Linear``, ``quant_cells.QuantLinear``): True where the caller adds the bias
+    (``leaves_bias``); ``adds_bias``: the Linear adds its own. Setting it binds the Linear's products again
+    (``_bind_bias``), so what ``construct`` runs is always chosen outside it."""
+
+    @property
+    def skip_bias_add(self):
+        return self.leaves_bias
+
+    @skip_bias_add.setter
+    def skip_bias_add(self, value):
+        self.leaves_bias = bool(value)
+        self.adds_bias = self.has_bias and not value
+        self._bind_bias()
+
+
+class Linear(LeavesBias, nn.Cell):
     """y = x W^T + b, W stored [out, in] like MindSpore's Dense and Megatron.
 
     The matmul runs in ``compute_dtype``; the output is in ``compute_dtype``.
@@ -78,24 +67,27 @@ class Linear(nn.Cell):
     kernel adds it (gpt.py ParallelFeedForward), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
-    ``kernels``: the model's ``KernelProvider`` (None: ``kernel_provider()``). Where it gives the GEMM kernel
-    (``kernels/linear.py``, ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs its
-    ``gemm_rule`` picks by static row count (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more;
-    ``kernel``, every graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also
-    carries the shard strategies (then BroadcastTo + Add for the bias). With bfloat16 GEMMs on a float32 graph
+    ``kernels``: the model's ``KernelProvider`` (required). Where it gives the GEMM kernel (``kernels/linear.py``,
+    ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs its ``gemm_rule`` picks by
+    static row count (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more; ``kernel``, every
+    graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also carries the
+    shard strategies (then BroadcastTo + Add for the bias). With bfloat16 GEMMs on a float32 graph
     (``KernelProvider.gemm_dtype``: CPU, ``compute_dtype: bfloat16``) the kernel runs them in every graph, and
-    ``matmul`` is ``BF16MatMul`` (``plain_matmul``). In an inference build with those GEMMs through the kernel
-    (``KernelProvider.bf16_weights``) the weight is held as bfloat16 (``bf16_weight``, not trained) and the kernel
-    takes it as it is.
+    ``matmul`` is ``BF16MatMul`` (``KernelProvider.plain_matmul``). In an inference build with those GEMMs through
+    the kernel (``KernelProvider.bf16_weights``) the weight is held as bfloat16 (``bf16_weight``, not trained) and
+    the kernel takes it as it is.
+
+    What runs is chosen here, never in ``construct``: ``graph_weight`` (the weight as held, or cast to the compute
+    dtype), ``product`` (MatMul only, or per graph the GEMM kernel or MatMul) and the two products with or without
+    the bias (``gemm_product``, ``matmul_product``), picked again when ``skip_bias_add`` is set.
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, kernels=None):
+                 skip_bias_add=False, *, kernels):
         super().__init__()
-        kernels = kernels or kernel_provider()
         self.in_features = in_features
         self.out_features = out_features
-        self.bf16_weight = kernels.bf16_weights  # build-time flag: the graph compiler folds its branches
+        self.bf16_weight = kernels.bf16_weights
         if self.bf16_weight:
             self.weight = bf16_parameter((out_features, in_features), "weight")
         else:
@@ -105,15 +97,26 @@ class Linear(nn.Cell):
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), params_dtype), name="bias")
             self.bias_add = ops.Add()
-        self.skip_bias_add = skip_bias_add
         # CPU: broadcast the bias to [T, out] before the Add; MindSpore 2.7.2's CPU Add that broadcasts it
         # itself holds more memory (GPT-2 small, bare training step at 2 x 256: peak RSS 3,978 -> 3,328 MB)
         self.broadcast_bias = kernels.composed_ops()
         self.compute_dtype = compute_dtype
-        self.matmul = plain_matmul(kernels)
+        self.matmul = kernels.plain_matmul()
         self.cast = ops.Cast()
         # the CPU GEMM kernel Cell and its rule (provider.use_gemm), or (None, None)
         self.gemm, self.gemm_rule = kernels.linear_gemm(compute_dtype, bf16_weights=self.bf16_weight)
+        # a bf16 weight as held: the kernel runs every graph then (EVERY_GRAPH, provider.bf16_weights)
+        self.graph_weight = self._weight_as_held if self.bf16_weight else self._weight_in_compute_dtype
+        self.product = self._matmul_only if self.gemm is None else self._gemm_by_rows
+        self.skip_bias_add = skip_bias_add
+
+    def _bind_bias(self):
+        """The GEMM kernel's and MatMul's products with or without the bias (``LeavesBias``)."""
+        if not self.adds_bias:
+            self.matmul_product, self.gemm_product = self._matmul_bare, self._gemm_bare
+        else:
+            self.gemm_product = self._gemm_biased
+            self.matmul_product = self._matmul_broadcast_bias if self.broadcast_bias else self._matmul_biased
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -124,21 +127,40 @@ class Linear(nn.Cell):
 
     def dense(self, x):
         """x [..., in] -> (x as [T, in] in compute dtype, x W^T (+ b) as [T, out]); LoRALinear adds to it. The GEMM
-        kernel or MatMul per graph (its static rows and the train flag, ``use_gemm``); the bias branches read
-        build-time attributes, which the graph compiler folds."""
+        kernel or MatMul per graph (its static rows and the train flag, ``use_gemm``)."""
         rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
-        # a bf16 weight as held: the kernel runs every graph then (EVERY_GRAPH, provider.bf16_weights)
-        weight = self.weight if self.bf16_weight else self.cast(self.weight, self.compute_dtype)
-        if use_gemm(self.gemm_rule, self.training, rows):
-            if self.has_bias and not self.skip_bias_add:
-                return x, self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
-            return x, self.gemm(x, weight)
+        return x, self.product(x, self.graph_weight(), rows)
+
+    def _weight_as_held(self):
+        return self.weight
+
+    def _weight_in_compute_dtype(self):
+        return self.cast(self.weight, self.compute_dtype)
+
+    def _matmul_only(self, x, weight, rows):  # pylint: disable=unused-argument
+        return self.matmul_product(x, weight)
+
+    def _gemm_by_rows(self, x, weight, rows):
+        if use_gemm(self.gemm_rule, self.training, rows):  # static rows and the train flag: fixed per graph
+            return self.gemm_product(x, weight)
+        return self.matmul_product(x, weight)
+
+    def _gemm_bare(self, x, weight):
+        return self.gemm(x, weight)
+
+    def _gemm_biased(self, x, weight):
+        return self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
+
+    def _matmul_bare(self, x, weight):
+        return self.matmul(x, weight)
+
+    def _matmul_biased(self, x, weight):
+        return self.bias_add(self.matmul(x, weight), self.cast(self.bias, self.compute_dtype))
+
+    def _matmul_broadcast_bias(self, x, weight):
         y = self.matmul(x, weight)
-        if self.has_bias and not self.skip_bias_add:
-            bias = self.cast(self.bias, self.compute_dtype)
-            y = self.bias_add(y, ops.broadcast_to(bias, y.shape) if self.broadcast_bias else bias)
-        return x, y
+        return self.bias_add(y, ops.broadcast_to(self.cast(self.bias, self.compute_dtype), y.shape))
 
 
 class LayerNorm(nn.Cell):
@@ -205,10 +227,9 @@ class KernelRMSNorm(RMSNorm):
         return self.cast(self.kernel(self.cast(x, ms.float32), self.weight), x.dtype)
 
 
-def make_norm(config, params_dtype=None, kernels=None):
+def make_norm(config, params_dtype=None, *, kernels):
     """The block's normalization, chosen at build time: LayerNorm (GPT-2, NeoX) or RMSNorm (Llama), through the CPU
-    kernel where ``kernels`` (the model's ``KernelProvider``; None: ``kernel_provider(config)``) gives it."""
-    kernels = kernels or kernel_provider(config)
+    kernel where ``kernels`` (the model's ``KernelProvider``) gives it."""
     eps = config.layernorm_epsilon
     params_dtype = to_mstype(params_dtype or config.params_dtype)
     compute_dtype = to_mstype(config.layernorm_compute_dtype)
@@ -263,13 +284,13 @@ class Activation(nn.Cell):
     FastGeLU primitive, the ``fast_gelu`` of MindFormers' GPT-2 (its xl/13B/52B YAMLs); held only when chosen.
     """
 
-    def __init__(self, name, kernels=None):
+    def __init__(self, name, kernels):
         super().__init__()
         if name == "quick_gelu":
             self.fast_gelu = ops.FastGeLU()
         self.relu = ops.ReLU()
         self.gelu = ops.GeLU()
-        self.composed_tanh_gelu = (kernels or kernel_provider()).composed_ops()
+        self.composed_tanh_gelu = kernels.composed_ops()
         self.tanh_gelu = TanhGeLU()
         # the forward, chosen once here: construct only calls it (every other name is the tanh GeLU)
         tanh = self._composed_tanh_gelu if self.composed_tanh_gelu else self._primitive_tanh_gelu

@@ -9,7 +9,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from .layers import kernel_provider
+from .layers import LeavesBias
 
 
 def int8_parameter(shape, name):
@@ -26,18 +26,24 @@ class Int8MatMul(nn.Cell):
     """``construct(x [T, K] float32, weight [N, K] int8, scale [N] float32, bias [N] or None)`` -> [T, N] float32:
     x quantized per row (scale max |x| / 127, round, clip to +-127), times the int8 weight, exact in int32 in the
     kernel (in float32 on the plain path: exact while the row sums stay below 2^24), then times both scales
-    (+ bias). ``kernel``: the provider's ``int8_linear`` Cell, or None for the plain ops."""
+    (+ bias). ``kernel``: the provider's ``int8_linear`` Cell, or None for the plain ops; the forward is picked
+    here (``product``), never in ``construct``."""
 
     def __init__(self, kernel=None):
         super().__init__()
         self.kernel = kernel
         self.matmul = ops.MatMul(transpose_b=True)
         self.row_max = ops.ReduceMax(keep_dims=True)
-        self.use_kernel = kernel is not None  # build-time flag: the graph compiler folds the branch
+        self.use_kernel = kernel is not None
+        self.product = self._kernel_product if self.use_kernel else self._plain_product
 
     def construct(self, x, weight, scale, bias=None):
-        if self.use_kernel:
-            return self.kernel(x, weight, scale, bias)
+        return self.product(x, weight, scale, bias)
+
+    def _kernel_product(self, x, weight, scale, bias):
+        return self.kernel(x, weight, scale, bias)
+
+    def _plain_product(self, x, weight, scale, bias):
         amax = self.row_max(ops.abs(x), -1)
         positive = amax > 0
         inverse = ops.select(positive, 127.0 / ops.select(positive, amax, ops.ones_like(amax)), ops.zeros_like(amax))
@@ -54,15 +60,15 @@ def int8_matmul(kernels, compute_dtype=ms.float32):
     return Int8MatMul(kernels.int8_linear(compute_dtype))
 
 
-class QuantLinear(nn.Cell):
+class QuantLinear(LeavesBias, nn.Cell):
     """A Linear of an int8 model: ``weight`` int8 [out, in], ``weight_scale`` float32 [out], ``bias`` float32; built
     with ``Linear``'s arguments (``init_std``, ``params_dtype`` unused: the loader fills the weights), the same
-    ``skip_bias_add`` contract (fc1 under the bias + GeLU kernel). Activations are float32 in and out."""
+    ``skip_bias_add`` contract (fc1 under the bias + GeLU kernel; setting it picks the product again).
+    Activations are float32 in and out. ``kernels``: the model's ``KernelProvider`` (required)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, kernels=None):  # pylint: disable=unused-argument
+                 skip_bias_add=False, *, kernels):  # pylint: disable=unused-argument
         super().__init__()
-        kernels = kernels or kernel_provider()
         self.in_features = in_features
         self.out_features = out_features
         self.weight = int8_parameter((out_features, in_features), "weight")
@@ -70,17 +76,23 @@ class QuantLinear(nn.Cell):
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(Tensor(np.zeros((out_features,), np.float32)), name="bias", requires_grad=False)
-        self.skip_bias_add = skip_bias_add
         self.product = int8_matmul(kernels)
+        self.skip_bias_add = skip_bias_add
+
+    def _bind_bias(self):
+        """The product with or without the bias (``LeavesBias``)."""
+        self.rows_product = self._biased if self.adds_bias else self._bare
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         shape = x.shape
-        rows = ops.reshape(ops.cast(x, ms.float32), (-1, shape[-1]))
-        if self.has_bias and not self.skip_bias_add:
-            y = self.product(rows, self.weight, self.weight_scale, self.bias)
-        else:
-            y = self.product(rows, self.weight, self.weight_scale)
+        y = self.rows_product(ops.reshape(ops.cast(x, ms.float32), (-1, shape[-1])))
         return ops.reshape(y, shape[:-1] + (self.out_features,))
+
+    def _biased(self, rows):
+        return self.product(rows, self.weight, self.weight_scale, self.bias)
+
+    def _bare(self, rows):
+        return self.product(rows, self.weight, self.weight_scale)
 
 
 def int8_lookup(gather, table, scale, input_ids):

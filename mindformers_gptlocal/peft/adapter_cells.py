@@ -19,17 +19,17 @@ import functools
 
 from mindspore import nn, ops
 
-from ..model.layers import Activation, Linear, SiLU, kernel_provider, to_mstype
+from ..model.layers import Activation, Linear, SiLU, to_mstype
 from .adapter import bottleneck_width
 
 
 class BottleneckAdapter(nn.Cell):
-    """y + up(act(down(y))) over the last axis of y [B, S, H]."""
+    """y + up(act(down(y))) over the last axis of y [B, S, H]; ``kernels``: the model's ``KernelProvider``
+    (required: the block hands it to the layer spec's factory)."""
 
-    def __init__(self, config, width, non_linearity):
+    def __init__(self, config, width, non_linearity, *, kernels):
         super().__init__()
         params_dtype, compute_dtype = to_mstype(config.params_dtype), to_mstype(config.compute_dtype)
-        kernels = kernel_provider(config)
         self.linear_down = Linear(config.hidden_size, width, config.initializer_range, params_dtype, compute_dtype,
                                   kernels=kernels)
         self.linear_up = Linear(width, config.hidden_size, config.initializer_range, params_dtype, compute_dtype,
@@ -46,7 +46,8 @@ class BottleneckAdapter(nn.Cell):
 
 def adapter_layer_spec(spec, config, index):
     """Layer ``index``'s part of the layer spec for ``spec`` (an AdapterSpec): {adapter site of the block
-    (``attention_adapter`` / ``mlp_adapter``): BottleneckAdapter}; empty for a layer not in ``spec.layers``."""
+    (``attention_adapter`` / ``mlp_adapter``): BottleneckAdapter, to be called with the model's provider
+    (``kernels=``)}; empty for a layer not in ``spec.layers``."""
     if index not in spec.layers:
         return {}
     width = bottleneck_width(spec, config.hidden_size)

@@ -22,9 +22,8 @@ import mindspore as ms
 from mindspore import ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
-from ..model.dropout import LORA_SITE, CounterDropout, KernelDropout, lora_dropout_site
-from ..model.layers import Linear, kernel_provider
-from ..parallel.sharding import is_parallel_build
+from ..model.dropout import LORA_SITE, CounterDropout, KernelDropout, counter_dropout_build, lora_dropout_site
+from ..model.layers import Linear
 from .lora import LINEARS, LORA_A, LORA_B, is_target
 
 
@@ -37,15 +36,14 @@ class LoRALinear(Linear):
     layer is built (the layer spec, ``model/layer_spec.py``), so its base weight and bias are the ones the layer
     creates, with the plain Linear's names; ``lora``: the LoraSpec (rank, alpha, dropout, initializers);
     ``dropout_site`` and ``dropout_seed``: its input dropout's counter-dropout site (``dropout.lora_dropout_site``)
-    and tables' seed (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider``, as Linear's (and
-    for the input dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks the mask
-    (``dropout.py``; None: no dropout)."""
+    and tables' seed (``model_config.dropout_seed``); ``kernels``: the model's ``KernelProvider`` (required), as
+    Linear's (and for the input dropout's kernel). ``construct(x, dropout_step)``: the model's forward counter picks
+    the mask (``dropout.py``; None: no dropout)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, kernels=None, *, lora, dropout_site=LORA_SITE, dropout_seed=0):
-        kernels = kernels or kernel_provider()
+                 skip_bias_add=False, *, kernels, lora, dropout_site=LORA_SITE, dropout_seed=0):
         super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add,
-                         kernels)
+                         kernels=kernels)
         self.lora_rank = lora.rank
         self.scaling = lora.alpha / lora.rank
         setattr(self, LORA_A, Parameter(initializer(_init(lora.a_init), (lora.rank, in_features), params_dtype),
@@ -78,15 +76,15 @@ def lora_layer_spec(spec, index, dropout_seed=0):
 
 
 def _lora_dropout(p, compute_dtype, site, seed, kernels):
-    """lora_dropout's Cell, chosen at build time, called as ``(x, dropout_step)``. For 0 < p < 1 on one rank or data
-    parallel: gpt_local's counter dropout at ``site`` (``dropout.CounterDropout``, the plain path and reference: the
-    mask a function of the model's forward counter, so resume is exact), on CPU in float32 through its kernel
-    (``kernels/lora_dropout.py``: the same mask in one pass, drawn again in the backward, nothing of the input's
-    size kept) where ``kernels`` gives it (``cpu_kernels`` ``plain`` or ``{lora_dropout: plain}`` keep the plain
-    Cell). Under
-    semi-auto/auto parallel MindSpore's Dropout (``KernelDropout``, as the model's other dropouts there; its masks
-    do not resume); for p = 0 the identity."""
-    if not 0.0 < p < 1.0 or is_parallel_build():
+    """lora_dropout's Cell, chosen at build time, called as ``(x, dropout_step)``. For 0 < p < 1 where the build
+    draws counter masks (``dropout.counter_dropout_build``: one rank or data parallel): gpt_local's counter dropout
+    at ``site`` (``dropout.CounterDropout``, the plain path and reference: the mask a function of the model's forward
+    counter, so resume is exact), or its kernel where ``kernels`` (the model's provider) gives it
+    (``KernelProvider.lora_dropout``: on CPU in float32, ``kernels/lora_dropout.py``: the same mask in one pass,
+    drawn again in the backward, nothing of the input's size kept). Under semi-auto/auto parallel MindSpore's
+    Dropout (``KernelDropout``, as the model's other dropouts there; its masks do not resume); for p = 0 the
+    identity."""
+    if not 0.0 < p < 1.0 or not counter_dropout_build():
         return KernelDropout(p=p)
     plain = CounterDropout(p, site, seed)
     kernel = kernels.lora_dropout(plain, compute_dtype)
@@ -108,9 +106,9 @@ class MultiLoRALinear(Linear):
     in the compute dtype (no casts per step)."""
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
-                 skip_bias_add=False, kernels=None, *, stacks, index):
+                 skip_bias_add=False, *, kernels, stacks, index):
         super().__init__(in_features, out_features, init_std, params_dtype, compute_dtype, has_bias, skip_bias_add,
-                         kernels)
+                         kernels=kernels)
         a_stack, b_stack, scales = stacks
         scaled = np.asarray(b_stack, np.float32) * np.asarray(scales, np.float32).reshape(-1, 1, 1)
         self.multi_lora_a = Parameter(Tensor(a_stack, compute_dtype), name="multi_lora_a", requires_grad=False)

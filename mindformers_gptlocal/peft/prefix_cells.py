@@ -52,15 +52,24 @@ class PrefixEncoder(nn.Cell):
         self.unstack = ops.Unstack(axis=0)
         self.transpose = ops.Transpose()
         self.cast = ops.Cast()  # the table's reader: its (replicated) layout in prefix.py prefix_rules
+        # chosen here, not in construct: the reparameterisation MLP or the table as it is; the dropout or none
+        self.project = self._projected if spec.projection else self._as_is
+        self.drop = self._as_is if self.dropout is None else self._dropped
 
     def construct(self, dropout_step=None):
-        table = self.cast(self.embedding, self.dtype)
-        if self.projection:
-            table = self.transform_out(self.tanh(self.transform_in(table, self.dtype)), self.dtype)
+        table = self.project(self.cast(self.embedding, self.dtype))
         rows = ops.reshape(table, (self.tokens, self.num_layers * 2, self.groups, self.head_dim))
-        if self.dropout is not None:
-            rows = self.dropout(rows, dropout_step)
+        rows = self.drop(rows, dropout_step)
         return self.unstack(self.transpose(rows, (1, 2, 0, 3)))  # 2L x [G, P, D]
+
+    def _projected(self, table):
+        return self.transform_out(self.tanh(self.transform_in(table, self.dtype)), self.dtype)
+
+    def _dropped(self, rows, dropout_step):
+        return self.dropout(rows, dropout_step)
+
+    def _as_is(self, table, dropout_step=None):  # pylint: disable=unused-argument
+        return table
 
 
 class _Dense(nn.Cell):

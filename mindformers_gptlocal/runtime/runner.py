@@ -8,12 +8,14 @@ rows) and the two Cells compiled over it:
   position's logits to return: a prompt's prefill ([B, W], W a width bucket: ``buckets.width_buckets``, powers of
   two from 16 up to the cache length), a one-token decode step ([B, 1]), the server's prefill chunks and refills.
   A prefill into empty rows runs as a ``fresh_prefill`` call where every layer has the fused CPU attention kernel
-  (``ParallelAttention._fresh_prefill``: causal attention over the W prompt rows only); ``step`` is the plain
-  path and the reference (attention over all L rows, rows past each position masked): the same logits.
+  (``GPTLocalModel.fused_prefill``, the provider's ``fresh_prefill``; ``KVCacheFusedPrefill``: causal attention over
+  the W prompt rows only); ``step`` is the plain path and the reference (attention over all L rows, rows past each
+  position masked): the same logits.
   In a one-token step each GPT-2 layer runs as one CPU kernel node where the model built it
   (``GPTLocalBlock.decode_step``, ``kernels/decode_layer.py``): nothing here changes for it.
-* ``GreedySteps``: ``decode_steps`` greedy decode steps unrolled in ONE graph over the rows' slots, the argmax
-  on the device and only the [B, k] token ids coming back (``decode_greedy``, generate's greedy path).
+* ``GreedySteps``: ``decode_steps`` greedy decode steps unrolled in ONE graph over the rows' slots (how many: the
+  model's provider, ``KernelProvider.greedy_steps``), the argmax on the device and only the [B, k] token ids coming
+  back (``decode_greedy``, generate's greedy path).
 
 Every call goes through the model's compile cache where it has one (``graph_cache.cached_call``). Compiled per
 (batch, cache length): the cache length is rounded up to ``CACHE_BUCKET`` rows so nearby lengths share graphs, and
@@ -28,18 +30,12 @@ from .buckets import bucket_of, width_buckets
 from .graph_cache import cached_call
 
 CACHE_BUCKET = 64
-STEPS_BUDGET = 32  # decode_steps x layers unrolled in one GreedySteps graph, at most 8 steps
 KEPT = 4  # runner shapes (batch, cache length) kept compiled at once per model
 
 
 def cache_length(needed, limit, bucket=CACHE_BUCKET):
     """Cache rows to allocate: ``needed`` rounded up to a bucket, capped at max_position_embeddings."""
     return min(limit, -(-needed // bucket) * bucket)
-
-
-def decode_steps(num_layers):
-    """Greedy steps per compiled call: more for shallow models, where a step is mostly call overhead."""
-    return max(1, min(8, STEPS_BUDGET // max(int(num_layers), 1)))
 
 
 def runner_for(causal_lm, batch_size, needed_length):
@@ -91,7 +87,7 @@ class CachedForward(nn.Cell):
     def construct(self, input_ids, position_ids, slots, last_index, fresh_prefill=False):
         """``fresh_prefill`` (a constant: its own compiled graph): the call writes positions 0..S-1 of empty rows,
         so attention is causal attention over the S new keys (the model's [1, 1, S, S] mask; the fused CPU kernel
-        in ``ParallelAttention._fresh_prefill``), not over all L rows; the same logits as without it."""
+        in ``KVCacheFusedPrefill``), not over all L rows; the same logits as without it."""
         bias = None if fresh_prefill else self.cache.attention_bias(position_ids)  # None: the model's causal mask
         hidden = self.lm.model(input_ids, position_ids, bias, key_caches=self.cache.key_caches,
                                value_caches=self.cache.value_caches,
@@ -102,8 +98,8 @@ class CachedForward(nn.Cell):
 class GreedySteps(nn.Cell):
     """``steps`` greedy decode steps of a ``CachedForward`` unrolled in one graph (a fixed count, no control flow
     on values): tokens, positions [b, 1] and the rows' cache slots [b] -> picked tokens [b, steps] (+ their logits
-    [b, steps, V] ``with_logits``). Positions past the cache's last row are clamped to it: such steps are ones the
-    caller discards."""
+    [b, steps, V] ``with_logits``, bound here: ``picks``). Positions past the cache's last row are clamped to it:
+    such steps are ones the caller discards."""
 
     def __init__(self, forward, steps, with_logits=False):
         super().__init__(auto_prefix=False)  # as CachedForward's: the model's Parameters keep their own names
@@ -112,6 +108,7 @@ class GreedySteps(nn.Cell):
         self.with_logits = with_logits
         self.last_row = forward.cache.max_length - 1
         self.argmax = ops.Argmax(axis=-1, output_type=ms.int32)
+        self.picks = self._tokens_and_logits if with_logits else self._tokens
 
     def construct(self, tokens, positions, slots):
         last_index = ops.zeros_like(slots)
@@ -123,9 +120,13 @@ class GreedySteps(nn.Cell):
             positions = positions + 1
             picked = picked + (tokens,)
             logits_seen = logits_seen + (ops.expand_dims(logits, 1),)
-        if self.with_logits:
-            return ops.concat(picked, 1), ops.concat(logits_seen, 1)
+        return self.picks(picked, logits_seen)
+
+    def _tokens(self, picked, logits_seen):  # pylint: disable=unused-argument
         return ops.concat(picked, 1)
+
+    def _tokens_and_logits(self, picked, logits_seen):
+        return ops.concat(picked, 1), ops.concat(logits_seen, 1)
 
 
 class ModelRunner:
@@ -139,11 +140,14 @@ class ModelRunner:
         self.batch_size = batch_size
         self.max_length = max_length
         self.widths = width_buckets(max_length)
-        self.decode_steps = decode_steps(causal_lm.config.arch.num_hidden_layers)
+        kernels = causal_lm.model.kernels  # the model's provider: how many steps a greedy graph unrolls
+        self.decode_steps = kernels.greedy_steps(causal_lm.config.arch.num_hidden_layers)
         self._greedy = {}  # with_logits -> GreedySteps
         # the prefill runs the fused CPU attention kernel over the prompt where the model built it in every layer
-        # (the kernel provider's choice, kernels/provider.py; never with prefix tuning): GPTLocalModel.fused_prefill
+        # (the kernel provider's choice, kernels/provider.py; never with prefix tuning): GPTLocalModel.fused_prefill;
+        # the prefill's call is picked here
         self.fresh_kernel = causal_lm.model.fused_prefill()
+        self._prefill_call = self._prefill_fresh_graph if self.fresh_kernel else self._prefill_step
 
     # the storage, for callers that read it
     key_caches = property(lambda self: self.cache.key_caches)
@@ -168,9 +172,12 @@ class ModelRunner:
         L rows, rows W..L-1 masked), which gives the same logits."""
         width = bucket_of(max(len(p) for p in prompts), self.widths)
         ids, positions, lengths = prefill_inputs(prompts, self.batch_size, pad_id, width)
-        last = lengths - 1  # the logits after each prompt's last token, not after the padding
-        if not self.fresh_kernel:
-            return self.step(ids, positions, last)
+        return self._prefill_call(ids, positions, lengths - 1)  # the logits after each prompt's last token
+
+    def _prefill_step(self, ids, positions, last):
+        return self.step(ids, positions, last)
+
+    def _prefill_fresh_graph(self, ids, positions, last):
         return cached_call(self.lm, self.forward, *step_inputs(ids, positions, last), True).asnumpy()
 
     def decode(self, tokens, positions):

@@ -65,14 +65,19 @@ class GPTLocalAdamW(Optimizer):
         self.exp_avg = self._moments("adam_m")
         self.exp_avg_sq = self._moments("adam_v")
         self.kernel = ops.AdamWeightDecay()  # the train step may give it the CPU kernel (use_kernels)
+        # the step over the parameters, by how the learning rate and weight decay come (per group or one), and the
+        # parallel optimizer's broadcast after it: MindSpore's Optimizer fixes them at build; picked here once
+        if self.is_group and self.is_group_lr:
+            self.update = self._group_lr_update
+        else:
+            self.update = self._group_update if self.is_group else self._one_update
+        self.share = self._broadcast if self.use_parallel else self._kept
 
     def use_kernels(self, provider):
-        """Runs the update through ``provider``'s AdamW kernel (``KernelProvider.adamw``: on CPU, one in-place pass
-        a parameter, the same formula) where it gives one; else keeps ``AdamWeightDecay``. Called by the train step
+        """Runs the update through ``provider``'s choice (``KernelProvider.adamw_update``: on CPU the AdamW kernel,
+        one in-place pass a parameter, the same formula; else ``AdamWeightDecay``). Called by the train step
         (``mf/wrapper.py``) with its model's provider, before the step compiles."""
-        kernel = provider.adamw([param.dtype for param in self._parameters])
-        if kernel is not None:
-            self.kernel = kernel
+        self.kernel = provider.adamw_update([param.dtype for param in self._parameters])
 
     def _moments(self, prefix):
         """fp32 zeros shaped like each parameter, sharing its parallel layout (for optimizer sharding)."""
@@ -92,17 +97,29 @@ class GPTLocalAdamW(Optimizer):
         step = ops.cast(self.global_step, mstype.float32)
         correction1 = 1.0 - ops.pow(self.beta1, step)
         root_correction2 = ops.sqrt(1.0 - ops.pow(self.beta2, step))
-        kernel, beta1, beta2, eps = self.kernel, self.beta1, self.beta2, self.eps
-        states = (self._parameters, self.exp_avg, self.exp_avg_sq, gradients, self.optim_filter)
-        if self.is_group and self.is_group_lr:
-            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1, root_correction2),
-                                    lr, weight_decay, *states)
-        elif self.is_group:
-            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1, root_correction2,
-                                                lr), weight_decay, *states)
-        else:
-            result = self.hyper_map(ops.partial(_fused_step, kernel, beta1, beta2, eps, correction1, root_correction2,
-                                                lr, weight_decay), *states)
-        if self.use_parallel:
-            self.broadcast_params(result)
+        return self.share(self.update(correction1, root_correction2, lr, weight_decay, gradients))
+
+    def _group_lr_update(self, correction1, root_correction2, lr, weight_decay, gradients):
+        """Per-group learning rates and weight decays."""
+        return self.hyper_map(ops.partial(_fused_step, self.kernel, self.beta1, self.beta2, self.eps, correction1,
+                                          root_correction2), lr, weight_decay, self._parameters, self.exp_avg,
+                              self.exp_avg_sq, gradients, self.optim_filter)
+
+    def _group_update(self, correction1, root_correction2, lr, weight_decay, gradients):
+        """One learning rate, per-group weight decays."""
+        return self.hyper_map(ops.partial(_fused_step, self.kernel, self.beta1, self.beta2, self.eps, correction1,
+                                          root_correction2, lr), weight_decay, self._parameters, self.exp_avg,
+                              self.exp_avg_sq, gradients, self.optim_filter)
+
+    def _one_update(self, correction1, root_correction2, lr, weight_decay, gradients):
+        """One learning rate and weight decay."""
+        return self.hyper_map(ops.partial(_fused_step, self.kernel, self.beta1, self.beta2, self.eps, correction1,
+                                          root_correction2, lr, weight_decay), self._parameters, self.exp_avg,
+                              self.exp_avg_sq, gradients, self.optim_filter)
+
+    def _broadcast(self, result):
+        self.broadcast_params(result)
+        return result
+
+    def _kept(self, result):
         return result

@@ -121,16 +121,16 @@ def test_packed_loss_is_the_token_mean_over_documents(model, docs):
 def test_flash_varlen_gets_document_ends_over_the_flat_batch(model, docs):
     """With flash attention (Ascend), the varlen kernel gets the ends over B * S tokens and the positions
     restart; checked here on the helper the kernel call takes its inputs from (no Ascend on this machine)."""
+    from mindformers_gptlocal.model.gpt import FlashMasks
     ids, ends = _rows(docs)
     body = model.model
-    saved, mode = body.use_flash, ms.get_context("mode")
+    saved, mode = body.masks, ms.get_context("mode")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
-        body.use_flash = True
-        body.varlen_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+        body.masks = FlashMasks()  # the masks' form a flash-attention build picks
         positions, mask, flat = body.document_mask(Tensor(ends), 2, SEQ)
     finally:
-        body.use_flash = saved
+        body.masks = saved
         ms.set_context(mode=mode)
     expected = np.concatenate([ends[0], ends[1] + SEQ])
     np.testing.assert_array_equal(flat.asnumpy(), expected)

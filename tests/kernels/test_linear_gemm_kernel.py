@@ -56,9 +56,9 @@ class _Marked(linear.CPULinearGEMM):
 
 
 def _marked_linear(library, mode):
-    """A Linear built with ``cpu_kernels: {linear: mode}`` (None: a Linear given no provider, the default), its gemm
-    marked, and its (W, b) in float64."""
-    kernels = None if mode is None else KernelProvider({"linear": mode})
+    """A Linear built with ``cpu_kernels: {linear: mode}`` (None: the default provider, ``auto``), its gemm marked,
+    and its (W, b) in float64."""
+    kernels = KernelProvider() if mode is None else KernelProvider({"linear": mode})
     layer = Linear(IN, OUT, 0.5, ms.float32, ms.float32, kernels=kernels)
     assert layer.gemm is not None
     layer.gemm = _Marked(library)

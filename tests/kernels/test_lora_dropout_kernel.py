@@ -55,6 +55,7 @@ def _lora_linear(in_features, out_features, dropout, has_bias=True, kernels=None
     ms.set_seed(3)
     spec = LoraSpec(rank=5, alpha=7.0, dropout=dropout, target_modules=".*", exclude_layers=(), freeze_include=(),
                     freeze_exclude=(), a_init="heuniform", b_init="normal")
+    kernels = KernelProvider() if kernels is None else kernels  # the default: auto
     linear = LoRALinear(in_features, out_features, 0.3, ms.float32, ms.float32, has_bias=has_bias, kernels=kernels,
                         lora=spec, dropout_site=lora_dropout_site(1, "attention.linear_qkv"))
     rng = np.random.default_rng(1)

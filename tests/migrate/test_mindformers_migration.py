@@ -370,10 +370,11 @@ def test_quick_gelu_is_mindspore_fastgelu_and_gets_a_shard_strategy():
     """quick_gelu (MindFormers' fast_gelu) is P.FastGeLU, x * sigmoid(1.702 x), and tensor parallel splits it like
     the other activations (columns of the ffn)."""
     from mindformers_gptlocal import GPTLocalConfig
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Activation
     from mindformers_gptlocal.parallel.sharding import apply_sharding
     x = np.linspace(-8, 8, 97, dtype=np.float32)
-    out = Activation("quick_gelu")(Tensor(x)).asnumpy()
+    out = Activation("quick_gelu", KernelProvider())(Tensor(x)).asnumpy()
     assert np.abs(out - x / (1 + np.exp(-1.702 * x))).max() < 1e-6
     config = GPTLocalConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                             max_position_embeddings=16, seq_length=16, hidden_act="quick_gelu", hidden_dropout=0.0,

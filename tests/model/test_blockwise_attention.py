@@ -115,13 +115,16 @@ def test_bad_block_size_is_refused_by_name():
 
 def test_linear_explicit_bias_broadcast_is_exact(pynative_mode):
     """CPU Linear's explicit bias broadcast (less peak memory): the same output bit for bit, the same gradients."""
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Linear
     rng = np.random.default_rng(2)
     x = Tensor(rng.standard_normal((2, 5, 16)).astype(np.float32))
     results = []
     for broadcast in (False, True):
-        linear = Linear(16, 24, 0.02, ms.float32, ms.float32)
-        linear.broadcast_bias = broadcast
+        # composed_ops: the broadcast before the Add (the provider's choice, bound at build)
+        kernels = KernelProvider({"composed_ops": "auto" if broadcast else "plain"}, device_target="CPU")
+        linear = Linear(16, 24, 0.02, ms.float32, ms.float32, kernels=kernels)
+        assert linear.broadcast_bias == broadcast
         linear.weight.set_data(Tensor(rng.standard_normal((24, 16)).astype(np.float32)) if not results
                                else Tensor(results[0][2]))
         linear.bias.set_data(Tensor(np.linspace(-1, 1, 24).astype(np.float32)))

@@ -170,6 +170,7 @@ def test_cpu_tanh_gelu_equals_the_gelu_kernel_forward_and_backward():
     training and inline otherwise; both are the GeLU kernel's function and derivative, in graph and
     PyNative mode."""
     from mindspore import ops
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Activation
     x = ms.Tensor(np.random.default_rng(0).standard_normal((4, 8, 96)).astype(np.float32) * 4)
     sens = ms.Tensor(np.random.default_rng(1).standard_normal((4, 8, 96)).astype(np.float32))
@@ -183,7 +184,7 @@ def test_cpu_tanh_gelu_equals_the_gelu_kernel_forward_and_backward():
         for run_mode in (ms.GRAPH_MODE, ms.PYNATIVE_MODE):
             ms.set_context(mode=run_mode)
             for training in (True, False):
-                activation = Activation("gelu_new").set_train(training)
+                activation = Activation("gelu_new", KernelProvider()).set_train(training)
                 assert activation.composed_tanh_gelu  # this suite runs on CPU
                 np.testing.assert_allclose(activation(x).asnumpy(), kernel(x).asnumpy(), rtol=0, atol=2e-6)
                 ours = ops.GradOperation(sens_param=True)(activation)(x, sens).asnumpy()

@@ -14,6 +14,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter, ParameterTuple
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import RotaryEmbedding
 from references import SMALL, AllReduceParts, causal_bias, params_by_path, randomised, rank_block, value_and_grads
@@ -69,7 +70,7 @@ def joined(parts):
 def test_block_parts_reassemble_to_the_unsharded_block(mp, arch):
     config = GPTLocalConfig(**SMALL, **ARCHS[arch])
     ms.set_seed(0)
-    full = randomised(GPTLocalBlock(config, 1), seed=mp)
+    full = randomised(GPTLocalBlock(config, 1, kernels=KernelProvider.from_config(config)), seed=mp)
     rng = np.random.default_rng(10 + mp)
     x = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
     probe = Tensor(rng.normal(0, 1, (BATCH, SEQ, SMALL["hidden_size"])).astype(np.float32))
@@ -308,7 +309,7 @@ def test_prefix_block_parts_reassemble_to_the_unsharded_block(mp, arch):
     pet = dict(pet_type="ptuning2", pre_seq_len=3, prefix_projection=False, dropout_prob=0.0)
     config = GPTLocalConfig(**dict(SMALL, seq_length=SEQ), **ARCHS[arch], pet_config=pet)
     ms.set_seed(0)
-    full = randomised(GPTLocalBlock(config, 1), seed=20 + mp)
+    full = randomised(GPTLocalBlock(config, 1, kernels=KernelProvider.from_config(config)), seed=20 + mp)
     rng = np.random.default_rng(30 + mp)
     groups, dim = config.num_query_groups, SMALL["hidden_size"] // SMALL["num_attention_heads"]
     prefix = tuple(Parameter(Tensor(rng.normal(0, 1, (groups, 3, dim)).astype(np.float32)), name=name)

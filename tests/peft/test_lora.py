@@ -12,6 +12,7 @@ from safetensors.numpy import load_file
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import CheckpointError, ConfigError
+from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model import GPTLocalBlock
 from references import causal_bias, rank_block
 from mindformers_gptlocal.peft.lora_cells import lora_layer_spec
@@ -185,7 +186,7 @@ def test_adapter_layouts_reassemble_per_rank(mp):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     spec = GPTLocalConfig(**SMALL, pet_config=PET).pet_spec()
     config = GPTLocalConfig(**SMALL)
-    full = GPTLocalBlock(config, 1, layer_spec=lora_layer_spec(spec, 0))
+    full = GPTLocalBlock(config, 1, layer_spec=lora_layer_spec(spec, 0), kernels=KernelProvider.from_config(config))
     randomised(full, seed=7)
     layouts = param_layouts(block_rules(arch=config.arch, pet=spec))
     full_params = params_by_path(full)

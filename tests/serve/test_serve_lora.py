@@ -180,6 +180,7 @@ def test_multi_lora_linear_equals_per_row_merged_weights():
     of one compiled Cell."""
     import mindspore as ms
     from mindspore import Parameter, Tensor
+    from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Linear
     from mindformers_gptlocal.peft.lora_cells import MultiLoRA, MultiLoRALinear
     rng = np.random.default_rng(3)
@@ -192,7 +193,8 @@ def test_multi_lora_linear_equals_per_row_merged_weights():
             a_stack[k, :len(a)], b_stack[k, :, :b.shape[1]] = a, b
             scales.append(s)
         index = Parameter(Tensor(np.zeros(5, np.int32)), name="index", requires_grad=False)
-        cell = MultiLoRALinear(5, 7, 0.5, ms.float32, ms.float32, stacks=(a_stack, b_stack, scales), index=index)
+        cell = MultiLoRALinear(5, 7, 0.5, ms.float32, ms.float32, kernels=KernelProvider(), stacks=(a_stack, b_stack,
+                                                                                               scales), index=index)
         assert isinstance(cell, Linear) and cell.weight.name == "weight"  # built as a Linear: the base is its own
         cell.bias.set_data(Tensor(rng.normal(size=7).astype(np.float32)))
         weight, bias = cell.weight.asnumpy().copy(), cell.bias.asnumpy().copy()

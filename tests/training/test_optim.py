@@ -72,7 +72,7 @@ def test_plain_kernels_switch(tiny_config, mcore_context):
     from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Activation
     from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
-    assert Activation("gelu_new").composed_tanh_gelu
+    assert Activation("gelu_new", KernelProvider.from_config(tiny_config)).composed_tanh_gelu
     for cpu_kernels in ("plain", {"composed_ops": "plain"}):
         assert not Activation("gelu_new", KernelProvider(cpu_kernels)).composed_tanh_gelu
     for cpu_kernels, clip in (("auto", GPTLocalClipGradNorm), ("plain", ClipGradNorm)):
