@@ -1,5 +1,5 @@
-"""Generation speed of gpt_local's KV cache against Hugging Face `generate` (PyTorch, with its cache) and CTranslate2,
-same weights, same prompts, same machine, same run; GPT-2 and Llama-style models.
+"""Generation speed of gpt_local's KV cache against Hugging Face `generate` (PyTorch, with its cache), CTranslate2 and
+llama.cpp, same weights, same prompts, same machine, same run; GPT-2 and Llama-style models.
 
     python benchmarks/generate_throughput.py                      # tiny and GPT-2 small, batch 1 and 8
     python benchmarks/generate_throughput.py --shapes tiny --batches 1
@@ -58,6 +58,33 @@ before them; its TTFT is a generation of one token. A CTranslate2 precision this
 given as one line and left out of the table (the other sides still run). The table gives each side's precision and
 its speed, TTFT and peak RSS against the CTranslate2 side of the same precision, and a line per shape and batch:
 our best precision against CTranslate2's best.
+
+llama.cpp (``python benchmarks/run.py generate --part llamacpp --llamacpp-converter DIR``):
+
+    python benchmarks/generate_throughput.py --shapes llama,small --sides ours,ours-int8,ours-bf16,llamacpp-f32,\
+        llamacpp-q8_0,llamacpp-bf16 --llamacpp-converter DIR
+
+``llamacpp-f32`` / ``llamacpp-q8_0`` / ``llamacpp-bf16``: llama.cpp on the GGUF its own converter writes from the same
+random HF model (``--outtype`` f32 / q8_0 / bf16), against ours fp32 / int8 / bf16. An optional build, never in
+setup.cfg's extras (it compiles for minutes):
+
+    CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36   # builds llama.cpp: 6+ min on 2 cores
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36    # the sdist, for its converter
+    tar xzf llama_cpp_python-0.3.36.tar.gz       # DIR: llama_cpp_python-0.3.36/vendor/llama.cpp
+
+``--llamacpp-converter DIR``: the folder holding ``convert_hf_to_gguf.py``, ``conversion/`` and ``gguf-py/`` (run
+with ``PYTHONPATH=gguf-py:DIR``; it needs torch, transformers and sentencepiece). A random model has no tokenizer
+and the converter refuses a word-level one, so a SentencePiece ``tokenizer.model`` is trained on README.md beside
+the HF files (seconds; the converter pads its vocabulary to the model's); GPT-2's converter asks for a recognized BPE
+tokenizer instead, so there it is given the same SentencePiece vocabulary (``LLAMACPP_CONVERT``): the benchmark hands
+llama.cpp token ids, never text. The worker runs llama.cpp through llama-cpp-python's bindings of its C API (the
+high-level ``Llama`` runs one sequence): one context of ``batch`` sequences, n_threads = n_threads_batch = --threads
+(read back from the context and printed), the prompts decoded in one llama_batch, then a token per sequence a step,
+greedy = the argmax of llama.cpp's logits; the KV cache is float32 beside F32 weights (float32 end to end, as ours
+fp32), llama.cpp's default f16 beside Q8_0 and BF16. Without llama_cpp, sentencepiece or the converter's folder, the
+run stops with one line naming what to install (exit 2). The table compares each side with the llama.cpp side of
+the same precision (decode / TTFT / peak RSS), and every run ends with each side's greedy tokens against ours fp32
+(how many of the 128 new tokens equal ours before the first difference, per sequence).
 """
 import argparse
 import os
@@ -831,8 +858,8 @@ def check_sides(sides, converter=None):
         raise SystemExit(2)
     parts = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
     if not converter or not all(os.path.exists(os.path.join(converter, part)) for part in parts):
-        print(f"--llamacpp-converter {converter or '(not given)'}: the llama.cpp sides need the folder of llama.cpp's "
-              f"converter ({', '.join(parts)}): {LLAMACPP_CONVERTER}", file=sys.stderr)
+        print(f"--llamacpp-converter {converter or '(not given)'}: the llama.cpp sides need llama.cpp's converter: "
+              f"{LLAMACPP_CONVERTER}", file=sys.stderr)
         raise SystemExit(2)
 
 
