@@ -221,14 +221,28 @@ def steady_median(step_times, warmup):
     return statistics.median(steady)
 
 
-def cpu_model():
+def cpu_info(path="/proc/cpuinfo"):
+    """The first processor's fields of ``/proc/cpuinfo`` ({"model name": ..., "cpu family": "25", "flags": ...});
+    empty where there is none."""
+    found = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+        with open(path, encoding="utf-8", errors="replace") as info:
             for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    if found:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                found.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return found
+
+
+def cpu_model():
+    found = cpu_info().get("model name")
+    if found:
+        return found
     import platform
     return platform.processor() or "unknown CPU"
 
@@ -270,15 +284,17 @@ def busy_line():
 
 
 def machine_line(threads):
-    """One line naming the machine and the thread count every worker ran with. The load average is the one
-    at the first call (before any worker ran: a later reading would count the benchmark's own workers)."""
+    """One line naming the machine (its model name, family / model / stepping numbers and the instruction sets
+    that choose our kernels' paths: ``cpu_identity``) and the thread count every worker ran with. The load average
+    is the one at the first call (before any worker ran: a later reading would count the benchmark's own
+    workers)."""
     if threads in _MACHINE:
         return _MACHINE[threads]
     usable = usable_cpus()
     load = load_average()
     busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > busy_line() else ""
-    _MACHINE[threads] = (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({usable} usable), 1-min load "
-                         f"average {load:.1f} before the first worker; every worker: "
+    _MACHINE[threads] = (f"machine: {cpu_model()} ({cpu_identity()}), {os.cpu_count()} logical CPUs ({usable} "
+                         f"usable), 1-min load average {load:.1f} before the first worker; every worker: "
                          f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker{busy}")
     return _MACHINE[threads]
 
@@ -288,14 +304,26 @@ CPU_PRECISION_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnn
 
 def cpu_flags():
     """The CPU's feature flags (``/proc/cpuinfo``'s first ``flags`` line), as a set; empty where unknown."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpu_info().get("flags", "").split())
+
+
+# the instruction sets that choose our kernels' paths: the C++ kernels' clones (avx512f, avx2, plain), oneDNN's
+# bf16 GEMMs (avx512_bf16, AMX) and int8 GEMMs (VNNI, AMX). Two CPUs that both call themselves "AMD EPYC" (a Zen 3
+# with AVX2 only, a Zen 4 with avx512_bf16) differ in every one of these paths.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def cpu_identity(info=None):
+    """The CPU's vendor, family, model and stepping numbers and which of ``ISA_FLAGS`` it has, in one phrase:
+    ``AuthenticAMD family 25 model 1 stepping 1, ISA: avx2 yes, avx512f no, ...`` (no ";": scripts cut the machine
+    line at the first one)."""
+    info = cpu_info() if info is None else info
+    flags = set(info.get("flags", "").split())
+    numbers = " ".join(f"{name} {info[key]}" for name, key in (("family", "cpu family"), ("model", "model"),
+                                                                ("stepping", "stepping")) if info.get(key))
+    ident = " ".join(x for x in (info.get("vendor_id", ""), numbers) if x) or "family/model unknown"
+    isa = ", ".join(f"{name} {'yes' if name in flags else 'no'}" for name in ISA_FLAGS) if flags else "flags unknown"
+    return f"{ident}, ISA: {isa}"
 
 
 def precision_line(flags=None):

@@ -56,7 +56,8 @@ SUITES = {
         ("prefix", "finetune_throughput.py", "--shape tiny --steps 8 --rounds 2 --methods prefix"),
     ]),
     "generate": ("KV-cache generation (decode tok/s, TTFT, peak RSS) at fp32, bf16 and int8 against transformers' "
-                 "generate and CTranslate2 (the bench extra)", [
+                 "generate and CTranslate2 (the bench extra); part llamacpp: against llama.cpp, an optional build "
+                 "(give --llamacpp-converter DIR: benchmarks/generate_throughput.py's docstring)", [
         ("gpt2", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
                                            "--recompute-shapes none "
                                            "--sides ours,ours-plain-decode,ours-bf16,ours-int8,"
@@ -64,6 +65,9 @@ SUITES = {
         ("llama", "generate_throughput.py", "--shapes llama --batches 1,8 --rounds 2 --threads 2 "
                                             "--recompute-shapes none --sides ours,ours-bf16,ours-int8,"
                                             "ct2-fp32,ct2-int8,ct2-bf16,hf --forward"),
+        ("llamacpp", "generate_throughput.py", "--shapes llama,small --batches 1,8 --rounds 2 --threads 2 "
+                                               "--recompute-shapes none --sides ours,ours-int8,ours-bf16,"
+                                               "llamacpp-f32,llamacpp-q8_0,llamacpp-bf16,ct2-fp32,ct2-int8"),
     ]),
     "serve": ("gptlocal serve (continuous batching) against transformers (one generate per request), an int8 model "
               "against fp32, and multi-LoRA serving", [

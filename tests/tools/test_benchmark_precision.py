@@ -106,6 +106,92 @@ def test_sides_a_run_cannot_have_are_refused_in_one_line(monkeypatch, capsys):
     assert G.TRAINING_BUILD == ("ours-bf16-per-call",) and G.PRECISION["ours-bf16-per-call"] == "bf16"
 
 
+def test_llamacpp_sides_without_their_build_are_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    """The llama.cpp sides: a peer on their own; without the converter's folder (not given, or a folder without
+    convert_hf_to_gguf.py, conversion/, gguf-py/) or without llama_cpp: one line naming what to get, exit 2; with
+    them, accepted. Their precisions pair F32 / Q8_0 / BF16 with ours fp32 / int8 / bf16."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("llama_cpp", "sentencepiece") else real(name, *a))
+    converter = tmp_path / "vendor" / "llama.cpp"
+    for folder in (None, str(tmp_path)):
+        with pytest.raises(SystemExit) as exit_:
+            G.check_sides(("ours", "llamacpp-f32"), folder)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and "--llamacpp-converter" in err
+        assert "pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36" in err
+    for part in ("conversion", "gguf-py"):
+        (converter / part).mkdir(parents=True)
+    (converter / "convert_hf_to_gguf.py").write_text("")
+    G.check_sides(("ours", "llamacpp-f32"), str(converter))  # a peer on its own, its build and converter present
+    G.check_sides(("ours", "ours-int8", "hf"))  # no llama.cpp side: nothing of it needed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        G.check_sides(("ours", "llamacpp-q8_0"), str(converter))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36' in err
+    assert [G.PRECISION.get(side, "fp32") for side in G.LLAMACPP_SIDES] == ["fp32", "int8", "bf16"]
+    assert G.LLAMACPP_KV == {"llamacpp-f32": "f32", "llamacpp-q8_0": "f16", "llamacpp-bf16": "f16"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentencepiece") is None, reason="sentencepiece is not installed")
+def test_llamacpp_source_gives_the_converter_what_it_reads(tmp_path):
+    """The folder llama.cpp's converter reads: the HF files linked, GPT-2's config with n_ctx = n_positions (its
+    converter's key), a Llama config as saved, and a SentencePiece tokenizer.model of at most the model's vocabulary
+    that encodes text to ids within it."""
+    import sentencepiece
+    from transformers import GPT2Config, LlamaConfig
+    GPT2Config(n_positions=1024, **G.SHAPES["tiny"]).save_pretrained(tmp_path / "tiny")
+    (tmp_path / "tiny" / "model.safetensors").write_bytes(b"weights")
+    LlamaConfig(**G.LLAMA_SHAPES["llama-tiny"]).save_pretrained(tmp_path / "llama-tiny")
+    source = G.llamacpp_source(str(tmp_path), "tiny")
+    assert os.path.realpath(os.path.join(source, "model.safetensors")) == str(tmp_path / "tiny" / "model.safetensors")
+    config = json.load(open(os.path.join(source, "config.json"), encoding="utf-8"))
+    assert config["n_ctx"] == config["n_positions"] == 1024 and config["model_type"] == "gpt2"
+    tokenizer = sentencepiece.SentencePieceProcessor(model_file=os.path.join(source, "tokenizer.model"))
+    assert 100 < tokenizer.vocab_size() <= G.SHAPES["tiny"]["vocab_size"]
+    ids = tokenizer.encode("gpt_local runs on the CPU")
+    assert ids and max(ids) < tokenizer.vocab_size()
+    llama = G.llamacpp_source(str(tmp_path), "llama-tiny")
+    assert json.load(open(os.path.join(llama, "config.json"), encoding="utf-8")) == \
+        json.load(open(tmp_path / "llama-tiny" / "config.json", encoding="utf-8"))
+
+
+def test_greedy_agreement_counts_leading_equal_tokens():
+    """The agreement line: per side, the leading new tokens equal to ours, min / median / max over sequences; a shape
+    without ours' tokens gives no line."""
+    assert G.leading_equal([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert G.leading_equal([1, 2], [1, 2]) == 2 and G.leading_equal([5], [6]) == 0
+    rows = [("llama-tiny", 2, {"ours": [{"tokens": [[1, 2, 3], [4, 5, 6]]}],
+                               "llamacpp-f32": [{"tokens": [[1, 2, 3], [4, 0, 6]]}],
+                               "llamacpp-q8_0": [{"tokens": [[0, 2, 3], [4, 5, 0]]}], "hf": []}),
+            ("tiny", 1, {"llamacpp-f32": [{"tokens": [[1]]}]})]
+    assert list(G.agreement_lines(rows)) == ["llama-tiny, batch 2: llamacpp-f32 1 / 2 / 3, llamacpp-q8_0 0 / 1 / 2"]
+
+
+def test_machine_line_tells_cpus_apart(tmp_path):
+    """The machine line's CPU: vendor, family / model / stepping and the instruction sets that choose our kernels'
+    paths, read from the first processor of /proc/cpuinfo; a Zen 3 and a Zen 4 that both say "AMD EPYC" differ."""
+    def identity(model, flags):
+        info = tmp_path / f"cpuinfo{model}"
+        info.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\n"
+                        f"model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu {flags}\n\nprocessor\t: 1\n"
+                        "model\t\t: 99\nflags\t\t: amx_bf16\n")
+        return C.cpu_identity(C.cpu_info(str(info)))
+    zen3 = identity(1, "avx2 fma")
+    assert zen3 == ("AuthenticAMD family 25 model 1 stepping 1, ISA: avx2 yes, avx512f no, avx512_bf16 no, "
+                    "avx512_vnni no, avx_vnni no, amx_bf16 no, amx_int8 no")
+    assert identity(17, "avx2 avx512f avx512_bf16 avx512_vnni") == (
+        "AuthenticAMD family 25 model 17 stepping 1, ISA: avx2 yes, avx512f yes, avx512_bf16 yes, avx512_vnni yes, "
+        "avx_vnni no, amx_bf16 no, amx_int8 no")
+    assert C.cpu_identity({}) == "family/model unknown, ISA: flags unknown"
+    assert C.cpu_info(str(tmp_path / "none")) == {}
+    line = C.machine_line(THREADS)
+    assert line.startswith(f"machine: {C.cpu_model()} ({C.cpu_identity()}), ")
+    assert "logical CPUs" in line.split(";")[0]  # serve_throughput quotes the line up to its first ";"
+
+
 def test_torch_bf16_autocast_variant_computes_in_bf16(tmp_path):
     """sdpa+fused-bf16 trains the same model on the same tokens as sdpa+fused, under bf16 autocast: its loss is
     close to fp32's and not equal to it (fp32 would give the same bits)."""

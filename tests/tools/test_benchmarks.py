@@ -1,5 +1,6 @@
 """The benchmarks' workers run with the thread count asked, even when started from a process that imported
 MindSpore (which sets OMP_NUM_THREADS=1 in the C environment), and refuse to measure otherwise."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,6 +36,10 @@ def mindspore_imported():
     ("op_profile.py", ["llama", "--worker", "--noop"]),
     ("generate_throughput.py", ["--worker", "ours", "--work", "-"]),
     ("generate_throughput.py", ["--worker", "hf", "--work", "-"]),
+    pytest.param("generate_throughput.py", ["--worker", "llamacpp-q8_0", "--work", "-"],
+                 marks=pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                          reason="llama-cpp-python (an optional build: generate_throughput.py's "
+                                                 "docstring) is not installed")),
     ("memory.py", ["serve", "--noop"]),
     ("serve_throughput.py", ["--ours-server", "-", "16"]),
     ("eval_throughput.py", ["--worker", "ours", "--work", "-"]),
