@@ -1,11 +1,20 @@
-"""What every kernel module's Cells share: the AOT ``ops.Custom`` on CPU, and the library for a float32 model; and
-the same C entry points called directly on numpy arrays (``DirectCall``: tests and benchmarks, outside MindSpore)."""
+"""What every kernel module's Cells share: the threads a kernel runs (``kernel_threads``), the AOT ``ops.Custom`` on
+CPU, and the library for a float32 model; and the same C entry points called directly on numpy arrays
+(``DirectCall``: tests and benchmarks, outside MindSpore)."""
 import ctypes
+import os
 
 import mindspore as ms
 from mindspore import ops
 
 from . import build
+
+
+def kernel_threads():
+    """The threads a kernel runs: MindSpore's ``runtime_num_threads``, at most the CPUs this process may use."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    runtime = ms.get_context("runtime_num_threads") or available
+    return max(1, min(int(runtime), available))
 
 
 def custom_op(path, symbol, shape, dtype, bprop=None):

@@ -6,25 +6,18 @@ second attached as the first's ``bprop``: they run inside the compiled GRAPH-mod
 warning line saying why and how to fix it; the caller then keeps its plain path.
 """
 import functools
-import os
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from . import build
+from .aot import kernel_threads
 from .args import AttentionArgs
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 256
 warn_once = functools.partial(build.warn_once, "CPU attention kernel off, plain attention used instead")
-
-
-def kernel_threads():
-    """The threads the kernel runs: MindSpore's ``runtime_num_threads``, at most the CPUs this process may use."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    runtime = ms.get_context("runtime_num_threads") or available
-    return max(1, min(int(runtime), available))
 
 
 def _fwd_shape(q, k, v, bias, t1, t2, offsets, config):

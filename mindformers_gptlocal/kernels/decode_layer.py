@@ -28,8 +28,7 @@ from mindspore import nn
 
 from . import build
 from .args import DecodeLayerArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import custom_op, float32_library, kernel_threads
 from .linear import precision_code
 
 SYMBOL = "gptlocal_decode_layer_fwd"

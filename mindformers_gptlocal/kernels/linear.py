@@ -24,8 +24,7 @@ from mindspore import nn, ops
 
 from . import build
 from .args import LinearArgs, LinearGeluArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import custom_op, float32_library, kernel_threads
 from .norm_gelu import GELU_FORMS
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")

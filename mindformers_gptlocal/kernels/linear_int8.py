@@ -11,8 +11,7 @@ from mindspore import nn
 
 from . import build
 from .args import Int8LinearArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import custom_op, float32_library, kernel_threads
 
 _warn_once = functools.partial(build.warn_once, "CPU int8 Linear kernel off, MindSpore ops used instead")
 

@@ -21,8 +21,7 @@ import mindspore as ms
 
 from . import build
 from .args import LoRADropoutArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import custom_op, float32_library, kernel_threads
 
 _warn_once = functools.partial(build.warn_once, "CPU LoRA dropout kernel off, gpt_local's counter dropout used instead")
 

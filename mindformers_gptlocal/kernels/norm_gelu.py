@@ -12,8 +12,7 @@ from mindspore import nn, ops
 
 from . import build
 from .args import BiasGeluArgs, LayerNormArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import custom_op, float32_library, kernel_threads
 
 GELU_FORMS = {"tanh": 0, "quick": 1}
 _warn_once = functools.partial(build.warn_once,

@@ -13,8 +13,7 @@ from mindspore import nn, ops
 
 from . import build
 from .args import RMSNormArgs, SwiGLUArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import custom_op, float32_library, kernel_threads
 
 _warn_once = functools.partial(build.warn_once, "CPU RMSNorm and SwiGLU kernels off, MindSpore's ops used instead")
 

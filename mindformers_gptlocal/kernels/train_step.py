@@ -16,9 +16,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import build
-from .aot import custom_op, float32_library
+from .aot import custom_op, float32_library, kernel_threads
 from .args import AdamWArgs, SquareSumArgs
-from .attention import kernel_threads
 
 _warn_adamw = functools.partial(build.warn_once, "CPU AdamW kernel off, MindSpore's AdamWeightDecay used instead")
 _warn_square_sum = functools.partial(build.warn_once, "CPU sum-of-squares kernel off, Square + ReduceSum used instead")
