@@ -122,5 +122,10 @@ TABLE = Table([
            "w: inout f32[*n], m: inout f32[*n], v: inout f32[*n], g: f32[*n], lr: f32[*1], beta1: f32[*1], "
            "beta2: f32[*1], eps: f32[*1], decay: f32[*1]", "status: token", ThreadOptions,
            "AdamWeightDecay's update of one parameter and its moments, in place", op="adamw"),
+    Kernel("gptlocal_rope_fwd", "cpu_rope.cc", "x: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
+           "y: f32[B, N, S, D]", ThreadOptions, "rotary embedding of the first R channels of each head (rotate_half)",
+           backward="gptlocal_rope_bwd"),
+    Kernel("gptlocal_rope_bwd", "cpu_rope.cc", "dy: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
+           "dx: f32[B, N, S, D]", ThreadOptions, "its backward: the transposed rotation"),
 ])
 KERNELS = {kernel.symbol: kernel for kernel in TABLE.kernels}
