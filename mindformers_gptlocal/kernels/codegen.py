@@ -11,6 +11,7 @@ sources of the package (``build.py`` compiles them together and hashes them into
 """
 import sys
 
+from .spec import Export, comment
 from .table import TABLE
 
 HEADER = "cores.h"
@@ -26,12 +27,11 @@ def header(table=TABLE):
     for options in table.options:
         lines += [options.c_struct(), ""]
     for kernel in table.cores:
-        lines += [f"// {kernel.source}: {kernel.doc}", kernel.core_declaration()]
+        lines += [*comment(f"{kernel.source}: {kernel.doc}"), kernel.core_declaration()]
     lines.append("")
     for export in table.entries:
-        if not hasattr(export, "prototype"):
-            continue
-        lines += [f"// {export.source}: {export.doc}", f'extern "C" {export.prototype};']
+        if isinstance(export, Export):
+            lines += [*comment(f"{export.source}: {export.doc}"), f'extern "C" {export.prototype};']
     return "\n".join(lines) + "\n"
 
 
@@ -59,7 +59,7 @@ def adapter(kernel):
     args += [f"call.size[{i}]" for i in range(len(sizes))] + ["options"]
     name = kernel.options.name
     return "\n".join([
-        f"// {kernel.doc} ({kernel.source})",
+        *comment(f"{kernel.doc} ({kernel.source})"),
         f'extern "C" int {kernel.symbol}(int nparam, void **params, int *ndims, int64_t **shapes, '
         "const char **dtypes, void *stream, void *extra) {",
         "  (void)stream;",

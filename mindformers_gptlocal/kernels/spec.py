@@ -23,6 +23,7 @@ are made in ``aot.py``.
 import collections
 import ctypes
 import re
+import textwrap
 
 import numpy as np
 
@@ -33,6 +34,11 @@ DTYPES = {"f32": ("float32", "float", np.float32), "bf16": ("bfloat16", "uint16_
 FIELD_TYPES = {"int": ("int32_t", np.int32, ctypes.c_int32), "float": ("float", np.float32, ctypes.c_float)}
 CORE_PREFIX = "gptlocal_core_"
 _TENSOR = re.compile(r"^(\w+)\s*:\s*(?:(inout)\s+)?(?:(token)|(\w+)\[([^\]]*)\](\?)?)$")
+
+
+def comment(text, width=116):
+    """``text`` as C++ comment lines."""
+    return ["// " + line for line in textwrap.wrap(text, width)]
 
 
 class Dim(collections.namedtuple("Dim", "kind name value")):
@@ -125,7 +131,7 @@ class Options:
         return self.value(*args, **kwargs)
 
     def c_struct(self):
-        lines = [f"// {self.doc}", f"struct {self.name} {{"]
+        lines = [*comment(self.doc), f"struct {self.name} {{"]
         lines += [f"  {FIELD_TYPES[kind][0]} {field};" for field, kind in self.fields]
         lines += ["};", f"static_assert(sizeof({self.name}) == {4 * self.words}, \"{self.name}: four bytes a field\");"]
         return "\n".join(lines)
@@ -343,9 +349,11 @@ class Table:
 
     @property
     def cores(self):
-        """One kernel per core (the first that names it)."""
-        return tuple({k.core: k for k in reversed(self.kernels)}[core] for core in dict.fromkeys(
-            k.core for k in self.kernels))
+        """One kernel per core (the first that names it), in the table's order."""
+        first = {}
+        for kernel in self.kernels:
+            first.setdefault(kernel.core, kernel)
+        return tuple(first.values())
 
     def where(self, op):
         """Where the kernels of the ``cpu_kernels`` op ``op`` are: " (kernels/a.cc, kernels/b.cc)", or ""."""
