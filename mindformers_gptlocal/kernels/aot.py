@@ -1,11 +1,24 @@
-"""What every kernel module's Cells share: the AOT ``ops.Custom`` on CPU, and the library for a float32 model; and
-the same C entry points called directly on numpy arrays (``DirectCall``: tests and benchmarks, outside MindSpore)."""
+"""What every kernel module's Cells share: the threads a kernel runs (``kernel_threads``), a kernel of the table as
+its AOT ``ops.Custom`` on CPU (``primitive``: shapes, dtypes, side effects and the bprop read from ``table.py``) or as
+a Cell (``KernelCell``), and the library for a float32 model; and the same C entry points and typed cores called
+directly on numpy arrays (``DirectCall``, ``call_core``: tests and benchmarks, outside MindSpore)."""
 import ctypes
+import os
 
+import numpy as np
 import mindspore as ms
-from mindspore import ops
+from mindspore import nn, ops
 
 from . import build
+from .spec import DTYPES
+from .table import TABLE
+
+
+def kernel_threads():
+    """The threads a kernel runs: MindSpore's ``runtime_num_threads``, at most the CPUs this process may use."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    runtime = ms.get_context("runtime_num_threads") or available
+    return max(1, min(int(runtime), available))
 
 
 def custom_op(path, symbol, shape, dtype, bprop=None):
@@ -13,6 +26,75 @@ def custom_op(path, symbol, shape, dtype, bprop=None):
     op = ops.Custom(f"{path}:{symbol}", shape, dtype, "aot", bprop=bprop)
     op.add_prim_attr("primitive_target", "CPU")
     return op
+
+
+def primitive(path, kernel, bprop=None):
+    """``kernel`` (a ``table.py`` entry) of the library at ``path`` as its ``ops.Custom``: its outputs' shapes and
+    dtypes from the table, marked ``side_effect_mem`` where it writes an input in place, and its ``bprop`` (given,
+    or ``gradient``'s where the table names the kernel's backward, else none)."""
+    if bprop is None and kernel.backward:
+        backward = TABLE.kernel(kernel.backward)
+        bprop = gradient(kernel, backward, primitive(path, backward))
+    dtypes = kernel.output_dtypes()
+    dtypes = getattr(ms, dtypes) if isinstance(dtypes, str) else tuple(getattr(ms, name) for name in dtypes)
+    op = custom_op(path, kernel.symbol, kernel.output_shapes, lambda *_: dtypes, bprop)
+    if kernel.side_effect:
+        op.add_prim_attr("side_effect_mem", True)  # writes an input (a Parameter) in place
+    return op
+
+
+def _with_arity(arity, grad):
+    """``grad(inputs, out, dout)`` as a bprop of ``arity`` inputs: MindSpore reads a bprop's parameters (the op's
+    inputs, then out and dout) from its signature, and its source line by line (a ``return lambda`` each)."""
+    if arity == 2:
+        return lambda a, b, out, dout: grad((a, b), out, dout)
+    if arity == 3:
+        return lambda a, b, c, out, dout: grad((a, b, c), out, dout)
+    if arity == 4:
+        return lambda a, b, c, d, out, dout: grad((a, b, c, d), out, dout)
+    if arity == 5:
+        return lambda a, b, c, d, e, out, dout: grad((a, b, c, d, e), out, dout)
+    if arity == 6:
+        return lambda a, b, c, d, e, f, out, dout: grad((a, b, c, d, e, f), out, dout)
+    if arity == 7:
+        return lambda a, b, c, d, e, f, g, out, dout: grad((a, b, c, d, e, f, g), out, dout)
+    if arity == 8:
+        return lambda a, b, c, d, e, f, g, h, out, dout: grad((a, b, c, d, e, f, g, h), out, dout)
+    raise ValueError(f"a kernel of {arity} inputs: give its bprop by hand")
+
+
+def gradient(kernel, backward_kernel, backward):
+    """The bprop of ``kernel``'s primitive: ``backward`` (the primitive of ``backward_kernel``) called on the
+    tensors its inputs name (``Kernel.gradient_plan``), its outputs the gradients of the inputs they name, zeros for
+    the others and the options."""
+    sources, grads = kernel.gradient_plan(backward_kernel)
+    single_output = len(kernel.outputs) == 1
+    single_grad = len(backward_kernel.outputs) == 1
+
+    def grad(inputs, out, dout):
+        pool = inputs + ((out,) if single_output else out) + ((dout,) if single_output else dout)
+        found = backward(*[pool[i] for i in sources])
+        found = (found,) if single_grad else found
+        result = ()
+        for i in range(len(grads)):
+            result = result + ((found[grads[i]],) if grads[i] >= 0 else (ops.zeros_like(inputs[i]),))
+        return result
+
+    return _with_arity(len(kernel.inputs) + 1, grad)
+
+
+class KernelCell(nn.Cell):
+    """A kernel of the table as a Cell: ``construct(*tensors)`` -> its outputs (one, or a tuple), with ``config``
+    its options (``kernel.options(**options)``) and ``op`` its primitive (``primitive``: the table's bprop). A
+    kernel's own Cell subclasses it for its call signature."""
+
+    def __init__(self, library_path, kernel, **options):
+        super().__init__()
+        self.config = kernel.options(**options).tensor()
+        self.op = primitive(library_path, kernel)
+
+    def construct(self, *tensors):
+        return self.op(*tensors, self.config)
 
 
 def float32_library(dtype, warn):
@@ -30,18 +112,38 @@ class DirectCall:
     """A kernel entry point (a ctypes function of the library: ``ctypes.CDLL(path).gptlocal_...``) bound to numpy
     ``arrays``, its inputs then its outputs, and called with the AOT signature MindSpore uses (nparam, params, ndims,
     shapes, dtypes, stream, extra): the kernel outside MindSpore. ``call()`` returns the kernel's status (0: done).
-    The arrays are kept here, so the pointers stay valid while this object lives."""
+    The arrays are kept here, so the pointers stay valid while this object lives. A uint16 array is passed as
+    "bfloat16" (numpy has no bfloat16: the bits of one, as a bf16 weight is held)."""
 
     def __init__(self, function, arrays):
         self.function = function
         self.arrays = arrays
         count = self.count = len(arrays)
+        names = ["bfloat16" if a.dtype == np.uint16 else str(a.dtype) for a in arrays]
         self.params = (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays])
         self.ndims = (ctypes.c_int * count)(*[a.ndim for a in arrays])
         self.dims = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
         self.shapes = (ctypes.POINTER(ctypes.c_int64) * count)(
             *[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in self.dims])
-        self.dtypes = (ctypes.c_char_p * count)(*[str(a.dtype).encode() for a in arrays])
+        self.dtypes = (ctypes.c_char_p * count)(*[name.encode() for name in names])
 
     def call(self):
         return self.function(self.count, self.params, self.ndims, self.shapes, self.dtypes, None, None)
+
+
+def call_core(library, kernel, *arrays, options):
+    """``kernel``'s typed core (``gptlocal_core_<core>`` of the ctypes library ``library``) on numpy ``arrays``, its
+    tensors in the table's order (None for an optional one left out; no token), the sizes bound from their shapes as
+    the entry point binds them (a ValueError where they disagree), ``options`` a value of its options struct.
+    Returns the core's status (0: done). The arrays must be C-contiguous, of the table's dtypes."""
+    specs = [t for t in kernel.tensors if not t.token]
+    present = [(spec, a) for spec, a in zip(specs, arrays) if a is not None]
+    sizes, _ = kernel.bind([a.shape for _, a in present], has_optional=len(present) == len(specs))
+    for spec, array in present:
+        if array.dtype != DTYPES[spec.dtype][2] or not array.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"{kernel.symbol} {spec}: a C-contiguous {DTYPES[spec.dtype][2].__name__} array")
+    pointers = [ctypes.c_void_p(None if a is None else a.ctypes.data) for a in arrays]
+    function = getattr(library, kernel.core_symbol)
+    function.restype = ctypes.c_int
+    struct = options.struct()
+    return function(*pointers, *[ctypes.c_int64(sizes[name]) for name in kernel.sizes], ctypes.byref(struct))

@@ -1,46 +1,24 @@
 """``CPUAttention``: the fused causal attention kernel (``cpu_attention.cc``) as a MindSpore Cell.
 
 Two AOT ``ops.Custom`` primitives, the forward (output and row logsumexp) and the backward (dQ, dK, dV), the
-second attached as the first's ``bprop``: they run inside the compiled GRAPH-mode model (and in PYNATIVE).
+second attached as the first's ``bprop`` (``aot.primitive``, from ``table.py``): they run inside the compiled
+GRAPH-mode model (and in PYNATIVE).
 ``attention_kernel(...)`` decides at build time whether it can be used and returns None otherwise, after one
 warning line saying why and how to fix it; the caller then keeps its plain path.
 """
 import functools
-import os
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from . import build
-from .args import AttentionArgs
+from .aot import primitive
+from .table import KERNELS, AttentionOptions
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 256
 warn_once = functools.partial(build.warn_once, "CPU attention kernel off, plain attention used instead")
-
-
-def kernel_threads():
-    """The threads the kernel runs: MindSpore's ``runtime_num_threads``, at most the CPUs this process may use."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    runtime = ms.get_context("runtime_num_threads") or available
-    return max(1, min(int(runtime), available))
-
-
-def _fwd_shape(q, k, v, bias, t1, t2, offsets, config):
-    return (q, q[:3])
-
-
-def _fwd_type(q, *rest):
-    return (q, q)
-
-
-def _bwd_shape(q, k, v, *rest):
-    return (q, k, v)
-
-
-def _bwd_type(q, k, v, *rest):
-    return (q, k, v)
 
 
 class CPUAttention(nn.Cell):
@@ -52,15 +30,10 @@ class CPUAttention(nn.Cell):
     def __init__(self, library_path, scale, tables=None, dropout_scale=1.0, keep_when_differ=False,
                  query_block=QUERY_BLOCK, key_block=KEY_BLOCK, threads=None):
         super().__init__()
-        threads = kernel_threads() if threads is None else threads
-        self.backward = ops.Custom(f"{library_path}:gptlocal_attention_bwd", _bwd_shape, _bwd_type, "aot")
-        self.forward = ops.Custom(f"{library_path}:gptlocal_attention_fwd", _fwd_shape, _fwd_type, "aot",
-                                  bprop=self._bprop)
-        self.forward.add_prim_attr("primitive_target", "CPU")
-        self.backward.add_prim_attr("primitive_target", "CPU")
+        self.forward = primitive(library_path, KERNELS["gptlocal_attention_fwd"])  # its bprop: the table's
 
         def config(mode):
-            return AttentionArgs(scale, dropout_scale, mode, threads, query_block, key_block).tensor()
+            return AttentionOptions(scale, dropout_scale, mode, threads, query_block, key_block).tensor()
 
         self.config_plain = config(0)
         self.has_dropout = tables is not None
@@ -70,11 +43,6 @@ class CPUAttention(nn.Cell):
         else:
             self.bits1 = self.bits2 = Tensor(np.zeros((1,), np.float32))
         self.no_offsets = Tensor(np.zeros((2,), np.int32))
-
-    def _bprop(self, query, key, value, bias, bits1, bits2, offsets, config, out, dout):
-        grads = self.backward(query, key, value, bias, bits1, bits2, offsets, config, out[0], out[1], dout[0])
-        return (grads[0], grads[1], grads[2], ops.zeros_like(bias), ops.zeros_like(bits1), ops.zeros_like(bits2),
-                ops.zeros_like(offsets), ops.zeros_like(config))
 
     def construct(self, query, key, value, bias, offsets=None):
         if self.has_dropout and offsets is not None:

@@ -1,11 +1,10 @@
 """Builds the CPU kernels' shared library at first use, into a per-user cache, and finds it again.
 
-``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the fused attention
-``cpu_attention.cc``, the in-place KV-cache write ``kv_write.cc``, the LayerNorm and bias + GeLU kernels
-``cpu_norm_gelu.cc``, LoRA's input dropout ``lora_dropout.cc``, RMSNorm and SwiGLU ``cpu_rms_swiglu.cc``, Linear's
-GEMM ``cpu_linear.cc``, the decode step's layer ``cpu_decode_layer.cc``, an int8 model's Linear
-``cpu_linear_int8.cc``, the train step's sums of squares and AdamW update ``cpu_train_step.cc``) with the system
-compiler (``$CXX``, default ``g++``): ``-O3 -fPIC -shared -fopenmp``, compiled against the headers of the
+``library()`` returns the path of ``libgptlocal_kernels.so`` built from ``SOURCES`` (package data: the kernels'
+``.cc`` files, each one kernel or one small family of typed cores, as the kernel table ``table.py`` lists them)
+and the files ``codegen.py`` generates from that table (``cores.h``: the options structs and the cores'
+declarations; ``entries.cc``: the MindSpore AOT entry points) with the system compiler (``$CXX``, default ``g++``):
+``-O3 -fPIC -shared -fopenmp``, compiled against the headers of the
 ``onednn-devel-cpu-gomp`` package and linked to the ``libdnnl.so.3`` of the ``onednn-cpu-gomp`` package (both in
 install_requires; oneDNN 3.2, GNU OpenMP runtime, for ``dnnl_sgemm``, ``dnnl_gemm_bf16bf16f32`` and
 ``dnnl_gemm_s8s8s32``), with a run path to that library. Both are found through the installed distributions' file
@@ -27,7 +26,8 @@ the vectorised loops that the loader picks for the CPU it runs on (GCC ``target_
 ``-march=native`` build would crash there with an illegal instruction.
 
 Cache: ``$GPTLOCAL_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/mindformers_gptlocal/kernels``, else
-``~/.cache/mindformers_gptlocal/kernels``; one folder per key, the key a hash of the source, the MindSpore
+``~/.cache/mindformers_gptlocal/kernels``; one folder per key, the key a hash of the sources (the generated files
+included), the MindSpore
 version, the oneDNN packages' versions, the compiler's version line, the flags and the architecture, so any of
 them changing builds anew.
 Concurrent builders (msrun's workers) take an exclusive ``flock`` on the key's folder, and the library is
@@ -47,25 +47,14 @@ import subprocess
 import sys
 import tempfile
 
+from . import codegen
+from .table import TABLE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(HERE, name) for name in ("cpu_attention.cc", "kv_write.cc", "cpu_norm_gelu.cc",
-                                                      "lora_dropout.cc"))
-HEADERS = (os.path.join(HERE, "common.h"),)  # included by the sources: part of the cache key
+SOURCES = tuple(os.path.join(HERE, name) for name in TABLE.sources)  # the kernels' cores, in the table's order
+HEADERS = tuple(os.path.join(HERE, name) for name in ("common.h", "aot.h"))  # included: part of the cache key
 LIBRARY_NAME = "libgptlocal_kernels.so"
-SYMBOLS = ("gptlocal_attention_fwd", "gptlocal_attention_bwd", "InPlaceScatterNdUpdate", "gptlocal_layernorm_fwd",
-           "gptlocal_layernorm_bwd", "gptlocal_bias_gelu_fwd", "gptlocal_bias_gelu_bwd",
-           "gptlocal_lora_dropout_fwd", "gptlocal_lora_dropout_bwd")
-SOURCES += tuple(os.path.join(HERE, name) for name in ("cpu_rms_swiglu.cc", "cpu_linear.cc"))  # + .py Cells
-SYMBOLS += ("gptlocal_rmsnorm_fwd", "gptlocal_rmsnorm_bwd", "gptlocal_swiglu_fwd", "gptlocal_swiglu_bwd",
-            "gptlocal_linear_fwd", "gptlocal_linear_bwd", "gptlocal_linear_fwd_bias", "gptlocal_linear_bf16_native",
-            "gptlocal_linear_gelu_fwd", "gptlocal_linear_gelu_bwd", "gptlocal_linear_residual_fwd",
-            "gptlocal_linear_bf16w_fwd")
-SOURCES += (os.path.join(HERE, "cpu_decode_layer.cc"),)  # the decode step's layer (decode_layer.py)
-SYMBOLS += ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd", "gptlocal_decode_layer_bf16w_fwd")
-SOURCES += (os.path.join(HERE, "cpu_linear_int8.cc"),)  # an int8 model's Linear (linear_int8.py)
-SYMBOLS += ("gptlocal_int8_linear_fwd",)
-SOURCES += (os.path.join(HERE, "cpu_train_step.cc"),)  # gradient sums of squares, AdamW's update (train_step.py)
-SYMBOLS += ("gptlocal_square_sum_fwd", "gptlocal_adamw_fwd")
+SYMBOLS = TABLE.symbols  # every entry point, export and typed core: a library without one of them is not ours
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
 _FOUND = {}  # (cache dir, compiler) -> (path or None, reason)
@@ -173,11 +162,13 @@ def _flags():
 
 
 def source_bytes():
-    """Every source file's bytes, in build order, then the shared header's (what the cache key hashes)."""
+    """Every source file's bytes, in build order, then the shared headers', then the generated files' (what the cache
+    key hashes: the table's every entry is in the generated text)."""
     parts = []
     for path in SOURCES + HEADERS:
         with open(path, "rb") as handle:
             parts.append(handle.read())
+    parts += [text.encode() for text in codegen.generated().values()]
     return b"\0".join(parts)
 
 
@@ -223,11 +214,24 @@ def _loads(path):
 
 
 def _compile(cxx, folder, dnnl, include):
-    """Compile into ``folder`` under a temporary name, then rename into place. Returns (path, reason)."""
+    """Compile into ``folder`` under a temporary name, then rename into place. Returns (path, reason). The generated
+    files (``codegen.py``) are written into a temporary folder beside it, removed after the build."""
     final = os.path.join(folder, LIBRARY_NAME)
+    generated = tempfile.mkdtemp(prefix=".generated-", dir=folder)
+    try:
+        for name, text in codegen.generated().items():
+            with open(os.path.join(generated, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        return _link(cxx, folder, final, generated, dnnl, include)
+    finally:
+        shutil.rmtree(generated, ignore_errors=True)
+
+
+def _link(cxx, folder, final, generated, dnnl, include):
     handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
     os.close(handle)
-    command = [cxx, *_flags(), "-I" + include, *SOURCES, "-o", temporary, "-L" + dnnl, "-l:" + ONEDNN_SONAME,
+    command = [cxx, *_flags(), "-I" + generated, "-I" + HERE, "-I" + include, *SOURCES,
+               os.path.join(generated, codegen.ENTRIES), "-o", temporary, "-L" + dnnl, "-l:" + ONEDNN_SONAME,
                "-Wl,-rpath," + dnnl]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)

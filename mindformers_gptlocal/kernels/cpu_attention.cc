@@ -1,7 +1,8 @@
 // Fused causal attention for CPU, forward and backward (FlashAttention-2's scheme), as MindSpore AOT kernels.
 //
 // Built by mindformers_gptlocal/kernels/build.py with the system g++ (-O3 -fPIC -shared -fopenmp), called
-// through ops.Custom("lib.so:gptlocal_attention_fwd", ..., func_type="aot", bprop=...) (kernels/attention.py).
+// through ops.Custom("lib.so:gptlocal_attention_fwd", ..., func_type="aot", bprop=...) (kernels/attention.py); the
+// entry points are generated from kernels/table.py and call the typed cores here.
 //
 // Query blocks x key blocks with an online softmax: the forward keeps only the output and the row logsumexp
 // (no [B, N, S, S] buffer); the backward recomputes each block's probabilities from the logsumexp. Blocks past
@@ -20,11 +21,10 @@
 // plus AVX2 and AVX-512 clones chosen at load time (target_clones), so one cached library is right on any x86-64
 // CPU.
 //
-// Inputs (forward): q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout
-// tables, or [1] each with no dropout) offsets int32 [2] (a, b) args: AttentionArgs (common.h: scale, dropout
-// scale, dropout mode 0 none / 1 keep where the bits agree / 2 keep where they differ, threads, query block, key
-// block). Outputs: out [B,N,S,D], lse [B,N,S].
-// Backward: the forward's inputs, then out, lse, dout -> dq, dk, dv.
+// Forward: q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout tables, or [1]
+// each with no dropout) offsets int32 [2] (a, b), AttentionOptions (scale, dropout scale, dropout mode 0 none / 1
+// keep where the bits agree / 2 keep where they differ, threads, query block, key block) -> out [B,N,S,D],
+// lse [B,N,S]. Backward: the forward's inputs, then out, lse, dout -> dq, dk, dv.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -91,63 +91,43 @@ VEC_CLONES float dot(const float *a, const float *b, int n) {
   return s;
 }
 
-struct Shapes {
-  int64_t B, N, G, S, D, Bb;
+// The options as the loops read them, the query heads a key/value head serves, the query blocks, the dropout.
+struct Plan {
   float scale;
   int threads, bq, bk;
+  int64_t group, qblocks;
   Dropout drop;
 };
 
-bool read_shapes(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, Shapes *sh) {
-  if (nparam < 10) return false;
-  for (int i = 0; i < 4; ++i)
-    if (ndims[i] != 4 || std::strcmp(dtypes[i], "float32") != 0) return false;
-  sh->B = shapes[0][0];
-  sh->N = shapes[0][1];
-  sh->S = shapes[0][2];
-  sh->D = shapes[0][3];
-  sh->G = shapes[1][1];
-  sh->Bb = shapes[3][0];
-  if (sh->G <= 0 || sh->N % sh->G != 0 || shapes[1][2] != sh->S || shapes[3][2] != sh->S || shapes[3][3] != sh->S)
-    return false;
-  if (sh->Bb != 1 && sh->Bb != sh->B) return false;
-  const AttentionArgs *args = args_at<AttentionArgs>(7, params, ndims, shapes, dtypes);
-  if (args == nullptr) return false;
-  sh->scale = args->scale;
-  sh->drop.scale = args->dropout_scale;
-  sh->drop.mode = static_cast<int>(args->dropout_mode);
-  sh->threads = std::max(1, static_cast<int>(args->threads));
-  sh->bq = std::max(1, static_cast<int>(args->query_block));
-  sh->bk = std::max(1, static_cast<int>(args->key_block));
-  sh->drop.t1 = static_cast<const float *>(params[4]);
-  sh->drop.t2 = static_cast<const float *>(params[5]);
-  sh->drop.p1 = shapes[4][0];
-  sh->drop.p2 = shapes[5][0];
-  const int32_t *offsets = static_cast<const int32_t *>(params[6]);
+// The plan of a call, or false where the kernel cannot compute it (key/value heads that do not divide the query
+// heads, a bias of another batch, dropout without its tables).
+bool read_plan(int64_t B, int64_t N, int64_t S, int64_t G, int64_t Bb, const float *t1, const float *t2,
+               const int32_t *offsets, int64_t P1, int64_t P2, const AttentionOptions &options, Plan *sh) {
+  if (G <= 0 || N % G != 0 || (Bb != 1 && Bb != B)) return false;
+  const int bq = std::max(1, options.query_block);
+  *sh = Plan{options.scale, std::max(1, options.threads), bq, std::max(1, options.key_block), N / G,
+             (S + bq - 1) / bq, Dropout{}};
+  sh->drop.scale = options.dropout_scale;
+  sh->drop.mode = options.dropout_mode;
+  sh->drop.t1 = t1;
+  sh->drop.t2 = t2;
+  sh->drop.p1 = P1;
+  sh->drop.p2 = P2;
   sh->drop.a = offsets[0];
   sh->drop.b = offsets[1];
-  if (sh->drop.mode != 0 && (sh->drop.p1 < 2 || sh->drop.p2 < 2)) return false;
-  return true;
+  return sh->drop.mode == 0 || (P1 >= 2 && P2 >= 2);
 }
 
 }  // namespace
 
-extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                      void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  Shapes sh;
-  if (nparam != 10 || !read_shapes(nparam, params, ndims, shapes, dtypes, &sh)) return 1;
-  const float *q = static_cast<const float *>(params[0]);
-  const float *k = static_cast<const float *>(params[1]);
-  const float *v = static_cast<const float *>(params[2]);
-  const float *bias = static_cast<const float *>(params[3]);
-  float *out = static_cast<float *>(params[8]);
-  float *lse = static_cast<float *>(params[9]);
-  const int64_t B = sh.B, N = sh.N, G = sh.G, S = sh.S, D = sh.D, group = N / G;
+int gptlocal_core_attention_fwd(const float *q, const float *k, const float *v, const float *bias, const float *t1,
+                                const float *t2, const int32_t *offsets, float *out, float *lse, int64_t B, int64_t N,
+                                int64_t S, int64_t D, int64_t G, int64_t Bb, int64_t P1, int64_t P2,
+                                const AttentionOptions &options) {
+  Plan sh;
+  if (!read_plan(B, N, S, G, Bb, t1, t2, offsets, P1, P2, options, &sh)) return 1;
   const int bq = sh.bq, bk = sh.bk;
-  const int64_t qblocks = (S + bq - 1) / bq;
-  const int64_t tasks = B * N * qblocks;
+  const int64_t group = sh.group, qblocks = sh.qblocks, tasks = B * N * qblocks;
   run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next, int) {
     std::vector<float> scores(static_cast<size_t>(bq) * bk), keep(static_cast<size_t>(bk)),
         dropped(static_cast<size_t>(bq) * bk), acc(static_cast<size_t>(bq) * D), row_max(bq), row_sum(bq);
@@ -158,7 +138,7 @@ extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int
       const float *Q = q + (bn * S + i0) * D;
       const float *K = k + ((b * G + n / group) * S) * D;
       const float *V = v + ((b * G + n / group) * S) * D;
-      const float *bias_rows = bias + ((sh.Bb == 1 ? 0 : b) * S) * S;
+      const float *bias_rows = bias + ((Bb == 1 ? 0 : b) * S) * S;
       std::fill(acc.begin(), acc.begin() + rows * D, 0.0f);
       std::fill(row_max.begin(), row_max.end(), -INFINITY);
       std::fill(row_sum.begin(), row_sum.end(), 0.0f);
@@ -196,25 +176,15 @@ extern "C" int gptlocal_attention_fwd(int nparam, void **params, int *ndims, int
   return 0;
 }
 
-extern "C" int gptlocal_attention_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                      void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  Shapes sh;
-  if (nparam != 14 || !read_shapes(nparam, params, ndims, shapes, dtypes, &sh)) return 1;
-  const float *q = static_cast<const float *>(params[0]);
-  const float *k = static_cast<const float *>(params[1]);
-  const float *v = static_cast<const float *>(params[2]);
-  const float *bias = static_cast<const float *>(params[3]);
-  const float *out = static_cast<const float *>(params[8]);
-  const float *lse = static_cast<const float *>(params[9]);
-  const float *dout = static_cast<const float *>(params[10]);
-  float *dq = static_cast<float *>(params[11]);
-  float *dk = static_cast<float *>(params[12]);
-  float *dv = static_cast<float *>(params[13]);
-  const int64_t B = sh.B, N = sh.N, G = sh.G, S = sh.S, D = sh.D, group = N / G;
+int gptlocal_core_attention_bwd(const float *q, const float *k, const float *v, const float *bias, const float *t1,
+                                const float *t2, const int32_t *offsets, const float *out, const float *lse,
+                                const float *dout, float *dq, float *dk, float *dv, int64_t B, int64_t N, int64_t S,
+                                int64_t D, int64_t G, int64_t Bb, int64_t P1, int64_t P2,
+                                const AttentionOptions &options) {
+  Plan sh;
+  if (!read_plan(B, N, S, G, Bb, t1, t2, offsets, P1, P2, options, &sh)) return 1;
   const int bq = sh.bq, bk = sh.bk;
-  const int64_t qblocks = (S + bq - 1) / bq;
+  const int64_t group = sh.group, qblocks = sh.qblocks;
   const int64_t tasks = B * G;  // each task owns its key/value head's dK and dV (and its query heads' dQ)
   run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next, int) {
     std::vector<float> probs(static_cast<size_t>(bq) * bk), grad(static_cast<size_t>(bq) * bk),
@@ -225,7 +195,7 @@ extern "C" int gptlocal_attention_bwd(int nparam, void **params, int *ndims, int
       float *dK = dk + (task * S) * D, *dV = dv + (task * S) * D;
       std::fill(dK, dK + S * D, 0.0f);
       std::fill(dV, dV + S * D, 0.0f);
-      const float *bias_rows = bias + ((sh.Bb == 1 ? 0 : b) * S) * S;
+      const float *bias_rows = bias + ((Bb == 1 ? 0 : b) * S) * S;
       for (int64_t n = g * group; n < (g + 1) * group; ++n) {
         const int64_t bn = b * N + n;
         float *dQ = dq + (bn * S) * D;

@@ -1,5 +1,6 @@
-// Linear's GEMM for CPU, y = x W^T with W stored [out, in], forward and backward, as MindSpore AOT kernels
-// (gpt_local, kernels/linear.py; model/layers.py Linear).
+// Linear's GEMM for CPU, y = x W^T with W stored [out, in], forward and backward: the typed cores of the
+// gptlocal_linear_* kernels (gpt_local, kernels/table.py; kernels/linear.py; model/layers.py Linear; the decode
+// layer's GEMMs, cpu_decode_layer.cc).
 //
 // Built with the other sources into one library by mindformers_gptlocal/kernels/build.py. Why: in a profiled
 // Llama-style 124M forward (docs/performance.md) MindSpore 2.7.2's CPU MatMul is 85% of the op time, and oneDNN's
@@ -7,19 +8,20 @@
 // call. The work is split into `threads` contiguous column blocks, one thread each (common.h fork_join), each
 // one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the thread count.
 //
-// gptlocal_linear_fwd: x [T, K], w [N, K], args (LinearArgs, common.h: threads) -> y [T, N] = x w^T; or, with five
-//   parameters, x, w, b [N], args -> y = x w^T + b: each thread writes b into its column block's rows, then its
-//   sgemm adds x w^T to them (beta 1), so the bias costs no node and no pass of its own (Linear's bias inside)
-// gptlocal_linear_bwd: x, w, dy [T, N], args -> dx [T, K] = dy w, dw [N, K] = dy^T x
+// The typed cores (kernels/table.py has each entry point's tensors; LinearOptions: threads, precision):
+// linear_fwd: x [T, K], w [N, K], b [N] or null -> y [T, N] = x w^T (+ b): each thread writes b into its column
+//   block's rows, then its sgemm adds x w^T to them (beta 1), so the bias costs no node and no pass of its own
+//   (Linear's bias inside); the entry points gptlocal_linear_fwd (with or without b) and gptlocal_linear_fwd_bias
+// linear_bwd: x, w, dy [T, N] -> dx [T, K] = dy w, dw [N, K] = dy^T x
 //
 // GEMM epilogues (kernels/linear.py CPULinearEpilogue; cpu_kernels.gemm_epilogue), the bias written as above:
-// gptlocal_linear_gelu_fwd: x, w, b, args (LinearGeluArgs: threads, precision, form) -> y = gelu(h), h = x w^T + b
-//   [T, N] (the GeLU of common.h applied to each column block right after its GEMM); gptlocal_linear_gelu_bwd: x,
-//   w, h, dy, args -> dx, dw, db from dh = dy * gelu'(h) (and dh [T, N] itself: its scratch output)
-// gptlocal_linear_residual_fwd: x, w, b, residual [T, N], args (LinearArgs) -> y = residual + x w^T + b (the
-//   block's residual + b written, then the GEMM with beta 1); its backward is gptlocal_linear_bwd's
+// linear_gelu_fwd: x, w, b (LinearGeluOptions: threads, precision, form) -> y = gelu(h), h = x w^T + b [T, N] (the
+//   GeLU of common.h applied to each column block right after its GEMM); linear_gelu_bwd: x, w, h, dy -> dx, dw, db
+//   from dh = dy * gelu'(h) (and dh [T, N] itself: its scratch output)
+// linear_residual_fwd: x, w, b, residual [T, N] -> y = residual + x w^T + b (the block's residual + b written, then
+//   the GEMM with beta 1); its backward is linear_bwd's
 //
-// LinearArgs.precision 1 (compute_dtype: bfloat16 on CPU): every GEMM above, forward and both backward, takes its
+// LinearOptions.precision 1 (compute_dtype: bfloat16 on CPU): every GEMM above, forward and both backward, takes its
 // two float32 operands rounded to bfloat16 (common.h bf16_bits: to nearest even; converted once per call, in
 // parallel, into bf16 buffers the column blocks share) and runs oneDNN's dnnl_gemm_bf16bf16f32 (float32
 // accumulation and output; the bias, dx and dw stay float32). The weight is converted at every call (as PyTorch's
@@ -28,8 +30,8 @@
 // float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 2 forces the emulation
 // (tests; gptlocal_linear_bf16_native says which one precision 1 gets on this CPU).
 //
-// gptlocal_linear_bf16w_fwd: x [T, K] float32, w [N, K] bfloat16, [b [N] float32,] args -> y [T, N] float32, the
-// forward of precision 1 or 2 above on a weight already held as bfloat16 (an inference build of a bf16 model:
+// linear_bf16w_fwd: x [T, K] float32, w [N, K] bfloat16, b [N] float32 or null -> y [T, N] float32, the forward of
+// precision 1 or 2 above on a weight already held as bfloat16 (an inference build of a bf16 model:
 // model/layers.py Linear, kernels/provider.py bf16_weights): x is rounded per call as above, the weight is used as
 // it is (no conversion per call), so the numbers are those of gptlocal_linear_fwd on the float32 weight the bf16
 // one widens to. Inference only: no backward. precision 0 is refused (the call fails).
@@ -99,18 +101,18 @@ const uint16_t *lin_to_bf16(Converted what, int threads, const float *in, int64_
   return out;
 }
 
-int lin_threads(float requested, int64_t work) {  // a GEMM below ~256K multiply-adds: one thread
-  const int threads = std::max(1, static_cast<int>(requested));
+int lin_threads(int requested, int64_t work) {  // a GEMM below ~256K multiply-adds: one thread
+  const int threads = std::max(1, requested);
   return work < (int64_t(1) << 18) ? 1 : threads;
 }
 
 
 // y [T, N] = x w^T over column blocks, each block's GEMM accumulating onto what `init(n0, n1)` wrote there (beta
 // 1: the bias rows, or residual + bias) and, when `init` is null, onto zeros (beta 0); then `epilogue(n0, n1)` on
-// the block just written (the GeLU), while it is the last thing this thread touched. precision: LinearArgs'; w_bf16:
+// the block just written (the GeLU), while it is the last thing this thread touched. precision: LinearOptions'; w_bf16:
 // the weight already as bf16 bits (gptlocal_linear_bf16w_fwd; precision 1, 2), else null (w converted per call).
 template <class Init, class Epilogue>
-void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
+void lin_forward(int requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
                  const uint16_t *w_bf16, float *y, const Init *init, const Epilogue &epilogue) {
   if (T == 0 || N == 0) return;
   const int threads = lin_threads(requested, T * N * std::max<int64_t>(K, 1));
@@ -139,8 +141,8 @@ void lin_forward(float requested, int precision, int64_t T, int64_t N, int64_t K
 }
 
 // dx [T, K] = dy w, dw [N, K] = dy^T x, each over its own column blocks; precision 1, 2: dy, w and x rounded to
-// bf16 first (LinearArgs).
-void lin_backward(float requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
+// bf16 first (LinearOptions).
+void lin_backward(int requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
                   const float *dy, float *dx, float *dw) {
   if (T == 0 || N == 0) {  // nothing flows back
     std::fill(dx, dx + T * K, 0.0f);
@@ -214,59 +216,34 @@ VEC_CLONES void gelu_grad_block(const float *h, const float *dy, float *dh, floa
 
 const auto kNoEpilogue = [](int64_t, int64_t) {};
 
-// The forward of gptlocal_linear_fwd (`bf16_weight` false: w float32, converted to bf16 at every call under
-// precision 1, 2) and of gptlocal_linear_bf16w_fwd (true: w already bf16 bits, precision 1 or 2 only):
-// y [T, N] = x w^T (+ b), x rounded to bf16 here under precision 1, 2, the columns in `threads` blocks as above.
-int lin_forward_call(bool bf16_weight, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  const bool has_bias = nparam == 5;
-  if (nparam != 4 && !has_bias) return 1;
-  for (int i = 0; i < nparam; ++i) {  // x, w, [b,] args, y: float32 but a bf16 weight
-    if (std::strcmp(dtypes[i], i == 1 && bf16_weight ? "bfloat16" : "float32") != 0) return 1;
-  }
-  if (ndims[0] != 2 || ndims[1] != 2) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || (has_bias && (ndims[2] != 1 || shapes[2][0] != N))) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = bf16_weight ? nullptr : static_cast<const float *>(params[1]);
-  const float *b = has_bias ? static_cast<const float *>(params[2]) : nullptr;
-  const LinearArgs *args = args_at<LinearArgs>(has_bias ? 3 : 2, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  const int precision = static_cast<int>(args->precision);
-  if (bf16_weight && precision != 1 && precision != 2) return 1;
-  float *y = static_cast<float *>(params[has_bias ? 4 : 3]);
+// y [T, N] = x w^T (+ b): the bias rows written first (b null: none), then the GEMM onto them; w float32 (converted
+// to bf16 at every call under precision 1, 2) or w_bf16 the weight already as bf16 bits.
+void lin_forward_bias(const float *x, const float *w, const uint16_t *w_bf16, const float *b, float *y, int64_t T,
+                      int64_t K, int64_t N, const LinearOptions &options) {
   const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, y, T, N, n0, n1); };
-  const uint16_t *w_bf16 = bf16_weight ? static_cast<const uint16_t *>(params[1]) : nullptr;
-  lin_forward(args->threads, precision, T, N, K, x, w, w_bf16, y, has_bias ? &bias : nullptr, kNoEpilogue);
-  return 0;
+  lin_forward(options.threads, options.precision, T, N, K, x, w, w_bf16, y, b != nullptr ? &bias : nullptr,
+              kNoEpilogue);
 }
 
 }  // namespace
 
-extern "C" int gptlocal_linear_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                   void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  return lin_forward_call(false, nparam, params, ndims, shapes, dtypes);
+int gptlocal_core_linear_fwd(const float *x, const float *w, const float *b, float *y, int64_t T, int64_t K, int64_t N,
+                             const LinearOptions &options) {
+  lin_forward_bias(x, w, nullptr, b, y, T, K, N, options);
+  return 0;
 }
 
-extern "C" int gptlocal_linear_bf16w_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
-                                         const char **dtypes, void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  return lin_forward_call(true, nparam, params, ndims, shapes, dtypes);
+// The forward on a weight already held as bfloat16: precision 1 or 2 only (0 fails the call).
+int gptlocal_core_linear_bf16w_fwd(const float *x, const uint16_t *w, const float *b, float *y, int64_t T, int64_t K,
+                                   int64_t N, const LinearOptions &options) {
+  if (options.precision != 1 && options.precision != 2) return 1;
+  lin_forward_bias(x, nullptr, w, b, y, T, K, N, options);
+  return 0;
 }
 
-extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                   void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  const LinearArgs *args = args_at<LinearArgs>(3, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  lin_backward(args->threads, static_cast<int>(args->precision), T, N, K, static_cast<const float *>(params[0]),
-               static_cast<const float *>(params[1]), static_cast<const float *>(params[2]),
-               static_cast<float *>(params[4]), static_cast<float *>(params[5]));
+int gptlocal_core_linear_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw, int64_t T,
+                             int64_t K, int64_t N, const LinearOptions &options) {
+  lin_backward(options.threads, options.precision, T, N, K, x, w, dy, dx, dw);
   return 0;
 }
 
@@ -274,74 +251,34 @@ extern "C" int gptlocal_linear_bwd(int nparam, void **params, int *ndims, int64_
 // then y = gelu(h) on each column block as soon as its GEMM has written it. h is an output: the backward's
 // gelu'(h) reads it, which costs the [T, N] float32 the unfused path keeps anyway (fc1's output, the bias + GeLU
 // kernel's input); recomputing it would cost the forward GEMM again.
-extern "C" int gptlocal_linear_gelu_fwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                        void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || shapes[2][0] != N) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *b = static_cast<const float *>(params[2]);
-  const LinearGeluArgs *args = args_at<LinearGeluArgs>(3, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  float *y = static_cast<float *>(params[4]);
-  float *h = static_cast<float *>(params[5]);
-  const bool quick = args->form != 0.0f;
+int gptlocal_core_linear_gelu_fwd(const float *x, const float *w, const float *b, float *y, float *h, int64_t T,
+                                  int64_t K, int64_t N, const LinearGeluOptions &options) {
+  const bool quick = options.form != 0;
   const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, h, T, N, n0, n1); };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, nullptr, h, &bias,
+  lin_forward(options.threads, options.precision, T, N, K, x, w, nullptr, h, &bias,
               [&](int64_t n0, int64_t n1) { gelu_block(h, y, T, N, n0, n1, quick); });
   return 0;
 }
 
 // Its backward: dh = dy * gelu'(h) and db = dh's column sums on column blocks, then dx = dh w, dw = dh^T x as
-// gptlocal_linear_bwd (bf16 precisions: dh rounded to bf16 for the GEMMs, db from the float32 dh).
-extern "C" int gptlocal_linear_gelu_bwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                        void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  if (nparam != 9 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 ||
-      ndims[3] != 2)
-    return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *h = static_cast<const float *>(params[2]);
-  const float *dy = static_cast<const float *>(params[3]);
-  const LinearGeluArgs *args = args_at<LinearGeluArgs>(4, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  float *dx = static_cast<float *>(params[5]);
-  float *dw = static_cast<float *>(params[6]);
-  float *db = static_cast<float *>(params[7]);
-  float *dh = static_cast<float *>(params[8]);  // scratch MindSpore allocates (its pool: no page faults per call)
-  const bool quick = args->form != 0.0f;
-  column_blocks(lin_threads(args->threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
-    gelu_grad_block(h, dy, dh, db, T, N, n0, n1, quick);
+// gptlocal_linear_bwd (bf16 precisions: dh rounded to bf16 for the GEMMs, db from the float32 dh). scratch: dh, the
+// [T, N] MindSpore allocates (its pool: no page faults per call).
+int gptlocal_core_linear_gelu_bwd(const float *x, const float *w, const float *h, const float *dy, float *dx,
+                                  float *dw, float *db, float *scratch, int64_t T, int64_t K, int64_t N,
+                                  const LinearGeluOptions &options) {
+  const bool quick = options.form != 0;
+  column_blocks(lin_threads(options.threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
+    gelu_grad_block(h, dy, scratch, db, T, N, n0, n1, quick);
   });
-  lin_backward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, dh, dx, dw);
+  lin_backward(options.threads, options.precision, T, N, K, x, w, scratch, dx, dw);
   return 0;
 }
 
 // The residual epilogue: y = residual + x w^T + b (each column block of residual + b written first, then the GEMM
 // with beta 1). Its backward is gptlocal_linear_bwd's dx and dw; d residual = dy and db = dy's column sums are the
 // Cell's (kernels/linear.py).
-extern "C" int gptlocal_linear_residual_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
-                                            const char **dtypes, void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  if (nparam != 6 || !all_float32(nparam, dtypes) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1 ||
-      ndims[3] != 2)
-    return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || shapes[2][0] != N || shapes[3][0] != T || shapes[3][1] != N) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *w = static_cast<const float *>(params[1]);
-  const float *b = static_cast<const float *>(params[2]);
-  const float *residual = static_cast<const float *>(params[3]);
-  const LinearArgs *args = args_at<LinearArgs>(4, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  float *y = static_cast<float *>(params[5]);
+int gptlocal_core_linear_residual_fwd(const float *x, const float *w, const float *b, const float *residual, float *y,
+                                      int64_t T, int64_t K, int64_t N, const LinearOptions &options) {
   const auto residual_rows = [&](int64_t n0, int64_t n1) {
     for (int64_t t = 0; t < T; ++t) {
       const float *r = residual + t * N;
@@ -349,20 +286,10 @@ extern "C" int gptlocal_linear_residual_fwd(int nparam, void **params, int *ndim
       for (int64_t n = n0; n < n1; ++n) yr[n] = r[n] + b[n];
     }
   };
-  lin_forward(args->threads, static_cast<int>(args->precision), T, N, K, x, w, nullptr, y, &residual_rows,
-              kNoEpilogue);
+  lin_forward(options.threads, options.precision, T, N, K, x, w, nullptr, y, &residual_rows, kNoEpilogue);
   return 0;
 }
 
+int gptlocal_linear_bf16_native() { return lin_bf16_native() ? 1 : 0; }
 
-// 1 where LinearArgs.precision 1 runs oneDNN's bf16 GEMM on this CPU, 0 where it runs the emulation (kernels/linear.py
-// says so once per process).
-extern "C" int gptlocal_linear_bf16_native() { return lin_bf16_native() ? 1 : 0; }
-
-// The forward with the bias under a name of its own: MindSpore keys an AOT Custom's backward by its function, so two
-// Customs of one symbol (kernels/linear.py: without and with the bias) would share one bprop in a compiled training
-// graph (a TypeError on the argument count).
-extern "C" int gptlocal_linear_fwd_bias(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                        void *stream, void *extra) {
-  return nparam == 5 ? gptlocal_linear_fwd(nparam, params, ndims, shapes, dtypes, stream, extra) : 1;
-}
+void gptlocal_to_bf16(const float *in, int64_t n, uint16_t *out) { to_bf16(in, n, out); }

@@ -1,5 +1,6 @@
 // An int8 model's Linear for CPU, y = x W^T (+ b) with W stored int8 [out, in] and one float32 scale per output
-// channel, inference only, as a MindSpore AOT kernel (gpt_local, kernels/linear_int8.py; model/quant_cells.py).
+// channel, inference only: the typed core of gptlocal_int8_linear_fwd (gpt_local, kernels/table.py;
+// kernels/linear_int8.py; model/quant_cells.py; the int8 decode layer's GEMMs, cpu_decode_layer.cc).
 //
 // The scheme (CTranslate2's int8): the weight is quantized once (`gptlocal quantize`: symmetric per output channel,
 // scale[n] = max_k |W[n, k]| / 127, W_q = round(W / scale)); each call quantizes x the same way per row
@@ -9,8 +10,7 @@
 // thread each (common.h fork_join), each one GEMM into its own block (as cpu_linear.cc): results depend on nothing
 // but the inputs.
 //
-// gptlocal_int8_linear_fwd: x [T, K] float32, w [N, K] int8, scale [N] float32, args (Int8LinearArgs, common.h)
-//   -> y [T, N] float32; or, with six parameters, x, w, scale, b [N] float32, args -> y = ... + b
+// x [T, K] float32, w [N, K] int8, scale [N] float32, b [N] float32 or null (ThreadOptions) -> y [T, N] float32
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,35 +40,10 @@ void quantize_row(const float *x, int64_t K, int8_t *q, float *scale) {
   *scale = amax / 127.0f;
 }
 
-bool dtypes_are(const char **dtypes, std::initializer_list<const char *> expected) {
-  int i = 0;
-  for (const char *name : expected) {
-    if (std::strcmp(dtypes[i++], name) != 0) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
-extern "C" int gptlocal_int8_linear_fwd(int nparam, void **params, int *ndims, int64_t **shapes,
-                                        const char **dtypes, void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
-  const bool has_bias = nparam == 6;
-  if (nparam != 5 && !has_bias) return 1;
-  if (has_bias ? !dtypes_are(dtypes, {"float32", "int8", "float32", "float32", "float32", "float32"})
-               : !dtypes_are(dtypes, {"float32", "int8", "float32", "float32", "float32"}))
-    return 1;
-  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1) return 1;
-  const int64_t T = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
-  if (shapes[1][1] != K || shapes[2][0] != N || (has_bias && (ndims[3] != 1 || shapes[3][0] != N))) return 2;
-  const float *x = static_cast<const float *>(params[0]);
-  const int8_t *w = static_cast<const int8_t *>(params[1]);
-  const float *w_scale = static_cast<const float *>(params[2]);
-  const float *b = has_bias ? static_cast<const float *>(params[3]) : nullptr;
-  const Int8LinearArgs *args = args_at<Int8LinearArgs>(has_bias ? 4 : 3, params, ndims, shapes, dtypes);
-  if (args == nullptr) return 1;
-  float *y = static_cast<float *>(params[has_bias ? 5 : 4]);
+int gptlocal_core_int8_linear_fwd(const float *x, const int8_t *w, const float *w_scale, const float *b, float *y,
+                                  int64_t T, int64_t K, int64_t N, const ThreadOptions &options) {
   if (T == 0 || N == 0) return 0;
   if (K == 0) {
     for (int64_t t = 0; t < T; ++t) {
@@ -76,10 +51,10 @@ extern "C" int gptlocal_int8_linear_fwd(int nparam, void **params, int *ndims, i
     }
     return 0;
   }
-  const int threads = std::max(1, static_cast<int>(args->threads));
+  const int threads = std::max(1, options.threads);
   std::vector<int8_t> xq(static_cast<size_t>(T * K));
   std::vector<float> x_scale(static_cast<size_t>(T));
-  run_chunks(threads_for(args->threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
+  run_chunks(threads_for(options.threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) quantize_row(x + t * K, K, xq.data() + t * K, x_scale.data() + t);
   });
   std::vector<int32_t> acc(static_cast<size_t>(T * N));

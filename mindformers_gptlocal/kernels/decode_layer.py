@@ -24,22 +24,19 @@ int8 kernel.
 """
 import functools
 
-from mindspore import nn
-
 from . import build
-from .args import DecodeLayerArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import KernelCell, float32_library
 from .linear import precision_code
+from .norm_gelu import GELU_FORMS
+from .table import KERNELS
 
 SYMBOL = "gptlocal_decode_layer_fwd"
 INT8_SYMBOL = "gptlocal_decode_layer_int8_fwd"
 BF16_SYMBOL = "gptlocal_decode_layer_bf16w_fwd"
-GELU_FORMS = {"tanh": 0, "quick": 1}
 _warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, the plain decode graph used instead")
 
 
-class CPUDecodeLayer(nn.Cell):
+class CPUDecodeLayer(KernelCell):
     """``construct(hidden [B, 1, H], ln1 (weight, bias), qkv (weight, bias), proj (weight, bias), ln2 (weight,
     bias), fc1 (weight, bias), fc2 (weight, bias), key_cache, value_cache, write_index [B, G, 1, 3],
     attention_bias [B or 1, 1, 1, L])`` -> the layer's output hidden [B, 1, H]; the caches written in place."""
@@ -47,12 +44,9 @@ class CPUDecodeLayer(nn.Cell):
     symbol = SYMBOL
 
     def __init__(self, library_path, epsilon, scale, form="tanh", threads=None, precision="float32", emulate=False):
-        super().__init__()
-        threads = kernel_threads() if threads is None else threads
-        code = precision_code(library_path, precision, emulate)
-        self.config = DecodeLayerArgs(epsilon, scale, GELU_FORMS[form], threads, code).tensor()
-        self.op = custom_op(library_path, self.symbol, lambda hidden, *rest: hidden, lambda hidden, *rest: hidden)
-        self.op.add_prim_attr("side_effect_mem", True)  # writes the cache Parameters (the key and value caches)
+        # side_effect_mem (the table's inout caches): MindSpore keeps every later use of the caches after it
+        super().__init__(library_path, KERNELS[self.symbol], epsilon=epsilon, scale=scale, form=GELU_FORMS[form],
+                         threads=threads, precision=precision_code(library_path, precision, emulate))
 
     def construct(self, hidden, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight,
                   ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, key_cache, value_cache, write_index,

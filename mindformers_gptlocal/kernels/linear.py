@@ -23,10 +23,9 @@ import sys
 from mindspore import nn, ops
 
 from . import build
-from .args import LinearArgs, LinearGeluArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import float32_library, primitive
 from .norm_gelu import GELU_FORMS
+from .table import KERNELS, LinearGeluOptions, LinearOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
 PRECISIONS = ("float32", "bfloat16")
@@ -47,7 +46,7 @@ def bf16_native(library_path):
 
 
 def precision_code(library_path, precision, emulate=False):
-    """``LinearArgs.precision`` for ``precision`` ("float32" or "bfloat16"): 0, 1 (oneDNN's bf16 GEMM) or 2 (its
+    """``LinearOptions.precision`` for ``precision`` ("float32" or "bfloat16"): 0, 1 (oneDNN's bf16 GEMM) or 2 (its
     emulation: forced by ``emulate``, or this CPU has no bf16 GEMM)."""
     if precision not in PRECISIONS:
         raise ValueError(f"CPULinearGEMM precision {precision!r}: one of {', '.join(PRECISIONS)}")
@@ -64,24 +63,18 @@ class CPULinearGEMM(nn.Cell):
 
     def __init__(self, library_path, threads=None, precision="float32", emulate=False, bf16_weights=False):
         super().__init__()
-        threads = kernel_threads() if threads is None else threads
         self.precision = precision
         if bf16_weights and precision != "bfloat16":
             raise ValueError("CPULinearGEMM bf16_weights takes precision 'bfloat16'")
-        self.config = LinearArgs(threads, precision_code(library_path, precision, emulate)).tensor()
+        self.config = LinearOptions(threads, precision_code(library_path, precision, emulate)).tensor()
         self.bias_grad = ops.ReduceSum()
         if bf16_weights:  # one symbol without and with the bias: no bprop to key by it
-            self.forward = custom_op(library_path, "gptlocal_linear_bf16w_fwd", lambda x, w, c: [x[0], w[0]],
-                                     lambda x, w, c: x)
-            self.forward_bias = custom_op(library_path, "gptlocal_linear_bf16w_fwd",
-                                          lambda x, w, b, c: [x[0], w[0]], lambda x, w, b, c: x)
+            self.forward = primitive(library_path, KERNELS["gptlocal_linear_bf16w_fwd"])
+            self.forward_bias = primitive(library_path, KERNELS["gptlocal_linear_bf16w_fwd"])
             return
-        self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
-                                lambda x, w, dy, c: (x, w))
-        self.forward = custom_op(library_path, "gptlocal_linear_fwd", lambda x, w, c: [x[0], w[0]],
-                               lambda x, w, c: x, bprop=self._bprop)
-        self.forward_bias = custom_op(library_path, "gptlocal_linear_fwd_bias", lambda x, w, b, c: [x[0], w[0]],
-                                    lambda x, w, b, c: x, bprop=self._bprop_bias)
+        self.backward = primitive(library_path, KERNELS["gptlocal_linear_bwd"])
+        self.forward = primitive(library_path, KERNELS["gptlocal_linear_fwd"], bprop=self._bprop)
+        self.forward_bias = primitive(library_path, KERNELS["gptlocal_linear_fwd_bias"], bprop=self._bprop_bias)
 
     def _bprop(self, x, weight, config, out, dout):
         dx, dweight = self.backward(x, weight, dout, config)
@@ -105,24 +98,14 @@ class CPULinearEpilogue(nn.Cell):
 
     def __init__(self, library_path, form, threads=None, precision="float32", emulate=False):
         super().__init__()
-        threads = kernel_threads() if threads is None else threads
         code = precision_code(library_path, precision, emulate)
-        self.config = LinearArgs(threads, code).tensor()
-        self.gelu_config = LinearGeluArgs(threads, code, GELU_FORMS[form]).tensor()
-        self.backward = custom_op(library_path, "gptlocal_linear_bwd", lambda x, w, dy, c: (x, w),
-                                lambda x, w, dy, c: (x, w))
-        self.gelu_backward = custom_op(library_path, "gptlocal_linear_gelu_bwd",
-                                     lambda x, w, h, dy, c: (x, w, [w[0]], h), lambda x, w, h, dy, c: (x, w, w, h))
-        self.gelu_forward = custom_op(library_path, "gptlocal_linear_gelu_fwd",
-                                    lambda x, w, b, c: ([x[0], w[0]], [x[0], w[0]]), lambda x, w, b, c: (x, x),
-                                    bprop=self._bprop_gelu)
-        self.residual_forward = custom_op(library_path, "gptlocal_linear_residual_fwd",
-                                        lambda x, w, b, r, c: r, lambda x, w, b, r, c: x, bprop=self._bprop_residual)
+        self.config = LinearOptions(threads, code).tensor()
+        self.gelu_config = LinearGeluOptions(threads, code, GELU_FORMS[form]).tensor()
+        self.backward = primitive(library_path, KERNELS["gptlocal_linear_bwd"])
+        self.gelu_forward = primitive(library_path, KERNELS["gptlocal_linear_gelu_fwd"])  # its bprop: the table's
+        self.residual_forward = primitive(library_path, KERNELS["gptlocal_linear_residual_fwd"],
+                                          bprop=self._bprop_residual)
         self.bias_grad = ops.ReduceSum()
-
-    def _bprop_gelu(self, x, weight, bias, config, out, dout):
-        dx, dweight, dbias, _ = self.gelu_backward(x, weight, out[1], dout[0], config)  # out[1]: h; _: dh
-        return dx, dweight, dbias, ops.zeros_like(config)
 
     def _bprop_residual(self, x, weight, bias, residual, config, out, dout):
         dx, dweight = self.backward(x, weight, dout, config)

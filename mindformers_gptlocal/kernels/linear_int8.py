@@ -10,9 +10,8 @@ import functools
 from mindspore import nn
 
 from . import build
-from .args import Int8LinearArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import float32_library, primitive
+from .table import KERNELS, ThreadOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU int8 Linear kernel off, MindSpore ops used instead")
 
@@ -22,12 +21,9 @@ class CPUInt8Linear(nn.Cell):
 
     def __init__(self, library_path, threads=None):
         super().__init__()
-        threads = kernel_threads() if threads is None else threads
-        self.config = Int8LinearArgs(threads).tensor()
-        self.forward = custom_op(library_path, "gptlocal_int8_linear_fwd", lambda x, w, s, c: [x[0], w[0]],
-                                 lambda x, w, s, c: x)
-        self.forward_bias = custom_op(library_path, "gptlocal_int8_linear_fwd",
-                                      lambda x, w, s, b, c: [x[0], w[0]], lambda x, w, s, b, c: x)
+        self.config = ThreadOptions(threads).tensor()
+        self.forward = primitive(library_path, KERNELS["gptlocal_int8_linear_fwd"])
+        self.forward_bias = primitive(library_path, KERNELS["gptlocal_int8_linear_fwd"])
 
     def construct(self, x, weight, scale, bias=None):
         if bias is None:

@@ -1,7 +1,7 @@
 """``CPULoRADropout``: LoRA's input dropout (``lora_dropout``) through the CPU kernel ``lora_dropout.cc``, as a Cell.
 
-Two AOT ``ops.Custom`` primitives, the forward and the backward (attached as the forward's ``bprop``). The mask is
-gpt_local's counter dropout's (``model/dropout.py`` ``CounterDropout``, the plain path and the reference): the
+The forward's AOT ``ops.Custom`` with the backward's attached as its ``bprop`` (``aot.primitive``, ``table.py``). The
+mask is gpt_local's counter dropout's (``model/dropout.py`` ``CounterDropout``, the plain path and the reference): the
 kernel reads the Cell's two bit tables at the offsets ``CounterDropout.offsets(step)`` of this LoRA Linear's site
 (``dropout.lora_dropout_site``) and the model's forward counter ``dropout_step``, so its values are the plain
 path's bit for bit and a run resumed from a training checkpoint (which holds the counter) draws the uninterrupted
@@ -16,41 +16,29 @@ decision (``provider.py``).
 """
 import functools
 
-from mindspore import nn, ops
 import mindspore as ms
 
 from . import build
-from .args import LoRADropoutArgs
-from .aot import custom_op, float32_library
-from .attention import kernel_threads
+from .aot import KernelCell, float32_library
+from .table import KERNELS
 
 _warn_once = functools.partial(build.warn_once, "CPU LoRA dropout kernel off, gpt_local's counter dropout used instead")
 
 
-class CPULoRADropout(nn.Cell):
+class CPULoRADropout(KernelCell):
     """``construct(x, step)`` -> the counter dropout ``counter`` (a ``CounterDropout``, 0 < p < 1) of float32 ``x``
     at ``step`` (int32 scalar) in training; ``x`` otherwise, or when ``step`` is None (as ``CounterDropout``)."""
 
     def __init__(self, library_path, counter, threads=None):
-        super().__init__()
+        super().__init__(library_path, KERNELS["gptlocal_lora_dropout_fwd"], scale=counter.scale,
+                         mode=2 if counter.keep_when_differ else 1, threads=threads)
         self.counter = counter  # the plain Cell: its tables, site and offsets (not called in construct)
         self.p = counter.p
-        threads = kernel_threads() if threads is None else threads
-        mode = 2 if counter.keep_when_differ else 1
-        self.config = LoRADropoutArgs(counter.scale, mode, threads).tensor()
-        shape = lambda x, t1, t2, o, c: x  # noqa: E731
-        dtype = lambda x, t1, t2, o, c: x  # noqa: E731
-        self.backward = custom_op(library_path, "gptlocal_lora_dropout_bwd", shape, dtype)
-        self.forward = custom_op(library_path, "gptlocal_lora_dropout_fwd", shape, dtype, bprop=self._bprop)
-
-    def _bprop(self, x, bits1, bits2, offsets, config, out, dout):
-        return (self.backward(dout, bits1, bits2, offsets, config), ops.zeros_like(bits1), ops.zeros_like(bits2),
-                ops.zeros_like(offsets), ops.zeros_like(config))
 
     def construct(self, x, step=None):
         if not self.training or step is None:
             return x
-        return self.forward(x, self.counter.bits1, self.counter.bits2, self.counter.offsets(step), self.config)
+        return self.op(x, self.counter.bits1, self.counter.bits2, self.counter.offsets(step), self.config)
 
 
 def lora_dropout_kernel(dropout, dtype, **kwargs):

@@ -38,33 +38,34 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from ..errors import ConfigError
+from .table import TABLE
 
-# op -> what its kernel is (docs/configuration.md lists the same)
-OPS = {
-    "attention": "fused causal attention of training, eval and a KV-cache prefill (kernels/attention.py)",
-    "layer_norm": "LayerNorm (kernels/norm_gelu.py)",
-    "bias_gelu": "the MLP's fc1 bias + tanh or quick GeLU (kernels/norm_gelu.py)",
-    "rms_norm": "RMSNorm (kernels/rms_swiglu.py)",
-    "swiglu": "SwiGLU's silu(gate) * up (kernels/rms_swiglu.py)",
+# op -> what its kernel is (docs/configuration.md lists the same), then where its kernels are: the sources of the
+# kernel table's entries of that op (table.py: each entry's op)
+OPS = {op: text + TABLE.where(op) for op, text in {
+    "attention": "fused causal attention of training, eval and a KV-cache prefill (Cell: kernels/attention.py)",
+    "layer_norm": "LayerNorm (Cell: kernels/norm_gelu.py)",
+    "bias_gelu": "the MLP's fc1 bias + tanh or quick GeLU (Cell: kernels/norm_gelu.py)",
+    "rms_norm": "RMSNorm (Cell: kernels/rms_swiglu.py)",
+    "swiglu": "SwiGLU's silu(gate) * up (Cell: kernels/rms_swiglu.py)",
     "linear": "the Linears' and the head's x W^T (+ b), oneDNN's sgemm, or its bf16 GEMM with compute_dtype "
-              "bfloat16 (kernels/linear.py)",
-    "lora_dropout": "LoRA's input dropout (kernels/lora_dropout.py)",
+              "bfloat16 (Cell: kernels/linear.py)",
+    "lora_dropout": "LoRA's input dropout (Cell: kernels/lora_dropout.py)",
     "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
-    "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (kernels/decode_layer.py); "
-                    "float32, int8 and (built for inference) bf16 models",
-}
-OPS["adamw"] = ("GPTLocalAdamW's update of each float32 parameter and its moments in place, one pass "
-                "(kernels/train_step.py; AdamWeightDecay's formula), in gpt_local's train step "
-                "(GPTLocalTrainOneStepCell)")
-OPS["square_sum"] = ("each gradient's sum of squares, one read-only pass, for the train step's overflow check and "
-                     "the clip's global norm (kernels/train_step.py; GPTLocalTrainOneStepCell)")
-OPS["int8_linear"] = ("an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM "
-                      "(kernels/linear_int8.py)")
-OPS["gemm_epilogue"] = ("the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels "
-                        "run: fc1 + bias + GeLU, fc2 + bias + the residual (kernels/linear.py CPULinearEpilogue); "
-                        "kernel only (auto: off, not measured faster yet)")
+    "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (Cell: "
+                    "kernels/decode_layer.py); float32, int8 and (built for inference) bf16 models",
+    "adamw": "GPTLocalAdamW's update of each float32 parameter and its moments in place, one pass (Cell: "
+             "kernels/train_step.py; AdamWeightDecay's formula), in gpt_local's train step (GPTLocalTrainOneStepCell)",
+    "square_sum": "each gradient's sum of squares, one read-only pass, for the train step's overflow check and the "
+                  "clip's global norm (Cell: kernels/train_step.py; GPTLocalTrainOneStepCell)",
+    "int8_linear": "an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM (Cell: "
+                   "kernels/linear_int8.py)",
+    "gemm_epilogue": "the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels run: "
+                     "fc1 + bias + GeLU, fc2 + bias + the residual (Cell: kernels/linear.py CPULinearEpilogue); "
+                     "kernel only (auto: off, not measured faster yet)",
+}.items()}
 MODES = ("auto", "kernel", "plain")
 # The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-03, AMD EPYC,
 # 2 threads, quiet machine, benchmarks/generate_throughput.py --sides ours-bf16,ours-bf16-decode-kernel,

@@ -1,6 +1,6 @@
-"""The train step's CPU kernels after the backward (``cpu_train_step.cc``), as Cells: ``CPUSquareSum``, a
-gradient's sum of squares (the overflow check and the clip's global norm), and ``CPUAdamW``, AdamW's in-place
-update of one float32 parameter.
+"""The train step's CPU kernels after the backward (``cpu_square_sum.cc``, ``cpu_adamw.cc``), as Cells:
+``CPUSquareSum``, a gradient's sum of squares (the overflow check and the clip's global norm), and ``CPUAdamW``,
+AdamW's in-place update of one float32 parameter.
 
 ``CPUSquareSum`` replaces ``training/grad_checks.py``'s Square + two-stage ReduceSum (the plain path: the same sum
 to rounding; it writes no gradient-sized temporary). ``CPUAdamW`` takes MindSpore's ``AdamWeightDecay`` primitive's
@@ -13,42 +13,34 @@ them; the train step hands them to the clip, the overflow check and the optimize
 import functools
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import ops
 
 from . import build
-from .aot import custom_op, float32_library
-from .args import AdamWArgs, SquareSumArgs
-from .attention import kernel_threads
+from .aot import KernelCell, float32_library
+from .table import KERNELS
 
 _warn_adamw = functools.partial(build.warn_once, "CPU AdamW kernel off, MindSpore's AdamWeightDecay used instead")
 _warn_square_sum = functools.partial(build.warn_once, "CPU sum-of-squares kernel off, Square + ReduceSum used instead")
 
 
-class CPUSquareSum(nn.Cell):
+class CPUSquareSum(KernelCell):
     """``construct(x)`` -> the sum of float32 ``x``'s squares, float32 [1] (inf or nan where ``x`` holds one or
     the float32 total overflows)."""
 
     def __init__(self, library_path, threads=None):
-        super().__init__()
-        threads = kernel_threads() if threads is None else threads
-        self.config = SquareSumArgs(threads).tensor()
-        self.op = custom_op(library_path, "gptlocal_square_sum_fwd", lambda *shapes: [1], lambda *dtypes: ms.float32)
+        super().__init__(library_path, KERNELS["gptlocal_square_sum_fwd"], threads=threads)
 
     def construct(self, x):
         return self.op(x, self.config)
 
 
-class CPUAdamW(nn.Cell):
+class CPUAdamW(KernelCell):
     """``construct(param, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, decay, grad)``, ``AdamWeightDecay``'s
-    arguments in its order (float32; the five scalars one element each): the three Parameters updated in place;
-    returns a status token."""
+    arguments in its order (float32; the five scalars one element each): the three Parameters updated in place
+    (the table's inout tensors: ``side_effect_mem``); returns a status token."""
 
     def __init__(self, library_path, threads=None):
-        super().__init__()
-        threads = kernel_threads() if threads is None else threads
-        self.config = AdamWArgs(threads).tensor()
-        self.op = custom_op(library_path, "gptlocal_adamw_fwd", lambda *shapes: [1], lambda *dtypes: ms.int32)
-        self.op.add_prim_attr("side_effect_mem", True)  # writes the parameter and both moments
+        super().__init__(library_path, KERNELS["gptlocal_adamw_fwd"], threads=threads)
 
     def construct(self, param, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, decay, grad):
         return self.op(param, exp_avg, exp_avg_sq, grad, ops.cast(lr, ms.float32), beta1, beta2,

@@ -80,9 +80,3 @@ def test_quant_linear_takes_the_kernel_from_the_provider(library, graph_mode, mo
     np.testing.assert_allclose(got.reshape(6, 109), int8_linear_reference(x, quantized, scale, bias),
                                rtol=1e-5, atol=1e-5 * 4)
     assert KernelProvider({"int8_linear": mode}, device_target="Ascend").int8_linear(ms.float32) is None
-
-
-def test_the_kernel_reads_its_struct():
-    import os
-    text = open(os.path.join(os.path.dirname(linear_int8.__file__), "cpu_linear_int8.cc"), encoding="utf-8").read()
-    assert "args_at<Int8LinearArgs>" in text

@@ -1,4 +1,4 @@
-"""Linear's GEMM kernel in bfloat16 (``compute_dtype: bfloat16`` on CPU; cpu_linear.cc ``LinearArgs.precision``):
+"""Linear's GEMM kernel in bfloat16 (``compute_dtype: bfloat16`` on CPU; cpu_linear.cc ``LinearOptions.precision``):
 oneDNN's bf16 GEMM and its emulation against the plain path (``model/layers.py`` ``BF16MatMul``: x and W rounded to
 bfloat16 by Casts, float32 MatMul, dy rounded in the backward) by value, forward and both gradients, with and
 without the bias, on odd shapes; bf16 against float32 (rounding happens, within bf16's error); the provider's

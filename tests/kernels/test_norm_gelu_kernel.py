@@ -13,7 +13,7 @@ from mindformers_gptlocal.model.layers import TanhGeLU
 from conftest import TINY
 from references import trains_like_plain
 
-# T * H >= 32768 runs on several threads (cpu_norm_gelu.cc threads_for); 3 threads split 131 rows unevenly
+# T * H >= 32768 runs on several threads (common.h threads_for); 3 threads split 131 rows unevenly
 SHAPES = [(3, 7, 77), (131, 257)]
 
 

@@ -14,7 +14,7 @@ from mindformers_gptlocal.model.layers import SiLU
 from conftest import TINY
 from references import trains_like_plain
 
-# T * H >= 32768 runs on several threads (cpu_rms_swiglu.cc rs_threads); 3 threads split 131 rows unevenly
+# T * H >= 32768 runs on several threads (common.h threads_for); 3 threads split 131 rows unevenly
 SHAPES = [(3, 7, 77), (131, 257)]
 LLAMA = dict(position_embedding_type="rope", num_query_groups=2, hidden_act="swiglu", normalization="RMSNorm",
              add_bias_linear=False, untie_embeddings_and_output_weights=True, ffn_hidden_size=176)

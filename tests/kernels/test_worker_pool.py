@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mindformers_gptlocal.kernels.aot import DirectCall
+from mindformers_gptlocal.kernels.table import LinearOptions
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +25,8 @@ def library():
 
 
 def linear(library, x, w, threads):
-    """gptlocal_linear_fwd(x, w, LinearArgs(threads, float32)) -> x w^T, as MindSpore calls it."""
-    args = np.array([threads, 0], np.float32)
+    """gptlocal_linear_fwd(x, w, LinearOptions(threads, float32)) -> x w^T, as MindSpore calls it."""
+    args = LinearOptions(threads, 0).array()
     y = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
     assert DirectCall(library.gptlocal_linear_fwd, [x, w, args, y]).call() == 0
     return y

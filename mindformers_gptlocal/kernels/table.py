@@ -1,0 +1,131 @@
+"""The kernel table: every kernel of gpt_local's CPU library, one entry each (``spec.py`` says how one reads).
+
+From this table come the library's AOT entry points (adapters the build generates, ``codegen.py``), the typed cores'
+declarations and the options structs (the generated ``cores.h``), the options' Python values (``LinearOptions(...)
+.tensor()``), the primitives' shapes, dtypes and (where ``backward`` names a kernel) bprops (``aot.primitive``), and
+``build.py``'s sources and symbols. A new kernel: its core in a ``.cc`` file (``int gptlocal_core_<name>(...)``, the
+signature ``cores.h`` declares from its entry) and its entry here; ``aot.KernelCell(path, KERNEL, **options)`` is
+then its Cell (or a class of its own where the model calls it otherwise), and ``provider.py`` a method where the
+model uses it. ``python -m mindformers_gptlocal.kernels.codegen`` prints what the build generates.
+"""
+from .spec import Export, Kernel, Options, Table
+
+# ------------------------------------------------------------------------------------------------ options structs
+ThreadOptions = Options("ThreadOptions", "threads: int", "Only the threads a kernel may run.")
+AttentionOptions = Options(
+    "AttentionOptions", "scale: float, dropout_scale: float, dropout_mode: int, threads: int, query_block: int, "
+    "key_block: int", "The fused attention's: dropout_mode 0 none, 1 keep where the counter dropout's bits agree, 2 "
+    "where they differ; the query and key blocks' rows.")
+LayerNormOptions = Options("LayerNormOptions", "epsilon: float, threads: int", "LayerNorm's.")
+RMSNormOptions = Options("RMSNormOptions", "epsilon: float, threads: int", "RMSNorm's.")
+BiasGeluOptions = Options("BiasGeluOptions", "form: int, threads: int", "Bias + GeLU's: form 0 tanh, 1 quick.")
+LinearOptions = Options("LinearOptions", "threads: int, precision: int",
+                        "Linear's GEMM: precision 0 float32, 1 bfloat16 x bfloat16 -> float32 (oneDNN's "
+                        "dnnl_gemm_bf16bf16f32), 2 the same numbers emulated (inputs rounded to bfloat16, sgemm).")
+LinearGeluOptions = Options("LinearGeluOptions", "threads: int, precision: int, form: int",
+                            "The GEMM with the bias + GeLU epilogue: LinearOptions' fields, then the GeLU form.")
+LoRADropoutOptions = Options("LoRADropoutOptions", "scale: float, mode: int, threads: int",
+                             "LoRA's input dropout: scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where "
+                             "they differ.")
+DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
+                             "precision: int", "The decode step's layer: the LayerNorms' epsilon, attention's "
+                             "scale, the GeLU form (0 tanh, 1 quick), the GEMMs' precision (LinearOptions').")
+
+# ------------------------------------------------------------------------------------------------ kernels
+ATTENTION_INPUTS = ("q: f32[B, N, S, D], k: f32[B, G, S, D], v: f32[B, G, S, D], bias: f32[Bb, 1, S, S], "
+                    "t1: f32[P1], t2: f32[P2], offsets: i32[2]")
+DROPOUT_TABLES = "t1: f32[P1], t2: f32[P2], offsets: i32[2]"
+LAYER = ("hidden: f32[B, 1, H], ln1_gamma: f32[H], ln1_beta: f32[H], {qkv}, {proj}, ln2_gamma: f32[H], "
+         "ln2_beta: f32[H], {fc1}, {fc2}, key_cache: inout f32[Bc, G, L, D], value_cache: inout f32[Bc, G, L, D], "
+         "write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L]")
+LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "fc2": ("H", "I")}
+
+
+def decode_layer_inputs(weight, scales=False):
+    """The decode layer's inputs with its four Linears' weights of dtype ``weight`` (each followed by its float32
+    per-channel scales where ``scales``: an int8 model's)."""
+    def linear(name, out, inp):
+        scale = f"{name}_scale: f32[{out}], " if scales else ""
+        return f"{name}_w: {weight}[{out}, {inp}], {scale}{name}_b: f32[{out}]"
+    return LAYER.format(**{name: linear(name, *dims) for name, dims in LINEARS.items()})
+
+
+TABLE = Table([
+    Kernel("gptlocal_attention_fwd", "cpu_attention.cc", ATTENTION_INPUTS, "out: f32[B, N, S, D], lse: f32[B, N, S]",
+           AttentionOptions, "fused causal attention (FlashAttention-2's scheme): the context and each row's "
+           "logsumexp", backward="gptlocal_attention_bwd", op="attention"),
+    Kernel("gptlocal_attention_bwd", "cpu_attention.cc",
+           ATTENTION_INPUTS + ", out: f32[B, N, S, D], lse: f32[B, N, S], dout: f32[B, N, S, D]",
+           "dq: f32[B, N, S, D], dk: f32[B, G, S, D], dv: f32[B, G, S, D]", AttentionOptions,
+           "its backward, the probabilities recomputed from the logsumexp", op="attention"),
+    Export("InPlaceScatterNdUpdate", "kv_write.cc", "int InPlaceScatterNdUpdate(int nparam, void **params, "
+           "int *ndims, int64_t **shapes, const char **dtypes, void *stream, void *extra)",
+           "the KV cache's in-place ScatterNdUpdate (MindSpore's ABI, any dtype and rank: written by hand)",
+           op="kv_write"),
+    Kernel("gptlocal_layernorm_fwd", "cpu_layernorm.cc", "x: f32[*T, H], gamma: f32[H], beta: f32[H]",
+           "y: f32[*T, H], mean: f32[*T], rstd: f32[*T]", LayerNormOptions, "LayerNorm over the last axis",
+           backward="gptlocal_layernorm_bwd", op="layer_norm"),
+    Kernel("gptlocal_layernorm_bwd", "cpu_layernorm.cc",
+           "x: f32[*T, H], gamma: f32[H], mean: f32[*T], rstd: f32[*T], dy: f32[*T, H]",
+           "dx: f32[*T, H], dgamma: f32[H], dbeta: f32[H]", LayerNormOptions, "its backward", op="layer_norm"),
+    Kernel("gptlocal_bias_gelu_fwd", "cpu_bias_gelu.cc", "x: f32[*T, F], bias: f32[F]", "y: f32[*T, F]",
+           BiasGeluOptions, "gelu(x + bias), tanh or quick", backward="gptlocal_bias_gelu_bwd", op="bias_gelu"),
+    Kernel("gptlocal_bias_gelu_bwd", "cpu_bias_gelu.cc", "x: f32[*T, F], bias: f32[F], dy: f32[*T, F]",
+           "dx: f32[*T, F], dbias: f32[F]", BiasGeluOptions, "its backward", op="bias_gelu"),
+    Kernel("gptlocal_lora_dropout_fwd", "lora_dropout.cc", "x: f32[*n], " + DROPOUT_TABLES, "y: f32[*n]",
+           LoRADropoutOptions, "LoRA's input dropout: the counter dropout's mask", core="lora_dropout",
+           backward="gptlocal_lora_dropout_bwd", op="lora_dropout"),
+    Kernel("gptlocal_lora_dropout_bwd", "lora_dropout.cc", "dy: f32[*n], " + DROPOUT_TABLES, "dx: f32[*n]",
+           LoRADropoutOptions, "its backward: the same mask drawn again", core="lora_dropout", op="lora_dropout"),
+    Kernel("gptlocal_rmsnorm_fwd", "cpu_rmsnorm.cc", "x: f32[*T, H], weight: f32[H]", "y: f32[*T, H], rstd: f32[*T]",
+           RMSNormOptions, "RMSNorm over the last axis", backward="gptlocal_rmsnorm_bwd", op="rms_norm"),
+    Kernel("gptlocal_rmsnorm_bwd", "cpu_rmsnorm.cc", "x: f32[*T, H], weight: f32[H], rstd: f32[*T], dy: f32[*T, H]",
+           "dx: f32[*T, H], dweight: f32[H]", RMSNormOptions, "its backward", op="rms_norm"),
+    Kernel("gptlocal_swiglu_fwd", "cpu_swiglu.cc", "gate: f32[*n], up: f32[*n]", "y: f32[*n]", ThreadOptions,
+           "silu(gate) * up", backward="gptlocal_swiglu_bwd", op="swiglu"),
+    Kernel("gptlocal_swiglu_bwd", "cpu_swiglu.cc", "gate: f32[*n], up: f32[*n], dy: f32[*n]",
+           "dgate: f32[*n], dup: f32[*n]", ThreadOptions, "its backward, the sigmoid recomputed", op="swiglu"),
+    Kernel("gptlocal_linear_fwd", "cpu_linear.cc", "x: f32[T, K], w: f32[N, K], b: f32[N]?", "y: f32[T, N]",
+           LinearOptions, "x w^T (+ b) over column blocks", core="linear_fwd", op="linear"),
+    Kernel("gptlocal_linear_fwd_bias", "cpu_linear.cc", "x: f32[T, K], w: f32[N, K], b: f32[N]", "y: f32[T, N]",
+           LinearOptions, "the same with the bias, a symbol of its own (MindSpore keys a Custom's bprop by it)",
+           core="linear_fwd", op="linear"),
+    Kernel("gptlocal_linear_bwd", "cpu_linear.cc", "x: f32[T, K], w: f32[N, K], dy: f32[T, N]",
+           "dx: f32[T, K], dw: f32[N, K]", LinearOptions, "dx = dy w, dw = dy^T x", op="linear"),
+    Kernel("gptlocal_linear_bf16w_fwd", "cpu_linear.cc", "x: f32[T, K], w: bf16[N, K], b: f32[N]?", "y: f32[T, N]",
+           LinearOptions, "the forward on a weight held as bfloat16 (precision 1 or 2)", op="linear"),
+    Kernel("gptlocal_linear_gelu_fwd", "cpu_linear.cc", "x: f32[T, K], w: f32[N, K], b: f32[N]",
+           "y: f32[T, N], h: f32[T, N]", LinearGeluOptions, "y = gelu(h), h = x w^T + b",
+           backward="gptlocal_linear_gelu_bwd", op="gemm_epilogue"),
+    Kernel("gptlocal_linear_gelu_bwd", "cpu_linear.cc", "x: f32[T, K], w: f32[N, K], h: f32[T, N], dy: f32[T, N]",
+           "dx: f32[T, K], dw: f32[N, K], db: f32[N], scratch: f32[T, N]", LinearGeluOptions,
+           "its backward (scratch: dh = dy gelu'(h))", op="gemm_epilogue"),
+    Kernel("gptlocal_linear_residual_fwd", "cpu_linear.cc",
+           "x: f32[T, K], w: f32[N, K], b: f32[N], residual: f32[T, N]", "y: f32[T, N]", LinearOptions,
+           "y = residual + x w^T + b", op="gemm_epilogue"),
+    Export("gptlocal_linear_bf16_native", "cpu_linear.cc", "int gptlocal_linear_bf16_native()",
+           "1 where precision 1 runs oneDNN's bf16 GEMM on this CPU, 0 where it runs the emulation", op="linear"),
+    Export("gptlocal_to_bf16", "cpu_linear.cc", "void gptlocal_to_bf16(const float *in, int64_t n, uint16_t *out)",
+           "common.h's to_bf16 (bf16_bits: to nearest even), as the GEMMs round: for tests"),
+    Kernel("gptlocal_decode_layer_fwd", "cpu_decode_layer.cc", decode_layer_inputs("f32"), "out: f32[B, 1, H]",
+           DecodeLayerOptions, "a GPT-2 layer of the decode step, the caches written in place", op="decode_layer"),
+    Kernel("gptlocal_decode_layer_int8_fwd", "cpu_decode_layer.cc", decode_layer_inputs("i8", scales=True),
+           "out: f32[B, 1, H]", DecodeLayerOptions, "the same layer of an int8 model", op="decode_layer"),
+    Kernel("gptlocal_decode_layer_bf16w_fwd", "cpu_decode_layer.cc", decode_layer_inputs("bf16"), "out: f32[B, 1, H]",
+           DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer"),
+    Kernel("gptlocal_int8_linear_fwd", "cpu_linear_int8.cc", "x: f32[T, K], w: i8[N, K], scale: f32[N], b: f32[N]?",
+           "y: f32[T, N]", ThreadOptions, "an int8 model's Linear: x quantized per row, s8 x s8 -> s32, scaled",
+           op="int8_linear"),
+    Kernel("gptlocal_square_sum_fwd", "cpu_square_sum.cc", "x: f32[*n]", "total: f32[1]", ThreadOptions,
+           "the sum of x's squares", op="square_sum"),
+    Kernel("gptlocal_adamw_fwd", "cpu_adamw.cc",
+           "w: inout f32[*n], m: inout f32[*n], v: inout f32[*n], g: f32[*n], lr: f32[*1], beta1: f32[*1], "
+           "beta2: f32[*1], eps: f32[*1], decay: f32[*1]", "status: token", ThreadOptions,
+           "AdamWeightDecay's update of one parameter and its moments, in place", op="adamw"),
+    Kernel("gptlocal_rope_fwd", "cpu_rope.cc", "x: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
+           "y: f32[B, N, S, D]", ThreadOptions, "rotary embedding of the first R channels of each head (rotate_half)",
+           backward="gptlocal_rope_bwd"),
+    Kernel("gptlocal_rope_bwd", "cpu_rope.cc", "dy: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
+           "dx: f32[B, N, S, D]", ThreadOptions, "its backward: the transposed rotation"),
+])
+KERNELS = {kernel.symbol: kernel for kernel in TABLE.kernels}
