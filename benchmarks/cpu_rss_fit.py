@@ -9,7 +9,7 @@
 Each run is `gptlocal run` on model_configs/pretrain_gpt_local_tiny_cpu.yaml resized to the shape
 (the same setup as tests/plan/test_planner.py: 256-token windows from `prepare-data`, no shuffle,
 GPTLocalTrainOneStepCell with grad clipping, graph mode), ``--steps`` steps, in its own process;
-the peak RSS is the `[gpt_local] training done, peak RSS N MB` line (VmHWM). ``fit`` solves
+the peak RSS is the `[gptlocal] training done, peak RSS N MB` line (VmHWM). ``fit`` solves
 peak = runtime + state_factor[optimizer] * (weights+grads+moments)
        + activation_factor * (activations - head) + head_factor * head activations
 by least squares (runtime and activation factors shared, one state factor per optimizer type), the

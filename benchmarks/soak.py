@@ -104,7 +104,7 @@ def main():
         for line in proc.stdout:
             tail.append(line)
             del tail[:-50]
-            found = re.search(r"\[gpt_local\] step (\d+)/\d+", line)
+            found = re.search(r"\[gptlocal\] step (\d+)/\d+", line)
             if found and int(found.group(1)) % args.save_every == 0:
                 step = int(found.group(1))
                 samples.append(dict(step=step, rss_mb=rss_mb(proc.pid), ckpt_mb=folder_mb(ckpt_dir),

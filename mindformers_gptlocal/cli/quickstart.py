@@ -36,11 +36,11 @@ def launch(yaml_path, log_path, extra=()):
     shown = []
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        table = False  # the rows under "[gpt_local] eval results" (launcher.eval_table) are ours too
+        table = False  # the rows under "[gptlocal] eval results" (launcher.eval_table) are ours too
         for line in process.stdout:
             log.write(line)
-            table = line.startswith("[gpt_local] eval results") or (table and line.startswith("  "))
-            if line.startswith("[gpt_local]") or table or "error" in line.lower() and "gpt_local" in line:
+            table = line.startswith("[gptlocal] eval results") or (table and line.startswith("  "))
+            if line.startswith("[gptlocal]") or table or "error" in line.lower() and "gpt_local" in line:
                 print("   " + line.rstrip(), flush=True)
                 shown.append(line)
         code = process.wait()
@@ -127,5 +127,5 @@ def main(args):
 def _read_sample(log_path):
     with open(log_path, encoding="utf-8") as handle:
         text = handle.read()
-    match = re.search(r"\[gpt_local\] generated: (.*)", text)
+    match = re.search(r"\[gptlocal\] generated: (.*)", text)
     return json.loads(match.group(1)) if match else ""

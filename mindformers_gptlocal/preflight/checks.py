@@ -41,7 +41,7 @@ def ensure_mcore(config, log=print):
     """gpt_local lives on MindFormers' mcore path; a YAML without ``use_legacy: False`` is switched to it."""
     if is_gpt_local(config) and config.get("use_legacy", True) is not False:
         config.use_legacy = False
-        log("[gpt_local] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
+        log("[gptlocal] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
             "(add `use_legacy: False` to the YAML to silence this).")
 
 

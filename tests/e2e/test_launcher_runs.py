@@ -72,7 +72,7 @@ def from_trained(trained, corpus, tmp_path_factory):
 def test_predict_returns_text(from_trained):
     code, out = from_trained["predict"].result()
     assert code == 0, out[-3000:]
-    texts = [json.loads(t) for t in re.findall(r"\[gpt_local\] generated: (.*)", out)]
+    texts = [json.loads(t) for t in re.findall(r"\[gptlocal\] generated: (.*)", out)]
     assert len(texts) == 1 and texts[0].startswith("def main(") and len(texts[0]) > len("def main(")
 
 

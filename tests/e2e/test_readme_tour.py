@@ -149,7 +149,7 @@ def _check(line, out, root):
     if line.startswith("gptlocal run") and "--resume_training True" in line:
         assert "resuming from" in out, out[-2000:]
     elif "pretrain_gpt_local_tiny_cpu.yaml" in line:
-        assert "[gpt_local] training done:" in out and len(out.splitlines()) < 40, out[-3000:]
+        assert "[gptlocal] training done:" in out and len(out.splitlines()) < 40, out[-3000:]
     elif "eval_gpt_local_tiny_cpu.yaml" in line:
         assert re.search(r"^\s+PPL\s+[0-9.]+", out, re.M), out[-2000:]
     elif line.startswith("gptlocal generate"):
