@@ -11,7 +11,6 @@ import argparse
 import difflib
 import sys
 
-from ..generation.defaults import CLI as CLI_DEFAULTS
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
@@ -103,7 +102,16 @@ def version_line():
             f"{installed('mindformers')}, Python {sys.version.split()[0]})")
 
 
+def _cli_defaults():
+    """generation/defaults.py's CLI column, read when a parser is built: importing ``generation`` loads numpy, whose
+    BLAS starts threads, and ``gptlocal run`` must block SIGINT/SIGTERM before any thread starts
+    (``training/stop.py hold``)."""
+    from ..generation.defaults import CLI
+    return CLI
+
+
 def _sampling_flags(parser, max_new_tokens):
+    CLI_DEFAULTS = _cli_defaults()  # pylint: disable=invalid-name
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
                                                        "tokenizer.json), e.g. runs/quickstart/train/model,"
                                                        " or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
@@ -139,6 +147,7 @@ def compile_cache_flag(parser, what):
 
 
 def generate_parser():
+    CLI_DEFAULTS = _cli_defaults()  # pylint: disable=invalid-name
     parser = Parser(prog="gptlocal generate",
                     description="Continue a prompt with a gpt_local model directory (no YAML): "
                                 "GPTLocalForCausalLM.from_pretrained + model.generate.")
@@ -154,6 +163,7 @@ def generate_parser():
 
 
 def chat_parser():
+    CLI_DEFAULTS = _cli_defaults()  # pylint: disable=invalid-name
     parser = Parser(prog="gptlocal chat",
                     description="Chat with a gpt_local model directory: each line on stdin is a user message, "
                                 "rendered with the directory's chat template (tokenizer_config.json; else a plain "

@@ -9,6 +9,7 @@ import os
 import sys
 
 from ..errors import ConfigError, GPTLocalError
+from ..training import stop
 from ..mf.logs import HeldLog, config_dump_to_log
 from ..preflight.checks import preflight
 from ..mf.compat import mark_checked
@@ -156,7 +157,7 @@ def run(config, held=None, verbose=False):
     if held is not None:
         held.release(verbose)
     out = os.path.abspath(config.output_dir or "./output")
-    print(f"[gpt_local] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
+    print(f"[gptlocal] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
           f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
           f"the graph", flush=True)
     build_context(config)
@@ -168,6 +169,7 @@ def run(config, held=None, verbose=False):
     trainer = Trainer(config, compute_metrics=metrics, eval_callbacks=progress)
     with config_dump_to_log(verbose):
         if config.run_mode in ("train", "finetune"):
+            stop.STATE.launcher = True  # a stop on a signal: main() returns its exit status
             return trainer.train()
         if config.run_mode == "eval":
             trainer.evaluate(eval_checkpoint=config.load_checkpoint)
@@ -198,7 +200,7 @@ def eval_table(result):
     lines = []
     for metric, values in result.items():
         values = values if isinstance(values, dict) else {"value": values}
-        lines.append(f"[gpt_local] eval results ({metric}):")
+        lines.append(f"[gptlocal] eval results ({metric}):")
         width = max(len(str(name)) for name in values) if values else 0
         for name, value in values.items():
             shown = f"{value:,}" if isinstance(value, int) else f"{value:.8g}" if isinstance(value, float) else value
@@ -206,21 +208,32 @@ def eval_table(result):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv=None, own_process=None):
+    """``own_process`` (default: ``argv`` is None, i.e. the process's own command line): this launcher owns the
+    process, so it takes SIGINT/SIGTERM before MindSpore starts (``training/stop.py hold``)."""
+    if own_process is None:
+        own_process = argv is None
+    if own_process:
+        stop.hold()
     held = HeldLog()  # before anything imports MindFormers: its import-time log is held too
     try:
         config = load_config(argv)
         result = run(config, held, verbose=run_parser().parse_known_args(argv)[0].verbose)
     except GPTLocalError as err:
         held.drop()
-        print(f"gpt_local: error: {err}", file=sys.stderr)
+        print(f"gptlocal run: error: {err}", file=sys.stderr)
         return 2
     finally:
         held.drop()
+        signum = stop.stopped()
+        if not own_process:
+            stop.release()
+    if signum:
+        return stop.exit_status(signum)
     if result is not None and config.run_mode == "eval":
         print(eval_table(result), flush=True)
     if result is not None and config.run_mode.startswith("predict"):
         for item in result:
             for text in item.get("text_generation_text", []):
-                print(f"[gpt_local] generated: {json.dumps(text)}", flush=True)
+                print(f"[gptlocal] generated: {json.dumps(text)}", flush=True)
     return 0

@@ -157,9 +157,12 @@ def ckpt(argv):
     return 0
 
 
-def run(argv):
+def run(argv, own_process=False):
+    if own_process:  # before MindSpore is imported (the launcher's module imports it): training/stop.py
+        from ..training import stop
+        stop.hold()
     from .launcher import main as launch
-    return launch(argv)
+    return launch(argv, own_process=own_process)
 
 
 def plan(argv):
@@ -314,8 +317,8 @@ def main(argv=None):
     if _asks_for_help(argv[1:]) and argv[0] in cli_args.PARSERS:
         cli_args.PARSERS[argv[0]]().parse_args(argv[1:])  # prints the help and exits
     command = COMMANDS[argv[0]]
-    if own_process and command is evaluate:  # its own process: the tokenizer's transformers without torch
-        command = functools.partial(evaluate, own_process=True)
+    if own_process and command in (evaluate, run):  # its own process: eval's tokenizer without torch; run takes
+        command = functools.partial(command, own_process=True)  # SIGINT/SIGTERM before MindSpore starts
     try:
         return command(argv[1:])
     except GPTLocalError as err:
