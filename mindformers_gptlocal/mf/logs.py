@@ -6,6 +6,10 @@ is loaded: when MindFormers is not imported yet, a one-shot import hook replaces
 after the module runs, before the rest of ``import mindformers`` logs anything. A refused run drops what was held
 and writes nothing; a run that passed its checks replays it into MindFormers' log under its output folder.
 ``config_dump_to_log`` sends the trainer's ~300-line pprint of the config to that log instead of the terminal.
+``quiet_import`` is the same hold for a process that is not a run (``from mindformers_gptlocal import
+GPTLocalForCausalLM``, ``gptlocal prepare-data``), where gpt_local imports MindFormers on the user's behalf: its
+import-time warnings (optional PyNative models, MindSpore's deprecated-module notice) are dropped and no
+``./output/log`` is created.
 
 Both are run-time patches of MindFormers, listed in ``PATCHES`` (``compat.Patch``) and checked against
 the installed MindFormers before use; neither is required: a moved target leaves MindFormers' logging as it is.
@@ -100,6 +104,35 @@ class _AfterLoad(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def remove(self):
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+
+
+def _hold_pending():
+    return any(isinstance(finder, _AfterLoad) for finder in sys.meta_path)
+
+
+@contextlib.contextmanager
+def quiet_import():
+    """Import MindFormers inside this block without its import-time log: nothing printed (MindFormers logs to
+    stdout), no ``./output/log``. A no-op when MindFormers is loaded (or loading) already, or when a run's
+    ``HeldLog`` holds its log."""
+    if "mindformers" in sys.modules or _hold_pending():
+        yield
+        return
+    ms_logger, level = None, None
+    try:
+        from mindspore import log as ms_log  # MindSpore's own logger: its notice about a module MindFormers imports
+        ms_logger = ms_log._get_logger()  # pylint: disable=protected-access
+        level = ms_logger.level
+        ms_logger.setLevel(logging.ERROR)
+    except (ImportError, AttributeError):
+        ms_logger = None
+    held = HeldLog()
+    try:
+        yield
+    finally:
+        held.drop()
+        if ms_logger is not None:
+            ms_logger.setLevel(level)
 
 
 class HeldLog:
