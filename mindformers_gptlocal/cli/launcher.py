@@ -160,6 +160,10 @@ def run(config, held=None, verbose=False):
     print(f"[gptlocal] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
           f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
           f"the graph", flush=True)
+    if (config.get("context") or {}).get("device_target", "CPU") == "CPU":
+        # MindFormers sets MS_ALLOC_CONF=enable_vmm:False for eval/predict (an Ascend memory option) unless it is set,
+        # and MindSpore then prints "[MS_ALLOC_CONF] config: ..." on stdout; on CPU it chooses nothing
+        os.environ.setdefault("MS_ALLOC_CONF", "")
     build_context(config)
     metrics = _metrics(config)
     progress = None
