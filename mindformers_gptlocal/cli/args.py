@@ -20,7 +20,8 @@ COMMANDS = {
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
     "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
-    "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
+    "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching (needs the "
+             "[serve] extra)",
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
     "lora": "merge a pet_config run's LoRA adapters into the base weights",
     "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
@@ -54,6 +55,10 @@ class Parser(argparse.ArgumentParser):
         else:
             args = [self.canonical(a) for a in args]
         return super().parse_known_args(args, namespace)
+
+    def error(self, message):
+        """One line, as every other bad input (argparse prints its whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
 
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
@@ -130,8 +135,14 @@ def _sampling_flags(parser, max_new_tokens):
                         help=f"Hugging Face's repetition penalty: the logit of a token already in the prompt or "
                              f"the reply is divided by it (multiplied if negative); default "
                              f"{CLI_DEFAULTS['repetition_penalty']} = off, 1.1-1.3 discourages loops")
-    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+    device_target_flag(parser)
     compile_cache_flag(parser, "generation's graphs")
+
+
+def device_target_flag(parser):
+    """``--device-target`` of generate, chat, serve and eval."""
+    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"),
+                        help="where the model runs (default CPU); GPU and Ascend need a MindSpore built for them")
 
 
 def compile_cache_flag(parser, what):
@@ -337,18 +348,20 @@ RUN_EPILOG = """config overrides: any other --dotted.key VALUE (or --dotted.key=
 YAML after the flags above, its VALUE parsed as YAML, e.g.
   gptlocal run --config model_configs/pretrain_gpt_local_tiny_cpu.yaml \\
       --runner_config.stop_step 10 --model.model_config.seq_length 128 --pretrained_model_dir output/model
-The flags are those of MindFormers r1.8.0 run_mindformer.py, spelled as there (--device_target); the dashed
-spelling (--device-target) is accepted too."""
+The flags are those of MindFormers' own run_mindformer.py (the same in 1.8 and 1.9, the versions gpt_local
+supports), spelled as there (--device_target); the dashed spelling (--device-target) is accepted too. Ctrl-C or
+SIGTERM during training saves a checkpoint and stops (docs/reliability.md)."""
 
 
 def run_parser():
-    """The flags of MindFormers r1.8.0 ``run_mindformer.py`` (plus ``--key value`` config overrides)."""
+    """The flags of MindFormers' ``run_mindformer.py`` (1.8 and 1.9 take the same), plus ``--key value`` config
+    overrides."""
     parser = Parser(prog="gptlocal run", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="Run a MindFormers YAML (train/finetune/eval/predict) with the flags of "
                                 "MindFormers' run_mindformer.py; the pre-flight checks run first.",
                     epilog=RUN_EPILOG)
     add = parser.add_argument
-    add("--config", required=True, help="YAML config file (base_config is merged)")
+    add("--config", help="YAML config file (base_config is merged); required")
     add("--mode", type=int, help="context.mode: 0 graph, 1 pynative")
     add("--device_id", type=int, help="context.device_id")
     add("--device_target", type=str, help="context.device_target: CPU, GPU or Ascend")
@@ -421,7 +434,7 @@ def serve_parser():
     parser.add_argument("--lora", action="append", default=None, metavar="NAME=DIR",
                         help="also serve the LoRA adapter of a finetune's model directory DIR as model NAME "
                              "(repeatable; requests of different adapters share decode steps; docs/serving.md)")
-    parser.add_argument("--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
+    device_target_flag(parser)
     compile_cache_flag(parser, "the server's graphs")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ops = parser.add_argument_group("running it exposed (docs/serving.md)")
@@ -455,7 +468,7 @@ def eval_parser():
     parser.add_argument("--out", "--output-path", dest="output_path", help="write lm-eval's results JSON to this file")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, help="context length (default: max_position_embeddings)")
-    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+    device_target_flag(parser)
     parser.add_argument("--seed", type=int, default=1234, help="seed of lm-eval and of sampled generation")
     parser.add_argument("--log-samples", action="store_true", help="also keep every request's responses in the JSON")
     compile_cache_flag(parser, "the scoring and generate_until graphs")

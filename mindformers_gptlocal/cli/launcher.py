@@ -56,6 +56,11 @@ def load_config(argv=None):
     rest = [piece for item in rest for piece in item.split("=", 1)]
     if len(rest) % 2:
         raise ConfigError(f"extra arguments {rest} are not '--key value' pairs.")
+    if not args.config:
+        for key in rest[::2]:
+            check_override_key(key, {})  # a mistyped flag first: its suggestion is the better line
+        raise ConfigError("--config is missing: the YAML to run, e.g. --config "
+                          "model_configs/pretrain_gpt_local_tiny_cpu.yaml (gptlocal run --help lists the flags).")
     if not os.path.isfile(args.config):
         raise ConfigError(f"--config {args.config}: no such YAML file.")
     raw = yaml_io.load_yaml(args.config)  # a syntax error named by line and column (yaml_io)
@@ -136,6 +141,10 @@ def check_override_key(key, config):
     flags = sorted(set(run_parser()._all_flags()) - {"--help"})  # pylint: disable=protected-access
     dotted = [f"--{section}.{leaf}" for section, value in config.items() if isinstance(value, dict)
               for leaf in value if not isinstance(value[leaf], dict)]
+    if not config:  # no YAML read (no --config): the keys of MindFormers' section templates
+        from ..mf.symbols import CONFIG_NAME_TO_CLASS
+        dotted = [f"--{section}.{leaf}" for section, template in CONFIG_NAME_TO_CLASS.items()
+                  if section != "general_config" for leaf in template.keys()]
     leaves = {candidate.rsplit(".", 1)[-1]: candidate for candidate in dotted}
     rest = name[len(top):]
     close = ["--" + k + rest for k in difflib.get_close_matches(top, sorted(known_top_level()), n=1, cutoff=0.75)]

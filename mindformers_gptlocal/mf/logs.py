@@ -118,21 +118,24 @@ def quiet_import():
     if "mindformers" in sys.modules or _hold_pending():
         yield
         return
-    ms_logger, level = None, None
-    try:
-        from mindspore import log as ms_log  # MindSpore's own logger: its notice about a module MindFormers imports
-        ms_logger = ms_log._get_logger()  # pylint: disable=protected-access
-        level = ms_logger.level
-        ms_logger.setLevel(logging.ERROR)
-    except (ImportError, AttributeError):
-        ms_logger = None
     held = HeldLog()
     try:
         yield
     finally:
         held.drop()
-        if ms_logger is not None:
-            ms_logger.setLevel(level)
+
+
+def _quiet_mindspore():
+    """MindSpore's own Python logger at ERROR while MindFormers imports (its notice about a deprecated module
+    MindFormers imports is no reader's business); returns (logger, level before) or None."""
+    try:
+        from mindspore import log as ms_log
+        logger = ms_log._get_logger()  # pylint: disable=protected-access
+    except (ImportError, AttributeError):
+        return None
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    return logger, level
 
 
 class HeldLog:
@@ -145,6 +148,7 @@ class HeldLog:
         self._logger = logging.Logger("gptlocal.held-mindformers-log")
         self._logger.addHandler(_ListHandler(self.records))
         self._module = self._original = self._hook = None
+        self._mindspore = None if "mindformers" in sys.modules else _quiet_mindspore()
         if LOGGER in sys.modules:
             self._hold(sys.modules[LOGGER])
         elif "mindformers" not in sys.modules:  # held from the moment the module runs, inside `import mindformers`
@@ -162,6 +166,10 @@ class HeldLog:
             module.get_logger = lambda *args, **kwargs: self._logger
 
     def _restore(self):
+        if self._mindspore is not None:
+            logger, level = self._mindspore
+            logger.setLevel(level)
+            self._mindspore = None
         if self._hook is not None:
             self._hook.remove()
         if self._module is not None and self._module.get_logger is not self._original:
