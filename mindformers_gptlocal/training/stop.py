@@ -102,8 +102,15 @@ def _watch():
 
 
 def _unblock_in_child():
+    """A forked child (a data worker) is a process of its own: the signals unblocked, their usual handlers back."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-    STATE.held, STATE.watcher = False, None
+    STATE.held, STATE.watcher, STATE.armed, STATE.received = False, None, False, None
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # forked from another thread than the main one: Python handlers cannot be set there
+        pass
+    STATE.saved_handlers.clear()
 
 
 _FORK_HOOK = []
