@@ -55,8 +55,8 @@ worker_pids() {  # msrun's children that are workers (the scheduler and the log 
 on_signal() {  # $1: the signal's number
   if (( got )); then  # the second: at once
     echo "[gptlocal] run_msrun.sh: signal again: stopping every worker now" >&2
-    for pid in $(worker_pids); do kill -KILL -- "-$pid" 2>/dev/null || true; done
-    kill -KILL "$msrun_pid" 2>/dev/null || true
+    for pid in $(worker_pids); do kill -KILL -- "-$pid" 2>/dev/null || true; done  # each in a session of its own
+    kill -KILL -- "-$msrun_pid" 2>/dev/null || true  # msrun's session: msrun, its scheduler, the log tail
     exit $((128 + $1))
   fi
   got=$1
