@@ -264,11 +264,12 @@ def test_chat_template_file_and_plain(model_dir, monkeypatch, capsys, graph_mode
     assert main([*flags, "--chat-template", str(template)]) == 0
     rendered = render_chat(messages, template.read_text())
     assert rendered == "<user>print hello\n<assistant>"
-    assert capsys.readouterr().out == _reference(model_dir, tokenizer.encode(rendered).ids, 5) + "\n"
+    reply = _reference(model_dir, tokenizer.encode(rendered).ids, 5)
+    assert capsys.readouterr().out == f"user: print hello\nassistant: {reply}\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
     assert main([*flags, "--chat-template", "plain"]) == 0
     plain = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
-    assert capsys.readouterr().out == plain + "\n"
+    assert capsys.readouterr().out == f"user: print hello\nassistant: {plain}\n"
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}")
     for value, message in ((str(tmp_path / "none.jinja"), "is neither a file nor a built-in template (plain)"),
