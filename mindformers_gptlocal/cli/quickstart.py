@@ -34,10 +34,13 @@ def launch(yaml_path, log_path, extra=()):
     """``gptlocal run --config yaml`` in a subprocess; our lines go to the console, everything to log_path. A Ctrl-C
     reaches the run too (same terminal): it stops safely on its own, its last lines are still shown, and the
     quickstart ends with 130 (no traceback)."""
-    command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path, *extra]
+    command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", os.path.abspath(yaml_path),
+               *extra]
     shown = []
     with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # in the run's own folder: MindFormers' predict writes text_generation_result.txt to the working directory
+        process = subprocess.Popen(command, cwd=os.path.dirname(os.path.abspath(log_path)), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
         interrupted = False
         while True:
             try:
