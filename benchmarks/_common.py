@@ -505,7 +505,7 @@ def ms_step_times(text):
     """Step seconds from GPTLocalThroughputMonitor's lines (the first includes the graph compile), and the
     LoRA / prefix-tuning trainable count if the log states one."""
     import re
-    steps = [float(x) / 1000 for x in re.findall(r"\[gpt_local\] step \d+/\d+ .* ([0-9.]+) ms/step", text)]
+    steps = [float(x) / 1000 for x in re.findall(r"\[gptlocal\] step \d+/\d+ .* ([0-9.]+) ms/step", text)]
     found = re.search(r"(?:LoRA|prefixtuning|ptuning2): ([0-9,]+) trainable", text)
     return steps, (int(found.group(1).replace(",", "")) if found else None)
 

@@ -302,7 +302,7 @@ def rss_measure(args):
         state, act, estimate = terms(path)
         report, text = C.run_worker(__file__, ["train-worker", path, "--threads", str(args.threads)], args.threads,
                                     timeout=1800, one_line=True)
-        found = re.search(r"\[gpt_local\] training done: .* peak RSS ([0-9,]+) MB", text)  # its VmHWM at the end
+        found = re.search(r"\[gptlocal\] training done: .* peak RSS ([0-9,]+) MB", text)  # its VmHWM at the end
         if "failed" in report or report["code"] or not found:
             print(f"{name}: run failed: {report.get('failed') or report.get('code') or text[-2000:]}", file=sys.stderr)
             continue
@@ -407,7 +407,7 @@ def soak_main(args):
         for line in proc.stdout:
             tail.append(line)
             del tail[:-50]
-            found = re.search(r"\[gpt_local\] step (\d+)/\d+", line)
+            found = re.search(r"\[gptlocal\] step (\d+)/\d+", line)
             if found and int(found.group(1)) % args.save_every == 0:
                 samples.append(dict(step=int(found.group(1)), rss_mb=status_mb(proc.pid, "VmRSS"),
                                     ckpt_mb=folder_mb(ckpt_dir), seconds=time.time() - start))

@@ -202,8 +202,8 @@ def inference_table(report, options):
 
 # ---------------------------------------------------------------------------------------------- training
 def step_losses(text):
-    """{step: loss} of GPTLocalThroughputMonitor's lines (``[gpt_local] step N/M  loss X``)."""
-    return {int(step): float(loss) for step, loss in re.findall(r"\[gpt_local\] step (\d+)/\d+\s+loss (\S+)", text)}
+    """{step: loss} of GPTLocalThroughputMonitor's lines (``[gptlocal] step N/M  loss X``)."""
+    return {int(step): float(loss) for step, loss in re.findall(r"\[gptlocal\] step (\d+)/\d+\s+loss (\S+)", text)}
 
 
 def train_once(name, yaml_path, work, threads, extra=()):

@@ -23,8 +23,10 @@ __all__ = ["GPTLocalConfig", "GPTLocalForCausalLM", "GPTLocalTrainOneStepCell", 
 
 def __getattr__(name):
     if name in _LAZY:
+        from .mf.logs import quiet_import
         from .mf.registration import register
-        register()
+        with quiet_import():  # MindFormers' import-time warnings are not the caller's (no ./output/log either)
+            register()
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -50,7 +50,12 @@ def load_yaml(path):
     bases = data.pop("base_config", None) or []
     merged = {}
     for base in [bases] if isinstance(bases, str) else bases:
-        _merge(merged, load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base)))
+        base_path = os.path.join(os.path.dirname(os.path.abspath(path)), base)
+        if not os.path.isfile(base_path):
+            raise ConfigError(f"{path}: its base_config {base!r} is not there ({os.path.normpath(base_path)}): a "
+                              f"base_config is read relative to the YAML that names it, so copy that file beside "
+                              f"this one, or write its path from here.")
+        _merge(merged, load_yaml(base_path))
     return _merge(merged, data)
 
 

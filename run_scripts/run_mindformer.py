@@ -4,7 +4,9 @@
 """
 import sys
 
-from mindformers_gptlocal.cli.launcher import main
+from mindformers_gptlocal.training import stop
 
 if __name__ == "__main__":
+    stop.hold()  # SIGINT/SIGTERM stop training safely; taken before MindSpore starts (training/stop.py)
+    from mindformers_gptlocal.cli.launcher import main
     sys.exit(main())

@@ -44,9 +44,9 @@ echo "== 4/5 LoRA finetune, $EPOCHS epochs, through MindFormers' trainer"
 python run_scripts/sft_example.py yaml --base "$BASE" --data "$WORK/data/train/train.mindrecord" \
   --out-dir "$WORK/lora" --epochs "$EPOCHS" --path "$WORK/lora.yaml"
 gptlocal run --config "$WORK/lora.yaml" > "$WORK/train.log" 2>&1 || { tail -30 "$WORK/train.log"; exit 1; }
-grep -E "\[gpt_local\] LoRA" "$WORK/train.log" | head -1
-grep -E "\[gpt_local\] step" "$WORK/train.log" | sed -n '1p;$p'
-grep -E "\[gpt_local\] training done" "$WORK/train.log"
+grep -E "\[gptlocal\] LoRA" "$WORK/train.log" | head -1
+grep -E "\[gptlocal\] step" "$WORK/train.log" | sed -n '1p;$p'
+grep -E "\[gptlocal\] training done" "$WORK/train.log"
 
 echo "== 5/5 held-out loss after, merge, answers"
 python run_scripts/sft_example.py loss --model "$WORK/lora/model" --data "$WORK/data/heldout/train.mindrecord" \

@@ -45,7 +45,7 @@ def _candidate_dirs(path):
 def _newest_in(directory, wanted, log):
     """Newest complete checkpoint file in one folder, or None; notes each file it passes over."""
     for partial in glob.glob(os.path.join(directory, ckpt_manifest.PARTIAL_PREFIX + "*")):
-        log(f"[gpt_local] resume: ignoring unfinished temp file {partial}")
+        log(f"[gptlocal] resume: ignoring unfinished temp file {partial}")
     entries = ckpt_manifest.read_manifest(directory)
     files = [p for p in glob.glob(os.path.join(directory, "*.safetensors"))
              if not os.path.basename(p).startswith(ckpt_manifest.PARTIAL_PREFIX)]
@@ -53,14 +53,14 @@ def _newest_in(directory, wanted, log):
         listed = {e["file"] for e in entries}
         for path in files:
             if os.path.basename(path) not in listed:
-                log(f"[gpt_local] resume: ignoring {path}: not recorded as complete in {ckpt_manifest.MANIFEST}")
+                log(f"[gptlocal] resume: ignoring {path}: not recorded as complete in {ckpt_manifest.MANIFEST}")
         for entry in sorted(entries, key=lambda e: e["step"], reverse=True):
             if wanted and entry["file"] != wanted:
                 continue
             problem = ckpt_manifest.verify(directory, entry)
             if problem is None:
                 return os.path.join(directory, entry["file"])
-            log(f"[gpt_local] resume: skipping {entry['file']}: {problem}")
+            log(f"[gptlocal] resume: skipping {entry['file']}: {problem}")
         return None
     for path in sorted(files, key=lambda p: (step_of(p), os.path.getmtime(p)), reverse=True):
         if wanted and os.path.basename(path) != wanted:
@@ -68,7 +68,7 @@ def _newest_in(directory, wanted, log):
         problem = safetensors_problem(path)
         if problem is None:
             return path
-        log(f"[gpt_local] resume: skipping {path}: {problem}")
+        log(f"[gptlocal] resume: skipping {path}: {problem}")
     return None
 
 
@@ -110,7 +110,7 @@ def _outside_rank_folder(path, log):
         except OSError:
             import shutil
             shutil.copyfile(path, target)
-        log(f"[gpt_local] resume: single-card MindFormers does not resume from inside {folder}; using {target}")
+        log(f"[gptlocal] resume: single-card MindFormers does not resume from inside {folder}; using {target}")
     return target
 
 
@@ -199,7 +199,7 @@ def common_rank_checkpoint(path, rank, wanted=None, log=print):
             if problem is None:
                 complete[entry["step"]] = entry
             else:
-                log(f"[gpt_local] resume: skipping {os.path.join(folder, entry['file'])}: {problem}")
+                log(f"[gptlocal] resume: skipping {os.path.join(folder, entry['file'])}: {problem}")
         steps[folder] = complete
     if wanted:
         step = step_of(wanted)[-1]
@@ -217,7 +217,7 @@ def common_rank_checkpoint(path, rank, wanted=None, log=print):
         step = max(common)
         for folder, complete in steps.items():
             if max(complete) != step:
-                log(f"[gpt_local] resume: rank {folder.rsplit('_', 1)[1]} has a newer checkpoint (step "
+                log(f"[gptlocal] resume: rank {folder.rsplit('_', 1)[1]} has a newer checkpoint (step "
                     f"{max(complete)}) than all ranks share; every rank resumes from step {step}")
     entry = steps[own][step]
     info = resume_info(os.path.join(own, entry["file"]))

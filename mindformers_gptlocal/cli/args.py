@@ -11,7 +11,6 @@ import argparse
 import difflib
 import sys
 
-from ..generation.defaults import CLI as CLI_DEFAULTS, EVAL as EVAL_DEFAULTS
 
 COMMANDS = {
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
@@ -21,7 +20,8 @@ COMMANDS = {
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
     "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
     "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
-    "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching",
+    "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching (needs the "
+             "[serve] extra)",
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
     "lora": "merge a pet_config run's LoRA adapters into the base weights",
     "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
@@ -55,6 +55,10 @@ class Parser(argparse.ArgumentParser):
         else:
             args = [self.canonical(a) for a in args]
         return super().parse_known_args(args, namespace)
+
+    def error(self, message):
+        """One line, as every other bad input (argparse prints its whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
 
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
@@ -103,7 +107,16 @@ def version_line():
             f"{installed('mindformers')}, Python {sys.version.split()[0]})")
 
 
+def _cli_defaults():
+    """generation/defaults.py's CLI column, read when a parser is built: importing ``generation`` loads numpy, whose
+    BLAS starts threads, and ``gptlocal run`` must block SIGINT/SIGTERM before any thread starts
+    (``training/stop.py hold``)."""
+    from ..generation.defaults import CLI
+    return CLI
+
+
 def _sampling_flags(parser, max_new_tokens):
+    CLI_DEFAULTS = _cli_defaults()  # pylint: disable=invalid-name
     parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, "
                                                        "tokenizer.json), e.g. runs/quickstart/train/model,"
                                                        " or a Hugging Face model id in the local Hugging Face cache (e.g. gpt2; converted once, never downloaded)")
@@ -122,8 +135,14 @@ def _sampling_flags(parser, max_new_tokens):
                         help=f"Hugging Face's repetition penalty: the logit of a token already in the prompt or "
                              f"the reply is divided by it (multiplied if negative); default "
                              f"{CLI_DEFAULTS['repetition_penalty']} = off, 1.1-1.3 discourages loops")
-    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
+    device_target_flag(parser)
     compile_cache_flag(parser, "generation's graphs")
+
+
+def device_target_flag(parser):
+    """``--device-target`` of generate, chat, serve and eval."""
+    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"),
+                        help="where the model runs (default CPU); GPU and Ascend need a MindSpore built for them")
 
 
 def compile_cache_flag(parser, what):
@@ -139,6 +158,7 @@ def compile_cache_flag(parser, what):
 
 
 def generate_parser():
+    CLI_DEFAULTS = _cli_defaults()  # pylint: disable=invalid-name
     parser = Parser(prog="gptlocal generate",
                     description="Continue a prompt with a gpt_local model directory (no YAML): "
                                 "GPTLocalForCausalLM.from_pretrained + model.generate.")
@@ -154,6 +174,7 @@ def generate_parser():
 
 
 def chat_parser():
+    CLI_DEFAULTS = _cli_defaults()  # pylint: disable=invalid-name
     parser = Parser(prog="gptlocal chat",
                     description="Chat with a gpt_local model directory: each line on stdin is a user message, "
                                 "rendered with the directory's chat template (tokenizer_config.json; else a plain "
@@ -327,18 +348,20 @@ RUN_EPILOG = """config overrides: any other --dotted.key VALUE (or --dotted.key=
 YAML after the flags above, its VALUE parsed as YAML, e.g.
   gptlocal run --config model_configs/pretrain_gpt_local_tiny_cpu.yaml \\
       --runner_config.stop_step 10 --model.model_config.seq_length 128 --pretrained_model_dir output/model
-The flags are those of MindFormers r1.8.0 run_mindformer.py, spelled as there (--device_target); the dashed
-spelling (--device-target) is accepted too."""
+The flags are those of MindFormers' own run_mindformer.py (the same in 1.8 and 1.9, the versions gpt_local
+supports), spelled as there (--device_target); the dashed spelling (--device-target) is accepted too. Ctrl-C or
+SIGTERM during training saves a checkpoint and stops (docs/reliability.md)."""
 
 
 def run_parser():
-    """The flags of MindFormers r1.8.0 ``run_mindformer.py`` (plus ``--key value`` config overrides)."""
+    """The flags of MindFormers' ``run_mindformer.py`` (1.8 and 1.9 take the same), plus ``--key value`` config
+    overrides."""
     parser = Parser(prog="gptlocal run", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="Run a MindFormers YAML (train/finetune/eval/predict) with the flags of "
                                 "MindFormers' run_mindformer.py; the pre-flight checks run first.",
                     epilog=RUN_EPILOG)
     add = parser.add_argument
-    add("--config", required=True, help="YAML config file (base_config is merged)")
+    add("--config", help="YAML config file (base_config is merged); required")
     add("--mode", type=int, help="context.mode: 0 graph, 1 pynative")
     add("--device_id", type=int, help="context.device_id")
     add("--device_target", type=str, help="context.device_target: CPU, GPU or Ascend")
@@ -411,7 +434,7 @@ def serve_parser():
     parser.add_argument("--lora", action="append", default=None, metavar="NAME=DIR",
                         help="also serve the LoRA adapter of a finetune's model directory DIR as model NAME "
                              "(repeatable; requests of different adapters share decode steps; docs/serving.md)")
-    parser.add_argument("--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
+    device_target_flag(parser)
     compile_cache_flag(parser, "the server's graphs")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ops = parser.add_argument_group("running it exposed (docs/serving.md)")
@@ -445,9 +468,9 @@ def eval_parser():
     parser.add_argument("--out", "--output-path", dest="output_path", help="write lm-eval's results JSON to this file")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, help="context length (default: max_position_embeddings)")
-    parser.add_argument("--device-target", default="CPU", choices=("CPU", "GPU", "Ascend"))
-    parser.add_argument("--seed", type=int, default=EVAL_DEFAULTS["seed"],
-                        help="seed of lm-eval and of sampled generation")
+    device_target_flag(parser)
+    from ..generation.defaults import EVAL  # pylint: disable=import-outside-toplevel  (numpy: see _cli_defaults)
+    parser.add_argument("--seed", type=int, default=EVAL["seed"], help="seed of lm-eval and of sampled generation")
     parser.add_argument("--log-samples", action="store_true", help="also keep every request's responses in the JSON")
     compile_cache_flag(parser, "the scoring and generate_until graphs")
     return parser

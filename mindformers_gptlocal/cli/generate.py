@@ -125,6 +125,9 @@ def generate(options):
     return 0
 
 
+USER_MARK, ASSISTANT_MARK = "user: ", "assistant: "  # chat's transcript on stdout
+
+
 def chat_prompt_ids(tokenizer, messages, template, room):
     """Token ids of the conversation, dropping the oldest turns (never the system message) until it fits
     ``room`` tokens."""
@@ -143,7 +146,9 @@ def chat_prompt_ids(tokenizer, messages, template, room):
 
 
 def chat(options, stdin=None, stdout=None):
-    """``gptlocal chat``: one user message per stdin line; each reply streamed, then a newline."""
+    """``gptlocal chat``: one user message per stdin line; each reply streamed after ``assistant: ``, then a newline.
+    Through a pipe each message is written first as ``user: ...``, so the transcript tells them apart (on a terminal
+    the user's line is on the screen already, after the ``>>`` prompt)."""
     from ..serve.protocol import PLAIN_CHAT_STOP, chat_template
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     kwargs = sampling(options)
@@ -172,6 +177,9 @@ def chat(options, stdin=None, stdout=None):
             continue
         messages.append({"role": "user", "content": line.rstrip("\n")})
         ids = chat_prompt_ids(tokenizer, messages, template, room)
+        if not interactive:
+            stdout.write(f"{USER_MARK}{messages[-1]['content']}\n")
+        stdout.write(ASSISTANT_MARK)
         reply = complete(model, tokenizer, ids, kwargs, out=stdout, stop=stop)
         stdout.write("\n")
         stdout.flush()

@@ -9,6 +9,7 @@ import os
 import sys
 
 from ..errors import ConfigError, GPTLocalError
+from ..training import stop
 from ..mf.logs import HeldLog, config_dump_to_log
 from ..preflight.checks import preflight
 from ..mf.compat import mark_checked
@@ -55,6 +56,11 @@ def load_config(argv=None):
     rest = [piece for item in rest for piece in item.split("=", 1)]
     if len(rest) % 2:
         raise ConfigError(f"extra arguments {rest} are not '--key value' pairs.")
+    if not args.config:
+        for key in rest[::2]:
+            check_override_key(key, {})  # a mistyped flag first: its suggestion is the better line
+        raise ConfigError("--config is missing: the YAML to run, e.g. --config "
+                          "model_configs/pretrain_gpt_local_tiny_cpu.yaml (gptlocal run --help lists the flags).")
     if not os.path.isfile(args.config):
         raise ConfigError(f"--config {args.config}: no such YAML file.")
     raw = yaml_io.load_yaml(args.config)  # a syntax error named by line and column (yaml_io)
@@ -135,6 +141,10 @@ def check_override_key(key, config):
     flags = sorted(set(run_parser()._all_flags()) - {"--help"})  # pylint: disable=protected-access
     dotted = [f"--{section}.{leaf}" for section, value in config.items() if isinstance(value, dict)
               for leaf in value if not isinstance(value[leaf], dict)]
+    if not config:  # no YAML read (no --config): the keys of MindFormers' section templates
+        from ..mf.symbols import CONFIG_NAME_TO_CLASS
+        dotted = [f"--{section}.{leaf}" for section, template in CONFIG_NAME_TO_CLASS.items()
+                  if section != "general_config" for leaf in template.keys()]
     leaves = {candidate.rsplit(".", 1)[-1]: candidate for candidate in dotted}
     rest = name[len(top):]
     close = ["--" + k + rest for k in difflib.get_close_matches(top, sorted(known_top_level()), n=1, cutoff=0.75)]
@@ -156,9 +166,13 @@ def run(config, held=None, verbose=False):
     if held is not None:
         held.release(verbose)
     out = os.path.abspath(config.output_dir or "./output")
-    print(f"[gpt_local] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
+    print(f"[gptlocal] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
           f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
           f"the graph", flush=True)
+    if (config.get("context") or {}).get("device_target", "CPU") == "CPU":
+        # MindFormers sets MS_ALLOC_CONF=enable_vmm:False for eval/predict (an Ascend memory option) unless it is set,
+        # and MindSpore then prints "[MS_ALLOC_CONF] config: ..." on stdout; on CPU it chooses nothing
+        os.environ.setdefault("MS_ALLOC_CONF", "")
     build_context(config)
     metrics = _metrics(config)
     progress = None
@@ -168,6 +182,7 @@ def run(config, held=None, verbose=False):
     trainer = Trainer(config, compute_metrics=metrics, eval_callbacks=progress)
     with config_dump_to_log(verbose):
         if config.run_mode in ("train", "finetune"):
+            stop.STATE.launcher = True  # a stop on a signal: main() returns its exit status
             return trainer.train()
         if config.run_mode == "eval":
             trainer.evaluate(eval_checkpoint=config.load_checkpoint)
@@ -198,7 +213,7 @@ def eval_table(result):
     lines = []
     for metric, values in result.items():
         values = values if isinstance(values, dict) else {"value": values}
-        lines.append(f"[gpt_local] eval results ({metric}):")
+        lines.append(f"[gptlocal] eval results ({metric}):")
         width = max(len(str(name)) for name in values) if values else 0
         for name, value in values.items():
             shown = f"{value:,}" if isinstance(value, int) else f"{value:.8g}" if isinstance(value, float) else value
@@ -206,21 +221,32 @@ def eval_table(result):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv=None, own_process=None):
+    """``own_process`` (default: ``argv`` is None, i.e. the process's own command line): this launcher owns the
+    process, so it takes SIGINT/SIGTERM before MindSpore starts (``training/stop.py hold``)."""
+    if own_process is None:
+        own_process = argv is None
+    if own_process:
+        stop.hold()
     held = HeldLog()  # before anything imports MindFormers: its import-time log is held too
     try:
         config = load_config(argv)
         result = run(config, held, verbose=run_parser().parse_known_args(argv)[0].verbose)
     except GPTLocalError as err:
         held.drop()
-        print(f"gpt_local: error: {err}", file=sys.stderr)
+        print(f"gptlocal run: error: {err}", file=sys.stderr)
         return 2
     finally:
         held.drop()
+        signum = stop.stopped()
+        if not own_process:
+            stop.release()
+    if signum:
+        return stop.exit_status(signum)
     if result is not None and config.run_mode == "eval":
         print(eval_table(result), flush=True)
     if result is not None and config.run_mode.startswith("predict"):
         for item in result:
             for text in item.get("text_generation_text", []):
-                print(f"[gpt_local] generated: {json.dumps(text)}", flush=True)
+                print(f"[gptlocal] generated: {json.dumps(text)}", flush=True)
     return 0

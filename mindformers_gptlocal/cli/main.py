@@ -57,32 +57,36 @@ def convert(argv):
     if options.direction in ("mf2ms", "ms2mf"):
         return convert_mindformers(options)
     from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
+    from ..runtime.loader import check_config_json
     overwrite = getattr(options, "overwrite", False)
     if options.direction == "hf2ms":
         from ..checkpoint.hub import resolve_hf_dir
         hf_dir = resolve_hf_dir(options.hf_dir)  # a folder, or a model id in the local Hugging Face cache
+        check_config_json(hf_dir, "--hf-dir")
         summary = _replacing(options.out, overwrite,
                              lambda out: hf_models.hf_to_ms(hf_dir, out, allow_pickle=options.allow_pickle))
-    elif options.peft and _is_prefix_run(options.ms_dir):
+        print(f"wrote {summary['tensors']} tensors to {options.out}")
+        return 0
+    check_config_json(options.ms_dir, "--ms-dir")
+    if options.peft and _is_prefix_run(options.ms_dir):
         from ..checkpoint import lora
         summary = _replacing(options.out, overwrite, lambda out: lora.prefix_to_peft(options.ms_dir, out))
         print(f"wrote a PEFT prefix-tuning adapter ({summary['tokens']} virtual tokens, from {summary['pet_type']}) "
               f"to {options.out}")
         return 0
-    elif options.lora_only or options.peft:
+    if options.lora_only or options.peft:
         from ..checkpoint import lora
         summary = _replacing(options.out, overwrite, lambda out: lora.to_peft(options.ms_dir, out))
         print(f"wrote a PEFT LoRA adapter ({summary['tensors']} tensors, target_modules {summary['targets']}) "
               f"to {options.out}")
         return 0
-    else:
-        summary = _replacing(options.out, overwrite, lambda out: hf_models.ms_to_hf(options.ms_dir, out))
-        if summary.get("lora_left_out") and _is_prefix_run(options.ms_dir):
-            print(f"note: {options.ms_dir} is a prefix-tuning run; only its base weights were written. Export the "
-                  f"prefix with --peft (a PEFT PrefixTuningConfig adapter).")
-        elif summary.get("lora_left_out"):
-            print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
-                  f"in first (gptlocal lora merge) or export them with --lora-only.")
+    summary = _replacing(options.out, overwrite, lambda out: hf_models.ms_to_hf(options.ms_dir, out))
+    if summary.get("lora_left_out") and _is_prefix_run(options.ms_dir):
+        print(f"note: {options.ms_dir} is a prefix-tuning run; only its base weights were written. Export the "
+              f"prefix with --peft (a PEFT PrefixTuningConfig adapter).")
+    elif summary.get("lora_left_out"):
+        print(f"note: {options.ms_dir} is a LoRA run; only its base weights were written. Fold the adapters "
+              f"in first (gptlocal lora merge) or export them with --lora-only.")
     print(f"wrote {summary['tensors']} tensors to {options.out}")
     return 0
 
@@ -136,6 +140,8 @@ def lora(argv):
 
 def quantize(argv):
     options = cli_args.quantize_parser().parse_args(argv)
+    from ..runtime.loader import check_config_json
+    check_config_json(options.model, "--model")
     from ..quantize import quantize_model
     summary = quantize_model(options.model, options.out, options.dtype)
     print(f"wrote {summary['out']}: {summary['dtype']}, {summary['tensors']} tensors, weights "
@@ -157,9 +163,12 @@ def ckpt(argv):
     return 0
 
 
-def run(argv):
+def run(argv, own_process=False):
+    if own_process:  # before MindSpore is imported (the launcher's module imports it): training/stop.py
+        from ..training import stop
+        stop.hold()
     from .launcher import main as launch
-    return launch(argv)
+    return launch(argv, own_process=own_process)
 
 
 def plan(argv):
@@ -314,8 +323,8 @@ def main(argv=None):
     if _asks_for_help(argv[1:]) and argv[0] in cli_args.PARSERS:
         cli_args.PARSERS[argv[0]]().parse_args(argv[1:])  # prints the help and exits
     command = COMMANDS[argv[0]]
-    if own_process and command is evaluate:  # its own process: the tokenizer's transformers without torch
-        command = functools.partial(evaluate, own_process=True)
+    if own_process and command in (evaluate, run):  # its own process: eval's tokenizer without torch; run takes
+        command = functools.partial(command, own_process=True)  # SIGINT/SIGTERM before MindSpore starts
     try:
         return command(argv[1:])
     except GPTLocalError as err:

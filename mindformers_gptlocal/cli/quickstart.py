@@ -31,22 +31,42 @@ def load_yaml(name):
 
 
 def launch(yaml_path, log_path, extra=()):
-    """``gptlocal run --config yaml`` in a subprocess; our lines go to the console, everything to log_path."""
-    command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path, *extra]
+    """``gptlocal run --config yaml`` in a subprocess; our lines go to the console, everything to log_path. A Ctrl-C
+    reaches the run too (same terminal): it stops safely on its own, its last lines are still shown, and the
+    quickstart ends with 130 (no traceback)."""
+    command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", os.path.abspath(yaml_path),
+               *extra]
     shown = []
     with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        table = False  # the rows under "[gpt_local] eval results" (launcher.eval_table) are ours too
-        for line in process.stdout:
-            log.write(line)
-            table = line.startswith("[gpt_local] eval results") or (table and line.startswith("  "))
-            if line.startswith("[gpt_local]") or table or "error" in line.lower() and "gpt_local" in line:
-                print("   " + line.rstrip(), flush=True)
-                shown.append(line)
+        # in the run's own folder: MindFormers' predict writes text_generation_result.txt to the working directory
+        process = subprocess.Popen(command, cwd=os.path.dirname(os.path.abspath(log_path)), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        interrupted = False
+        while True:
+            try:
+                _relay(process, log, shown)
+                break
+            except KeyboardInterrupt:  # again: the run ends at once on its second one; keep reading its end
+                interrupted = True
         code = process.wait()
+    if interrupted:
+        print(f"quickstart: stopped by Ctrl-C; `gptlocal quickstart` starts over (its log: {log_path})",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130)
     if code:
         raise SystemExit(f"quickstart: `{' '.join(command)}` failed (exit {code}); see {log_path}")
     return "".join(shown)
+
+
+def _relay(process, log, shown):
+    """The run's output into ``log``; gpt_local's own lines (and the eval table under them) also on the console."""
+    table = False  # the rows under "[gptlocal] eval results" (launcher.eval_table) are ours too
+    for line in process.stdout:
+        log.write(line)
+        table = line.startswith("[gptlocal] eval results") or (table and line.startswith("  "))
+        if line.startswith("[gptlocal]") or table or "error" in line.lower() and "gptlocal" in line:
+            print("   " + line.rstrip(), flush=True)
+            shown.append(line)
 
 
 def perplexity(output):
@@ -127,5 +147,5 @@ def main(args):
 def _read_sample(log_path):
     with open(log_path, encoding="utf-8") as handle:
         text = handle.read()
-    match = re.search(r"\[gpt_local\] generated: (.*)", text)
+    match = re.search(r"\[gptlocal\] generated: (.*)", text)
     return json.loads(match.group(1)) if match else ""

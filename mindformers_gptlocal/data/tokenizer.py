@@ -6,6 +6,7 @@ token is GPT-2's ``<|endoftext|>`` in every case.
 """
 import json
 import os
+import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -21,7 +22,9 @@ def train_bpe(documents, vocab_size):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=True,
+    # the trainer's progress bars on a terminal only: through a pipe they leave empty lines on stdout
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN],
+                                  show_progress=sys.stderr.isatty(),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(documents, trainer=trainer)
     return tokenizer

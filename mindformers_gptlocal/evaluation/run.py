@@ -141,7 +141,7 @@ def run_eval(options, own_process=False):
     set_offline(True)  # the local cache first: no network call unless a task's data set is not there
     lm_eval, TaskManager, handle_non_serializable, make_table = _lm_eval()
     if options.include_path and not os.path.isdir(options.include_path):
-        raise ConfigError(f"--include_path {options.include_path} is not a folder of task YAMLs.")
+        raise ConfigError(f"--include-path {options.include_path} is not a folder of task YAMLs.")
     if options.output_path and os.path.isdir(options.output_path):
         raise ConfigError(f"--out {options.output_path} is a folder; give a file name, e.g. --out results.json.")
     check_model_dir(str(options.model), "--model", tokenizer=False)  # before lm-eval's task index (~15 s)
@@ -150,7 +150,7 @@ def run_eval(options, own_process=False):
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if not tasks or unknown:
         raise ConfigError(f"--tasks: unknown task '{(unknown or [''])[0]}'; name lm-eval tasks (lm_eval ls tasks) "
-                          f"or add --include_path DIR holding the task YAML.")
+                          f"or add --include-path DIR holding the task YAML.")
     # the tasks' data from the local cache, before the model loads (a missing one and no Hub: one line at once)
     offline = load_tasks_cache_first(manager, tasks, options.tasks, offline)
     from .harness import GPTLocalLM, import_transformers_without_torch

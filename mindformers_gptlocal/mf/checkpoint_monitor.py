@@ -17,24 +17,33 @@ A save that fails for lack of space (ENOSPC, or EFBIG under a file-size limit) r
 file, leaves the earlier checkpoints and the manifest as they were, and stops the run with one
 error naming the folder and the space needed; ``on_save_error: continue`` keeps training instead
 and tries again at the next save.
+
+``stop_on_signal`` (on by default): SIGINT or SIGTERM during training finishes the step, saves a checkpoint here
+the way the periodic saves do, prints it and the command that resumes, and ends the run with 130 / 143
+(``training/stop.py`` sees the signals). Under many ranks the ranks agree on the step first: a one-element
+all-reduce (MAX) of "a signal arrived" at every step end, so a rank that got the signal and one that did not stop
+after the same step (a data-parallel step is synchronous: a rank stopping alone would leave the others waiting in
+their gradient all-reduce); a second all-reduce after the save keeps every rank running until all have saved.
+``test_save_delay`` (tests only) waits that many seconds between writing a checkpoint's temp file and renaming it,
+so a test's kill lands inside a save.
 """
 import errno
 import glob
 import os
 import re
+import shlex
 import shutil
+import sys
 import time
 
 from ..checkpoint import manifest as ckpt_manifest
 from ..errors import CheckpointError
+from ..training import stop
 from .compat import defer_checkpoint_rotation
 from .symbols import CheckpointMonitor, MindFormerRegister, MindFormerModuleType, get_real_group_size
 
 SPACE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 ON_SAVE_ERROR = ("stop", "continue")
-
-# Replaced by the callback key ``test_save_delay``; when still set, one line names the key.
-SAVE_DELAY_ENV = "GPTLOCAL_TEST_SAVE_DELAY"
 
 
 def _errno_of(err):
@@ -51,21 +60,22 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
     """CheckpointMonitor with temp-name + fsync + rename writes and a manifest of complete files."""
 
     def __init__(self, *args, checkpoint_format="safetensors", async_save=False, run_record=None,
-                 checksum="sha256", on_save_error="stop", test_save_delay=0.0, **kwargs):
+                 checksum="sha256", on_save_error="stop", stop_on_signal=True, test_save_delay=0.0, **kwargs):
         if checksum not in ckpt_manifest.CHECKSUMS:
             raise CheckpointError(f"GPTLocalCheckpointMonitor.checksum is {checksum!r}; use one of "
                                   f"{', '.join(ckpt_manifest.CHECKSUMS)}.")
         if on_save_error not in ON_SAVE_ERROR:
             raise CheckpointError(f"GPTLocalCheckpointMonitor.on_save_error is {on_save_error!r}; use one of "
                                   f"{', '.join(ON_SAVE_ERROR)}.")
+        if not isinstance(stop_on_signal, bool):
+            raise CheckpointError(f"GPTLocalCheckpointMonitor.stop_on_signal is {stop_on_signal!r}; use True or "
+                                  f"False.")
         self._run_record, self._checksum, self._on_save_error = run_record, checksum, on_save_error
+        self._stop_on_signal, self._armed = stop_on_signal, False
         # tests only: seconds between writing a checkpoint's temp file and renaming it, so a kill lands in a save
         self._test_save_delay = float(test_save_delay or 0)
-        if os.environ.get(SAVE_DELAY_ENV):
-            print(f"[gpt_local] {SAVE_DELAY_ENV} is no longer read; set test_save_delay on the "
-                  f"GPTLocalCheckpointMonitor callback in the YAML.", flush=True)
         if async_save:
-            print("[gpt_local] GPTLocalCheckpointMonitor: async_save is off (a file must be whole before it is "
+            print("[gptlocal] GPTLocalCheckpointMonitor: async_save is off (a file must be whole before it is "
                   "recorded).", flush=True)
         super().__init__(*args, checkpoint_format=checkpoint_format, async_save=False, **kwargs)
         if get_real_group_size() == 1 and os.path.basename(self._directory).startswith("rank_"):
@@ -79,12 +89,57 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         self._rotate = defer_checkpoint_rotation(self._manager, self._defer_rotation)
         self._rotation_due = False
 
+    def on_train_begin(self, run_context):
+        super().on_train_begin(run_context)
+        if self._stop_on_signal:
+            self._armed = stop.arm()
+
+    def on_train_step_end(self, run_context):
+        super().on_train_step_end(run_context)  # the periodic save, if this step has one
+        if not self._armed:
+            return
+        signum = _agreed_signal(stop.requested())
+        if signum:
+            self._stop_for(signum, run_context)
+
+    def on_train_end(self, run_context):
+        super().on_train_end(run_context)  # its save of the last step: already done when a signal stopped the run
+        if self._armed:
+            self._armed = False
+            stop.disarm()
+            if stop.stopped():
+                self._say_stopped(stop.stopped())
+            if stop.stopped() and not stop.STATE.launcher:  # MindFormers' own launcher: nothing of ours runs after
+                raise SystemExit(stop.exit_status(stop.stopped()))
+
+    def _stop_for(self, signum, run_context):
+        """Save this step (unless its periodic save just did), wait until every rank has, then stop; the line
+        naming the checkpoint comes at the end of training (``on_train_end``)."""
+        cb_params = run_context.original_args()
+        self._stopped_at = int(self._append_step_num + cb_params.cur_step_num)
+        if getattr(self, "use_legacy_format", True):
+            self._save_ckpt(cb_params, True)
+        else:
+            self._save_megatron_ckpt_file_format(cb_params)
+        _agreed_signal(signum)  # a barrier: no rank ends (msrun then kills the others) before every rank saved
+        stop.mark_stopped(signum)
+        run_context.request_stop()
+
+    def _say_stopped(self, signum):
+        saved = getattr(self, "_written", None)
+        if saved:
+            where = f"checkpoint {saved}" + (" (every rank saved this step)" if get_real_group_size() > 1 else "")
+        else:
+            where = f"no checkpoint written (the save failed; the newest complete one in {self._directory} stays)"
+        print(f"{stop.PREFIX} stopped after step {self._stopped_at} ({stop.name(signum)}): {where}; resume: "
+              f"{resume_command()}", flush=True)
+
     def _defer_rotation(self):
         self._rotation_due = True
 
     def _remove_stale_partials(self):
         for path in glob.glob(os.path.join(self._directory, ckpt_manifest.PARTIAL_PREFIX + "*")):
-            print(f"[gpt_local] removing unfinished checkpoint file from an earlier run: {path}", flush=True)
+            print(f"[gptlocal] removing unfinished checkpoint file from an earlier run: {path}", flush=True)
             os.remove(path)
 
     def remove_redundancy(self, network, cur_file, append_dict, train_network):
@@ -114,7 +169,7 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
             for path in glob.glob(os.path.splitext(partial)[0] + ".*"):
                 os.remove(path)
             if self._on_save_error == "continue":
-                print(f"[gpt_local] {message}; on_save_error: continue, so training goes on and the next save "
+                print(f"[gptlocal] {message}; on_save_error: continue, so training goes on and the next save "
                       f"tries again.", flush=True)
                 return
             raise CheckpointError(f"{message}. Free space there (or point output_dir at a larger disk) and resume "
@@ -165,3 +220,43 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         if getattr(self, "_written", "") is None:
             return
         super().record_last_ckpt_to_json(epoch, step, os.path.basename(getattr(self, "_written", ckpt_file)))
+
+
+def _agreed_signal(mine):
+    """The largest signal number any rank asks to stop for (0: none), through a one-element all-reduce when the
+    run has several ranks; ``mine`` on one."""
+    if get_real_group_size() <= 1:
+        return int(mine)
+    import numpy as np
+    import mindspore as ms
+    from mindspore import mint
+    flag = ms.Tensor(np.array([int(mine)], np.int32))
+    mint.distributed.all_reduce(flag, op="max")
+    return int(flag.asnumpy()[0])
+
+
+def resume_command():
+    """The command line that continues this run: this process's own with ``--resume_training True`` (an msrun rank
+    names the launch line instead, which it cannot see)."""
+    if os.environ.get("MS_ROLE") == "MS_WORKER":
+        return "the same launch line (e.g. bash run_scripts/run_msrun.sh ...) with --resume_training True"
+    argv = list(sys.argv)
+    script = os.path.basename(argv[0]) if argv else ""
+    if script in ("gptlocal", "__main__.py") and "run" in argv[1:2]:
+        words, args = ["gptlocal", "run"], argv[2:]
+    elif script.endswith(".py"):
+        words, args = ["python", argv[0]], argv[1:]
+    else:
+        return "the same command with --resume_training True"
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg.replace("-", "_") == "__resume_training":
+            skip = True
+            continue
+        if arg.replace("-", "_").startswith("__resume_training="):
+            continue
+        kept.append(arg)
+    return shlex.join(words + kept + ["--resume_training", "True"])

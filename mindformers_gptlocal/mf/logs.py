@@ -6,6 +6,10 @@ is loaded: when MindFormers is not imported yet, a one-shot import hook replaces
 after the module runs, before the rest of ``import mindformers`` logs anything. A refused run drops what was held
 and writes nothing; a run that passed its checks replays it into MindFormers' log under its output folder.
 ``config_dump_to_log`` sends the trainer's ~300-line pprint of the config to that log instead of the terminal.
+``quiet_import`` is the same hold for a process that is not a run (``from mindformers_gptlocal import
+GPTLocalForCausalLM``, ``gptlocal prepare-data``), where gpt_local imports MindFormers on the user's behalf: its
+import-time warnings (optional PyNative models, MindSpore's deprecated-module notice) are dropped and no
+``./output/log`` is created.
 
 Both are run-time patches of MindFormers, listed in ``PATCHES`` (``compat.Patch``) and checked against
 the installed MindFormers before use; neither is required: a moved target leaves MindFormers' logging as it is.
@@ -102,6 +106,38 @@ class _AfterLoad(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.remove(self)
 
 
+def _hold_pending():
+    return any(isinstance(finder, _AfterLoad) for finder in sys.meta_path)
+
+
+@contextlib.contextmanager
+def quiet_import():
+    """Import MindFormers inside this block without its import-time log: nothing printed (MindFormers logs to
+    stdout), no ``./output/log``. A no-op when MindFormers is loaded (or loading) already, or when a run's
+    ``HeldLog`` holds its log."""
+    if "mindformers" in sys.modules or _hold_pending():
+        yield
+        return
+    held = HeldLog()
+    try:
+        yield
+    finally:
+        held.drop()
+
+
+def _quiet_mindspore():
+    """MindSpore's own Python logger at ERROR while MindFormers imports (its notice about a deprecated module
+    MindFormers imports is no reader's business); returns (logger, level before) or None."""
+    try:
+        from mindspore import log as ms_log
+        logger = ms_log._get_logger()  # pylint: disable=protected-access
+    except (ImportError, AttributeError):
+        return None
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    return logger, level
+
+
 class HeldLog:
     """MindFormers' log calls while the config is read and checked, held in memory (``records``). Build it before
     anything imports MindFormers to hold its import-time calls too. ``release()`` (once the checks passed and the
@@ -112,6 +148,7 @@ class HeldLog:
         self._logger = logging.Logger("gptlocal.held-mindformers-log")
         self._logger.addHandler(_ListHandler(self.records))
         self._module = self._original = self._hook = None
+        self._mindspore = None if "mindformers" in sys.modules else _quiet_mindspore()
         if LOGGER in sys.modules:
             self._hold(sys.modules[LOGGER])
         elif "mindformers" not in sys.modules:  # held from the moment the module runs, inside `import mindformers`
@@ -129,6 +166,10 @@ class HeldLog:
             module.get_logger = lambda *args, **kwargs: self._logger
 
     def _restore(self):
+        if self._mindspore is not None:
+            logger, level = self._mindspore
+            logger.setLevel(level)
+            self._mindspore = None
         if self._hook is not None:
             self._hook.remove()
         if self._module is not None and self._module.get_logger is not self._original:

@@ -52,7 +52,7 @@ def resolve_resume(config, model_config, log=print):
     wanted = config.resume_training if isinstance(config.resume_training, str) else None
     path, info = find_resume_checkpoint(resume_folder(config), wanted, log)
     check_same_run(info.get("run"), this_run(config, model_config), path, info["step_num"])
-    log(f"[gpt_local] resuming from {path} (step {info['step_num']})")
+    log(f"[gptlocal] resuming from {path} (step {info['step_num']})")
     config.load_checkpoint = path
     config.resume_training = True
     _tell_callbacks(config, info)
@@ -78,7 +78,7 @@ def resolve_rank_resume(config, model_config, log=print):
     name, step, info = common_rank_checkpoint(path, _this_rank(), wanted, log)
     check_same_run(info.get("run"), this_run(config, model_config), os.path.join(path, f"rank_{_this_rank()}",
                                                                                   name), step)
-    log(f"[gpt_local] rank {_this_rank()} resumes from step {step} ({name} in {path}/rank_*)")
+    log(f"[gptlocal] rank {_this_rank()} resumes from step {step} ({name} in {path}/rank_*)")
     config.load_checkpoint = path
     config.resume_training = name
     _tell_callbacks(config, info)

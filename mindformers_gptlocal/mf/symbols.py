@@ -7,6 +7,7 @@ sits in the same module on 1.8 and 1.9. Outside ``mf/`` no module of gpt_local i
 (``tests/test_import_rules.py``).
 """
 import importlib
+import sys
 
 # name -> the module(s) that define it, the first that has it wins
 WHERE = {
@@ -45,12 +46,22 @@ WHERE = {
 __all__ = sorted(WHERE)
 
 
+def _import(module_name):
+    """``importlib.import_module``; the first import of MindFormers without its import-time log (``logs.py
+    quiet_import``: gpt_local imports it on the user's behalf)."""
+    if "mindformers" in sys.modules:
+        return importlib.import_module(module_name)
+    from .logs import quiet_import
+    with quiet_import():
+        return importlib.import_module(module_name)
+
+
 def _lookup(name):
     problems = []
     for place in WHERE[name]:
         module_name, _, attr = place.partition(":")
         try:
-            module = importlib.import_module(module_name)
+            module = _import(module_name)
         except ModuleNotFoundError as err:
             if not err.name or not (module_name + ".").startswith(err.name + "."):
                 raise  # a module it imports is missing: that error, not ours

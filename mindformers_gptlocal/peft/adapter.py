@@ -46,7 +46,7 @@ class AdapterSpec(namedtuple("AdapterSpec", "bottleneck_size reduction_factor no
         from .adapter_cells import BottleneckAdapter  # pylint: disable=import-outside-toplevel  (MindSpore)
         paths = adapter_paths(self, len(model.model.layers))
         assert paths == [name for name, cell in model.cells_and_names() if isinstance(cell, BottleneckAdapter)], paths
-        return (f"[gpt_local] adapters: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
+        return (f"[gptlocal] adapters: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
                 f"{total:,}), bottleneck {bottleneck_width(self, model.config.hidden_size)}, {self.non_linearity}, "
                 f"{len(paths)} adapters in {len(self.layers)} layers")
 

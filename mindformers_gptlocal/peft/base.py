@@ -58,7 +58,7 @@ class PetSpec:
 
     def summary(self, model, trainable, total):
         """The log line after freezing a built ``model``."""
-        return f"[gpt_local] {self.pet_type}: {trainable:,} trainable parameters of {total:,}"
+        return f"[gptlocal] {self.pet_type}: {trainable:,} trainable parameters of {total:,}"
 
 
 def get(pet_config, key, default=None):

@@ -70,7 +70,7 @@ class LoraSpec(namedtuple("LoraSpec", "rank alpha dropout target_modules exclude
         from .lora_cells import LoRALinear  # pylint: disable=import-outside-toplevel  (MindSpore)
         paths = sorted(name for name, cell in model.cells_and_names() if isinstance(cell, LoRALinear))
         assert paths == sorted(targeted_paths(self, len(model.model.layers), model.config.arch.gated)), paths
-        return (f"[gpt_local] LoRA: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
+        return (f"[gptlocal] LoRA: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
                 f"{_short(total)}), rank {self.rank}, alpha {self.alpha:g}, in {len(paths)} Linears")
 
 

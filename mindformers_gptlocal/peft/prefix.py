@@ -56,7 +56,7 @@ class PrefixSpec(namedtuple("PrefixSpec", "pet_type tokens projection hidden dro
         return not is_prefix_name(name)  # the base model is frozen, only model.prefix_encoder.* trains
 
     def summary(self, model, trainable, total):
-        return (f"[gpt_local] {self.pet_type}: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% "
+        return (f"[gptlocal] {self.pet_type}: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% "
                 f"of {total:,}), {self.tokens} prefix tokens a layer"
                 + (f", MLP width {self.hidden}" if self.projection else ""))
 

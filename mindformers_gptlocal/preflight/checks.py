@@ -30,7 +30,7 @@ def ensure_mcore(config, log=print):
     """gpt_local lives on MindFormers' mcore path; a YAML without ``use_legacy: False`` is switched to it."""
     if is_gpt_local(config) and config.get("use_legacy", True) is not False:
         config.use_legacy = False
-        log("[gpt_local] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
+        log("[gptlocal] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
             "(add `use_legacy: False` to the YAML to silence this).")
 
 
@@ -65,11 +65,29 @@ def dataset_files(section, key_prefix):
     return []
 
 
+def require_data_files(kind, path, key):
+    """The data file (MindRecord) or pair (Megatron .bin/.idx) a dataset key names is there."""
+    if kind == "mindrecord":
+        if not path or not isinstance(path, str) or not os.path.isfile(path):
+            split = "eval" if key.startswith("eval") else "train"
+            raise DataError(f"{key}: {path!r} does not exist. Run `gptlocal prepare-data --out DIR` and point "
+                            f"{key} at DIR/{split}.mindrecord (or pass --{split}_dataset_dir).")
+        return
+    for suffix in (".bin", ".idx"):
+        if not isinstance(path, str) or not os.path.isfile(path + suffix):
+            raise DataError(f"{key}: {path}{suffix} does not exist; give the prefix of a Megatron "
+                            f".bin/.idx pair (without the suffix), as written by `gptlocal prepare-data`.")
+
+
+def check_data_present(config):
+    """Every data file the run reads is there (before the tokenizer checks, which read what lies beside it)."""
+    for name in data_sections(config):
+        for kind, path, key in dataset_files(config.get(name) or {}, name):
+            require_data_files(kind, path, key)
+
+
 def check_mindrecord(path, key, vocab_size, seq_length, columns=None, batch_size=None):
-    if not path or not isinstance(path, str) or not os.path.isfile(path):
-        split = "eval" if key.startswith("eval") else "train"
-        raise DataError(f"{key}: {path!r} does not exist. Run `gptlocal prepare-data --out DIR` and point "
-                        f"{key} at DIR/{split}.mindrecord (or pass --{split}_dataset_dir).")
+    require_data_files("mindrecord", path, key)
     from mindspore.mindrecord import FileReader
     try:
         reader = FileReader(path)
@@ -105,10 +123,7 @@ def check_mindrecord(path, key, vocab_size, seq_length, columns=None, batch_size
 
 
 def check_megatron(prefix, key, vocab_size):
-    for suffix in (".bin", ".idx"):
-        if not isinstance(prefix, str) or not os.path.isfile(prefix + suffix):
-            raise DataError(f"{key}: {prefix + suffix} does not exist; give the prefix of a Megatron "
-                            f".bin/.idx pair (without the suffix), as written by `gptlocal prepare-data`.")
+    require_data_files("megatron", prefix, key)
     dtype = check_megatron_pair(prefix, key)
     tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
     if tokens.size == 0:
@@ -123,12 +138,17 @@ def _check_ids(ids, vocab_size, key, path):
                         f"Set vocab_size to at least {int(ids.max()) + 1} or re-tokenize with the model's tokenizer.")
 
 
-def check_data(config, model_config):
+def data_sections(config):
+    """The dataset sections this run reads."""
     sections = {"train": ["train_dataset"], "finetune": ["train_dataset"], "eval": ["eval_dataset"]}
     names = list(sections.get(config.run_mode, []))
     if config.run_mode in ("train", "finetune") and config.get("do_eval"):
         names.append("eval_dataset")
-    for name in names:
+    return names
+
+
+def check_data(config, model_config):
+    for name in data_sections(config):
         section = config.get(name)
         if not section:
             raise ConfigError(f"run_mode {config.run_mode} needs a '{name}' section in the YAML.")
@@ -200,6 +220,7 @@ def check_run(config, log=print):
     model_config = model_config_of(config)
     check_layout(config)
     check_output_dir(config)
+    check_data_present(config)  # a missing file is named as missing, not by what lies beside it
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_tokenizer_identity(config, log)  # model, data and saved tokenizer: one tokenizer (tokenizers.py)
     check_data(config, model_config)

@@ -194,8 +194,13 @@ def check_lr_schedule(config):
 def check_callbacks(config):
     for index, callback in enumerate(config.get("callbacks") or []):
         name = _check_typed(f"callbacks[{index}]", callback, "CALLBACK", "callback")
+        where = f"callbacks[{index}] ({name})"
         if "per_print_times" in callback:
-            _number(f"callbacks[{index}] ({name}).per_print_times", callback["per_print_times"], 1, integer=True)
+            _number(f"{where}.per_print_times", callback["per_print_times"], 1, integer=True)
+        if "loss_digits" in callback:
+            _number(f"{where}.loss_digits", callback["loss_digits"], 1, 17, integer=True)
+        if "stop_on_signal" in callback:  # GPTLocalCheckpointMonitor: save and stop on SIGINT/SIGTERM
+            _flag(f"{where}.stop_on_signal", callback["stop_on_signal"])
 
 
 def check_context(config):

@@ -40,7 +40,7 @@ def tokenizer_sources(config, log=print):
         if tid:
             sources.append(("load_checkpoint", path, tid, folder))
         else:
-            log(f"[gpt_local] warning: load_checkpoint {folder} has no tokenizer files and no tokenizer_id, so "
+            log(f"[gptlocal] warning: load_checkpoint {folder} has no tokenizer files and no tokenizer_id, so "
                 f"the tokenizer of its data cannot be checked.")
     pretrained = config.get("pretrained_model_dir")
     if pretrained:
@@ -59,7 +59,7 @@ def tokenizer_sources(config, log=print):
             meta, meta_path = dataset_meta(data_path)
             if meta is None or not meta.get("tokenizer_id"):
                 why = "has no meta.json beside it" if meta is None else f"{meta_path} records no tokenizer_id"
-                log(f"[gpt_local] warning: {key} {data_path} {why} (not made by this version of `gptlocal "
+                log(f"[gptlocal] warning: {key} {data_path} {why} (not made by this version of `gptlocal "
                     f"prepare-data`), so its tokenizer cannot be checked against the model's.")
                 continue
             model_dir = meta.get("model_dir") if os.path.isdir(str(meta.get("model_dir"))) else None

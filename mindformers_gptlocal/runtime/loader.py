@@ -22,16 +22,39 @@ def check_model_dir(model_dir, flag="--model", tokenizer=True):
     """One clear error (naming ``flag`` and the folder) unless ``model_dir`` is a folder with config.json, weights
     and (``tokenizer``) tokenizer.json."""
     named = f"{flag}{'' if flag.endswith('=') else ' '}{model_dir}"
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise ConfigError(f"{named} is a file, not a model directory (a folder); {GIVE}.")
     if not os.path.isdir(model_dir):
         raise ConfigError(f"{named} does not exist, so it is not a model directory; {GIVE}.")
     if not os.path.isfile(os.path.join(model_dir, CONFIG_NAME)):
         raise ConfigError(f"{named} has no {CONFIG_NAME}, so it is not a model directory; {GIVE}.")
+    check_config_json(model_dir, flag)
     if not os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):  # the model's own line for it
         from ..model.gpt import missing_weights
         raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{missing_weights(model_dir)}")
     if tokenizer and not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
         raise DataError(f"{named} has no tokenizer.json, so text cannot be turned into token ids; copy in the "
                         f"tokenizer the model was trained with (prepare-data's <out>/model).")
+
+
+def check_config_json(model_dir, flag="--model"):
+    """One line naming the file, line and column when ``model_dir``'s config.json is there but is not a JSON
+    object (a hand edit gone wrong), instead of the JSON parser's traceback deep in the loader."""
+    path = os.path.join(model_dir, CONFIG_NAME)
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        where = f"line {err.lineno}, column {err.colno}: {err.msg}" if isinstance(err, json.JSONDecodeError) \
+            else str(err)
+        raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{model_dir}: {path} is not valid JSON ({where});"
+                          f" fix it there, or write the folder again (gptlocal convert, save_pretrained).") from err
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{model_dir}: {path} holds a JSON "
+                          f"{type(value).__name__}, not the object of a model's settings; write the folder again "
+                          f"(gptlocal convert, save_pretrained).")
 
 
 def read_tokenizer(model_dir):

@@ -144,6 +144,9 @@ def create_app(engine, model_name, tokenizer=None, chat_template=None, state=Non
 
     @app.get("/v1/models")
     async def models():
+        if not engine.ready.is_set():  # as /health: a client that lists models first waits for the same 200
+            return error_response(503, f"the model is not ready: {engine.failed or 'loading'}", kind="server_error",
+                                  headers={"Retry-After": "5"})
         names = [model_name] + engine.adapter_names
         return {"object": "list", "data": [dict({"id": name, "object": "model", "created": created,
                                                  "owned_by": "gptlocal", "max_model_len": engine.max_model_len},

@@ -11,6 +11,7 @@ import numpy as np
 from mindspore.train.callback import Callback
 
 from ..model.weights import save_model_dir
+from . import stop
 
 
 def _loss_value(outputs):
@@ -44,11 +45,16 @@ class GPTLocalThroughputMonitor(Callback):
 
     Tokens per step are read from the train dataset's batch shape unless given. Steps the wrapper
     skipped because the loss or gradients were not finite are counted (``skipped N``), and loss-scale
-    changes are logged, from the wrapper's (loss, overflow, scale) outputs.
+    changes are logged, from the wrapper's (loss, overflow, scale) outputs. Losses are printed with
+    ``loss_digits`` significant digits (default 4; 17 prints each float exactly, for comparing runs bit for bit).
     """
 
-    def __init__(self, per_print_times=10, tokens_per_step=None, stream=None, initial_step=0):
+    def __init__(self, per_print_times=10, tokens_per_step=None, stream=None, initial_step=0, loss_digits=4):
         super().__init__()
+        if isinstance(loss_digits, bool) or not isinstance(loss_digits, int) or not 1 <= loss_digits <= 17:
+            raise ValueError(f"GPTLocalThroughputMonitor.loss_digits must be an integer from 1 to 17, got "
+                             f"{loss_digits!r}.")
+        self.loss_digits = loss_digits
         self.tokens_per_step = tokens_per_step
         self.per_print_times = int(per_print_times)
         self.stream = stream or sys.stdout
@@ -82,11 +88,11 @@ class GPTLocalThroughputMonitor(Callback):
         overflow, scale = _overflow_and_scale(params.net_outputs)
         if overflow:
             self.skipped += 1
-            self.stream.write(f"[gpt_local] step {step}: loss or gradients not finite (loss {loss!r}); update "
+            self.stream.write(f"[gptlocal] step {step}: loss or gradients not finite (loss {loss!r}); update "
                               f"skipped, weights unchanged ({self.skipped} skipped so far)\n")
         if scale is not None and self.last_scale is not None and scale != self.last_scale:
             change = "backed off" if scale < self.last_scale else "raised"
-            self.stream.write(f"[gpt_local] step {step}: loss scale {change} {self.last_scale:g} -> {scale:g}\n")
+            self.stream.write(f"[gptlocal] step {step}: loss scale {change} {self.last_scale:g} -> {scale:g}\n")
         self.last_scale = scale
         self.tokens += self.tokens_per_step
         total = max(self.stop_at(params), step)
@@ -97,8 +103,8 @@ class GPTLocalThroughputMonitor(Callback):
                 self.step_seconds = seconds / self.window_steps
             eta = "" if self.step_seconds is None or step >= total else \
                 f"  ETA {format_seconds(self.step_seconds * (total - step))}"
-            # repr: the exact float, so runs can be compared bit for bit (resume tests do)
-            self.stream.write(f"[gpt_local] step {step}/{total}  loss {loss!r}  {rate:,.0f} tokens/s  "
+            self.stream.write(f"[gptlocal] step {step}/{total}  loss {loss:.{self.loss_digits}g}  "
+                              f"{rate:,.0f} tokens/s  "
                               f"{1000 * seconds / self.window_steps:.0f} ms/step  skipped {self.skipped}"
                               f"{'' if scale is None else f'  scale {scale:g}'}{eta}\n")
             self.stream.flush()
@@ -119,9 +125,10 @@ class GPTLocalThroughputMonitor(Callback):
         peak_mb = peak_rss_mb()
         steps = len(self.history)
         seconds = time.time() - self.started if self.started else 0.0
-        last = f", last loss {self.history[-1]:.4f}" if self.history else ""
+        last = f", last loss {self.history[-1]:.{self.loss_digits}g}" if self.history else ""
         rate = f", {self.tokens / seconds:,.0f} tokens/s overall" if seconds > 0 and self.tokens else ""
-        self.stream.write(f"[gpt_local] training done: {steps} steps in {format_seconds(seconds)}{last}{rate}; "
+        done = f"training stopped ({stop.name(stop.stopped())})" if stop.stopped() else "training done"
+        self.stream.write(f"[gptlocal] {done}: {steps} steps in {format_seconds(seconds)}{last}{rate}; "
                           f"peak RSS {peak_mb:,.0f} MB\n")
         self.stream.flush()
 
@@ -165,7 +172,7 @@ class GPTLocalEvalProgress(Callback):
             rate = (step - at) / max(now - since, 1e-9) if step > at else 0
             tokens = f"  {rate * self.tokens_per_step:,.0f} tokens/s" if rate and self.tokens_per_step else ""
             eta = f"  ETA {format_seconds((total - step) / rate)}" if rate and step < total else ""
-            self.stream.write(f"[gpt_local] eval batch {step}/{total}{tokens}{eta}\n")
+            self.stream.write(f"[gptlocal] eval batch {step}/{total}{tokens}{eta}\n")
             self.stream.flush()
 
 
@@ -183,18 +190,20 @@ class GPTLocalSaveModelDir(Callback):
 
     def on_train_end(self, run_context):
         from ..mf.symbols import get_output_root_path, get_real_rank
+        if stop.stopped():
+            return  # stopped by a signal: the checkpoint resumes it; the model directory comes at the real end
         if get_real_rank() != 0:
             return  # data-parallel ranks hold the same weights; one writer avoids a race
         import mindspore as ms
         if ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel"):
-            print("[gpt_local] GPTLocalSaveModelDir skipped: under tensor/pipeline parallel each rank holds a "
+            print("[gptlocal] GPTLocalSaveModelDir skipped: under tensor/pipeline parallel each rank holds a "
                   "slice; use the CheckpointMonitor output and MindFormers' checkpoint merge.", flush=True)
             return
         network = run_context.original_args().train_network
         model = _find_causal_lm(network)
         out = os.path.join(get_output_root_path(), self.subdir)
         save_model_dir(model, out, self.tokenizer_dir)
-        print(f"[gpt_local] model directory written: {out}", flush=True)
+        print(f"[gptlocal] model directory written: {out}", flush=True)
 
 
 def _find_causal_lm(network):

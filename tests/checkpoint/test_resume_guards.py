@@ -120,8 +120,8 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly
     folder, size = full_disk_then_resumed["folder"], full_disk_then_resumed["size"]
     code, out = full_disk_then_resumed["limited"]
     assert code == 2, out[-3000:]
-    assert "Traceback" not in out.split("gpt_local: error:")[-1]
-    message = out.split("gpt_local: error:")[-1]
+    assert "Traceback" not in out.split("gptlocal run: error:")[-1]
+    message = out.split("gptlocal run: error:")[-1]
     assert f"(step {N + 1}) could not be written to {folder}" in message, message
     assert f"about {size / 1e6:,.1f} MB" in message and "previous checkpoint" in message
     # no partial file left, manifest and files unchanged

@@ -197,7 +197,8 @@ def test_generate_greedy_equals_model_generate(model_dir, capsys, tmp_path, grap
 
 
 def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch, capsys, graph_mode):
-    """Two lines on stdin: two replies, the second with the first turn in its prompt (plain template)."""
+    """Two lines on stdin: two replies, the second with the first turn in its prompt (plain template); stdout marks
+    the user's lines and the replies."""
     from tokenizers import Tokenizer
     from mindformers_gptlocal.serve.protocol import PLAIN_CHAT_STOP, render_chat
     tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
@@ -209,7 +210,9 @@ def test_chat_through_a_pipe_greedy_equals_model_generate(model_dir, monkeypatch
     first = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
     messages += [{"role": "assistant", "content": first.strip()}, {"role": "user", "content": "and again"}]
     second = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
-    assert out == first + "\n" + second + "\n", (out, first, second)  # each reply, then a newline
+    # through a pipe the transcript marks each message and each reply
+    transcript = f"user: print hello\nassistant: {first}\nuser: and again\nassistant: {second}\n"
+    assert out == transcript, (out, first, second)
 
 
 def test_generate_num_samples_stop_and_repetition_penalty(model_dir, capsys, graph_mode):
@@ -261,11 +264,12 @@ def test_chat_template_file_and_plain(model_dir, monkeypatch, capsys, graph_mode
     assert main([*flags, "--chat-template", str(template)]) == 0
     rendered = render_chat(messages, template.read_text())
     assert rendered == "<user>print hello\n<assistant>"
-    assert capsys.readouterr().out == _reference(model_dir, tokenizer.encode(rendered).ids, 5) + "\n"
+    reply = _reference(model_dir, tokenizer.encode(rendered).ids, 5)
+    assert capsys.readouterr().out == f"user: print hello\nassistant: {reply}\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO("print hello\n"))
     assert main([*flags, "--chat-template", "plain"]) == 0
     plain = _reference(model_dir, tokenizer.encode(render_chat(messages, None)).ids, 5, PLAIN_CHAT_STOP)
-    assert capsys.readouterr().out == plain + "\n"
+    assert capsys.readouterr().out == f"user: print hello\nassistant: {plain}\n"
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}")
     for value, message in ((str(tmp_path / "none.jinja"), "is neither a file nor a built-in template (plain)"),

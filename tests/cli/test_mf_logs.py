@@ -82,3 +82,22 @@ def test_the_launcher_keeps_no_copy_of_the_log_patches():
     assert launcher.HeldLog is logs.HeldLog and launcher.config_dump_to_log is logs.config_dump_to_log
     assert not hasattr(launcher, "_drop_import_log") and not hasattr(launcher, "quiet_mindformers")
     assert os.path.basename(logs.__file__) == "logs.py"
+
+
+def test_importing_the_model_class_or_preparing_data_prints_nothing_of_mindformers_and_writes_no_log(tmp_path):
+    """`from mindformers_gptlocal import GPTLocalForCausalLM` (it imports MindFormers) and `gptlocal prepare-data`
+    (its Megatron writer is MindFormers'): nothing of MindFormers' import-time log on stdout or stderr (1.9 logs two
+    warnings there, on stdout), no ./output/log in the caller's folder; a script's stdout is its own."""
+    script = "from mindformers_gptlocal import GPTLocalForCausalLM\nprint('mine', GPTLocalForCausalLM.__name__)\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=source_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "mine GPTLocalForCausalLM\n", done.stdout
+    assert "WARNING" not in done.stderr and "hyper_parallel" not in done.stderr, done.stderr[-2000:]
+    assert os.listdir(tmp_path) == []
+    data = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "prepare-data", "--max-bytes", "20000",
+                           "--vocab-size", "300", "--seq-length", "32", "--out", "data/small"], cwd=str(tmp_path),
+                          env=source_env(), capture_output=True, text=True, timeout=300)
+    assert data.returncode == 0, data.stderr[-3000:]
+    assert data.stdout.startswith("{") and "WARNING" not in data.stdout + data.stderr, data.stdout + data.stderr
+    assert os.listdir(tmp_path) == ["data"]

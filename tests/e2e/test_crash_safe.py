@@ -40,7 +40,7 @@ def _wait_for_training(proc, log_path, deadline):
     """Until the first step line (compile done) or the process ends."""
     while time.time() < deadline and proc.poll() is None:
         with open(log_path) as handle:
-            if "[gpt_local] step" in handle.read():
+            if "[gptlocal] step" in handle.read():
                 return True
         time.sleep(0.1)
     return False

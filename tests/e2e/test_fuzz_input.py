@@ -1,5 +1,5 @@
 """Fuzz: seeded random mutations of a valid YAML and its data files. Each run either works or stops with
-one of our clear errors (a GPTLocalError; exit code 2 and one ``gpt_local: error:`` line from the
+one of our clear errors (a GPTLocalError; exit code 2 and one ``gptlocal run: error:`` line from the
 launcher), never a raw traceback from deep inside MindSpore.
 
 The launcher's config loading and pre-flight run in this process for every mutation (fast); only
@@ -129,7 +129,7 @@ def test_fuzzed_inputs_work_or_fail_clearly(tmp_path, corpus):
 
     def finish(what, launch):
         code, out = launch.result()
-        errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+        errors = [line for line in out.splitlines() if line.startswith("gptlocal run: error:")]
         if code == 0 or (code == 2 and len(errors) == 1 and "Traceback" not in out):
             outcomes.append((what, "trained" if code == 0 else "clear error at run", (errors or [""])[0][:100]))
         else:

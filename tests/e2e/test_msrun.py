@@ -12,6 +12,7 @@ two-process run's, bit for bit.
 """
 import glob
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -169,4 +170,48 @@ def test_stopped_resumed_then_killed_during_a_save_resumes_both_ranks_exactly(co
     name, step, _ = common_rank_checkpoint(str(tmp_path / "output" / "checkpoint"), 0, log=print)
     assert STOP < step < STEPS, step
     resumed = _msrun(tmp_path, yaml_path, "resumed", "--resume_training", "True")
+    assert resumed == [losses[step:] for losses in reference], (step, resumed, reference)
+
+
+def test_sigint_to_run_msrun_stops_both_ranks_at_one_step_and_resumes_exactly(corpus, tmp_path, dp_reference):
+    """Ctrl-C to run_msrun.sh: it passes SIGINT to both workers, which agree on the step (an all-reduce at each step
+    end), save it, and end; the script exits 130, its terminal showing rank 0 only and no MindSpore warning. The
+    resumed launch continues each rank's losses bit for bit."""
+    _, reference = dp_reference
+    yaml_path = _dp_yaml(tmp_path, corpus)
+    out_path = tmp_path / "terminal.txt"
+    with open(out_path, "w") as terminal:
+        proc = subprocess.Popen(["bash", os.path.join(REPO, "run_scripts", "run_msrun.sh"), "2", yaml_path],
+                                cwd=str(tmp_path), env=_msrun_env(tmp_path, "stopped"), stdout=terminal,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline, log = time.time() + 300, tmp_path / "msrun_log_stopped" / "worker_0.log"
+            while proc.poll() is None and time.time() < deadline and not (log.exists() and "step 2/" in
+                                                                           log.read_text()):
+                time.sleep(0.05)
+            assert proc.poll() is None, out_path.read_text()[-3000:]
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    shown = out_path.read_text()
+    assert code == 130, shown[-3000:]
+    found = re.findall(r"\[gptlocal\] stopped after step (\d+) \(SIGINT\): checkpoint \S+rank_0\S+ \(every rank saved",
+                       shown)
+    assert len(found) == 1, shown[-3000:]  # rank 0's line; rank 1's is in its own log
+    step = int(found[0])
+    assert 2 <= step < STEPS, shown[-3000:]
+    assert "[WARNING]" not in shown and "rank_1" not in shown, shown[-3000:]
+    stopped = _worker_losses(tmp_path, "stopped")
+    assert stopped == [losses[:step] for losses in reference], (step, stopped)
+    from mindformers_gptlocal.checkpoint import manifest
+    for rank in (0, 1):
+        entries = manifest.read_manifest(str(tmp_path / "output" / "checkpoint" / f"rank_{rank}"))
+        assert entries and entries[-1]["step"] == step, (rank, entries)
+        assert f"stopped after step {step} (SIGINT)" in open(tmp_path / "msrun_log_stopped" /
+                                                             f"worker_{rank}.log").read()
+    resumed = _msrun(tmp_path, yaml_path, "resumed", "--resume_training", "True")
+    print(f"\n[msrun stop test] SIGINT after step {step}: resumed {resumed} == uninterrupted "
+          f"{[losses[step:] for losses in reference]}")
     assert resumed == [losses[step:] for losses in reference], (step, resumed, reference)

@@ -1,8 +1,7 @@
-"""README's tour, line by line, as written, in a fresh folder holding what a clone has (model_configs/,
-run_scripts/) after the set-up command (its quickstart, made short here). The test only adds flags that make
-each line short (fewer bytes, steps and tokens); it never changes a line. Each line must exit 0 and make what
-it says."""
-import concurrent.futures
+"""README's tour, line by line, as written and in README's order, in a fresh folder holding what a clone has
+(model_configs/, run_scripts/) after the set-up command (its quickstart, made short here). The test only adds flags
+that make each line short (fewer bytes, steps and tokens); it never changes a line. Each line must exit 0 and make
+what it says, and write no folder the tour does not name."""
 import json
 import os
 import re
@@ -10,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -17,25 +17,33 @@ import pytest
 from conftest import REPO, source_env
 from conftest import free_port
 
-# the flags the test adds, by command: (README's `gptlocal X` or script) -> extra arguments
+# the flags the test adds, by command: (README's `gptlocal X` or script) -> extra arguments; a `gptlocal run` line
+# gets its own (run_flags)
 SHORTER = {
-    "prepare-data": ["--max-bytes", "60000", "--vocab-size", "512"],
-    "run": ["--runner_config.stop_step", "2", "--num_samples", "16"],
+    "prepare-data": ["--max-bytes", "60000", "--vocab-size", "512"],  # a line with --tokenizer keeps its bytes
     "generate": ["--max-new-tokens", "4", "--compile-cache", "off"],
     "chat": ["--max-new-tokens", "4", "--compile-cache", "off"],
     "serve": ["--warmup-tokens", "16", "--compile-cache", "off", "--max-batch-size", "1"],
     "run_msrun.sh": ["--runner_config.stop_step", "2", "--num_samples", "16"],
 }
+RESUMED_STEPS = 3  # a line that stops at its own stop_step N gets data for N + 3 steps: the resume line does 3
+
+
+def tour_heading_and_lines():
+    """README's tour heading ('## A 13-line tour') and its bash block, continuation lines joined."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    found = re.search(r"^## A (\d+)-line tour$", text, re.M)
+    assert found, "README has no '## A N-line tour' heading"
+    section = text[found.start():]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    return found.group(0), int(found.group(1)), [line.strip() for line in block.replace("\\\n", " ").splitlines()
+                                                 if line.strip()]
 
 
 def tour_lines():
-    """README's tour: the bash block after '## A ten-line tour', continuation lines joined."""
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
-        text = handle.read()
-    section = text[text.index("## A ten-line tour"):]
-    block = section[section.index("```bash") + len("```bash"):]
-    block = block[:block.index("```")]
-    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    return tour_heading_and_lines()[2]
 
 
 def _without_comment(part):
@@ -49,14 +57,39 @@ def _without_comment(part):
     return part.rstrip()
 
 
-def shortened(line):
-    """The line with SHORTER's flags added to each of its commands (joined by &&)."""
+def run_flags(part, earlier):
+    """The flags a `gptlocal run` command gets: a line that stops at its own `--runner_config.stop_step N` keeps it and
+    gets data for RESUMED_STEPS more steps; a `--resume_training` line gets the data its `--output_dir`'s first line
+    got (the resume check refuses a changed run); any other line stops after 2 of 4 steps."""
+    output_dir = re.search(r"--output_dir (\S+)", part)
+    if "--resume_training" in part:
+        for line in earlier:
+            if output_dir and f"--output_dir {output_dir.group(1)}" in line and "--resume_training" not in line:
+                return ["--num_samples", re.search(r"--num_samples (\d+)", shortened(line)).group(1)]
+        raise AssertionError(f"no earlier line writes what {part!r} resumes")
+    own = re.search(r"--runner_config\.stop_step (\d+)", part)
+    if own:
+        return ["--num_samples", str(4 * (int(own.group(1)) + RESUMED_STEPS))]
+    return ["--runner_config.stop_step", "2", "--num_samples", "16"]
+
+
+def shortened(line, earlier=()):
+    """The line with SHORTER's flags added to each of its commands (joined by && or |). A prepare-data line with a
+    --tokenizer keeps its --max-bytes: it only tokenizes (quick), and its run needs the rows."""
     parts = []
-    for part in line.split(" && "):
-        part = _without_comment(part)
-        words = part.split()
-        key = words[1] if words[0] == "gptlocal" else os.path.basename(words[1]) if words[0] == "bash" else None
-        parts.append(" ".join([part, *SHORTER.get(key, [])]))
+    for part in _without_comment(line).split(" && "):
+        piped = []
+        for piece in part.split(" | "):
+            words = piece.split()
+            key = words[1] if words[0] == "gptlocal" else os.path.basename(words[1]) if words[0] == "bash" else None
+            if key == "run":
+                extra = run_flags(piece, earlier)
+            elif key == "prepare-data" and "--tokenizer" in piece:
+                extra = []
+            else:
+                extra = SHORTER.get(key, [])
+            piped.append(" ".join([piece, *extra]))
+        parts.append(" | ".join(piped))
     return " && ".join(parts)
 
 
@@ -75,8 +108,9 @@ def clone(tmp_path_factory):
         shutil.copytree(os.path.join(REPO, folder), root / folder)
     env = source_env(GLOG_v="3", MASTER_PORT=str(free_port()))
     # started now, waited for by the first line that needs its model (the lines before it overlap with it)
-    quickstart = subprocess.Popen(["bash", "-c", "gptlocal quickstart --steps 2 --max-bytes 60000 --out runs/quickstart"],
-                                  cwd=str(root), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    quickstart = subprocess.Popen(["bash", "-c", "gptlocal quickstart --steps 2 --max-bytes 60000 --out "
+                                   "runs/quickstart"], cwd=str(root), env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
     yield root, env, quickstart
     if quickstart.poll() is None:
         quickstart.kill()
@@ -85,6 +119,8 @@ def clone(tmp_path_factory):
 
 
 def _wait(quickstart, root):
+    if quickstart.returncode is not None:
+        return
     out, _ = quickstart.communicate(timeout=600)
     assert quickstart.returncode == 0, out[-3000:]
     before, after = map(float, re.search(r"perplexity: (\S+) before -> (\S+) after", out).groups())
@@ -92,39 +128,37 @@ def _wait(quickstart, root):
     assert os.path.isfile(root / "runs" / "quickstart" / "train" / "model" / "model.safetensors")
 
 
-def test_every_line_runs_as_written(clone):
-    """README's order within each of its two independent chains (the quickstart's model: generate, chat,
-    finetune, resume; the data the tour prepares: train, eval, serve, convert, plan, msrun); the chains run
-    side by side (no line of one reads what the other writes) to keep the test short."""
+def test_the_heading_counts_the_lines_and_data_is_git_ignored():
+    heading, count, lines = tour_heading_and_lines()
+    assert count == len(lines), (heading, len(lines))
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+        assert f"(#{heading[3:].lower().replace(' ', '-')})" in handle.read()  # the contents link
+    if shutil.which("git") and os.path.isdir(os.path.join(REPO, ".git")):
+        ignored = subprocess.run(["git", "check-ignore", "data/gptlocal/train.mindrecord", "output/x",
+                                  "mindformers_gptlocal/data/new.py"], cwd=REPO, capture_output=True, text=True)
+        assert ignored.stdout.split() == ["data/gptlocal/train.mindrecord", "output/x"], ignored.stdout
+
+
+def test_every_line_runs_as_written_in_order(clone):
+    """Every line in README's order; the quickstart (started with the clone) is waited for by the first line that
+    reads its model. Afterwards every folder under data/ and output/ is one the tour names."""
     root, env, quickstart = clone
     lines = tour_lines()
     assert len(lines) >= 10 and all(line.split()[0] in ("gptlocal", "printf", "pip", "curl", "bash") for line in lines)
     folders = [m for line in lines if "--resume_training" not in line for m in re.findall(r"--output_dir (\S+)", line)]
     assert len(set(folders)) == len(folders) >= 4, folders  # each line its own output folder
-    quickstart_chain = [line for line in lines if "runs/quickstart" in line or "output/finetune" in line]
-    data_chain = [line for line in lines if line not in quickstart_chain]
-    assert quickstart_chain and data_chain
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        chains = [pool.submit(_run_chain, quickstart_chain, root, env, quickstart),
-                  pool.submit(_run_chain, data_chain, root, env, None)]
-        for chain in chains:
-            chain.result()
-    for folder in ("pretrain", "finetune"):
-        assert os.path.isfile(root / "output" / folder / "model" / "model.safetensors"), folder
-
-
-def _run_chain(lines, root, env, quickstart):
     server = None
-    if quickstart is not None:
-        _wait(quickstart, root)
     try:
-        for line in lines:
+        for index, line in enumerate(lines):
+            if "runs/quickstart" in line:
+                _wait(quickstart, root)
             if line.startswith("pip install"):
                 import fastapi  # noqa: F401  (the test environment has the [serve] extra already)
                 import uvicorn  # noqa: F401
                 assert "[serve]" in line
                 continue
             if line.startswith("gptlocal serve"):
+                assert "/health" in line and '"ready"' in line, line  # the line says to wait for it
                 port = int(re.search(r"--port (\d+)", line).group(1))
                 server = _start_server(shortened(line).replace(f"--port {port}", f"--port {free_port()}"), root,
                                        env)
@@ -137,31 +171,54 @@ def _run_chain(lines, root, env, quickstart):
                 server[0].wait(60)
                 server = None
                 continue
-            _check(line, _run(shortened(line), root, env), root)
+            _check(line, _run(shortened(line, lines[:index]), root, env), root)
     finally:
         if server is not None:
             server[0].kill()
             server[0].wait()
+    tour = "\n".join(lines)
+    assert sorted(os.listdir(root)) == ["data", "model_configs", "output", "run_scripts", "runs"], os.listdir(root)
+    for top in ("data", "output"):
+        for name in os.listdir(root / top):
+            assert f"{top}/{name}" in tour, f"{top}/{name} is written by a tour line but not named by one"
 
 
 def _check(line, out, root):
     """What each line says it makes."""
     if line.startswith("gptlocal run") and "--resume_training True" in line:
-        assert "resuming from" in out, out[-2000:]
+        assert re.search(r"resuming from \S+ \(step 10\)", out), out[-2000:]
+        assert f"step {10 + RESUMED_STEPS}/{10 + RESUMED_STEPS}" in out, out[-2000:]
+        assert os.path.isfile(root / "output" / "finetune" / "model" / "model.safetensors")
+    elif "finetune_gpt_local_tiny_cpu.yaml" in line:
+        assert "--runner_config.stop_step 10" in line and "[gptlocal] training done: 10 steps" in out, out[-2000:]
+        from mindformers_gptlocal.checkpoint import manifest
+        entries = manifest.read_manifest(str(root / "output" / "finetune" / "checkpoint"))
+        assert entries and entries[-1]["step"] == 10, entries  # what the resume line continues
     elif "pretrain_gpt_local_tiny_cpu.yaml" in line:
-        assert "[gpt_local] training done:" in out and len(out.splitlines()) < 40, out[-3000:]
+        assert "[gptlocal] training done:" in out and len(out.splitlines()) < 40, out[-3000:]
+        losses = re.findall(r"\[gptlocal\] step \d+/\d+\s+loss (\S+)", out)
+        assert losses and all(len(loss.replace(".", "").lstrip("0")) <= 4 for loss in losses), losses  # 4 digits
     elif "eval_gpt_local_tiny_cpu.yaml" in line:
         assert re.search(r"^\s+PPL\s+[0-9.]+", out, re.M), out[-2000:]
+        assert "[MS_ALLOC_CONF]" not in out, out[-2000:]
     elif line.startswith("gptlocal generate"):
         assert out.startswith("def main(") and "tokens/s" in out, out[-2000:]
+    elif "gptlocal chat" in line:
+        assert out.startswith("user: hello\nassistant: "), out[-2000:]
     elif line.startswith("gptlocal convert"):
         assert os.path.isfile(root / "output" / "gptlocal_again" / "model.safetensors")
     elif line.startswith("gptlocal plan"):
         assert "per device" in out or "peak" in out, out[-2000:]
+    elif "run_msrun.sh" in line:
+        assert "[WARNING]" not in out and "[gptlocal] training done:" in out, out[-3000:]  # rank 0's view only
+        assert out.count("[gptlocal] step 2/2") == 1, out[-3000:]
+        assert os.path.isfile(root / "output" / "msrun" / "model" / "model.safetensors")
     assert "Traceback" not in out, out[-3000:]
 
 
 def _start_server(line, root, env):
+    """The server started; returns once /health says ready, having checked that /v1/models answered 503 whenever
+    /health did (loading)."""
     port = int(re.search(r"--port (\d+)", line).group(1))
     proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=str(root), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -172,6 +229,16 @@ def _start_server(line, root, env):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
                 if json.load(resp).get("status") == "ready":
                     return proc, port
+        except urllib.error.HTTPError as err:  # 503: loading
+            assert err.code == 503, err.code
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).close()
+                models = 200
+            except urllib.error.HTTPError as models_err:
+                models = models_err.code
+            health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)) \
+                if models == 200 else {}
+            assert models == 503 or health.get("status") == "ready", models  # ready in between: fine
         except OSError:
             pass
         time.sleep(1)

@@ -55,7 +55,7 @@ def launch_error(tmp_path, corpus, capsys, monkeypatch):
 def _launch_error(tmp_path, corpus, capsys, monkeypatch, *extra, **changes):
     yaml_path = tiny_yaml(tmp_path, corpus=corpus, **changes)
     code, out = launch_in_process(["--config", yaml_path, *extra], str(tmp_path), capsys, monkeypatch)
-    errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+    errors = [line for line in out.splitlines() if line.startswith("gptlocal run: error:")]
     assert code == 2, out[-2000:]
     assert len(errors) == 1 and "Traceback" not in out, out[-2000:]
     return errors[0]
@@ -224,7 +224,7 @@ def test_launcher_prints_one_clean_line_for_bad_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  model_config:\n    model_type: gpt_local\n   hidden_size: [\n")
     code, out = run_launcher(["--config", str(bad)], cwd=str(tmp_path))
-    errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+    errors = [line for line in out.splitlines() if line.startswith("gptlocal run: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out[-2000:]
     assert f"{bad}:4:4: YAML syntax error" in errors[0]  # named by line and column
     assert os.listdir(tmp_path) == ["bad.yaml"]  # nothing created, not even MindFormers' log folder

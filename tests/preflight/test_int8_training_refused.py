@@ -26,7 +26,7 @@ def test_training_from_int8_is_one_line_exit_2(tmp_path, corpus, int8_dir, capsy
         changes["model__model_config__quantization"] = dict(QUANTIZATION)
     yaml_path = tiny_yaml(tmp_path, corpus=corpus, **changes)
     code, out = launch_in_process(["--config", yaml_path, *extra], str(tmp_path), capsys, monkeypatch)
-    errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+    errors = [line for line in out.splitlines() if line.startswith("gptlocal run: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out[-2000:]
     assert "int8 model" in errors[0] and "inference only" in errors[0], errors
     assert {"load_checkpoint": "load_checkpoint", "pretrained_model_dir": "pretrained_model_dir",

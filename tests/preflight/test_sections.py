@@ -13,7 +13,7 @@ def _refused(tmp_path, corpus, capsys, monkeypatch, *extra, yaml_path=None, **ch
     yaml_path = yaml_path or tiny_yaml(tmp_path, corpus=corpus, **changes)
     before = sorted(os.listdir(tmp_path))
     code, out = launch_in_process(["--config", yaml_path, *extra], str(tmp_path), capsys, monkeypatch)
-    errors = [line for line in out.splitlines() if line.startswith("gpt_local: error:")]
+    errors = [line for line in out.splitlines() if line.startswith("gptlocal run: error:")]
     assert code == 2, out[-2000:]
     assert len(errors) == 1 and "Traceback" not in out, out[-2000:]
     assert sorted(os.listdir(tmp_path)) == before, "a refused run created a file or folder"

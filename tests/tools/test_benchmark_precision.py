@@ -241,8 +241,8 @@ def test_accuracy_figures_are_their_definitions():
     reference = [[9, 9, 1, 2, 3, 4], [9, 9, 5, 6, 7, 8]]
     other = [[9, 9, 1, 2, 3, 4], [9, 9, 5, 0, 7, 8]]
     assert A.greedy_agreement(reference, other, 2) == (7 / 8, (4 + 1) / 2, 1)
-    log = ("[gpt_local] step 1/40  loss 9.0123  100 tokens/s  5 ms/step  skipped 0\n"
-           "[gpt_local] step 40/40  loss 6.5  100 tokens/s  5 ms/step  skipped 0\n")
+    log = ("[gptlocal] step 1/40  loss 9.0123  100 tokens/s  5 ms/step  skipped 0\n"
+           "[gptlocal] step 40/40  loss 6.5  100 tokens/s  5 ms/step  skipped 0\n")
     assert A.step_losses(log) == {1: 9.0123, 40: 6.5}
 
 

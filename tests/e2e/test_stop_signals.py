@@ -1,0 +1,150 @@
+"""Stopping safely: SIGINT / SIGTERM during training finish the step, save a checkpoint, name it and the command that
+resumes, and exit 130 / 143; the resumed run's losses equal an uninterrupted run's step for step (dropout on: its
+state is in the checkpoint; shuffled data: its position too). The checkpoint monitor saves every 100,000 steps as
+the shipped YAMLs do, so the checkpoint is the stop's own. Two-rank msrun runs: tests/e2e/test_msrun.py."""
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import Launch, source_env, step_losses, tiny_yaml
+from mindformers_gptlocal import yaml_io
+from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
+
+STEPS = 16
+SIGNAL_AFTER = 4  # the signal is sent once this step's line is out
+
+
+def _yaml(folder, corpus, save_delay=0.0):
+    folder.mkdir(exist_ok=True)
+    path = tiny_yaml(folder, corpus=corpus, train_dataset__data_loader__num_samples=4 * STEPS,
+                     model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1)
+    config = yaml_io.load_yaml(path)
+    for callback in config["callbacks"]:
+        if callback["type"] == "GPTLocalThroughputMonitor":
+            callback["per_print_times"] = 1
+        if callback["type"] == "GPTLocalCheckpointMonitor":
+            assert callback["save_checkpoint_steps"] == 100000 and callback["stop_on_signal"] is True
+            if save_delay:
+                callback["test_save_delay"] = save_delay
+    return yaml_io.dump_yaml(config, path)
+
+
+def _interrupted(command, cwd, signum, again_after=None):
+    """``command`` started in ``cwd``, sent ``signum`` once its step SIGNAL_AFTER is printed (and again
+    ``again_after`` seconds later, if given); returns (exit code, output, seconds from the signal to the end)."""
+    log_path = os.path.join(cwd, f"interrupted-{signum}.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env=source_env(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while proc.poll() is None and time.time() < deadline:
+            if re.search(rf"\[gptlocal\] step {SIGNAL_AFTER}/", open(log_path).read()):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, open(log_path).read()[-3000:]
+        proc.send_signal(signum)
+        sent = time.time()
+        if again_after is not None:
+            time.sleep(again_after)
+            proc.send_signal(signum)
+        code = proc.wait(300)
+    return code, open(log_path).read(), time.time() - sent
+
+
+def _stopped_at(out, signame):
+    """(step, checkpoint file, resume command) from the stop's line."""
+    found = re.search(rf"\[gptlocal\] stopped after step (\d+) \({signame}\): checkpoint (\S+); resume: (.+)$", out,
+                      re.M)
+    assert found, out[-3000:]
+    return int(found.group(1)), found.group(2), found.group(3)
+
+
+def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, tmp_path):
+    """Ctrl-C through `gptlocal run`: the launcher holds the signals before MindSpore starts, so SIGINT is seen as
+    SIGINT (MindSpore's own handler would turn it into SIGTERM); the printed command resumes it."""
+    reference = Launch(["--config", _yaml(tmp_path / "full", corpus)], cwd=str(tmp_path / "full"))
+    yaml_path = _yaml(tmp_path / "part", corpus)
+    code, out, _ = _interrupted([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path],
+                                str(tmp_path / "part"), signal.SIGINT)
+    assert code == 130, out[-3000:]
+    assert "[gptlocal] SIGINT: finishing the current step" in out and "Traceback" not in out, out[-3000:]
+    step, saved, resume = _stopped_at(out, "SIGINT")
+    assert SIGNAL_AFTER <= step < STEPS, out[-3000:]
+    checkpoints = str(tmp_path / "part" / "output" / "checkpoint")
+    entries = ckpt_manifest.read_manifest(checkpoints)
+    assert [e["step"] for e in entries] == [step] and saved.endswith(entries[0]["file"]), entries  # the stop's own
+    assert ckpt_manifest.verify(checkpoints, entries[0]) is None
+    assert not os.path.exists(tmp_path / "part" / "output" / "model")  # a stopped run is not finished
+    assert resume == f"gptlocal run --config {yaml_path} --resume_training True", resume
+
+    code, full = reference.result()
+    assert code == 0, full[-3000:]
+    losses = step_losses(full)
+    assert len(losses) == STEPS and step_losses(out) == losses[:step]
+    words = shlex.split(resume)
+    assert words[:2] == ["gptlocal", "run"]
+    code, resumed = Launch(words[2:], cwd=str(tmp_path / "part")).result()
+    assert code == 0, resumed[-3000:]
+    assert f"(step {step})" in resumed, resumed[-3000:]
+    print(f"\n[stop test] SIGINT after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
+          f"{losses[step:]}")
+    assert step_losses(resumed) == losses[step:]
+
+
+MINDFORMERS_LAUNCHER = """import sys
+# The body of MindFormers' run_mindformer.py for a train run: config, --resume_training, output path, context, Trainer.
+from mindformers.tools.register import MindFormerConfig
+from mindformers.core.context import build_context
+from mindformers.trainer import Trainer
+from mindformers.utils.file_utils import set_output_path
+config = MindFormerConfig(sys.argv[1])
+if "--resume_training" in sys.argv:
+    config.resume_training = True
+set_output_path(config.output_dir)
+build_context(config)
+Trainer(config).train()
+print("TRAINED")
+"""
+
+
+def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exactly(corpus, tmp_path):
+    """SIGTERM (a scheduler's preemption) under MindFormers' own launcher: gpt_local's callback handles it there too;
+    nothing after Trainer.train() runs, the process ends with 143."""
+    reference = Launch(["--config", _yaml(tmp_path / "full", corpus)], cwd=str(tmp_path / "full"))
+    yaml_path = _yaml(tmp_path / "part", corpus)
+    script = tmp_path / "run_mindformer.py"
+    script.write_text(MINDFORMERS_LAUNCHER)
+    code, out, _ = _interrupted([sys.executable, str(script), yaml_path], str(tmp_path / "part"), signal.SIGTERM)
+    assert code == 143, out[-3000:]
+    assert "TRAINED" not in out and "Traceback" not in out, out[-3000:]
+    step, _, resume = _stopped_at(out, "SIGTERM")
+    assert resume == f"python {script} {yaml_path} --resume_training True", resume
+
+    code, full = reference.result()
+    assert code == 0, full[-3000:]
+    losses = step_losses(full)
+    assert step_losses(out) == losses[:step]
+    second = subprocess.run([sys.executable, str(script), yaml_path, "--resume_training"], cwd=str(tmp_path / "part"),
+                            env=source_env(), capture_output=True, text=True, timeout=600)
+    resumed = second.stdout + second.stderr
+    assert second.returncode == 0 and "TRAINED" in resumed, resumed[-3000:]
+    print(f"\n[stop test] SIGTERM after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
+          f"{losses[step:]}")
+    assert step_losses(resumed) == losses[step:]
+
+
+def test_a_second_signal_stops_at_once_and_leaves_no_torn_checkpoint(corpus, tmp_path):
+    """The stop's save is slowed to 20 s (the monitor's test_save_delay); a second SIGINT 1 s into it ends the
+    process at once with 130: its temp file is not a checkpoint, and the next run removes it."""
+    yaml_path = _yaml(tmp_path / "run", corpus, save_delay=20)
+    code, out, seconds = _interrupted([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config",
+                                       yaml_path], str(tmp_path / "run"), signal.SIGINT, again_after=1.0)
+    assert code == 130, out[-3000:]
+    assert seconds < 10, seconds  # not the 20 s save
+    assert "[gptlocal] SIGINT again: stopping now" in out and "stopped after step" not in out, out[-3000:]
+    checkpoints = tmp_path / "run" / "output" / "checkpoint"
+    assert not ckpt_manifest.read_manifest(str(checkpoints))
+    assert [n for n in os.listdir(checkpoints) if n.startswith(ckpt_manifest.PARTIAL_PREFIX)]
