@@ -57,7 +57,7 @@ def precision_code(library_path, precision, emulate=False):
 
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
-    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``layers.BF16MatMul``
+    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``provider.BF16MatMul``
     (x and w rounded to bfloat16; the gradients from dy rounded too); with ``bf16_weights`` w is bfloat16 and there
     is no backward."""
 

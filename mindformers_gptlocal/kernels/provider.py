@@ -80,7 +80,7 @@ LINEAR_GEMM_ROWS = 16
 HEAD_GEMM_ROWS = 16
 # The head's GEMM (GPT-2 small's 768 -> 50,257) at one or two rows, since the worker pool (common.h): the kernel
 # 1.20-1.34x MatMul's wall time (min) and 1.68-1.95x its CPU time; at 4 and 8 rows 0.49-0.71x
-# (`benchmarks/linear_rows.py --shapes head --rows 1,2,4,8 --rounds 20 --threads 2`, 2026-12-03, AMD EPYC). In the
+# (`benchmarks/kernels.py linear --shapes head --rows 1,2,4,8 --rounds 20 --threads 2`, 2026-12-03, AMD EPYC). In the
 # decode step at batch 1 a GPT-2-small-shaped generate took ~30 ms a token with the kernel on the head against ~40
 # with MatMul. So ``linear: auto`` runs the head's kernel in inference graphs of at most this many rows too.
 HEAD_GEMM_FEW_ROWS = 2

@@ -8,8 +8,8 @@ on): ``gptlocal eval`` for its scoring graphs, and ``gptlocal eval``, ``generate
 uncached unless the script attaches one. A loaded graph skips the compile's time and, measured, most of the host
 heap the compile leaves behind (docs/performance.md "What holds a compiled graph's host heap").
 
-What MindSpore 2.7.2 does on CPU, measured (docs/performance.md "Evaluation", its 2026-12-02 part): with
-``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
+What MindSpore 2.7.2 does on CPU, as observed (``tests/generation/test_graph_cache.py`` runs a second process on
+the stored graphs): with ``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
 ``<path>/rank_0/graph_cache/compile_cache_<k>.mindir``, where ``k`` counts the process's compiles with the cache
 on (loads included), and ``<path>`` is read at the process's first such compile and never again. A load is
 checked only against ``compile_dependency.hash`` (written at ``k`` = 0: a sha256 over the entry script and its
