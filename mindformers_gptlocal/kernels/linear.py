@@ -39,7 +39,7 @@ def bf16_native(library_path):
         native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
         _NATIVE[library_path] = native
         if not native:
-            sys.stderr.write("gpt_local: this CPU has no bfloat16 GEMM in oneDNN; compute_dtype bfloat16 is emulated "
+            sys.stderr.write("gptlocal: this CPU has no bfloat16 GEMM in oneDNN; compute_dtype bfloat16 is emulated "
                              "(the same bf16 rounding, float32 arithmetic: slower, same results).\n")
             sys.stderr.flush()
     return _NATIVE[library_path]

@@ -194,7 +194,7 @@ class KernelProvider:
         if self.device_target != "CPU" or compute_dtype != "bfloat16":
             return None
         if self.parallel:
-            _tell_once("gpt_local: compute_dtype bfloat16 on CPU in a semi-auto/auto parallel build: the GEMMs run "
+            _tell_once("gptlocal: compute_dtype bfloat16 on CPU in a semi-auto/auto parallel build: the GEMMs run "
                        "in float32 (bf16 GEMMs on CPU are for single-device builds).")
             return None
         return "bfloat16"
@@ -386,7 +386,7 @@ class KernelProvider:
         softmax's dtype (``attention``: float32 only, one warning otherwise)."""
         if prefix:
             if self.uses("attention"):
-                _warn_once("gpt_local: pet_config prefix tuning uses the plain matmul + softmax attention, not the "
+                _warn_once("gptlocal: pet_config prefix tuning uses the plain matmul + softmax attention, not the "
                            "fused CPU attention kernel (kernels/attention.py) (built for square masks; the prefix "
                            "adds key rows in front).")
             return None

@@ -36,7 +36,7 @@ def _plain_for_prefix(what):
     if what not in _PLAIN_WARNED:
         _PLAIN_WARNED.add(what)
         import warnings
-        warnings.warn(f"gpt_local: pet_config prefix tuning uses the plain matmul + softmax attention, not {what} "
+        warnings.warn(f"gptlocal: pet_config prefix tuning uses the plain matmul + softmax attention, not {what} "
                       f"(built for square masks; the prefix adds key rows in front).", stacklevel=3)
 
 

@@ -404,7 +404,7 @@ def _disable(why):
     """Stop caching in this process (every GraphCache: they share MindSpore's one count), saying why once."""
     if not _PROCESS.get("why"):
         _PROCESS["why"] = why
-        sys.stderr.write(f"gpt_local: compile cache off for the rest of this process: {why}; graphs compile as "
+        sys.stderr.write(f"gptlocal: compile cache off for the rest of this process: {why}; graphs compile as "
                          "without it.\n")
     return _PROCESS["why"]
 
@@ -497,7 +497,7 @@ def _store_failed(folder, err):
     """One stderr line a process: the graphs are used, not kept (a read-only or full cache folder)."""
     if not _PROCESS.get("store_failed"):
         _PROCESS["store_failed"] = True
-        sys.stderr.write(f"gpt_local: compile cache: could not store {folder}: {err}; graphs are compiled and "
+        sys.stderr.write(f"gptlocal: compile cache: could not store {folder}: {err}; graphs are compiled and "
                          f"used, not kept (give --compile-cache a writable folder, or off).\n")
 
 
