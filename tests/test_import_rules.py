@@ -1,4 +1,4 @@
-"""docs/ARCHITECTURE.md "Imports point down", read from the source (every import statement, top-level or inside
+"""docs/ARCHITECTURE.md's "Imports point down" (under its map), read from the source (every import statement, top-level or inside
 a function): ``model/`` imports none of the layers above it (but the inference runtime's ``runner_for`` /
 ``generate`` in ``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate`` hooks) and, of ``generation/``, only the
 defaults table (the model's default generation options, ``model/config.py``, read MindFormers' column);

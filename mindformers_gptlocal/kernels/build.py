@@ -67,7 +67,7 @@ def warn_once(off, reason):
     if (off, reason) in _WARNED:
         return
     _WARNED.add((off, reason))
-    sys.stderr.write(f"gpt_local: {off}: {reason}. model_config.cpu_kernels: plain silences this by choosing "
+    sys.stderr.write(f"gptlocal: {off}: {reason}. model_config.cpu_kernels: plain silences this by choosing "
                      "the plain path.\n")
     sys.stderr.flush()
 

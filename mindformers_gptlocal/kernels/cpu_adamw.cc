@@ -2,8 +2,8 @@
 // kernels/table.py; kernels/train_step.py CPUAdamW; training/optim.py GPTLocalAdamW). One pass over memory, split
 // into contiguous chunks over the library's worker threads (common.h run_chunks), the loop vectorized.
 //
-// Why: in a GPT-2 small training step (bf16 GEMMs, 2 x 256 tokens, 2 threads: `benchmarks/train_step_profile.py
-// --shape small --batch 2 --compute-dtype bfloat16`) MindSpore's CPU AdamWeightDecay took 544 ms of 2.46 s, ~3x
+// Why: in a GPT-2 small training step (bf16 GEMMs, 2 x 256 tokens, 2 threads: `benchmarks/op_profile.py
+// train --shape small --batch 2 --compute-dtype bfloat16`) MindSpore's CPU AdamWeightDecay took 544 ms of 2.46 s, ~3x
 // what reading a parameter, its gradient and both moments and writing three of them back costs at this machine's
 // memory bandwidth.
 //

@@ -2,7 +2,7 @@
 // kernels/norm_gelu.py CPUBiasGeLU; the decode layer's MLP, cpu_decode_layer.cc).
 //
 // Why: the tanh GeLU composed from Sigmoid/Mul/Add plus the bias BroadcastTo + Add are a dozen passes over the
-// [T, 4H] activations of the MLP (docs/performance.md, "Where the training step goes"); here each way is one pass.
+// [T, 4H] activations of the MLP (`python benchmarks/op_profile.py train`); here each way is one pass.
 //
 // Rows are split into `threads` contiguous chunks (common.h run_chunks); the bias gradient's sum over rows is added
 // chunk by chunk in a fixed order (sum_partials), so the results depend only on the thread count.

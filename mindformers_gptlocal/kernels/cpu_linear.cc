@@ -3,10 +3,11 @@
 // layer's GEMMs, cpu_decode_layer.cc).
 //
 // Built with the other sources into one library by mindformers_gptlocal/kernels/build.py. Why: in a profiled
-// Llama-style 124M forward (docs/performance.md) MindSpore 2.7.2's CPU MatMul is 85% of the op time, and oneDNN's
-// sgemm (the MindSpore wheel's libdnnl.so.2, sequential when called like this) on the same shapes was faster per
-// call. The work is split into `threads` contiguous column blocks, one thread each (common.h fork_join), each
-// one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the thread count.
+// Llama-style 124M forward (`python benchmarks/op_profile.py llama`) MindSpore 2.7.2's CPU MatMul is 85% of the op
+// time, and oneDNN's sgemm (the MindSpore wheel's libdnnl.so.2, sequential when called like this) on the same shapes
+// was faster per call. The work is split into `threads` contiguous column blocks, one thread each (common.h
+// fork_join), each one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the
+// thread count.
 //
 // The typed cores (kernels/table.py has each entry point's tensors; LinearOptions: threads, precision):
 // linear_fwd: x [T, K], w [N, K], b [N] or null -> y [T, N] = x w^T (+ b): each thread writes b into its column

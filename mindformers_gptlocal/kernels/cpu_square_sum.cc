@@ -2,8 +2,8 @@
 // kernels/train_step.py CPUSquareSum): the train step's overflow check and the clip's global norm (mf/wrapper.py).
 // One read-only pass, split into contiguous chunks over the library's worker threads (common.h run_chunks).
 //
-// Why: in a GPT-2 small training step (bf16 GEMMs, 2 x 256 tokens, 2 threads: `benchmarks/train_step_profile.py
-// --shape small --batch 2 --compute-dtype bfloat16`) the sums of squares as Square, then ReduceSum of the squares
+// Why: in a GPT-2 small training step (bf16 GEMMs, 2 x 256 tokens, 2 threads: `benchmarks/op_profile.py
+// train --shape small --batch 2 --compute-dtype bfloat16`) the sums of squares as Square, then ReduceSum of the squares
 // took ~120 ms, writing a gradient-sized temporary for each.
 //
 // x [n] (float32, any shape) -> total [1]: the sum of x's squares, accumulated in double per thread, so it is inf (or

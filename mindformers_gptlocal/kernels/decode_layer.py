@@ -10,10 +10,11 @@ caches after it), each head's query over its row's cached keys 0..position (plus
 ``model/kv_cache.py``), the projection, the residual, LayerNorm, fc1 + bias + GeLU (tanh or quick), fc2, the
 residual. Inference only (no dropout, no backward).
 
-``KernelProvider.decode_layer`` (``provider.py``) chooses it; ``model/gpt.py`` ``make_decode_layer`` decides
-whether a block's structure is the one the kernel computes (GPT-2's: LayerNorm, biases, learned positions, MHA or
-GQA, no LoRA, adapter, prefix or LayerDrop) and the block runs it in its decode graphs only (one token a row, a KV
-cache, not a fresh prefill); everything else stays the plain graph, the reference it is tested against.
+``KernelProvider.decode_layer_for`` (``provider.py``) decides, from the facts ``model/gpt.py`` ``make_decode_layer``
+gathers of a block, whether the block's structure is the one the kernel computes (GPT-2's: LayerNorm, biases, learned
+positions, MHA or GQA, no LoRA, adapter, prefix or LayerDrop) and ``KernelProvider.decode_layer`` gives the kernel for
+its precision; the block runs it in its decode graphs only (one token a row, a KV cache, not a fresh prefill);
+everything else stays the plain graph, the reference it is tested against.
 The GEMMs read the weights in their plain [out, in] layout each call (pre-packed weights are not done yet): float32
 through oneDNN's sgemm, or in a bf16 model built for inference (``KernelProvider.bf16_weights``) held as bfloat16
 (``CPUDecodeLayerBF16``, ``cpu_linear.cc``'s ``gptlocal_linear_bf16w_fwd``: the numbers of that model's plain decode

@@ -32,7 +32,7 @@ def kernel_library():
     """Path of gpt_local's kernel library (built now if absent), or None when it cannot be built here."""
     path, reason = build.library()
     if path is None:
-        log.warning("gpt_local: the in-place KV-cache write cannot be built (%s); decoding uses ScatterNdUpdate, "
+        log.warning("gptlocal: the in-place KV-cache write cannot be built (%s); decoding uses ScatterNdUpdate, "
                     "which copies the whole cache every step.", reason)
     return path
 

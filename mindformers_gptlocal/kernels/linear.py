@@ -39,7 +39,7 @@ def bf16_native(library_path):
         native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
         _NATIVE[library_path] = native
         if not native:
-            sys.stderr.write("gpt_local: this CPU has no bfloat16 GEMM in oneDNN; compute_dtype bfloat16 is emulated "
+            sys.stderr.write("gptlocal: this CPU has no bfloat16 GEMM in oneDNN; compute_dtype bfloat16 is emulated "
                              "(the same bf16 rounding, float32 arithmetic: slower, same results).\n")
             sys.stderr.flush()
     return _NATIVE[library_path]
@@ -57,7 +57,7 @@ def precision_code(library_path, precision, emulate=False):
 
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
-    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``layers.BF16MatMul``
+    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``provider.BF16MatMul``
     (x and w rounded to bfloat16; the gradients from dy rounded too); with ``bf16_weights`` w is bfloat16 and there
     is no backward."""
 

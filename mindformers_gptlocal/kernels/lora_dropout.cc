@@ -1,7 +1,7 @@
 // LoRA's input dropout for CPU, forward and backward: the typed core of gptlocal_lora_dropout_fwd / _bwd (gpt_local,
 // kernels/table.py; kernels/lora_dropout.py).
 //
-// Why: in a profiled LoRA training step (docs/performance.md, "Finetuning") MindSpore 2.7.2's CPU Dropout kernel
+// Why: in a profiled LoRA training step (`benchmarks/op_profile.py train --lora`) MindSpore 2.7.2's CPU Dropout kernel
 // drawing lora_dropout's masks for the inputs of the adapted Linears was the largest cost the LoRA branch adds
 // (tiny 4 x 256: 8% of the step's op time, more than every other LoRA op together), and it keeps a float mask
 // of the input's size for the backward; the plain counter dropout (model/dropout.py CounterDropout, which

@@ -80,7 +80,7 @@ LINEAR_GEMM_ROWS = 16
 HEAD_GEMM_ROWS = 16
 # The head's GEMM (GPT-2 small's 768 -> 50,257) at one or two rows, since the worker pool (common.h): the kernel
 # 1.20-1.34x MatMul's wall time (min) and 1.68-1.95x its CPU time; at 4 and 8 rows 0.49-0.71x
-# (`benchmarks/linear_rows.py --shapes head --rows 1,2,4,8 --rounds 20 --threads 2`, 2026-12-03, AMD EPYC). In the
+# (`benchmarks/kernels.py linear --shapes head --rows 1,2,4,8 --rounds 20 --threads 2`, 2026-12-03, AMD EPYC). In the
 # decode step at batch 1 a GPT-2-small-shaped generate took ~30 ms a token with the kernel on the head against ~40
 # with MatMul. So ``linear: auto`` runs the head's kernel in inference graphs of at most this many rows too.
 HEAD_GEMM_FEW_ROWS = 2
@@ -194,7 +194,7 @@ class KernelProvider:
         if self.device_target != "CPU" or compute_dtype != "bfloat16":
             return None
         if self.parallel:
-            _tell_once("gpt_local: compute_dtype bfloat16 on CPU in a semi-auto/auto parallel build: the GEMMs run "
+            _tell_once("gptlocal: compute_dtype bfloat16 on CPU in a semi-auto/auto parallel build: the GEMMs run "
                        "in float32 (bf16 GEMMs on CPU are for single-device builds).")
             return None
         return "bfloat16"
@@ -386,7 +386,7 @@ class KernelProvider:
         softmax's dtype (``attention``: float32 only, one warning otherwise)."""
         if prefix:
             if self.uses("attention"):
-                _warn_once("gpt_local: pet_config prefix tuning uses the plain matmul + softmax attention, not the "
+                _warn_once("gptlocal: pet_config prefix tuning uses the plain matmul + softmax attention, not the "
                            "fused CPU attention kernel (kernels/attention.py) (built for square masks; the prefix "
                            "adds key rows in front).")
             return None

@@ -12,8 +12,9 @@ user that moved is covered by the scan of loaded modules). The run YAML's top-le
 that error into the warning only.
 
 Patches applied here (``apply()``, called by ``registration.register``): the ``build_context`` wrap,
-the instruction handler's name, the CPU barrier, the finished-run refusal, the gpt_local wrapper kept
-under pipeline / gradient accumulation. The others live where they are used and ask this module:
+the instruction handler's name, the CPU barrier, the finished-run refusal, the resume from a checkpoint file
+(MindFormers 1.9), prefix tuning kept ours, the gpt_local wrapper kept under pipeline / gradient accumulation. The
+others live where they are used, checked here like the rest:
 ``mf/wrapper.py`` (overflow check), ``mf/checkpoint_monitor.py``
 (``defer_checkpoint_rotation``, crash-safe writes, the single-card folder), ``mf/run_yaml.py``
 (callbacks told the resume step, ``stop_step``), ``mf/model.py`` (the mcore step's count of losses:

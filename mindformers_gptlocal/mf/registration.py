@@ -15,9 +15,11 @@ name (``mindformers_gptlocal.GPTLocalForCausalLM`` ...) is handed out. It
 4. gives MindFormers a barrier on CPU (MindSpore has no Barrier kernel there; MindFormers calls it
    when many ranks load or save a checkpoint, so a data-parallel CPU resume failed);
 5. wraps the trainer's ``check_runner_config`` so resuming a run that has no step left is one
-   clear error instead of MindSpore's "epoch must bigger than initial_epoch".
+   clear error instead of MindSpore's "epoch must bigger than initial_epoch";
+6. lets MindFormers 1.9's checkpoint check take the checkpoint file gpt_local's resume names, and keeps a gpt_local
+   model with prefix tuning as it is (MindFormers' own prefix models would wrap it).
 
-Items 2-5 (and the handler's name in 1) are patches of MindFormers/MindSpore: they live in ``compat.py`` with
+Items 2-6 (and the handler's name in 1) are patches of MindFormers/MindSpore: they live in ``compat.py`` with
 every other patch, each checked against the installed MindFormers before it is applied (``compat.apply``, handed
 what the patches call of the layers above it: the pre-flight, the resume check, the handler, the prefix pet_types).
 No MindFormers file is edited; other models pass through untouched.

@@ -36,7 +36,7 @@ def _plain_for_prefix(what):
     if what not in _PLAIN_WARNED:
         _PLAIN_WARNED.add(what)
         import warnings
-        warnings.warn(f"gpt_local: pet_config prefix tuning uses the plain matmul + softmax attention, not {what} "
+        warnings.warn(f"gptlocal: pet_config prefix tuning uses the plain matmul + softmax attention, not {what} "
                       f"(built for square masks; the prefix adds key rows in front).", stacklevel=3)
 
 
@@ -110,7 +110,7 @@ class ParallelAttention(nn.Cell):
         # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
         self.split_qkv = ops.Unstack(axis=0)
         self.cast = ops.Cast()
-        # prefix tuning (model/prefix.py): prefix rows in front of the keys; only the plain core takes them
+        # prefix tuning (peft/prefix_cells.py): prefix rows in front of the keys; only the plain core takes them
         self.prefix_concat = PrefixConcat() if config.prefix_spec() is not None else None
         dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"), config,
                                counter_dropout)

@@ -328,7 +328,7 @@ def graph_config(config, kernels):
     for key in changed:
         if key in _DTYPE_NOTES and key not in _NOTED:
             _NOTED.add(key)
-            sys.stderr.write(f"gpt_local: {_DTYPE_NOTES[key]}\n")
+            sys.stderr.write(f"gptlocal: {_DTYPE_NOTES[key]}\n")
     view = copy.copy(config)
     for key, value in changed.items():
         setattr(view, key, value)

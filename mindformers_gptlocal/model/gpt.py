@@ -261,7 +261,7 @@ def make_decode_layer(config, block, kernels):
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 # ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm or RMSNorm
 # (``normalization``), chosen when the block is built. Each part's residual update passes its bottleneck adapter
-# (``pet_type: adapter``, ``adapter.py``; built when the layer spec has one, else None) and LayerDrop's 0/1
+# (``pet_type: adapter``, ``peft/adapter_cells.py``; built when the layer spec has one, else None) and LayerDrop's 0/1
 # (``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist. Its Linears and adapter sites are built with the
 # Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
 # (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
@@ -289,7 +289,7 @@ class GPTLocalBlock(nn.Cell):
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
                                                counter_dropout)
         self.add = ops.Add()
-        # pet_type: adapter's BottleneckAdapters (model/adapter.py) when the layer spec has them (the factory takes
+        # pet_type: adapter's BottleneckAdapters (peft/adapter_cells.py) when the layer spec has them (the factory takes
         # the model's provider); LayerDrop scales both updates by 0/1
         self.attention_adapter = layer_spec["attention_adapter"](kernels=kernels) \
             if "attention_adapter" in layer_spec else None
@@ -318,7 +318,7 @@ class GPTLocalBlock(nn.Cell):
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
         """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
-        ``prefix``: this layer's prefix (keys, values) with prefix tuning (``prefix.py``);
+        ``prefix``: this layer's prefix (keys, values) with prefix tuning (``peft/prefix_cells.py``);
         ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
         ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
         ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``);

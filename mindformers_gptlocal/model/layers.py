@@ -251,7 +251,7 @@ class TanhGeLU(nn.Cell):
     """GPT-2's tanh GeLU as x * sigmoid(2c(x + 0.044715 x^3)), c = sqrt(2/pi), with its own backward.
 
     For CPU, where MindSpore's GeLU kernel is slow (measured on [512, 3072]: 33 ms forward against
-    4 ms for this form; `python benchmarks/reduce_kernels.py`). The hand-written backward keeps only
+    4 ms for this form; `python benchmarks/kernels.py reduce`). The hand-written backward keeps only
     ``x`` for the backward pass (autodiff of the composed form would keep x^3, the sigmoid and its
     argument: ~25 MB a layer for GPT-2 small at batch 2 x 256) and recomputes the sigmoid there.
     Its error against float64 is the kernel's.

@@ -34,13 +34,13 @@ ADAM_MOMENT_BYTES = 8  # two fp32 moments
 
 # CPU (device_target CPU) terms, measured with MindSpore 2.7.2 + MindFormers 1.8.0 through
 # `gptlocal run` (GPTLocalTrainOneStepCell with grad clipping, graph mode, fp32, seq 256, 3 steps)
-# on the 2-core x86 machine of the field notes; `benchmarks/cpu_rss_fit.py` runs them (the runs are
+# on a 2-core x86 machine; `python benchmarks/memory.py rss-fit measure` runs them (the runs are
 # in benchmarks/cpu_rss_runs.jsonl; peak RSS = the run's own VmHWM) and fits
 #   peak RSS = RUNTIME_OVERHEAD_CPU + CPU_STATE_FACTOR[optimizer.type] * (weights + grads + moments)
 #              + CPU_ACTIVATION_FACTOR * (activations - head) + CPU_HEAD_FACTOR * head activations
 # by least squares to 9 runs, 7 shapes with GPTLocalAdamW and 2 with AdamW; the held-out shape
 # (GPT-2 small with vocab 8192, batch 2x256) is in neither fit. Peak RSS, MB measured -> fitted
-# (GPTLocalAdamW | AdamW), from `python benchmarks/cpu_rss_fit.py fit benchmarks/cpu_rss_runs.jsonl
+# (GPTLocalAdamW | AdamW), from `python benchmarks/memory.py rss-fit fit benchmarks/cpu_rss_runs.jsonl
 # --held-out small_v8192` (runs of 2026-12-01, with the CPU attention, LayerNorm and bias + GeLU kernels,
 # the step cell's malloc_trim after its compile and no PyTorch in MindFormers' process; measured on a busy
 # machine, which changes time, not bytes):

@@ -36,7 +36,7 @@ def ensure_mcore(config, log=print):
 
 def model_config_of(config):
     """GPTLocalConfig from the YAML's model_config: validates names, types and shapes."""
-    # imported here, not at the top: registration imports this module before model.config (see registration.py)
+    # imported here, not at the top: mf/registration.py imports this module before model.config
     from ..model.config import GPTLocalConfig
     values = {k: v for k, v in dict(config.model.model_config).items()
               if k not in ("model_type", "architectures", "auto_register")}

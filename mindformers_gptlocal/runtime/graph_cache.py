@@ -8,8 +8,8 @@ on): ``gptlocal eval`` for its scoring graphs, and ``gptlocal eval``, ``generate
 uncached unless the script attaches one. A loaded graph skips the compile's time and, measured, most of the host
 heap the compile leaves behind (docs/performance.md "What holds a compiled graph's host heap").
 
-What MindSpore 2.7.2 does on CPU, measured (docs/performance.md "Evaluation", its 2026-12-02 part): with
-``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
+What MindSpore 2.7.2 does on CPU, as observed (``tests/generation/test_graph_cache.py`` runs a second process on
+the stored graphs): with ``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
 ``<path>/rank_0/graph_cache/compile_cache_<k>.mindir``, where ``k`` counts the process's compiles with the cache
 on (loads included), and ``<path>`` is read at the process's first such compile and never again. A load is
 checked only against ``compile_dependency.hash`` (written at ``k`` = 0: a sha256 over the entry script and its
@@ -404,7 +404,7 @@ def _disable(why):
     """Stop caching in this process (every GraphCache: they share MindSpore's one count), saying why once."""
     if not _PROCESS.get("why"):
         _PROCESS["why"] = why
-        sys.stderr.write(f"gpt_local: compile cache off for the rest of this process: {why}; graphs compile as "
+        sys.stderr.write(f"gptlocal: compile cache off for the rest of this process: {why}; graphs compile as "
                          "without it.\n")
     return _PROCESS["why"]
 
@@ -497,7 +497,7 @@ def _store_failed(folder, err):
     """One stderr line a process: the graphs are used, not kept (a read-only or full cache folder)."""
     if not _PROCESS.get("store_failed"):
         _PROCESS["store_failed"] = True
-        sys.stderr.write(f"gpt_local: compile cache: could not store {folder}: {err}; graphs are compiled and "
+        sys.stderr.write(f"gptlocal: compile cache: could not store {folder}: {err}; graphs are compiled and "
                          f"used, not kept (give --compile-cache a writable folder, or off).\n")
 
 

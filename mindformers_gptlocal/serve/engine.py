@@ -8,8 +8,8 @@ detokenizing, finishing requests). The model comes from the runtime's one loader
 Compiled shapes: the prefill (or refill) shapes x the batch buckets' decode width 1, one cache length
 (max_model_len: a sequence stays in its slot for its whole life, other lengths would mean copying caches between
 shapes); ``warm_up`` compiles those of up to ``warmup_tokens`` (batch x width, default WARM_RUN_TOKENS) before the
-server reports ready, and larger ones compile on first use (each compiled graph holds memory, see
-docs/performance.md "Serving"); after each compile the heap it freed goes back to the system
+server reports ready, and larger ones compile on first use (each compiled graph holds memory: docs/performance.md
+"Serve's lean defaults", `python benchmarks/run.py memory --part serve`); after each compile the heap it freed goes back to the system
 (``host_memory.release_freed_heap``).
 """
 import logging

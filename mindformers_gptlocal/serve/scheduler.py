@@ -10,8 +10,8 @@ life. ``Scheduler.schedule`` admits waiting requests into free slots and returns
   rows; the decoding slots wait for that call. A prompt longer than the widest such W is written in chunks
   (each chunk attends to the rows before it, as a decode step does); a row's logits are sampled once its
   prompt is complete. Pad rows repeat the first row (the same values into the same rows). So a prompt's
-  shape never involves the busy slots, and no [max_batch_size, W] graph is compiled (16 x 32 tokens of
-  GPT-2 small: ~300 MB of compiled graph and pool, docs/performance.md "Serving");
+  shape never involves the busy slots, and no [max_batch_size, W] graph is compiled (each compiled graph holds
+  memory: ``python benchmarks/run.py memory --part serve`` shows it phase by phase);
 * else a decode step ([B, 1] tokens): each busy slot places its last sampled token at its own position; or
 * with ``prefill_tokens`` 0 (or no batch bucket below max_batch_size), a refill step ([B, W] tokens) when
   requests wait and slots are free: the new prompts are written into their slots' rows 0..n-1 (right padding
@@ -46,7 +46,7 @@ from ..runtime.buckets import bucket_of, buckets
 from ..runtime.detokenizer import Detokenizer
 
 BATCH_FACTOR = 16  # default batch buckets 1, 16, 256, ... ending at max_batch_size: each bucket is a decode graph
-# (GPT-2 small: 30-43 MB each) and a burst of clients fills the largest one anyway (docs/performance.md "Serving")
+# (each holds memory: docs/performance.md "Serve's lean defaults") and a burst of clients fills the largest one anyway
 
 
 class QueueFull(Exception):

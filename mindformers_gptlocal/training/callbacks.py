@@ -207,7 +207,7 @@ class GPTLocalSaveModelDir(Callback):
 
 
 def _find_causal_lm(network):
-    # imported here, not at the top: registration imports this module before model.gpt (see registration.py)
+    # imported here, not at the top: mf/registration.py imports this module before model.gpt
     from ..model.gpt import GPTLocalForCausalLM
     for _, cell in network.cells_and_names():
         if isinstance(cell, GPTLocalForCausalLM):

@@ -3,7 +3,7 @@
 MindSpore 2.7.2's CPU kernels for ReduceSum / ReduceAll over all axes of a large tensor are
 slow: on GPT-2's [50257, 768] embedding gradient the sum of squares takes 149 ms and
 ``ReduceAll(IsFinite(x))`` 105 ms, against 16 ms and 6 ms when the last axis is summed first and
-then the rest (`python benchmarks/reduce_kernels.py`, 2 cores). Both the overflow check and
+then the rest (`python benchmarks/kernels.py reduce`, 2 cores). Both the overflow check and
 gradient clipping reduce every gradient every step, so they use the two-stage form here, in fp32. On CPU the train
 step computes both sums with one kernel instead (``kernel_non_finite`` / ``kernel_square_sum``: the model's
 ``cpu_kernels`` op ``square_sum``). The clip Cell built on them (``GPTLocalClipGradNorm``, a MindFormers

@@ -178,8 +178,8 @@ def test_sampling_is_seeded_and_stops(tiny):
 def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_path, capsys):
     """`gptlocal eval` in a process of its own (a script calling main(), which reads sys.argv, as the console
     script does) prints the table, writes the JSON, and never imports torch nor HFLM's module (nor MindFormers);
-    its scoring graph is stored in a compile-cache folder of its own. (A second run over the cache, loading the graph
-    with the same numbers, was measured, docs/performance.md: one more process, ~20 s, is over the suite's budget.)"""
+    its scoring graph is stored in a compile-cache folder of its own. (A second run over the cache, loading the graph:
+    one more process, ~20 s, is over the suite's budget; `python benchmarks/run.py eval` runs one, "cached".)"""
     from mindformers_gptlocal.cli.main import main
     cache = tmp_path / "compile-cache"
     heavy = ("torch", "lm_eval.models.huggingface", "accelerate", "peft", "mindformers")

@@ -1,7 +1,7 @@
 """Tensor parallel, proved on CPU without a parallel compile (which CPU refuses).
 
 For model_parallel 2 and 4: every weight of a real GPTLocalBlock is sliced per rank by the declared
-strategy (model/sharding.py), loaded into that rank's real Cells (a GPTLocalBlock with the rank's local
+strategy (parallel/sharding.py), loaded into that rank's real Cells (a GPTLocalBlock with the rank's local
 heads and intermediate columns, tests/references.py ``rank_block``), and the ranks are joined by the collectives the layout implies:
 the row-parallel partial outputs are summed (all-reduce) and then get their bias; the replicated
 input of a column-parallel part receives the sum of the parts' input gradients (the all-reduce in

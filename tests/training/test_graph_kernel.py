@@ -1,6 +1,7 @@
 """MindSpore's graph-kernel fusion (AKG, ``context.enable_graph_kernel: True``) on the gpt_local train step:
 it compiles on CPU with the bundled AKG (needs ``decorator``, an install requirement) and gives the unfused
-step's losses. It is off by default (docs/performance.md, "Graph-kernel fusion": it does not pay on CPU)."""
+step's losses. It is off unless a run YAML's ``context`` turns it on (MindSpore's default; the shipped CPU YAMLs leave
+it off and ``gptlocal migrate-yaml`` drops it for CPU)."""
 import pathlib
 import time
 
