@@ -25,12 +25,12 @@
 // two float32 operands rounded to bfloat16 (common.h bf16_bits: to nearest even; converted once per call, in
 // parallel, into bf16 buffers the column blocks share) and runs oneDNN's dnnl_gemm_bf16bf16f32 (float32
 // accumulation and output; the bias, dx and dw stay float32). The weight is converted at every call (as PyTorch's
-// autocast does): nothing is cached between calls. Where oneDNN refuses that GEMM (a non-success status) the
-// block runs the emulation instead: the same rounded operands widened back to
-// float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 2 forces the emulation
-// (tests; gptlocal_linear_bf16_native says which one precision 1 gets on this CPU). Which one precision 1 gets is
-// decided by the ISA oneDNN sees (common.h bf16_gemm_fast: from avx512_core on), not by whether the call succeeds:
-// below AVX-512 oneDNN answers through its reference GEMM, right but ~100x slower than the emulation.
+// autocast does): nothing is cached between calls. The emulation: the same rounded operands widened back to
+// float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 1 runs oneDNN's GEMM only
+// where oneDNN's ISA runs its bf16 kernels (common.h bf16_gemm_fast: avx512_core on; below, oneDNN answers through
+// its reference GEMM, right but ~100x slower than the emulation), else the emulation, and a block whose oneDNN call
+// fails (a non-success status) runs the emulation too. precision 2 forces the emulation (tests;
+// gptlocal_linear_bf16_native says which one precision 1 gets on this CPU).
 //
 // linear_bf16w_fwd: x [T, K] float32, w [N, K] bfloat16, b [N] float32 or null -> y [T, N] float32, the forward of
 // precision 1 or 2 above on a weight already held as bfloat16 (an inference build of a bf16 model:
