@@ -19,10 +19,10 @@
 //   multiplied with four rows of x at a time (the last rows, a decode step's one, with four weight rows at a time),
 //   int16 pairs summed into int32: GCC vectorises `int32 += int16 * int16` to vpmovsxbw + vpmaddwd in the AVX2 /
 //   AVX-512 clones, and a pair sum is at most 2 * 128 * 128, so nothing saturates; over chunks of weight rows small
-//   enough to stay in L2 while the groups of rows pass over them. Measured here (Zen 3, one thread, K x N 768 x 3072
-//   and 3072 x 768): 1.4-2.4x faster than widening the weight to float32 for oneDNN's sgemm at every row count
-//   from 1 to 256 (about 55 against 33 GMAC/s at 64-256 rows), and at one row within ~1.6x of the time a copy takes
-//   to stream the weight's bytes.
+//   enough to stay in L2 while the groups of rows pass over them. Measured roughly here (Zen 3, one thread, a busy
+//   machine; K x N 768 x 3072 and 3072 x 768): faster than widening the weight to float32 for oneDNN's sgemm at
+//   every row count tried (1.4-1.7x at 64-256 rows, ~55 against ~33 GMAC/s; 3-6x at 1-4 rows), and at one row
+//   ~1.6x the time a memory copy takes per byte of the weight (~26 GB/s), the weight then in L3.
 //
 // x [T, K] float32, w [N, K] int8, scale [N] float32, b [N] float32 or null (ThreadOptions) -> y [T, N] float32
 // int8_matmul: xq [T, K] int8, w [N, K] int8 (Int8Options) -> acc [T, N] int32 = xq w^T, exact in int32 (the dot loop
