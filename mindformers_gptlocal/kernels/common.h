@@ -143,6 +143,27 @@ class WorkerPool {
 
 namespace {
 
+// What oneDNN's own GEMMs do well on this CPU, decided by the ISA oneDNN sees (dnnl_get_effective_cpu_isa: the CPU's,
+// capped where oneDNN is told to use less), never by timing a call. oneDNN's cpu_isa values are bit masks, each ISA's
+// bits a superset of those below it on its branch (avx2 0x7 < avx2_vnni 0xf; avx512_core 0x27 < avx512_core_vnni
+// 0x67 < avx512_core_bf16 0xe7 < ... amx 0xfef), so "has X" is (isa & X) == X.
+inline unsigned onednn_isa() {
+  static const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return isa;
+}
+inline bool isa_has(unsigned isa, unsigned want) { return (isa & want) == want; }
+
+// oneDNN's dnnl_gemm_bf16bf16f32 runs its JIT kernels from avx512_core on (bf16 emulated in AVX-512 there, native
+// from avx512_core_bf16); below it answers through its reference GEMM, right but ~100x slower than sgemm.
+inline bool bf16_gemm_fast(unsigned isa) { return isa_has(isa, dnnl_cpu_isa_avx512_core); }
+
+// oneDNN's dnnl_gemm_s8s8s32 is exact where it has VNNI (vpdpbusd sums four u8 x s8 products into int32); without it
+// (plain AVX2, AVX-512 before VNNI) its kernels sum pairs of products in int16 with saturation (vpmaddubsw), which
+// clips full-range int8 operands (x = w = 127 over K = 64 gives 8160 instead of 1032256).
+inline bool s8_gemm_exact(unsigned isa) {
+  return isa_has(isa, dnnl_cpu_isa_avx512_core_vnni) || isa_has(isa, dnnl_cpu_isa_avx2_vnni);
+}
+
 // exp(x) for x <= 0 (e.g. scores minus their row max), ~2 ulp: Cephes' range reduction and polynomial, written
 // with plain arithmetic and bit casts so the loops around it vectorise. Below -87.3 (masked scores) it is 0
 // exactly, as expf underflows.

@@ -26,10 +26,12 @@
 // two float32 operands rounded to bfloat16 (common.h bf16_bits: to nearest even; converted once per call, in
 // parallel, into bf16 buffers the column blocks share) and runs oneDNN's dnnl_gemm_bf16bf16f32 (float32
 // accumulation and output; the bias, dx and dw stay float32). The weight is converted at every call (as PyTorch's
-// autocast does): nothing is cached between calls. Where oneDNN refuses that GEMM (a non-success status: a CPU
-// without the ISA it needs) the block runs the emulation instead: the same rounded operands widened back to
-// float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 2 forces the emulation
-// (tests; gptlocal_linear_bf16_native says which one precision 1 gets on this CPU).
+// autocast does): nothing is cached between calls. The emulation: the same rounded operands widened back to
+// float32 (exact) and dnnl_sgemm, the same numbers up to the order of the sums. precision 1 runs oneDNN's GEMM only
+// where oneDNN's ISA runs its bf16 kernels (common.h bf16_gemm_fast: avx512_core on; below, oneDNN answers through
+// its reference GEMM, right but ~100x slower than the emulation), else the emulation, and a block whose oneDNN call
+// fails (a non-success status) runs the emulation too. precision 2 forces the emulation (tests;
+// gptlocal_linear_bf16_native says which one precision 1 gets on this CPU).
 //
 // linear_bf16w_fwd: x [T, K] float32, w [N, K] bfloat16, b [N] float32 or null -> y [T, N] float32, the forward of
 // precision 1 or 2 above on a weight already held as bfloat16 (an inference build of a bf16 model:
@@ -71,9 +73,12 @@ void lin_gemm_bf16(bool native, char ta, char tb, int64_t M, int64_t N, int64_t 
   dnnl_sgemm(ta, tb, M, N, K, 1.0f, a.data(), ta == 'N' ? K : M, b.data(), tb == 'N' ? N : K, beta, C, ldc);
 }
 
-// True where oneDNN's bf16 GEMM runs on this CPU: one 1 x 1 x 2 product, checked by value, once per process.
+// True where oneDNN's bf16 GEMM runs fast on this CPU: its ISA has what the GEMM's kernels need (common.h
+// bf16_gemm_fast: a CPU without it gets a right answer ~100x slower, oneDNN's reference GEMM) and one 1 x 1 x 2
+// product checked by value (a oneDNN that refuses or errs); once per process.
 bool lin_bf16_native() {
   static const bool native = [] {
+    if (!bf16_gemm_fast(onednn_isa())) return false;
     const uint16_t a[2] = {bf16_bits(1.5f), bf16_bits(-2.0f)}, b[2] = {bf16_bits(2.0f), bf16_bits(0.25f)};
     float c = 0.0f;
     SequentialGemm one;
@@ -292,5 +297,9 @@ int gptlocal_core_linear_residual_fwd(const float *x, const float *w, const floa
 }
 
 int gptlocal_linear_bf16_native() { return lin_bf16_native() ? 1 : 0; }
+
+int gptlocal_cpu_isa() { return static_cast<int>(onednn_isa()); }
+
+int gptlocal_bf16_gemm_fast(int isa) { return bf16_gemm_fast(static_cast<unsigned>(isa)) ? 1 : 0; }
 
 void gptlocal_to_bf16(const float *in, int64_t n, uint16_t *out) { to_bf16(in, n, out); }

@@ -8,8 +8,9 @@ line per process where the library cannot be built; ``model/layers.py`` Linear t
 reference.
 
 ``precision`` (``PRECISIONS``): "float32", or "bfloat16" (``compute_dtype: bfloat16`` on CPU: every GEMM, forward
-and both backward, bf16 x bf16 with float32 accumulation and output, oneDNN's ``dnnl_gemm_bf16bf16f32``; where this
-CPU has no bf16 GEMM the kernel emulates it, the same rounding and float32 sums, and ``bf16_native`` says so in one
+and both backward, bf16 x bf16 with float32 accumulation and output, oneDNN's ``dnnl_gemm_bf16bf16f32``; where
+oneDNN has no fast bf16 GEMM for this CPU (below AVX-512: the library decides by the ISA oneDNN sees,
+``cpu_linear.cc``) the kernel emulates it, the same rounding and float32 sums, and ``bf16_native`` says so in one
 line per process); ``emulate=True`` forces the emulation (tests).
 
 ``bf16_weights=True`` (precision "bfloat16" only): the Cell takes the weight as a bfloat16 tensor, held so once (an
@@ -33,14 +34,15 @@ _NATIVE = {}  # library path -> does oneDNN's bf16 GEMM run on this CPU
 
 
 def bf16_native(library_path):
-    """True where the library's bf16 GEMM runs oneDNN's (this CPU has the ISA it needs); False where it emulates it,
-    after one stderr line per process saying so."""
+    """True where the library's bf16 GEMM runs oneDNN's (oneDNN's ISA here runs its bf16 kernels: avx512_core on);
+    False where it emulates it, after one stderr line per process saying so."""
     if library_path not in _NATIVE:
         native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
         _NATIVE[library_path] = native
         if not native:
-            sys.stderr.write("gptlocal: this CPU has no bfloat16 GEMM in oneDNN; compute_dtype bfloat16 is emulated "
-                             "(the same bf16 rounding, float32 arithmetic: slower, same results).\n")
+            sys.stderr.write("gptlocal: oneDNN has no fast bfloat16 GEMM for this CPU (it needs AVX-512); "
+                             "compute_dtype bfloat16 is emulated (the same bf16 rounding, float32 arithmetic: the same "
+                             "results, slower than a native bf16 GEMM).\n")
             sys.stderr.flush()
     return _NATIVE[library_path]
 

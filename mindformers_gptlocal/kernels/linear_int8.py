@@ -1,5 +1,6 @@
 """``CPUInt8Linear``: an int8 model's Linear, y = x W_q^T * scales (+ b) (``cpu_linear_int8.cc``: x quantized per row
-on the fly, oneDNN's ``dnnl_gemm_s8s8s32``), as a Cell. Inference only (no bprop: an int8 model does not train).
+on the fly, the int8 product exact in int32: oneDNN's ``dnnl_gemm_s8s8s32`` where oneDNN has VNNI, the library's own
+int16-pair dot loop elsewhere), as a Cell. Inference only (no bprop: an int8 model does not train).
 
 ``int8_linear_kernel`` returns None where it cannot run: silently for a compute dtype other than float32, after one
 warning line per process where the library cannot be built; ``model/quant_cells.py`` then runs the same scheme with

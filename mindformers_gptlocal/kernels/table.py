@@ -27,6 +27,9 @@ LinearGeluOptions = Options("LinearGeluOptions", "threads: int, precision: int, 
 LoRADropoutOptions = Options("LoRADropoutOptions", "scale: float, mode: int, threads: int",
                              "LoRA's input dropout: scale 1 / (1 - p); mode 1 keep where the bits agree, 2 where "
                              "they differ.")
+Int8Options = Options("Int8Options", "threads: int, method: int",
+                      "The exact int8 product's: method 0 chosen by this CPU (2 where oneDNN has VNNI, else 1), 1 "
+                      "the dot loop (int16 pairs summed in int32), 2 oneDNN's s8s8s32 (exact with VNNI only).")
 DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
                              "precision: int", "The decode step's layer: the LayerNorms' epsilon, attention's "
                              "scale, the GeLU form (0 tanh, 1 quick), the GEMMs' precision (LinearOptions').")
@@ -105,6 +108,12 @@ TABLE = Table([
            "y = residual + x w^T + b", op="gemm_epilogue"),
     Export("gptlocal_linear_bf16_native", "cpu_linear.cc", "int gptlocal_linear_bf16_native()",
            "1 where precision 1 runs oneDNN's bf16 GEMM on this CPU, 0 where it runs the emulation", op="linear"),
+    Export("gptlocal_cpu_isa", "cpu_linear.cc", "int gptlocal_cpu_isa()",
+           "oneDNN's effective ISA here (dnnl_get_effective_cpu_isa: its dnnl_cpu_isa_t bit mask), which the GEMM "
+           "rules read"),
+    Export("gptlocal_bf16_gemm_fast", "cpu_linear.cc", "int gptlocal_bf16_gemm_fast(int isa)",
+           "1 where oneDNN's bf16 GEMM runs its fast kernels on a CPU of oneDNN's ISA `isa` (avx512_core on), the "
+           "rule precision 1 follows", op="linear"),
     Export("gptlocal_to_bf16", "cpu_linear.cc", "void gptlocal_to_bf16(const float *in, int64_t n, uint16_t *out)",
            "common.h's to_bf16 (bf16_bits: to nearest even), as the GEMMs round: for tests"),
     Kernel("gptlocal_decode_layer_fwd", "cpu_decode_layer.cc", decode_layer_inputs("f32"), "out: f32[B, 1, H]",
@@ -115,6 +124,15 @@ TABLE = Table([
            DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer"),
     Kernel("gptlocal_int8_linear_fwd", "cpu_linear_int8.cc", "x: f32[T, K], w: i8[N, K], scale: f32[N], b: f32[N]?",
            "y: f32[T, N]", ThreadOptions, "an int8 model's Linear: x quantized per row, s8 x s8 -> s32, scaled",
+           op="int8_linear"),
+    Kernel("gptlocal_int8_matmul_fwd", "cpu_linear_int8.cc", "x: i8[T, K], w: i8[N, K]", "acc: i32[T, N]",
+           Int8Options, "the exact int8 product x w^T in int32, by the CPU's method or the one given",
+           core="int8_matmul"),
+    Export("gptlocal_int8_gemm_exact", "cpu_linear_int8.cc", "int gptlocal_int8_gemm_exact(int isa)",
+           "1 where oneDNN's s8s8s32 GEMM is exact on a CPU of oneDNN's ISA `isa` (VNNI), the rule the int8 cores "
+           "follow", op="int8_linear"),
+    Export("gptlocal_int8_method", "cpu_linear_int8.cc", "int gptlocal_int8_method(int asked)",
+           "the int8 product's method a call runs here (Int8Options.method `asked`; 0: this CPU's choice)",
            op="int8_linear"),
     Kernel("gptlocal_square_sum_fwd", "cpu_square_sum.cc", "x: f32[*n]", "total: f32[1]", ThreadOptions,
            "the sum of x's squares", op="square_sum"),

@@ -186,22 +186,86 @@ def test_linear_gelu_cores(lib, rows, inner, outer, threads, quick):
     close(db, dh.sum(0), 1e-4), close(dx, dh @ w, 1e-4), close(dw, dh.T @ x, 1e-4)
 
 
-@pytest.mark.parametrize("rows,inner,outer,threads", GEMMS)
+def int8_scheme(x, q, scale, b):
+    """The int8 Linear's numbers (cpu_linear_int8.cc): x quantized per row (max |x| -> 127, ties to even), the exact
+    int product (int64 here), then acc * (x_scale * scale) + b in float32, as the core rounds them."""
+    amax = np.abs(x).max(1, keepdims=True).astype(np.float32)
+    xq = np.where(amax > 0, np.rint(x * (np.float32(127) / np.where(amax > 0, amax, 1))), 0)
+    acc = xq.astype(np.int64) @ q.T.astype(np.int64)
+    return acc.astype(np.float32) * ((amax / np.float32(127)).astype(np.float32) * scale) + b
+
+
+@pytest.mark.parametrize("rows,inner,outer,threads", GEMMS + [(9, 2100, 70, 2), (6, 3072, 37, 1)])
 def test_int8_linear_core(lib, rows, inner, outer, threads):
-    """x quantized per row (max |x| -> 127, ties to even), the exact int product, scaled per row and channel, + b; a
-    zero row gives b. Weights within +-63: oneDNN's s8 x s8 GEMM saturates int16 pair sums on CPUs without VNNI
-    (AVX2), which is not this core's arithmetic (test_int8_linear_kernel.py takes the full range)."""
+    """x quantized per row, the exact int product of full-range weights (-127 .. 127), scaled per row and channel,
+    + b; a zero row gives b. K = 2100, 3072: row sums past 2^24, exact in int32 only."""
     x, b = f32(rows, inner), f32(outer)
     x[-1] = 0.0
-    q = RNG.integers(-63, 64, (outer, inner)).astype(np.int8)
+    q = RNG.integers(-127, 128, (outer, inner)).astype(np.int8)
     scale = np.abs(f32(outer)) * 0.01
     y = np.zeros((rows, outer), np.float32)
     run(lib, "gptlocal_int8_linear_fwd", x, q, scale, b, y, options=table.ThreadOptions(threads))
-    amax = np.abs(x).max(1, keepdims=True).astype(np.float32)
-    xq = np.where(amax > 0, np.rint(x * (np.float32(127) / np.where(amax > 0, amax, 1))), 0)
-    want = (xq.astype(np.int64) @ q.T.astype(np.int64)) * (amax / np.float32(127)).astype(np.float64) * scale + b
-    close(y, want)
+    close(y, int8_scheme(x, q, scale, b), 1e-6)
     np.testing.assert_array_equal(y[-1], b)
+
+
+@pytest.mark.parametrize("inner", [64, 3072])
+def test_int8_linear_core_at_the_extremes(lib, inner):
+    """x and w at +-127 everywhere (oneDNN's s8 GEMM without VNNI gives 8160 for 64 * 127 * 127): the exact sums,
+    +-inner * 127 * 127, scaled as the scheme says, bit for bit."""
+    x = np.ones((3, inner), np.float32)
+    x[1] = -2.0  # quantized to -127 (its scale 2 / 127)
+    x[2, ::2] = -1.0  # alternating signs: the sums cancel to 0
+    q = np.full((5, inner), 127, np.int8)
+    q[1] = -127
+    scale, b = np.array([0.5, 0.25, 1.0, 2.0, 0.125], np.float32), np.zeros(5, np.float32)
+    y = np.zeros((3, 5), np.float32)
+    run(lib, "gptlocal_int8_linear_fwd", x, q, scale, b, y, options=table.ThreadOptions(2))
+    want = int8_scheme(x, q, scale, b)
+    assert want[0, 0] == np.float32(inner * 127 * 127 / 127 * 0.5)
+    np.testing.assert_array_equal(y, want)
+
+
+INT8_METHODS = {"dot_loop": 1, "onednn": 2}
+
+
+def int8_matmul(lib, x, w, method, threads=2):
+    acc = np.zeros((x.shape[0], w.shape[0]), np.int32)
+    run(lib, "gptlocal_int8_matmul_fwd", x, w, acc, options=table.Int8Options(threads, method))
+    return acc
+
+
+@pytest.mark.parametrize("rows,inner,outer,threads", GEMMS + [(1, 3072, 770, 2), (6, 1031, 67, 2), (70, 33, 129, 3)])
+def test_int8_matmul_core_dot_loop_is_exact(lib, rows, inner, outer, threads):
+    """The dot loop (method 1): xq w^T equal to the int64 product for any int8 operands (-128 too), on row counts
+    that are and are not multiples of its four-row groups and weight counts not multiples of its four-weight ones;
+    the CPU's choice (method 0) gives the same."""
+    x = RNG.integers(-128, 128, (rows, inner)).astype(np.int8)
+    w = RNG.integers(-128, 128, (outer, inner)).astype(np.int8)
+    want = x.astype(np.int64) @ w.T.astype(np.int64)
+    np.testing.assert_array_equal(int8_matmul(lib, x, w, 1, threads), want)
+    np.testing.assert_array_equal(int8_matmul(lib, x, w, 0, threads), want)
+
+
+def test_int8_matmul_core_methods_and_the_cpu_rule(lib):
+    """Method 0 runs oneDNN's s8s8s32 exactly where oneDNN has VNNI (gptlocal_int8_gemm_exact of its ISA), else the
+    dot loop; oneDNN's is exact at the extremes there, and where the rule says no it is not (the reason for the
+    rule: its int16 pair sums saturate); a method out of range fails the call."""
+    lib.gptlocal_int8_gemm_exact.argtypes = [ctypes.c_int]
+    exact = bool(lib.gptlocal_int8_gemm_exact(lib.gptlocal_cpu_isa()))
+    lib.gptlocal_int8_method.argtypes = [ctypes.c_int]
+    assert lib.gptlocal_int8_method(0) == (INT8_METHODS["onednn"] if exact else INT8_METHODS["dot_loop"])
+    assert [lib.gptlocal_int8_method(m) for m in (1, 2)] == [1, 2]
+    x, w = np.full((2, 64), 127, np.int8), np.full((3, 64), 127, np.int8)
+    x[1] = -127
+    want = x.astype(np.int64) @ w.T.astype(np.int64)
+    assert np.array_equal(int8_matmul(lib, x, w, INT8_METHODS["onednn"]), want) == exact
+    if exact:  # random full-range operands too
+        x, w = (RNG.integers(-127, 128, shape).astype(np.int8) for shape in ((33, 300), (130, 300)))
+        np.testing.assert_array_equal(int8_matmul(lib, x, w, 2), x.astype(np.int64) @ w.T.astype(np.int64))
+    acc = np.zeros((2, 3), np.int32)
+    assert call_core(lib, K["gptlocal_int8_matmul_fwd"], x[:2, :64].copy(), w[:3, :64].copy(), acc,
+                     options=table.Int8Options(1, 3)) != 0
 
 
 # ------------------------------------------------------------------------------------------- the train step's

@@ -112,8 +112,8 @@ def test_provider_dtype_rule():
 
 
 def test_emulated_cpu_says_so_once(monkeypatch, capsys):
-    """Where oneDNN refuses the bf16 GEMM (the library's probe says 0) the kernel runs the emulation (precision 2)
-    and one line per process says so."""
+    """Where oneDNN has no fast bf16 GEMM (the library's probe says 0: test_cpu_isa.py has its rule) the kernel runs
+    the emulation (precision 2) and one line per process says so."""
     class _Library:
         @staticmethod
         def gptlocal_linear_bf16_native():

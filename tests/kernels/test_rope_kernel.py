@@ -1,5 +1,5 @@
 """The rotary embedding kernel (``cpu_rope.cc``, its table entry ``gptlocal_rope_fwd`` / ``_bwd``; the table's Cell,
-``aot.KernelCell``) against the plain path, ``ParallelAttention._rotate`` (model/attention.py, Hugging Face's
+``aot.KernelCell``) against the plain path, ``ParallelAttention.rotate`` (model/attention.py, Hugging Face's
 rotate_half on the first ``rotary_dim`` channels) with ``RotaryEmbedding``'s cos and sin of ragged positions, by value,
 forward and the gradient, in PYNATIVE and GRAPH mode: odd head sizes, partial and full rotation, cos and sin of one
 row or of each row, several threads; its cores directly against numpy; what it refuses."""
@@ -13,6 +13,7 @@ from mindspore import Tensor, nn
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.kernels import table
 from mindformers_gptlocal.kernels.aot import KernelCell, call_core
+from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.attention import ParallelAttention, RotaryEmbedding
 from conftest import TINY
 
@@ -24,10 +25,10 @@ CASES = {"partial": (2, 3, 7, 10, 0.4, 2, 1), "full": (2, 3, 7, 10, 1.0, 2, 1), 
 
 
 def plain_rope(heads, dim, percent):
-    """The model's own rotation (``ParallelAttention._rotate``) and its ``RotaryEmbedding``."""
+    """The model's own rotation (``ParallelAttention.rotate``) and its ``RotaryEmbedding``."""
     config = GPTLocalConfig(**dict(TINY, hidden_size=heads * dim, num_attention_heads=heads,
                                    position_embedding_type="rope", rotary_percent=percent, cpu_kernels="plain"))
-    attention = ParallelAttention(config, 1)
+    attention = ParallelAttention(config, 1, kernels=KernelProvider.from_config(config))
     return attention, RotaryEmbedding(attention.rotary_dim, config.rotary_base)
 
 
@@ -49,7 +50,7 @@ class PlainRotate(nn.Cell):
         self.attention = attention
 
     def construct(self, x, cos, sin):
-        return self.attention._rotate(x, (cos, sin))  # pylint: disable=protected-access
+        return self.attention.rotate(x, (cos, sin))
 
 
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])

@@ -42,15 +42,30 @@ def close(got, x, w):
     return np.allclose(got, want, rtol=1e-4, atol=1e-3 * np.sqrt(x.shape[1]))
 
 
+def within_float32_dot_bound(got, x, w):
+    """Each of got = x w^T is a float32 sum of its K products in some order: within gamma_K * sum_k |x_k w_k| of the
+    exact value, gamma_K = K u / (1 - K u), u = 2^-24 (Higham, Accuracy and Stability, 3.1), whatever the order."""
+    inner = x.shape[1]
+    gamma = inner * 2.0 ** -24 / (1 - inner * 2.0 ** -24)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    spread = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    return bool(np.all(np.abs(got - exact) <= gamma * spread))
+
+
 @pytest.mark.parametrize("rows,out,inner", [(1, 1040, 300), (7, 33, 4096), (64, 768, 768), (3, 5000, 64)])
-def test_two_threads_give_one_threads_numbers(library, rows, out, inner):
-    """Column blocks on the pool's thread equal one thread's blocks bit for bit (each block one GEMM, no sum
-    crosses threads), and numpy's product; many calls in a row reuse the pool."""
+def test_two_threads_give_one_result_call_after_call(library, rows, out, inner):
+    """Column blocks on the pool's threads: many calls in a row at two threads (the pool reused) give one result bit
+    for bit (each block one GEMM, the blocks fixed by the thread count: no sum crosses threads, none depends on
+    scheduling), within float32's bound of the exact product, as one thread's is. One thread's and two threads'
+    may differ in the last bits: oneDNN sums a column's K products in an order it picks by the block's shape (at
+    7 x 33 x 4096, two threads' second block is one column wide and runs oneDNN's gemv kernel: on AVX2 it sums in
+    another order than the 33-column GEMM of one thread; on the AVX-512 machine this test was written on the two
+    agreed)."""
     x, w = case(rows + out, rows, out, inner)
-    one = linear(library, x, w, 1)
-    assert close(one, x, w)
+    one, two = linear(library, x, w, 1), linear(library, x, w, 2)
+    assert within_float32_dot_bound(one, x, w) and within_float32_dot_bound(two, x, w)
     for _ in range(20):
-        assert np.array_equal(linear(library, x, w, 2), one)
+        assert np.array_equal(linear(library, x, w, 2), two)
 
 
 def test_calls_from_two_threads_at_once(library):
