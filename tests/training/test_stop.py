@@ -100,3 +100,23 @@ def test_release_undoes_hold_in_this_process():
         stop.release()
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert signal.getsignal(signal.SIGTERM) == before and stop.STATE.watcher is None
+
+
+def test_the_watcher_takes_only_sigint_and_sigterm():
+    """A wait that returns a number that is neither SIGINT nor SIGTERM (a random value was seen once under MindSpore
+    2.7.2, no signal sent) does not end the process; a real SIGTERM after it still does."""
+    done = _python("""
+        import os, signal, time, types
+        from mindformers_gptlocal.training import stop
+        real = signal.sigtimedwait
+        answers = [types.SimpleNamespace(si_signo=1601370272)]
+        signal.sigtimedwait = lambda signals, timeout: answers.pop() if answers else real(signals, timeout)
+        stop.hold()
+        time.sleep(1.5)
+        print("alive", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        print("not reached")
+    """)
+    assert done.returncode == 143 and done.stdout == "alive\n", done.stdout + done.stderr
+    assert done.stderr.strip() == "[gptlocal] SIGTERM: stopped"
