@@ -30,7 +30,8 @@ from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter, kernel_provider, make_norm,
+from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
+                     kernel_provider, make_norm,
                      residual_init_std, to_mstype, use_gemm)
 from ..kernels.provider import DecodeLayerFacts, dtype_name
 from .layer_spec import freeze_pet, model_layer_spec
@@ -139,6 +140,14 @@ def gelu_form(hidden_act):
     return {"quick_gelu": "quick", "gelu": None, "relu": None}.get(hidden_act, "tanh")
 
 
+def mlp_form(arch):
+    """The MLP's form as the decoder's C++ layer names it (``kernels/decode_layer.py`` ``MLP_FORMS``): "swiglu" for
+    the gated MLP, else ``Activation``'s reading of ``hidden_act``: "quick", "erf" (``gelu``), "relu" or "tanh"."""
+    if arch.gated:
+        return "swiglu"
+    return {"quick_gelu": "quick", "gelu": "erf", "relu": "relu"}.get(arch.hidden_act, "tanh")
+
+
 class ParallelFeedForward(nn.Cell):
     """hidden -> intermediate -> hidden (biases with ``add_bias_linear``); fc1 (and the gate) column-parallel,
     fc2 row-parallel under the ``shard`` strategies (``parallel/sharding.py``). This class's forward is the plain,
@@ -234,28 +243,40 @@ class SwiGLUFeedForward(ParallelFeedForward):
 def make_decode_layer(config, block, kernels):
     """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``), or None: the block's plain
     decode graph. The model's ``KernelProvider`` decides (``decode_layer_for``) from the built block's facts
-    (``DecodeLayerFacts``): its architecture, its Linears' and norms' classes and weight dtypes, its compute dtypes,
-    and whether it has a prefix, an adapter or LayerDrop."""
+    (``layer_facts``)."""
+    return kernels.decode_layer_for(layer_facts(config, block))
+
+
+NORM_NAMES = {LayerNorm: "LayerNorm", KernelLayerNorm: "LayerNorm", RMSNorm: "RMSNorm", KernelRMSNorm: "RMSNorm"}
+
+
+def layer_facts(config, block):
+    """What the provider weighs of one built decoder layer (``DecodeLayerFacts``: the decode-layer node,
+    ``decode_layer_for``, and the native runner, ``runner``): its architecture and MLP form, its Linears' classes
+    and weight dtypes (the gate's too: SwiGLU), its norms' classes and weight dtypes, its compute dtypes, and whether
+    it has a prefix, an adapter or LayerDrop. ``config``: the config the block was built from (``graph_config``'s)."""
     attention, mlp = block.attention, block.mlp
     linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
+    linears += (mlp.linear_gate,) if config.arch.gated else ()
     norms = (block.input_layernorm, block.post_attention_layernorm)
     weights = {linear.weight.dtype for linear in linears}
-    if all(type(linear) is QuantLinear and linear.product.use_kernel for linear in linears):
-        kind = "int8"  # an int8 model's Linears on the int8 kernel
+    if all(type(linear) is QuantLinear for linear in linears):
+        kind = "int8"  # an int8 model's Linears
     elif all(type(linear) is Linear for linear in linears) and len(weights) == 1:
         kind = dtype_name(next(iter(weights)))  # the base Linear, one weight dtype
     else:
         kind = None  # LoRA, a mix
+    norm_kinds = {NORM_NAMES.get(type(norm)) for norm in norms}
     norm_weights = {norm.weight.dtype for norm in norms}
-    return kernels.decode_layer_for(DecodeLayerFacts(
-        epsilon=config.layernorm_epsilon, scale=attention.plain.scale, form=gelu_form(config.hidden_act),
+    return DecodeLayerFacts(
+        epsilon=config.layernorm_epsilon, scale=attention.plain.scale, form=mlp_form(config.arch),
         compute_dtype=to_mstype(config.compute_dtype), arch=config.arch, linears=kind,
-        layer_norms=all(type(norm) in (LayerNorm, KernelLayerNorm) for norm in norms),
+        norm=next(iter(norm_kinds)) if len(norm_kinds) == 1 else None,
         norm_weights=next(iter(norm_weights)) if len(norm_weights) == 1 else None,
         norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
         prefix=attention.prefix_concat is not None,
         adapters=block.attention_adapter is not None or block.mlp_adapter is not None,
-        layerdrop=block.layerdrop is not None))
+        layerdrop=block.layerdrop is not None)
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
@@ -266,7 +287,7 @@ def make_decode_layer(config, block, kernels):
 # Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
 # (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
 # ``Layout``, ``parallel/``), never decided in ``construct``; nor is any of the above: the build binds the forward's
-# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, ``decode_step``'s form).
+# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, the decode node's arguments).
 class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
     Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
@@ -310,10 +331,26 @@ class GPTLocalBlock(nn.Cell):
             self.residuals = self._residual_in_mlp if self.mlp_residual else self._sequential_residuals
         # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
-        # an int8 model's kernel also takes each weight's scales
-        self.decode_int8 = self.decode_kernel is not None and isinstance(self.attention.linear_qkv, QuantLinear)
         self.layer = self._layer if self.decode_kernel is None else self._layer_or_decode_kernel
-        self.decode_step = self._decode_int8 if self.decode_int8 else self._decode
+        if self.decode_kernel is not None:
+            self._bind_decode_arguments(config.arch)
+
+    def _bind_decode_arguments(self, arch):
+        """What the decode node is handed (``_decode``), bound once: each norm's weight and (LayerNorm) bias, each
+        Linear's weight, its scales (an int8 model's) and its bias where the layer has them, SwiGLU's gate, the
+        rope's cos and sin; a placeholder (``decode_none``...) wherever the layer has no such tensor."""
+        int8 = isinstance(self.attention.linear_qkv, QuantLinear)
+        self.decode_none = Tensor(np.zeros((1,), np.float32))
+        self.decode_norm = self._decode_norm_and_bias if not arch.rmsnorm else self._decode_norm_weight
+        linear_args = {(False, False): self._decode_weight, (False, True): self._decode_weight_and_bias,
+                       (True, False): self._decode_int8_weight, (True, True): self._decode_int8_weight_and_bias}
+        self.decode_qkv = linear_args[(int8, arch.qkv_bias)]
+        self.decode_linear = linear_args[(int8, arch.bias)]
+        self.decode_gate = self._decode_gate if arch.gated else self._decode_no_gate
+        if not arch.gated:  # a placeholder gate weight of the Linears' dtype
+            self.decode_no_gate = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
+        self.decode_rotary = self._decode_rotary if arch.rope else self._decode_no_rotary
+        self.decode_no_rotary = Tensor(np.zeros((1, 1, 1, 1), np.float32))
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -333,7 +370,7 @@ class GPTLocalBlock(nn.Cell):
     def _layer_or_decode_kernel(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
                                 dropout_step, rotary, prefix, fresh_prefill):
         if key_cache is not None and hidden.shape[1] == 1 and not fresh_prefill and not self.training:
-            return self.decode_step(hidden, attention_bias, key_cache, value_cache, write_index)
+            return self._decode(hidden, attention_bias, key_cache, value_cache, write_index, rotary)
         return self._layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
                            rotary, prefix, fresh_prefill)
 
@@ -384,27 +421,53 @@ class GPTLocalBlock(nn.Cell):
     def _layerdrop(self, update, dropout_step):
         return self.layerdrop(update, dropout_step)
 
-    def _decode(self, hidden, attention_bias, key_cache, value_cache, write_index):
-        """The whole layer for one token a row through ``decode_kernel`` (``decode_step``): its Parameters as
-        stored, the caches written in place at ``write_index``, attention over each row's cached positions
-        (``attention_bias``)."""
+    def _decode(self, hidden, attention_bias, key_cache, value_cache, write_index, rotary):
+        """The whole layer for one token a row through ``decode_kernel``: its Parameters as stored (and placeholders
+        where the layer has none: ``_bind_decode_arguments``), the caches written in place at ``write_index``,
+        attention over each row's cached positions (``attention_bias``), rope from ``rotary``'s cos and sin."""
         attention, mlp = self.attention, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        return self.decode_kernel(hidden, norm1.weight, norm1.bias, attention.linear_qkv.weight,
-                                  attention.linear_qkv.bias, attention.linear_proj.weight, attention.linear_proj.bias,
-                                  norm2.weight, norm2.bias, mlp.linear_fc1.weight, mlp.linear_fc1.bias,
-                                  mlp.linear_fc2.weight, mlp.linear_fc2.bias, key_cache, value_cache, write_index,
-                                  attention_bias)
+        norm1_weight, norm1_bias = self.decode_norm(self.input_layernorm)
+        norm2_weight, norm2_bias = self.decode_norm(self.post_attention_layernorm)
+        qkv_weight, qkv_scale, qkv_bias = self.decode_qkv(attention.linear_qkv)
+        proj_weight, proj_scale, proj_bias = self.decode_linear(attention.linear_proj)
+        fc1_weight, fc1_scale, fc1_bias = self.decode_linear(mlp.linear_fc1)
+        gate_weight, gate_scale, gate_bias = self.decode_gate(mlp)
+        fc2_weight, fc2_scale, fc2_bias = self.decode_linear(mlp.linear_fc2)
+        cos, sin = self.decode_rotary(rotary)
+        return self.decode_kernel(hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight,
+                                  proj_scale, proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias,
+                                  gate_weight, gate_scale, gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache,
+                                  value_cache, write_index, attention_bias, cos, sin)
 
-    def _decode_int8(self, hidden, attention_bias, key_cache, value_cache, write_index):
-        """``_decode`` of an int8 model: each weight followed by its scales."""
-        attention, mlp = self.attention, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
-        return self.decode_kernel(hidden, norm1.weight, norm1.bias, qkv.weight, qkv.weight_scale, qkv.bias,
-                                  proj.weight, proj.weight_scale, proj.bias, norm2.weight, norm2.bias,
-                                  fc1.weight, fc1.weight_scale, fc1.bias, fc2.weight, fc2.weight_scale, fc2.bias,
-                                  key_cache, value_cache, write_index, attention_bias)
+    def _decode_norm_and_bias(self, norm):
+        return norm.weight, norm.bias
+
+    def _decode_norm_weight(self, norm):
+        return norm.weight, self.decode_none
+
+    def _decode_weight(self, linear):
+        return linear.weight, self.decode_none, self.decode_none
+
+    def _decode_weight_and_bias(self, linear):
+        return linear.weight, self.decode_none, linear.bias
+
+    def _decode_int8_weight(self, linear):
+        return linear.weight, linear.weight_scale, self.decode_none
+
+    def _decode_int8_weight_and_bias(self, linear):
+        return linear.weight, linear.weight_scale, linear.bias
+
+    def _decode_gate(self, mlp):
+        return self.decode_linear(mlp.linear_gate)
+
+    def _decode_no_gate(self, mlp):  # pylint: disable=unused-argument
+        return self.decode_no_gate, self.decode_none, self.decode_none
+
+    def _decode_rotary(self, rotary):
+        return rotary
+
+    def _decode_no_rotary(self, rotary):  # pylint: disable=unused-argument
+        return self.decode_no_rotary, self.decode_no_rotary
 
 
 def prefix_encoder(config, counter_dropout=False):
@@ -533,6 +596,12 @@ class GPTLocalModel(nn.Cell):
         the prompt). The inference runtime asks this (``runtime/runner.py``)."""
         return self.kernels.fresh_prefill(all(layer.attention.fused_prefill() for layer in self.layers),
                                           self.prefix_encoder is not None)
+
+    def runner_facts(self):
+        """Each layer's ``layer_facts``, what the provider's ``runner`` weighs (``runtime/runner.py`` asks it once per
+        model)."""
+        config = graph_config(self.config, self.kernels)
+        return tuple(layer_facts(config, layer) for layer in self.layers)
 
     def document_mask(self, actual_seq_len, batch, seq):
         """Packed rows: several documents in one row of ``seq`` tokens, as MindFormers' PackingHandler and
@@ -690,9 +759,13 @@ class GPTLocalForCausalLM(nn.Cell):
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
-        """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder."""
+        """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder. The model's
+        runners are dropped (a native runner points at the Parameters' buffers, which loading may replace)."""
         path = load_weights(self, path)
         self.refresh_head_table()
+        pool = self.__dict__.get("_kv_caches")
+        if pool is not None:
+            pool.clear()
         return path
 
     def refresh_head_table(self):
