@@ -53,6 +53,10 @@ using gptlocal::decoder::Rows;
 
 constexpr int64_t kBf16FewRows = 32;  // bf16 weights: up to this many rows through bf16_rows, more through oneDNN
 constexpr int64_t kQueryBlock = 16;   // attention: query positions of one row per task
+// the few-row GEMMs: the columns in blocks of this many, each block's weight rows (16 x K: 32 KB of int8, 64 KB of
+// bf16 at K 2,048) kept in cache while every tile of 4 rows of x passes them (rows outer per column would read all
+// of x again for each column: a prefill's x no longer fits in cache)
+constexpr int64_t kColumnBlock = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 bool has_avx2() {
@@ -124,16 +128,20 @@ __attribute__((target("avx2,fma"))) void bf16_tile(const float *xr, const uint16
 
 __attribute__((target("avx2,fma"))) void bf16_rows_avx2(const float *xr, const uint16_t *w, const float *b, float *y,
                                                        int64_t T, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t *wr = w + n * K;
+  for (int64_t block = n0; block < n1; block += kColumnBlock) {
+    const int64_t end = std::min(n1, block + kColumnBlock);
     for (int64_t t = 0; t < T; t += 4) {
       const float *x = xr + t * K;
       float *out = y + t * N;
-      switch (std::min<int64_t>(4, T - t)) {
-        case 4: bf16_tile<4>(x, wr, b, out, K, N, n); break;
-        case 3: bf16_tile<3>(x, wr, b, out, K, N, n); break;
-        case 2: bf16_tile<2>(x, wr, b, out, K, N, n); break;
-        default: bf16_tile<1>(x, wr, b, out, K, N, n); break;
+      const int64_t rows = std::min<int64_t>(4, T - t);
+      for (int64_t n = block; n < end; ++n) {
+        const uint16_t *wr = w + n * K;
+        switch (rows) {
+          case 4: bf16_tile<4>(x, wr, b, out, K, N, n); break;
+          case 3: bf16_tile<3>(x, wr, b, out, K, N, n); break;
+          case 2: bf16_tile<2>(x, wr, b, out, K, N, n); break;
+          default: bf16_tile<1>(x, wr, b, out, K, N, n); break;
+        }
       }
     }
   }
@@ -209,15 +217,18 @@ __attribute__((target("avx2,fma"))) void int8_tile(const int8_t *q, const int8_t
 __attribute__((target("avx2,fma"))) void int8_rows_avx2(const int8_t *q, const int8_t *aq, const float *xs,
                                                        const int8_t *w, const float *ws, const float *b, float *y,
                                                        int64_t T, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t *wr = w + n * K;
+  for (int64_t block = n0; block < n1; block += kColumnBlock) {
+    const int64_t end = std::min(n1, block + kColumnBlock);
     for (int64_t t = 0; t < T; t += 4) {
-      const int64_t o = t * K;
-      switch (std::min<int64_t>(4, T - t)) {
-        case 4: int8_tile<4>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
-        case 3: int8_tile<3>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
-        case 2: int8_tile<2>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
-        default: int8_tile<1>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
+      const int64_t o = t * K, rows = std::min<int64_t>(4, T - t);
+      for (int64_t n = block; n < end; ++n) {
+        const int8_t *wr = w + n * K;
+        switch (rows) {
+          case 4: int8_tile<4>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
+          case 3: int8_tile<3>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
+          case 2: int8_tile<2>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
+          default: int8_tile<1>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
+        }
       }
     }
   }
@@ -256,7 +267,9 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
   }
   if (kind != 2 || scale == nullptr) return 1;
   const int8_t *wq = static_cast<const int8_t *>(w);
-  for (int64_t t = 0; t < T; ++t) quantize_row(x + t * K, K, c.q + t * K, c.aq + t * K, c.scales + t);
+  run_chunks(threads_for(threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) quantize_row(x + t * K, K, c.q + t * K, c.aq + t * K, c.scales + t);
+  });
   column_blocks(count, N, [&](int64_t n0, int64_t n1) {
 #if defined(__x86_64__)
     if (has_avx2()) return int8_rows_avx2(c.q, c.aq, c.scales, wq, scale, b, y, T, K, N, n0, n1);
@@ -562,6 +575,24 @@ int embed(const DecoderModel &m, const int32_t *ids, const int32_t *positions, i
 }
 
 }  // namespace
+
+// The rows `ids` [T] of a bfloat16 table [V, H] widened to float32 (exact): the token lookup of a bf16 model built for
+// inference, whose table is held once, as bfloat16 (gptlocal_rows_bf16_fwd; the native step's embed does the same).
+// An id outside the table fails the call with nothing written.
+int gptlocal_core_rows_bf16_fwd(const uint16_t *table, const int32_t *ids, float *rows, int64_t V, int64_t H,
+                                int64_t T, const ThreadOptions &options) {
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= V) return 5;
+  }
+  run_chunks(threads_for(options.threads, T * H), T, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t *row = table + static_cast<int64_t>(ids[t]) * H;
+      float *out = rows + t * H;
+      for (int64_t h = 0; h < H; ++h) out[h] = bf16_value(row[h]);
+    }
+  });
+  return 0;
+}
 
 int64_t gptlocal_decoder_workspace(const DecoderModel *model, int64_t rows, int64_t batch) {
   Arena arena(nullptr, 0);

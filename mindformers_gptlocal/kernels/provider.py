@@ -21,10 +21,10 @@ step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the ru
   bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
   kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do. A build
   for inference (``inference``: ``runtime/loader.py`` ``load_model``, what generate, chat, serve and eval build)
-  with those bf16 GEMMs through the GEMM kernel holds the Linears' and the head's weights as bfloat16 once
-  (``bf16_weights``; a tied head a bf16 copy of the float32 token table; the kernel takes them as they are), the
-  same numbers as the float32 weights rounded at every GEMM; training builds and the plain path keep float32
-  weights.
+  with those bf16 GEMMs through the GEMM kernel holds the Linears', the head's and the token table's weights as
+  bfloat16 once (``bf16_weights``; a tied head the table itself; the kernel takes them as they are), the same
+  numbers as the float32 weights rounded at every GEMM (the token lookup reads the rounded rows); training builds
+  and the plain path keep float32 weights.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
 warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel.
@@ -208,9 +208,10 @@ class KernelProvider:
 
     @functools.cached_property
     def bf16_weights(self):
-        """True where the Linears and the head hold bfloat16 weights (a tied head a bf16 copy of the float32 token
-        table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in bf16 through the GEMM kernel
-        (they round the weight anyway, so holding it rounded changes no number; the kernel takes it as held).
+        """True where the Linears, the head and the token table hold bfloat16 weights (a tied head the table itself,
+        its lookup through ``bf16_rows``): an inference build whose GEMMs run in bf16 through the GEMM kernel
+        (they round the weight anyway, so holding it rounded changes no GEMM's number; the kernel takes it as held;
+        the token lookup then reads the rounded rows, as llama.cpp's and CTranslate2's bf16 models do).
         Training builds keep float32 weights; so does the plain path (``linear: plain`` or no library): MindSpore
         2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the plain KV write, ScatterNdUpdate),
         which has no bfloat16 kernel there."""
@@ -303,6 +304,15 @@ class KernelProvider:
             return None
         from .linear import linear_epilogue_kernel  # pylint: disable=import-outside-toplevel
         return linear_epilogue_kernel(form, compute_dtype, precision=self.gemm_dtype or "float32")
+
+    def bf16_rows(self):
+        """The token lookup of a table held as bfloat16 (``kernels/embedding.py``: a bf16 inference build's, where
+        ``bf16_weights``), or None: the table stays float32 and MindSpore's Gather reads it."""
+        if not self.bf16_weights:
+            return None
+        from . import build  # pylint: disable=import-outside-toplevel
+        from .embedding import CPURowsBF16  # pylint: disable=import-outside-toplevel
+        return CPURowsBF16(build.library()[0])
 
     def lora_dropout(self, plain, compute_dtype):
         """LoRA's input-dropout kernel for the counter dropout ``plain`` (0 < p < 1, float32), or None: also in a

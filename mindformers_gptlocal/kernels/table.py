@@ -151,6 +151,9 @@ TABLE = Table([
     Export("gptlocal_decoder_workspace", "cpu_decoder.cc", "int64_t gptlocal_decoder_workspace(const DecoderModel "
            "*model, int64_t rows, int64_t batch)", "the workspace bytes of a step of `rows` token rows, `batch` "
            "sequences", op="runner", structs=(DecoderModel,)),
+    Kernel("gptlocal_rows_bf16_fwd", "cpu_decoder.cc", "table: bf16[V, H], ids: i32[*T]", "rows: f32[*T, H]",
+           ThreadOptions, "rows of a bfloat16 table widened to float32: a bf16 inference build's token lookup",
+           op="linear"),
     Kernel("gptlocal_int8_linear_fwd", "cpu_linear_int8.cc", "x: f32[T, K], w: i8[N, K], scale: f32[N], b: f32[N]?",
            "y: f32[T, N]", ThreadOptions, "an int8 model's Linear: x quantized per row, s8 x s8 -> s32, scaled",
            op="int8_linear"),

@@ -23,7 +23,6 @@ from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
 from ..errors import CheckpointError
-from ..safetensors_io import to_bfloat16_bits
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
@@ -37,7 +36,7 @@ from ..kernels.provider import DecodeLayerFacts, dtype_name
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
-from .params import DROPOUT_STEP, HEAD_TABLE
+from .params import DROPOUT_STEP
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -61,16 +60,21 @@ def missing_weights(model_dir):
 
 class GPTLocalEmbedding(nn.Cell):
     """Token embeddings + learned absolute position embeddings (none with rope: positions turn q and k instead),
-    then dropout. The token lookup (``words``: a float table, or an int8 one times its scales) and whether positions
-    are added (``add_positions``) are picked here, never in ``construct``."""
+    then dropout. The token lookup (``words``: a float table, an int8 one times its scales, or a bfloat16 one widened
+    by ``kernels``' ``bf16_rows`` in a bf16 inference build) and whether positions are added (``add_positions``) are
+    picked here, never in ``construct``."""
 
-    def __init__(self, config, counter_dropout=False):
+    def __init__(self, config, counter_dropout=False, kernels=None):
         super().__init__()
         params_dtype = to_mstype(config.params_dtype)
         self.int8 = read_quantization(config.quantization) is not None  # build-time flag (words)
+        # a bf16 inference build (kernels.bf16_weights): the table held once, as bfloat16 (the tied head's too)
+        self.bf16_rows = None if self.int8 or kernels is None else kernels.bf16_rows()
         if self.int8:  # an int8 model (quant_cells.py): the table int8, one scale per row
             self.word_embeddings = int8_parameter((config.vocab_size, config.hidden_size), "word_embeddings")
             self.word_embeddings_scale = scale_parameter(config.vocab_size, "word_embeddings_scale")
+        elif self.bf16_rows is not None:
+            self.word_embeddings = bf16_parameter((config.vocab_size, config.hidden_size), "word_embeddings")
         else:
             self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                          (config.vocab_size, config.hidden_size), params_dtype),
@@ -84,7 +88,9 @@ class GPTLocalEmbedding(nn.Cell):
         self.gather = ops.Gather()
         self.dropout = make_dropout(config.embedding_dropout, dropout_site(), config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
-        self.words = self._int8_words if self.int8 else self._table_words  # input_ids -> the token rows
+        # input_ids -> the token rows
+        self.words = self._int8_words if self.int8 else self._table_words if self.bf16_rows is None else \
+            self._bf16_words
         self.add_positions = self._learned_positions if self.learned_positions else self._no_positions
 
     def construct(self, input_ids, position_ids, dropout_step=None):
@@ -93,6 +99,10 @@ class GPTLocalEmbedding(nn.Cell):
 
     def _table_words(self, input_ids):
         return self.gather(self.word_embeddings, input_ids, 0)
+
+    def _bf16_words(self, input_ids):
+        """A bfloat16 table's rows, widened to float32 (``kernels/embedding.py``)."""
+        return self.bf16_rows(self.word_embeddings, input_ids)
 
     def _int8_words(self, input_ids):
         """An int8 table's rows times their scales."""
@@ -510,7 +520,7 @@ class GPTLocalModel(nn.Cell):
         flash = use_flash_attention(config, kernels)
         # dropout masks from a step counter (dropout.py), so a resumed run draws the same ones
         self.counter_dropout = counter_dropout_enabled(config)
-        self.embedding = GPTLocalEmbedding(config, self.counter_dropout)
+        self.embedding = GPTLocalEmbedding(config, self.counter_dropout, kernels=self.kernels)
         blocks = []
         for index in range(config.num_hidden_layers):
             block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout,
@@ -729,12 +739,8 @@ class GPTLocalForCausalLM(nn.Cell):
         self.head_matmul = kernels.plain_matmul()
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
         # bf16 weights (kernels.bf16_weights): the kernel takes the head's table as held, an untied head's own or,
-        # for a tied head, a bfloat16 copy of the token table (which stays float32: the lookup's), made here and at
-        # load (refresh_head_table), never saved
+        # for a tied head, the token table (held as bfloat16 too, GPTLocalEmbedding)
         self.head_bf16 = kernels.bf16_weights
-        if self.head_bf16 and not self.untied:
-            self.head_table = bf16_parameter((config.vocab_size, config.hidden_size), HEAD_TABLE)
-            self.refresh_head_table()
         self.head_gemm, self.head_gemm_rule = kernels.linear_gemm(self.compute_dtype, head=True,
                                                                   bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
@@ -769,13 +775,8 @@ class GPTLocalForCausalLM(nn.Cell):
         return path
 
     def refresh_head_table(self):
-        """A tied head's bf16 copy of the token table (``head_table``: bf16 weights, kernels.bf16_weights) made
-        again from the table, rounded to nearest even; nothing for any other model."""
-        if self.head_bf16 and not self.untied:
-            bits = self.head_table.asnumpy().view(np.uint16)  # asnumpy shares the Parameter's memory on CPU
-            table = self.model.embedding.word_embeddings.asnumpy()
-            for start in range(0, len(table), 4096):  # in row blocks: the rounding's temporaries stay small
-                bits[start:start + 4096] = to_bfloat16_bits(table[start:start + 4096])
+        """Nothing (kept for callers): a tied head reads the token table itself, also in a bf16 inference build, whose
+        table is held as bfloat16 once (before, the head had a bf16 copy of a float32 table, made again here)."""
 
     @classmethod
     def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, inference=False, **overrides):
@@ -835,7 +836,7 @@ class GPTLocalForCausalLM(nn.Cell):
         else:
             self.head = self._matmul_head if self.head_gemm is None else self._gemm_head
             if self.head_bf16:  # a bf16 table as held, for the kernel (every graph runs it then)
-                self.head_weights = self._untied_table if self.untied else self._head_table
+                self.head_weights = self._untied_table if self.untied else self._table_as_held
             else:
                 self.head_weights = self._untied_table_cast if self.untied else self._table_cast
         counter = self.model.counter_dropout
@@ -862,8 +863,8 @@ class GPTLocalForCausalLM(nn.Cell):
     def _untied_int8_table(self):
         return self.output_layer.weight, self.output_layer.weight_scale
 
-    def _head_table(self):
-        return self.head_table
+    def _table_as_held(self):
+        return self.model.embedding.word_embeddings
 
     def _untied_table(self):
         return self.output_layer.weight

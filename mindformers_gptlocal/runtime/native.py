@@ -125,8 +125,8 @@ class NativeRunner:
             head_param = lm.output_layer.weight
             head_scale = self._view(lm.output_layer.weight_scale, "float32") if _held(head_param)[1] == "int8" \
                 else None
-        else:
-            head_param = lm.head_table if lm.head_bf16 else embedding.word_embeddings
+        else:  # a tied head: the token table (int8 with its scales; bfloat16 in a bf16 inference build)
+            head_param = embedding.word_embeddings
             head_scale = words_scale
         head_kind = _held(head_param)[1]
         head = self._view(head_param)

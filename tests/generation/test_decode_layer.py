@@ -64,7 +64,6 @@ def pair(changes, inference=False):
                 param.set_data(Tensor(quantize_rows(weights[name])[0]))
             elif name in weights:
                 param.set_data(Tensor(weights[name], param.dtype))
-        model.refresh_head_table()
     fast, plain = models
     fast.set_train(False)
     plain.set_train(False)

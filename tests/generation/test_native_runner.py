@@ -74,8 +74,10 @@ def models(layout, precision="float32", seed=3):
                 param.set_data(Tensor(quantize_rows(weights[name])[0]))
             elif name in weights:
                 param.set_data(Tensor(weights[name], param.dtype))
-        model.refresh_head_table()
         model.set_train(False)
+    if precision == "bf16":  # the native build holds the token table as bfloat16 (its lookup reads rounded rows)
+        table = built[1].model.embedding.word_embeddings
+        table.set_data(Tensor(table.asnumpy()).astype(ms.bfloat16).astype(ms.float32))
     return built
 
 
