@@ -19,13 +19,15 @@
 // Attention of S > 1 rows (a prefill, the server's chunks and refills) writes all S rows' keys first, then each
 // query reads its slot's rows 0..position: the compiled graphs' semantics (KVCache.attention_bias masks the rest).
 //
-// Weights: float32 (the GEMMs cpu_linear.cc's gptlocal_core_linear_fwd, oneDNN's sgemm; a bf16 model built for
-// training rounds them at each call there, LinearOptions.precision 1 or 2), bfloat16 (an inference build's
-// bf16_weights: few rows through bf16_rows below, x rounded to bfloat16 and the weight widened as it streams, the
-// numbers of cpu_linear.cc's linear_bf16w_fwd up to the order of the sums; more rows through that core) or int8 with
-// per-channel scales (gptlocal quantize; int8_rows below: x quantized per row exactly as cpu_linear_int8.cc does,
-// the s8 x s8 products summed exactly in int32 with AVX2's maddubs/madd (|x| as u8 times w with x's sign: no pair
-// sum saturates at |w| <= 127), so its numbers are the plain int8 scheme's, model/quant_cells.py).
+// Weights (the GEMMs: `linear` below): float32 (up to kFloatFewRows rows, a decode step's, through few_rows below:
+// each weight row streamed once past tiles of 4 rows, AVX2 FMA, no packing; more rows through cpu_linear.cc's
+// gptlocal_core_linear_fwd, oneDNN's sgemm; a bf16 model built for training rounds them at each call there,
+// LinearOptions.precision 1 or 2), bfloat16 (an inference build's bf16_weights: up to kBf16FewRows rows through
+// few_rows, x rounded to bfloat16 and the weight widened as it streams, the numbers of cpu_linear.cc's
+// linear_bf16w_fwd up to the order of the sums; more rows through that core) or int8 with per-channel scales
+// (gptlocal quantize; int8_rows_* below, any row count: x quantized per row exactly as cpu_linear_int8.cc does, the
+// s8 x s8 products summed exactly in int32 with AVX2's maddubs/madd (|x| as u8 times w with x's sign: no pair sum
+// saturates at |w| <= 127), so its numbers are the plain int8 scheme's, model/quant_cells.py).
 // Memory: the runner owns the caches and one workspace (gptlocal_decoder_workspace bytes for its largest call);
 // every temporary of a call is carved from it, nothing is allocated per step but the attention's per-thread scores
 // (thread_local, grown, kept).
@@ -51,7 +53,12 @@ using gptlocal::decoder::LayerShape;
 using gptlocal::decoder::LayerWeights;
 using gptlocal::decoder::Rows;
 
-constexpr int64_t kBf16FewRows = 32;  // bf16 weights: up to this many rows through bf16_rows, more through oneDNN
+// float32 and bf16 weights: up to this many rows through few_rows, more through cpu_linear.cc's cores. Measured (one
+// thread, a cold 2,048 x 768 float32 weight, min of 40): few_rows 0.33 / 0.37 / 0.63 / 1.15 / 2.17 ms at 1 / 4 / 8 /
+// 16 / 32 rows, oneDNN's sgemm 0.31 / 0.49 / 0.63 / 0.88 / 1.41 ms; a bf16 weight here streams half the bytes, and
+// this CPU's bf16 GEMM in oneDNN is its reference code (or, cpu_linear.cc, an emulation that widens the weight)
+constexpr int64_t kFloatFewRows = 8;
+constexpr int64_t kBf16FewRows = 32;
 constexpr int64_t kQueryBlock = 16;   // attention: query positions of one row per task
 // the few-row GEMMs: the columns in blocks of this many, each block's weight rows (16 x K: 32 KB of int8, 64 KB of
 // bf16 at K 2,048) kept in cache while every tile of 4 rows of x passes them (rows outer per column would read all
@@ -72,17 +79,22 @@ int gemm_threads(int requested, int64_t work) {  // below ~256K multiply-adds on
   return work < (int64_t(1) << 18) ? 1 : std::max(1, requested);
 }
 
-// ------------------------------------------------------------------------------------------------ bf16 weights
-// y[t, n] = sum_k xr[t, k] * w[n, k] (+ b[n]) for columns n0..n1, xr: x already rounded to bfloat16 (float32 values),
-// w bfloat16 bits widened as they stream (exact).
-void bf16_rows_plain(const float *xr, const uint16_t *w, const float *b, float *y, int64_t T, int64_t K, int64_t N,
-                     int64_t n0, int64_t n1) {
+// ------------------------------------------------------------------------------------------------ float weights
+// A float32 weight, or a bfloat16 one's bits widened (exact).
+inline float weight_value(float w) { return w; }
+inline float weight_value(uint16_t w) { return bf16_value(w); }
+
+// y[t, n] = sum_k x[t, k] w[n, k] (+ b[n]) for columns n0..n1: x float32 (a bf16 GEMM's: already rounded to bfloat16),
+// w float32 or bfloat16 bits.
+template <class W>
+void rows_plain(const float *x, const W *w, const float *b, float *y, int64_t T, int64_t K, int64_t N, int64_t n0,
+                int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t *wr = w + n * K;
+    const W *wr = w + n * K;
     for (int64_t t = 0; t < T; ++t) {
-      const float *x = xr + t * K;
+      const float *xr = x + t * K;
       float sum = 0.0f;
-      for (int64_t k = 0; k < K; ++k) sum += x[k] * bf16_value(wr[k]);
+      for (int64_t k = 0; k < K; ++k) sum += xr[k] * weight_value(wr[k]);
       y[t * N + n] = b != nullptr ? sum + b[n] : sum;
     }
   }
@@ -103,50 +115,65 @@ __attribute__((target("avx2,fma"))) inline int32_t hsum8i(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-__attribute__((target("avx2,fma"))) inline __m256 widen8(const uint16_t *w) {
+// 8 weights as float32: loaded, or bfloat16 bits widened.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float *w) { return _mm256_loadu_ps(w); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t *w) {
   const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
 }
 
 // R rows (1..4) of x against one weight row: the weight read once from memory, the rows from L1.
-template <int R>
-__attribute__((target("avx2,fma"))) void bf16_tile(const float *xr, const uint16_t *wr, const float *b, float *y,
-                                                   int64_t K, int64_t N, int64_t n) {
+template <int R, class W>
+__attribute__((target("avx2,fma"))) void rows_tile(const float *x, const W *wr, const float *b, float *y, int64_t K,
+                                                   int64_t N, int64_t n) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
-    const __m256 wv = widen8(wr + k);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + r * K + k), wv, acc[r]);
+    const __m256 wv = load8(wr + k);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), wv, acc[r]);
   }
   for (int r = 0; r < R; ++r) {
     float sum = hsum8(acc[r]);
-    for (int64_t k = K8; k < K; ++k) sum += xr[r * K + k] * bf16_value(wr[k]);
+    for (int64_t k = K8; k < K; ++k) sum += x[r * K + k] * weight_value(wr[k]);
     y[r * N + n] = b != nullptr ? sum + b[n] : sum;
   }
 }
 
-__attribute__((target("avx2,fma"))) void bf16_rows_avx2(const float *xr, const uint16_t *w, const float *b, float *y,
-                                                       int64_t T, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <class W>
+__attribute__((target("avx2,fma"))) void rows_avx2(const float *x, const W *w, const float *b, float *y, int64_t T,
+                                                   int64_t K, int64_t N, int64_t n0, int64_t n1) {
   for (int64_t block = n0; block < n1; block += kColumnBlock) {
     const int64_t end = std::min(n1, block + kColumnBlock);
     for (int64_t t = 0; t < T; t += 4) {
-      const float *x = xr + t * K;
+      const float *xt = x + t * K;
       float *out = y + t * N;
       const int64_t rows = std::min<int64_t>(4, T - t);
       for (int64_t n = block; n < end; ++n) {
-        const uint16_t *wr = w + n * K;
+        const W *wr = w + n * K;
         switch (rows) {
-          case 4: bf16_tile<4>(x, wr, b, out, K, N, n); break;
-          case 3: bf16_tile<3>(x, wr, b, out, K, N, n); break;
-          case 2: bf16_tile<2>(x, wr, b, out, K, N, n); break;
-          default: bf16_tile<1>(x, wr, b, out, K, N, n); break;
+          case 4: rows_tile<4>(xt, wr, b, out, K, N, n); break;
+          case 3: rows_tile<3>(xt, wr, b, out, K, N, n); break;
+          case 2: rows_tile<2>(xt, wr, b, out, K, N, n); break;
+          default: rows_tile<1>(xt, wr, b, out, K, N, n); break;
         }
       }
     }
   }
 }
 #endif
+
+// The few-row GEMM of a float32 or bfloat16 weight over column blocks on `threads` threads (AVX2 where the CPU has
+// it).
+template <class W>
+void few_rows(int threads, const float *x, const W *w, const float *b, float *y, int64_t T, int64_t K, int64_t N) {
+  column_blocks(gemm_threads(threads, T * N * K), N, [&](int64_t n0, int64_t n1) {
+#if defined(__x86_64__)
+    if (has_avx2()) return rows_avx2(x, w, b, y, T, K, N, n0, n1);
+#endif
+    rows_plain(x, w, b, y, T, K, N, n0, n1);
+  });
+}
 
 // ------------------------------------------------------------------------------------------------ int8 weights
 // Row x [K] as int8 q and its scale: cpu_linear_int8.cc's quantize_row, the same operations in the same order (so
@@ -243,28 +270,31 @@ struct Convert {
   float *scales;
 };
 
-// y [T, N] = x [T, K] W^T (+ b) for a weight of the model's kind (0 float32, 1 bfloat16 bits, 2 int8 + scales).
+// y [T, N] = x [T, K] W^T (+ b) for a weight of the model's kind (0 float32, 1 bfloat16 bits, 2 int8 + scales): up
+// to kFloatFewRows / kBf16FewRows rows through the few-row GEMMs here (float32 weights at precision 0; bf16 ones x
+// rounded to bfloat16 first), more through cpu_linear.cc's cores (oneDNN's sgemm, its bf16 GEMM or that GEMM's
+// emulation); int8 always here (exact in int32).
 int linear(int kind, int precision, int threads, const void *w, const float *scale, const float *b, const float *x,
            float *y, int64_t T, int64_t K, int64_t N, const Convert &c) {
   if (T == 0 || N == 0) return 0;
   if (kind == 0) {
-    return gptlocal_core_linear_fwd(x, static_cast<const float *>(w), b, y, T, K, N, LinearOptions{threads, precision});
+    const float *wf = static_cast<const float *>(w);
+    if (T > kFloatFewRows || precision != 0 || K == 0) {
+      return gptlocal_core_linear_fwd(x, wf, b, y, T, K, N, LinearOptions{threads, precision});
+    }
+    few_rows(threads, x, wf, b, y, T, K, N);
+    return 0;
   }
-  const int count = gemm_threads(threads, T * N * K);
   if (kind == 1) {
     const uint16_t *wb = static_cast<const uint16_t *>(w);
-    if (T > kBf16FewRows) {  // oneDNN's bf16 GEMM (precision 1) or its emulation (2): cpu_linear.cc
+    if (T > kBf16FewRows || K == 0) {  // oneDNN's bf16 GEMM (precision 1) or its emulation (2): cpu_linear.cc
       return gptlocal_core_linear_bf16w_fwd(x, wb, b, y, T, K, N, LinearOptions{threads, precision == 2 ? 2 : 1});
     }
     round_bf16(x, T * K, c.rounded);
-    column_blocks(count, N, [&](int64_t n0, int64_t n1) {
-#if defined(__x86_64__)
-      if (has_avx2()) return bf16_rows_avx2(c.rounded, wb, b, y, T, K, N, n0, n1);
-#endif
-      bf16_rows_plain(c.rounded, wb, b, y, T, K, N, n0, n1);
-    });
+    few_rows(threads, c.rounded, wb, b, y, T, K, N);
     return 0;
   }
+  const int count = gemm_threads(threads, T * N * K);
   if (kind != 2 || scale == nullptr) return 1;
   const int8_t *wq = static_cast<const int8_t *>(w);
   run_chunks(threads_for(threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
