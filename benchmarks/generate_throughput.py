@@ -137,7 +137,8 @@ ENGINES = (*CT2_SIDES, *LLAMACPP_SIDES)  # the peers that are not PyTorch (no --
 # folder's (auto), as gptlocal generate runs it
 COMPILED = {"runner": "plain"}  # the compiled runner's graphs (on CPU the default runner is the native one)
 SIDE_KERNELS = {"ours-compiled": COMPILED, "ours-bf16-compiled": COMPILED, "ours-int8-compiled": COMPILED,
-                "ours-matmul": {"linear": "plain", **COMPILED}, "ours-plain-decode": {"decode_layer": "plain", **COMPILED},
+                "ours-matmul": {"linear": "plain", **COMPILED},
+                "ours-plain-decode": {"decode_layer": "plain", **COMPILED},
                 "ours-decode-kernel": {"decode_layer": "kernel", **COMPILED},
                 "ours-bf16-decode-kernel": {"decode_layer": "kernel", **COMPILED},
                 "ours-int8-plain-decode": {"decode_layer": "plain", **COMPILED},

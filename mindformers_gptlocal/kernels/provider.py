@@ -107,10 +107,10 @@ GREEDY_STEPS_MAX = 8
 # ``mlp_form``: "tanh", "quick", "erf", "relu", "swiglu"), ``compute_dtype``; ``arch`` (the model's ``Arch``:
 # ``bias``, ``qkv_bias``, ``rotary_dim``, ``parallel_residual``); ``linears``: "float32" / "bfloat16" where the
 # Linears (SwiGLU's gate too) are all the base Linear holding weights of that dtype, "int8" where all are an int8
-# model's, None for anything else (LoRA, a mix); ``norm``: "LayerNorm" or "RMSNorm" where both norms are that one (or its kernel form), else None; ``norm_weights``:
-# their weights' dtype (None: differing); ``norm_dtype``, ``softmax_dtype``: the norms' and the softmax's compute
-# dtypes; ``prefix``, ``adapters``, ``layerdrop``: the layer has a prefix-tuning prefix, a bottleneck adapter,
-# LayerDrop.
+# model's, None for anything else (LoRA, a mix); ``norm``: "LayerNorm" or "RMSNorm" where both norms are that one
+# (or its kernel form), else None; ``norm_weights``: their weights' dtype (None: differing); ``norm_dtype``,
+# ``softmax_dtype``: the norms' and the softmax's compute dtypes; ``prefix``, ``adapters``, ``layerdrop``: the layer
+# has a prefix-tuning prefix, a bottleneck adapter, LayerDrop.
 DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
     "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "norm", "norm_weights",
     "norm_dtype", "softmax_dtype", "prefix", "adapters", "layerdrop"))

@@ -19,8 +19,9 @@ from mindspore import Tensor
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import linear
 from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16, CPUDecodeLayerInt8
-from mindformers_gptlocal.model.quantization import QUANTIZATION, quantize_rows
+from mindformers_gptlocal.model.quantization import QUANTIZATION
 from conftest import TINY
+from references import set_float_weights
 
 LLAMA = dict(normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False, position_embedding_type="rope",
              untie_embeddings_and_output_weights=True)
@@ -57,13 +58,7 @@ def pair(changes, inference=False):
     models = [GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **dict(changes, cpu_kernels=dict(
         kernels, decode_layer=mode, runner="plain")))), inference=inference) for mode in ("kernel", "plain")]
     for model in models:
-        for name, param in model.parameters_and_names():
-            if name.endswith("_scale"):
-                param.set_data(Tensor(quantize_rows(weights[name[:-len("_scale")]])[1]))
-            elif param.dtype == ms.int8:
-                param.set_data(Tensor(quantize_rows(weights[name])[0]))
-            elif name in weights:
-                param.set_data(Tensor(weights[name], param.dtype))
+        set_float_weights(model, weights)
     fast, plain = models
     fast.set_train(False)
     plain.set_train(False)

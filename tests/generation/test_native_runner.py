@@ -24,10 +24,11 @@ from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
-from mindformers_gptlocal.model.quantization import QUANTIZATION, quantize_rows
+from mindformers_gptlocal.model.quantization import QUANTIZATION
 from mindformers_gptlocal.runtime.native import NativeRunner
 from mindformers_gptlocal.runtime.runner import ModelRunner
 from conftest import TINY
+from references import set_float_weights
 
 LLAMA = dict(normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False, position_embedding_type="rope",
              untie_embeddings_and_output_weights=True)
@@ -67,13 +68,7 @@ def models(layout, precision="float32", seed=3):
     built = [GPTLocalForCausalLM(GPTLocalConfig(**changes), inference=True),
              GPTLocalForCausalLM(GPTLocalConfig(**dict(changes, cpu_kernels="plain")), inference=True)]
     for model in built:
-        for name, param in model.parameters_and_names():
-            if name.endswith("_scale"):
-                param.set_data(Tensor(quantize_rows(weights[name[:-len("_scale")]])[1]))
-            elif param.dtype == ms.int8:
-                param.set_data(Tensor(quantize_rows(weights[name])[0]))
-            elif name in weights:
-                param.set_data(Tensor(weights[name], param.dtype))
+        set_float_weights(model, weights)
         model.set_train(False)
     if precision == "bf16":  # the native build holds the token table as bfloat16 (its lookup reads rounded rows)
         table = built[1].model.embedding.word_embeddings
