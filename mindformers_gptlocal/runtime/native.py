@@ -167,8 +167,9 @@ class NativeRunner:
             self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
     def _current(self):
-        """True while every Parameter still holds the buffer the structs point at."""
-        return all(param.asnumpy().ctypes.data == address for param, address in self._views)
+        """True while every Parameter still holds the buffer the structs point at (``data_ptr``: ~0.3 us a
+        Parameter, where ``asnumpy`` takes ~35)."""
+        return all(param.data_ptr() == address for param, address in self._views)
 
     # --- the caches, as the compiled runner's callers read them --------------------------------------------
     @property
