@@ -806,9 +806,11 @@ class GPTLocalForCausalLM(nn.Cell):
 
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
-        """The inference runtime's runner (``runtime/runner.py`` ``ModelRunner``: a KV cache and its compiled
-        prefill / decode / greedy graphs) for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up
-        to a bucket), built once per shape and kept (the most recently used shapes) so no call recompiles."""
+        """The inference runtime's runner for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up
+        to a bucket), built once per shape and kept (the most recently used shapes): on CPU the native runner
+        (``runtime/native.py``: the forward over a KV cache as one C++ call a step), else ``runtime/runner.py``'s
+        ``ModelRunner`` (a KV cache and its compiled prefill / decode / greedy graphs, so no call recompiles); the
+        provider decides (``KernelProvider.runner``)."""
         from ..runtime.runner import runner_for  # the runtime runs the model: imported when first asked
         return runner_for(self, batch_size, needed_length)
 

@@ -62,8 +62,9 @@ def cache_length(needed, limit, bucket=CACHE_BUCKET):
 
 
 def runner_for(causal_lm, batch_size, needed_length):
-    """The model's ``ModelRunner`` for ``batch_size`` sequences of up to ``needed_length`` tokens (its pool, made
-    on first use; ``GPTLocalForCausalLM.kv_cache`` calls this)."""
+    """The model's runner (``ModelRunner``, or on CPU the native one: ``RunnerPool.kind``) for ``batch_size``
+    sequences of up to ``needed_length`` tokens (its pool, made on first use; ``GPTLocalForCausalLM.kv_cache`` calls
+    this)."""
     pool = causal_lm.__dict__.get("_kv_caches")
     if pool is None:
         pool = causal_lm._kv_caches = RunnerPool(causal_lm, KEPT)  # pylint: disable=protected-access
