@@ -54,9 +54,10 @@ using gptlocal::decoder::LayerWeights;
 using gptlocal::decoder::Rows;
 
 // float32 and bf16 weights: up to this many rows through few_rows, more through cpu_linear.cc's cores. Measured (one
-// thread, a cold 2,048 x 768 float32 weight, min of 40): few_rows 0.33 / 0.37 / 0.63 / 1.15 / 2.17 ms at 1 / 4 / 8 /
-// 16 / 32 rows, oneDNN's sgemm 0.31 / 0.49 / 0.63 / 0.88 / 1.41 ms; a bf16 weight here streams half the bytes, and
-// this CPU's bf16 GEMM in oneDNN is its reference code (or, cpu_linear.cc, an emulation that widens the weight)
+// thread, a cold 2,048 x 768 float32 weight, min of 40, AMD EPYC Zen 3): few_rows 0.33 / 0.37 / 0.63 / 1.15 / 2.17
+// ms at 1 / 4 / 8 / 16 / 32 rows, oneDNN's sgemm 0.31 / 0.49 / 0.63 / 0.88 / 1.41 ms. bf16 weights: the same where
+// oneDNN has a bf16 GEMM for this CPU (precision 1); where it emulates one (precision 2: the weight widened to float32
+// at each call) few_rows, which widens as it streams, up to kBf16FewRows
 constexpr int64_t kFloatFewRows = 8;
 constexpr int64_t kBf16FewRows = 32;
 constexpr int64_t kQueryBlock = 16;   // attention: query positions of one row per task
@@ -287,7 +288,7 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
   }
   if (kind == 1) {
     const uint16_t *wb = static_cast<const uint16_t *>(w);
-    if (T > kBf16FewRows || K == 0) {  // oneDNN's bf16 GEMM (precision 1) or its emulation (2): cpu_linear.cc
+    if (T > (precision == 2 ? kBf16FewRows : kFloatFewRows) || K == 0) {  // oneDNN's bf16 GEMM or its emulation
       return gptlocal_core_linear_bf16w_fwd(x, wb, b, y, T, K, N, LinearOptions{threads, precision == 2 ? 2 : 1});
     }
     round_bf16(x, T * K, c.rounded);
