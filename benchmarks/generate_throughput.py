@@ -35,9 +35,16 @@ time (median), plain / kernels, and the largest logit difference. The kernels si
 ``--linear-kernel always``: the kernels side's in every graph ({linear: kernel}), ``off``: MatMul too
 ({linear: plain}).
 
-``--sides ours,ours-matmul,hf``: ours-matmul is ours with model_config.cpu_kernels {linear: plain} (every Linear and
-the head on MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others in the
-same run; ours-plain-rms-swiglu (a Llama-style shape) {rms_norm: plain, swiglu: plain}: MindSpore's RMSNorm and
+The ours sides run as ``gptlocal generate`` does: on CPU the native runner (``runtime/native.py``: one C++ call a
+step, no graph; ``cpu_kernels`` op ``runner``). ``ours-compiled`` (and ``ours-int8-compiled``, ``ours-bf16-compiled``)
+is the same model on the compiled graphs (``cpu_kernels: {runner: plain}``: the prefill / decode / greedy graphs with
+the decode-layer node), for an A/B of the runners in one run; the sides that choose a kernel of the compiled graphs
+(``ours-matmul``, ``ours-plain-decode``, ``ours-decode-kernel``, ``ours-bf16-decode-kernel``,
+``ours-int8-plain-decode``, ``ours-plain-rms-swiglu``) run the compiled runner too, as does ``--kernels-vs-plain``.
+
+``--sides ours,ours-matmul,hf``: ours-matmul is ours-compiled with model_config.cpu_kernels {linear: plain} (every
+Linear and the head on MindSpore's MatMul, the path before the GEMM kernel by row count), alternating with the others
+in the same run; ours-plain-rms-swiglu (a Llama-style shape) {rms_norm: plain, swiglu: plain}: MindSpore's RMSNorm and
 SiLU * up ops instead of the kernels.
 
 Precision sides (``python benchmarks/run.py generate``):
@@ -119,27 +126,32 @@ LLAMACPP_INSTALL = (f'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python
                     "llama.cpp from the sdist: 6+ minutes on 2 cores)")
 LLAMACPP_CONVERTER = (f"pip download --no-binary :all: --no-deps llama-cpp-python=={LLAMACPP_VERSION}, unpack it and "
                       "give its vendor/llama.cpp folder (convert_hf_to_gguf.py, conversion/, gguf-py/)")
-SIDES = ("ours", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-kernel", "ours-cached", "ours-bf16",
-         "ours-bf16-per-call", "ours-bf16-decode-kernel", "ours-plain-rms-swiglu",
-         "ours-int8", "ours-int8-plain-decode", "hf", *CT2_SIDES, *LLAMACPP_SIDES)
+SIDES = ("ours", "ours-compiled", "ours-mf", "ours-matmul", "ours-plain-decode", "ours-decode-kernel", "ours-cached",
+         "ours-bf16", "ours-bf16-compiled", "ours-bf16-per-call", "ours-bf16-decode-kernel", "ours-plain-rms-swiglu",
+         "ours-int8", "ours-int8-compiled", "ours-int8-plain-decode", "hf", *CT2_SIDES, *LLAMACPP_SIDES)
 ENGINES = (*CT2_SIDES, *LLAMACPP_SIDES)  # the peers that are not PyTorch (no --forward job, their own threads)
 # model_config.cpu_kernels given to from_pretrained (ours-matmul: every Linear and the head on MatMul;
 # ours-plain-decode: the decode step's plain graph, not the decode-layer kernel; ours-decode-kernel: the decode-layer
 # kernel, which auto gives float32 and int8 models; ours-bf16-decode-kernel: a bf16 model's, kernel only); the other
 # sides keep the converted
 # folder's (auto), as gptlocal generate runs it
-SIDE_KERNELS = {"ours-matmul": {"linear": "plain"}, "ours-plain-decode": {"decode_layer": "plain"},
-                "ours-decode-kernel": {"decode_layer": "kernel"}, "ours-bf16-decode-kernel": {"decode_layer": "kernel"},
-                "ours-int8-plain-decode": {"decode_layer": "plain"},
-                "ours-plain-rms-swiglu": {"rms_norm": "plain", "swiglu": "plain"}}
+COMPILED = {"runner": "plain"}  # the compiled runner's graphs (on CPU the default runner is the native one)
+SIDE_KERNELS = {"ours-compiled": COMPILED, "ours-bf16-compiled": COMPILED, "ours-int8-compiled": COMPILED,
+                "ours-matmul": {"linear": "plain", **COMPILED},
+                "ours-plain-decode": {"decode_layer": "plain", **COMPILED},
+                "ours-decode-kernel": {"decode_layer": "kernel", **COMPILED},
+                "ours-bf16-decode-kernel": {"decode_layer": "kernel", **COMPILED},
+                "ours-int8-plain-decode": {"decode_layer": "plain", **COMPILED},
+                "ours-plain-rms-swiglu": {"rms_norm": "plain", "swiglu": "plain", **COMPILED}}
 # more from_pretrained overrides by side (ours-bf16: the GEMMs in bfloat16, model_config.compute_dtype)
 SIDE_OVERRIDES = {side: {"compute_dtype": "bfloat16"}
-                  for side in ("ours-bf16", "ours-bf16-per-call", "ours-bf16-decode-kernel")}
+                  for side in ("ours-bf16", "ours-bf16-compiled", "ours-bf16-per-call", "ours-bf16-decode-kernel")}
 # the ours sides not built for inference (from_pretrained's inference=False: float32 Parameters); the others as
 # gptlocal generate builds them (runtime/loader.py load_model: inference=True)
 TRAINING_BUILD = ("ours-bf16-per-call",)
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
-PRECISION = {"ours-bf16": "bf16", "ours-bf16-per-call": "bf16", "ours-bf16-decode-kernel": "bf16", "ours-int8": "int8",
+PRECISION = {"ours-bf16": "bf16", "ours-bf16-compiled": "bf16", "ours-bf16-per-call": "bf16",
+             "ours-bf16-decode-kernel": "bf16", "ours-int8": "int8", "ours-int8-compiled": "int8",
              "ours-int8-plain-decode": "int8", "ct2-int8": "int8", "ct2-bf16": "bf16", "llamacpp-q8_0": "int8",
              "llamacpp-bf16": "bf16"}  # else fp32
 CT2_VERSION = "4.8.5"  # the bench extra's pin (setup.cfg)
@@ -245,7 +257,7 @@ def setup(work, shape, sides=(), converter=None):
             from mindformers_gptlocal.quantize import quantize_model
             quantize_model(os.path.join(work, shape + "_ms"), os.path.join(work, shape + "_int8"), "int8")
         except Exception as err:  # pylint: disable=broad-except  (one line for the table, the other sides run)
-            for side in ("ours-int8", "ours-int8-plain-decode"):
+            for side in ("ours-int8", "ours-int8-compiled", "ours-int8-plain-decode"):
                 notes["skipped"][side] = f"quantize_model(dir, out, 'int8') failed: {C.error_line(err)}"
     ct2 = [side for side in sides if side in CT2_SIDES]
     if ct2:
@@ -598,7 +610,7 @@ def kernels_vs_plain(shape, batch, lengths, rounds, threads, linear_kernel="rows
     def built(plain):  # the plain prefill is KVCache.step (below); the plain side's Linears and head on MatMul
         linear = "plain" if plain else LINEAR_KERNEL[linear_kernel]
         ms.set_seed(0)
-        model = GPTLocalForCausalLM(GPTLocalConfig(**config, cpu_kernels={"linear": linear}))
+        model = GPTLocalForCausalLM(GPTLocalConfig(**config, cpu_kernels={"linear": linear, **COMPILED}))
         model.set_train(False)
         return model
 
@@ -643,9 +655,11 @@ def main():
     parser.add_argument("--recompute-shapes", default="tiny",
                         help="shapes that also time our no-cache path (slow: a full forward per token)")
     parser.add_argument("--sides", default="ours,hf",
-                        help="ours (the model's own classes, as gptlocal generate: no MindFormers), ours-mf (the "
+                        help="ours (the model's own classes, as gptlocal generate: no MindFormers; on CPU the "
+                             "native runner), ours-compiled / ours-int8-compiled / ours-bf16-compiled (the same on the "
+                             "compiled graphs: cpu_kernels {runner: plain}), ours-mf (the "
                              "model on MindFormers' bases, mindformers_gptlocal.GPTLocalForCausalLM), ours-matmul "
-                             "(ours with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), "
+                             "(ours-compiled with model_config.cpu_kernels {linear: plain}: MatMul in every Linear), "
                              "ours-plain-decode (cpu_kernels {decode_layer: plain}), ours-decode-kernel (cpu_kernels "
                              "{decode_layer: kernel}; auto runs it too), ours-cached (ours through a compile-cache "
                              "folder of this run, as gptlocal generate's default --compile-cache: round 1 compiles and "

@@ -60,11 +60,11 @@ SUITES = {
                  "(give --llamacpp-converter DIR: benchmarks/generate_throughput.py's docstring)", [
         ("gpt2", "generate_throughput.py", "--shapes tiny,small --batches 1,8 --rounds 2 --threads 2 "
                                            "--recompute-shapes none "
-                                           "--sides ours,ours-plain-decode,ours-bf16,ours-int8,"
+                                           "--sides ours,ours-compiled,ours-bf16,ours-int8,"
                                            "ct2-fp32,ct2-int8,ct2-bf16,hf"),
         ("llama", "generate_throughput.py", "--shapes llama --batches 1,8 --rounds 2 --threads 2 "
-                                            "--recompute-shapes none --sides ours,ours-bf16,ours-int8,"
-                                            "ct2-fp32,ct2-int8,ct2-bf16,hf --forward"),
+                                            "--recompute-shapes none --sides ours,ours-compiled,ours-bf16,"
+                                            "ours-int8,ct2-fp32,ct2-int8,ct2-bf16,hf --forward"),
         ("llamacpp", "generate_throughput.py", "--shapes llama,small --batches 1,8 --rounds 2 --threads 2 "
                                                "--recompute-shapes none --sides ours,ours-int8,ours-bf16,"
                                                "llamacpp-f32,llamacpp-q8_0,llamacpp-bf16,ct2-fp32,ct2-int8"),

@@ -138,6 +138,20 @@ def copy_weights(source, target):
         param.set_data(Tensor(values[name].asnumpy()))
 
 
+def set_float_weights(model, weights):
+    """``model``'s Parameters from ``weights`` (name -> a float model's float32 array): an int8 model's quantized as
+    ``gptlocal quantize`` does (int8 rows and their scales), a bfloat16 Parameter's rounded; names ``weights`` lacks
+    keep their value."""
+    from mindformers_gptlocal.model.quantization import quantize_rows
+    for name, param in model.parameters_and_names():
+        if name.endswith("_scale"):
+            param.set_data(Tensor(quantize_rows(weights[name[:-len("_scale")]])[1]))
+        elif param.dtype == ms.int8:
+            param.set_data(Tensor(quantize_rows(weights[name])[0]))
+        elif name in weights:
+            param.set_data(Tensor(weights[name], param.dtype))
+
+
 def train_steps(model, batches, steps=3, learning_rate=1e-3):
     """Losses of ``steps`` AdamW steps (graph mode, ``batches`` taken in turn) and the first step's gradients by
     parameter name."""

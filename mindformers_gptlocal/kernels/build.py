@@ -52,7 +52,8 @@ from .table import TABLE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(HERE, name) for name in TABLE.sources)  # the kernels' cores, in the table's order
-HEADERS = tuple(os.path.join(HERE, name) for name in ("common.h", "aot.h"))  # included: part of the cache key
+# included: part of the cache key
+HEADERS = tuple(os.path.join(HERE, name) for name in ("common.h", "aot.h", "cpu_decoder.h"))
 LIBRARY_NAME = "libgptlocal_kernels.so"
 SYMBOLS = TABLE.symbols  # every entry point, export and typed core: a library without one of them is not ours
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")

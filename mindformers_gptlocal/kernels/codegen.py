@@ -26,6 +26,8 @@ def header(table=TABLE):
              "#pragma once", "", "#include <cstdint>", ""]
     for options in table.options:
         lines += [options.c_struct(), ""]
+    for struct in table.structs:
+        lines += [struct.c_struct(), ""]
     for kernel in table.cores:
         lines += [*comment(f"{kernel.source}: {kernel.doc}"), kernel.core_declaration()]
     lines.append("")

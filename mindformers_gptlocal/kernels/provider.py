@@ -21,10 +21,10 @@ step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the ru
   bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
   kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do. A build
   for inference (``inference``: ``runtime/loader.py`` ``load_model``, what generate, chat, serve and eval build)
-  with those bf16 GEMMs through the GEMM kernel holds the Linears' and the head's weights as bfloat16 once
-  (``bf16_weights``; a tied head a bf16 copy of the float32 token table; the kernel takes them as they are), the
-  same numbers as the float32 weights rounded at every GEMM; training builds and the plain path keep float32
-  weights.
+  with those bf16 GEMMs through the GEMM kernel holds the Linears', the head's and the token table's weights as
+  bfloat16 once (``bf16_weights``; a tied head the table itself; the kernel takes them as they are), the same
+  numbers as the float32 weights rounded at every GEMM (the token lookup reads the rounded rows); training builds
+  and the plain path keep float32 weights.
 
 A kernel that cannot be built here (no compiler, MindSpore refusing the library) gives the plain path after one
 warning line (``build.warn_once``). Nothing here or in the layers reads the environment to choose a kernel.
@@ -54,8 +54,11 @@ OPS = {op: text + TABLE.where(op) for op, text in {
     "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
-    "decode_layer": "a GPT-2 layer of the decode step (one new token a row) as one kernel (Cell: "
-                    "kernels/decode_layer.py); float32, int8 and (built for inference) bf16 models",
+    "decode_layer": "a layer of the decode step (one new token a row) as one kernel node in the compiled decode graph "
+                    "(Cell: kernels/decode_layer.py; every layout the model builds); float32, int8 and (built for "
+                    "inference) bf16 models",
+    "runner": "the inference runtime's runner on CPU: the native runner (runtime/native.py: the model's forward over "
+              "its KV cache as one C++ call a step, no MindSpore graph) or the compiled graphs (runtime/runner.py)",
     "adamw": "GPTLocalAdamW's update of each float32 parameter and its moments in place, one pass (Cell: "
              "kernels/train_step.py; AdamWeightDecay's formula), in gpt_local's train step (GPTLocalTrainOneStepCell)",
     "square_sum": "each gradient's sum of squares, one read-only pass, for the train step's overflow check and the "
@@ -99,17 +102,21 @@ HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
 GREEDY_STEPS_BUDGET = 32
 GREEDY_STEPS_MAX = 8
 
-# What ``KernelProvider.decode_layer_for`` weighs of one built decoder layer (``model/gpt.py`` ``make_decode_layer``
-# gathers it): the kernel's arguments (``epsilon``, ``scale``, GeLU ``form``, ``compute_dtype``: as
-# ``decode_layer``'s); ``arch`` (the model's ``Arch``: ``bias``, ``qkv_bias``, ``learned_positions``, ``gated``,
-# ``parallel_residual``); ``linears``: "float32" / "bfloat16" where the four Linears are all the base Linear
-# holding weights of that dtype, "int8" where all are an int8 model's on the ``int8_linear`` kernel, None for
-# anything else (LoRA, a mix); ``layer_norms``: both norms LayerNorm (or its kernel form); ``norm_weights``: their
-# weights' dtype (None: differing); ``norm_dtype``, ``softmax_dtype``: the norms' and the softmax's compute dtypes;
-# ``prefix``, ``adapters``, ``layerdrop``: the layer has a prefix-tuning prefix, a bottleneck adapter, LayerDrop.
+# What ``KernelProvider.decode_layer_for`` and ``runner`` weigh of one built decoder layer (``model/gpt.py``
+# ``layer_facts`` gathers it): the layer's ``epsilon``, attention ``scale``, MLP ``form`` (``model/gpt.py``
+# ``mlp_form``: "tanh", "quick", "erf", "relu", "swiglu"), ``compute_dtype``; ``arch`` (the model's ``Arch``:
+# ``bias``, ``qkv_bias``, ``rotary_dim``, ``parallel_residual``); ``linears``: "float32" / "bfloat16" where the
+# Linears (SwiGLU's gate too) are all the base Linear holding weights of that dtype, "int8" where all are an int8
+# model's, None for anything else (LoRA, a mix); ``norm``: "LayerNorm" or "RMSNorm" where both norms are that one
+# (or its kernel form), else None; ``norm_weights``: their weights' dtype (None: differing); ``norm_dtype``,
+# ``softmax_dtype``: the norms' and the softmax's compute dtypes; ``prefix``, ``adapters``, ``layerdrop``: the layer
+# has a prefix-tuning prefix, a bottleneck adapter, LayerDrop.
 DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
-    "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "layer_norms", "norm_weights", "norm_dtype",
-    "softmax_dtype", "prefix", "adapters", "layerdrop"))
+    "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "norm", "norm_weights",
+    "norm_dtype", "softmax_dtype", "prefix", "adapters", "layerdrop"))
+# The MLP forms and norms the decoder's C++ layer computes (cpu_decoder.h; kernels/decode_layer.py MLP_FORMS, NORMS)
+LAYER_FORMS = ("tanh", "quick", "erf", "relu", "swiglu")
+LAYER_NORMS = ("LayerNorm", "RMSNorm")
 
 _TOLD = set()  # the lines _tell_once wrote
 DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16"}
@@ -201,9 +208,10 @@ class KernelProvider:
 
     @functools.cached_property
     def bf16_weights(self):
-        """True where the Linears and the head hold bfloat16 weights (a tied head a bf16 copy of the float32 token
-        table, ``model/gpt.py`` ``head_table``): an inference build whose GEMMs run in bf16 through the GEMM kernel
-        (they round the weight anyway, so holding it rounded changes no number; the kernel takes it as held).
+        """True where the Linears, the head and the token table hold bfloat16 weights (a tied head the table itself,
+        its lookup through ``bf16_rows``): an inference build whose GEMMs run in bf16 through the GEMM kernel
+        (they round the weight anyway, so holding it rounded changes no GEMM's number; the kernel takes it as held;
+        the token lookup then reads the rounded rows, as llama.cpp's and CTranslate2's bf16 models do).
         Training builds keep float32 weights; so does the plain path (``linear: plain`` or no library): MindSpore
         2.9's CPU graphs copy a Parameter with TensorMove before a side effect (the plain KV write, ScatterNdUpdate),
         which has no bfloat16 kernel there."""
@@ -297,6 +305,15 @@ class KernelProvider:
         from .linear import linear_epilogue_kernel  # pylint: disable=import-outside-toplevel
         return linear_epilogue_kernel(form, compute_dtype, precision=self.gemm_dtype or "float32")
 
+    def bf16_rows(self):
+        """The token lookup of a table held as bfloat16 (``kernels/embedding.py``: a bf16 inference build's, where
+        ``bf16_weights``), or None: the table stays float32 and MindSpore's Gather reads it."""
+        if not self.bf16_weights:
+            return None
+        from . import build  # pylint: disable=import-outside-toplevel
+        from .embedding import CPURowsBF16  # pylint: disable=import-outside-toplevel
+        return CPURowsBF16(build.library()[0])
+
     def lora_dropout(self, plain, compute_dtype):
         """LoRA's input-dropout kernel for the counter dropout ``plain`` (0 < p < 1, float32), or None: also in a
         parallel build, whose dropouts are MindSpore's (the kernel draws the counter dropout's masks)."""
@@ -318,26 +335,26 @@ class KernelProvider:
         """True where the faster forms of MindSpore ops run (``OPS["composed_ops"]``), on every build mode."""
         return self.uses("composed_ops")
 
-    def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False, bf16_weights=False):
-        """The decode step's layer kernel (``kernels/decode_layer.py``: LayerNorm .. MLP .. residual with the KV
-        cache written in place, one node a layer) for a layer of GPT-2's structure (``decode_layer_for`` checks that
-        from the layer's facts) with LayerNorm ``epsilon``, attention ``scale`` and GeLU ``form``
-        ("tanh" or "quick"), or None: the plain decode graph. Float32 and int8 models (``int8``: its Linears through
-        the ``int8_linear`` kernel, so only where that op is chosen too) and a bf16 model's (``compute_dtype``
-        bfloat16, a float32 graph with bf16 GEMMs here) where its Linears hold bfloat16 weights (``bf16_weights``,
-        an inference build: ``self.bf16_weights``; its GEMMs the same bf16 kernel as its plain graph's), under
-        ``auto`` and ``kernel`` (``DECODE_LAYER_AUTO``); one rank."""
+    def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False, bf16_weights=False, **layout):
+        """The decode step's layer kernel (``kernels/decode_layer.py``: norm .. MLP .. residual with the KV cache
+        written in place, one node a layer) for a layer ``decode_layer_for`` found it computes, with norm ``epsilon``,
+        attention ``scale``, MLP ``form`` and ``layout`` (``CPUDecodeLayer``'s ``norm``, ``rotary_dim``,
+        ``parallel_residual``, ``qkv_bias``, ``bias``), or None: the plain decode graph. Float32 and int8 models
+        (``int8``: the int8 scheme exact in int32, as the ``int8_linear`` kernel and its plain ops compute it) and a
+        bf16 model's (``compute_dtype`` bfloat16, a float32 graph with bf16 GEMMs here) where its Linears hold
+        bfloat16 weights (``bf16_weights``, an inference build: ``self.bf16_weights``), under ``auto`` and ``kernel``
+        (``DECODE_LAYER_AUTO``); one rank."""
         bf16 = self.gemm_dtype == "bfloat16"
         if self.graph_dtype(compute_dtype) != "float32" or not self.uses("decode_layer") or bf16 != bool(bf16_weights):
             return None
-        if int8 and (bf16 or not self.uses("int8_linear")):
+        if int8 and bf16:
             return None
         kind = "int8" if int8 else ("bfloat16" if bf16 else "float32")
         if self.modes["decode_layer"] == "auto" and kind not in DECODE_LAYER_AUTO:
             return None
         from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
         return decode_layer_kernel(epsilon, scale, form, ms.float32, int8=int8, precision=self.gemm_dtype or "float32",
-                                   bf16_weights=bf16)
+                                   bf16_weights=bf16, **layout)
 
     def adamw(self, param_dtypes):
         """GPTLocalAdamW's update kernel (``kernels/train_step.py`` ``CPUAdamW``) where every parameter it updates
@@ -395,23 +412,46 @@ class KernelProvider:
         dtype = compute_dtype if softmax_dtype == ms.float32 else softmax_dtype
         return self.attention(scale, dtype, dropout if dropout_rate > 0 else None)
 
+    @staticmethod
+    def _layer_computes(facts):
+        """True where the decoder's C++ layer (``cpu_decoder.cc``) computes the layer of ``facts``: a form and a
+        norm it has, float32 norms (weights and compute) and softmax, its Linears all base ones of one weight dtype or
+        all an int8 model's, no prefix or adapter."""
+        return (facts.form in LAYER_FORMS and facts.norm in LAYER_NORMS and facts.norm_weights == ms.float32 and
+                facts.norm_dtype == ms.float32 and facts.softmax_dtype == ms.float32 and
+                facts.linears in ("float32", "bfloat16", "int8") and not facts.prefix and not facts.adapters)
+
     def decode_layer_for(self, facts):
         """The decode-layer kernel for one built decoder layer (``facts``: a ``DecodeLayerFacts``), or None: the
-        layer's plain decode graph. Only where the layer is exactly what the kernel computes: GPT-2's structure
-        (LayerNorm, biased Linears, learned positions, the sequential residual, MHA or GQA, the tanh or quick GeLU),
-        float32 norms and softmax, its Linears all base ones holding float32 weights, all holding bfloat16 ones (a
-        bf16 model built for inference) or all an int8 model's on the int8 kernel, and no LoRA, adapter, prefix or
-        LayerDrop; then as ``decode_layer`` decides for its precision."""
-        arch = facts.arch
-        fits = (facts.form is not None and arch.bias and arch.qkv_bias and arch.learned_positions and
-                not arch.gated and not arch.parallel_residual and not facts.prefix and not facts.adapters and
-                not facts.layerdrop and facts.softmax_dtype == ms.float32 and facts.norm_dtype == ms.float32 and
-                facts.layer_norms and facts.norm_weights == ms.float32 and
-                facts.linears in ("float32", "bfloat16", "int8"))
-        if not fits:
+        layer's plain decode graph. Where the C++ layer computes it (``_layer_computes``: every layout the model
+        builds, LayerNorm or RMSNorm, learned positions or rope, MHA or GQA, any biases, any MLP form, sequential or
+        parallel residual; float32, bfloat16 or int8 Linears) and the layer has no LayerDrop (the compiled graph keeps
+        its Cell); then as ``decode_layer`` decides for its precision."""
+        if not self._layer_computes(facts) or facts.layerdrop:
             return None
+        arch = facts.arch
         return self.decode_layer(facts.epsilon, facts.scale, facts.form, facts.compute_dtype,
-                                 int8=facts.linears == "int8", bf16_weights=facts.linears == "bfloat16")
+                                 int8=facts.linears == "int8", bf16_weights=facts.linears == "bfloat16",
+                                 norm=facts.norm, rotary_dim=arch.rotary_dim, parallel_residual=arch.parallel_residual,
+                                 qkv_bias=arch.qkv_bias, bias=arch.bias)
+
+    def runner(self, layers):
+        """Which runner ``generate``, ``chat``, ``serve`` and eval's generation run (``runtime/runner.py``
+        ``runner_for``): "native" (``runtime/native.py``: the forward as one C++ call a step, no graph) or "compiled"
+        (the compiled prefill / decode / greedy graphs). ``layers``: each built layer's ``DecodeLayerFacts``. Native
+        on CPU under ``runner: auto`` or ``kernel``, one rank, float32 compute, every layer one the C++ layer
+        computes (``_layer_computes``: LayerDrop is an identity there), its Linears holding the weights the provider
+        builds (bfloat16 where ``bf16_weights``; float32 or int8 otherwise) and the library built; else compiled
+        (``plain``: the reference; LoRA, adapters, prefix tuning, float16 models, other backends)."""
+        if not self.uses("runner") or not layers:
+            return "compiled"
+        held = ("bfloat16",) if self.bf16_weights else ("float32", "int8")
+        for facts in layers:
+            if self.graph_dtype(facts.compute_dtype) != "float32" or not self._layer_computes(facts) or \
+                    facts.linears not in held:
+                return "compiled"
+        from . import build  # pylint: disable=import-outside-toplevel
+        return "native" if build.library()[0] is not None else "compiled"
 
     def epilogue_residual(self, epilogue, hidden_dropout=0.0, adapter=False, layerdrop=False,
                           parallel_residual=False):

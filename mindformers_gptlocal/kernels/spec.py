@@ -304,17 +304,61 @@ class Kernel:
         return tuple(sources), tuple(plan)
 
 
+# a plain C struct's field type -> (its C declaration, ctypes' type): sizes and flags, and pointers (const unless
+# "mut"), for the structs ctypes hands the library's plain C functions (``Struct``)
+STRUCT_FIELDS = {"int": ("int32_t", ctypes.c_int32), "int64": ("int64_t", ctypes.c_int64),
+                 "float": ("float", ctypes.c_float), "f32*": ("const float *", ctypes.c_void_p),
+                 "i32*": ("const int32_t *", ctypes.c_void_p), "void*": ("const void *", ctypes.c_void_p),
+                 "mut f32*": ("float *", ctypes.c_void_p), "mut i32*": ("int32_t *", ctypes.c_void_p),
+                 "mut void*": ("void *", ctypes.c_void_p)}
+
+
+class Struct:
+    """A plain C struct a hand-written export takes by pointer (``Export``: ctypes calls it, no AOT prologue):
+    ``fields`` "name: type, ..." with the types of ``STRUCT_FIELDS`` (ints, floats and pointers: the C compiler and
+    ctypes lay both out by the platform's rules, so one declaration gives both). ``c_struct()`` is its C text
+    (``cores.h``); ``ctypes`` its ``ctypes.Structure``, whose pointer fields take an address (an int, e.g. a numpy
+    array's ``ctypes.data``) or None."""
+
+    def __init__(self, name, fields, doc):
+        self.name = name
+        self.doc = doc
+        self.fields = tuple((field.split(":")[0].strip(), field.split(":")[1].strip()) for field in fields.split(","))
+        for field, kind in self.fields:
+            if kind not in STRUCT_FIELDS:
+                raise ValueError(f"{name}.{field}: {kind!r}, one of {', '.join(STRUCT_FIELDS)}")
+        self.ctypes = type(name, (ctypes.Structure,), {
+            "_fields_": [(f, STRUCT_FIELDS[k][1]) for f, k in self.fields], "__doc__": doc})
+
+    def __call__(self, *args, **kwargs):
+        """A value of the struct (its ``ctypes.Structure``)."""
+        return self.ctypes(*args, **kwargs)
+
+    def array(self, count):
+        """A ctypes array of ``count`` zeroed values (null pointers)."""
+        return (self.ctypes * count)()
+
+    def c_struct(self):
+        lines = [*comment(self.doc), f"struct {self.name} {{"]
+        lines += [f"  {STRUCT_FIELDS[kind][0]}{'' if STRUCT_FIELDS[kind][0].endswith('*') else ' '}{field};"
+                  for field, kind in self.fields]
+        lines += ["};", f"static_assert(sizeof({self.name}) == {ctypes.sizeof(self.ctypes)}, \"{self.name}: the "
+                  "layout ctypes gives it\");"]
+        return "\n".join(lines)
+
+
 class Export:
     """A symbol of the library that is not a generated adapter: an entry point written by hand (``prototype`` its
     C declaration, e.g. MindSpore's ABI over any dtype) or a plain C function (a probe, a test's view of a shared
     helper)."""
 
-    def __init__(self, symbol, source, prototype, doc, op=None):
+    def __init__(self, symbol, source, prototype, doc, op=None, structs=()):
         self.symbol = symbol
         self.source = source
         self.prototype = prototype
         self.doc = doc
         self.op = op
+        self.structs = tuple(structs)  # the ``Struct`` s its prototype names (cores.h declares them before it)
 
 
 class Table:
@@ -346,6 +390,11 @@ class Table:
     @property
     def options(self):
         return tuple(dict.fromkeys(k.options for k in self.kernels))
+
+    @property
+    def structs(self):
+        """The plain C structs the exports take (each once, in the table's order)."""
+        return tuple(dict.fromkeys(s for e in self.entries if isinstance(e, Export) for s in e.structs))
 
     @property
     def cores(self):

@@ -8,7 +8,7 @@ signature ``cores.h`` declares from its entry) and its entry here; ``aot.KernelC
 then its Cell (or a class of its own where the model calls it otherwise), and ``provider.py`` a method where the
 model uses it. ``python -m mindformers_gptlocal.kernels.codegen`` prints what the build generates.
 """
-from .spec import Export, Kernel, Options, Table
+from .spec import Export, Kernel, Options, Struct, Table
 
 # ------------------------------------------------------------------------------------------------ options structs
 ThreadOptions = Options("ThreadOptions", "threads: int", "Only the threads a kernel may run.")
@@ -31,25 +31,55 @@ Int8Options = Options("Int8Options", "threads: int, method: int",
                       "The exact int8 product's: method 0 chosen by this CPU (2 where oneDNN has VNNI, else 1), 1 "
                       "the dot loop (int16 pairs summed in int32), 2 oneDNN's s8s8s32 (exact with VNNI only).")
 DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
-                             "precision: int", "The decode step's layer: the LayerNorms' epsilon, attention's "
-                             "scale, the GeLU form (0 tanh, 1 quick), the GEMMs' precision (LinearOptions').")
+                             "precision: int, norm: int, rotary_dim: int, parallel_residual: int, qkv_bias: int, "
+                             "bias: int", "The decode step's layer (cpu_decoder.h LayerShape's choices): the norms' "
+                             "epsilon, attention's scale, the MLP's form (0 tanh GeLU, 1 quick, 2 erf, 3 ReLU, 4 "
+                             "SwiGLU), the GEMMs' precision (LinearOptions'), norm 0 LayerNorm / 1 RMSNorm, the rope's "
+                             "channels (0: none), NeoX's parallel residual, whether qkv and the other Linears have "
+                             "biases.")
+# the native runner's structs (cpu_decoder.cc; runtime/native.py fills them once per runner)
+DecoderModel = Struct(
+    "DecoderModel", "hidden: int, heads: int, groups: int, head_dim: int, inter: int, vocab: int, layers: int, "
+    "norm: int, rotary_dim: int, form: int, parallel_residual: int, weights: int, precision: int, threads: int, "
+    "max_positions: int, words_kind: int, head_kind: int, epsilon: float, words: void*, words_scale: f32*, "
+    "positions: f32*, final_weight: f32*, final_bias: f32*, head: void*, head_scale: f32*",
+    "A model for gptlocal_decoder_step: its sizes and layout choices (DecodeLayerOptions' codes; weights and the "
+    "*_kind fields: 0 float32, 1 bfloat16, 2 int8 with per-row scales), the token table (+ scales), the learned "
+    "position table (or null: rope), the final norm, the head's table (+ scales).")
+DecoderLayer = Struct(
+    "DecoderLayer", "scale: float, norm1_weight: f32*, norm1_bias: f32*, qkv: void*, qkv_scale: f32*, qkv_bias: f32*, "
+    "proj: void*, proj_scale: f32*, proj_bias: f32*, norm2_weight: f32*, norm2_bias: f32*, fc1: void*, "
+    "fc1_scale: f32*, fc1_bias: f32*, gate: void*, gate_scale: f32*, gate_bias: f32*, fc2: void*, fc2_scale: f32*, "
+    "fc2_bias: f32*", "One layer's attention scale and Parameters (cpu_decoder.h LayerWeights): null where the layer "
+    "has none (a bias, an int8 weight's scales, a LayerNorm's bias, SwiGLU's gate).")
+DecoderCache = Struct(
+    "DecoderCache", "keys: mut f32*, values: mut f32*, cos: f32*, sin: f32*, slots: int, length: int",
+    "A runner's KV cache: keys and values [layers, slots, G, length, D] float32, written in place; the rope's cos and "
+    "sin [length, rotary_dim] by position (null without rope).")
+DecoderCall = Struct(
+    "DecoderCall", "ids: i32*, positions: i32*, slots: i32*, last: i32*, batch: int, width: int, logits: mut f32*, "
+    "tokens: mut i32*, work: mut void*, work_bytes: int64",
+    "One step: ids and positions [batch, width], each row's cache slot [batch] and the column whose logits come "
+    "back [batch]; logits [batch, vocab] (or null) and / or tokens [batch] (their argmax, or null); the workspace "
+    "(gptlocal_decoder_workspace bytes).")
 
 # ------------------------------------------------------------------------------------------------ kernels
 ATTENTION_INPUTS = ("q: f32[B, N, S, D], k: f32[B, G, S, D], v: f32[B, G, S, D], bias: f32[Bb, 1, S, S], "
                     "t1: f32[P1], t2: f32[P2], offsets: i32[2]")
 DROPOUT_TABLES = "t1: f32[P1], t2: f32[P2], offsets: i32[2]"
-LAYER = ("hidden: f32[B, 1, H], ln1_gamma: f32[H], ln1_beta: f32[H], {qkv}, {proj}, ln2_gamma: f32[H], "
-         "ln2_beta: f32[H], {fc1}, {fc2}, key_cache: inout f32[Bc, G, L, D], value_cache: inout f32[Bc, G, L, D], "
-         "write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L]")
-LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "fc2": ("H", "I")}
+LAYER = ("hidden: f32[B, 1, H], norm1_weight: f32[H], norm1_bias: f32[_], {qkv}, {proj}, norm2_weight: f32[H], "
+         "norm2_bias: f32[_], {fc1}, {gate}, {fc2}, key_cache: inout f32[Bc, G, L, D], "
+         "value_cache: inout f32[Bc, G, L, D], write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L], "
+         "cos: f32[_, _, _, _], sin: f32[_, _, _, _]")
+LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "gate": ("_", "_"), "fc2": ("H", "I")}
 
 
-def decode_layer_inputs(weight, scales=False):
-    """The decode layer's inputs with its four Linears' weights of dtype ``weight`` (each followed by its float32
-    per-channel scales where ``scales``: an int8 model's)."""
+def decode_layer_inputs(weight):
+    """The decode layer's inputs with its five Linears' weights of dtype ``weight``, each followed by its float32
+    per-channel scales (an int8 model's; else a placeholder) and its bias (or a placeholder); SwiGLU's gate (or a
+    placeholder weight) between fc1 and fc2; the rope's cos and sin [B, 1, 1, R] (or placeholders)."""
     def linear(name, out, inp):
-        scale = f"{name}_scale: f32[{out}], " if scales else ""
-        return f"{name}_w: {weight}[{out}, {inp}], {scale}{name}_b: f32[{out}]"
+        return f"{name}_w: {weight}[{out}, {inp}], {name}_scale: f32[_], {name}_b: f32[_]"
     return LAYER.format(**{name: linear(name, *dims) for name, dims in LINEARS.items()})
 
 
@@ -117,11 +147,22 @@ TABLE = Table([
     Export("gptlocal_to_bf16", "cpu_linear.cc", "void gptlocal_to_bf16(const float *in, int64_t n, uint16_t *out)",
            "common.h's to_bf16 (bf16_bits: to nearest even), as the GEMMs round: for tests"),
     Kernel("gptlocal_decode_layer_fwd", "cpu_decode_layer.cc", decode_layer_inputs("f32"), "out: f32[B, 1, H]",
-           DecodeLayerOptions, "a GPT-2 layer of the decode step, the caches written in place", op="decode_layer"),
-    Kernel("gptlocal_decode_layer_int8_fwd", "cpu_decode_layer.cc", decode_layer_inputs("i8", scales=True),
+           DecodeLayerOptions, "a layer of the decode step (every layout), the caches written in place",
+           op="decode_layer"),
+    Kernel("gptlocal_decode_layer_int8_fwd", "cpu_decode_layer.cc", decode_layer_inputs("i8"),
            "out: f32[B, 1, H]", DecodeLayerOptions, "the same layer of an int8 model", op="decode_layer"),
     Kernel("gptlocal_decode_layer_bf16w_fwd", "cpu_decode_layer.cc", decode_layer_inputs("bf16"), "out: f32[B, 1, H]",
            DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer"),
+    Export("gptlocal_decoder_step", "cpu_decoder.cc", "int gptlocal_decoder_step(const DecoderModel *model, "
+           "const DecoderLayer *layers, const DecoderCache *cache, const DecoderCall *call)",
+           "the native runner's step: a model's forward over its KV cache for one call's rows, logits or their argmax "
+           "(0, or a status)", op="runner", structs=(DecoderModel, DecoderLayer, DecoderCache, DecoderCall)),
+    Export("gptlocal_decoder_workspace", "cpu_decoder.cc", "int64_t gptlocal_decoder_workspace(const DecoderModel "
+           "*model, int64_t rows, int64_t batch)", "the workspace bytes of a step of `rows` token rows, `batch` "
+           "sequences", op="runner", structs=(DecoderModel,)),
+    Kernel("gptlocal_rows_bf16_fwd", "cpu_decoder.cc", "table: bf16[V, H], ids: i32[*T]", "rows: f32[*T, H]",
+           ThreadOptions, "rows of a bfloat16 table widened to float32: a bf16 inference build's token lookup",
+           op="linear"),
     Kernel("gptlocal_int8_linear_fwd", "cpu_linear_int8.cc", "x: f32[T, K], w: i8[N, K], scale: f32[N], b: f32[N]?",
            "y: f32[T, N]", ThreadOptions, "an int8 model's Linear: x quantized per row, s8 x s8 -> s32, scaled",
            op="int8_linear"),

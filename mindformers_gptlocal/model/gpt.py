@@ -23,20 +23,20 @@ from mindspore import nn, ops, Tensor, Parameter
 from mindspore.common.initializer import initializer, Normal
 
 from ..errors import CheckpointError
-from ..safetensors_io import to_bfloat16_bits
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
 from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
 from .config import GPTLocalConfig, GenerationOptions, graph_config
 from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
-from .layers import (Activation, KernelLayerNorm, LayerNorm, Linear, SiLU, bf16_parameter, kernel_provider, make_norm,
+from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
+                     kernel_provider, make_norm,
                      residual_init_std, to_mstype, use_gemm)
 from ..kernels.provider import DecodeLayerFacts, dtype_name
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
-from .params import DROPOUT_STEP, HEAD_TABLE
+from .params import DROPOUT_STEP
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -60,16 +60,21 @@ def missing_weights(model_dir):
 
 class GPTLocalEmbedding(nn.Cell):
     """Token embeddings + learned absolute position embeddings (none with rope: positions turn q and k instead),
-    then dropout. The token lookup (``words``: a float table, or an int8 one times its scales) and whether positions
-    are added (``add_positions``) are picked here, never in ``construct``."""
+    then dropout. The token lookup (``words``: a float table, an int8 one times its scales, or a bfloat16 one widened
+    by ``kernels``' ``bf16_rows`` in a bf16 inference build) and whether positions are added (``add_positions``) are
+    picked here, never in ``construct``."""
 
-    def __init__(self, config, counter_dropout=False):
+    def __init__(self, config, counter_dropout=False, kernels=None):
         super().__init__()
         params_dtype = to_mstype(config.params_dtype)
         self.int8 = read_quantization(config.quantization) is not None  # build-time flag (words)
+        # a bf16 inference build (kernels.bf16_weights): the table held once, as bfloat16 (the tied head's too)
+        self.bf16_rows = None if self.int8 or kernels is None else kernels.bf16_rows()
         if self.int8:  # an int8 model (quant_cells.py): the table int8, one scale per row
             self.word_embeddings = int8_parameter((config.vocab_size, config.hidden_size), "word_embeddings")
             self.word_embeddings_scale = scale_parameter(config.vocab_size, "word_embeddings_scale")
+        elif self.bf16_rows is not None:
+            self.word_embeddings = bf16_parameter((config.vocab_size, config.hidden_size), "word_embeddings")
         else:
             self.word_embeddings = Parameter(initializer(Normal(config.initializer_range),
                                                          (config.vocab_size, config.hidden_size), params_dtype),
@@ -83,7 +88,9 @@ class GPTLocalEmbedding(nn.Cell):
         self.gather = ops.Gather()
         self.dropout = make_dropout(config.embedding_dropout, dropout_site(), config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
-        self.words = self._int8_words if self.int8 else self._table_words  # input_ids -> the token rows
+        # input_ids -> the token rows
+        self.words = self._int8_words if self.int8 else self._table_words if self.bf16_rows is None else \
+            self._bf16_words
         self.add_positions = self._learned_positions if self.learned_positions else self._no_positions
 
     def construct(self, input_ids, position_ids, dropout_step=None):
@@ -92,6 +99,10 @@ class GPTLocalEmbedding(nn.Cell):
 
     def _table_words(self, input_ids):
         return self.gather(self.word_embeddings, input_ids, 0)
+
+    def _bf16_words(self, input_ids):
+        """A bfloat16 table's rows, widened to float32 (``kernels/embedding.py``)."""
+        return self.bf16_rows(self.word_embeddings, input_ids)
 
     def _int8_words(self, input_ids):
         """An int8 table's rows times their scales."""
@@ -137,6 +148,14 @@ def gelu_form(hidden_act):
     """The GeLU form the CPU kernels compute for ``hidden_act`` ("tanh" or "quick", as ``Activation`` reads the
     names), or None (the erf GeLU, ReLU)."""
     return {"quick_gelu": "quick", "gelu": None, "relu": None}.get(hidden_act, "tanh")
+
+
+def mlp_form(arch):
+    """The MLP's form as the decoder's C++ layer names it (``kernels/decode_layer.py`` ``MLP_FORMS``): "swiglu" for
+    the gated MLP, else ``Activation``'s reading of ``hidden_act``: "quick", "erf" (``gelu``), "relu" or "tanh"."""
+    if arch.gated:
+        return "swiglu"
+    return {"quick_gelu": "quick", "gelu": "erf", "relu": "relu"}.get(arch.hidden_act, "tanh")
 
 
 class ParallelFeedForward(nn.Cell):
@@ -234,28 +253,40 @@ class SwiGLUFeedForward(ParallelFeedForward):
 def make_decode_layer(config, block, kernels):
     """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``), or None: the block's plain
     decode graph. The model's ``KernelProvider`` decides (``decode_layer_for``) from the built block's facts
-    (``DecodeLayerFacts``): its architecture, its Linears' and norms' classes and weight dtypes, its compute dtypes,
-    and whether it has a prefix, an adapter or LayerDrop."""
+    (``layer_facts``)."""
+    return kernels.decode_layer_for(layer_facts(config, block))
+
+
+NORM_NAMES = {LayerNorm: "LayerNorm", KernelLayerNorm: "LayerNorm", RMSNorm: "RMSNorm", KernelRMSNorm: "RMSNorm"}
+
+
+def layer_facts(config, block):
+    """What the provider weighs of one built decoder layer (``DecodeLayerFacts``: the decode-layer node,
+    ``decode_layer_for``, and the native runner, ``runner``): its architecture and MLP form, its Linears' classes
+    and weight dtypes (the gate's too: SwiGLU), its norms' classes and weight dtypes, its compute dtypes, and whether
+    it has a prefix, an adapter or LayerDrop. ``config``: the config the block was built from (``graph_config``'s)."""
     attention, mlp = block.attention, block.mlp
     linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
+    linears += (mlp.linear_gate,) if config.arch.gated else ()
     norms = (block.input_layernorm, block.post_attention_layernorm)
     weights = {linear.weight.dtype for linear in linears}
-    if all(type(linear) is QuantLinear and linear.product.use_kernel for linear in linears):
-        kind = "int8"  # an int8 model's Linears on the int8 kernel
+    if all(type(linear) is QuantLinear for linear in linears):
+        kind = "int8"  # an int8 model's Linears
     elif all(type(linear) is Linear for linear in linears) and len(weights) == 1:
         kind = dtype_name(next(iter(weights)))  # the base Linear, one weight dtype
     else:
         kind = None  # LoRA, a mix
+    norm_kinds = {NORM_NAMES.get(type(norm)) for norm in norms}
     norm_weights = {norm.weight.dtype for norm in norms}
-    return kernels.decode_layer_for(DecodeLayerFacts(
-        epsilon=config.layernorm_epsilon, scale=attention.plain.scale, form=gelu_form(config.hidden_act),
+    return DecodeLayerFacts(
+        epsilon=config.layernorm_epsilon, scale=attention.plain.scale, form=mlp_form(config.arch),
         compute_dtype=to_mstype(config.compute_dtype), arch=config.arch, linears=kind,
-        layer_norms=all(type(norm) in (LayerNorm, KernelLayerNorm) for norm in norms),
+        norm=next(iter(norm_kinds)) if len(norm_kinds) == 1 else None,
         norm_weights=next(iter(norm_weights)) if len(norm_weights) == 1 else None,
         norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
         prefix=attention.prefix_concat is not None,
         adapters=block.attention_adapter is not None or block.mlp_adapter is not None,
-        layerdrop=block.layerdrop is not None))
+        layerdrop=block.layerdrop is not None)
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
@@ -266,7 +297,7 @@ def make_decode_layer(config, block, kernels):
 # Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
 # (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
 # ``Layout``, ``parallel/``), never decided in ``construct``; nor is any of the above: the build binds the forward's
-# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, ``decode_step``'s form).
+# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, the decode node's arguments).
 class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
     Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
@@ -310,10 +341,26 @@ class GPTLocalBlock(nn.Cell):
             self.residuals = self._residual_in_mlp if self.mlp_residual else self._sequential_residuals
         # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
-        # an int8 model's kernel also takes each weight's scales
-        self.decode_int8 = self.decode_kernel is not None and isinstance(self.attention.linear_qkv, QuantLinear)
         self.layer = self._layer if self.decode_kernel is None else self._layer_or_decode_kernel
-        self.decode_step = self._decode_int8 if self.decode_int8 else self._decode
+        if self.decode_kernel is not None:
+            self._bind_decode_arguments(config.arch)
+
+    def _bind_decode_arguments(self, arch):
+        """What the decode node is handed (``_decode``), bound once: each norm's weight and (LayerNorm) bias, each
+        Linear's weight, its scales (an int8 model's) and its bias where the layer has them, SwiGLU's gate, the
+        rope's cos and sin; a placeholder (``decode_none``...) wherever the layer has no such tensor."""
+        int8 = isinstance(self.attention.linear_qkv, QuantLinear)
+        self.decode_none = Tensor(np.zeros((1,), np.float32))
+        self.decode_norm = self._decode_norm_and_bias if not arch.rmsnorm else self._decode_norm_weight
+        linear_args = {(False, False): self._decode_weight, (False, True): self._decode_weight_and_bias,
+                       (True, False): self._decode_int8_weight, (True, True): self._decode_int8_weight_and_bias}
+        self.decode_qkv = linear_args[(int8, arch.qkv_bias)]
+        self.decode_linear = linear_args[(int8, arch.bias)]
+        self.decode_gate = self._decode_gate if arch.gated else self._decode_no_gate
+        if not arch.gated:  # a placeholder gate weight of the Linears' dtype
+            self.decode_no_gate = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
+        self.decode_rotary = self._decode_rotary if arch.rope else self._decode_no_rotary
+        self.decode_no_rotary = Tensor(np.zeros((1, 1, 1, 1), np.float32))
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -333,7 +380,7 @@ class GPTLocalBlock(nn.Cell):
     def _layer_or_decode_kernel(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
                                 dropout_step, rotary, prefix, fresh_prefill):
         if key_cache is not None and hidden.shape[1] == 1 and not fresh_prefill and not self.training:
-            return self.decode_step(hidden, attention_bias, key_cache, value_cache, write_index)
+            return self._decode(hidden, attention_bias, key_cache, value_cache, write_index, rotary)
         return self._layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
                            rotary, prefix, fresh_prefill)
 
@@ -384,27 +431,53 @@ class GPTLocalBlock(nn.Cell):
     def _layerdrop(self, update, dropout_step):
         return self.layerdrop(update, dropout_step)
 
-    def _decode(self, hidden, attention_bias, key_cache, value_cache, write_index):
-        """The whole layer for one token a row through ``decode_kernel`` (``decode_step``): its Parameters as
-        stored, the caches written in place at ``write_index``, attention over each row's cached positions
-        (``attention_bias``)."""
+    def _decode(self, hidden, attention_bias, key_cache, value_cache, write_index, rotary):
+        """The whole layer for one token a row through ``decode_kernel``: its Parameters as stored (and placeholders
+        where the layer has none: ``_bind_decode_arguments``), the caches written in place at ``write_index``,
+        attention over each row's cached positions (``attention_bias``), rope from ``rotary``'s cos and sin."""
         attention, mlp = self.attention, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        return self.decode_kernel(hidden, norm1.weight, norm1.bias, attention.linear_qkv.weight,
-                                  attention.linear_qkv.bias, attention.linear_proj.weight, attention.linear_proj.bias,
-                                  norm2.weight, norm2.bias, mlp.linear_fc1.weight, mlp.linear_fc1.bias,
-                                  mlp.linear_fc2.weight, mlp.linear_fc2.bias, key_cache, value_cache, write_index,
-                                  attention_bias)
+        norm1_weight, norm1_bias = self.decode_norm(self.input_layernorm)
+        norm2_weight, norm2_bias = self.decode_norm(self.post_attention_layernorm)
+        qkv_weight, qkv_scale, qkv_bias = self.decode_qkv(attention.linear_qkv)
+        proj_weight, proj_scale, proj_bias = self.decode_linear(attention.linear_proj)
+        fc1_weight, fc1_scale, fc1_bias = self.decode_linear(mlp.linear_fc1)
+        gate_weight, gate_scale, gate_bias = self.decode_gate(mlp)
+        fc2_weight, fc2_scale, fc2_bias = self.decode_linear(mlp.linear_fc2)
+        cos, sin = self.decode_rotary(rotary)
+        return self.decode_kernel(hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight,
+                                  proj_scale, proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias,
+                                  gate_weight, gate_scale, gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache,
+                                  value_cache, write_index, attention_bias, cos, sin)
 
-    def _decode_int8(self, hidden, attention_bias, key_cache, value_cache, write_index):
-        """``_decode`` of an int8 model: each weight followed by its scales."""
-        attention, mlp = self.attention, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
-        return self.decode_kernel(hidden, norm1.weight, norm1.bias, qkv.weight, qkv.weight_scale, qkv.bias,
-                                  proj.weight, proj.weight_scale, proj.bias, norm2.weight, norm2.bias,
-                                  fc1.weight, fc1.weight_scale, fc1.bias, fc2.weight, fc2.weight_scale, fc2.bias,
-                                  key_cache, value_cache, write_index, attention_bias)
+    def _decode_norm_and_bias(self, norm):
+        return norm.weight, norm.bias
+
+    def _decode_norm_weight(self, norm):
+        return norm.weight, self.decode_none
+
+    def _decode_weight(self, linear):
+        return linear.weight, self.decode_none, self.decode_none
+
+    def _decode_weight_and_bias(self, linear):
+        return linear.weight, self.decode_none, linear.bias
+
+    def _decode_int8_weight(self, linear):
+        return linear.weight, linear.weight_scale, self.decode_none
+
+    def _decode_int8_weight_and_bias(self, linear):
+        return linear.weight, linear.weight_scale, linear.bias
+
+    def _decode_gate(self, mlp):
+        return self.decode_linear(mlp.linear_gate)
+
+    def _decode_no_gate(self, mlp):  # pylint: disable=unused-argument
+        return self.decode_no_gate, self.decode_none, self.decode_none
+
+    def _decode_rotary(self, rotary):
+        return rotary
+
+    def _decode_no_rotary(self, rotary):  # pylint: disable=unused-argument
+        return self.decode_no_rotary, self.decode_no_rotary
 
 
 def prefix_encoder(config, counter_dropout=False):
@@ -447,7 +520,7 @@ class GPTLocalModel(nn.Cell):
         flash = use_flash_attention(config, kernels)
         # dropout masks from a step counter (dropout.py), so a resumed run draws the same ones
         self.counter_dropout = counter_dropout_enabled(config)
-        self.embedding = GPTLocalEmbedding(config, self.counter_dropout)
+        self.embedding = GPTLocalEmbedding(config, self.counter_dropout, kernels=self.kernels)
         blocks = []
         for index in range(config.num_hidden_layers):
             block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout,
@@ -533,6 +606,12 @@ class GPTLocalModel(nn.Cell):
         the prompt). The inference runtime asks this (``runtime/runner.py``)."""
         return self.kernels.fresh_prefill(all(layer.attention.fused_prefill() for layer in self.layers),
                                           self.prefix_encoder is not None)
+
+    def runner_facts(self):
+        """Each layer's ``layer_facts``, what the provider's ``runner`` weighs (``runtime/runner.py`` asks it once per
+        model)."""
+        config = graph_config(self.config, self.kernels)
+        return tuple(layer_facts(config, layer) for layer in self.layers)
 
     def document_mask(self, actual_seq_len, batch, seq):
         """Packed rows: several documents in one row of ``seq`` tokens, as MindFormers' PackingHandler and
@@ -660,12 +739,8 @@ class GPTLocalForCausalLM(nn.Cell):
         self.head_matmul = kernels.plain_matmul()
         # the CPU GEMM kernel and its rows (kernels/provider.py), or (None, None): head_matmul
         # bf16 weights (kernels.bf16_weights): the kernel takes the head's table as held, an untied head's own or,
-        # for a tied head, a bfloat16 copy of the token table (which stays float32: the lookup's), made here and at
-        # load (refresh_head_table), never saved
+        # for a tied head, the token table (held as bfloat16 too, GPTLocalEmbedding)
         self.head_bf16 = kernels.bf16_weights
-        if self.head_bf16 and not self.untied:
-            self.head_table = bf16_parameter((config.vocab_size, config.hidden_size), HEAD_TABLE)
-            self.refresh_head_table()
         self.head_gemm, self.head_gemm_rule = kernels.linear_gemm(self.compute_dtype, head=True,
                                                                   bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
@@ -690,19 +765,18 @@ class GPTLocalForCausalLM(nn.Cell):
 
     # --- weights ---------------------------------------------------------------------------------
     def load_weights(self, path):
-        """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder."""
+        """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder. The model's
+        runners are dropped (a native runner points at the Parameters' buffers, which loading may replace)."""
         path = load_weights(self, path)
         self.refresh_head_table()
+        pool = self.__dict__.get("_kv_caches")
+        if pool is not None:
+            pool.clear()
         return path
 
     def refresh_head_table(self):
-        """A tied head's bf16 copy of the token table (``head_table``: bf16 weights, kernels.bf16_weights) made
-        again from the table, rounded to nearest even; nothing for any other model."""
-        if self.head_bf16 and not self.untied:
-            bits = self.head_table.asnumpy().view(np.uint16)  # asnumpy shares the Parameter's memory on CPU
-            table = self.model.embedding.word_embeddings.asnumpy()
-            for start in range(0, len(table), 4096):  # in row blocks: the rounding's temporaries stay small
-                bits[start:start + 4096] = to_bfloat16_bits(table[start:start + 4096])
+        """Nothing (kept for callers): a tied head reads the token table itself, also in a bf16 inference build, whose
+        table is held as bfloat16 once (before, the head had a bf16 copy of a float32 table, made again here)."""
 
     @classmethod
     def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, inference=False, **overrides):
@@ -732,9 +806,11 @@ class GPTLocalForCausalLM(nn.Cell):
 
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
-        """The inference runtime's runner (``runtime/runner.py`` ``ModelRunner``: a KV cache and its compiled
-        prefill / decode / greedy graphs) for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up
-        to a bucket), built once per shape and kept (the most recently used shapes) so no call recompiles."""
+        """The inference runtime's runner for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up
+        to a bucket), built once per shape and kept (the most recently used shapes): on CPU the native runner
+        (``runtime/native.py``: the forward over a KV cache as one C++ call a step), else ``runtime/runner.py``'s
+        ``ModelRunner`` (a KV cache and its compiled prefill / decode / greedy graphs, so no call recompiles); the
+        provider decides (``KernelProvider.runner``)."""
         from ..runtime.runner import runner_for  # the runtime runs the model: imported when first asked
         return runner_for(self, batch_size, needed_length)
 
@@ -762,7 +838,7 @@ class GPTLocalForCausalLM(nn.Cell):
         else:
             self.head = self._matmul_head if self.head_gemm is None else self._gemm_head
             if self.head_bf16:  # a bf16 table as held, for the kernel (every graph runs it then)
-                self.head_weights = self._untied_table if self.untied else self._head_table
+                self.head_weights = self._untied_table if self.untied else self._table_as_held
             else:
                 self.head_weights = self._untied_table_cast if self.untied else self._table_cast
         counter = self.model.counter_dropout
@@ -789,8 +865,8 @@ class GPTLocalForCausalLM(nn.Cell):
     def _untied_int8_table(self):
         return self.output_layer.weight, self.output_layer.weight_scale
 
-    def _head_table(self):
-        return self.head_table
+    def _table_as_held(self):
+        return self.model.embedding.word_embeddings
 
     def _untied_table(self):
         return self.output_layer.weight

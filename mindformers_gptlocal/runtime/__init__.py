@@ -2,7 +2,10 @@
 
 * ``loader.py`` -- the one loader of a model directory (checks, ``from_pretrained``, the compile cache);
 * ``runner.py`` -- ``ModelRunner``: a ``model/kv_cache.py`` KV cache (storage plus its in-place write) and the
-  compiled prefill / decode / greedy-steps graphs over it; ``RunnerPool``, the shapes a model keeps compiled;
+  compiled prefill / decode / greedy-steps graphs over it; ``RunnerPool``, the shapes a model keeps; ``runner_for``,
+  which runner a model gets (its provider's ``runner`` choice);
+* ``native.py`` -- ``NativeRunner``: the same interface on CPU with no graph: the forward over a numpy KV cache as one
+  C++ call a step (``kernels/cpu_decoder.cc``), on zero-copy views of the model's Parameters;
 * ``generate.py`` -- ``generate`` (what ``GPTLocalForCausalLM.generate`` is): prompts -> token lists over a runner,
   with ``generation/``'s options, sampling and decode loop;
 * ``detokenizer.py`` -- tokens -> text incrementally, stop strings with a hold-back (OpenAI / vLLM behaviour);

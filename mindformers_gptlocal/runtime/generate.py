@@ -34,12 +34,14 @@ def generate(model, input_ids, generation_config=None, streamer=None, seed=None,
                   getattr(config, "max_batch_size", 8))
     rng = np.random.default_rng(options["seed"])
     was_training = model.training
-    model.set_train(False)
+    if was_training:  # set_train walks every Cell (~20 ms a call for GPT-2 small): only where the mode changes
+        model.set_train(False)
     try:
         decode = _cached if options["use_past"] else _recompute
         sequences = decode(model, prompts, max_new, options, rng, stop_when)
     finally:
-        model.set_train(was_training)
+        if was_training:
+            model.set_train(True)
     if streamer is not None:
         streamer.put(np.asarray(sequences[0]))
         streamer.end()

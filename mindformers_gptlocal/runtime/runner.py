@@ -1,4 +1,5 @@
-"""The model runner: the compiled graphs that run a causal LM over its KV cache, and their compile cache.
+"""The model runner: the compiled graphs that run a causal LM over its KV cache, and their compile cache; which runner a
+model gets (``runner_for``: this compiled one, or the native one of ``native.py``).
 
 A ``ModelRunner`` holds one ``model/kv_cache.py`` ``KVCache`` (storage: ``batch_size`` slots x ``max_length``
 rows) and the two Cells compiled over it:
@@ -17,9 +18,17 @@ rows) and the two Cells compiled over it:
   model's provider, ``KernelProvider.greedy_steps``), the argmax on the device and only the [B, k] token ids coming
   back (``decode_greedy``, generate's greedy path).
 
-Every call goes through the model's compile cache where it has one (``graph_cache.cached_call``). Compiled per
-(batch, cache length): the cache length is rounded up to ``CACHE_BUCKET`` rows so nearby lengths share graphs, and
+Every call goes through the model's compile cache where it has one (``graph_cache.cached_call``) and runs compiled
+whatever MindSpore's global mode (``compiled``: a PyNative caller's, MindSpore's default, runs the same graphs, so
+``model.generate`` from a plain script decodes at graph speed with the same tokens). Compiled per (batch, cache
+length): the cache length is rounded up to ``CACHE_BUCKET`` rows so nearby lengths share graphs, and
 ``RunnerPool`` keeps the runners of the ``kept`` most recently used shapes (``GPTLocalForCausalLM.kv_cache``).
+
+Which runner: the model's provider decides once per model (``KernelProvider.runner`` from each built layer's facts,
+``GPTLocalModel.runner_facts``; op ``runner`` of ``cpu_kernels``): on CPU the native runner (``native.py``: the
+forward as one C++ call a step, no graph) wherever its C++ layer computes the model's layers, else these compiled
+graphs (``cpu_kernels: {runner: plain}`` or ``plain``: the reference; LoRA, adapters, prefix tuning; other
+backends). ``RunnerPool.kind`` says which.
 """
 import numpy as np
 import mindspore as ms
@@ -33,14 +42,29 @@ CACHE_BUCKET = 64
 KEPT = 4  # runner shapes (batch, cache length) kept compiled at once per model
 
 
+def compiled_call(lm, cell, *args):
+    """``graph_cache.cached_call(lm, cell, *args)`` in GRAPH mode whatever MindSpore's global mode (a PyNative
+    caller's mode is set back after the call): the runner's graphs always run compiled, the same graphs (so the same
+    numbers) as from ``gptlocal generate``, which loads in GRAPH mode."""
+    mode = ms.get_context("mode")
+    if mode == ms.GRAPH_MODE:
+        return cached_call(lm, cell, *args)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        return cached_call(lm, cell, *args)
+    finally:
+        ms.set_context(mode=mode)
+
+
 def cache_length(needed, limit, bucket=CACHE_BUCKET):
     """Cache rows to allocate: ``needed`` rounded up to a bucket, capped at max_position_embeddings."""
     return min(limit, -(-needed // bucket) * bucket)
 
 
 def runner_for(causal_lm, batch_size, needed_length):
-    """The model's ``ModelRunner`` for ``batch_size`` sequences of up to ``needed_length`` tokens (its pool, made
-    on first use; ``GPTLocalForCausalLM.kv_cache`` calls this)."""
+    """The model's runner (``ModelRunner``, or on CPU the native one: ``RunnerPool.kind``) for ``batch_size``
+    sequences of up to ``needed_length`` tokens (its pool, made on first use; ``GPTLocalForCausalLM.kv_cache`` calls
+    this)."""
     pool = causal_lm.__dict__.get("_kv_caches")
     if pool is None:
         pool = causal_lm._kv_caches = RunnerPool(causal_lm, KEPT)  # pylint: disable=protected-access
@@ -49,12 +73,15 @@ def runner_for(causal_lm, batch_size, needed_length):
 
 class RunnerPool:
     """The runners of one model, one per (batch size, cache length), the ``kept`` most recently used: each shape
-    compiles once and stays compiled while it is in use."""
+    compiles once and stays compiled while it is in use. ``kind``: "native" or "compiled", the provider's choice
+    (``KernelProvider.runner``), made once here."""
 
     def __init__(self, causal_lm, kept):
         self.causal_lm = causal_lm
         self.kept = kept
-        self.caches = {}  # (batch, length) -> ModelRunner, least recently used first
+        self.caches = {}  # (batch, length) -> ModelRunner or NativeRunner, least recently used first
+        self.layers = causal_lm.model.runner_facts()
+        self.kind = causal_lm.model.kernels.runner(self.layers)
 
     def get(self, batch_size, needed_length):
         """The runner for ``batch_size`` sequences of up to ``needed_length`` tokens (``cache_length``)."""
@@ -62,9 +89,15 @@ class RunnerPool:
         if key not in self.caches:
             while len(self.caches) >= self.kept:  # the least recently used goes
                 self.caches.pop(next(iter(self.caches)))
-            self.caches[key] = ModelRunner(self.causal_lm, *key)
+            self.caches[key] = self._make(*key)
         self.caches[key] = self.caches.pop(key)  # now the most recently used
         return self.caches[key]
+
+    def _make(self, batch_size, max_length):
+        if self.kind == "native":
+            from .native import NativeRunner  # pylint: disable=import-outside-toplevel
+            return NativeRunner(self.causal_lm, batch_size, max_length, self.layers)
+        return ModelRunner(self.causal_lm, batch_size, max_length)
 
     def clear(self):
         self.caches.clear()
@@ -159,11 +192,16 @@ class ModelRunner:
         """One compiled call on host arrays: next-token logits [B, V] as numpy float32. ``slots``: the cache slot
         of each of the b <= batch_size rows (default row i = slot i); b < batch_size reads only those slots (a
         server decoding some of its slots, each batch size its own compiled graph)."""
-        return cached_call(self.lm, self.forward, *step_inputs(ids, positions, last_index, slots)).asnumpy()
+        return compiled_call(self.lm, self.forward, *step_inputs(ids, positions, last_index, slots)).asnumpy()
 
     def compile(self, ids, positions, last_index, slots=None):
-        """Compile the ``step`` graph of these shapes without running it."""
-        self.forward.compile(*step_inputs(ids, positions, last_index, slots))
+        """Compile the ``step`` graph of these shapes without running it (in GRAPH mode, as ``compiled_call``)."""
+        mode = ms.get_context("mode")
+        ms.set_context(mode=ms.GRAPH_MODE)
+        try:
+            self.forward.compile(*step_inputs(ids, positions, last_index, slots))
+        finally:
+            ms.set_context(mode=mode)
 
     def prefill(self, prompts, pad_id=0):
         """Write the right-padded prompts into rows 0..W-1 (W: the prompt width's bucket); logits after each
@@ -178,7 +216,7 @@ class ModelRunner:
         return self.step(ids, positions, last)
 
     def _prefill_fresh_graph(self, ids, positions, last):
-        return cached_call(self.lm, self.forward, *step_inputs(ids, positions, last), True).asnumpy()
+        return compiled_call(self.lm, self.forward, *step_inputs(ids, positions, last), True).asnumpy()
 
     def decode(self, tokens, positions):
         """Write one token per sequence at its own position; logits after it."""
@@ -193,7 +231,7 @@ class ModelRunner:
         if key not in self._greedy:
             self._greedy[key] = GreedySteps(self.forward, self.decode_steps, key)
         tokens = np.asarray(tokens, np.int32)
-        out = cached_call(self.lm, self._greedy[key], Tensor(tokens[:, None]),
+        out = compiled_call(self.lm, self._greedy[key], Tensor(tokens[:, None]),
                           Tensor(np.asarray(positions, np.int32)[:, None]),
                           Tensor(np.arange(tokens.shape[0], dtype=np.int32)))
         if with_logits:

@@ -83,8 +83,9 @@ def test_loading_into_a_model_whose_graph_already_ran(saved):
 
 def test_a_model_that_built_a_kv_cache_keeps_its_checkpoint_names(saved, tmp_path):
     """KVCache holds the model as a child Cell; MindSpore's default auto_prefix renamed every Parameter to
-    ``lm.*`` then, so a model that had generated saved a checkpoint nothing could load, and loaded none."""
-    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    ``lm.*`` then, so a model that had generated saved a checkpoint nothing could load, and loaded none (the
+    compiled runner's Cells: ``cpu_kernels: {runner: plain}``)."""
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"runner": "plain"}))
     names = sorted(_params(model))
     model.kv_cache(1, 16)
     assert sorted(_params(model)) == names

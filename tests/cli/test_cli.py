@@ -4,6 +4,7 @@ spelling with the other as an alias, suggestions, `convert --overwrite`, and `ge
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -174,13 +175,24 @@ def _reference(model_dir, ids, max_new, stop=None, **options):
 def test_generate_greedy_equals_model_generate(model_dir, capsys, tmp_path, graph_mode):
     """Streamed and not, both through a compile-cache folder (on by default): the first run stores its graphs,
     the second loads them; both print what an uncached model.generate gives. (``gptlocal generate`` sets GRAPH
-    mode, as serve does; ``graph_mode`` gives the suite its mode back after.)"""
+    mode, as serve does; ``graph_mode`` gives the suite its mode back after.) The graphs are the compiled runner's
+    (the model's ``cpu_kernels: {runner: plain}``); on CPU the default native runner compiles none and stores
+    nothing, with the same output."""
     from tokenizers import Tokenizer
     prompt = "def main(args):\n    "
     ids = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).encode(prompt).ids
     expected = prompt + _reference(model_dir, ids, 6) + "\n"
     cache = tmp_path / "compile"
-    flags = ["--model", model_dir, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "6",
+    native = ["--model", model_dir, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "6",
+              "--compile-cache", str(tmp_path / "native-compile")]
+    assert main(["generate", *native]) == 0 and capsys.readouterr().out == expected
+    assert not list((tmp_path / "native-compile").glob("*/graph.mindir"))
+    compiled = tmp_path / "compiled"  # the same model directory on the compiled runner
+    shutil.copytree(model_dir, compiled)
+    config = json.loads((compiled / "config.json").read_text())
+    config["cpu_kernels"] = {"runner": "plain"}
+    (compiled / "config.json").write_text(json.dumps(config))
+    flags = ["--model", str(compiled), "--prompt", prompt, "--temperature", "0", "--max_new_tokens", "6",
              "--compile-cache", str(cache)]
     assert main(["generate", *flags, "--stream"]) == 0  # streamed through stop_when
     assert capsys.readouterr().out == expected

@@ -15,8 +15,11 @@ from conftest import TINY
 
 # (architecture, mode): the graph the generate path compiles for GPT-2; GQA + rope in PyNative (the same Cells and
 # kernel, nothing to compile: keeps the suite's time)
-ARCHS = {"gpt2-graph": ({}, ms.GRAPH_MODE),
-         "gqa-rope-pynative": (dict(num_query_groups=2, position_embedding_type="rope"), ms.PYNATIVE_MODE)}
+# (the compiled runner's prefill graphs: cpu_kernels {runner: plain}; on CPU generate's default is the native runner)
+COMPILED = {"runner": "plain"}
+ARCHS = {"gpt2-graph": (dict(cpu_kernels=COMPILED), ms.GRAPH_MODE),
+         "gqa-rope-pynative": (dict(num_query_groups=2, position_embedding_type="rope", cpu_kernels=COMPILED),
+                               ms.PYNATIVE_MODE)}
 # ragged, odd lengths (1, 7, 17, 33: width bucket 64), one at a bucket edge (16)
 PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8], list(range(100, 133)), list(range(200, 216)), list(range(300, 317))]
 

@@ -1,4 +1,6 @@
-"""Generation with the explicit KV cache: equal to recomputation, equal to transformers, bad input."""
+"""Generation with the explicit KV cache: equal to recomputation, equal to transformers, bad input; through both
+runners (``RUNNERS``: the native one, generate's default on CPU, ``runtime/native.py``; the compiled graphs,
+``cpu_kernels: {runner: plain}``, ``runtime/runner.py``)."""
 import numpy as np
 import pytest
 import torch
@@ -10,13 +12,17 @@ from mindformers_gptlocal.errors import ConfigError, DataError
 from conftest import TINY
 
 PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8, 1], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310], [77]]
+RUNNERS = {"native": {}, "compiled": dict(cpu_kernels={"runner": "plain"})}  # model_config keys of each runner
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=sorted(RUNNERS))
+def model(request):
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)  # fixed weights: exact-equality checks stay away from chance argmax ties
-    yield GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    lm = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, **RUNNERS[request.param])))
+    lm.kv_cache(1, 16)
+    assert lm._kv_caches.kind == request.param  # pylint: disable=protected-access
+    yield lm
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
@@ -81,15 +87,16 @@ def test_bad_input(model, prompts, kwargs, error, pattern):
         model.generate(prompts, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def hf_and_ours(tmp_path_factory):
-    """A random HF GPT-2 (non-trivial biases and norms) and the same weights as gpt_local, in graph mode."""
+@pytest.fixture(scope="module", params=sorted(RUNNERS))
+def hf_and_ours(tmp_path_factory, request):
+    """A random HF GPT-2 (non-trivial biases and norms) and the same weights as gpt_local (each runner), in graph
+    mode."""
     from conftest import save_hf
     ms.set_context(mode=ms.GRAPH_MODE)
     path = tmp_path_factory.mktemp("values")
     hf = save_hf(path / "hf", seed=3, vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     hf_to_ms(str(path / "hf"), str(path / "ms"))
-    ours = GPTLocalForCausalLM.from_pretrained(str(path / "ms"))
+    ours = GPTLocalForCausalLM.from_pretrained(str(path / "ms"), **RUNNERS[request.param])
     ours.set_train(False)
     yield hf, ours
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -205,7 +212,10 @@ def test_bucketed_prefill_gives_the_logits_of_the_unpadded_prefill(model):
 
 def test_varied_prompt_lengths_compile_one_prefill_graph_per_bucket(model):
     """Prompt widths 1..40 through generate (one cache shape): 3 prefill graphs (widths 16, 32, 64) and one
-    greedy-steps graph, not one graph per width; the compiled graphs are MindSpore's own per-Cell record."""
+    greedy-steps graph, not one graph per width; the compiled graphs are MindSpore's own per-Cell record. (The
+    native runner compiles nothing.)"""
+    if model._kv_caches.kind == "native":  # pylint: disable=protected-access
+        pytest.skip("the native runner compiles no graph")
     for length in range(1, 41, 3):
         model.generate([list(range(1, length + 1))], max_new_tokens=10, do_sample=False)
     cache = model.kv_cache(1, 50)

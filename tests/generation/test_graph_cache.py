@@ -56,7 +56,9 @@ def test_a_second_process_loads_the_graphs_and_generates_the_same(graph_mode, tm
     loads: a compile would rewrite the copy it is given), and generates the plain path's tokens (this process: no
     KV cache, the sequence recomputed per token)."""
     root = tmp_path / "store"
-    config = dict(TINY, num_hidden_layers=1)  # one layer: the 8 greedy steps' unrolled graph compiles faster
+    # one layer: the 8 greedy steps' unrolled graph compiles faster; the compiled runner (on CPU generate's default
+    # is the native one, which compiles nothing)
+    config = dict(TINY, num_hidden_layers=1, cpu_kernels={"runner": "plain"})
     script = tmp_path / "side.py"  # MindSpore hashes the entry script: a file, not python -c
     script.write_text(SIDE)
 

@@ -37,3 +37,30 @@ def test_repetition_penalty_equals_transformers(logits, penalty):
     for row, seen in enumerate(histories):
         theirs = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([seen]), torch.from_numpy(logits[row:row + 1]))
         np.testing.assert_allclose(ours[row], theirs[0].numpy(), rtol=0, atol=0)
+
+
+def _full_vocabulary_tokens(logits, histories, options, rng):
+    """next_tokens as it was before top-k narrowed the rows: every filter and the draw over the whole vocabulary."""
+    logits = apply_repetition_penalty(logits.astype(np.float64), histories, options["repetition_penalty"])
+    logits = logits / max(options["temperature"], 1e-6)
+    logits = _top_p(_top_k(logits, options["top_k"]), options["top_p"])
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, None), (40, 0.9), (1, 0.5), (0, 0.8), (None, None), (199, 0.95)])
+def test_narrowed_sampling_draws_what_the_full_vocabulary_draws(top_k, top_p):
+    """next_tokens with top-k narrows each row to its k largest logits before top-p and the draw: the same tokens
+    as the computation over the whole vocabulary, draw for draw from the same seed (odd vocabulary, ties at the k-th
+    logit, a repetition penalty, a batch of rows)."""
+    from mindformers_gptlocal.generation.sampling import next_tokens
+    options = dict(do_sample=True, temperature=0.7, top_k=top_k, top_p=top_p, repetition_penalty=1.2)
+    data = np.random.default_rng(1)
+    for trial in range(40):
+        logits = data.normal(size=(3, 201)).astype(np.float32) * 3.0
+        logits[0, 10:14] = logits[0].max() - 0.5  # ties
+        histories = [[1, 2, 3], [], [7, 7, 150]]
+        got = next_tokens(logits, histories, options, np.random.default_rng(trial))
+        want = _full_vocabulary_tokens(logits, histories, options, np.random.default_rng(trial))
+        np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")

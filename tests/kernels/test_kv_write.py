@@ -96,9 +96,10 @@ def test_out_of_range_index_is_an_error_not_a_stray_write(library):
 
 def test_a_cache_filled_to_its_last_row_has_the_full_forward_logits(library):
     """Ragged rows decoded until one reaches the cache's last row (63 of 64): each step's logits equal the
-    uncached forward's. The model's attention writes with the in-place kernel here (CPU)."""
+    uncached forward's. The model's attention writes with the in-place kernel here (CPU; the compiled runner's
+    graphs: ``cpu_kernels: {runner: plain}``)."""
     ms.set_seed(3)
-    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"runner": "plain"}))
     model.set_train(False)
     assert isinstance(model.model.layers[0].attention.cache.scatter_update, ops.Custom)
     plain = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"kv_write": "plain"}))

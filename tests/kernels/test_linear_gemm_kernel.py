@@ -154,8 +154,9 @@ def test_compiled_training_graph_with_and_without_bias(library, graph_mode):
 def test_the_head_runs_the_kernel_at_one_and_two_rows_in_inference(graph_mode):
     """cpu_kernels auto: an inference graph's head of 1 or 2 rows (the decode step at batch 1, 2) runs the GEMM kernel
     (HEAD_RULE), 3-15 rows MatMul: with the head kernel's argument vector broken, a batch-4 prefill of 3
-    tokens (12 rows) and its decode steps (4 rows) run, a batch-1 or batch-2 decode fails."""
-    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY), inference=True)
+    tokens (12 rows) and its decode steps (4 rows) run, a batch-1 or batch-2 decode fails (the compiled runner's
+    graphs: ``cpu_kernels: {runner: plain}``)."""
+    model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, cpu_kernels={"runner": "plain"}), inference=True)
     model.set_train(False)
     model.head_gemm.config = Tensor(np.ones(1, np.float32))  # a call of the head's kernel now fails
     runner = model.kv_cache(4, 30)

@@ -1,8 +1,8 @@
 """The provider decides each op's implementation, eligibility included (issue 50): the questions a layer, the train
 step or the runner asks it once at build (kernels/provider.py ``decode_layer_for``, ``fused_attention``,
 ``bias_gelu`` / ``gemm_epilogue``, ``epilogue_residual``, ``flash_attention``, ``lora_dropout``, ``adamw_update``,
-``grad_clip``, ``isfinite_overflow``, ``fresh_prefill``, ``greedy_steps``, ``plain_matmul``), each answer against the
-rule it states, one fact changed at a time. The values of the Cells they give: the kernels' own tests."""
+``grad_clip``, ``isfinite_overflow``, ``fresh_prefill``, ``greedy_steps``, ``runner``, ``plain_matmul``), each answer
+against the rule it states, one fact changed at a time. The values of the Cells they give: the kernels' own tests."""
 import warnings
 
 import mindspore as ms
@@ -21,7 +21,7 @@ CPU = dict(device_target="CPU")
 def _gpt2_facts(**changes):
     """The facts of a tiny GPT-2 layer built for the decode kernel (float32 Linears and LayerNorms)."""
     facts = DecodeLayerFacts(epsilon=1e-5, scale=0.25, form="tanh", compute_dtype=ms.float32,
-                             arch=GPTLocalConfig(**TINY).arch, linears="float32", layer_norms=True,
+                             arch=GPTLocalConfig(**TINY).arch, linears="float32", norm="LayerNorm",
                              norm_weights=ms.float32, norm_dtype=ms.float32, softmax_dtype=ms.float32, prefix=False,
                              adapters=False, layerdrop=False)
     return facts._replace(**changes)
@@ -35,10 +35,12 @@ def test_the_decode_layer_only_for_the_layer_it_computes(library):  # pylint: di
     neox = GPTLocalConfig(**dict(TINY, use_parallel_residual=True)).arch
     llama = GPTLocalConfig(**dict(TINY, normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False)).arch
     unbiased = GPTLocalConfig(**dict(TINY, add_bias_linear=False)).arch
-    for change in (dict(form=None), dict(arch=rope), dict(arch=neox), dict(arch=llama), dict(arch=unbiased),
-                   dict(linears=None), dict(linears="float16"), dict(layer_norms=False), dict(norm_weights=None),
-                   dict(norm_dtype=ms.float16), dict(softmax_dtype=ms.float16), dict(prefix=True),
-                   dict(adapters=True), dict(layerdrop=True)):
+    for change in (dict(arch=rope), dict(arch=neox), dict(arch=llama, form="swiglu", norm="RMSNorm"),
+                   dict(arch=unbiased, form="relu"), dict(form="erf"), dict(form="quick")):  # every layout
+        assert type(kernels.decode_layer_for(_gpt2_facts(**change))) is CPUDecodeLayer, change  # noqa: E721
+    for change in (dict(form=None), dict(form="mish"), dict(linears=None), dict(linears="float16"), dict(norm=None),
+                   dict(norm_weights=None), dict(norm_dtype=ms.float16), dict(softmax_dtype=ms.float16),
+                   dict(prefix=True), dict(adapters=True), dict(layerdrop=True)):
         assert kernels.decode_layer_for(_gpt2_facts(**change)) is None, change
     # bf16 weights only where the provider holds them so (an inference build of a bf16 model); a float32 layer of
     # such a build does not fit either
@@ -122,6 +124,26 @@ def test_runner_graphs():
     assert kernels.fresh_prefill(True) and not kernels.fresh_prefill(False)
     assert not kernels.fresh_prefill(True, prefix=True)
     assert [kernels.greedy_steps(layers) for layers in (0, 1, 4, 5, 12, 32, 33)] == [8, 8, 8, 6, 2, 1, 1]
+
+
+def test_the_native_runner_where_the_cpp_layer_computes_every_layer(library):  # pylint: disable=unused-argument
+    """``runner``: native on CPU, one rank, float32 compute, every layer one the C++ layer computes (LayerDrop too: an
+    identity in inference), its Linears holding the weights the provider builds; compiled otherwise."""
+    kernels = KernelProvider(**CPU)
+    layers = (_gpt2_facts(), _gpt2_facts(layerdrop=True))
+    assert kernels.runner(layers) == "native" and kernels.runner((_gpt2_facts(linears="int8"),)) == "native"
+    for change in (dict(linears=None), dict(prefix=True), dict(adapters=True), dict(norm=None),
+                   dict(compute_dtype=ms.float16), dict(linears="bfloat16")):
+        assert kernels.runner((_gpt2_facts(), _gpt2_facts(**change))) == "compiled", change
+    assert kernels.runner(()) == "compiled"
+    for other in (KernelProvider({"runner": "plain"}, **CPU), KernelProvider("plain", **CPU),
+                  KernelProvider(parallel=True, **CPU), KernelProvider(device_target="GPU")):
+        assert other.runner(layers) == "compiled"
+    bf16 = KernelProvider(compute_dtype="bfloat16", inference=True, **CPU)  # bf16 weights: those only
+    assert bf16.runner((_gpt2_facts(linears="bfloat16"),)) == "native"
+    assert bf16.runner((_gpt2_facts(),)) == "compiled"
+    training = KernelProvider(compute_dtype="bfloat16", **CPU)  # float32 weights rounded at each GEMM
+    assert training.runner((_gpt2_facts(compute_dtype=ms.bfloat16),)) == "native"
 
 
 def test_the_plain_gemm():

@@ -1,12 +1,14 @@
 """A bf16 model built for inference on CPU (``KernelProvider.bf16_weights``: ``from_pretrained(..., inference=True)``,
-what ``runtime/loader.py`` ``load_model`` builds for generate, chat, serve and eval) holds its Linears' and untied
-head's weights as bfloat16 once, and the GEMM kernel takes them so (``cpu_linear.cc`` ``gptlocal_linear_bf16w_fwd``).
+what ``runtime/loader.py`` ``load_model`` builds for generate, chat, serve and eval) holds its Linears', its head's and
+its token table's weights as bfloat16 once, and the GEMM kernel takes them so (``cpu_linear.cc``
+``gptlocal_linear_bf16w_fwd``; the lookup ``kernels/embedding.py``).
 
 Checked by value against today's bf16 path (float32 weights rounded at every GEMM, precision 1 and 2): the kernel
 alone on odd shapes (T 1, 7, 33; N, K not multiples of 16), with and without the bias; a tiny bf16 model directory
-(tied: the head on a bf16 copy of the float32 token table; untied; widths not multiples of 16) and a float32 one
+(tied: the head on the bf16 token table; untied; widths not multiples of 16) and a float32 one
 with compute_dtype bfloat16 converted at load: the
-same logits at T 1 and 7 and the same greedy tokens; the Linears' weight bytes halved; ``cpu_kernels: plain`` on
+same logits at T 1 and 7 and the same greedy tokens (today's token table rounded to bfloat16: the inference build holds
+it so, its lookup reads the rounded rows); the Linears' weight bytes halved; ``cpu_kernels: plain`` on
 the bf16 weights; the provider's rule (inference builds with bf16 GEMMs only; training keeps float32 weights)."""
 import numpy as np
 import pytest
@@ -94,8 +96,13 @@ def _greedy(model):
 
 
 def _pair(model_dir, **overrides):
+    """(today's bf16 path: float32 Parameters, the inference build). The inference build holds the token table as
+    bfloat16 too (its lookup reads the rounded rows): today's table is rounded the same way here, so the two compute
+    the same numbers."""
     today = GPTLocalForCausalLM.from_pretrained(model_dir, **overrides)
     held = GPTLocalForCausalLM.from_pretrained(model_dir, inference=True, **overrides)
+    table = today.model.embedding.word_embeddings
+    table.set_data(Tensor(table.asnumpy()).astype(ms.bfloat16).astype(ms.float32))
     for model in (today, held):
         model.set_train(False)
     return today, held
@@ -117,11 +124,12 @@ def test_bf16_weights_model_equals_todays_bf16_path(dirs, graph_mode, case, tmp_
     assert held_bytes * 2 == today_bytes
     if case == "untied":
         assert held.output_layer.weight.dtype == ms.bfloat16 and today.output_layer.weight.dtype == ms.float32
-    else:  # the tied table is the token lookup's too: kept float32, the head its bf16 copy (rounded, nearest even)
-        table = held.model.embedding.word_embeddings
-        assert table.dtype == ms.float32 and held.head_table.dtype == ms.bfloat16 and not held.head_table.requires_grad
-        np.testing.assert_array_equal(held.head_table.asnumpy().astype(np.float32),
-                                      Tensor(table.asnumpy()).astype(ms.bfloat16).astype(ms.float32).asnumpy())
+    else:  # the tied table is the head's and the token lookup's: held once, bfloat16 (rounded, nearest even)
+        assert not hasattr(held, "head_table")
+    table = held.model.embedding.word_embeddings
+    assert table.dtype == ms.bfloat16 and not table.requires_grad
+    np.testing.assert_array_equal(table.asnumpy().astype(np.float32),
+                                  today.model.embedding.word_embeddings.asnumpy())
     if case != "fp32_converted_at_load":
         held.save_pretrained(str(tmp_path))  # bf16 Parameters widened to float32, exactly; no head_table
         saved = read_safetensors(str(tmp_path / "model.safetensors"))

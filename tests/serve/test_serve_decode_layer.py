@@ -16,8 +16,11 @@ def engines(tmp_path_factory, start_engine):
     root = tmp_path_factory.mktemp("decode_layer")
     options = dict(max_batch_size=4, max_model_len=CONTEXT, prompt_buckets=[16], batch_buckets=[2, 4],
                    prefill_tokens=32)
-    fast = start_engine(save_tiny_base(root / "fast", None, 0, cpu_kernels={"decode_layer": "kernel"}), **options)
-    plain = start_engine(save_tiny_base(root / "plain", None, 0, cpu_kernels={"decode_layer": "plain"}), **options)
+    # the compiled runner's decode graphs (on CPU the server's default is the native runner)
+    fast = start_engine(save_tiny_base(root / "fast", None, 0, cpu_kernels={"decode_layer": "kernel",
+                                                                           "runner": "plain"}), **options)
+    plain = start_engine(save_tiny_base(root / "plain", None, 0, cpu_kernels={"decode_layer": "plain",
+                                                                             "runner": "plain"}), **options)
     return fast, plain
 
 

@@ -187,17 +187,26 @@ def test_plain_sides_set_cpu_kernels_in_the_model_config(tmp_path):
     modes = read_cpu_kernels(finetune_throughput.PLAIN_DROPOUT["cpu_kernels"])
     assert [op for op, mode in modes.items() if mode == "plain"] == ["lora_dropout"]
     assert read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-matmul"])["linear"] == "plain"
-    assert set(generate_throughput.SIDE_KERNELS) == {"ours-matmul", "ours-plain-decode", "ours-int8-plain-decode",
+    assert set(generate_throughput.SIDE_KERNELS) == {"ours-compiled", "ours-int8-compiled", "ours-bf16-compiled",
+                                                     "ours-matmul", "ours-plain-decode", "ours-int8-plain-decode",
                                                      "ours-decode-kernel", "ours-bf16-decode-kernel",
                                                      "ours-plain-rms-swiglu"}
-    for side in ("ours-plain-decode", "ours-int8-plain-decode"):  # the decode-layer kernel off, nothing else
+    # every side that names a kernel of the compiled graphs runs the compiled runner (runner: plain); ours: native
+    for side, kernels in generate_throughput.SIDE_KERNELS.items():
+        assert read_cpu_kernels(kernels)["runner"] == "plain", side
+    for side in ("ours-compiled", "ours-int8-compiled", "ours-bf16-compiled"):  # the runner, nothing else
         modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS[side])
-        assert [op for op, mode in modes.items() if mode == "plain"] == ["decode_layer"]
+        assert [op for op, mode in modes.items() if mode != "auto"] == ["runner"]
+
+    def off(side):  # the ops a side turns off, besides the runner's graphs
+        return sorted(op for op, mode in read_cpu_kernels(generate_throughput.SIDE_KERNELS[side]).items()
+                      if mode == "plain" and op != "runner")
+    for side in ("ours-plain-decode", "ours-int8-plain-decode"):  # the decode-layer kernel off, nothing else
+        assert off(side) == ["decode_layer"]
     modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-decode-kernel"])  # forced on, the rest auto
-    assert {op: mode for op, mode in modes.items() if mode != "auto"} == {"decode_layer": "kernel"}
+    assert {op: mode for op, mode in modes.items() if mode != "auto"} == {"decode_layer": "kernel", "runner": "plain"}
     assert generate_throughput.LINEAR_KERNEL == {"rows": "auto", "always": "kernel", "off": "plain"}
-    modes = read_cpu_kernels(generate_throughput.SIDE_KERNELS["ours-plain-rms-swiglu"])
-    assert sorted(op for op, mode in modes.items() if mode == "plain") == ["rms_norm", "swiglu"]
+    assert off("ours-plain-rms-swiglu") == ["rms_norm", "swiglu"]
     llama = dict(C.SHAPES["llama-tiny"], seq=32, batch=1)
     path = train_throughput.side_yaml("ours_plain", llama, 2, str(corpus), str(tmp_path), "llama_plain", THREADS)
     assert dict(yaml_io.load_yaml(path)["model"]["model_config"]["cpu_kernels"]) == {"rms_norm": "plain",
