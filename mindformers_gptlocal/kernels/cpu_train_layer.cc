@@ -350,7 +350,7 @@ Buffers buffers(const Dims &d, Workspace &ws) {
   const int64_t T = d.T, H = d.H, I = d.I, Q = d.Q, ND = d.ND, mlp = I * (d.gated ? 2 : 1);
   const int64_t sizes[11] = {T * H,
                              T * H,
-                             T * std::max(ND, mlp),
+                             d.bf16 ? T * std::max(ND, mlp) : 0,  // the saved bf16 operands widened (float32: none)
                              T * std::max(std::max(I, ND), H),
                              T * std::max(I, Q),
                              T * std::max(mlp, Q),
