@@ -36,6 +36,9 @@ bfloat16 sides (``python benchmarks/run.py train``):
 
   ours_bf16        ours with model_config.compute_dtype bfloat16 (``--ours-bf16``: the GEMMs in bf16, fp32 master
                    weights and optimizer state)
+  ours_layer       ours with model_config.cpu_kernels {train_layer: kernel} (``--ours-train-layer``: each layer's
+                   training step one kernel node each way, kernels/cpu_train_layer.cc); ours_layer_bf16 the same
+                   in bfloat16 (with ``--ours-bf16`` too)
   sdpa+fused-bf16  sdpa+fused with the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
   compile-bf16     compile, the same under autocast
 The machine line is followed by the CPU's bf16 / int8 instructions (a CPU without avx512_bf16 or AMX says so). MFU
@@ -52,6 +55,8 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 SIDES = ("ours",) + tuple(C.TORCH_VARIANTS) + tuple(C.TORCH_BF16_VARIANTS)
 # ours_bf16 (--ours-bf16): model_config.compute_dtype bfloat16
 BF16 = {"compute_dtype": "bfloat16"}
+# ours_layer (--ours-train-layer): model_config.cpu_kernels {train_layer: kernel}; ours_layer_bf16 with BF16 too
+TRAIN_LAYER = {"cpu_kernels": {"train_layer": "kernel"}}
 # ours_plain: model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU);
 # a Llama-style shape's {rms_norm: plain, swiglu: plain}
 PLAIN_NORM_GELU = {"layer_norm": "plain", "bias_gelu": "plain"}
@@ -60,6 +65,7 @@ LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, its norm/ML
           "eager": "HF {peer}, eager", "sdpa+fused": "HF {peer}, sdpa + fused AdamW",
           "compile": "HF {peer}, torch.compile",
           "ours_bf16": "gpt_local, compute_dtype bfloat16",
+          "ours_layer": "gpt_local, train_layer kernel", "ours_layer_bf16": "gpt_local, train_layer kernel, bf16",
           "sdpa+fused-bf16": "HF {peer}, sdpa + fused AdamW, bf16 autocast",
           "compile-bf16": "HF {peer}, torch.compile, bf16 autocast"}
 
@@ -67,19 +73,22 @@ LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, its norm/ML
 def label(side, s):
     """The table's name of ``side`` for shape ``s`` (the HF model it trains: GPT-2 or Llama)."""
     return LABELS[side].format(peer="Llama" if s.get("arch") == "llama" else "GPT-2")
-OURS = ("ours", "ours_plain", "ours_bf16")  # the sides run through gptlocal run
-BF16_SIDES = ("ours_bf16", *C.TORCH_BF16_VARIANTS)
+OURS = ("ours", "ours_plain", "ours_bf16", "ours_layer", "ours_layer_bf16")  # the sides run through gptlocal run
+BF16_SIDES = ("ours_bf16", "ours_layer_bf16", *C.TORCH_BF16_VARIANTS)
 
 
 def side_yaml(side, s, steps, corpus, workdir, name, threads, model_extra=None):
     """Our side's YAML: the tiny one resized (``_common.ours_yaml``); ours_plain's model_config also holds
     cpu_kernels {layer_norm: plain, bias_gelu: plain} (MindSpore's LayerNorm and Add + GeLU instead of our kernels;
-    a Llama-style shape's {rms_norm: plain, swiglu: plain}); ours_bf16's compute_dtype bfloat16."""
+    a Llama-style shape's {rms_norm: plain, swiglu: plain}); ours_bf16's compute_dtype bfloat16; ours_layer's
+    cpu_kernels {train_layer: kernel}, ours_layer_bf16's with compute_dtype bfloat16 too."""
     if side == "ours_plain":
         plain = PLAIN_RMS_SWIGLU if s.get("arch") == "llama" else PLAIN_NORM_GELU
         model_extra = dict(model_extra or {}, cpu_kernels=dict(plain))
-    if side == "ours_bf16":
+    if side in ("ours_bf16", "ours_layer_bf16"):
         model_extra = dict(model_extra or {}, **BF16)
+    if side in ("ours_layer", "ours_layer_bf16"):
+        model_extra = dict(model_extra or {}, **TRAIN_LAYER)
     return C.ours_yaml(s, steps, corpus, workdir, name, threads, model_extra=model_extra)
 
 
@@ -129,6 +138,9 @@ def main():
                              "(MindSpore's LayerNorm and Add + GeLU instead of the kernels)")
     parser.add_argument("--ours-bf16", action="store_true",
                         help="also run ours with model_config.compute_dtype bfloat16")
+    parser.add_argument("--ours-train-layer", action="store_true",
+                        help="also run ours with model_config.cpu_kernels {train_layer: kernel} (and, with "
+                             "--ours-bf16, the same in bfloat16)")
     parser.add_argument("--json", help="also write every run's numbers here")
     parser.add_argument("--ms-worker", help=argparse.SUPPRESS)
     parser.add_argument("--torch-worker", help=argparse.SUPPRESS)
@@ -147,8 +159,9 @@ def main():
     unknown = [v for v in variants if v not in SIDES[1:]]
     if unknown:
         raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(SIDES[1:])}")
+    layer = ("ours_layer", *(("ours_layer_bf16",) if args.ours_bf16 else ())) if args.ours_train_layer else ()
     sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *(("ours_bf16",) if args.ours_bf16 else ()),
-             *variants)
+             *layer, *variants)
     unknown = [name for name in args.shapes.split(",") if name not in C.SHAPES]
     if unknown:
         raise SystemExit(f"--shapes: unknown {unknown}; choose from {list(C.SHAPES)}")
@@ -160,7 +173,7 @@ def main():
             for fw in ("torch", "mindspore")}
     peak = max(gemm.values())
     print(C.machine_line(args.threads), flush=True)
-    bf16 = any(side in ("ours_bf16", *C.TORCH_BF16_VARIANTS) for side in sides)
+    bf16 = any(side in BF16_SIDES for side in sides)
     if bf16:
         print(C.precision_line(), flush=True)
     print(f"fp32 GEMM 2048^3 here: torch {gemm['torch']:.0f} GFLOP/s, MindSpore {gemm['mindspore']:.0f} GFLOP/s; "

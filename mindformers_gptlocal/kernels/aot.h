@@ -15,7 +15,7 @@ namespace aot {
 // the size), a fixed length, any length.
 enum DimKind : int8_t { kSize, kLeading, kFixed, kAny };
 
-constexpr int kMaxDims = 6, kMaxTensors = 32, kMaxSizes = 16;
+constexpr int kMaxDims = 6, kMaxTensors = 48, kMaxSizes = 32;  // the training layer's backward: 40 tensors, 20 sizes
 
 struct Dim {
   DimKind kind;

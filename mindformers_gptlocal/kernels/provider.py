@@ -65,6 +65,10 @@ OPS = {op: text + TABLE.where(op) for op, text in {
                   "clip's global norm (Cell: kernels/train_step.py; GPTLocalTrainOneStepCell)",
     "int8_linear": "an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM (Cell: "
                    "kernels/linear_int8.py)",
+    "train_layer": "a whole decoder layer of a training step as one node each way, forward and backward (norm, QKV, "
+                   "rope, attention, projection, residual, norm, MLP, residual; its activations in buffers it owns, "
+                   "bf16 under compute_dtype bfloat16) for every layout the model builds, in training graphs (Cell: "
+                   "kernels/train_layer.py); kernel only (auto: off, not measured faster yet)",
     "gemm_epilogue": "the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels run: "
                      "fc1 + bias + GeLU, fc2 + bias + the residual (Cell: kernels/linear.py CPULinearEpilogue); "
                      "kernel only (auto: off, not measured faster yet)",
@@ -117,6 +121,22 @@ DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
 # The MLP forms and norms the decoder's C++ layer computes (cpu_decoder.h; kernels/decode_layer.py MLP_FORMS, NORMS)
 LAYER_FORMS = ("tanh", "quick", "erf", "relu", "swiglu")
 LAYER_NORMS = ("LayerNorm", "RMSNorm")
+
+# What ``KernelProvider.train_layer_for`` weighs of one built decoder layer (``model/gpt.py`` ``make_train_layer``
+# gathers it): ``arch`` (the model's ``Arch``: its layout, ``kernels/train_layer.py`` ``layout_of``); ``epsilon``,
+# ``scale``: the norms' and attention's; ``form``: the MLP's activation as the kernel computes it ("tanh", "quick",
+# "swiglu"; None: another, the erf GeLU or ReLU); ``compute_dtype``: the config's; ``linears``: "float32" where every
+# Linear of the layer is the base Linear holding float32 weights, else None (LoRA, an int8 model's, bf16 weights);
+# ``norms``: both norms the layer's normalization (or its kernel form) with float32 weights; ``norm_dtype``,
+# ``softmax_dtype``: their compute dtypes; ``core``: the attention core without a KV cache ("plain", "fused",
+# "blockwise", "flash"); ``dropouts``: the layer's three dropouts (attention probabilities, attention output, MLP output)
+# where all are the counter masks, else None; ``rates``: (attention_dropout, hidden_dropout); ``prefix``,
+# ``adapters``, ``layerdrop``: the layer has a prefix-tuning prefix, a bottleneck adapter, LayerDrop; ``recomputed``:
+# MindSpore recomputes the layer (full recompute).
+TrainLayerFacts = collections.namedtuple("TrainLayerFacts", (
+    "arch", "epsilon", "scale", "form", "compute_dtype", "linears", "norms", "norm_dtype", "softmax_dtype", "core",
+    "dropouts", "rates", "prefix", "adapters", "layerdrop", "recomputed"))
+TRAIN_LAYER_FORMS = ("tanh", "quick", "swiglu")
 
 _TOLD = set()  # the lines _tell_once wrote
 DTYPE_NAMES = {ms.float32: "float32", ms.float16: "float16", ms.bfloat16: "bfloat16"}
@@ -356,6 +376,21 @@ class KernelProvider:
         return decode_layer_kernel(epsilon, scale, form, ms.float32, int8=int8, precision=self.gemm_dtype or "float32",
                                    bf16_weights=bf16, **layout)
 
+    def train_layer(self, arch, form, epsilon, scale, compute_dtype, dropouts=(None, None, None), recomputed=False):
+        """The training layer's kernel (``kernels/train_layer.py`` ``CPUTrainLayer``: the whole layer forward and
+        backward, one node each way) for a layer of ``arch``'s layout with MLP ``form`` ("tanh", "quick", "swiglu"),
+        norm ``epsilon`` and attention ``scale``, or None: the layer's per-op graph. A float32 graph on CPU
+        (``compute_dtype`` bfloat16: bf16 GEMMs, the GEMM operands saved as bf16), a training build (not
+        ``inference``), under ``kernel`` only (``auto``: off until measured faster). ``dropouts``: the layer's
+        ``CounterDropout`` s (or Nones: no dropout); ``recomputed``: MindSpore recomputes the layer (the kernel's
+        shared slot)."""
+        if self.inference or self.graph_dtype(compute_dtype) != "float32" or self.modes["train_layer"] != "kernel" or \
+                not self.uses("train_layer") or form not in TRAIN_LAYER_FORMS:
+            return None
+        from .train_layer import layout_of, train_layer_kernel  # pylint: disable=import-outside-toplevel
+        return train_layer_kernel(layout_of(arch, form), epsilon, scale, ms.float32, dropouts=dropouts,
+                                  precision=self.gemm_dtype or "float32", shared=bool(recomputed))
+
     def adamw(self, param_dtypes):
         """GPTLocalAdamW's update kernel (``kernels/train_step.py`` ``CPUAdamW``) where every parameter it updates
         is float32 (``param_dtypes``), or None: MindSpore's ``AdamWeightDecay``."""
@@ -452,6 +487,24 @@ class KernelProvider:
                 return "compiled"
         from . import build  # pylint: disable=import-outside-toplevel
         return "native" if build.library()[0] is not None else "compiled"
+
+    def train_layer_for(self, facts):
+        """The training-layer kernel for one built decoder layer (``facts``: a ``TrainLayerFacts``), or None: the
+        layer's per-op graph. Where the layer is what the kernel computes (every layout the model builds: LayerNorm or
+        RMSNorm, the tanh or quick GeLU or SwiGLU, any biases, rope, GQA, the parallel residual) and nothing comes
+        between its ops: its Linears all the base Linear with float32 weights (no LoRA), float32 norms and softmax,
+        the plain or fused attention core (not blockwise, not Ascend's), dropout rates in [0, 1) drawn with the
+        counter masks, no prefix, adapter or LayerDrop; then as ``train_layer`` decides."""
+        rates = facts.rates
+        fits = (facts.form in TRAIN_LAYER_FORMS and facts.linears == "float32" and facts.norms and
+                facts.norm_dtype == ms.float32 and facts.softmax_dtype == ms.float32 and
+                facts.core in ("plain", "fused") and all(0.0 <= rate < 1.0 for rate in rates) and
+                (facts.dropouts is not None or not any(rates)) and not facts.prefix and not facts.adapters and
+                not facts.layerdrop)
+        if not fits:
+            return None
+        return self.train_layer(facts.arch, facts.form, facts.epsilon, facts.scale, facts.compute_dtype,
+                                facts.dropouts or (None, None, None), facts.recomputed)
 
     def epilogue_residual(self, epilogue, hidden_dropout=0.0, adapter=False, layerdrop=False,
                           parallel_residual=False):

@@ -30,6 +30,16 @@ LoRADropoutOptions = Options("LoRADropoutOptions", "scale: float, mode: int, thr
 Int8Options = Options("Int8Options", "threads: int, method: int",
                       "The exact int8 product's: method 0 chosen by this CPU (2 where oneDNN has VNNI, else 1), 1 "
                       "the dot loop (int16 pairs summed in int32), 2 oneDNN's s8s8s32 (exact with VNNI only).")
+TrainLayerOptions = Options(
+    "TrainLayerOptions", "epsilon: float, scale: float, attention_dropout_scale: float, hidden_dropout_scale: float, "
+    "attention_dropout_mode: int, hidden_dropout_mode: int, heads: int, groups: int, norm: int, mlp: int, bias: int, "
+    "qkv_bias: int, rope: int, parallel_residual: int, precision: int, threads: int, query_block: int, key_block: int, "
+    "slot: int", "The training layer's: the norms' epsilon, attention's scale, the counter dropouts' scales and modes "
+    "(0 none, 1 keep where the bits agree, 2 where they differ; the hidden one at both residual sites), the query "
+    "heads and key/value groups, norm 0 LayerNorm / 1 RMSNorm, mlp 0 tanh GeLU / 1 quick GeLU / 2 SwiGLU, bias (the "
+    "projection's and the MLP's Linears), qkv_bias, rope, parallel_residual (NeoX), the GEMMs' precision "
+    "(LinearOptions'; 1, 2 also save the GEMM operands as bf16), the threads, attention's query and key blocks, the "
+    "layer's slot (its saved activations; 0 shared by recomputed layers).")
 DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
                              "precision: int, norm: int, rotary_dim: int, parallel_residual: int, qkv_bias: int, "
                              "bias: int", "The decode step's layer (cpu_decoder.h LayerShape's choices): the norms' "
@@ -72,6 +82,18 @@ LAYER = ("hidden: f32[B, 1, H], norm1_weight: f32[H], norm1_bias: f32[_], {qkv},
          "value_cache: inout f32[Bc, G, L, D], write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L], "
          "cos: f32[_, _, _, _], sin: f32[_, _, _, _]")
 LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "gate": ("_", "_"), "fc2": ("H", "I")}
+# The training layer's tensors (cpu_train_layer.cc): the layer's input, attention's mask, rope's cos and sin, the
+# attention's and the hidden dropout's bit tables, their offsets (attention_probs, attention_output, mlp_output: (a, b)
+# each), then the parameters; a parameter the layer has not is a one-element stand-in (RMSNorm's shift, a bias, a
+# GeLU MLP's gate [1, H]), and so are rope's cos and sin [1, 1, 1, 2] without rope and a dropout's tables [1] without it.
+TRAIN_LAYER_INPUTS = (
+    "hidden: f32[B, S, H], mask: f32[Bb, 1, S, S], cos: f32[Bc, 1, Sr, R], sin: f32[Bc, 1, Sr, R], "
+    "attention_t1: f32[PA1], attention_t2: f32[PA2], hidden_t1: f32[PH1], hidden_t2: f32[PH2], offsets: i32[6], "
+    "norm1_w: f32[H], norm1_b: f32[Hn], qkv_w: f32[Q, H], qkv_b: f32[Qb], proj_w: f32[H, ND], proj_b: f32[Hb], "
+    "norm2_w: f32[H], norm2_b: f32[Hn], fc1_w: f32[I, H], fc1_b: f32[Ib], gate_w: f32[Ig, H], gate_b: f32[Igb], "
+    "fc2_w: f32[H, I], fc2_b: f32[Hb]")
+TRAIN_LAYER_PARAMETERS = ("norm1_w", "norm1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "norm2_w", "norm2_b", "fc1_w",
+                          "fc1_b", "gate_w", "gate_b", "fc2_w", "fc2_b")
 
 
 def decode_layer_inputs(weight):
@@ -181,6 +203,22 @@ TABLE = Table([
            "w: inout f32[*n], m: inout f32[*n], v: inout f32[*n], g: f32[*n], lr: f32[*1], beta1: f32[*1], "
            "beta2: f32[*1], eps: f32[*1], decay: f32[*1]", "status: token", ThreadOptions,
            "AdamWeightDecay's update of one parameter and its moments, in place", op="adamw"),
+    Kernel("gptlocal_train_layer_fwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS, "out: f32[B, S, H], ticket: i32[2]",
+           TrainLayerOptions, "a whole decoder layer of a training step (norm, QKV, rope, attention, projection, "
+           "residual, norm, MLP, residual): its output and the ticket of the activations it saved in its slot",
+           backward="gptlocal_train_layer_bwd", op="train_layer"),
+    Kernel("gptlocal_train_layer_bwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS + ", ticket: i32[2], dout: f32[B, S, H]",
+           "dhidden: f32[B, S, H], " + ", ".join(f"d{name}: f32[{dims}]" for name, dims in (
+               ("norm1_w", "H"), ("norm1_b", "Hn"), ("qkv_w", "Q, H"), ("qkv_b", "Qb"), ("proj_w", "H, ND"),
+               ("proj_b", "Hb"), ("norm2_w", "H"), ("norm2_b", "Hn"), ("fc1_w", "I, H"), ("fc1_b", "Ib"),
+               ("gate_w", "Ig, H"), ("gate_b", "Igb"), ("fc2_w", "H, I"), ("fc2_b", "Hb"))),
+           TrainLayerOptions, "its backward: the slot's activations where the ticket still holds them (else the "
+           "forward again, from its inputs), then every gradient", op="train_layer"),
+    Export("gptlocal_train_layer_release", "cpu_train_layer.cc", "int gptlocal_train_layer_release(int32_t slot)",
+           "frees a training layer's slot (its Cell is gone)", op="train_layer"),
+    Export("gptlocal_train_layer_stats", "cpu_train_layer.cc", "void gptlocal_train_layer_stats(int64_t *out)",
+           "the training layer's counts: forwards, backwards, backwards that ran their forward again, the slots' "
+           "bytes, the workspace's bytes, the slots", op="train_layer"),
     Kernel("gptlocal_rope_fwd", "cpu_rope.cc", "x: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
            "y: f32[B, N, S, D]", ThreadOptions, "rotary embedding of the first R channels of each head (rotate_half)",
            backward="gptlocal_rope_bwd"),

@@ -26,13 +26,14 @@ from ..errors import CheckpointError
 from ..parallel.recompute import RecomputePlan
 from ..tokenizer_id import check_model_dir as check_tokenizer_id
 from ..parallel.sharding import apply_sharding, is_parallel_build
-from .attention import MASK_VALUE, ParallelAttention, RotaryEmbedding
+from .attention import (MASK_VALUE, BlockwiseCore, FlashCore, FusedCPUAttention, MatmulSoftmaxAttention,
+                        ParallelAttention, RotaryEmbedding)
 from .config import GPTLocalConfig, GenerationOptions, graph_config
-from .dropout import DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout, make_layerdrop
+from .dropout import (CounterDropout, DropoutCounter, counter_dropout_enabled, dropout_site, make_dropout,
+                      make_layerdrop)
 from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
-                     kernel_provider, make_norm,
-                     residual_init_std, to_mstype, use_gemm)
-from ..kernels.provider import DecodeLayerFacts, dtype_name
+                     kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm)
+from ..kernels.provider import DecodeLayerFacts, TrainLayerFacts, dtype_name
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -289,6 +290,38 @@ def layer_facts(config, block):
         layerdrop=block.layerdrop is not None)
 
 
+# the attention core a layer built (ParallelAttention._choose_core), as TrainLayerFacts names it
+ATTENTION_CORES = {MatmulSoftmaxAttention: "plain", FusedCPUAttention: "fused", BlockwiseCore: "blockwise",
+                   FlashCore: "flash"}
+
+
+def make_train_layer(config, block, kernels, recomputed=False):
+    """The training step's one-node CPU kernel for ``block`` (``kernels/train_layer.py``: the whole layer forward and
+    backward), or None: the block's per-op graph. The model's ``KernelProvider`` decides (``train_layer_for``) from
+    the built block's facts (``TrainLayerFacts``): its layout, its Linears' and norms' classes and weight dtypes, its
+    compute dtypes, its attention core, its dropouts, whether it has a prefix, an adapter or LayerDrop, and whether
+    MindSpore recomputes it (``recomputed``)."""
+    arch = config.arch
+    attention, mlp = block.attention, block.mlp
+    linears = [attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2]
+    linears += [mlp.linear_gate] if arch.gated else []
+    plain = all(type(linear) is Linear and linear.weight.dtype == ms.float32 for linear in linears)
+    kinds = (RMSNorm, KernelRMSNorm) if arch.rmsnorm else (LayerNorm, KernelLayerNorm)
+    norms = (block.input_layernorm, block.post_attention_layernorm)
+    dropouts = (attention.plain.attention_dropout, block.attention_output_dropout, block.mlp_output_dropout)
+    return kernels.train_layer_for(TrainLayerFacts(
+        arch=arch, epsilon=config.layernorm_epsilon, scale=attention.plain.scale,
+        form="swiglu" if arch.gated else gelu_form(config.hidden_act), compute_dtype=to_mstype(config.compute_dtype),
+        linears="float32" if plain else None,
+        norms=all(type(norm) in kinds and norm.weight.dtype == ms.float32 for norm in norms),
+        norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
+        core=ATTENTION_CORES.get(type(attention.core)),
+        dropouts=dropouts if all(isinstance(dropout, CounterDropout) for dropout in dropouts) else None,
+        rates=(config.attention_dropout, config.hidden_dropout), prefix=attention.prefix_concat is not None,
+        adapters=block.attention_adapter is not None or block.mlp_adapter is not None,
+        layerdrop=block.layerdrop is not None, recomputed=recomputed))
+
+
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 # ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm or RMSNorm
 # (``normalization``), chosen when the block is built. Each part's residual update passes its bottleneck adapter
@@ -297,14 +330,18 @@ def layer_facts(config, block):
 # Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
 # (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
 # ``Layout``, ``parallel/``), never decided in ``construct``; nor is any of the above: the build binds the forward's
-# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, the decode node's arguments).
+# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, the decode node's arguments). In
+# training graphs the whole layer may run as one kernel node each way (``train_kernel``, ``make_train_layer``;
+# ``full_layer``), the per-op forward everywhere else.
 class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
     Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
     model's ``KernelProvider`` (required), handed to every part."""
 
     def __init__(self, config, layer_number, use_flash_attention=False, counter_dropout=False, layer_spec=None, *,
-                 kernels):
+                 kernels, recomputed=False):
+        """``recomputed``: MindSpore recomputes the whole layer (``recompute_config.recompute``; the training kernel
+        then keeps its activations in the buffers every recomputed layer shares)."""
         super().__init__()
         self.layer_number = layer_number
         self.input_layernorm = make_norm(config, kernels=kernels)
@@ -341,7 +378,12 @@ class GPTLocalBlock(nn.Cell):
             self.residuals = self._residual_in_mlp if self.mlp_residual else self._sequential_residuals
         # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
-        self.layer = self._layer if self.decode_kernel is None else self._layer_or_decode_kernel
+        # the training step's layer as one CPU kernel node each way where it fits (make_train_layer), else None; the
+        # whole layer's forward outside the decode step (full_layer): that kernel in training graphs, else the ops
+        self.train_kernel = make_train_layer(config, self, kernels, recomputed)
+        self.gate_parameters = self._gate_parameters if config.arch.gated else self._no_gate_parameters
+        self.full_layer = self._layer if self.train_kernel is None else self._train_kernel_or_layer
+        self.layer = self.full_layer if self.decode_kernel is None else self._layer_or_decode_kernel
         if self.decode_kernel is not None:
             self._bind_decode_arguments(config.arch)
 
@@ -381,8 +423,35 @@ class GPTLocalBlock(nn.Cell):
                                 dropout_step, rotary, prefix, fresh_prefill):
         if key_cache is not None and hidden.shape[1] == 1 and not fresh_prefill and not self.training:
             return self._decode(hidden, attention_bias, key_cache, value_cache, write_index, rotary)
+        return self.full_layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                               rotary, prefix, fresh_prefill)
+
+    def _train_kernel_or_layer(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
+                               dropout_step, rotary, prefix, fresh_prefill):
+        """A training graph (the train flag, no KV cache) runs ``train_kernel``; every other the layer's ops. The
+        flag and the cache's presence are constants of a compiled graph: each graph holds one of the two."""
+        if self.training and key_cache is None:
+            return self._train_layer(hidden, attention_bias, dropout_step, rotary)
         return self._layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
                            rotary, prefix, fresh_prefill)
+
+    def _train_layer(self, hidden, attention_bias, dropout_step, rotary):
+        """The whole layer through ``train_kernel``: its Parameters as stored (None where the layer has none: an
+        absent bias, RMSNorm's shift, a GeLU MLP's gate), the counter dropouts' step, rope's angles."""
+        attention, mlp = self.attention, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
+        gate_weight, gate_bias = self.gate_parameters()
+        return self.train_kernel(hidden, attention_bias, dropout_step, rotary, norm1.weight, norm1.shift(),
+                                 qkv.weight, qkv.shift(), proj.weight, proj.shift(), norm2.weight, norm2.shift(),
+                                 fc1.weight, fc1.shift(), gate_weight, gate_bias, fc2.weight, fc2.shift())
+
+    def _gate_parameters(self):
+        gate = self.mlp.linear_gate
+        return gate.weight, gate.shift()
+
+    def _no_gate_parameters(self):
+        return None, None
 
     def _layer(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step, rotary,
                prefix, fresh_prefill):
@@ -524,7 +593,8 @@ class GPTLocalModel(nn.Cell):
         blocks = []
         for index in range(config.num_hidden_layers):
             block = GPTLocalBlock(config, index + 1, flash, counter_dropout=self.counter_dropout,
-                                  layer_spec=None if layer_spec is None else layer_spec(index), kernels=self.kernels)
+                                  layer_spec=None if layer_spec is None else layer_spec(index), kernels=self.kernels,
+                                  recomputed=bool(recompute.full[index]))
             block.pipeline_stage = stage_ids[index]
             block.recompute_mode = recompute.apply(block, index)
             blocks.append(block)

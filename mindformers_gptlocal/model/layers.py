@@ -109,6 +109,8 @@ class Linear(LeavesBias, nn.Cell):
         self.graph_weight = self._weight_as_held if self.bf16_weight else self._weight_in_compute_dtype
         self.product = self._matmul_only if self.gemm is None else self._gemm_by_rows
         self.skip_bias_add = skip_bias_add
+        # the bias Parameter or None, for a caller that takes the Linear's Parameters (model/gpt.py's training layer)
+        self.shift = self._bias_parameter if has_bias else self._no_bias_parameter
 
     def _bind_bias(self):
         """The GEMM kernel's and MatMul's products with or without the bias (``LeavesBias``)."""
@@ -134,6 +136,12 @@ class Linear(LeavesBias, nn.Cell):
 
     def _weight_as_held(self):
         return self.weight
+
+    def _bias_parameter(self):
+        return self.bias
+
+    def _no_bias_parameter(self):
+        return None
 
     def _weight_in_compute_dtype(self):
         return self.cast(self.weight, self.compute_dtype)
@@ -177,6 +185,10 @@ class LayerNorm(nn.Cell):
         self.cast = ops.Cast()
         self.kernel = kernel  # KernelLayerNorm's, else None
 
+    def shift(self):
+        """The additive Parameter (as ``Linear.shift``: model/gpt.py's training layer takes it)."""
+        return self.bias
+
     def construct(self, x):
         dtype = x.dtype
         y, _, _ = self.layer_norm(self.cast(x, self.compute_dtype), self.cast(self.weight, self.compute_dtype),
@@ -212,6 +224,10 @@ class RMSNorm(nn.Cell):
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
         self.kernel = kernel  # KernelRMSNorm's, else None
+
+    def shift(self):
+        """None: RMSNorm has no additive Parameter (``LayerNorm.shift``)."""
+        return None
 
     def construct(self, x):
         dtype = x.dtype
