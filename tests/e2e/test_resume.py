@@ -48,19 +48,6 @@ def test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout(tmp_path, c
     assert os.path.isdir(tmp_path / "part" / "output" / "checkpoint" / "rank_0")
 
 
-def test_resume_with_the_training_layer_kernel_is_exact(tmp_path, corpus):
-    """The same with every layer's training step one kernel node each way (``cpu_kernels.train_layer: kernel``,
-    checked to build in this process from the run's model_config): the kernel draws the counter masks, so the
-    resumed steps equal the uninterrupted run's bit for bit."""
-    kernel = {"train_layer": "kernel"}
-    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-    model_config = dict(TINY, hidden_dropout=0.1, attention_dropout=0.1, cpu_kernels=kernel)
-    assert type(GPTLocalForCausalLM(GPTLocalConfig(**model_config)).model.layers[0].train_kernel).__name__ == \
-        "CPUTrainLayer"
-    assert_exact_resume(tmp_path, corpus, "pretrain_gpt_local_tiny_cpu.yaml", model__model_config__cpu_kernels=kernel,
-                        train_dataset__data_loader__num_samples=8 * N, lr_schedule__warmup_ratio=0.3)
-
-
 def test_resume_megatron_dynamic_loss_scale_is_exact(tmp_path, corpus):
     prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
     scale = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096, "scale_factor": 2, "scale_window": 3}

@@ -25,8 +25,10 @@ from conftest import free_port as _free_port  # noqa: E402
 
 MODEL = "tiny-ops"
 CONTEXT = 4096
-LONG = 4000  # tokens of a request that must outlive the timeouts below: 1,000 took < 3 s on 2 quiet cores
-# with the in-place KV write (measured in CI), 4,000 take several times longer than REQUEST_TIMEOUT
+LONG = 4000  # tokens of a request that must outlive the timeouts below: the model runs the compiled runner
+# (RUNNER), where 1,000 took < 3 s on 2 quiet cores and 4,000 take several times longer than REQUEST_TIMEOUT (the
+# native runner, the CPU default, decodes this tiny model so fast that 4,000 tokens end within it)
+RUNNER = {"runner": "plain"}
 KEY = "gl-test-7f3a9c1e5b2d"
 WRONG = "gl-wrong-0000000000"
 MAX_BYTES = 16384
@@ -41,8 +43,8 @@ def model_dir(tmp_path_factory):
     from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
     out = str(tmp_path_factory.mktemp("serve_ops") / MODEL)
     ms.set_seed(0)
-    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=CONTEXT, seq_length=CONTEXT))
-                        ).save_pretrained(out)
+    GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=CONTEXT, seq_length=CONTEXT,
+                                              cpu_kernels=RUNNER))).save_pretrained(out)
     return out
 
 

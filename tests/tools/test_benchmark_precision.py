@@ -101,7 +101,8 @@ def test_sides_a_run_cannot_have_are_refused_in_one_line(monkeypatch, capsys):
     assert G.PRECISION["ours-bf16"] == "bf16" and G.PRECISION["ours-int8"] == G.PRECISION["ct2-int8"] == "int8"
     assert G.SIDE_OVERRIDES == {"ours-bf16": {"compute_dtype": "bfloat16"},
                                 "ours-bf16-per-call": {"compute_dtype": "bfloat16"},
-                                "ours-bf16-decode-kernel": {"compute_dtype": "bfloat16"}}
+                                "ours-bf16-decode-kernel": {"compute_dtype": "bfloat16"},
+                                "ours-bf16-compiled": {"compute_dtype": "bfloat16"}}
     assert G.PRECISION["ours-bf16-decode-kernel"] == "bf16"
     assert G.TRAINING_BUILD == ("ours-bf16-per-call",) and G.PRECISION["ours-bf16-per-call"] == "bf16"
 
@@ -221,7 +222,8 @@ def test_ours_bf16_side_asks_for_bfloat16(tmp_path):
         return yaml_io.load_yaml(path)["model"]["model_config"]
     assert model_config("ours_bf16")["compute_dtype"] == "bfloat16"
     assert model_config("ours")["compute_dtype"] == "float32"
-    assert set(train_throughput.BF16_SIDES) == {"ours_bf16", "sdpa+fused-bf16", "compile-bf16"}
+    assert model_config("ours_layer_bf16")["compute_dtype"] == "bfloat16"
+    assert set(train_throughput.BF16_SIDES) == {"ours_bf16", "ours_layer_bf16", "sdpa+fused-bf16", "compile-bf16"}
 
 
 def test_accuracy_figures_are_their_definitions():
