@@ -299,6 +299,24 @@ def machine_line(threads):
     return _MACHINE[threads]
 
 
+def read_bandwidth_gbs(threads, megabytes=1024, repeats=5):
+    """This machine's memory read rate, GB/s: ``threads`` threads each summing its part of a float32 array of
+    ``megabytes`` MB (numpy releases the GIL in the sum), the best of ``repeats`` after one touch. What a decode step
+    that streams its weights once a token can at most read (the bound ``bytes a token / this rate``)."""
+    import concurrent.futures  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    data = np.ones(megabytes * (1 << 20) // 4, np.float32)
+    parts = np.array_split(data, threads)
+    best = float("inf")
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.sum, parts))  # the touch: the pages mapped, not timed
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - start)
+    return data.nbytes / best / 1e9
+
+
 CPU_PRECISION_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnni", "avx_vnni", "amx_int8")}
 
 

@@ -789,6 +789,8 @@ def main():
     print(f"\n{C.machine_line(args.threads)}")
     if any(PRECISION.get(side) for side in sides):
         print(C.precision_line())
+    print(f"memory read rate: {C.read_bandwidth_gbs(args.threads):.1f} GB/s ({args.threads} threads summing 1 GiB, "
+          "best of 5): a decode step that reads its weights once a token runs at most this / its bytes a token")
     if ct2:
         print(f"CTranslate2 {ct2['version']}, compute types on this CPU: {', '.join(ct2['compute_types'])}")
     if gguf:

@@ -69,6 +69,13 @@ def test_alternate_orders_and_spread():
     assert C.spread([3.0, 1.0, 2.0]) == "2 [1-3]"
 
 
+def test_read_bandwidth_is_the_bytes_over_the_best_time(monkeypatch):
+    """GB/s = the array's bytes over the fastest of the timed sums (the first sum, the touch, is not timed)."""
+    ticks = iter([10.0, 10.5, 11.0, 11.25, 12.0, 12.5])  # the timed sums take 0.5, 0.25, 0.5 s
+    monkeypatch.setattr(C.time, "perf_counter", lambda: next(ticks))
+    assert C.read_bandwidth_gbs(2, megabytes=8, repeats=3) == pytest.approx(8 * (1 << 20) / 0.25 / 1e9)
+
+
 def test_run_py_names_every_benchmark_and_runs_a_part():
     """benchmarks/run.py is the one entry point: every script here but the shared helpers (and the ones other work
     removes) is a part of a suite, the listed commands are those run, and extra arguments reach the script."""
