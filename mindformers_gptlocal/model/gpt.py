@@ -838,15 +838,10 @@ class GPTLocalForCausalLM(nn.Cell):
         """Load safetensors weights: a file, a model directory or a MindFormers checkpoint folder. The model's
         runners are dropped (a native runner points at the Parameters' buffers, which loading may replace)."""
         path = load_weights(self, path)
-        self.refresh_head_table()
         pool = self.__dict__.get("_kv_caches")
         if pool is not None:
             pool.clear()
         return path
-
-    def refresh_head_table(self):
-        """Nothing (kept for callers): a tied head reads the token table itself, also in a bf16 inference build, whose
-        table is held as bfloat16 once (before, the head had a bf16 copy of a float32 table, made again here)."""
 
     @classmethod
     def from_pretrained(cls, model_dir, layer_spec=None, random_init=False, inference=False, **overrides):
