@@ -38,7 +38,6 @@ whose sha256 differs from the one its build saved next to it (truncated, overwri
 import concurrent.futures
 import ctypes
 import fcntl
-import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
@@ -232,12 +231,11 @@ def _compile(cxx, folder, dnnl, include):
 
 
 def _link(cxx, folder, final, generated, dnnl, include):
-    handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
-    os.close(handle)
     objects, reason = _objects(cxx, generated, include)
     if objects is None:
-        os.unlink(temporary)
         return None, reason
+    handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+    os.close(handle)
     command = [cxx, *_flags(), *objects, "-o", temporary, "-L" + dnnl, "-l:" + ONEDNN_SONAME, "-Wl,-rpath," + dnnl]
     reason = _run(cxx, command)
     if reason is not None:
