@@ -3,6 +3,7 @@ its AOT ``ops.Custom`` on CPU (``primitive``: shapes, dtypes, side effects and t
 a Cell (``KernelCell``), and the library for a float32 model; and the same C entry points and typed cores called
 directly on numpy arrays (``DirectCall``, ``call_core``: tests and benchmarks, outside MindSpore)."""
 import ctypes
+import linecache
 import os
 
 import numpy as np
@@ -43,44 +44,40 @@ def primitive(path, kernel, bprop=None):
     return op
 
 
-def _with_arity(arity, grad):
-    """``grad(inputs, out, dout)`` as a bprop of ``arity`` inputs: MindSpore reads a bprop's parameters (the op's
-    inputs, then out and dout) from its signature, and its source line by line (a ``return lambda`` each)."""
-    if arity == 2:
-        return lambda a, b, out, dout: grad((a, b), out, dout)
-    if arity == 3:
-        return lambda a, b, c, out, dout: grad((a, b, c), out, dout)
-    if arity == 4:
-        return lambda a, b, c, d, out, dout: grad((a, b, c, d), out, dout)
-    if arity == 5:
-        return lambda a, b, c, d, e, out, dout: grad((a, b, c, d, e), out, dout)
-    if arity == 6:
-        return lambda a, b, c, d, e, f, out, dout: grad((a, b, c, d, e, f), out, dout)
-    if arity == 7:
-        return lambda a, b, c, d, e, f, g, out, dout: grad((a, b, c, d, e, f, g), out, dout)
-    if arity == 8:
-        return lambda a, b, c, d, e, f, g, h, out, dout: grad((a, b, c, d, e, f, g, h), out, dout)
-    raise ValueError(f"a kernel of {arity} inputs: give its bprop by hand")
+def bprop_source(kernel, backward_kernel):
+    """The source of ``kernel``'s bprop (``gradient``): one call of ``backward`` on the tensors its inputs name
+    (``Kernel.gradient_plan``), then a tuple of the inputs' gradients (zeros for the others and the options), written
+    out straight: MindSpore compiles a bprop per primitive instance, and a generic one (a loop over the plan, tuples
+    built by concatenation) cost GPT-2 small's training graph ~8 s more to compile and ~220 MB more memory."""
+    sources, grads = kernel.gradient_plan(backward_kernel)
+    inputs = [t.name for t in kernel.inputs] + ["options"]
+    taken = set(inputs) & {"make", "backward", "zeros_like", "bprop", "out", "dout", "found"}
+    if taken:
+        raise ValueError(f"{kernel.symbol} inputs {', '.join(sorted(taken))}: names its bprop uses; rename them")
+
+    def each(name, count):
+        return [name] if count == 1 else [f"{name}[{i}]" for i in range(count)]
+
+    pool = inputs + each("out", len(kernel.outputs)) + each("dout", len(kernel.outputs))
+    found = each("found", len(backward_kernel.outputs))
+    result = [found[g] if g >= 0 else f"zeros_like({name})" for name, g in zip(inputs, grads)]
+    return (f"def make(backward, zeros_like):\n"
+            f"    def bprop({', '.join(inputs)}, out, dout):\n"
+            f"        found = backward({', '.join(pool[i] for i in sources)})\n"
+            f"        return {', '.join(result)},\n"
+            f"    return bprop\n")
 
 
 def gradient(kernel, backward_kernel, backward):
-    """The bprop of ``kernel``'s primitive: ``backward`` (the primitive of ``backward_kernel``) called on the
-    tensors its inputs name (``Kernel.gradient_plan``), its outputs the gradients of the inputs they name, zeros for
-    the others and the options."""
-    sources, grads = kernel.gradient_plan(backward_kernel)
-    single_output = len(kernel.outputs) == 1
-    single_grad = len(backward_kernel.outputs) == 1
-
-    def grad(inputs, out, dout):
-        pool = inputs + ((out,) if single_output else out) + ((dout,) if single_output else dout)
-        found = backward(*[pool[i] for i in sources])
-        found = (found,) if single_grad else found
-        result = ()
-        for i in range(len(grads)):
-            result = result + ((found[grads[i]],) if grads[i] >= 0 else (ops.zeros_like(inputs[i]),))
-        return result
-
-    return _with_arity(len(kernel.inputs) + 1, grad)
+    """The bprop of ``kernel``'s primitive (``bprop_source``), ``backward`` the primitive of ``backward_kernel``.
+    Compiled from its source as dataclasses compiles ``__init__``, the source kept in ``linecache`` because
+    MindSpore parses a bprop from its source text."""
+    source = bprop_source(kernel, backward_kernel)
+    filename = f"<gptlocal bprop of {kernel.symbol}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope = {"__name__": __name__}  # MindSpore resolves a bprop's module by name; its names are the closure's
+    exec(compile(source, filename, "exec"), scope)  # noqa: S102  (our own generated source, as above)
+    return scope["make"](backward, ops.zeros_like)
 
 
 class KernelCell(nn.Cell):
