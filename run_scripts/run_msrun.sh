@@ -70,6 +70,11 @@ status=0
 while true; do
   wait "$msrun_pid" && status=0 || status=$?
   kill -0 "$msrun_pid" 2>/dev/null || break  # wait returned for a trapped signal: msrun still runs
+  if (( got )); then  # stopping: once every worker has saved and ended, msrun's scheduler is not waited for (it
+    while [[ -n "$(worker_pids)" ]]; do sleep 0.2; done  # would wait out its heartbeat timeout first, ~30 s)
+    kill -KILL -- "-$msrun_pid" 2>/dev/null || true
+    break
+  fi
 done
 wait "$tail_pid" 2>/dev/null || true
 if (( got )); then

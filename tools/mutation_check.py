@@ -173,7 +173,7 @@ MUTATIONS = [
     Mutation("the int8 kernel forgets the weight's per-channel scales", PKG + "kernels/cpu_linear_int8.cc",
              "static_cast<float>(a[n]) * (xs * w_scale[n]);", "static_cast<float>(a[n]) * xs;",
              ["tests/kernels/test_int8_linear_kernel.py"]),
-    Mutation("the int8 kernel truncates instead of rounding the input", PKG + "kernels/cpu_linear_int8.cc",
+    Mutation("the int8 kernel truncates instead of rounding the input", PKG + "kernels/common.h",
              "const float r = std::nearbyint(x[k] * inverse);", "const float r = std::trunc(x[k] * inverse);",
              ["tests/kernels/test_int8_linear_kernel.py"]),
     Mutation("the int8 dot loop's four-row groups take the third row twice", PKG + "kernels/cpu_linear_int8.cc",

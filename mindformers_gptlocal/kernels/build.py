@@ -31,6 +31,8 @@ Cache: ``$GPTLOCAL_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/mindformers_gptlocal/k
 included), the MindSpore
 version, the oneDNN packages' versions, the compiler's version line, the flags and the architecture, so any of
 them changing builds anew.
+Each source's object is kept in the cache's ``objects`` folder under the hash of what it is compiled from, so a
+build after one kernel changed compiles that kernel only, then links.
 Concurrent builders (msrun's workers) take an exclusive ``flock`` on the key's folder, and the library is
 written to a temporary name and renamed into place: no process ever loads a half-written file. A cached file
 whose sha256 differs from the one its build saved next to it (truncated, overwritten) is rebuilt.
@@ -57,6 +59,7 @@ SOURCES = tuple(os.path.join(HERE, name) for name in TABLE.sources)  # the kerne
 # included: part of the cache key
 HEADERS = tuple(os.path.join(HERE, name) for name in ("common.h", "aot.h", "cpu_decoder.h"))
 LIBRARY_NAME = "libgptlocal_kernels.so"
+OBJECTS = "objects"  # the cache's compiled sources, by content (``_objects``)
 SYMBOLS = TABLE.symbols  # every entry point, export and typed core: a library without one of them is not ours
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17")
 
@@ -167,10 +170,7 @@ def _flags():
 def source_bytes():
     """Every source file's bytes, in build order, then the shared headers', then the generated files' (what the cache
     key hashes: the table's every entry is in the generated text)."""
-    parts = []
-    for path in SOURCES + HEADERS:
-        with open(path, "rb") as handle:
-            parts.append(handle.read())
+    parts = [_read(path) for path in SOURCES + HEADERS]
     parts += [text.encode() for text in codegen.generated().values()]
     return b"\0".join(parts)
 
@@ -216,7 +216,7 @@ def _loads(path):
         return False
 
 
-def _compile(cxx, folder, dnnl, include):
+def _compile(cxx, version, folder, dnnl, include):
     """Compile into ``folder`` under a temporary name, then rename into place. Returns (path, reason). The generated
     files (``codegen.py``) are written into a temporary folder beside it, removed after the build."""
     final = os.path.join(folder, LIBRARY_NAME)
@@ -225,13 +225,13 @@ def _compile(cxx, folder, dnnl, include):
         for name, text in codegen.generated().items():
             with open(os.path.join(generated, name), "w", encoding="utf-8") as handle:
                 handle.write(text)
-        return _link(cxx, folder, final, generated, dnnl, include)
+        return _link(cxx, version, folder, final, generated, dnnl, include)
     finally:
         shutil.rmtree(generated, ignore_errors=True)
 
 
-def _link(cxx, folder, final, generated, dnnl, include):
-    objects, reason = _objects(cxx, generated, include)
+def _link(cxx, version, folder, final, generated, dnnl, include):
+    objects, reason = _objects(cxx, version, os.path.join(os.path.dirname(folder), OBJECTS), generated, include)
     if objects is None:
         return None, reason
     handle, temporary = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
@@ -251,18 +251,52 @@ def _link(cxx, folder, final, generated, dnnl, include):
     return final, "built"
 
 
-def _objects(cxx, generated, include):
-    """Each source compiled to an object in ``generated``, as many at once as this process may use CPUs (a build on 2
-    cores takes half the time of one g++ call over every source). Returns (objects, None) or (None, reason)."""
+def _objects(cxx, version, store, generated, include):
+    """Each source compiled to an object, as many at once as this process may use CPUs (a build on 2 cores takes
+    half the time of one g++ call over every source), or found in ``store`` (the cache's ``objects`` folder) under
+    the hash of what it is compiled from: its source, every shared and generated header, the compiler's version,
+    the flags, oneDNN's headers and the architecture. So a changed kernel recompiles its own file only. Returns
+    (objects, None) or (None, reason)."""
     flags = [flag for flag in _flags() if flag != "-shared"]
     sources = [*SOURCES, os.path.join(generated, codegen.ENTRIES)]
-    objects = [os.path.join(generated, f"{index}.o") for index in range(len(sources))]
-    commands = [[cxx, *flags, "-c", "-I" + generated, "-I" + HERE, "-I" + include, source, "-o", obj]
-                for source, obj in zip(sources, objects)]
+    common = hashlib.sha256()
+    generated_texts = [text.encode() for _, text in sorted(codegen.generated().items())]
+    for part in (*[_read(path) for path in HEADERS], *generated_texts, version.encode(), " ".join(flags).encode(),
+                 os.path.realpath(include).encode(), onednn_version().encode(), platform.machine().encode()):
+        common.update(part)
+        common.update(b"\0")
+    os.makedirs(store, exist_ok=True)
+    objects = [os.path.join(store, f"{os.path.basename(source)[:-3]}-{_object_key(common, source)}.o")
+               for source in sources]
+
+    def compile_one(source, obj):
+        if os.path.isfile(obj):
+            return None
+        handle, temporary = tempfile.mkstemp(prefix=".object-", suffix=".o", dir=store)
+        os.close(handle)
+        reason = _run(cxx, [cxx, *flags, "-c", "-I" + generated, "-I" + HERE, "-I" + include, source,
+                            "-o", temporary])
+        if reason is None:
+            os.replace(temporary, obj)  # atomic: another builder sees no object or the whole one
+        else:
+            os.unlink(temporary)
+        return reason
+
     with concurrent.futures.ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool:
-        reasons = list(pool.map(lambda command: _run(cxx, command), commands))
+        reasons = list(pool.map(compile_one, sources, objects))
     failed = [reason for reason in reasons if reason is not None]
     return (None, failed[0]) if failed else (objects, None)
+
+
+def _read(path):
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _object_key(common, source):
+    digest = common.copy()
+    digest.update(_read(source))
+    return digest.hexdigest()[:20]
 
 
 def _run(cxx, command):
@@ -307,7 +341,7 @@ def _find_or_build(cache_dir, cxx):
             try:
                 if os.path.isfile(final) and _complete(final):
                     return final, "cached"
-                return _compile(cxx, folder, dnnl, include)
+                return _compile(cxx, version, folder, dnnl, include)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     except OSError as error:

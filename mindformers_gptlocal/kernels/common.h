@@ -186,6 +186,100 @@ inline float exp_neg(float x) {
   return x < -87.3f ? 0.0f : value;
 }
 
+// s[j] <- exp(s[j] - m) for j < n; returns their sum (a softmax's numerators, m the row max).
+VEC_CLONES float exp_sum(float *s, int64_t n, float m) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = exp_neg(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// Row x [K] as int8 q and its scale (the int8 Linear's and the decoder's activations): max |x| / 127, x * (127 / max)
+// rounded to nearest (ties to even, numpy's rint), clipped to +-127, so a row's largest element is +-127.
+inline void quantize_row(const float *x, int64_t K, int8_t *q, float *scale) {
+  float amax = 0.0f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  if (!(amax > 0.0f)) {  // zeros (or NaN: the output is then not meaningful anyway)
+    std::fill(q, q + K, static_cast<int8_t>(0));
+    *scale = 0.0f;
+    return;
+  }
+  const float inverse = 127.0f / amax;
+  for (int64_t k = 0; k < K; ++k) {
+    const float r = std::nearbyint(x[k] * inverse);
+    q[k] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
+  }
+  *scale = amax / 127.0f;
+}
+
+// LayerNorm (centered: mean [T] written) or RMSNorm (not centered: the mean is 0, mean and beta null) of rows
+// [begin, end) of x [T, H]: y = (x - mean) * rstd * gamma (+ beta), rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+VEC_CLONES void norm_rows(bool centered, const float *x, const float *gamma, const float *beta, float *y,
+                          float *mean, float *rstd, int64_t begin, int64_t end, int64_t H, float eps) {
+  for (int64_t row = begin; row < end; ++row) {
+    const float *xr = x + row * H;
+    float *yr = y + row * H;
+    float mu = 0.0f;
+    if (centered) {
+#pragma omp simd reduction(+ : mu)
+      for (int64_t j = 0; j < H; ++j) mu += xr[j];
+      mu /= static_cast<float>(H);
+      mean[row] = mu;
+    }
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int64_t j = 0; j < H; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+    const float inv = 1.0f / std::sqrt(var / static_cast<float>(H) + eps);
+    rstd[row] = inv;
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) yr[j] = (xr[j] - mu) * inv * gamma[j];
+    if (beta != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) yr[j] += beta[j];
+    }
+  }
+}
+
+// norm_rows' backward over rows [begin, end): dx, and this chunk's sums dgamma (and dbeta, LayerNorm's) over its
+// rows. With g = dy * gamma and xhat = (x - mean) * rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), the
+// mean(g) term LayerNorm's only.
+VEC_CLONES void norm_grad_rows(bool centered, const float *x, const float *gamma, const float *mean,
+                               const float *rstd, const float *dy, float *dx, float *dgamma, float *dbeta,
+                               int64_t begin, int64_t end, int64_t H) {
+  std::fill(dgamma, dgamma + H, 0.0f);
+  if (dbeta != nullptr) std::fill(dbeta, dbeta + H, 0.0f);
+  const float inv_h = 1.0f / static_cast<float>(H);
+  for (int64_t row = begin; row < end; ++row) {
+    const float *xr = x + row * H;
+    const float *dyr = dy + row * H;
+    float *dxr = dx + row * H;
+    const float mu = centered ? mean[row] : 0.0f, inv = rstd[row];
+    float a = 0.0f, c = 0.0f;
+#pragma omp simd reduction(+ : a, c)
+    for (int64_t j = 0; j < H; ++j) {
+      const float g = dyr[j] * gamma[j];
+      a += g;
+      c += g * (xr[j] - mu) * inv;
+    }
+    a = centered ? a * inv_h : 0.0f;
+    c *= inv_h;
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const float xhat = (xr[j] - mu) * inv;
+      dxr[j] = inv * (dyr[j] * gamma[j] - a - xhat * c);
+      dgamma[j] += dyr[j] * xhat;
+    }
+    if (dbeta != nullptr) {
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) dbeta[j] += dyr[j];
+    }
+  }
+}
+
 // Holds the calling thread's OpenMP team size at one while our workers call dnnl_sgemm, and restores it after.
 // Where oneDNN binds to the onednn-cpu-gomp package (MindSpore 2.7.2, whose own copy has another soname) each
 // dnnl_sgemm would open a team of omp_get_max_threads() threads inside each of our threads, oversubscribing the

@@ -56,18 +56,6 @@ VEC_CLONES float bias_mask_max(float *s, const float *bias, int n, int valid) {
   return m;
 }
 
-// s[j] <- exp(s[j] - m); returns the sum.
-VEC_CLONES float exp_sum(float *s, int n, float m) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < n; ++j) {
-    const float e = exp_neg(s[j] - m);
-    s[j] = e;
-    sum += e;
-  }
-  return sum;
-}
-
 VEC_CLONES void mul_into(float *dst, const float *a, const float *b, int n) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) dst[j] = a[j] * b[j];
@@ -152,7 +140,7 @@ int gptlocal_core_attention_fwd(const float *q, const float *k, const float *v, 
           const float block_max = bias_mask_max(s, bias_rows + i * S + j0, static_cast<int>(cols), valid);
           const float m_new = std::max(row_max[r], block_max);
           const float correction = row_max[r] == -INFINITY ? 0.0f : exp_neg(row_max[r] - m_new);
-          const float sum = exp_sum(s, static_cast<int>(cols), m_new);
+          const float sum = exp_sum(s, cols, m_new);
           row_sum[r] = row_sum[r] * correction + sum;
           row_max[r] = m_new;
           if (correction != 1.0f) scale_row(acc.data() + r * D, static_cast<int>(D), correction);
@@ -212,7 +200,7 @@ int gptlocal_core_attention_bwd(const float *q, const float *k, const float *v, 
               float *p = probs.data() + r * cols;
               const int valid = static_cast<int>(std::min<int64_t>(cols, i - j0 + 1));
               bias_mask_max(p, bias_rows + i * S + j0, static_cast<int>(cols), valid);
-              exp_sum(p, static_cast<int>(cols), lse[bn * S + i]);  // P = exp(S - lse)
+              exp_sum(p, cols, lse[bn * S + i]);  // P = exp(S - lse)
               if (sh.drop.mode != 0) {
                 drop_row(sh.drop, (bn * S + i) * S + j0, static_cast<int>(cols), keep.data() + r * cols);
                 mul_into(used.data() + r * cols, p, keep.data() + r * cols, static_cast<int>(cols));

@@ -177,24 +177,10 @@ void few_rows(int threads, const float *x, const W *w, const float *b, float *y,
 }
 
 // ------------------------------------------------------------------------------------------------ int8 weights
-// Row x [K] as int8 q and its scale: cpu_linear_int8.cc's quantize_row, the same operations in the same order (so
-// the same q and scale): max |x| / 127, x * (127 / max) rounded to nearest even, clipped to +-127. |q| into aq.
+// Row x [K] as int8 q and its scale (common.h's quantize_row, as the int8 Linear quantizes), |q| into aq.
 void quantize_row(const float *x, int64_t K, int8_t *q, int8_t *aq, float *scale) {
-  float amax = 0.0f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
-  if (!(amax > 0.0f)) {
-    std::fill(q, q + K, static_cast<int8_t>(0));
-    std::fill(aq, aq + K, static_cast<int8_t>(0));
-    *scale = 0.0f;
-    return;
-  }
-  const float inverse = 127.0f / amax;
-  for (int64_t k = 0; k < K; ++k) {
-    const float r = std::nearbyint(x[k] * inverse);
-    q[k] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
-    aq[k] = static_cast<int8_t>(q[k] < 0 ? -q[k] : q[k]);
-  }
-  *scale = amax / 127.0f;
+  quantize_row(x, K, q, scale);
+  for (int64_t k = 0; k < K; ++k) aq[k] = static_cast<int8_t>(q[k] < 0 ? -q[k] : q[k]);
 }
 
 // The scheme's output of one int32 sum: cpu_linear_int8.cc's expression.
@@ -342,14 +328,7 @@ VEC_CLONES void weighted_rows(const float *p, const float *V, int64_t count, int
 VEC_CLONES void softmax_prefix(float *s, int64_t valid, int64_t count) {
   float m = kNegInf;
   for (int64_t j = 0; j < valid; ++j) m = s[j] > m ? s[j] : m;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < valid; ++j) {
-    const float e = exp_neg(s[j] - m);
-    s[j] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / sum;
+  const float inv = 1.0f / exp_sum(s, valid, m);
 #pragma omp simd
   for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
   std::fill(s + valid, s + count, 0.0f);

@@ -5,6 +5,7 @@
 // LayerNormGrad takes 5-9 ms on [1024, 256]; here the forward is one pass over the rows, the backward two (its row
 // sums, then dx and the parameter-gradient sums).
 //
+// The rows' loops are common.h's norm_rows / norm_grad_rows (RMSNorm's too, cpu_rmsnorm.cc, not centered).
 // Rows are split into `threads` contiguous chunks, one thread each (common.h run_chunks: the library's worker pool);
 // the parameter-gradient sums over rows are added chunk by chunk in a fixed order (sum_partials), so the results
 // depend only on the thread count, never on scheduling (a resumed run is bit-exact).
@@ -18,64 +19,10 @@
 
 #include "common.h"
 
-namespace {
-
-VEC_CLONES void layernorm_rows(const float *x, const float *gamma, const float *beta, float *y, float *mean,
-                              float *rstd, int64_t begin, int64_t end, int64_t H, float eps) {
-  for (int64_t row = begin; row < end; ++row) {
-    const float *xr = x + row * H;
-    float *yr = y + row * H;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < H; ++j) sum += xr[j];
-    const float mu = sum / static_cast<float>(H);
-    float var = 0.0f;
-#pragma omp simd reduction(+ : var)
-    for (int64_t j = 0; j < H; ++j) var += (xr[j] - mu) * (xr[j] - mu);
-    const float inv = 1.0f / std::sqrt(var / static_cast<float>(H) + eps);
-#pragma omp simd
-    for (int64_t j = 0; j < H; ++j) yr[j] = (xr[j] - mu) * inv * gamma[j] + beta[j];
-    mean[row] = mu;
-    rstd[row] = inv;
-  }
-}
-
-VEC_CLONES void layernorm_grad_rows(const float *x, const float *gamma, const float *mean, const float *rstd,
-                                   const float *dy, float *dx, float *dgamma, float *dbeta, int64_t begin,
-                                   int64_t end, int64_t H) {
-  std::fill(dgamma, dgamma + H, 0.0f);
-  std::fill(dbeta, dbeta + H, 0.0f);
-  const float inv_h = 1.0f / static_cast<float>(H);
-  for (int64_t row = begin; row < end; ++row) {
-    const float *xr = x + row * H;
-    const float *dyr = dy + row * H;
-    float *dxr = dx + row * H;
-    const float mu = mean[row], inv = rstd[row];
-    float a = 0.0f, c = 0.0f;
-#pragma omp simd reduction(+ : a, c)
-    for (int64_t j = 0; j < H; ++j) {
-      const float g = dyr[j] * gamma[j];
-      a += g;
-      c += g * (xr[j] - mu) * inv;
-    }
-    a *= inv_h;
-    c *= inv_h;
-#pragma omp simd
-    for (int64_t j = 0; j < H; ++j) {
-      const float xhat = (xr[j] - mu) * inv;
-      dxr[j] = inv * (dyr[j] * gamma[j] - a - xhat * c);
-      dgamma[j] += dyr[j] * xhat;
-      dbeta[j] += dyr[j];
-    }
-  }
-}
-
-}  // namespace
-
 int gptlocal_core_layernorm_fwd(const float *x, const float *gamma, const float *beta, float *y, float *mean,
                                 float *rstd, int64_t T, int64_t H, const LayerNormOptions &options) {
   run_chunks(threads_for(options.threads, T * H), T, [&](int, int64_t begin, int64_t end) {
-    layernorm_rows(x, gamma, beta, y, mean, rstd, begin, end, H, options.epsilon);
+    norm_rows(true, x, gamma, beta, y, mean, rstd, begin, end, H, options.epsilon);
   });
   return 0;
 }
@@ -86,8 +33,8 @@ int gptlocal_core_layernorm_bwd(const float *x, const float *gamma, const float 
   const int threads = threads_for(options.threads, T * H);
   std::vector<float> partial(static_cast<size_t>(2 * threads * H));  // dgamma's chunks, then dbeta's
   const int chunks = run_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {
-    layernorm_grad_rows(x, gamma, mean, rstd, dy, dx, partial.data() + chunk * H,
-                        partial.data() + (threads + chunk) * H, begin, end, H);
+    norm_grad_rows(true, x, gamma, mean, rstd, dy, dx, partial.data() + chunk * H,
+                   partial.data() + (threads + chunk) * H, begin, end, H);
   });
   sum_partials(partial.data(), chunks, H, dgamma);
   sum_partials(partial.data() + threads * H, chunks, H, dbeta);

@@ -42,24 +42,6 @@ enum Int8Method { kChoose = 0, kDotLoop = 1, kOneDNN = 2 };
 
 constexpr int64_t kChunkBytes = 1 << 17;  // weight bytes a chunk of rows takes (kept in L2 by the dot loop)
 
-// Row t of x [T, K] as int8 (q) and its scale: max |x| / 127, x * (127 / max) rounded to nearest (ties to even,
-// numpy's rint), so a row's largest element is +-127.
-void quantize_row(const float *x, int64_t K, int8_t *q, float *scale) {
-  float amax = 0.0f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
-  if (!(amax > 0.0f)) {  // zeros (or NaN: the output is then not meaningful anyway)
-    std::fill(q, q + K, static_cast<int8_t>(0));
-    *scale = 0.0f;
-    return;
-  }
-  const float inverse = 127.0f / amax;
-  for (int64_t k = 0; k < K; ++k) {
-    const float r = std::nearbyint(x[k] * inverse);
-    q[k] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
-  }
-  *scale = amax / 127.0f;
-}
-
 // True where oneDNN's s8 x s8 GEMM is exact here: its ISA has VNNI (common.h s8_gemm_exact) and x = +-127 times
 // w = 127 over K = 64 gives +-64 * 127 * 127 (the saturating kernels give 8160); once per process.
 bool onednn_s8_exact() {

@@ -110,6 +110,15 @@ def tensors(text, output=False):
     return tuple(specs)
 
 
+def _fields(name, fields, kinds):
+    """((field, kind), ...) of "field: kind, ..." (a struct ``name``'s), each kind one of ``kinds``."""
+    pairs = tuple((field.split(":")[0].strip(), field.split(":")[1].strip()) for field in fields.split(","))
+    for field, kind in pairs:
+        if kind not in kinds:
+            raise ValueError(f"{name}.{field}: {kind!r}, one of {', '.join(kinds)}")
+    return pairs
+
+
 class Options:
     """An options struct: ``fields`` "name: int, name: float, ..." (the C struct's fields, in order; ints for counts
     and modes, floats for real values). ``Options(...)(threads=2, precision=0)`` is one value of it (a namedtuple:
@@ -119,10 +128,7 @@ class Options:
     def __init__(self, name, fields, doc):
         self.name = name
         self.doc = doc
-        self.fields = tuple((field.split(":")[0].strip(), field.split(":")[1].strip()) for field in fields.split(","))
-        for field, kind in self.fields:
-            if kind not in FIELD_TYPES:
-                raise ValueError(f"{name}.{field}: {kind!r}, one of {', '.join(FIELD_TYPES)}")
+        self.fields = _fields(name, fields, FIELD_TYPES)
         self.words = len(self.fields)  # int32 words: every field takes four bytes
         self.value = _options_value(self)
         self.ctypes = type(name, (ctypes.Structure,), {"_fields_": [(f, FIELD_TYPES[k][2]) for f, k in self.fields]})
@@ -323,10 +329,7 @@ class Struct:
     def __init__(self, name, fields, doc):
         self.name = name
         self.doc = doc
-        self.fields = tuple((field.split(":")[0].strip(), field.split(":")[1].strip()) for field in fields.split(","))
-        for field, kind in self.fields:
-            if kind not in STRUCT_FIELDS:
-                raise ValueError(f"{name}.{field}: {kind!r}, one of {', '.join(STRUCT_FIELDS)}")
+        self.fields = _fields(name, fields, STRUCT_FIELDS)
         self.ctypes = type(name, (ctypes.Structure,), {
             "_fields_": [(f, STRUCT_FIELDS[k][1]) for f, k in self.fields], "__doc__": doc})
 

@@ -237,22 +237,43 @@ def _build_in_process(cache, count=1, env=None):
 
 def test_cache_concurrent_builds_reuse_and_stale_rebuild(tmp_path):
     """Two processes building at once both load a whole library (one builds, the other waits on the lock and
-    finds it); a later process reuses it; a truncated library is rebuilt; nothing half-written is left."""
+    finds it); a later process reuses it; a truncated library is rebuilt, linked from the objects the first build
+    kept (none compiled again); nothing half-written is left."""
     cache = tmp_path / "cache"
     first = _build_in_process(cache, count=2)
     assert sorted(line[0] for line in first) == ["built", "cached"], first
     assert first[0][1] == first[1][1] and all(line[2] == "True" for line in first)
     path = first[0][1]
     stamp = os.stat(path).st_mtime_ns
+    store = cache / build.OBJECTS
+    objects = {name: os.stat(store / name).st_mtime_ns for name in os.listdir(store)}
+    assert len(objects) == len(build.SOURCES) + 1 and all(name.endswith(".o") for name in objects), objects
     assert _build_in_process(cache)[0][:2] == ["cached", path]
     assert os.stat(path).st_mtime_ns == stamp
     with open(path, "r+b") as handle:  # a crash mid-copy, a full disk: a file that does not load
         handle.truncate(1000)
     rebuilt = _build_in_process(cache)[0]
     assert rebuilt == ["built", path, "True"]
-    leftovers = [name for name in os.listdir(os.path.dirname(path)) 
+    assert {name: os.stat(store / name).st_mtime_ns for name in os.listdir(store)} == objects
+    leftovers = [name for name in os.listdir(os.path.dirname(path))
                  if name not in (build.LIBRARY_NAME, build.LIBRARY_NAME + ".sha256", ".lock")]
     assert leftovers == []
+
+
+def test_an_object_is_keyed_by_its_own_source_and_what_all_share(tmp_path):
+    """A kernel's object is found again by the hash of its source and of what every source is compiled with: another
+    source text changes only its own key; another shared part (a header, the compiler, the flags) changes every key."""
+    import hashlib
+    one, two = tmp_path / "one.cc", tmp_path / "two.cc"
+    one.write_text("int one() { return 1; }\n")
+    two.write_text("int two() { return 2; }\n")
+    common = hashlib.sha256(b"headers, compiler, flags")
+    keys = {source: build._object_key(common, str(source)) for source in (one, two)}
+    assert keys[one] != keys[two] and build._object_key(common, str(one)) == keys[one]
+    two.write_text("int two() { return 3; }\n")
+    assert build._object_key(common, str(one)) == keys[one] and build._object_key(common, str(two)) != keys[two]
+    other = hashlib.sha256(b"headers, another compiler, flags")
+    assert build._object_key(other, str(one)) != keys[one]
 
 
 def test_cache_key_covers_source_mindspore_and_compiler(monkeypatch):
