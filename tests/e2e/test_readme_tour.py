@@ -171,7 +171,9 @@ def test_every_line_runs_as_written_in_order(clone):
                 server[0].wait(60)
                 server = None
                 continue
+            started = time.time()
             _check(line, _run(shortened(line, lines[:index]), root, env), root)
+            print(f"\n[tour] {time.time() - started:5.1f} s  {line[:90]}")
     finally:
         if server is not None:
             server[0].kill()

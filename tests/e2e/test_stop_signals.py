@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import Launch, source_env, step_losses, tiny_yaml
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
@@ -31,6 +33,21 @@ def _yaml(folder, corpus, save_delay=0.0):
             if save_delay:
                 callback["test_save_delay"] = save_delay
     return yaml_io.dump_yaml(config, path)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    """The run the stopped ones are compared with, started once for the module (in the background: ``Launch``)."""
+    folder = tmp_path_factory.mktemp("stop") / "full"
+    return Launch(["--config", _yaml(folder, corpus)], cwd=str(folder))
+
+
+def _reference_losses(uninterrupted):
+    code, full = uninterrupted.result()
+    assert code == 0, full[-3000:]
+    losses = step_losses(full)
+    assert len(losses) == STEPS
+    return losses
 
 
 def _interrupted(command, cwd, signum, again_after=None):
@@ -62,10 +79,9 @@ def _stopped_at(out, signame):
     return int(found.group(1)), found.group(2), found.group(3)
 
 
-def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, tmp_path):
+def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, tmp_path, uninterrupted):
     """Ctrl-C through `gptlocal run`: the launcher holds the signals before MindSpore starts, so SIGINT is seen as
     SIGINT (MindSpore's own handler would turn it into SIGTERM); the printed command resumes it."""
-    reference = Launch(["--config", _yaml(tmp_path / "full", corpus)], cwd=str(tmp_path / "full"))
     yaml_path = _yaml(tmp_path / "part", corpus)
     code, out, _ = _interrupted([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path],
                                 str(tmp_path / "part"), signal.SIGINT)
@@ -80,10 +96,8 @@ def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, 
     assert not os.path.exists(tmp_path / "part" / "output" / "model")  # a stopped run is not finished
     assert resume == f"gptlocal run --config {yaml_path} --resume_training True", resume
 
-    code, full = reference.result()
-    assert code == 0, full[-3000:]
-    losses = step_losses(full)
-    assert len(losses) == STEPS and step_losses(out) == losses[:step]
+    losses = _reference_losses(uninterrupted)
+    assert step_losses(out) == losses[:step]
     words = shlex.split(resume)
     assert words[:2] == ["gptlocal", "run"]
     code, resumed = Launch(words[2:], cwd=str(tmp_path / "part")).result()
@@ -110,10 +124,9 @@ print("TRAINED")
 """
 
 
-def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exactly(corpus, tmp_path):
+def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exactly(corpus, tmp_path, uninterrupted):
     """SIGTERM (a scheduler's preemption) under MindFormers' own launcher: gpt_local's callback handles it there too;
     nothing after Trainer.train() runs, the process ends with 143."""
-    reference = Launch(["--config", _yaml(tmp_path / "full", corpus)], cwd=str(tmp_path / "full"))
     yaml_path = _yaml(tmp_path / "part", corpus)
     script = tmp_path / "run_mindformer.py"
     script.write_text(MINDFORMERS_LAUNCHER)
@@ -123,9 +136,7 @@ def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exac
     step, _, resume = _stopped_at(out, "SIGTERM")
     assert resume == f"python {script} {yaml_path} --resume_training True", resume
 
-    code, full = reference.result()
-    assert code == 0, full[-3000:]
-    losses = step_losses(full)
+    losses = _reference_losses(uninterrupted)
     assert step_losses(out) == losses[:step]
     second = subprocess.run([sys.executable, str(script), yaml_path, "--resume_training"], cwd=str(tmp_path / "part"),
                             env=source_env(), capture_output=True, text=True, timeout=600)
