@@ -38,6 +38,7 @@ written to a temporary name and renamed into place: no process ever loads a half
 whose sha256 differs from the one its build saved next to it (truncated, overwritten) is rebuilt.
 """
 import concurrent.futures
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -238,12 +239,14 @@ def _link(cxx, version, folder, final, generated, dnnl, include):
     os.close(handle)
     command = [cxx, *_flags(), *objects, "-o", temporary, "-L" + dnnl, "-l:" + ONEDNN_SONAME, "-Wl,-rpath," + dnnl]
     reason = _run(cxx, command)
+    if reason is None and not _loads(temporary):
+        reason = f"the library built by {cxx} does not load"
     if reason is not None:
         os.unlink(temporary)
+        for obj in objects:  # in case one of them is the cause: the next build compiles every source again
+            with contextlib.suppress(OSError):
+                os.unlink(obj)
         return None, reason
-    if not _loads(temporary):
-        os.unlink(temporary)
-        return None, f"the library built by {cxx} does not load"
     with open(temporary + ".sha256", "w", encoding="ascii") as handle:
         handle.write(_digest(temporary))
     os.replace(temporary, final)  # atomic: readers see the old file or the whole new one

@@ -258,6 +258,10 @@ def test_cache_concurrent_builds_reuse_and_stale_rebuild(tmp_path):
     leftovers = [name for name in os.listdir(os.path.dirname(path))
                  if name not in (build.LIBRARY_NAME, build.LIBRARY_NAME + ".sha256", ".lock")]
     assert leftovers == []
+    (store / sorted(objects)[0]).write_bytes(b"not an object")  # a kept object gone bad: no library, and the
+    os.unlink(path)  # objects are dropped, so the next build compiles every source again
+    assert _build_in_process(cache)[0][0] != "built"
+    assert os.listdir(store) == [] and not os.path.exists(path)
 
 
 def test_an_object_is_keyed_by_its_own_source_and_what_all_share(tmp_path):
