@@ -41,16 +41,26 @@ def pytest_configure(config):
 
 
 # The longest test files (measured, longest first), which pytest-xdist hands out first: run_scripts/test.sh gives
-# the workers whole files in collection order (--dist loadfile --no-loadscope-reorder), so a long file started last
-# would leave one worker running alone at the end. Only the order changes; the other files follow in their usual
-# order. Paths relative to tests/. Measured on two workers (busy machine, seconds per file): the tour 489, msrun 367,
-# test_cli 330 (checkpoint/test_hf_families, 526, comes early in collection order anyway). test_cli third puts it
-# on the tour's worker right after the tour, which runs only subprocesses: its compile-cache test needs to be the
-# first in its process to use MindSpore's compile cache (it failed, storing nothing, after other files on a worker).
+# the workers whole files in collection order (--dist loadfile --no-loadscope-reorder), so a long file started late
+# would leave one worker running alone at the end (longest first: the last files to start are short). Only the
+# order changes; the other files follow in their usual order. Paths relative to tests/. Seconds per file on two
+# workers (`--durations=0`, summed): the tour 193, msrun 125, the decode node 112, the native runner 107, stopping 85,
+# resume 75, the training layer 65, the planner 64, the launcher 64, crash safety 61, resume guards 59. test_cli
+# (19 s) stays third: its compile-cache test needs to be the first in its process to use MindSpore's compile cache
+# (it failed, storing nothing, after other files on a worker).
 LONGEST_FIRST = (
     "e2e/test_readme_tour.py",
     "e2e/test_msrun.py",
     "cli/test_cli.py",
+    "generation/test_decode_layer.py",
+    "generation/test_native_runner.py",
+    "e2e/test_stop_signals.py",
+    "e2e/test_resume.py",
+    "model/test_train_layer.py",
+    "plan/test_planner.py",
+    "e2e/test_launcher_runs.py",
+    "e2e/test_crash_safe.py",
+    "checkpoint/test_resume_guards.py",
 )
 
 

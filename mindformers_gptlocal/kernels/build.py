@@ -242,9 +242,8 @@ def _link(cxx, version, folder, final, generated, dnnl, include):
     if reason is None and not _loads(temporary):
         reason = f"the library built by {cxx} does not load"
     if reason is not None:
-        os.unlink(temporary)
-        for obj in objects:  # in case one of them is the cause: the next build compiles every source again
-            with contextlib.suppress(OSError):
+        for obj in [temporary, *objects]:  # the objects in case one is the cause: the next build compiles them all
+            with contextlib.suppress(OSError):  # (the linker removes its output when it fails)
                 os.unlink(obj)
         return None, reason
     with open(temporary + ".sha256", "w", encoding="ascii") as handle:
