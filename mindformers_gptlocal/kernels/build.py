@@ -191,8 +191,7 @@ def cache_key(cxx_version, sources=None):
 
 
 def _digest(path):
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
+    return hashlib.sha256(_read(path)).hexdigest()
 
 
 def _complete(path):
@@ -261,9 +260,9 @@ def _objects(cxx, version, store, generated, include):
     (objects, None) or (None, reason)."""
     flags = [flag for flag in _flags() if flag != "-shared"]
     sources = [*SOURCES, os.path.join(generated, codegen.ENTRIES)]
-    common = hashlib.sha256()
-    generated_texts = [text.encode() for _, text in sorted(codegen.generated().items())]
-    for part in (*[_read(path) for path in HEADERS], *generated_texts, version.encode(), " ".join(flags).encode(),
+    common = hashlib.sha256()  # what every source is compiled with: the headers, ours and the ones written for it
+    headers = [*HEADERS, *[os.path.join(generated, name) for name in sorted(os.listdir(generated))]]
+    for part in (*[_read(path) for path in headers], version.encode(), " ".join(flags).encode(),
                  os.path.realpath(include).encode(), onednn_version().encode(), platform.machine().encode()):
         common.update(part)
         common.update(b"\0")
