@@ -34,6 +34,8 @@ bfloat16 sides (``python benchmarks/run.py train``):
     python benchmarks/train_throughput.py --shapes tiny --ours-bf16 \
         --torch-variants sdpa+fused-bf16,compile-bf16,compile
 
+  ours_kernels     ours with the cpu_kernels ops of ``--ours-kernels OPS`` (a comma list, e.g. ``head_loss``) set to
+                   ``kernel``: an opt-in kernel against the defaults, in the same run
   ours_bf16        ours with model_config.compute_dtype bfloat16 (``--ours-bf16``: the GEMMs in bf16, fp32 master
                    weights and optimizer state)
   ours_layer       ours with model_config.cpu_kernels {train_layer: kernel} (``--ours-train-layer``: each layer's
@@ -62,6 +64,7 @@ TRAIN_LAYER = {"cpu_kernels": {"train_layer": "kernel"}}
 PLAIN_NORM_GELU = {"layer_norm": "plain", "bias_gelu": "plain"}
 PLAIN_RMS_SWIGLU = {"rms_norm": "plain", "swiglu": "plain"}
 LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, its norm/MLP kernels plain",
+          "ours_kernels": "gpt_local, --ours-kernels",
           "eager": "HF {peer}, eager", "sdpa+fused": "HF {peer}, sdpa + fused AdamW",
           "compile": "HF {peer}, torch.compile",
           "ours_bf16": "gpt_local, compute_dtype bfloat16",
@@ -73,7 +76,8 @@ LABELS = {"ours": "gpt_local (MindSpore)", "ours_plain": "gpt_local, its norm/ML
 def label(side, s):
     """The table's name of ``side`` for shape ``s`` (the HF model it trains: GPT-2 or Llama)."""
     return LABELS[side].format(peer="Llama" if s.get("arch") == "llama" else "GPT-2")
-OURS = ("ours", "ours_plain", "ours_bf16", "ours_layer", "ours_layer_bf16")  # the sides run through gptlocal run
+# the sides run through gptlocal run
+OURS = ("ours", "ours_plain", "ours_kernels", "ours_bf16", "ours_layer", "ours_layer_bf16")
 BF16_SIDES = ("ours_bf16", "ours_layer_bf16", *C.TORCH_BF16_VARIANTS)
 
 
@@ -136,6 +140,8 @@ def main():
     parser.add_argument("--ours-plain", action="store_true",
                         help="also run ours with model_config.cpu_kernels {layer_norm: plain, bias_gelu: plain} "
                              "(MindSpore's LayerNorm and Add + GeLU instead of the kernels)")
+    parser.add_argument("--ours-kernels", metavar="OPS",
+                        help="also run ours with these cpu_kernels ops (a comma list, e.g. head_loss) set to kernel")
     parser.add_argument("--ours-bf16", action="store_true",
                         help="also run ours with model_config.compute_dtype bfloat16")
     parser.add_argument("--ours-train-layer", action="store_true",
@@ -160,8 +166,8 @@ def main():
     if unknown:
         raise SystemExit(f"--torch-variants: unknown {unknown}; choose from {list(SIDES[1:])}")
     layer = ("ours_layer", *(("ours_layer_bf16",) if args.ours_bf16 else ())) if args.ours_train_layer else ()
-    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *(("ours_bf16",) if args.ours_bf16 else ()),
-             *layer, *variants)
+    sides = ("ours", *(("ours_plain",) if args.ours_plain else ()), *(("ours_kernels",) if args.ours_kernels else ()),
+             *(("ours_bf16",) if args.ours_bf16 else ()), *layer, *variants)
     unknown = [name for name in args.shapes.split(",") if name not in C.SHAPES]
     if unknown:
         raise SystemExit(f"--shapes: unknown {unknown}; choose from {list(C.SHAPES)}")
@@ -186,6 +192,8 @@ def main():
             if side in failed:
                 return None
             extra = {"attention_block_size": args.attention_block_size} if args.attention_block_size else None
+            if side == "ours_kernels":
+                extra = dict(extra or {}, cpu_kernels=dict.fromkeys(args.ours_kernels.split(","), "kernel"))
             report = measure(side, s, steps, corpus, windows, workdir, args.threads, f"{side}_{name}_{index}", extra)
             if "failed" in report:  # one line; the side leaves the table, the others run
                 print(f"{name} round {index + 1} {side}: failed: {report['failed']}", flush=True)

@@ -63,6 +63,9 @@ OPS = {op: text + TABLE.where(op) for op, text in {
              "kernels/train_step.py; AdamWeightDecay's formula), in gpt_local's train step (GPTLocalTrainOneStepCell)",
     "square_sum": "each gradient's sum of squares, one read-only pass, for the train step's overflow check and the "
                   "clip's global norm (Cell: kernels/train_step.py; GPTLocalTrainOneStepCell)",
+    "head_loss": "the LM head and its cross-entropy in a training graph as one node each way, over chunks of rows "
+                 "(no [tokens, vocab] tensor kept; Cell: kernels/head_loss.py); float32 GEMMs, a head that trains; "
+                 "kernel only (auto: off, measured leaner at long sequences only, not faster)",
     "int8_linear": "an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM (Cell: "
                    "kernels/linear_int8.py)",
     "train_layer": "a whole decoder layer of a training step as one node each way, forward and backward (norm, QKV, "
@@ -406,6 +409,18 @@ class KernelProvider:
             return None
         from .train_step import square_sum_kernel  # pylint: disable=import-outside-toplevel
         return square_sum_kernel()
+
+    def head_loss(self, compute_dtype, trains=True):
+        """The fused head + loss kernel (``kernels/head_loss.py`` ``CPUHeadLoss``) for a training build's loss, or
+        None: the head's GEMM, LogSoftmax and GatherD. A float32 graph whose GEMMs run in float32 (not
+        ``gemm_dtype`` bfloat16), a head whose weight ``trains`` (a frozen head, under LoRA or prefix tuning, would
+        have its gradient computed for nothing), not an inference build; under ``kernel`` only (``auto``: off, its
+        GEMMs are the plain path's and it is not faster; it holds less at long sequences: docs/performance.md)."""
+        if self.inference or compute_dtype != ms.float32 or self.gemm_dtype is not None or not trains or \
+                self.modes["head_loss"] != "kernel" or not self.uses("head_loss"):
+            return None
+        from .head_loss import head_loss_kernel  # pylint: disable=import-outside-toplevel
+        return head_loss_kernel()
 
     def int8_linear(self, compute_dtype):
         """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their

@@ -30,6 +30,9 @@ LoRADropoutOptions = Options("LoRADropoutOptions", "scale: float, mode: int, thr
 Int8Options = Options("Int8Options", "threads: int, method: int",
                       "The exact int8 product's: method 0 chosen by this CPU (2 where oneDNN has VNNI, else 1), 1 "
                       "the dot loop (int16 pairs summed in int32), 2 oneDNN's s8s8s32 (exact with VNNI only).")
+HeadLossOptions = Options("HeadLossOptions", "threads: int, rows: int",
+                          "The fused head + loss's: the rows of a chunk (0: chunks of equal rows, each at most 64 MB "
+                          "of logits where 64 rows fit).")
 TrainLayerOptions = Options(
     "TrainLayerOptions", "epsilon: float, scale: float, attention_dropout_scale: float, hidden_dropout_scale: float, "
     "attention_dropout_mode: int, hidden_dropout_mode: int, heads: int, groups: int, norm: int, mlp: int, bias: int, "
@@ -203,6 +206,14 @@ TABLE = Table([
            "w: inout f32[*n], m: inout f32[*n], v: inout f32[*n], g: f32[*n], lr: f32[*1], beta1: f32[*1], "
            "beta2: f32[*1], eps: f32[*1], decay: f32[*1]", "status: token", ThreadOptions,
            "AdamWeightDecay's update of one parameter and its moments, in place", op="adamw"),
+    Kernel("gptlocal_head_loss_fwd", "cpu_head_loss.cc",
+           "x: f32[T, H], w: f32[V, H], labels: i32[T], row_weight: f32[T]",
+           "loss: f32[1], gx: f32[T, H], gw: f32[V, H]", HeadLossOptions,
+           "the LM head and its cross-entropy over chunks of rows: the weighted loss and its gradients (no [T, V] "
+           "tensor)", backward="gptlocal_head_loss_bwd", op="head_loss"),
+    Kernel("gptlocal_head_loss_bwd", "cpu_head_loss.cc", "gx: f32[T, H], gw: f32[V, H], dloss: f32[1]",
+           "dx: f32[T, H], dw: f32[V, H]", HeadLossOptions, "its backward: the gradients scaled by dloss",
+           op="head_loss"),
     Kernel("gptlocal_train_layer_fwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS, "out: f32[B, S, H], ticket: i32[2]",
            TrainLayerOptions, "a whole decoder layer of a training step (norm, QKV, rope, attention, projection, "
            "residual, norm, MLP, residual): its output and the ticket of the activations it saved in its slot",

@@ -815,6 +815,10 @@ class GPTLocalForCausalLM(nn.Cell):
                                                                   bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
         self.head_int8 = int8_matmul(kernels) if self.model.embedding.int8 else None
+        # the training loss's head + cross-entropy as one kernel (kernels/head_loss.py), or None: the head and lm_loss
+        self.head_loss = None
+        if self.head_int8 is None and not self.head_bf16:
+            self.head_loss = kernels.head_loss(self.compute_dtype, trains=self._head_trains(config))
         self._bind_head()
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()
@@ -823,6 +827,12 @@ class GPTLocalForCausalLM(nn.Cell):
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
+
+    def _head_trains(self, config):
+        """False where the pet_config freezes the head's table (LoRA, adapters, prefix tuning: ``freeze_pet``)."""
+        spec = config.pet_spec()
+        name = "output_layer.weight" if self.untied else "model.embedding.word_embeddings"
+        return spec is None or not spec.is_frozen(name)
 
     def _init_base(self, config):
         """The Cell and what the inference runtime reads of a model: ``config``, ``name_or_path`` and the default
@@ -906,6 +916,7 @@ class GPTLocalForCausalLM(nn.Cell):
                 self.head_weights = self._untied_table if self.untied else self._table_as_held
             else:
                 self.head_weights = self._untied_table_cast if self.untied else self._table_cast
+        self.train_loss = self._plain_loss if self.head_loss is None else self._fused_loss
         counter = self.model.counter_dropout
         self.forward_step = self._read_counter if counter else self._no_counter
         self.count_forward = self._advance_counter if counter else self._as_counted
@@ -986,8 +997,7 @@ class GPTLocalForCausalLM(nn.Cell):
             if labels is None:
                 return logits
             return self._perplexity_layout(logits, labels, loss_mask)
-        loss = self.lm_loss(self.logits(hidden), labels, loss_mask)
-        loss = self.count_forward(loss)
+        loss = self.count_forward(self.train_loss(hidden, labels, loss_mask))
         zero = ops.zeros((), ms.float32)
         return (loss,) + (zero, zero, zero)[:self.train_outputs - 1]  # train_outputs: fixed at build
 
@@ -1011,6 +1021,17 @@ class GPTLocalForCausalLM(nn.Cell):
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
         nll = -ops.reshape(picked, (-1,))
         return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
+
+    def _plain_loss(self, hidden, labels, loss_mask):
+        return self.lm_loss(self.logits(hidden), labels, loss_mask)
+
+    def _fused_loss(self, hidden, labels, loss_mask):
+        """``_plain_loss``'s value from the head + loss kernel: each kept row weighted 1 / the kept rows."""
+        labels, keep = self._loss_rows(labels, loss_mask)
+        batch, seq, width = hidden.shape
+        row_weight = keep / ops.maximum(ops.reduce_sum(keep), 1.0)
+        x = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
+        return ops.reshape(self.head_loss(x, self.head_weights(), labels, row_weight), ())
 
     def _loss_rows(self, labels, loss_mask):
         """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""

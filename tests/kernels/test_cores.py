@@ -327,3 +327,51 @@ def test_attention_cores(lib, batch, heads, groups, seq, dim, block):
     bad = table.AttentionOptions(0.37, 1.0, 1, 1, block, block)  # dropout without its tables: refused
     assert call_core(lib, K["gptlocal_attention_fwd"], q, k, v, bias, no_table, no_table, offsets, out, lse,
                      options=bad) != 0
+
+
+# ------------------------------------------------------------------------------------------- head + loss
+def head_loss_reference(x, w, labels, weight):
+    """float64: the weighted loss and its gradients with respect to x and w."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    logits = x @ w.T
+    top = logits.max(-1, keepdims=True)
+    p = np.exp(logits - top)
+    total = p.sum(-1, keepdims=True)
+    p /= total
+    rows = np.arange(len(x))
+    safe = np.where(weight != 0, labels, 0)
+    loss = float((weight * (top[:, 0] + np.log(total[:, 0]) - logits[rows, safe])).sum())
+    g = p.copy()
+    g[rows, safe] -= 1.0
+    g *= weight[:, None]
+    return loss, g @ w, g.T @ x
+
+
+@pytest.mark.parametrize("rows,hidden,vocab,chunk,threads", [(37, 29, 1001, 8, 2), (5, 13, 67, 0, 1),
+                                                             (19, 24, 4099, 19, 2)])
+def test_head_loss_cores(lib, rows, hidden, vocab, chunk, threads):
+    x, w = f32(rows, hidden), f32(vocab, hidden, scale=0.3)
+    labels = RNG.integers(0, vocab, rows).astype(np.int32)
+    weight = np.full(rows, 1.0 / rows, np.float32)
+    weight[::4], labels[::4] = 0.0, -100  # ignored rows: their label is not read
+    options = table.HeadLossOptions(threads, chunk)
+    loss, gx, gw = np.zeros(1, np.float32), np.zeros_like(x), np.zeros_like(w)
+    run(lib, "gptlocal_head_loss_fwd", x, w, labels, weight, loss, gx, gw, options=options)
+    want_loss, want_gx, want_gw = head_loss_reference(x, w, labels, weight.astype(np.float64))
+    close(loss, [want_loss]), close(gx, want_gx), close(gw, want_gw)
+    dloss = np.array([1024.0], np.float32)  # a loss scale
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    run(lib, "gptlocal_head_loss_bwd", gx, gw, dloss, dx, dw, options=options)
+    np.testing.assert_array_equal(dx, gx * dloss[0]), np.testing.assert_array_equal(dw, gw * dloss[0])
+
+
+def test_head_loss_core_refuses_a_counted_label_outside_the_vocabulary_with_nothing_written(lib):
+    x, w = f32(6, 8), f32(11, 8)
+    labels, weight = np.array([0, 3, 11, 2, -1, 5], np.int32), np.full(6, 0.5, np.float32)
+    loss, gx, gw = np.full(1, 7.0, np.float32), np.full_like(x, 7.0), np.full_like(w, 7.0)
+    for bad in (2, 4):  # 11 == vocab, -1
+        weight[:] = 0.0
+        weight[bad] = 0.5
+        assert call_core(lib, K["gptlocal_head_loss_fwd"], x, w, labels, weight, loss, gx, gw,
+                         options=table.HeadLossOptions(1, 0)) != 0
+        assert (loss == 7.0).all() and (gx == 7.0).all() and (gw == 7.0).all()
