@@ -152,7 +152,9 @@ def test_greedy_equals_generate_alone_and_in_a_full_batch(server, reference):
         assert results[i] == expected[i], f"request {i}"
     after = health(server)
     tokens = 24 + sum(len(expected[i]) for i in range(1, 8))
-    assert after["steps"] - before["steps"] < tokens / 3  # decode steps were shared, not one per token
+    # decode steps were shared, not one per token: 304 tokens in ~50 steps when the 7 arrive together, ~100 when a
+    # busy machine staggers their arrival (seen under the suite's second worker), 304 + prefills unshared
+    assert after["steps"] - before["steps"] < tokens / 2
 
 
 def test_sampling_options_equal_generate_with_the_same_seed(server, reference):
