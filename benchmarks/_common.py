@@ -27,6 +27,13 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OFFLINE = dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 WORKER_TAG = "WORKER "
 
+# The Llama-style models the inference benchmarks (generate, serve) make with transformers' LlamaConfig: GPT-2 small's
+# width and depth with Llama's layers (an untied 32,000 head), and a tiny one
+HF_LLAMA_SHAPES = {
+    "llama": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                  intermediate_size=2048, vocab_size=32000),
+    "llama-tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                       intermediate_size=688, vocab_size=8192)}
 # Model shapes the train and finetune benchmarks share (batch and seq are defaults; the scripts take flags). GPT-2's
 # layout unless ``arch`` is "llama": Llama-style layers (rope, grouped-query attention over ``groups`` key/value heads,
 # SwiGLU of width ``ffn``, RMSNorm, no biases, an untied head), against Hugging Face's LlamaForCausalLM.

@@ -108,11 +108,7 @@ import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),  # GPT2Config's
           "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
-LLAMA_SHAPES = {  # LlamaConfig's: GPT-2 small's width and depth with Llama's layers, and a tiny one
-    "llama": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-                  intermediate_size=2048, vocab_size=32000),
-    "llama-tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                       intermediate_size=688, vocab_size=8192)}
+LLAMA_SHAPES = C.HF_LLAMA_SHAPES
 PROMPT, NEW = 32, 128
 FORWARD_SEQ, FORWARD_REPEATS = 256, 3  # --forward: [batch, FORWARD_SEQ], the median of this many timed calls
 TTFT_CALLS = 5  # TTFT: the median of this many calls on each side (one call swung 2x on a loaded machine)

@@ -69,12 +69,14 @@ SUITES = {
                                                "--recompute-shapes none --sides ours,ours-int8,ours-bf16,"
                                                "llamacpp-f32,llamacpp-q8_0,llamacpp-bf16,ct2-fp32,ct2-int8"),
     ]),
-    "serve": ("gptlocal serve (continuous batching) against transformers (one generate per request), an int8 model "
-              "against fp32, and multi-LoRA serving", [
+    "serve": ("gptlocal serve (continuous batching) against transformers (one generate per request), GPT-2 small "
+              "beside the Llama-style shape, an int8 model against fp32, and multi-LoRA serving", [
         ("tiny", "serve_throughput.py", "--shapes tiny --clients 1,16 --new 32 --requests 16 --threads 2 --rounds 2 "
                                         "--sides ours,ours-cached,hf"),
         ("small", "serve_throughput.py", "--shapes small --clients 1,16 --new 16 --requests 16 --threads 2 --rounds 2 "
                                          "--sides ours,ours-cached,hf"),
+        ("llama", "serve_throughput.py", "--shapes small,llama --clients 1,16 --new 16 --requests 16 --threads 2 "
+                                         "--rounds 2 --sides ours,hf"),
         ("int8", "serve_throughput.py", "--shapes tiny,small --clients 1,16 --new 32 --requests 16 --threads 2 "
                                         "--rounds 2 --sides ours,ours-int8"),
         ("multi-lora", "serve_throughput.py", "--multi-lora --adapters 4 --requests 2 --new 32 --rounds 5 --threads 2"),

@@ -1,12 +1,13 @@
 """Serving throughput and latency: `gptlocal serve` (continuous batching) against Hugging Face
 `transformers` served the simplest honest way (one process, one `generate` call per request, requests
-taken one at a time), same random GPT-2 weights, same prompts, same machine, same run.
+taken one at a time), same random weights (GPT-2, or a Llama-style model: ``--shapes llama``), same prompts, same
+machine, same run.
 
     python benchmarks/serve_throughput.py                          # tiny and GPT-2 small, 1/4/16 clients
     python benchmarks/serve_throughput.py --shapes tiny --clients 1,16 --new 16 --threads 2
     python benchmarks/serve_throughput.py --multi-lora --adapters 4 --requests 2 --new 32 --rounds 5   # multi-LoRA
 
-For each shape a random HF GPT-2 is saved and converted with `gptlocal convert hf2ms`. Each server is a
+For each shape a random HF model is saved and converted with `gptlocal convert hf2ms`. Each server is a
 subprocess started with an explicit environment (OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS =
 --threads; `import mindspore` sets OMP_NUM_THREADS=1 in the C environment, so nothing is inherited); it
 checks them in its C environment, sets torch's / MindSpore's thread count to the same and prints them
@@ -46,7 +47,8 @@ sys.path.insert(0, HERE)
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
 SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
-          "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
+          "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257),
+          **C.HF_LLAMA_SHAPES}  # "llama": GPT-2 small's width and depth with Llama-style layers (LlamaForCausalLM)
 PROMPT = 32
 LORA_SHAPE = dict(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                   max_position_embeddings=256, seq_length=256, hidden_dropout=0.0, attention_dropout=0.0)
@@ -68,14 +70,20 @@ def report_threads(side, threads):
 
 
 def setup(work, shape, int8):
-    """A child's work: a random HF GPT-2 of ``shape`` in work/shape, converted to work/shape_ms (hf2ms), and with
-    ``int8`` quantized to work/shape_ms_int8 (``gptlocal quantize``)."""
+    """A child's work: a random HF model of ``shape`` (GPT-2, or a LlamaForCausalLM with an untied head) in
+    work/shape, converted to work/shape_ms (hf2ms), and with ``int8`` quantized to work/shape_ms_int8 (``gptlocal
+    quantize``)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-    from mindformers_gptlocal.checkpoint.hf_gpt2 import hf_to_ms
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
     torch.manual_seed(0)
     hf_dir, ms_dir = os.path.join(work, shape), os.path.join(work, shape + "_ms")
-    GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape])).save_pretrained(hf_dir)
+    if shape in C.HF_LLAMA_SHAPES:
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
+                                             eos_token_id=0, **SHAPES[shape]))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape]))
+    model.save_pretrained(hf_dir)
     hf_to_ms(hf_dir, ms_dir)
     if int8:
         from mindformers_gptlocal.quantize import quantize_model
@@ -112,8 +120,8 @@ def hf_server(model_dir, port, threads):
     import torch
     import uvicorn
     from fastapi import FastAPI, Request
-    from transformers import GPT2LMHeadModel
-    model = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     app, lock = FastAPI(), asyncio.Lock()
 
     def generate(ids, new):
