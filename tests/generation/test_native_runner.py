@@ -57,10 +57,11 @@ INT8_TOLERANCE = 5e-3
 
 
 def models(layout, precision="float32", seed=3):
-    """(the native-runner model, the compiled plain one) on the same weights, in inference mode: a float model's made
+    """(the native-runner model, the compiled plain one) on the same weights, in inference mode (``layout``: a name of
+    ``LAYOUTS`` or the config changes themselves): a float model's made
     from ``seed``, quantized as ``gptlocal quantize`` does for int8, the native one built for inference (bf16: its
     weights then bfloat16)."""
-    changes = dict(TINY, **LAYOUTS[layout])
+    changes = dict(TINY, **(LAYOUTS[layout] if isinstance(layout, str) else layout))
     ms.set_seed(seed)
     source = GPTLocalForCausalLM(GPTLocalConfig(**changes))
     weights = {name: param.asnumpy() for name, param in source.parameters_and_names()}
@@ -125,6 +126,23 @@ def test_every_step_equals_the_compiled_plain_runner(pair):
         picked.append(picks)
         tokens = picks[:, -1]
     np.testing.assert_array_equal(np.concatenate(picked, 1)[:, :STEPS], np.stack(chain, 1))
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_one_sequence_steps_equal_the_compiled_plain_runner(precision, graph_mode):  # pylint: disable=unused-argument
+    """Batch 1, where each decode step's GEMMs are GEMVs (four weight rows at a time, cpu_decoder.cc gemv_tile4), on
+    sizes that leave every remainder: hidden 36 and intermediate 75 (K not a multiple of 8), vocab 509 and
+    intermediate 75 (N not a multiple of 4); float32 and bf16 weights; every step's logits."""
+    native, plain = models(dict(hidden_size=36, num_attention_heads=4, intermediate_size=75, vocab_size=509),
+                           precision)
+    runners = [m.kv_cache(1, 32) for m in (native, plain)]
+    assert type(runners[0]) is NativeRunner  # noqa: E721
+    logits = [r.prefill([[5, 17, 42, 8, 300, 11, 2, 508, 77, 1, 64]]) for r in runners]
+    close(*logits, "prefill", tolerance(precision))
+    for step in range(12):
+        tokens = logits[1].argmax(-1)
+        logits = [r.decode(tokens, np.array([11 + step])) for r in runners]
+        close(*logits, f"decode step {step}", tolerance(precision))
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
