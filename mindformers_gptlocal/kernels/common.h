@@ -379,6 +379,11 @@ void column_blocks(int threads, int64_t columns, Work work) {
   });
 }
 
+// A GEMM below ~256K multiply-adds: one thread (the Linear, int8, decoder and head + loss kernels).
+inline int gemm_threads(int requested, int64_t work) {
+  return work < (int64_t(1) << 18) ? 1 : std::max(1, requested);
+}
+
 // Few elements: one thread (waking a worker costs more than the work; decode steps have a handful of rows).
 inline int threads_for(int requested, int64_t elements) {
   const int threads = std::max(1, requested);

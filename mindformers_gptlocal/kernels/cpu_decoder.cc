@@ -76,10 +76,6 @@ bool has_avx2() {
 #endif
 }
 
-int gemm_threads(int requested, int64_t work) {  // below ~256K multiply-adds one thread (cpu_linear.cc's rule)
-  return work < (int64_t(1) << 18) ? 1 : std::max(1, requested);
-}
-
 // ------------------------------------------------------------------------------------------------ float weights
 // A float32 weight, or a bfloat16 one's bits widened (exact).
 inline float weight_value(float w) { return w; }

@@ -30,9 +30,6 @@ namespace {
 constexpr int64_t kChunkFloats = int64_t(1) << 24;  // 64 MB of logits a chunk
 constexpr int64_t kMinChunkRows = 64;
 
-// A GEMM below ~256K multiply-adds: one thread (as cpu_linear.cc's).
-int gemm_threads(int requested, int64_t work) { return work < (int64_t(1) << 18) ? 1 : std::max(1, requested); }
-
 // Row l [V] of logits -> the row's loss (logsumexp - l[label]) and, in place, the loss's gradient
 // weight (softmax(l) - onehot(label)).
 VEC_CLONES double softmax_grad_row(float *l, int64_t V, int32_t label, float weight) {

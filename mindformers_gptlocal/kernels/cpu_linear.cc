@@ -107,11 +107,6 @@ const uint16_t *lin_to_bf16(Converted what, int threads, const float *in, int64_
   return out;
 }
 
-int lin_threads(int requested, int64_t work) {  // a GEMM below ~256K multiply-adds: one thread
-  const int threads = std::max(1, requested);
-  return work < (int64_t(1) << 18) ? 1 : threads;
-}
-
 
 // y [T, N] = x w^T over column blocks, each block's GEMM accumulating onto what `init(n0, n1)` wrote there (beta
 // 1: the bias rows, or residual + bias) and, when `init` is null, onto zeros (beta 0); then `epilogue(n0, n1)` on
@@ -121,7 +116,7 @@ template <class Init, class Epilogue>
 void lin_forward(int requested, int precision, int64_t T, int64_t N, int64_t K, const float *x, const float *w,
                  const uint16_t *w_bf16, float *y, const Init *init, const Epilogue &epilogue) {
   if (T == 0 || N == 0) return;
-  const int threads = lin_threads(requested, T * N * std::max<int64_t>(K, 1));
+  const int threads = gemm_threads(requested, T * N * std::max<int64_t>(K, 1));
   const uint16_t *xb = nullptr, *wb = w_bf16;  // x as bf16; a float32 weight as bf16, at every call (precision 1, 2)
   if (precision != 0 && K > 0) {
     xb = lin_to_bf16(kInput, threads, x, T * K);
@@ -156,7 +151,7 @@ void lin_backward(int requested, int precision, int64_t T, int64_t N, int64_t K,
     return;
   }
   if (K == 0) return;
-  const int threads = lin_threads(requested, T * N * K);
+  const int threads = gemm_threads(requested, T * N * K);
   if (precision == 0) {
     column_blocks(threads, K, [&](int64_t k0, int64_t k1) {  // dx[:, k0:k1] = dy w[:, k0:k1]
       dnnl_sgemm('N', 'N', T, k1 - k0, N, 1.0f, dy, N, w + k0, K, 0.0f, dx + k0, K);
@@ -273,7 +268,7 @@ int gptlocal_core_linear_gelu_bwd(const float *x, const float *w, const float *h
                                   float *dw, float *db, float *scratch, int64_t T, int64_t K, int64_t N,
                                   const LinearGeluOptions &options) {
   const bool quick = options.form != 0;
-  column_blocks(lin_threads(options.threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
+  column_blocks(gemm_threads(options.threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
     gelu_grad_block(h, dy, scratch, db, T, N, n0, n1, quick);
   });
   lin_backward(options.threads, options.precision, T, N, K, x, w, scratch, dx, dw);

@@ -146,8 +146,7 @@ void int8_product(int method, int threads, const int8_t *xq, int64_t T, int64_t 
     widen_to_int16(xq, T * K, x16.data());
   }
   const int32_t no_offset = 0;
-  const int gemm_threads = T * N * K < (int64_t(1) << 18) ? 1 : std::max(1, threads);  // a small GEMM: one thread
-  column_blocks(gemm_threads, N, [&](int64_t n0, int64_t n1) {
+  column_blocks(gemm_threads(threads, T * N * K), N, [&](int64_t n0, int64_t n1) {
     if (method == kDotLoop) {
       dot_block(x16.data(), T, K, w, n0, n1, acc, N);
     } else {

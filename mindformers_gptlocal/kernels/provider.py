@@ -410,14 +410,15 @@ class KernelProvider:
         from .train_step import square_sum_kernel  # pylint: disable=import-outside-toplevel
         return square_sum_kernel()
 
-    def head_loss(self, compute_dtype, trains=True):
+    def head_loss(self, compute_dtype, trains=True, weights="float32"):
         """The fused head + loss kernel (``kernels/head_loss.py`` ``CPUHeadLoss``) for a training build's loss, or
         None: the head's GEMM, LogSoftmax and GatherD. A float32 graph whose GEMMs run in float32 (not
-        ``gemm_dtype`` bfloat16), a head whose weight ``trains`` (a frozen head, under LoRA or prefix tuning, would
-        have its gradient computed for nothing), not an inference build; under ``kernel`` only (``auto``: off, its
-        GEMMs are the plain path's and it is not faster; it holds less at long sequences: docs/performance.md)."""
-        if self.inference or compute_dtype != ms.float32 or self.gemm_dtype is not None or not trains or \
-                self.modes["head_loss"] != "kernel" or not self.uses("head_loss"):
+        ``gemm_dtype`` bfloat16) on a head table held as float32 (``weights``: "float32", "bfloat16" or "int8"),
+        whose weight ``trains`` (a frozen head, under LoRA or prefix tuning, would have its gradient computed for
+        nothing), not an inference build; under ``kernel`` only (``auto``: off, its GEMMs are the plain path's and
+        it is not faster; it holds less at long sequences: docs/performance.md)."""
+        if self.inference or compute_dtype != ms.float32 or self.gemm_dtype is not None or weights != "float32" or \
+                not trains or self.modes["head_loss"] != "kernel" or not self.uses("head_loss"):
             return None
         from .head_loss import head_loss_kernel  # pylint: disable=import-outside-toplevel
         return head_loss_kernel()

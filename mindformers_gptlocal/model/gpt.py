@@ -816,9 +816,8 @@ class GPTLocalForCausalLM(nn.Cell):
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
         self.head_int8 = int8_matmul(kernels) if self.model.embedding.int8 else None
         # the training loss's head + cross-entropy as one kernel (kernels/head_loss.py), or None: the head and lm_loss
-        self.head_loss = None
-        if self.head_int8 is None and not self.head_bf16:
-            self.head_loss = kernels.head_loss(self.compute_dtype, trains=self._head_trains(config))
+        held = "int8" if self.head_int8 is not None else ("bfloat16" if self.head_bf16 else "float32")
+        self.head_loss = kernels.head_loss(self.compute_dtype, trains=self._head_trains(config), weights=held)
         self._bind_head()
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()

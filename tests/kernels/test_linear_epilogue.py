@@ -12,7 +12,7 @@ from mindspore import Tensor
 from mindformers_gptlocal.kernels import linear, norm_gelu
 
 # (T, K, N): one row; seven rows, K = 3; N = 50 and 109 not multiples of 16; 64 x 40 x 130 runs on two threads
-# (cpu_linear.cc lin_threads: from 2^18 multiply-adds)
+# (common.h gemm_threads: from 2^18 multiply-adds)
 SHAPES = [(1, 24, 20), (7, 3, 50), (33, 77, 109), (64, 40, 130)]
 CASES = [("float32", False), ("bfloat16", False), ("bfloat16", True)]  # True: the bf16 GEMM's emulation (precision 2)
 

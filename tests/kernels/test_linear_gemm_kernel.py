@@ -14,7 +14,7 @@ from mindformers_gptlocal.kernels.provider import KernelProvider, read_cpu_kerne
 from mindformers_gptlocal.model.layers import Linear, use_gemm
 from conftest import TINY
 
-IN, OUT = 77, 109  # not multiples of 8; 33 x 109 x 77 multiply-adds run on 2 threads (cpu_linear.cc lin_threads):
+IN, OUT = 77, 109  # not multiples of 8; 33 x 109 x 77 multiply-adds run on 2 threads (common.h gemm_threads):
 # 7 groups of 16 columns split 4 + 3, the bias copied per block
 
 

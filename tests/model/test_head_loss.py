@@ -11,6 +11,7 @@ from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels.head_loss import CPUHeadLoss
+from mindformers_gptlocal.model.quantization import QUANTIZATION
 from test_train_layer import BASE, LAYOUTS, SEQ, loss_and_grads, models, worst
 
 FUSED = {"head_loss": "kernel"}
@@ -61,6 +62,7 @@ def config(**changes):
     ({}, False), (dict(cpu_kernels=FUSED), True), (dict(LAYOUTS["llama"], cpu_kernels=FUSED), True),
     (dict(cpu_kernels=PLAIN), False), (dict(cpu_kernels="kernel"), True),
     (dict(compute_dtype="bfloat16", cpu_kernels=FUSED), False),  # bf16 GEMMs: the head's bf16 GEMM and lm_loss
+    (dict(quantization=dict(QUANTIZATION), cpu_kernels=FUSED), False),  # an int8 table: the int8 head
     (dict(cpu_kernels=FUSED, pet_config=dict(pet_type="lora", lora_rank=2, target_modules=".*linear_qkv",
                                               freeze_include=["*"], freeze_exclude=["*lora*"])), False),  # frozen head
     (dict(cpu_kernels=FUSED, pet_config=dict(pet_type="lora", lora_rank=2, target_modules=".*linear_qkv",
