@@ -27,13 +27,31 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OFFLINE = dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 WORKER_TAG = "WORKER "
 
-# The Llama-style models the inference benchmarks (generate, serve) make with transformers' LlamaConfig: GPT-2 small's
-# width and depth with Llama's layers (an untied 32,000 head), and a tiny one
+# The random Hugging Face models the inference benchmarks (generate, serve) make (``save_random_hf``): GPT2Config's
+# tiny and small, and LlamaConfig's GPT-2 small width and depth with Llama's layers (an untied 32,000 head) and a tiny one
+HF_GPT2_SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
+                  "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
 HF_LLAMA_SHAPES = {
     "llama": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
                   intermediate_size=2048, vocab_size=32000),
     "llama-tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                        intermediate_size=688, vocab_size=8192)}
+
+
+def save_random_hf(shape, out):
+    """A random HF model of ``shape`` saved in ``out``: a LlamaForCausalLM with an untied head for a
+    ``HF_LLAMA_SHAPES`` shape, else a GPT2LMHeadModel of ``HF_GPT2_SHAPES`` (1,024 positions either way; the caller
+    seeds torch)."""
+    if shape in HF_LLAMA_SHAPES:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
+                                             eos_token_id=0, **HF_LLAMA_SHAPES[shape]))
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        model = GPT2LMHeadModel(GPT2Config(n_positions=1024, **HF_GPT2_SHAPES[shape]))
+    model.save_pretrained(out)
+
+
 # Model shapes the train and finetune benchmarks share (batch and seq are defaults; the scripts take flags). GPT-2's
 # layout unless ``arch`` is "llama": Llama-style layers (rope, grouped-query attention over ``groups`` key/value heads,
 # SwiGLU of width ``ffn``, RMSNorm, no biases, an untied head), against Hugging Face's LlamaForCausalLM.

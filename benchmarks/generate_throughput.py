@@ -106,8 +106,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
-SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),  # GPT2Config's
-          "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257)}
+SHAPES = C.HF_GPT2_SHAPES
 LLAMA_SHAPES = C.HF_LLAMA_SHAPES
 PROMPT, NEW = 32, 128
 FORWARD_SEQ, FORWARD_REPEATS = 256, 3  # --forward: [batch, FORWARD_SEQ], the median of this many timed calls
@@ -237,15 +236,7 @@ def setup(work, shape, sides=(), converter=None):
     import torch
     from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
     torch.manual_seed(0)
-    if shape in LLAMA_SHAPES:
-        from transformers import LlamaConfig, LlamaForCausalLM
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
-                                             eos_token_id=0, **LLAMA_SHAPES[shape]))
-    else:
-        from transformers import GPT2Config, GPT2LMHeadModel
-        model = GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape]))
-    model.save_pretrained(os.path.join(work, shape))
-    del model
+    C.save_random_hf(shape, os.path.join(work, shape))
     hf_to_ms(os.path.join(work, shape), os.path.join(work, shape + "_ms"))
     notes = {"skipped": {}}
     if any(side.startswith("ours-int8") for side in sides):

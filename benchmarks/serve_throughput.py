@@ -46,9 +46,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 import _common as C  # noqa: E402  (benchmarks/ is not a package)
 
-SHAPES = {"tiny": dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192),
-          "small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257),
-          **C.HF_LLAMA_SHAPES}  # "llama": GPT-2 small's width and depth with Llama-style layers (LlamaForCausalLM)
+SHAPES = {**C.HF_GPT2_SHAPES, **C.HF_LLAMA_SHAPES}  # "llama": GPT-2 small's width and depth, Llama-style layers
 PROMPT = 32
 LORA_SHAPE = dict(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                   max_position_embeddings=256, seq_length=256, hidden_dropout=0.0, attention_dropout=0.0)
@@ -74,16 +72,10 @@ def setup(work, shape, int8):
     work/shape, converted to work/shape_ms (hf2ms), and with ``int8`` quantized to work/shape_ms_int8 (``gptlocal
     quantize``)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     from mindformers_gptlocal.checkpoint.hf_models import hf_to_ms
     torch.manual_seed(0)
     hf_dir, ms_dir = os.path.join(work, shape), os.path.join(work, shape + "_ms")
-    if shape in C.HF_LLAMA_SHAPES:
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=0,
-                                             eos_token_id=0, **SHAPES[shape]))
-    else:
-        model = GPT2LMHeadModel(GPT2Config(n_positions=1024, **SHAPES[shape]))
-    model.save_pretrained(hf_dir)
+    C.save_random_hf(shape, hf_dir)
     hf_to_ms(hf_dir, ms_dir)
     if int8:
         from mindformers_gptlocal.quantize import quantize_model

@@ -37,7 +37,7 @@ from ..kernels.provider import DecodeLayerFacts, TrainLayerFacts, dtype_name
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
-from .params import DROPOUT_STEP
+from .params import DROPOUT_STEP, OUTPUT_LAYER, WORD_EMBEDDINGS
 from .weights import load_weights, save_model_dir, WEIGHTS_NAME
 
 
@@ -830,8 +830,7 @@ class GPTLocalForCausalLM(nn.Cell):
     def _head_trains(self, config):
         """False where the pet_config freezes the head's table (LoRA, adapters, prefix tuning: ``freeze_pet``)."""
         spec = config.pet_spec()
-        name = "output_layer.weight" if self.untied else "model.embedding.word_embeddings"
-        return spec is None or not spec.is_frozen(name)
+        return spec is None or not spec.is_frozen(OUTPUT_LAYER if self.untied else WORD_EMBEDDINGS)
 
     def _init_base(self, config):
         """The Cell and what the inference runtime reads of a model: ``config``, ``name_or_path`` and the default
@@ -898,8 +897,12 @@ class GPTLocalForCausalLM(nn.Cell):
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):
         """The head (tied to the token table, or ``output_layer``): hidden [B, S, H] -> fp32 logits [B*S, V]."""
+        return self.head(self._head_rows(hidden))
+
+    def _head_rows(self, hidden):
+        """hidden [B, S, H] as the head takes it: [B*S, H] in the compute dtype."""
         batch, seq, width = hidden.shape
-        return self.head(ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width)))
+        return ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
 
     def _bind_head(self):
         """What ``logits`` and the training forward run, chosen once: the head's GEMM (``head``: an int8 model's,
@@ -1027,10 +1030,8 @@ class GPTLocalForCausalLM(nn.Cell):
     def _fused_loss(self, hidden, labels, loss_mask):
         """``_plain_loss``'s value from the head + loss kernel: each kept row weighted 1 / the kept rows."""
         labels, keep = self._loss_rows(labels, loss_mask)
-        batch, seq, width = hidden.shape
         row_weight = keep / ops.maximum(ops.reduce_sum(keep), 1.0)
-        x = ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-        return ops.reshape(self.head_loss(x, self.head_weights(), labels, row_weight), ())
+        return ops.reshape(self.head_loss(self._head_rows(hidden), self.head_weights(), labels, row_weight), ())
 
     def _loss_rows(self, labels, loss_mask):
         """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""
