@@ -47,6 +47,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -300,15 +301,20 @@ def _object_key(common, source):
     return digest.hexdigest()[:20]
 
 
+_ERROR_LINE = re.compile(r":\d+(:\d+)?: (fatal )?error: ")  # gcc / clang: file:line:column: error: message
+
+
 def _run(cxx, command):
-    """Run one compiler command: None, or the reason it failed (its last line of output)."""
+    """Run one compiler command: None, or the reason it failed (its first error line: the file, line and message;
+    else its last line of output)."""
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.SubprocessError) as error:
         return f"running {cxx} failed ({error})"
     if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"{cxx} failed: {tail}"
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        first = next((line for line in lines if _ERROR_LINE.search(line)), lines[-1])
+        return f"{cxx} failed: {first.strip()}"
     return None
 
 

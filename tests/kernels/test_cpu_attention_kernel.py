@@ -291,6 +291,17 @@ def test_cache_key_covers_source_mindspore_and_compiler(monkeypatch):
     assert build.cache_key("g++ 12.2.0", source) != key
 
 
+def test_a_compile_error_is_reported_by_its_first_error_line(tmp_path):
+    """A source that does not compile: the reason is g++'s first error line (file, line, message), not the caret
+    line that ends its output."""
+    source = tmp_path / "broken.cc"
+    source.write_text("int f() {\n  return undeclared_name + 1;\n}\n", encoding="utf-8")
+    reason = build._run("g++", ["g++", "-c", str(source), "-o", str(tmp_path / "broken.o")])
+    assert reason.startswith("g++ failed: ") and "broken.cc:2:" in reason and "error:" in reason, reason
+    assert "undeclared_name" in reason and not os.path.exists(tmp_path / "broken.o")
+    assert build._run("g++", ["g++", "--version"]) is None
+
+
 def test_missing_compiler_falls_back_with_one_warning(tmp_path, monkeypatch, capfd):
     """CXX naming no binary: no library, the model builds on the plain path, one warning line naming the cause
     and the fix."""
