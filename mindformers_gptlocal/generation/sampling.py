@@ -51,25 +51,45 @@ def _top_p(logits, p):
     return np.where(drop, -np.inf, logits)
 
 
+def _kth_largest(scores, k):
+    """Each row's k-th largest value (``np.partition``'s), for k well below the vocabulary: a bound is taken from a
+    strided sample of the row (its k-th largest: at least k of the row's values are at or above it), and the k-th
+    largest is found among the values at or above that bound only (~V / 16 of them), where a partition of the whole
+    row takes ~0.3 ms at V 32,000. Returns (bounds [B], the candidates' indices by row)."""
+    stride = scores.shape[-1] // (16 * k)
+    floors = np.partition(scores[:, ::stride], -k, axis=-1)[:, -k] if stride >= 2 else None
+    bounds, candidates = np.empty(len(scores), scores.dtype), []
+    for index, row in enumerate(scores):
+        found = np.flatnonzero(row >= floors[index]) if floors is not None else None
+        if found is None or found.size < k:  # no sample bound (a small vocabulary), or a nan in the sample
+            found = np.arange(row.size)
+        bounds[index] = np.partition(row[found], -k)[-k]
+        candidates.append(found)
+    return bounds, candidates
+
+
 def next_tokens(logits, histories, options, rng):
     """Pick one token per row. ``options``: do_sample, temperature, top_k, top_p, repetition_penalty.
 
     With ``top_k`` the rows are narrowed to their k largest logits (and ties) first, in vocabulary order: every other
-    token has probability 0, so top-p, the softmax and the draw run over those k instead of the whole vocabulary
-    (GPT-2's 50,257: a full sort per token took longer than a decode step), with the same draw from ``rng`` (the
-    cumulative sums over the zeros are the same; only a sum's rounding order differs)."""
-    logits = apply_repetition_penalty(logits.astype(np.float64), histories, options["repetition_penalty"])
+    token has probability 0, so the temperature, top-p, the softmax and the draw run over those k instead of the
+    whole vocabulary (GPT-2's 50,257: a full sort per token took longer than a decode step), with the same draw from
+    ``rng`` (the cumulative sums over the zeros are the same; only a sum's rounding order differs). The k are chosen
+    on the logits as they come (float32) where there is no repetition penalty: dividing by a temperature keeps their
+    order and ties, so the same k survive."""
+    penalty = options["repetition_penalty"]
+    scores = logits if penalty == 1.0 else apply_repetition_penalty(logits.astype(np.float64), histories, penalty)
     if not options["do_sample"]:
-        return logits.argmax(axis=-1)
-    logits = logits / max(options["temperature"], 1e-6)
+        return scores.argmax(axis=-1)
+    temperature = max(options["temperature"], 1e-6)
     k = options["top_k"]
-    if not k or k >= logits.shape[-1]:
-        return np.array([_draw(row, options["top_p"], rng) for row in logits])
-    kth = np.partition(logits, -k, axis=-1)[:, -k]
+    if not k or k >= scores.shape[-1]:
+        return np.array([_draw(row.astype(np.float64) / temperature, options["top_p"], rng) for row in scores])
+    bounds, candidates = _kth_largest(scores, k)
     picks = []
-    for row, bound in zip(logits, kth):
-        kept = np.flatnonzero(row >= bound)  # _top_k's survivors
-        picks.append(kept[_draw(row[kept], options["top_p"], rng)])
+    for row, bound, found in zip(scores, bounds, candidates):
+        kept = found[row[found] >= bound]  # _top_k's survivors, in vocabulary order
+        picks.append(kept[_draw(row[kept].astype(np.float64) / temperature, options["top_p"], rng)])
     return np.array(picks)
 
 

@@ -49,18 +49,25 @@ def _full_vocabulary_tokens(logits, histories, options, rng):
     return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
 
 
+@pytest.mark.parametrize("vocab,penalty,trials", [(201, 1.2, 40), (201, 1.0, 40), (32003, 1.0, 6), (32003, 1.3, 3)])
 @pytest.mark.parametrize("top_k,top_p", [(5, None), (40, 0.9), (1, 0.5), (0, 0.8), (None, None), (199, 0.95)])
-def test_narrowed_sampling_draws_what_the_full_vocabulary_draws(top_k, top_p):
-    """next_tokens with top-k narrows each row to its k largest logits before top-p and the draw: the same tokens
-    as the computation over the whole vocabulary, draw for draw from the same seed (odd vocabulary, ties at the k-th
-    logit, a repetition penalty, a batch of rows)."""
+def test_narrowed_sampling_draws_what_the_full_vocabulary_draws(top_k, top_p, vocab, penalty, trials):
+    """next_tokens with top-k narrows each row to its k largest logits (found from a strided sample's bound at a
+    large vocabulary) before the temperature, top-p and the draw: the same tokens as the computation over the whole
+    vocabulary in float64, draw for draw from the same seed (odd vocabularies, ties at the k-th logit, with and
+    without a repetition penalty, a batch of rows); greedy the same argmax."""
     from mindformers_gptlocal.generation.sampling import next_tokens
-    options = dict(do_sample=True, temperature=0.7, top_k=top_k, top_p=top_p, repetition_penalty=1.2)
+    options = dict(do_sample=True, temperature=0.7, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
     data = np.random.default_rng(1)
-    for trial in range(40):
-        logits = data.normal(size=(3, 201)).astype(np.float32) * 3.0
+    for trial in range(trials):
+        logits = data.normal(size=(3, vocab)).astype(np.float32) * 3.0
         logits[0, 10:14] = logits[0].max() - 0.5  # ties
+        if top_k and top_p is None:  # ties at the k-th largest (under top-p, which of tied tokens a sort puts first
+            logits[1, [5, 77, vocab - 1]] = np.sort(logits[1])[-top_k]  # is either side's own choice)
         histories = [[1, 2, 3], [], [7, 7, 150]]
         got = next_tokens(logits, histories, options, np.random.default_rng(trial))
         want = _full_vocabulary_tokens(logits, histories, options, np.random.default_rng(trial))
         np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
+        greedy = next_tokens(logits, histories, dict(options, do_sample=False), None)
+        want = apply_repetition_penalty(logits.astype(np.float64), histories, penalty).argmax(axis=-1)
+        np.testing.assert_array_equal(greedy, want)
