@@ -508,6 +508,7 @@ def worker(side, work, shape, batch, threads, recompute, job="generate"):
             report["first_call_s"] = time.perf_counter() - start
         with phases("timed"):
             ttft, total, tokens = timed_ours(model, prompts, True, **no_eos(shape))
+        report["host"] = host_share(model, prompts, shape)
         if recompute:  # our no-cache path compiles full-width forwards: its own phase, not generate's peak
             with phases("recompute"):
                 n_ttft, n_total, _ = timed_ours(model, prompts, False, **no_eos(shape))
@@ -519,6 +520,39 @@ def worker(side, work, shape, batch, threads, recompute, job="generate"):
                   rss_after=phases.after,
                   peak_rss_mb=phases.peak(("import", "load", "first_call", "timed")), peak_resets=phases.resets)
     C.emit(report)
+
+
+SAMPLED = dict(do_sample=True, top_k=50, top_p=0.9, temperature=0.8)  # host_share's sampled generation
+
+
+def host_share(model, prompts, shape):
+    """Where the native runner runs: per new token, the milliseconds of a greedy and of a sampled (SAMPLED)
+    generation spent outside the library's step calls (the generate loop, host-side sampling and bookkeeping) and
+    their share of the whole; None for the compiled runner."""
+    from mindformers_gptlocal.runtime import native
+    if not isinstance(model.kv_cache(len(prompts), PROMPT + NEW), native.NativeRunner):
+        return None
+    spent, call = [0.0], native.NativeRunner._call
+
+    def timed_call(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+    native.NativeRunner._call = timed_call
+    try:
+        shares = {}
+        for name, options in (("greedy", dict(do_sample=False)), ("sampled", SAMPLED)):
+            model.generate(prompts, max_new_tokens=8, **options, **no_eos(shape))
+            spent[0] = 0.0
+            start = time.perf_counter()
+            model.generate(prompts, max_new_tokens=NEW, **options, **no_eos(shape))
+            total = time.perf_counter() - start
+            shares[name] = (1e3 * (total - spent[0]) / NEW, (total - spent[0]) / total)
+        return shares
+    finally:
+        native.NativeRunner._call = call
 
 
 def ours_model(side, work, shape, batch, phases, report, **build):
@@ -749,6 +783,8 @@ def main():
                       f"{report['env']}, torch {report['torch_threads']}"
                       + (f", MindSpore {report['runtime_threads']}, first call {report['first_call_s']:.1f} s"
                          if side.startswith("ours") else "")
+                      + ("".join(f", outside the library {name} {ms:.2f} ms a token ({100 * share:.1f}%)"
+                                 for name, (ms, share) in report["host"].items()) if report.get("host") else "")
                       + (f", CTranslate2 {report['ct2_version']} intra_threads {report['runtime_threads']}"
                          if side in CT2_SIDES else "")
                       + (f", llama.cpp (llama-cpp-python {report['llamacpp_version']}) n_threads "

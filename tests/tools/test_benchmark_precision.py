@@ -277,3 +277,19 @@ def test_a_failed_side_is_one_line():
     report, _ = C.run_worker(os.path.join(BENCH, "train_throughput.py"), ["--gemm-worker", "nothing"], THREADS,
                              one_line=True)
     assert "invalid choice" in report["failed"] and "\n" not in report["failed"]
+
+
+def test_host_share_splits_a_generation_at_the_library_calls():
+    """generate_throughput's host_share on a tiny model (the native runner): greedy and sampled generations' time
+    outside the library's step calls, per token and as a share of the whole; the runner's call is restored."""
+    from mindformers_gptlocal.model.gpt import GPTLocalConfig, GPTLocalForCausalLM
+    from mindformers_gptlocal.runtime import native
+    from conftest import TINY
+    call = native.NativeRunner._call
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, max_position_embeddings=256, seq_length=256)),
+                                inference=True)
+    prompts = np.random.default_rng(0).integers(1, 512, (2, G.PROMPT)).tolist()
+    shares = G.host_share(model, prompts, next(iter(G.LLAMA_SHAPES)))  # a Llama shape's keywords: no end token
+    assert set(shares) == {"greedy", "sampled"} and native.NativeRunner._call is call
+    assert all(ms > 0 and 0 < share < 1 for ms, share in shares.values()), shares
+    assert shares["sampled"][0] > shares["greedy"][0]  # the host-side draw, on top of the same loop
