@@ -783,7 +783,7 @@ def main():
                       f"{report['env']}, torch {report['torch_threads']}"
                       + (f", MindSpore {report['runtime_threads']}, first call {report['first_call_s']:.1f} s"
                          if side.startswith("ours") else "")
-                      + ("".join(f", outside the library {name} {ms:.2f} ms a token ({100 * share:.1f}%)"
+                      + ("".join(f", outside the library {name} {ms:.2f} ms a step ({100 * share:.1f}%)"
                                  for name, (ms, share) in report["host"].items()) if report.get("host") else "")
                       + (f", CTranslate2 {report['ct2_version']} intra_threads {report['runtime_threads']}"
                          if side in CT2_SIDES else "")
