@@ -526,9 +526,9 @@ SAMPLED = dict(do_sample=True, top_k=50, top_p=0.9, temperature=0.8)  # host_sha
 
 
 def host_share(model, prompts, shape):
-    """Where the native runner runs: per new token, the milliseconds of a greedy and of a sampled (SAMPLED)
-    generation spent outside the library's step calls (the generate loop, host-side sampling and bookkeeping) and
-    their share of the whole; None for the compiled runner."""
+    """Where the native runner runs: {"greedy" / "sampled": (ms a step, share)}, the time a greedy and a sampled
+    (SAMPLED) generation spend outside the library's calls (the generate loop, host-side sampling and bookkeeping)
+    per step and as a share of the whole; None for the compiled runner."""
     from mindformers_gptlocal.runtime import native
     if not isinstance(model.kv_cache(len(prompts), PROMPT + NEW), native.NativeRunner):
         return None
