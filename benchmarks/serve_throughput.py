@@ -145,6 +145,18 @@ def peak_rss_mb(pid):
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
 
 
+def phase_seconds(base):
+    """Our server's gptlocal_engine_step_seconds_total by phase (schedule, model, update) from /metrics; {} from a
+    server without it (the HF side)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    resp = httpx.get(base + "/metrics", timeout=10)
+    if resp.status_code != 200:
+        return {}
+    return {sample.labels["phase"]: sample.value for family in text_string_to_metric_families(resp.text)
+            for sample in family.samples if sample.name == "gptlocal_engine_step_seconds_total"}
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -295,11 +307,15 @@ def main():
                 for clients in levels:
                     per_client = max(1, args.requests // clients)
                     load(base, 1, 1, 4, SHAPES[shape]["vocab_size"], seed=99)  # warm-up
+                    before = phase_seconds(base)
                     rate, lat = load(base, clients, per_client, args.new, SHAPES[shape]["vocab_size"], seed=clients)
+                    spent = {phase: seconds - before[phase] for phase, seconds in phase_seconds(base).items()}
                     found[clients] = dict(requests=clients * per_client, rate=rate,
                                           p50=float(np.percentile(lat, 50)), p99=float(np.percentile(lat, 99)))
                     print(f"{shape} {side} {clients:2d} clients: {rate:7.1f} tok/s  p50 {found[clients]['p50']:.2f} s  "
-                          f"p99 {found[clients]['p99']:.2f} s", flush=True)
+                          f"p99 {found[clients]['p99']:.2f} s" + ("  engine steps: " + ", ".join(
+                              f"{phase} {100 * seconds / sum(spent.values()):.1f}%" for phase, seconds in spent.items())
+                              if spent else ""), flush=True)
                 found["rss_ready"] = rss_ready
                 found["rss"] = peak_rss_mb(proc.pid)
                 print(f"{shape} {side} peak RSS {found['rss']:.0f} MB (at ready {rss_ready:.0f} MB)", flush=True)

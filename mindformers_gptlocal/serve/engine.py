@@ -22,6 +22,8 @@ from ..host_memory import release_freed_heap
 from ..runtime.buckets import width_buckets
 from .scheduler import Scheduler, batch_sizes
 
+STEP_PHASES = ("schedule", "model", "update")  # Engine.phase_seconds, /metrics gptlocal_engine_step_seconds
+
 log = logging.getLogger("gptlocal.serve")
 WARM_RUN_TOKENS = 512  # warm-up runs shapes up to this many tokens and only compiles bigger ones
 PREFILL_TOKENS = 32  # --max-prefill-tokens: tokens per prefill call (0: refills as one call with the busy rows)
@@ -38,6 +40,9 @@ class Engine:
                  prompt_buckets=None, tokenizer=None, batch_buckets=None, adapters=None, warmup_tokens=None,
                  prefill_tokens=None, compile_cache="off", compile_cache_bounds=(None, None)):
         self.model_dir = model_dir
+        # seconds the engine thread spent in each phase of its steps (read by /metrics): choosing the call and its
+        # inputs, the model's call, taking its logits (sampling, detokenizing, sending)
+        self.phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)
         self.compile_cache = compile_cache  # --compile-cache: runtime/graph_cache.py attach, in _load
         self.compile_cache_bounds = compile_cache_bounds  # --compile-cache-days, --compile-cache-mb
         from ..runtime.graph_cache import bounds
@@ -164,7 +169,9 @@ class Engine:
                  len(self.lazy), self.warmup_tokens, self.warmup_seconds)
 
     def step(self):
-        """One iteration: the scheduler's next call, run, its logits handed back."""
+        """One iteration: the scheduler's next call, run, its logits handed back (each phase's time counted in
+        ``phase_seconds``)."""
+        start = time.perf_counter()
         call = self.scheduler.schedule()
         if call is None:  # every request was cancelled or expired
             return
@@ -176,10 +183,16 @@ class Engine:
             self.lazy.discard(call.shape)
             log.info("gptlocal serve: compiling the %d x %d %s shape on its first use (--warmup-tokens %d)",
                      call.batch, call.width, call.kind, self.warmup_tokens)
+        called = time.perf_counter()
         logits = self.cache.step(ids, positions, last, call.slots)
+        returned = time.perf_counter()
         if compiling:
             release_freed_heap()
         self.scheduler.update(call, logits)
+        phases = self.phase_seconds
+        phases["schedule"] += called - start
+        phases["model"] += returned - called
+        phases["update"] += time.perf_counter() - returned
 
     def inputs(self, call):
         """The call's token ids and positions [batch, width] and logits columns [batch] (rows without a write:

@@ -68,6 +68,24 @@ class SendTimeout(Exception):
     """A response ``send`` waited longer than --send-timeout: the client stopped reading."""
 
 
+class _PhaseSeconds:
+    """gptlocal_engine_step_seconds_total{phase}: the engine's seconds in each phase of its steps (``Engine.step``):
+    schedule (the next call and its inputs), model (the runner's call), update (sampling, detokenizing, sending);
+    model's share of the sum is the accelerator's (or the CPU kernels') share of serving."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+        family = CounterMetricFamily("gptlocal_engine_step_seconds", "Seconds the engine spent in each phase of its "
+                                     "steps: schedule, model (the runner's call), update (sampling, detokenizing, "
+                                     "sending)", labels=["phase"])
+        for phase, seconds in dict(self.engine.phase_seconds).items():
+            family.add_metric([phase], seconds)
+        yield family
+
+
 class Metrics:
     """The server's Prometheus metrics (``prometheus_client``, a registry of this app's own)."""
 
@@ -94,6 +112,7 @@ class Metrics:
         Gauge("gptlocal_slots", "Cache slots (--max-batch-size)", registry=registry).set(engine.max_batch_size)
         Gauge("gptlocal_draining", "1 after SIGTERM: new requests get 503", registry=registry
               ).set_function(lambda: float(state.draining))
+        registry.register(_PhaseSeconds(engine))
 
     def exposition(self):
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -312,6 +312,11 @@ def test_metrics_count_a_request(server):
     assert 0 < delta("gptlocal_time_to_first_token_seconds_sum") <= delta("gptlocal_request_duration_seconds_sum")
     assert after[("gptlocal_requests_running", ())] == 0 and after[("gptlocal_requests_waiting", ())] == 0
     assert after[("gptlocal_slots", ())] == 1 and after[("gptlocal_draining", ())] == 0
+    # the engine's steps by phase: 1 prefill + 8 decode calls ran the model; sampling and sending took some time
+    phases = {phase: delta("gptlocal_engine_step_seconds_total", phase=phase) for phase in ("schedule", "model",
+                                                                                            "update")}
+    assert all(seconds > 0 for seconds in phases.values()), phases
+    assert phases["model"] < delta("gptlocal_request_duration_seconds_sum"), phases
 
 
 def test_a_timeout_ends_the_request_and_frees_its_slot(server):
