@@ -281,7 +281,7 @@ def test_a_failed_side_is_one_line():
 
 def test_host_share_splits_a_generation_at_the_library_calls():
     """generate_throughput's host_share on a tiny model (the native runner): greedy and sampled generations' time
-    outside the library's step calls, per token and as a share of the whole; the runner's call is restored."""
+    outside the library's step calls, per step and as a share of the whole; the runner's call is restored."""
     from mindformers_gptlocal.model.gpt import GPTLocalConfig, GPTLocalForCausalLM
     from mindformers_gptlocal.runtime import native
     from conftest import TINY
