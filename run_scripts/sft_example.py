@@ -104,6 +104,7 @@ def write_yaml(base, data, out_dir, epochs, path):
         config["lr_schedule"]["learning_rate"] = float(os.environ["LR"])
     config["load_checkpoint"] = os.path.abspath(base)
     config["output_dir"] = os.path.abspath(out_dir)
+    config["overwrite_output_dir"] = True  # the example run again redoes it (its data is replaced too)
     config["runner_config"]["epochs"] = epochs
     config["train_dataset"]["data_loader"]["dataset_dir"] = os.path.abspath(data)
     config["train_dataset_task"]["dataset_config"] = config["train_dataset"]

@@ -451,6 +451,13 @@ MUTATIONS = [
     # checkpoints and resume
     Mutation("manifest compares sizes only", PKG + "checkpoint/manifest.py",
              'if entry["sha256"] and sha256_of(path) != entry["sha256"]:', "if False:", ["tests/e2e/test_crash_safe.py"]),
+    Mutation("checkpoint rotation removes other runs' checkpoints", PKG + "mf/checkpoint_monitor.py",
+             'if e.get("run_id") == self._run_id),', "),",
+             ["tests/checkpoint/test_resume_guards.py", "-k", "full_disk_during"]),
+    Mutation("a new run lands silently on an earlier one", PKG + "preflight/checks.py",
+             "    check_earlier_run(config)  #", "    pass  #", ["tests/preflight/test_earlier_run.py"]),
+    Mutation("overwrite leaves the earlier run's checkpoints", PKG + "mf/run_yaml.py",
+             "    start_over(config, log)\n", "", ["tests/e2e/test_stop_signals.py", "-k", "sigint"]),
     Mutation("resume takes the oldest checkpoint", PKG + "checkpoint/resume.py",
              'for entry in sorted(entries, key=lambda e: e["step"], reverse=True):',
              'for entry in sorted(entries, key=lambda e: e["step"]):', ["tests/e2e/test_crash_safe.py"]),

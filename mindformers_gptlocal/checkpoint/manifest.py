@@ -55,18 +55,28 @@ def write_manifest(directory, entries):
 CHECKSUMS = ("sha256", "size")
 
 
-def record(directory, file_path, step, run=None, checksum="sha256"):
+def record(directory, file_path, step, run=None, checksum="sha256", run_id=None):
     """Add a complete, already renamed checkpoint; drop entries whose files were rotated away.
 
-    ``run`` is what the run was (``checkpoint.resume.run_record``), compared on resume; ``checksum``
+    ``run`` is what the run was (``checkpoint.resume.run_record``), compared on resume; ``run_id`` which run wrote it
+    (a resumed run keeps its checkpoint's: checkpoint rotation removes only that run's files); ``checksum``
     ``size`` records no digest (cheaper for very large files; truncation is still caught)."""
     entry = {"file": os.path.basename(file_path), "step": int(step), "bytes": os.path.getsize(file_path),
              "sha256": sha256_of(file_path) if checksum == "sha256" else None}
     if run:
         entry["run"] = run
+    if run_id:
+        entry["run_id"] = run_id
     entries = [e for e in read_manifest(directory)
                if e["file"] != entry["file"] and os.path.isfile(os.path.join(directory, e["file"]))]
     write_manifest(directory, entries + [entry])
+
+
+def forget(directory, names):
+    """Drop the entries of ``names`` (files about to be removed): the manifest first, so a crash between the two
+    leaves an unlisted file (ignored by resume), never a listed file that is gone."""
+    names = set(names)
+    write_manifest(directory, [e for e in read_manifest(directory) if e["file"] not in names])
 
 
 def entry_of(path):

@@ -11,15 +11,21 @@ It also refuses resumes that would go silently wrong: a run already at its last 
 (``check_steps_left``), a YAML that changed what the run is since the checkpoint was written
 (``check_same_run`` against the ``run_record`` stored with each manifest entry), and, with many
 ranks, rank folders without a complete checkpoint at one common step (``common_rank_checkpoint``).
+
+``earlier_run`` tells what a training run already left in an ``output_dir`` (its newest checkpoint and step, its
+model directories), from the files alone, so every rank of a launch decides the same: the pre-flight refuses to
+start a new run over it unless the YAML says ``overwrite_output_dir: True`` (``preflight/inputs.py``).
 """
 import glob
 import os
+from collections import namedtuple
 
 from ..errors import CheckpointError
 from ..safetensors_io import SafetensorsReader, safetensors_problem, step_of
 from . import manifest as ckpt_manifest
 
 RESUME_KEYS = ("step_num", "epoch_num", "global_batch_size", "loss_scale")
+CHECKPOINT_SUFFIXES = (".safetensors", ".ckpt")
 
 
 def resume_info(path):
@@ -92,10 +98,16 @@ def find_resume_checkpoint(path, wanted=None, log=print):
                               f"checkpoint/rank_0/). Train without resume_training first, or set load_checkpoint "
                               f"to the folder or .safetensors file of the run to continue.")
     info = resume_info(found)
-    entry = ckpt_manifest.entry_of(found)
-    if entry and entry.get("run"):
-        info["run"] = entry["run"]
+    _with_entry(info, ckpt_manifest.entry_of(found))
     return _outside_rank_folder(found, log), info
+
+
+def _with_entry(info, entry):
+    """What the manifest stored with the checkpoint: the run record (``check_same_run``) and the run's id (the
+    resumed run's checkpoints are the same run's: rotation may remove them, ``mf/checkpoint_monitor.py``)."""
+    for key in ("run", "run_id"):
+        if entry and entry.get(key):
+            info[key] = entry[key]
 
 
 def _outside_rank_folder(path, log):
@@ -221,6 +233,32 @@ def common_rank_checkpoint(path, rank, wanted=None, log=print):
                     f"{max(complete)}) than all ranks share; every rank resumes from step {step}")
     entry = steps[own][step]
     info = resume_info(os.path.join(own, entry["file"]))
-    if entry.get("run"):
-        info["run"] = entry["run"]
+    _with_entry(info, entry)
     return entry["file"], step, info
+
+
+# --- what an earlier run left in an output_dir -------------------------------------------------------------------
+
+EarlierRun = namedtuple("EarlierRun", "checkpoint_dir checkpoint step model_dirs")
+EarlierRun.__doc__ = """What a training run left in an output_dir: ``checkpoint_dir`` (``<output_dir>/checkpoint``),
+``checkpoint`` (its newest checkpoint file, None if none) and that file's ``step``, ``model_dirs`` (the model
+directories GPTLocalSaveModelDir wrote, each non-empty)."""
+
+
+def earlier_run(output_dir, model_subdirs=("model",)):
+    """The ``EarlierRun`` in ``output_dir``, or None when it holds no checkpoint and no model directory. Decided
+    from the files alone (no clock, no rank), so every rank of a launch sees the same before any writes."""
+    folder = os.path.join(output_dir, "checkpoint")
+    found = []  # (step, file)
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        listed = {e["file"]: e["step"] for e in ckpt_manifest.read_manifest(root)}
+        for name in sorted(names):
+            if name.endswith(CHECKPOINT_SUFFIXES) and not name.startswith(ckpt_manifest.PARTIAL_PREFIX):
+                found.append((listed.get(name, step_of(name)[-1]), os.path.join(root, name)))
+    models = [os.path.join(output_dir, sub) for sub in dict.fromkeys(model_subdirs)
+              if os.path.isdir(os.path.join(output_dir, sub)) and os.listdir(os.path.join(output_dir, sub))]
+    if not found and not models:
+        return None
+    step, newest = max(found, key=lambda item: (item[0], item[1])) if found else (None, None)
+    return EarlierRun(folder, newest, step, models)

@@ -393,6 +393,9 @@ def run_parser():
     add("--sink_mode", type=_str2bool, help="runner_config.sink_mode")
     add("--num_samples", type=int, help="data_loader.num_samples of the datasets")
     add("--output_dir", type=str, help="output_dir (checkpoints, model directory, logs)")
+    add("--overwrite_output_dir", type=_str2bool, help="gpt_local's overwrite_output_dir: True starts over on an "
+                                                       "earlier run in output_dir, deleting its checkpoints and model "
+                                                       "directory (without it, or --resume_training, it is refused)")
     add("--register_path", type=str, help="a folder to put on sys.path (MindFormers' external-model route)")
     add("--do_sample", type=_str2bool, help="model.model_config.do_sample")
     add("--trust_remote_code", type=_str2bool, help="trust_remote_code")

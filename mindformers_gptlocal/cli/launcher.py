@@ -31,6 +31,7 @@ DIRECT = {
     "batch_size": "runner_config.batch_size",
     "gradient_accumulation_steps": "runner_config.gradient_accumulation_steps",
     "sink_mode": "runner_config.sink_mode", "output_dir": "output_dir", "trust_remote_code": "trust_remote_code",
+    "overwrite_output_dir": "overwrite_output_dir",
 }
 
 

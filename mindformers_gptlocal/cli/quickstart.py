@@ -93,6 +93,7 @@ def main(args):
 
     train_cfg = load_yaml("pretrain_gpt_local_tiny_cpu.yaml")
     train_cfg["output_dir"] = os.path.join(work, "train")
+    train_cfg["overwrite_output_dir"] = True  # a quickstart run again redoes it (its data is replaced too)
     train_cfg["train_dataset"]["data_loader"]["dataset_dir"] = summary["train_mindrecord"]
     train_cfg["train_dataset"]["data_loader"]["num_samples"] = args.steps * train_cfg["runner_config"]["batch_size"]
     train_cfg["train_dataset_task"]["dataset_config"] = train_cfg["train_dataset"]

@@ -13,6 +13,11 @@ On a resumed run the trainer hands the resume step only to callbacks typed exact
 ``CheckpointMonitor``; the pre-flight check passes it to this one as ``append_info``, and what the
 run is (``run_record``), stored with each manifest entry so a changed YAML cannot resume silently.
 
+``keep_checkpoint_max`` counts and removes only this run's checkpoints: each manifest entry carries the ``run_id`` of
+the run that wrote it (a fresh one per run; a resumed run keeps its checkpoint's, handed in by the pre-flight), and
+the oldest entries of this run beyond the limit are removed once the new file is recorded. A file of another run, or
+one no manifest lists, is never removed (the stock rotation removed the folder's oldest file, whoever wrote it).
+
 A save that fails for lack of space (ENOSPC, or EFBIG under a file-size limit) removes its temp
 file, leaves the earlier checkpoints and the manifest as they were, and stops the run with one
 error naming the folder and the space needed; ``on_save_error: continue`` keeps training instead
@@ -35,6 +40,7 @@ import shlex
 import shutil
 import sys
 import time
+import uuid
 
 from ..checkpoint import manifest as ckpt_manifest
 from ..errors import CheckpointError
@@ -60,7 +66,8 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
     """CheckpointMonitor with temp-name + fsync + rename writes and a manifest of complete files."""
 
     def __init__(self, *args, checkpoint_format="safetensors", async_save=False, run_record=None,
-                 checksum="sha256", on_save_error="stop", stop_on_signal=True, test_save_delay=0.0, **kwargs):
+                 checksum="sha256", on_save_error="stop", stop_on_signal=True, test_save_delay=0.0, run_id=None,
+                 **kwargs):
         if checksum not in ckpt_manifest.CHECKSUMS:
             raise CheckpointError(f"GPTLocalCheckpointMonitor.checksum is {checksum!r}; use one of "
                                   f"{', '.join(ckpt_manifest.CHECKSUMS)}.")
@@ -71,6 +78,7 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
             raise CheckpointError(f"GPTLocalCheckpointMonitor.stop_on_signal is {stop_on_signal!r}; use True or "
                                   f"False.")
         self._run_record, self._checksum, self._on_save_error = run_record, checksum, on_save_error
+        self._run_id = str(run_id) if run_id else uuid.uuid4().hex[:16]  # a resumed run: its checkpoint's
         self._stop_on_signal, self._armed = stop_on_signal, False
         # tests only: seconds between writing a checkpoint's temp file and renaming it, so a kill lands in a save
         self._test_save_delay = float(test_save_delay or 0)
@@ -83,11 +91,12 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
             self._directory = os.path.dirname(self._directory)
             self.meta_json = os.path.join(self._directory, "meta.json")
         self._remove_stale_partials()
-        # keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next one; here the
-        # deletion waits until the new file is whole, so a failed save never costs a good checkpoint
-        # (mf/compat.py "deferred checkpoint rotation": a manager without the method is a CompatError)
-        self._rotate = defer_checkpoint_rotation(self._manager, self._defer_rotation)
-        self._rotation_due = False
+        # keep_checkpoint_max: the stock monitor deletes the folder's oldest file (any run's) before writing the
+        # next one; here this run's oldest are removed once the new file is recorded, so a failed save never costs
+        # a good checkpoint and another run's files are never touched (mf/compat.py "deferred checkpoint
+        # rotation": a manager without the methods is a CompatError)
+        defer_checkpoint_rotation(self._manager, self._defer_rotation)
+        defer_checkpoint_rotation(self._manager, self._remove_if_own, "remove_ckpoint_file")
 
     def on_train_begin(self, run_context):
         super().on_train_begin(run_context)
@@ -135,7 +144,36 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
               f"{resume_command()}", flush=True)
 
     def _defer_rotation(self):
-        self._rotation_due = True
+        """The stock rotation's turn: nothing now (``_rotate_own`` runs after the new file is recorded)."""
+
+    def _own_entries(self, directory):
+        return sorted((e for e in ckpt_manifest.read_manifest(directory) if e.get("run_id") == self._run_id),
+                      key=lambda e: e["step"])
+
+    def _rotate_own(self, directory):
+        """Remove this run's oldest checkpoints beyond ``keep_checkpoint_max`` (manifest entries first)."""
+        keep = self._config.keep_checkpoint_max
+        if not keep or keep <= 0:
+            return
+        old = [e["file"] for e in self._own_entries(directory)[:-keep]]
+        if not old:
+            return
+        ckpt_manifest.forget(directory, old)
+        for name in old:
+            path = os.path.join(directory, name)
+            if os.path.exists(path):
+                os.remove(path)
+
+    def _remove_if_own(self, file_name):
+        """CheckpointManager.remove_ckpoint_file (keep_checkpoint_per_n_minutes) for this run's files only."""
+        directory = os.path.dirname(file_name)
+        if os.path.basename(file_name) not in {e["file"] for e in self._own_entries(directory)}:
+            return
+        ckpt_manifest.forget(directory, [os.path.basename(file_name)])
+        if os.path.exists(file_name):
+            os.remove(file_name)
+        if file_name in self._manager.ckpoint_filelist:
+            self._manager.ckpoint_filelist.remove(file_name)
 
     def _remove_stale_partials(self):
         for path in glob.glob(os.path.join(self._directory, ckpt_manifest.PARTIAL_PREFIX + "*")):
@@ -163,7 +201,7 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
         except Exception as err:  # pylint: disable=broad-except  (safetensors raises its own SafetensorError)
             if not self._out_of_space(err, partial):
                 raise
-            self._written, self._rotation_due = None, False
+            self._written = None
             message = self._space_message(directory, name, step, err)
             # ours, and MindSpore's own temp name for it (<partial stem>.tmp)
             for path in glob.glob(os.path.splitext(partial)[0] + ".*"):
@@ -177,11 +215,9 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
                                   f"to keep training and retry at the next save.") from err
         os.replace(partial, cur_file)
         ckpt_manifest.fsync_path(directory)
-        if self._rotation_due:
-            self._rotation_due = False
-            self._rotate()
         ckpt_manifest.record(directory, cur_file, append_dict.get("step_num", 0), run=self._run_record,
-                             checksum=self._checksum)
+                             checksum=self._checksum, run_id=self._run_id)
+        self._rotate_own(directory)
 
     @staticmethod
     def _out_of_space(err, partial):

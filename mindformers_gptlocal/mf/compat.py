@@ -221,10 +221,12 @@ PATCHES = (
            Target("mindformers.trainer.utils", "validate_checkpoint_config", ("ckpt_config",))),
           True, None, ("1.9",)),
     Patch("deferred checkpoint rotation", "mf/checkpoint_monitor.py (defer_checkpoint_rotation)",
-          "keep_checkpoint_max: the stock monitor deletes the oldest file before writing the next; the private "
-          "CheckpointManager.remove_oldest_ckpoint_file of the monitor's _manager is replaced so the deletion waits "
-          "until the new file is whole.",
+          "keep_checkpoint_max: the stock monitor deletes the oldest file in the folder (any run's) before writing "
+          "the next; the private CheckpointManager.remove_oldest_ckpoint_file of the monitor's _manager is replaced "
+          "so the deletion waits until the new file is whole and takes only this run's oldest (manifest run_id), "
+          "and remove_ckpoint_file (keep_checkpoint_per_n_minutes) so it removes only this run's files.",
           (Target(MS_CHECKPOINT, "CheckpointManager.remove_oldest_ckpoint_file", ("self",)),
+           Target(MS_CHECKPOINT, "CheckpointManager.remove_ckpoint_file", ("self", "file_name")),
            Target(MS_CHECKPOINT, "ModelCheckpoint.__init__", assigns=("_manager",)))),
     Patch("crash-safe checkpoint writes", "mf/checkpoint_monitor.py GPTLocalCheckpointMonitor",
           "CheckpointMonitor.remove_redundancy is where a checkpoint file is written: overridden to write a temp "
@@ -384,14 +386,15 @@ def require(mode="strict"):
                           f" (set `{MODE_KEY}: warn` at the run YAML's top level to run anyway)")
 
 
-def defer_checkpoint_rotation(manager, deferred):
-    """Replace ``manager.remove_oldest_ckpoint_file`` by ``deferred``; returns the original. A manager without
-    it is one CompatError naming the patch (assigning would silently add an attribute nobody calls)."""
-    original = getattr(manager, "remove_oldest_ckpoint_file", None)
+def defer_checkpoint_rotation(manager, deferred, method="remove_oldest_ckpoint_file"):
+    """Replace ``manager.<method>`` (``remove_oldest_ckpoint_file``, or ``remove_ckpoint_file``) by ``deferred``;
+    returns the original. A manager without it is one CompatError naming the patch (assigning would silently add
+    an attribute nobody calls)."""
+    original = getattr(manager, method, None)
     if not callable(original):
         raise CompatError(message("deferred checkpoint rotation",
-                                  [f"{type(manager).__name__} has no remove_oldest_ckpoint_file"]))
-    manager.remove_oldest_ckpoint_file = deferred
+                                  [f"{type(manager).__name__} has no {method}"]))
+    setattr(manager, method, deferred)
     return original
 
 

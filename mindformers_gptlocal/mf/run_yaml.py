@@ -9,15 +9,19 @@ like them:
   CheckpointMonitor writes; on many ranks, to the step every rank folder holds;
 - the resume step and the global batch handed to gpt_local's callbacks, which the trainer tells only callbacks typed
   exactly ``CheckpointMonitor``, and what the run is, stored with each checkpoint;
-- ``runner_config.stop_step`` turned into the callback that stops (MindFormers 1.8 reads it and never stops).
+- ``runner_config.stop_step`` turned into the callback that stops (MindFormers 1.8 reads it and never stops);
+- ``overwrite_output_dir: True``: the earlier run's checkpoint folder and model directories removed (``start_over``),
+  so a later resume cannot take its checkpoints for this run's.
 """
 import os
+import shutil
 
-from ..checkpoint.resume import check_same_run, common_rank_checkpoint, find_resume_checkpoint, run_record
+from ..checkpoint.resume import check_same_run, common_rank_checkpoint, earlier_run, find_resume_checkpoint, run_record
 from ..model.weights import check_matches_config
 from ..parallel.layout import Layout
 from ..parallel.rules import global_batch_size as batch_formula
-from ..preflight.inputs import check_safetensors_only
+from ..errors import ConfigError
+from ..preflight.inputs import OVERWRITE_KEY, check_safetensors_only, model_subdirs
 from ..safetensors_io import resolve_weights_file
 
 
@@ -29,6 +33,7 @@ def rewrite_for_trainer(config, model_config, log=print):
         check_matches_config(config.load_checkpoint, model_config)
     configure_checkpoint_monitor(config, model_config)
     honor_stop_step(config)
+    start_over(config, log)
 
 
 def resolve_checkpoint(config, model_config, log=print):
@@ -105,6 +110,35 @@ def _tell_callbacks(config, info):
         if callback.get("type") == "GPTLocalCheckpointMonitor":
             callback["append_info"] = [{"epoch_num": int(info.get("epoch_num", 0)), "step_num": step,
                                         "global_step": step, "loss_scale": info.get("loss_scale", 1)}]
+            if info.get("run_id"):
+                callback["run_id"] = info["run_id"]  # the resumed checkpoints are this run's: rotation may remove them
+
+
+def start_over(config, log=print):
+    """``overwrite_output_dir: True`` on an output_dir holding an earlier run (``check_earlier_run`` let it pass):
+    remove that run's checkpoint folder and model directories before anything is written, so its checkpoints
+    are never resumed as this run's. Rank 0 removes them all, every other rank its own ``rank_<r>`` folder (its
+    disk may be its own); no rank writes a checkpoint before every rank is past its pre-flight (the first save
+    follows a step all ranks take)."""
+    if not config.get(OVERWRITE_KEY) or config.run_mode not in ("train", "finetune"):
+        return
+    out = str(config.get("output_dir") or "./output")
+    found = earlier_run(out, model_subdirs(config))
+    if found is None:
+        return
+    rank = _this_rank()
+    doomed = [found.checkpoint_dir, *found.model_dirs] if rank == 0 else \
+        [os.path.join(found.checkpoint_dir, f"rank_{rank}")]
+    doomed = [path for path in doomed if os.path.lexists(path)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)  # another rank may remove the same folder at the same time
+        if os.path.exists(path):
+            raise ConfigError(f"{OVERWRITE_KEY}: {path} could not be removed (permissions?); remove it yourself "
+                              f"or pass a new --output_dir.")
+    newest = f" (newest checkpoint: step {found.step})" if found.checkpoint else ""
+    if rank == 0:
+        log(f"[gptlocal] {OVERWRITE_KEY}: removed the earlier run in {out}{newest}: "
+            f"{', '.join(doomed)}; starting over")
 
 
 def honor_stop_step(config):

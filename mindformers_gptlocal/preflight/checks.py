@@ -6,8 +6,8 @@ mis-shaped data, token ids the embedding cannot hold, sequence lengths that
 disagree, a tokenizer larger than the vocabulary, a checkpoint of another size,
 a damaged or pickle-based checkpoint, a checkpoint folder single-card
 MindFormers will not load, resume without a checkpoint, an unwritable output
-folder. More checks live in ``inputs.py``; the checkpoint ones run while ``mf/run_yaml.py`` resolves the
-file to load (``preflight`` calls it after ``check_run``).
+folder, an output folder that holds an earlier run. More checks live in ``inputs.py``; the checkpoint ones run
+while ``mf/run_yaml.py`` resolves the file to load (``preflight`` calls it after ``check_run``).
 """
 import os
 
@@ -17,7 +17,7 @@ from ..errors import ConfigError, DataError
 from ..mf.compat import MODE_KEY as COMPAT_MODE, is_gpt_local, require as require_compat
 from ..mf.run_yaml import rewrite_for_trainer
 from ..parallel.rules import check_yaml_layout, launch_device_count, raise_if_bad
-from .inputs import (check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
+from .inputs import (check_earlier_run, check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
                            check_device, check_structure,
                            check_tokenizers)
 from .sections import check_sections
@@ -220,6 +220,7 @@ def check_run(config, log=print):
     model_config = model_config_of(config)
     check_layout(config)
     check_output_dir(config)
+    check_earlier_run(config)  # a run already in output_dir: resume, overwrite or a new folder
     check_data_present(config)  # a missing file is named as missing, not by what lies beside it
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_tokenizer_identity(config, log)  # model, data and saved tokenizer: one tokenizer (tokenizers.py)

@@ -103,6 +103,57 @@ def check_output_dir(config):
                           f"--output_dir) to a folder you can write.") from err
 
 
+OVERWRITE_KEY = "overwrite_output_dir"  # the run YAML's top-level key (gptlocal run --overwrite_output_dir True)
+
+
+def model_subdirs(config):
+    """The model directories a run writes under output_dir: each GPTLocalSaveModelDir's ``subdir``, and model/."""
+    subdirs = ["model"]
+    for callback in config.get("callbacks") or []:
+        if isinstance(callback, dict) and callback.get("type") == "GPTLocalSaveModelDir":
+            subdirs.append(str(callback.get("subdir") or "model"))
+    return tuple(dict.fromkeys(subdirs))
+
+
+def check_earlier_run(config):
+    """A training run never lands silently on an earlier one: an output_dir that holds a run's checkpoints or model
+    directory is refused, naming its newest checkpoint and step and the choices, unless the run resumes it
+    (``resume_training``) or says ``overwrite_output_dir: True`` (``mf/run_yaml.py start_over`` then removes them).
+    Decided from the files present before the run starts, so every rank of a launch decides the same."""
+    from ..checkpoint.resume import earlier_run  # pylint: disable=import-outside-toplevel
+    overwrite = config.get(OVERWRITE_KEY)
+    if overwrite is not None and not isinstance(overwrite, bool):
+        raise ConfigError(f"{OVERWRITE_KEY} is {overwrite!r}; use True (start over: the earlier run's checkpoints "
+                          f"and model directory in output_dir are deleted) or False.")
+    if config.run_mode not in ("train", "finetune"):
+        return
+    if overwrite and config.get("resume_training"):
+        raise ConfigError(f"resume_training and {OVERWRITE_KEY} are both set: resume continues the run in output_dir, "
+                          f"overwrite deletes it; keep one.")
+    out = str(config.get("output_dir") or "./output")
+    found = earlier_run(out, model_subdirs(config))
+    if found is None or config.get("resume_training"):
+        return
+    if overwrite:
+        checkpoint = config.get("load_checkpoint")
+        doomed = [found.checkpoint_dir, *found.model_dirs]
+        if isinstance(checkpoint, str) and checkpoint and any(
+                os.path.commonpath([os.path.abspath(checkpoint), os.path.abspath(d)]) == os.path.abspath(d)
+                for d in doomed):
+            raise ConfigError(f"load_checkpoint {checkpoint} is inside what {OVERWRITE_KEY} deletes (the earlier "
+                              f"run's {', '.join(doomed)}); copy the weights elsewhere first, or pass a new "
+                              f"--output_dir.")
+        return
+    held = []
+    if found.checkpoint:
+        held.append(f"newest checkpoint {found.checkpoint} (step {found.step})")
+    held += [f"model directory {d}" for d in found.model_dirs]
+    raise ConfigError(f"output_dir {out} holds a training run: {', '.join(held)}; a new run would start at step 1 "
+                      f"and replace it. Continue it with --resume_training True (a finished run: with a larger "
+                      f"runner_config.epochs), start over with --{OVERWRITE_KEY} True (deletes its checkpoint folder "
+                      f"and model directory), or pass a new --output_dir.")
+
+
 def check_mindrecord_schema(reader, path, key, columns):
     """Every column the YAML feeds the model is present, token columns hold integers."""
     schema = reader.schema() if hasattr(reader, "schema") else {}

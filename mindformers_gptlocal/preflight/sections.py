@@ -27,6 +27,7 @@ EXTRA_TOP_LEVEL = (
     "moe_config", "src_strategy_path_or_dir", "load_ckpt_async", "remove_redundancy", "use_legacy_format",
     "data_simplification", "jit_level", "infer_boost", "print_separate_loss",
     "gptlocal_compat",  # ours: strict (default) or warn, mf/compat.py require
+    "overwrite_output_dir",  # ours: start over on an earlier run in output_dir (preflight/inputs.py check_earlier_run)
 )
 CONTEXT_KEYS = (
     "mode", "device_target", "device_id", "max_device_memory", "max_call_depth", "save_graphs", "save_graphs_path",

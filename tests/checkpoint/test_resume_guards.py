@@ -111,9 +111,25 @@ def full_disk_then_resumed(stopped_run, tmp_path_factory):
     before = _snapshot(folder)
     limited = _run_limited(run, size // 2)
     after_refusal = _snapshot(folder)
+    foreign = _foreign_checkpoints(folder)
     resumed = _resume(run)
     return {"run": run, "folder": folder, "size": size, "before": before, "limited": limited,
-            "after_refusal": after_refusal, "resumed": resumed}
+            "after_refusal": after_refusal, "resumed": resumed, "foreign": foreign}
+
+
+def _foreign_checkpoints(folder):
+    """Two checkpoints of other runs beside the stopped run's, named like its own and older than all: one no
+    manifest lists, one listed with another run_id. MindSpore's rotation removed the folder's oldest file."""
+    newest = ckpt_manifest.read_manifest(str(folder))[-1]
+    prefix = newest["file"].rsplit("-", 1)[0]
+    foreign = {}
+    for name, run_id in ((f"{prefix}-9_1.safetensors", None), (f"{prefix}-9_0.safetensors", "another-run")):
+        shutil.copyfile(folder / newest["file"], folder / name)
+        os.utime(folder / name, (1, 1))
+        if run_id:
+            ckpt_manifest.record(str(folder), str(folder / name), 0, run_id=run_id)
+        foreign[name] = _snapshot(folder)[name]
+    return foreign
 
 
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly(full_disk_then_resumed):
@@ -130,6 +146,13 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly
     code, out = full_disk_then_resumed["resumed"]
     assert code == 0, out[-3000:]
     assert f"(step {N})" in out
+    # keep_checkpoint_max (2) kept the run's newest two; the other runs' files are untouched
+    entries = ckpt_manifest.read_manifest(str(folder))
+    assert sorted(e["step"] for e in entries if e.get("run_id") != "another-run") == [2 * N - 1, 2 * N], entries
+    snapshot = _snapshot(folder)
+    assert {name: snapshot.get(name) for name in full_disk_then_resumed["foreign"]} == \
+        full_disk_then_resumed["foreign"]
+    assert len([name for name in snapshot if name.endswith(".safetensors")]) == 4, sorted(snapshot)
 
 
 def test_full_disk_with_on_save_error_continue_trains_on(stopped_run, tmp_path):

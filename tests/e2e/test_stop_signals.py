@@ -1,7 +1,12 @@
 """Stopping safely: SIGINT / SIGTERM during training finish the step, save a checkpoint, name it and the command that
 resumes, and exit 130 / 143; the resumed run's losses equal an uninterrupted run's step for step (dropout on: its
 state is in the checkpoint; shuffled data: its position too). The checkpoint monitor saves every 100,000 steps as
-the shipped YAMLs do, so the checkpoint is the stop's own. Two-rank msrun runs: tests/e2e/test_msrun.py."""
+the shipped YAMLs do, so the checkpoint is the stop's own. Two-rank msrun runs: tests/e2e/test_msrun.py.
+
+The slip after a Ctrl-C, the same line again without --resume_training, is refused before its first step, the
+stopped run's files byte for byte as they were, and so is it on the finished run (both launchers);
+--overwrite_output_dir True then starts over (tests/preflight/test_earlier_run.py: the same on made-up files)."""
+import hashlib
 import os
 import re
 import shlex
@@ -12,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import Launch, source_env, step_losses, tiny_yaml
+from conftest import Launch, launch_in_process, source_env, step_losses, tiny_yaml
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 
@@ -71,6 +76,21 @@ def _interrupted(command, cwd, signum, again_after=None):
     return code, open(log_path).read(), time.time() - sent
 
 
+def _snapshot(folder):
+    """relative path -> sha256 of every file under ``folder`` but MindFormers' logs."""
+    result = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.relpath(path, folder).split(os.sep)[0] != "log":
+                with open(path, "rb") as handle:
+                    result[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
+    return result
+
+
+REFUSED = "holds a training run: newest checkpoint "
+
+
 def _stopped_at(out, signame):
     """(step, checkpoint file, resume command) from the stop's line."""
     found = re.search(rf"\[gptlocal\] stopped after step (\d+) \({signame}\): checkpoint (\S+); resume: (.+)$", out,
@@ -79,9 +99,12 @@ def _stopped_at(out, signame):
     return int(found.group(1)), found.group(2), found.group(3)
 
 
-def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, tmp_path, uninterrupted):
+def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, tmp_path, uninterrupted, capsys,
+                                                                       monkeypatch):
     """Ctrl-C through `gptlocal run`: the launcher holds the signals before MindSpore starts, so SIGINT is seen as
-    SIGINT (MindSpore's own handler would turn it into SIGTERM); the printed command resumes it."""
+    SIGINT (MindSpore's own handler would turn it into SIGTERM); the printed command resumes it. The same line
+    without --resume_training, on the stopped run and on the finished one, is refused with their files intact;
+    --overwrite_output_dir True starts over."""
     yaml_path = _yaml(tmp_path / "part", corpus)
     code, out, _ = _interrupted([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path],
                                 str(tmp_path / "part"), signal.SIGINT)
@@ -98,14 +121,36 @@ def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, 
 
     losses = _reference_losses(uninterrupted)
     assert step_losses(out) == losses[:step]
-    words = shlex.split(resume)
-    assert words[:2] == ["gptlocal", "run"]
-    code, resumed = Launch(words[2:], cwd=str(tmp_path / "part")).result()
-    assert code == 0, resumed[-3000:]
-    assert f"(step {step})" in resumed, resumed[-3000:]
-    print(f"\n[stop test] SIGINT after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
-          f"{losses[step:]}")
-    assert step_losses(resumed) == losses[step:]
+    output = tmp_path / "part" / "output"
+    for state in ("stopped", "finished"):  # the same line again, without --resume_training: refused, nothing lost
+        before = _snapshot(output)
+        code, refused = launch_in_process(["--config", yaml_path], str(tmp_path / "part"), capsys, monkeypatch)
+        assert code == 2 and refused.count("\n") == 1, (state, refused)
+        newest = entries[0]["file"] if state == "stopped" else f"{entries[0]['file'].split('-')[0]}-1_{STEPS}."
+        assert f"output_dir {output} {REFUSED}{output / 'checkpoint' / newest}" in refused, (state, refused)
+        assert _snapshot(output) == before, state
+        if state == "stopped":
+            words = shlex.split(resume)
+            assert words[:2] == ["gptlocal", "run"]
+            code, resumed = Launch(words[2:], cwd=str(tmp_path / "part")).result()
+            assert code == 0, resumed[-3000:]
+            assert f"(step {step})" in resumed, resumed[-3000:]
+            print(f"\n[stop test] SIGINT after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
+                  f"{losses[step:]}")
+            assert step_losses(resumed) == losses[step:]
+            model = _snapshot(output / "model")
+
+    # starting over takes the word: the earlier run's checkpoints and model directory are replaced by the new run's
+    code, again = Launch(["--config", yaml_path, "--overwrite_output_dir", "True", "--runner_config.stop_step", "2"],
+                         cwd=str(tmp_path / "part")).result()
+    assert code == 0, again[-3000:]
+    assert f"[gptlocal] overwrite_output_dir: removed the earlier run in {output} (newest checkpoint: step {STEPS})" \
+        in again, again[-3000:]
+    assert step_losses(again) == losses[:2]
+    entries = ckpt_manifest.read_manifest(str(output / "checkpoint"))
+    assert [e["step"] for e in entries] == [2], entries
+    assert [n for n in os.listdir(output / "checkpoint") if n.endswith(".safetensors")] == [entries[0]["file"]]
+    assert _snapshot(output / "model")["model.safetensors"] != model["model.safetensors"]
 
 
 MINDFORMERS_LAUNCHER = """import sys
@@ -126,7 +171,8 @@ print("TRAINED")
 
 def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exactly(corpus, tmp_path, uninterrupted):
     """SIGTERM (a scheduler's preemption) under MindFormers' own launcher: gpt_local's callback handles it there too;
-    nothing after Trainer.train() runs, the process ends with 143."""
+    nothing after Trainer.train() runs, the process ends with 143. The launch again without --resume_training, on
+    the stopped run and on the finished one, is refused (the pre-flight in build_context) with their files intact."""
     yaml_path = _yaml(tmp_path / "part", corpus)
     script = tmp_path / "run_mindformer.py"
     script.write_text(MINDFORMERS_LAUNCHER)
@@ -138,13 +184,24 @@ def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exac
 
     losses = _reference_losses(uninterrupted)
     assert step_losses(out) == losses[:step]
-    second = subprocess.run([sys.executable, str(script), yaml_path, "--resume_training"], cwd=str(tmp_path / "part"),
-                            env=source_env(), capture_output=True, text=True, timeout=600)
-    resumed = second.stdout + second.stderr
-    assert second.returncode == 0 and "TRAINED" in resumed, resumed[-3000:]
-    print(f"\n[stop test] SIGTERM after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
-          f"{losses[step:]}")
-    assert step_losses(resumed) == losses[step:]
+    output = tmp_path / "part" / "output"
+    for state in ("stopped", "finished"):  # the launch again without --resume_training: refused, nothing lost
+        before = _snapshot(output)
+        again = subprocess.run([sys.executable, str(script), yaml_path], cwd=str(tmp_path / "part"),
+                               env=source_env(), capture_output=True, text=True, timeout=600)
+        refused = again.stdout + again.stderr
+        assert again.returncode != 0 and "TRAINED" not in refused, (state, refused[-3000:])
+        assert f"output_dir {output} {REFUSED}" in refused and "[gptlocal] step 1/" not in refused, refused[-3000:]
+        assert _snapshot(output) == before, state
+        if state == "stopped":
+            second = subprocess.run([sys.executable, str(script), yaml_path, "--resume_training"],
+                                    cwd=str(tmp_path / "part"), env=source_env(), capture_output=True, text=True,
+                                    timeout=600)
+            resumed = second.stdout + second.stderr
+            assert second.returncode == 0 and "TRAINED" in resumed, resumed[-3000:]
+            print(f"\n[stop test] SIGTERM after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
+                  f"{losses[step:]}")
+            assert step_losses(resumed) == losses[step:]
 
 
 def test_a_second_signal_stops_at_once_and_leaves_no_torn_checkpoint(corpus, tmp_path):
