@@ -170,8 +170,8 @@ def check_same_run(recorded, current, checkpoint, step):
     raise CheckpointError(
         f"resume_training: {keys} when {checkpoint} (step {step}) was saved. Resuming would silently continue a "
         f"different run. Put {'it' if len(changed) == 1 else 'them'} back to the saved value"
-        f"{'' if len(changed) == 1 else 's'}, or start a new run (drop --resume_training, or use a new "
-        f"output_dir; load_checkpoint without resume_training takes the weights only).")
+        f"{'' if len(changed) == 1 else 's'}, or start a new run in a new output_dir (load_checkpoint "
+        f"without resume_training takes the weights only).")
 
 
 def _plain(value):

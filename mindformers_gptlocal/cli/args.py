@@ -350,7 +350,9 @@ YAML after the flags above, its VALUE parsed as YAML, e.g.
       --runner_config.stop_step 10 --model.model_config.seq_length 128 --pretrained_model_dir output/model
 The flags are those of MindFormers' own run_mindformer.py (the same in 1.8 and 1.9, the versions gpt_local
 supports), spelled as there (--device_target); the dashed spelling (--device-target) is accepted too. Ctrl-C or
-SIGTERM during training saves a checkpoint and stops (docs/reliability.md)."""
+SIGTERM during training saves a checkpoint and stops; a training run into an output_dir that holds a run is
+refused unless --resume_training True continues it or --overwrite_output_dir True starts over
+(docs/reliability.md)."""
 
 
 def run_parser():
