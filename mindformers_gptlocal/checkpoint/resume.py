@@ -260,5 +260,6 @@ def earlier_run(output_dir, model_subdirs=("model",)):
               if os.path.isdir(os.path.join(output_dir, sub)) and os.listdir(os.path.join(output_dir, sub))]
     if not found and not models:
         return None
-    step, newest = max(found, key=lambda item: (item[0], item[1])) if found else (None, None)
+    step = max(item[0] for item in found) if found else None
+    newest = min(path for s, path in found if s == step) if found else None  # a tie: rank_0's, as the walk sorts
     return EarlierRun(folder, newest, step, models)

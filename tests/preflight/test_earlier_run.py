@@ -48,7 +48,7 @@ def test_what_an_earlier_run_left_is_found_the_same_by_every_rank(tmp_path):
     (out / "log").mkdir()
     assert earlier_run(str(out)) is None  # an unfinished temp file and logs are no run
     _checkpoints(out / "checkpoint" / "rank_0", [4, 12])
-    _checkpoints(out / "checkpoint" / "rank_1", [4, 8])
+    _checkpoints(out / "checkpoint" / "rank_1", [4, 12])
     found = earlier_run(str(out))
     assert (found.checkpoint, found.step, found.model_dirs) == (
         str(out / "checkpoint" / "rank_0" / "gpt_local-1_12.safetensors"), 12, [])
