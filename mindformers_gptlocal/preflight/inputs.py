@@ -115,9 +115,25 @@ def model_subdirs(config):
     return tuple(dict.fromkeys(subdirs))
 
 
+def _inside(path, folder):
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def resumes_output_dir(config):
+    """Whether a ``resume_training`` run continues the run in its own ``<output_dir>/checkpoint`` (as
+    ``mf/run_yaml.py resume_folder`` picks it: load_checkpoint unset, a model directory, or inside that folder)."""
+    source = config.get("load_checkpoint")
+    if not source or not isinstance(source, str):
+        return True
+    if os.path.isdir(source) and os.path.isfile(os.path.join(source, "config.json")):
+        return True
+    return _inside(source, os.path.join(str(config.get("output_dir") or "./output"), "checkpoint"))
+
+
 def check_earlier_run(config):
     """A training run never lands silently on an earlier one: an output_dir that holds a run's checkpoints or model
-    directory is refused, naming its newest checkpoint and step and the choices, unless the run resumes it
+    directory is refused, naming its newest checkpoint and step and the choices, unless the run resumes that run
     (``resume_training``) or says ``overwrite_output_dir: True`` (``mf/run_yaml.py start_over`` then removes them).
     Decided from the files present before the run starts, so every rank of a launch decides the same."""
     from ..checkpoint.resume import earlier_run  # pylint: disable=import-outside-toplevel
@@ -127,19 +143,18 @@ def check_earlier_run(config):
                           f"and model directory in output_dir are deleted) or False.")
     if config.run_mode not in ("train", "finetune"):
         return
-    if overwrite and config.get("resume_training"):
+    resume = bool(config.get("resume_training"))
+    if overwrite and resume and resumes_output_dir(config):
         raise ConfigError(f"resume_training and {OVERWRITE_KEY} are both set: resume continues the run in output_dir, "
                           f"overwrite deletes it; keep one.")
     out = str(config.get("output_dir") or "./output")
     found = earlier_run(out, model_subdirs(config))
-    if found is None or config.get("resume_training"):
+    if found is None or (resume and resumes_output_dir(config)):
         return
     if overwrite:
         checkpoint = config.get("load_checkpoint")
         doomed = [found.checkpoint_dir, *found.model_dirs]
-        if isinstance(checkpoint, str) and checkpoint and any(
-                os.path.commonpath([os.path.abspath(checkpoint), os.path.abspath(d)]) == os.path.abspath(d)
-                for d in doomed):
+        if isinstance(checkpoint, str) and checkpoint and any(_inside(checkpoint, d) for d in doomed):
             raise ConfigError(f"load_checkpoint {checkpoint} is inside what {OVERWRITE_KEY} deletes (the earlier "
                               f"run's {', '.join(doomed)}); copy the weights elsewhere first, or pass a new "
                               f"--output_dir.")
@@ -148,6 +163,11 @@ def check_earlier_run(config):
     if found.checkpoint:
         held.append(f"newest checkpoint {found.checkpoint} (step {found.step})")
     held += [f"model directory {d}" for d in found.model_dirs]
+    if resume:
+        raise ConfigError(f"output_dir {out} holds another training run: {', '.join(held)}; resuming "
+                          f"{config.get('load_checkpoint')} into it would replace its model directory and mix the two "
+                          f"runs' checkpoints. Pass a new --output_dir, or --{OVERWRITE_KEY} True to delete that run "
+                          f"first.")
     raise ConfigError(f"output_dir {out} holds a training run: {', '.join(held)}; a new run would start at step 1 "
                       f"and replace it. Continue it with --resume_training True (a finished run: with a larger "
                       f"runner_config.epochs), start over with --{OVERWRITE_KEY} True (deletes its checkpoint folder "

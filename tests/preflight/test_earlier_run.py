@@ -86,7 +86,7 @@ def test_a_new_run_on_an_earlier_one_is_refused_naming_its_newest_checkpoint(ear
     assert _snapshot(out) == before and sorted(os.listdir(out)) == ["checkpoint", "model"]  # nothing written
 
 
-def test_overwrite_with_resume_or_loading_what_it_deletes_is_refused(earlier, tmp_path, capsys, monkeypatch):
+def test_overwrite_with_resume_loading_what_it_deletes_or_resuming_another_run_is_refused(earlier, tmp_path, capsys, monkeypatch):
     yaml_path, out = earlier
     before = _snapshot(out)
     code, text = launch_in_process(["--config", yaml_path, "--overwrite_output_dir", "True", "--resume_training",
@@ -95,6 +95,12 @@ def test_overwrite_with_resume_or_loading_what_it_deletes_is_refused(earlier, tm
     code, text = launch_in_process(["--config", yaml_path, "--overwrite_output_dir", "True", "--load_checkpoint",
                                     str(out / "model")], str(tmp_path), capsys, monkeypatch)
     assert code == 2 and f"load_checkpoint {out / 'model'} is inside what overwrite_output_dir deletes" in text, text
+    other = tmp_path / "other_run" / "checkpoint"  # resuming another run's checkpoints into this output_dir
+    _checkpoints(other, [2])
+    code, text = launch_in_process(["--config", yaml_path, "--resume_training", "True", "--load_checkpoint",
+                                    str(other)], str(tmp_path), capsys, monkeypatch)
+    assert code == 2 and f"output_dir {out} holds another training run: newest checkpoint " in text, text
+    assert f"resuming {other} into it would replace its model directory" in text, text
     config = yaml_io.load_yaml(yaml_path)
     config["overwrite_output_dir"] = "yes"
     yaml_io.dump_yaml(config, yaml_path)
