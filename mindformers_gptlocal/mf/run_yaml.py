@@ -15,6 +15,7 @@ like them:
 """
 import os
 import shutil
+import time
 
 from ..checkpoint.resume import check_same_run, common_rank_checkpoint, earlier_run, find_resume_checkpoint, run_record
 from ..model.weights import check_matches_config
@@ -122,6 +123,8 @@ def start_over(config, log=print):
     follows a step all ranks take)."""
     if not config.get(OVERWRITE_KEY) or config.run_mode not in ("train", "finetune"):
         return
+    if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs the script too: it is no rank
+        return
     out = str(config.get("output_dir") or "./output")
     found = earlier_run(out, model_subdirs(config))
     if found is None:
@@ -131,8 +134,12 @@ def start_over(config, log=print):
         [os.path.join(found.checkpoint_dir, f"rank_{rank}")]
     doomed = [path for path in doomed if os.path.lexists(path)]
     for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)  # another rank may remove the same folder at the same time
-        if os.path.exists(path):
+        for _ in range(50):  # another rank may be removing the same folder: its rmdir waits for that one's files
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                break
+            time.sleep(0.1)
+        else:
             raise ConfigError(f"{OVERWRITE_KEY}: {path} could not be removed (permissions?); remove it yourself "
                               f"or pass a new --output_dir.")
     newest = f" (newest checkpoint: step {found.step})" if found.checkpoint else ""

@@ -121,6 +121,11 @@ def test_overwrite_removes_the_earlier_run_rank_0_all_other_ranks_their_own(tmp_
     (out / "log").mkdir()
     config = _Config(run_mode="train", output_dir=str(out), overwrite_output_dir=True)
     lines = []
+    monkeypatch.delenv("RANK_ID", raising=False)
+    monkeypatch.setenv("MS_ROLE", "MS_SCHED")  # msrun's scheduler runs the launcher too: it removes nothing
+    start_over(config, lines.append)
+    assert earlier_run(str(out)).model_dirs == [str(out / "model")] and len(os.listdir(out / "checkpoint")) == 3
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
     monkeypatch.setenv("RANK_ID", "1")
     start_over(config, lines.append)
     assert sorted(os.listdir(out / "checkpoint")) == ["rank_0", "rank_2"] and not lines
