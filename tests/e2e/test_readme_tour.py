@@ -193,13 +193,17 @@ def _check(line, out, root):
         assert os.path.isfile(root / "output" / "finetune" / "model" / "model.safetensors")
     elif "finetune_gpt_local_tiny_cpu.yaml" in line:
         assert "--runner_config.stop_step 10" in line and "[gptlocal] training done: 10 steps" in out, out[-2000:]
+        assert f"step 10/{10 + RESUMED_STEPS}" in out and "10 of the finetune's 23 steps" in line, out[-2000:]
+        assert f"stopped at step 10 of {10 + RESUMED_STEPS} by runner_config.stop_step" in out, out[-2000:]
+        assert os.path.isfile(root / "output" / "finetune" / "model" / "model.safetensors")  # the step-10 model
+        assert "output/finetune/model" in line, line  # and the line says so
         from mindformers_gptlocal.checkpoint import manifest
         entries = manifest.read_manifest(str(root / "output" / "finetune" / "checkpoint"))
         assert entries and entries[-1]["step"] == 10, entries  # what the resume line continues
     elif "pretrain_gpt_local_tiny_cpu.yaml" in line:
         assert "[gptlocal] training done:" in out and len(out.splitlines()) < 40, out[-3000:]
         losses = re.findall(r"\[gptlocal\] step \d+/\d+\s+loss (\S+)", out)
-        assert losses and all(len(loss.replace(".", "").lstrip("0")) <= 4 for loss in losses), losses  # 4 digits
+        assert losses and all(len(loss.replace(".", "").lstrip("0")) == 4 for loss in losses), losses  # 4 digits
     elif "eval_gpt_local_tiny_cpu.yaml" in line:
         assert re.search(r"^\s+PPL\s+[0-9.]+", out, re.M), out[-2000:]
         assert "[MS_ALLOC_CONF]" not in out, out[-2000:]
@@ -213,7 +217,8 @@ def _check(line, out, root):
         assert "per device" in out or "peak" in out, out[-2000:]
     elif "run_msrun.sh" in line:
         assert "[WARNING]" not in out and "[gptlocal] training done:" in out, out[-3000:]  # rank 0's view only
-        assert out.count("[gptlocal] step 2/2") == 1, out[-3000:]
+        losses = re.findall(r"\[gptlocal\] step 2/\d+\s+loss (\S+)", out)
+        assert len(losses) == 1 and len(losses[0].replace(".", "").lstrip("0")) == 4, out[-3000:]  # 4 digits
         assert os.path.isfile(root / "output" / "msrun" / "model" / "model.safetensors")
     assert "Traceback" not in out, out[-3000:]
 
