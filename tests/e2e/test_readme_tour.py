@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -251,3 +252,21 @@ def _start_server(line, root, env):
         time.sleep(1)
     proc.kill()
     raise AssertionError("the server was not ready in 300 s")
+
+
+def test_the_from_python_example_writes_only_under_output(corpus, tmp_path):
+    """README's "From Python" block, as written, next to a tiny runs/quickstart/train/model: it prints its text and
+    writes nothing but under output/ (git-ignored), so a clone stays clean."""
+    from conftest import save_tiny_base
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    section = text[text.index("## From Python"):]
+    block = section[section.index("```python") + len("```python"):]
+    block = block[:block.index("```")]
+    save_tiny_base(tmp_path / "runs" / "quickstart" / "train" / "model", corpus, seed=0)
+    proc = subprocess.run([sys.executable, "-c", block], cwd=str(tmp_path), env=source_env(GLOG_v="3"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("def main("), proc.stdout[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["output", "runs"], os.listdir(tmp_path)
+    assert os.path.isfile(tmp_path / "output" / "exported" / "model.safetensors")
