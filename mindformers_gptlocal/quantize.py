@@ -96,7 +96,7 @@ def _plan(reader, dtype, log):
     return plan
 
 
-def quantize_model(model_dir, out_dir, dtype, log=None):
+def quantize_model(model_dir, out_dir, dtype="int8", log=None):
     """Write ``out_dir``: ``model_dir``'s model in ``dtype`` ("int8" or "bfloat16"; module docstring). Returns a
     summary dict (out, dtype, tensors, bytes of the weights file before and after)."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))

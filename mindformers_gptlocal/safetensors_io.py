@@ -20,6 +20,7 @@ import struct
 import numpy as np
 
 from .errors import CheckpointError
+from .staging import publish_file
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -244,11 +245,12 @@ def write_safetensors_streamed(path, plan, metadata=None):
 
 
 def atomic_write(path, write):
-    """``write(tmp)`` then rename tmp to ``path``: a crash never leaves a half-written file under ``path``."""
+    """``write(tmp)`` then rename tmp to ``path``: a crash never leaves a half-written file under ``path``, and the
+    file has the mode the umask gives a new one (the safetensors writer creates 0600; ``staging.publish_file``)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         write(tmp)
-        os.replace(tmp, path)
+        publish_file(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -2,9 +2,76 @@
 
 A failure (or Ctrl-C) removes the partial folder; an older ``out`` is only replaced once the new
 one is complete.
+
+Every file and folder this package publishes (model directories, prepared data, checkpoints) gets the
+permissions the process's umask gives a new one, whatever the writer made (``tempfile`` and the safetensors
+writer create 0600, MindSpore's checkpoints 0400, its checkpoint folders 0700): ``publish_file`` and
+``write_folder`` set them, fsync, and only then rename, so a crash leaves the old file or the whole new one.
 """
 import os
 import shutil
+import stat
+
+
+def umask():
+    """The process's umask, read without changing it (Linux's /proc; elsewhere set and put back at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_mode(directory=False, executable=False):
+    """The mode the umask gives a new folder (0755 under umask 0022, 0700 under 0077) or file (0644 / 0600)."""
+    return (0o777 if directory or executable else 0o666) & ~umask()
+
+
+def set_new_mode(path, mask=None):
+    """Give ``path`` (a file or a folder, not followed if a link) the mode ``new_mode`` says; a file keeps an
+    executable bit only if it had one."""
+    mask = umask() if mask is None else mask
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return
+    wide = 0o777 if stat.S_ISDIR(info.st_mode) or info.st_mode & 0o111 else 0o666
+    if stat.S_IMODE(info.st_mode) != wide & ~mask:
+        os.chmod(path, wide & ~mask)
+
+
+def fsync_path(path):
+    """Flush a file's or a folder's entry to disk (a folder: its renames)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_file(tmp, path):
+    """Move the finished ``tmp`` to ``path`` (same folder): the umask's mode, fsync, rename, fsync the folder."""
+    set_new_mode(tmp)
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def _publish_tree(folder):
+    """The umask's modes on ``folder`` and everything in it, each file flushed, before the folder is renamed."""
+    mask = umask()
+    for root, _, files in os.walk(folder):  # links to folders are not walked into
+        set_new_mode(root, mask)
+        for name in files:
+            path = os.path.join(root, name)
+            set_new_mode(path, mask)
+            if not os.path.islink(path):
+                fsync_path(path)
+    fsync_path(folder)
 
 
 def write_folder(out, build, error, overwrite=False, overwrite_flag=None):
@@ -27,6 +94,7 @@ def write_folder(out, build, error, overwrite=False, overwrite_flag=None):
     os.makedirs(staging)
     try:
         result = build(staging)
+        _publish_tree(staging)
         _replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -41,5 +109,6 @@ def _replace_dir(staging, out):
         backup = f"{out}.old-{os.getpid()}"
         os.replace(out, backup)
     os.replace(staging, out)
+    fsync_path(os.path.dirname(out))
     if backup:
         shutil.rmtree(backup, ignore_errors=True)

@@ -252,6 +252,11 @@ def hf_to_ms(hf_dir, out, allow_pickle=False):
     if not os.path.isdir(hf_dir):
         raise CheckpointError(f"--hf-dir {hf_dir} does not exist or is not a folder.")
     hf = read_json(os.path.join(hf_dir, "config.json"), "--hf-dir")
+    if hf.get("model_type") == "gpt_local":
+        raise CheckpointError(f"--hf-dir {hf_dir} is already a gpt_local model directory (config.json model_type "
+                              f"'gpt_local'): there is nothing to convert; generate, chat, serve and eval load it "
+                              f"directly (--model {hf_dir}), and convert ms2hf --ms-dir {hf_dir} makes a Hugging "
+                              f"Face one.")
     return framework.hf_to_ms(family_of_hf(hf), hf_dir, out, allow_pickle=allow_pickle, hf=hf)
 
 

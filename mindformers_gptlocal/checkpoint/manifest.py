@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 
+from ..staging import fsync_path
+
 MANIFEST = "manifest.json"
 PARTIAL_PREFIX = "partial-"
 
@@ -18,15 +20,6 @@ def sha256_of(path):
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def fsync_path(path):
-    """Flush a file or directory entry to disk (rename is durable only once its folder is synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_manifest(directory):

@@ -37,6 +37,7 @@ from .. import yaml_io
 from ..errors import CheckpointError
 from ..model.arch import Arch
 from ..safetensors_io import SafetensorsReader, resolve_weights_file
+from ..staging import publish_file
 from .family import Family, expected_shapes, foreign_shapes, to_foreign, to_local
 from .weights_io import read_ms_config, write_ms_dir
 
@@ -310,7 +311,7 @@ def ms_to_mf(ms_dir, out):
     partial = f"{out}.partial-{os.getpid()}.ckpt"
     try:
         ms.save_checkpoint(entries, partial)
-        os.replace(partial, out)
+        publish_file(partial, out)  # MindSpore writes 0400: the umask's mode
     finally:
         if os.path.exists(partial):
             os.remove(partial)

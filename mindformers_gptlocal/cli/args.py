@@ -12,22 +12,30 @@ import difflib
 import sys
 
 
-COMMANDS = {
+COMMANDS = {  # in a user's order (README's command table): data, train, use, serve, evaluate, then the tools
     "prepare-data": "text files, a folder or JSONL -> tokenizer, MindRecord and Megatron .bin/.idx",
-    "convert": "Hugging Face GPT-2, Llama/Qwen2 and GPT-NeoX <-> gpt_local model directories, exact (mf2ms/ms2mf: "
-               "MindFormers 1.x GPT-2)",
-    "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
     "run": "run a MindFormers YAML (train/finetune/eval/predict): the flags of run_mindformer.py",
-    "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
-    "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
+    "generate": "continue a prompt with a model directory (no YAML), streamed",
+    "chat": "chat with a model directory on stdin (its chat template), replies streamed",
     "serve": "an OpenAI-compatible HTTP server (completions, chat, streaming) with continuous batching (needs the "
              "[serve] extra)",
     "eval": "benchmark a model directory with lm-evaluation-harness tasks (needs the [eval] extra)",
-    "lora": "merge a pet_config run's LoRA adapters into the base weights",
+    "convert": "Hugging Face GPT-2, Llama/Qwen2 and GPT-NeoX <-> gpt_local model directories, exact (mf2ms/ms2mf: "
+               "MindFormers 1.x GPT-2)",
     "migrate-yaml": "a MindFormers 1.x GPT-2 YAML -> a gpt_local YAML (keys mapped or dropped, each said)",
-    "generate": "continue a prompt with a model directory (no YAML), streamed",
-    "chat": "chat with a model directory on stdin (its chat template), replies streamed",
-    "quantize": "a model directory -> an int8 or bfloat16 inference model directory (generate, chat, serve, eval)",
+    "lora": "merge a pet_config run's LoRA adapters into the base weights",
+    "quantize": "a model directory -> an int8 (default) or bfloat16 inference model directory (generate, chat, "
+                "serve, eval)",
+    "ckpt": "split a full checkpoint into per-rank shards for a (dp, mp, pp) layout, or merge them back",
+    "plan": "check a YAML's parallel layout, estimate per-device memory and communication (no devices)",
+    "quickstart": "the whole product on one CPU with no download: data, train, eval, generate",
+}
+
+
+# flags users bring from other tools: (a flag the parser must have, what to say instead of a near spelling)
+FLAG_HINTS = {
+    "--do-sample": ("--temperature", "sampling is already the default; --temperature 0 is greedy"),
+    "--greedy": ("--temperature", "use --temperature 0 for greedy decoding; sampling is the default"),
 }
 
 
@@ -65,10 +73,17 @@ class Parser(argparse.ArgumentParser):
         if extras:
             flags = [e.split("=", 1)[0] for e in extras if e.startswith("-")]
             known = sorted(self._all_flags())
-            hints = {f: difflib.get_close_matches(f.replace("_", "-"), known, n=2, cutoff=0.6) for f in flags}
-            hint = "; ".join(f"{f}: did you mean {' or '.join(h)}?" for f, h in hints.items() if h)
+            hint = "; ".join(h for h in (self._hint(f, known) for f in flags) if h)
             self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({hint})" if hint else ""))
         return namespace
+
+    def _hint(self, flag, known):
+        """What to say about the unknown ``flag``: its FLAG_HINTS line, else the closest known flags."""
+        needs, said = FLAG_HINTS.get(flag.replace("_", "-"), (None, None))
+        if needs in known:
+            return f"{flag}: {said}"
+        close = difflib.get_close_matches(flag.replace("_", "-"), known, n=2, cutoff=0.6)
+        return f"{flag}: did you mean {' or '.join(close)}?" if close else ""
 
     def _all_flags(self):
         flags = set()
@@ -488,7 +503,7 @@ def quantize_parser():
                                 "serve and eval load it like any other (docs/model-directory.md).")
     parser.add_argument("--model", required=True, help="the float gpt_local model directory")
     parser.add_argument("--out", required=True, help="new folder for the quantized model directory")
-    parser.add_argument("--dtype", required=True, help="int8 or bfloat16")
+    parser.add_argument("--dtype", default="int8", help="int8 (the default) or bfloat16")
     return parser
 
 

@@ -317,7 +317,7 @@ def main(argv=None):
         import difflib
         close = difflib.get_close_matches(argv[0], list(COMMANDS), n=2, cutoff=0.6)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        print(f"gptlocal: unknown command {argv[0]!r}.{hint} Commands: {', '.join(COMMANDS)} "
+        print(f"gptlocal: unknown command {argv[0]!r}.{hint} Commands: {', '.join(cli_args.COMMANDS)} "
               f"(gptlocal --help).", file=sys.stderr)
         return 2
     if _asks_for_help(argv[1:]) and argv[0] in cli_args.PARSERS:

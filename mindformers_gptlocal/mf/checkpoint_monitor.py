@@ -2,7 +2,8 @@
 
 The stock monitor writes straight to the final ``*.safetensors`` name, so a crash mid-save
 leaves a truncated file that resume may pick. Here each checkpoint is written to a
-``partial-<pid>-`` name, fsynced, renamed into place, and only then recorded (size and
+``partial-<pid>-`` name, given the mode the umask gives a new file (MindSpore's is read-only to its owner),
+fsynced, renamed into place, and only then recorded (size and
 SHA-256) in ``manifest.json`` (see ``checkpoint/manifest.py``); resume (``checkpoint/resume.py``) takes the
 newest recorded file that still verifies. Contents and names are the stock ones
 (``checkpoint/rank_<id>/<prefix>_rank_<id>-<epoch>_<step>.safetensors`` with optimizer
@@ -44,6 +45,7 @@ import uuid
 
 from ..checkpoint import manifest as ckpt_manifest
 from ..errors import CheckpointError
+from ..staging import publish_file, set_new_mode
 from ..training import stop
 from .compat import defer_checkpoint_rotation
 from .symbols import CheckpointMonitor, MindFormerRegister, MindFormerModuleType, get_real_group_size
@@ -213,8 +215,10 @@ class GPTLocalCheckpointMonitor(CheckpointMonitor):
             raise CheckpointError(f"{message}. Free space there (or point output_dir at a larger disk) and resume "
                                   f"with --resume_training True; or set the callback's on_save_error: continue "
                                   f"to keep training and retry at the next save.") from err
-        os.replace(partial, cur_file)
-        ckpt_manifest.fsync_path(directory)
+        for folder in (directory, os.path.dirname(directory)) if os.path.basename(directory).startswith("rank_") \
+                else (directory,):
+            set_new_mode(folder)  # MindSpore / MindFormers make the checkpoint folders 0700 / 0750
+        publish_file(partial, cur_file)  # MindSpore's file is 0400: the umask's mode (0644 under 0022), renamed
         ckpt_manifest.record(directory, cur_file, append_dict.get("step_num", 0), run=self._run_record,
                              checksum=self._checksum, run_id=self._run_id)
         self._rotate_own(directory)

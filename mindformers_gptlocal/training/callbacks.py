@@ -67,6 +67,7 @@ class GPTLocalThroughputMonitor(Callback):
         self.started = None
         self.tokens = 0
         self.step_seconds = None  # the latest window's seconds a step, without the first (compile) step
+        self.last_step = self.run_steps = None  # the newest step; the run's steps (the dataset's)
 
     def on_train_begin(self, run_context):
         if self.tokens_per_step is None:
@@ -95,15 +96,18 @@ class GPTLocalThroughputMonitor(Callback):
             self.stream.write(f"[gptlocal] step {step}: loss scale {change} {self.last_scale:g} -> {scale:g}\n")
         self.last_scale = scale
         self.tokens += self.tokens_per_step
-        total = max(self.stop_at(params), step)
-        if step == 1 or step % self.per_print_times == 0 or step == total:
+        self.last_step = step
+        total = max(params.batch_num * params.epoch_num, step)  # the run's steps, whether or not it stops sooner
+        end = max(self.stop_at(params), step)  # where this launch stops (runner_config.stop_step may cut it)
+        self.run_steps = total
+        if step == 1 or step % self.per_print_times == 0 or step == end:
             seconds = time.time() - self.window_start
             rate = self.tokens_per_step * self.window_steps / max(seconds, 1e-9)
             if step > 1 + self.initial_step:  # the first step's time is mostly the compile
                 self.step_seconds = seconds / self.window_steps
-            eta = "" if self.step_seconds is None or step >= total else \
-                f"  ETA {format_seconds(self.step_seconds * (total - step))}"
-            self.stream.write(f"[gptlocal] step {step}/{total}  loss {loss:.{self.loss_digits}g}  "
+            eta = "" if self.step_seconds is None or step >= end else \
+                f"  ETA {format_seconds(self.step_seconds * (end - step))}"
+            self.stream.write(f"[gptlocal] step {step}/{total}  loss {format_loss(loss, self.loss_digits)}  "
                               f"{rate:,.0f} tokens/s  "
                               f"{1000 * seconds / self.window_steps:.0f} ms/step  skipped {self.skipped}"
                               f"{'' if scale is None else f'  scale {scale:g}'}{eta}\n")
@@ -112,8 +116,9 @@ class GPTLocalThroughputMonitor(Callback):
             self.window_steps = 0
 
     def stop_at(self, params):
-        """The step the run ends at: the dataset's steps, or runner_config.stop_step's (TrainCallBack, which
-        counts this run's steps) if it comes first."""
+        """The step this launch ends at: the dataset's steps, or runner_config.stop_step's (TrainCallBack, which
+        counts this launch's steps) if it comes first. The progress lines count toward the dataset's steps
+        (``step 10/23``), and the summary says where stop_step stopped."""
         total = params.batch_num * params.epoch_num
         for callback in getattr(params, "list_callback", None) or []:
             stop = getattr(callback, "stop_step", None)
@@ -125,12 +130,20 @@ class GPTLocalThroughputMonitor(Callback):
         peak_mb = peak_rss_mb()
         steps = len(self.history)
         seconds = time.time() - self.started if self.started else 0.0
-        last = f", last loss {self.history[-1]:.{self.loss_digits}g}" if self.history else ""
+        last = f", last loss {format_loss(self.history[-1], self.loss_digits)}" if self.history else ""
         rate = f", {self.tokens / seconds:,.0f} tokens/s overall" if seconds > 0 and self.tokens else ""
         done = f"training stopped ({stop.name(stop.stopped())})" if stop.stopped() else "training done"
+        cut = "" if stop.stopped() or not self.last_step or self.last_step >= self.run_steps else \
+            f"; stopped at step {self.last_step} of {self.run_steps} by runner_config.stop_step (--resume_training " \
+            f"True continues)"
         self.stream.write(f"[gptlocal] {done}: {steps} steps in {format_seconds(seconds)}{last}{rate}; "
-                          f"peak RSS {peak_mb:,.0f} MB\n")
+                          f"peak RSS {peak_mb:,.0f} MB{cut}\n")
         self.stream.flush()
+
+
+def format_loss(loss, digits):
+    """``loss`` to ``digits`` significant digits, trailing zeros kept (``5.980``, not ``5.98``)."""
+    return f"{loss:#.{digits}g}"
 
 
 def format_seconds(seconds):
