@@ -1,10 +1,28 @@
 """Write a whole output folder or nothing: build it under ``<out>.partial-<pid>``, then rename it.
 
 A failure (or Ctrl-C) removes the partial folder; an older ``out`` is only replaced once the new
-one is complete.
+one is complete. ``ACTIVE`` holds the partial folders being built in this process and ``committing()`` says whether
+one is being renamed into place: ``cli/interrupt.py`` removes the former when it must end the process at once and
+waits for the latter.
 """
 import os
 import shutil
+import threading
+
+ACTIVE = set()  # the staging folders this process is building
+_COMMIT = threading.Lock()  # held while a finished folder is renamed into place
+
+
+def committing():
+    """Whether a finished folder is being renamed into place now (a signal then waits for it)."""
+    return _COMMIT.locked()
+
+
+def remove_active():
+    """Remove every staging folder this process is building (the process ends at once after)."""
+    for staging in list(ACTIVE):
+        shutil.rmtree(staging, ignore_errors=True)
+        ACTIVE.discard(staging)
 
 
 def write_folder(out, build, error, overwrite=False, overwrite_flag=None):
@@ -24,13 +42,17 @@ def write_folder(out, build, error, overwrite=False, overwrite_flag=None):
         raise error(f"--out {out}: cannot write in {parent}; choose a writable folder.")
     staging = f"{out}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    ACTIVE.add(staging)
     try:
+        os.makedirs(staging)
         result = build(staging)
-        _replace_dir(staging, out)
+        with _COMMIT:
+            _replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        ACTIVE.discard(staging)
     return result
 
 
