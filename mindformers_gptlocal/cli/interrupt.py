@@ -58,15 +58,18 @@ class waiting_for:  # pylint: disable=invalid-name  (a context manager, read as 
 class Interrupted(KeyboardInterrupt):
     """A command stopped by ``signum`` (a KeyboardInterrupt, so code that tidies up on Ctrl-C does so)."""
 
-    def __init__(self, signum, detail=""):
+    def __init__(self, signum, detail="", finished=False):
         super().__init__(name(signum))
-        self.signum, self.detail = int(signum), detail
+        self.signum, self.detail, self.finished = int(signum), detail, finished
 
 
-def line(command, signum, detail=""):
-    """The one line a stopped command prints (``detail``: what the command adds, e.g. how to start again)."""
+def line(command, signum, detail="", finished=False):
+    """The one line a stopped command prints (``detail``: what the command adds, e.g. how to start again;
+    ``finished``: the signal came while its output was renamed into place, and the command ended)."""
     text = f"gptlocal: {command} interrupted ({name(signum)})"
-    if command in WRITES:
+    if finished:
+        text += " as it finished; its output is complete"
+    elif command in WRITES:
         text += "; nothing partial was written and any earlier output is as it was"
     return f"{text}; {detail}" if detail else text + "."
 
@@ -101,7 +104,7 @@ class Catch:
         signal.set_wakeup_fd(self.saved_fd)
         return False
 
-    def report(self, signum, detail=""):
+    def report(self, signum, detail="", finished=False):
         """Print the line, once (from the main thread or the watcher)."""
         with self.lock:
             if self.reported:
@@ -113,7 +116,7 @@ class Catch:
             pass
         try:
             # on a terminal, a line of its own (after ^C, or a progress line that ends in \r)
-            sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line(self.command, signum, detail) + "\n")
+            sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line(self.command, signum, detail, finished) + "\n")
             sys.stderr.flush()
         except (OSError, ValueError):
             pass

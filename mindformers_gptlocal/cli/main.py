@@ -335,14 +335,14 @@ def main(argv=None):
         with catch or contextlib.nullcontext():
             code = command(argv[1:])
             if catch is not None and catch.signum is not None:  # it came while the output was put in place
-                raise Interrupted(catch.signum)
+                raise Interrupted(catch.signum, finished=True)
             return code
     except GPTLocalError as err:
         print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
         return 2
     except Interrupted as err:
         if catch is not None:
-            catch.report(err.signum, err.detail)
+            catch.report(err.signum, err.detail, err.finished)
         else:
-            print(interrupt_line(argv[0], err.signum, err.detail), file=sys.stderr)
+            print(interrupt_line(argv[0], err.signum, err.detail, err.finished), file=sys.stderr)
         return exit_status(err.signum)
