@@ -4,8 +4,8 @@
 saves a checkpoint and prints the command that resumes). A first signal raises ``Interrupted`` in the main thread
 at its next Python instruction: ``staging.write_folder`` removes the folder it was building (an older output is
 only replaced once the new one is complete, so it stays as it was), and ``main()`` prints one line, ``gptlocal:
-<command> interrupted (SIGINT) ...``, and returns 128 + the signal's number (130, 143), as ``training/stop.py``'s
-``exit_status``.
+<command> interrupted (SIGINT) ...``, and ends the process with 128 + the signal's number (130, 143), as
+``training/stop.py``'s ``exit_status``, without the interpreter's exit handlers (``Catch.end``).
 
 A command deep in one long native call (a compile, a library's loop) reaches no Python instruction for a while, so
 a watcher thread sees each signal too (``signal.set_wakeup_fd``: Python's own handler writes the signal's number to
@@ -120,6 +120,18 @@ class Catch:
             sys.stderr.flush()
         except (OSError, ValueError):
             pass
+
+    @staticmethod
+    def end(status):
+        """End the process now, its output flushed, without the interpreter's exit handlers: a library interrupted
+        half-way (an import of MindSpore cut short) can crash in its own (MindSpore's aborted the process), and
+        MindSpore's teardown takes seconds."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)  # pylint: disable=protected-access
 
     def _handler(self, signum, frame):  # the main thread, at its next Python instruction
         with self.lock:

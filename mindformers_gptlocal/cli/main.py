@@ -343,6 +343,7 @@ def main(argv=None):
     except Interrupted as err:
         if catch is not None:
             catch.report(err.signum, err.detail, err.finished)
+            catch.end(exit_status(err.signum))
         else:
             print(interrupt_line(argv[0], err.signum, err.detail, err.finished), file=sys.stderr)
         return exit_status(err.signum)
