@@ -74,6 +74,10 @@ def line(command, signum, detail="", finished=False):
     return f"{text}; {detail}" if detail else text + "."
 
 
+def _end_quietly(signum, frame):
+    os._exit(exit_status(signum))  # pylint: disable=protected-access
+
+
 class Catch:
     """Our SIGINT/SIGTERM handlers and the watcher for one command (``with Catch("convert") as catch: ...``)."""
 
@@ -99,9 +103,11 @@ class Catch:
     def __exit__(self, *exc):
         if self.pipe is None:
             return False
-        # the handlers are left in place until the process ends (a signal during interpreter shutdown is still
-        # one line); only the wakeup fd goes back, so a caller that runs main() in its own process keeps its own
+        # the command is over: a signal during the interpreter's shutdown ends the process at once with its status
+        # (no line: the command said how it ended), not with a traceback from an exit handler
         signal.set_wakeup_fd(self.saved_fd)
+        for sig in SIGNALS:
+            signal.signal(sig, _end_quietly)
         return False
 
     def report(self, signum, detail="", finished=False):

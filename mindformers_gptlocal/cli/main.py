@@ -331,19 +331,18 @@ def main(argv=None):
     # SIGINT/SIGTERM: one line and 130/143, nothing partial left (cli/interrupt.py); `run` keeps training/stop.py's
     # safe stop (a checkpoint, then the command that resumes)
     catch = Catch(argv[0]) if own_process and argv[0] != "run" else None
-    try:
-        with catch or contextlib.nullcontext():
+    with catch or contextlib.nullcontext():
+        try:
             code = command(argv[1:])
             if catch is not None and catch.signum is not None:  # it came while the output was put in place
                 raise Interrupted(catch.signum, finished=True)
             return code
-    except GPTLocalError as err:
-        print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
-        return 2
-    except Interrupted as err:
-        if catch is not None:
+        except GPTLocalError as err:
+            print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
+            return 2
+        except Interrupted as err:
+            if catch is None:  # main(argv) inside another program: the line and the status, the caller goes on
+                print(interrupt_line(argv[0], err.signum, err.detail, err.finished), file=sys.stderr)
+                return exit_status(err.signum)
             catch.report(err.signum, err.detail, err.finished)
-            catch.end(exit_status(err.signum))
-        else:
-            print(interrupt_line(argv[0], err.signum, err.detail, err.finished), file=sys.stderr)
-        return exit_status(err.signum)
+            return catch.end(exit_status(err.signum))  # ends the process
