@@ -1,7 +1,9 @@
 """Write a whole output folder or nothing: build it under ``<out>.partial-<pid>``, then rename it.
 
 A failure (or Ctrl-C) removes the partial folder; an older ``out`` is only replaced once the new
-one is complete.
+one is complete. ``ACTIVE`` holds the partial folders being built in this process and ``committing()`` says whether
+one is being renamed into place: ``cli/interrupt.py`` removes the former when it must end the process at once and
+waits for the latter.
 
 Every file and folder this package publishes (model directories, prepared data, checkpoints) gets the
 permissions the process's umask gives a new one, whatever the writer made (``tempfile`` and the safetensors
@@ -11,6 +13,10 @@ writer create 0600, MindSpore's checkpoints 0400, its checkpoint folders 0700): 
 import os
 import shutil
 import stat
+import threading
+
+ACTIVE = set()  # the staging folders this process is building
+_COMMIT = threading.Lock()  # held while a finished folder is renamed into place
 
 
 def umask():
@@ -74,6 +80,18 @@ def _publish_tree(folder):
     fsync_path(folder)
 
 
+def committing():
+    """Whether a finished folder is being renamed into place now (a signal then waits for it)."""
+    return _COMMIT.locked()
+
+
+def remove_active():
+    """Remove every staging folder this process is building (the process ends at once after)."""
+    for staging in list(ACTIVE):
+        shutil.rmtree(staging, ignore_errors=True)
+        ACTIVE.discard(staging)
+
+
 def write_folder(out, build, error, overwrite=False, overwrite_flag=None):
     """Run ``build(staging_dir)`` and move the result to ``out``; returns what ``build`` returned.
 
@@ -91,14 +109,18 @@ def write_folder(out, build, error, overwrite=False, overwrite_flag=None):
         raise error(f"--out {out}: cannot write in {parent}; choose a writable folder.")
     staging = f"{out}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    ACTIVE.add(staging)
     try:
+        os.makedirs(staging)
         result = build(staging)
         _publish_tree(staging)
-        _replace_dir(staging, out)
+        with _COMMIT:
+            _replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        ACTIVE.discard(staging)
     return result
 
 

@@ -7,13 +7,16 @@ Arguments are defined in ``args.py``; each command imports only what its work ne
 ``convert`` and every ``--help`` load neither MindSpore nor MindFormers: ``main`` answers ``--help`` from
 ``args.py`` before a command imports its work).
 """
+import contextlib
 import functools
 import json
 import os
 import sys
 
 from ..errors import CheckpointError, ConfigError, GPTLocalError
+from ..training.stop import exit_status
 from . import args as cli_args
+from .interrupt import Catch, Interrupted, line as interrupt_line
 
 
 def prepare_data(argv):
@@ -325,8 +328,21 @@ def main(argv=None):
     command = COMMANDS[argv[0]]
     if own_process and command in (evaluate, run):  # its own process: eval's tokenizer without torch; run takes
         command = functools.partial(command, own_process=True)  # SIGINT/SIGTERM before MindSpore starts
-    try:
-        return command(argv[1:])
-    except GPTLocalError as err:
-        print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
-        return 2
+    # SIGINT/SIGTERM: one line and 130/143, nothing partial left (cli/interrupt.py); `run` keeps training/stop.py's
+    # safe stop (a checkpoint, then the command that resumes)
+    catch = Catch(argv[0]) if own_process and argv[0] != "run" else None
+    with catch or contextlib.nullcontext():
+        try:
+            code = command(argv[1:])
+            if catch is not None and catch.signum is not None:  # it came while the output was put in place
+                raise Interrupted(catch.signum, finished=True)
+            return code
+        except GPTLocalError as err:
+            print(f"gptlocal {argv[0]}: error: {err}", file=sys.stderr)
+            return 2
+        except Interrupted as err:
+            if catch is None:  # main(argv) inside another program: the line and the status, the caller goes on
+                print(interrupt_line(argv[0], err.signum, err.detail, err.finished), file=sys.stderr)
+                return exit_status(err.signum)
+            catch.report(err.signum, err.detail, err.finished)
+            return catch.end(exit_status(err.signum))  # ends the process

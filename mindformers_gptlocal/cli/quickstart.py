@@ -12,6 +12,7 @@ process, with the YAML it used written next to its output.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -32,27 +33,29 @@ def load_yaml(name):
 
 def launch(yaml_path, log_path, extra=()):
     """``gptlocal run --config yaml`` in a subprocess; our lines go to the console, everything to log_path. A Ctrl-C
-    reaches the run too (same terminal): it stops safely on its own, its last lines are still shown, and the
-    quickstart ends with 130 (no traceback)."""
+    reaches the run too (passed on): it stops safely on its own, its last lines are still shown, and the
+    quickstart ends with 130 (143 for SIGTERM; no traceback)."""
     command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", os.path.abspath(yaml_path),
                *extra]
+    from .interrupt import Interrupted, waiting_for
     shown = []
     with open(log_path, "w", encoding="utf-8") as log:
-        # in the run's own folder: MindFormers' predict writes text_generation_result.txt to the working directory
+        # in the run's own folder: MindFormers' predict writes text_generation_result.txt to the working directory;
+        # a session of its own: a Ctrl-C reaches it once, passed on by cli/interrupt.py (a second one: at once)
         process = subprocess.Popen(command, cwd=os.path.dirname(os.path.abspath(log_path)), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
-        interrupted = False
-        while True:
-            try:
-                _relay(process, log, shown)
-                break
-            except KeyboardInterrupt:  # again: the run ends at once on its second one; keep reading its end
-                interrupted = True
-        code = process.wait()
-    if interrupted:
-        print(f"quickstart: stopped by Ctrl-C; `gptlocal quickstart` starts over (its log: {log_path})",
-              file=sys.stderr, flush=True)
-        raise SystemExit(130)
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stopped = None
+        with waiting_for(process):
+            while True:
+                try:
+                    _relay(process, log, shown)
+                    break
+                except KeyboardInterrupt as err:  # the run stops safely on its own; keep reading its end
+                    stopped = err
+            code = process.wait()
+    if stopped is not None:
+        signum = stopped.signum if isinstance(stopped, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, f"`gptlocal quickstart` starts over (its log: {log_path})")
     if code:
         raise SystemExit(f"quickstart: `{' '.join(command)}` failed (exit {code}); see {log_path}")
     return "".join(shown)

@@ -93,26 +93,95 @@ def collect_files(inputs):
     return sorted(files)
 
 
-def iter_documents(files, jsonl_key="text"):
-    """Yield one document string per text file, or per JSONL line (its ``jsonl_key`` field)."""
+PIECE_CHARS = 1 << 18  # characters of a text file read (and tokenized) at a time: a signal is heard between pieces
+BATCH_CHARS = 1 << 20  # characters tokenized in one call (one encode_batch)
+
+
+def iter_pieces(files, jsonl_key="text", piece_chars=PIECE_CHARS):
+    """Yield ``(document number, text)``: a document per text file or per JSONL line (its ``jsonl_key`` field),
+    numbered from 0 (documents of only whitespace left out), a text file in pieces of about ``piece_chars``
+    characters cut only where a GPT-2 byte-level tokenizer splits anyway (``split_points``; ``None``: one piece a
+    document). Concatenated, a document's pieces are the document."""
+    number = 0
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as handle:
             if path.endswith(".jsonl"):
-                for number, line in enumerate(handle, 1):
+                for line_number, line in enumerate(handle, 1):
                     if not line.strip():
                         continue
                     try:
                         record = json.loads(line)
                     except json.JSONDecodeError as err:
-                        raise DataError(f"{path}:{number}: not valid JSON ({err.msg}).") from err
+                        raise DataError(f"{path}:{line_number}: not valid JSON ({err.msg}).") from err
                     if jsonl_key not in record:
-                        raise DataError(f"{path}:{number}: no '{jsonl_key}' field; pass --jsonl-key with the "
+                        raise DataError(f"{path}:{line_number}: no '{jsonl_key}' field; pass --jsonl-key with the "
                                         f"field that holds the text (fields here: {', '.join(record)}).")
-                    yield str(record[jsonl_key])
-            else:
+                    yield number, str(record[jsonl_key])
+                    number += 1
+            elif piece_chars is None:
                 text = handle.read()
                 if text.strip():
-                    yield text
+                    yield number, text
+                    number += 1
+            else:
+                given = False
+                for piece in _text_pieces(handle, piece_chars):
+                    if given or piece.strip():  # the first piece holds text unless the file is only whitespace
+                        yield number, piece
+                        given = True
+                number += given
+
+
+def iter_documents(files, jsonl_key="text"):
+    """Yield one document string per text file, or per JSONL line (its ``jsonl_key`` field)."""
+    for _, text in iter_pieces(files, jsonl_key, piece_chars=None):
+        yield text
+
+
+def _text_pieces(handle, piece_chars):
+    """A text file's text in pieces: each ends just after a newline with text on both sides of it."""
+    carry = ""
+    while True:
+        chunk = handle.read(piece_chars)
+        if not chunk:
+            break
+        searched = max(len(carry) - 1, 0)  # cuts in the carry were looked for already
+        carry += chunk
+        cut = last_split_point(carry, searched)
+        if cut:
+            yield carry[:cut]
+            carry = carry[cut:]
+    if carry:
+        yield carry
+
+
+def last_split_point(text, start=0):
+    """The last index ``i > start`` (a newline at ``start`` or after) where ``text[i - 1]`` is a newline between two characters that are not
+    whitespace (0: none). GPT-2's pre-tokenizer pattern (``'s|'t|... | ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|
+    \\s+(?!\\S)|\\s+``, no look-behind) ends a token there in the whole text and in either part alike, so the
+    tokens of the parts, joined, are the whole text's (``str.isspace`` covers more than the pattern's ``\\s``: a
+    character it calls whitespace is never cut beside, which only skips a cut)."""
+    end = len(text) - 1
+    while True:
+        newline = text.rfind("\n", start, end)
+        if newline < max(start, 1):
+            return 0
+        if not text[newline - 1].isspace() and not text[newline + 1].isspace():
+            return newline + 1
+        end = newline
+
+
+def splits_alike(tokenizer):
+    """Whether ``tokenizer`` gives a text's tokens in pieces cut at ``last_split_point`` exactly as in one call:
+    no normalizer, GPT-2's byte-level pre-tokenizer (its pattern, no prefix space), no post-processor that adds
+    tokens, no added token that takes in the whitespace beside it. prepare-data's own and GPT-2's tokenizers are
+    such; another ``tokenizer.json`` gets each document in one call."""
+    spec = json.loads(tokenizer.to_str())
+    pre, post = spec.get("pre_tokenizer") or {}, spec.get("post_processor")
+    return (spec.get("normalizer") is None and pre.get("type") == "ByteLevel"
+            and not pre.get("add_prefix_space", True) and pre.get("use_regex", True)
+            and (post is None or post.get("type") == "ByteLevel")
+            and not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens") or []))
 
 
 class Progress:
@@ -133,27 +202,38 @@ class Progress:
         sys.stderr.flush()
 
 
-def tokenize_documents(tokenizer, documents, total):
-    """List of token-id arrays, one per document, each ending with the end-of-document token."""
-    eod = tokenizer.token_to_id(EOD_TOKEN)
+def tokenize_documents(tokenizer, pieces, total):
+    """List of token-id arrays, one per document, each ending with the end-of-document token. ``pieces``:
+    ``(document number, text)`` in order (``iter_pieces``), tokenized about ``BATCH_CHARS`` characters a call."""
+    eod = np.asarray([tokenizer.token_to_id(EOD_TOKEN)], dtype=np.int32)
     progress = Progress(total, "tokenize")
-    out, batch = [], []
-    tokens = 0
+    out, parts, batch = [], [], []
+    tokens = chars = 0
+    current = None  # the number of the document whose parts are in ``parts``
 
     def flush():
-        nonlocal tokens
-        for enc in tokenizer.encode_batch(batch):
-            out.append(np.asarray(enc.ids + [eod], dtype=np.int32))
-            tokens += len(enc.ids) + 1
+        nonlocal tokens, chars, current
+        for (number, _), enc in zip(batch, tokenizer.encode_batch([text for _, text in batch])):
+            if number != current and current is not None:
+                out.append(np.concatenate(parts + [eod]))
+                parts.clear()
+            current = number
+            parts.append(np.asarray(enc.ids, dtype=np.int32))
+            tokens += len(enc.ids) + (1 if len(parts) == 1 else 0)
         batch.clear()
+        chars = 0
         progress.update(len(out), f"docs, {tokens} tokens")
 
-    for doc in documents:
-        batch.append(doc)
-        if len(batch) == 64:
+    for number, text in pieces:
+        batch.append((number, text))
+        chars += len(text)
+        if len(batch) == 64 or chars >= BATCH_CHARS:
             flush()
     if batch:
         flush()
+    if parts:
+        out.append(np.concatenate(parts + [eod]))
+        progress.update(len(out), f"docs, {tokens} tokens")
     return out
 
 
@@ -194,13 +274,14 @@ def write_megatron(prefix, docs):
 
 def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_path=None, vocab=None,
             merges=None, jsonl_key="text", eval_fraction=0.05, max_bytes=None, overwrite=False,
-            model_config=None, fmt="text", too_long="truncate", pack=True):
+            model_config=None, fmt="text", too_long="truncate", pack=True, piece_chars=PIECE_CHARS):
     """Build the tokenizer, tokenize, and write both dataset formats plus a model directory.
 
     ``fmt`` 'alpaca' or 'chat' reads instruction records instead of text (``instruct.py``): MindRecord
     only, with the prompt masked out of the loss, ``pack``ed several records a row with ``actual_seq_len``;
     ``too_long`` says what a record longer than seq_length gets ('truncate' the prompt, or 'error').
-    Returns a summary dict (also written to ``<out>/meta.json``).
+    ``piece_chars``: text files are read and tokenized in pieces of about that many characters (``iter_pieces``;
+    None: whole), which gives the same tokens. Returns a summary dict (also written to ``<out>/meta.json``).
     """
     check_numbers(seq_length, vocab_size, eval_fraction, max_bytes)
     if fmt != "text":
@@ -208,21 +289,28 @@ def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_
                                  eval_fraction, overwrite, model_config, fmt, too_long, pack)
     out = os.path.abspath(out)
     files = stdlib_sources(max_bytes) if not inputs else _limit(collect_files(inputs), max_bytes)
-    staging = f"{out}.partial-{os.getpid()}"
-    summary = write_folder(out, lambda folder: _prepare_into(folder, files, seq_length, vocab_size, tokenizer_path,
-                                                             vocab, merges, jsonl_key, eval_fraction, model_config),
-                           DataError, overwrite=overwrite, overwrite_flag="--overwrite")
-    summary = _absolute_paths(summary, staging, out)
-    with open(os.path.join(out, "meta.json"), "w", encoding="utf-8") as handle:
+    return write_folder(out, lambda folder: _with_meta(folder, out, _prepare_into(
+        folder, files, seq_length, vocab_size, tokenizer_path, vocab, merges, jsonl_key, eval_fraction, model_config,
+        piece_chars)), DataError, overwrite=overwrite, overwrite_flag="--overwrite")
+
+
+def _with_meta(folder, out, summary):
+    """The summary with ``out``'s paths, written to ``meta.json`` inside the folder before it is renamed."""
+    summary = _absolute_paths(summary, folder, out)
+    with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     return summary
 
 
 def _prepare_into(staging, files, seq_length, vocab_size, tokenizer_path, vocab, merges, jsonl_key,
-                  eval_fraction, model_config):
+                  eval_fraction, model_config, piece_chars=PIECE_CHARS):
     started = time.time()
-    tokenizer = build_tokenizer(lambda: iter_documents(files, jsonl_key), vocab_size, tokenizer_path, vocab, merges)
-    docs = tokenize_documents(tokenizer, iter_documents(files, jsonl_key), _count_documents(files))
+    # a new BPE learns from pieces (the same words as whole documents: last_split_point); a given tokenizer gets
+    # them if it splits alike (splits_alike), else whole documents
+    tokenizer = build_tokenizer(lambda: (text for _, text in iter_pieces(files, jsonl_key, piece_chars)),
+                                vocab_size, tokenizer_path, vocab, merges)
+    docs = tokenize_documents(tokenizer, iter_pieces(files, jsonl_key, piece_chars if splits_alike(tokenizer) else None),
+                              _count_documents(files))
     if not docs:
         raise DataError("the input holds no documents (every file is empty).")
     train_docs, eval_docs = split_documents(docs, eval_fraction, seq_length)
@@ -257,7 +345,6 @@ def _prepare_instruct(inputs, out, seq_length, vocab_size, tokenizer_path, vocab
         raise DataError(f"--format {fmt} needs --input: .json or .jsonl files (or folders) of records.")
     out = os.path.abspath(out)
     files = collect_files(inputs)
-    staging = f"{out}.partial-{os.getpid()}"
 
     def build(folder):
         started = time.time()
@@ -280,11 +367,8 @@ def _prepare_instruct(inputs, out, seq_length, vocab_size, tokenizer_path, vocab
         summary["seconds"] = round(time.time() - started, 1)
         return summary
 
-    summary = write_folder(out, build, DataError, overwrite=overwrite, overwrite_flag="--overwrite")
-    summary = _absolute_paths(summary, staging, out)
-    with open(os.path.join(out, "meta.json"), "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2)
-    return summary
+    return write_folder(out, lambda folder: _with_meta(folder, out, build(folder)), DataError,
+                        overwrite=overwrite, overwrite_flag="--overwrite")
 
 
 def split_documents(docs, eval_fraction, seq_length):

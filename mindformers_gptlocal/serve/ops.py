@@ -12,7 +12,7 @@ Prometheus ``/metrics`` and the SIGTERM drain. ``app.py`` wires them in; nothing
 * ``Metrics``: a ``prometheus_client`` registry of its own (one per app) with the names in ``docs/serving.md``.
 * ``GracefulServer``: a ``uvicorn.Server`` whose SIGTERM/SIGINT starts ``drain`` (503 + Retry-After for new
   requests, running ones finish or are ended at ``--shutdown-timeout``) instead of closing at once; the
-  process then exits 0. A second signal exits at once.
+  process then ends with one line and 128 + the signal's number (143, 130). A second signal exits at once.
 """
 import asyncio
 import hashlib
@@ -279,7 +279,7 @@ class OpsMiddleware:
 
 
 def graceful_server(config, state, engine):
-    """A uvicorn.Server whose first SIGTERM/SIGINT drains (``State.drain``) and exits normally (status 0)."""
+    """A uvicorn.Server whose first SIGTERM/SIGINT drains (``State.drain``), then raised again once it is down."""
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -291,6 +291,8 @@ def graceful_server(config, state, engine):
             await super().startup(sockets)
 
         def handle_exit(self, sig, frame):
+            if not self._captured_signals:  # uvicorn raises it again once the server is down: `gptlocal: serve
+                self._captured_signals.append(sig)  # interrupted (SIGTERM).` and 143 (cli/interrupt.py)
             if self.signalled or self.loop is None:  # a second signal, or one before start-up: close now
                 self.force_exit = self.signalled
                 self.should_exit = True

@@ -138,3 +138,76 @@ def test_binary_input_is_refused(tmp_path):
     with pytest.raises(DataError, match="is not UTF-8 text"):
         prepare([str(latin)], out=str(tmp_path / "out"), seq_length=16)
     assert not os.path.exists(tmp_path / "out")
+
+
+ODD = ["a", "bc", " ", "  ", "\n", "\n\n", "\t", "'s", " x1", "é", "\u3000", "<|endoftext|>", ".", "\r\n", " \n", "9",
+       "\u00a0", "\x1c", "def f(x):\n    return x\n"]
+
+
+def _odd_text(seed, count):
+    rng = np.random.default_rng(seed)
+    return "".join(ODD[i] for i in rng.integers(0, len(ODD), count))
+
+
+def _prepared(summary):
+    """A prepared folder's content by value: tokenizer, both formats' tokens, the counts."""
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.path.join(summary["model_dir"], "tokenizer.json")).to_str()
+    with open(summary["megatron_prefix"] + ".bin", "rb") as handle:
+        megatron = handle.read()
+    rows = {name: [r["input_ids"].tolist() for r in _mindrecord_rows(summary[name])]
+            for name in ("train_mindrecord", "eval_mindrecord") if name in summary}
+    counts = {k: v for k, v in summary.items() if isinstance(v, int)}
+    return tokenizer, megatron, rows, counts
+
+
+def test_pieces_give_the_one_piece_result(tmp_path):
+    """Text files read and tokenized in pieces (cut after a newline between two non-space characters) give the
+    same prepared folder as whole documents, on odd text (runs of spaces and newlines, \\r\\n, non-ASCII spaces, the
+    special token, a file of only whitespace), for a BPE trained here and for a given GPT-2 vocab + merges."""
+    from mindformers_gptlocal.data.prepare import iter_pieces
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text(_odd_text(0, 30000), newline="")
+    (docs / "b.txt").write_text(_odd_text(1, 5000), newline="")
+    (docs / "blank.txt").write_text(" \n\n \t\n" * 50)
+    (docs / "c.jsonl").write_text("\n".join(json.dumps({"text": _odd_text(i, 200)}) for i in range(3)) + "\n")
+    files = sorted(str(p) for p in docs.iterdir())
+    pieces = list(iter_pieces(files, piece_chars=500))
+    assert len(pieces) > 60 and {n for n, _ in pieces} == {0, 1, 2, 3, 4}  # the blank file is no document
+    whole = {n: t for n, t in iter_pieces(files, piece_chars=None)}
+    assert {n: "".join(t for m, t in pieces if m == n) for n in whole} == whole
+    one = prepare([str(docs)], out=str(tmp_path / "one"), seq_length=32, vocab_size=400, piece_chars=None)
+    many = prepare([str(docs)], out=str(tmp_path / "many"), seq_length=32, vocab_size=400, piece_chars=500)
+    assert one["documents"] == 5 and _prepared(many) == _prepared(one)
+    from tokenizers import Tokenizer
+    Tokenizer.from_file(os.path.join(one["model_dir"], "tokenizer.json")).model.save(str(tmp_path), "gpt2")
+    given = dict(vocab=str(tmp_path / "gpt2-vocab.json"), merges=str(tmp_path / "gpt2-merges.txt"), seq_length=32)
+    one = prepare([str(docs)], out=str(tmp_path / "one_given"), piece_chars=None, **given)
+    many = prepare([str(docs)], out=str(tmp_path / "many_given"), piece_chars=500, **given)
+    assert _prepared(many) == _prepared(one)
+
+
+def test_a_tokenizer_that_splits_otherwise_gets_whole_documents():
+    """A normalizer, a prefix space, a post-processor that adds tokens or an added token that takes in the
+    whitespace beside it could tokenize pieces otherwise: such a tokenizer gets each document whole."""
+    from tokenizers import AddedToken, normalizers, pre_tokenizers, processors
+    from mindformers_gptlocal.data.prepare import splits_alike
+    from mindformers_gptlocal.data.tokenizer import train_bpe
+
+    def tokenizer():
+        return train_bpe(["def f(x):\n    return x\n"] * 20, 300)
+    assert splits_alike(tokenizer())
+    changed = tokenizer()
+    changed.normalizer = normalizers.NFKC()
+    assert not splits_alike(changed)
+    changed = tokenizer()
+    changed.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    assert not splits_alike(changed)
+    changed = tokenizer()
+    changed.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                           special_tokens=[("<|endoftext|>", 0)])
+    assert not splits_alike(changed)
+    changed = tokenizer()
+    changed.add_special_tokens([AddedToken("<sep>", lstrip=True)])
+    assert not splits_alike(changed)
