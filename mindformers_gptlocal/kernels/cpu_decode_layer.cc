@@ -15,9 +15,9 @@
 // norm2 weight, bias; the key and value caches [Bc, G, L, D] (Parameters, written IN PLACE); write_index int32
 // [B, G, 1, 3] ((slot, head, position), KVCache.write_index); bias [B or 1, 1, 1, L] (KVCache.attention_bias: each
 // row reads its rows 0..position, the bias added to their scores); cos, sin [B, 1, 1, R] of each row's position
-// (rope; else placeholders) -> the new hidden [B, 1, H]. DecodeLayerOptions: epsilon, scale, form (0 tanh GeLU, 1
-// quick, 2 erf, 3 ReLU, 4 SwiGLU), threads, precision (LinearOptions': float32 weights 0 or a bf16 model's 1 / 2;
-// bf16 weights 1 or 2; int8 0), norm (0 LayerNorm, 1 RMSNorm), rotary_dim (0: none), parallel_residual, qkv_bias,
+// (rope; else placeholders) -> the new hidden [B, 1, H]. DecodeLayerOptions: epsilon, scale, form (an MlpForm),
+// threads, precision (LinearOptions': float32 weights 0 or a bf16 model's 1 / 2; bf16 weights 1 or 2; int8 0), norm
+// (a NormKind), rotary_dim (0: none), parallel_residual, qkv_bias,
 // bias (proj, fc1, gate, fc2). Inference only (no dropout, no backward). Scratch: one per-thread buffer, grown, kept.
 #include <cstdint>
 #include <vector>
@@ -34,8 +34,12 @@ using gptlocal::decoder::Rows;
 
 // The weights' dtypes: the precisions each takes.
 bool precision_fits(int weights, int precision) {
-  return weights == 0 ? precision >= 0 && precision <= 2 : weights == 1 ? precision == 1 || precision == 2
-                                                                        : precision == 0;
+  switch (weights) {
+    case WeightKind::kFloat32: return precision >= 0 && precision <= 2;
+    case WeightKind::kBfloat16: return precision == 1 || precision == 2;
+    case WeightKind::kInt8: return precision == 0;
+    default: return false;
+  }
 }
 
 // One Linear's weight, scales, bias as the tensors hand them (placeholders dropped by the options).
@@ -50,11 +54,11 @@ int decode_layer(int weights, const float *hidden, const float *norm1_weight, co
                  const int32_t *index, const float *attention_bias, const float *cos, const float *sin, float *out,
                  int64_t B, int64_t H, int64_t Q, int64_t ND, int64_t I, int64_t Bc, int64_t G, int64_t L, int64_t D,
                  int64_t Bb, const DecodeLayerOptions &o) {
-  if (!precision_fits(weights, o.precision)) return 1;
-  if (G <= 0 || D <= 0 || ND % D != 0 || (Bb != 1 && Bb != B)) return 2;
+  if (!precision_fits(weights, o.precision)) return Status::kBadCall;
+  if (G <= 0 || D <= 0 || ND % D != 0 || (Bb != 1 && Bb != B)) return Status::kBadShape;
   const int64_t N = ND / D;
-  if (N % G != 0 || Q != (N + 2 * G) * D) return 2;
-  if (B == 0) return 0;
+  if (N % G != 0 || Q != (N + 2 * G) * D) return Status::kBadShape;
+  if (B == 0) return Status::kOk;
   // each row's slot and position (the same for every head of the row), checked before anything is written
   std::vector<int32_t> slot(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
@@ -63,11 +67,12 @@ int decode_layer(int weights, const float *hidden, const float *norm1_weight, co
     for (int64_t g = 0; g < G; ++g) {
       const int32_t *at = index + (b * G + g) * 3;
       if (at[0] != slot[b] || at[1] != g || at[2] != pos[b] || at[0] < 0 || at[0] >= Bc || at[2] < 0 || at[2] >= L) {
-        return 4;
+        return Status::kCacheIndex;
       }
     }
   }
-  const bool layer_norm = o.norm == 0, int8 = weights == 2, gated = o.form == 4;
+  const bool layer_norm = o.norm == NormKind::kLayerNorm, int8 = weights == WeightKind::kInt8;
+  const bool gated = o.form == MlpForm::kSwiglu;
   const LayerShape shape{static_cast<int32_t>(H), static_cast<int32_t>(N), static_cast<int32_t>(G),
                          static_cast<int32_t>(D), static_cast<int32_t>(I), o.norm, o.rotary_dim, o.form,
                          o.parallel_residual, weights, o.precision, o.threads, o.epsilon};
@@ -111,6 +116,6 @@ int decode_layer(int weights, const float *hidden, const float *norm1_weight, co
                         Q, ND, I, Bc, G, L, D, Bb, options);                                                          \
   }
 
-GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_fwd, float, 0)
-GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_bf16w_fwd, uint16_t, 1)
-GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_int8_fwd, int8_t, 2)
+GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_fwd, float, WeightKind::kFloat32)
+GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_bf16w_fwd, uint16_t, WeightKind::kBfloat16)
+GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_int8_fwd, int8_t, WeightKind::kInt8)

@@ -8,7 +8,7 @@
 // cpu_bias_gelu.cc / cpu_swiglu.cc, lora_dropout.cc's counter-dropout mask), so its numbers are those of the model's
 // per-op graph with those kernels, and the activations live in buffers this file owns.
 //
-// The layer (options TrainLayerOptions: norm 0 LayerNorm / 1 RMSNorm, mlp 0 tanh GeLU / 1 quick GeLU / 2 SwiGLU,
+// The layer (options TrainLayerOptions: norm a NormKind, mlp MlpForm::kTanh, kQuick or kSwiglu,
 // bias, qkv_bias, rope, parallel_residual; heads N, groups G):
 //   a = norm1(x); qkv = a Wqkv^T (+ bqkv), group-major [G, (N/G query heads, k, v), D] per token; q, k (rope on
 //   their first R channels: cos, sin [Bc, 1, S, R]), v -> causal attention (the additive mask [Bb, 1, S, S], the
@@ -88,27 +88,30 @@ int read_dims(int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t S
   *d = Dims{};
   d->B = B, d->S = S, d->H = H, d->N = o.heads, d->G = o.groups, d->Q = Q, d->ND = ND, d->I = I, d->R = R;
   d->Bb = Bb, d->Bc = Bc, d->T = B * S, d->PA1 = PA1, d->PA2 = PA2, d->PH1 = PH1, d->PH2 = PH2;
-  d->layer_norm = o.norm == 0, d->gated = o.mlp == 2, d->quick = o.mlp == 1, d->bias = o.bias != 0;
+  d->layer_norm = o.norm == NormKind::kLayerNorm, d->gated = o.mlp == MlpForm::kSwiglu;
+  d->quick = o.mlp == MlpForm::kQuick, d->bias = o.bias != 0;
   d->qkv_bias = o.qkv_bias != 0, d->rope = o.rope != 0, d->parallel = o.parallel_residual != 0;
   d->bf16 = o.precision != 0;
-  if (o.norm < 0 || o.norm > 1 || o.mlp < 0 || o.mlp > 2 || o.precision < 0 || o.precision > 2) return 1;
-  if (d->N <= 0 || d->G <= 0 || d->N % d->G != 0 || ND % d->N != 0) return 2;
+  const bool norm_known = o.norm == NormKind::kLayerNorm || o.norm == NormKind::kRmsNorm;
+  const bool mlp_known = o.mlp == MlpForm::kTanh || o.mlp == MlpForm::kQuick || o.mlp == MlpForm::kSwiglu;
+  if (!norm_known || !mlp_known || o.precision < 0 || o.precision > 2) return Status::kBadCall;
+  if (d->N <= 0 || d->G <= 0 || d->N % d->G != 0 || ND % d->N != 0) return Status::kBadShape;
   d->D = ND / d->N;
   d->group = d->N / d->G;
-  if (Q != (d->N + 2 * d->G) * d->D || (Bb != 1 && Bb != B)) return 2;
-  if (d->layer_norm && Hn != H) return 2;  // LayerNorm's shifts
-  if (d->qkv_bias && Qb != Q) return 2;
-  if (d->bias && (Hb != H || Ib != I)) return 2;
-  if (d->gated && (Ig != I || (d->bias && Igb != I))) return 2;
-  if (d->rope && ((Bc != 1 && Bc != B) || Sr != S || R <= 0 || R > d->D || R % 2 != 0)) return 2;
+  if (Q != (d->N + 2 * d->G) * d->D || (Bb != 1 && Bb != B)) return Status::kBadShape;
+  if (d->layer_norm && Hn != H) return Status::kBadShape;  // LayerNorm's shifts
+  if (d->qkv_bias && Qb != Q) return Status::kBadShape;
+  if (d->bias && (Hb != H || Ib != I)) return Status::kBadShape;
+  if (d->gated && (Ig != I || (d->bias && Igb != I))) return Status::kBadShape;
+  if (d->rope && ((Bc != 1 && Bc != B) || Sr != S || R <= 0 || R > d->D || R % 2 != 0)) return Status::kBadShape;
   const int modes[3] = {o.attention_dropout_mode, o.hidden_dropout_mode, o.hidden_dropout_mode};
   const int64_t sizes[3][2] = {{PA1, PA2}, {PH1, PH2}, {PH1, PH2}};
   for (int site = 0; site < 3; ++site) {
-    if (modes[site] < 0 || modes[site] > 2) return 1;
+    if (modes[site] < 0 || modes[site] > 2) return Status::kBadCall;
     if (modes[site] == 0) continue;
     const int32_t a = offsets[2 * site], b = offsets[2 * site + 1];
     if (sizes[site][0] < 2 || sizes[site][1] < 2 || a < 0 || b < 0 || a >= sizes[site][0] || b >= sizes[site][1]) {
-      return 3;
+      return Status::kDropoutOffsets;
     }
   }
   return 0;
@@ -116,11 +119,6 @@ int read_dims(int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t S
 
 // ------------------------------------------------------------------------------------------------ small passes
 int threads_of(const TrainLayerOptions &o, int64_t elements) { return threads_for(o.threads, elements); }
-
-VEC_CLONES void add_rows(const float *a, const float *b, float *y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
-}
 
 // y = a + b over n elements, in chunks on the library's threads.
 void add(const float *a, const float *b, float *y, int64_t n, const TrainLayerOptions &o) {
@@ -298,22 +296,15 @@ State &state() {
 }
 
 // ------------------------------------------------------------------------------------------------ norms, GEMMs
-// y = norm(x) and its row statistics (LayerNorm: mean, rstd; RMSNorm: rstd in the second half)
+// y = norm(x) and its row statistics [2 T] (common.h's norm_forward / norm_backward: the layer's NormKind)
 int norm_forward(const float *x, const float *w, const float *b, float *y, float *stats, const Dims &d,
                  const TrainLayerOptions &o) {
-  if (d.layer_norm) {
-    return gptlocal_core_layernorm_fwd(x, w, b, y, stats, stats + d.T, d.T, d.H, LayerNormOptions{o.epsilon, o.threads});
-  }
-  return gptlocal_core_rmsnorm_fwd(x, w, y, stats + d.T, d.T, d.H, RMSNormOptions{o.epsilon, o.threads});
+  return ::norm_forward(o.norm, x, w, b, y, stats, d.T, d.H, o.epsilon, o.threads);
 }
 
 int norm_backward(const float *x, const float *w, const float *stats, const float *dy, float *dx, float *dw,
                   float *db, const Dims &d, const TrainLayerOptions &o) {
-  if (d.layer_norm) {
-    return gptlocal_core_layernorm_bwd(x, w, stats, stats + d.T, dy, dx, dw, db, d.T, d.H,
-                                       LayerNormOptions{o.epsilon, o.threads});
-  }
-  return gptlocal_core_rmsnorm_bwd(x, w, stats + d.T, dy, dx, dw, d.T, d.H, RMSNormOptions{o.epsilon, o.threads});
+  return ::norm_backward(o.norm, x, w, stats, dy, dx, dw, db, d.T, d.H, o.epsilon, o.threads);
 }
 
 LinearOptions linear_options(const TrainLayerOptions &o) { return LinearOptions{o.threads, o.precision}; }
@@ -375,16 +366,16 @@ int forward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerOp
   // QKV (its output saved: float32 in place, else rounded from the scratch copy)
   float *qkv = d.bf16 ? w.b[4] : saved.qkv;
   if (status == 0) status = gptlocal_core_linear_fwd(a, p.qkv_w, d.qkv_bias ? p.qkv_b : nullptr, qkv, T, H, d.Q, lo);
-  if (status != 0) return 10 + status;
+  if (status != Status::kOk) return status;
   if (d.bf16) keep_half(qkv, saved.qkv16, T * d.Q, o);
   // the heads (rope's from its raw heads), attention
   float *q = w.b[5], *k = q + T * d.ND, *v = k + T * d.G * d.D;
   status = attention_inputs(qkv, q, k, v, w.b[7], d, in, o);
-  if (status != 0) return 20 + status;
+  if (status != Status::kOk) return status;
   float *ctx_heads = w.b[8];
   status = gptlocal_core_attention_fwd(q, k, v, in.mask, in.ta1, in.ta2, in.offsets, ctx_heads, saved.lse, d.B, d.N,
                                        d.S, d.D, d.G, d.Bb, d.PA1, d.PA2, attention_options(o));
-  if (status != 0) return 30 + status;
+  if (status != Status::kOk) return status;
   float *ctx = d.bf16 ? w.b[2] : saved.ctx;
   context<true>(ctx, ctx_heads, d, o);
   if (d.bf16) keep_half(ctx, saved.ctx16, T * d.ND, o);
@@ -392,7 +383,7 @@ int forward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerOp
   float *attn = w.b[0];
   status = gptlocal_core_linear_fwd(ctx, p.proj_w, d.bias ? p.proj_b : nullptr, attn, T, d.ND, H, lo);
   if (status == 0) status = hidden_dropout(attn, T * H, 1, d, in, o);
-  if (status != 0) return 40 + status;
+  if (status != Status::kOk) return status;
   const float *mlp_in = in.hidden;  // the parallel residual's norm2 reads x
   if (!d.parallel) {
     add(in.hidden, attn, saved.h, T * H, o);
@@ -401,7 +392,7 @@ int forward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerOp
   // norm2, the MLP
   float *b = w.b[1];
   status = norm_forward(mlp_in, p.norm2_w, p.norm2_b, b, w.stats, d, o);
-  if (status != 0) return 50 + status;
+  if (status != Status::kOk) return status;
   float *mlp = d.bf16 ? w.b[2] : saved.mlp;  // (ctx is dead)
   float *s = w.b[3];
   if (d.gated) {  // mlp: gate, then up
@@ -416,14 +407,14 @@ int forward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerOp
     if (status == 0 && d.bf16) keep_half(mlp, saved.mlp16, T * I, o);
     if (status == 0) {
       status = gptlocal_core_bias_gelu_fwd(mlp, d.bias ? p.fc1_b : zeros, s, T, I,
-                                           BiasGeluOptions{d.quick ? 1 : 0, o.threads});
+                                           BiasGeluOptions{d.quick ? MlpForm::kQuick : MlpForm::kTanh, o.threads});
     }
   }
-  if (status != 0) return 60 + status;
+  if (status != Status::kOk) return status;
   float *m = a;  // (norm1's output is dead)
   status = gptlocal_core_linear_fwd(s, p.fc2_w, d.bias ? p.fc2_b : nullptr, m, T, I, H, lo);
   if (status == 0) status = hidden_dropout(m, T * H, 2, d, in, o);
-  if (status != 0) return 70 + status;
+  if (status != Status::kOk) return status;
   if (d.parallel) {
     add3(in.hidden, attn, m, out, T * H, o);
   } else {
@@ -449,7 +440,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   const float *mlp_in = d.parallel ? in.hidden : saved.h;
   float *b = w.b[1];
   if (status == 0) status = norm_forward(mlp_in, p.norm2_w, p.norm2_b, b, w.stats, d, o);
-  if (status != 0) return 110 + status;
+  if (status != Status::kOk) return status;
   float *mlp = saved.mlp;
   if (d.bf16) {
     mlp = w.b[2];
@@ -462,12 +453,12 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
     status = gptlocal_core_swiglu_fwd(mlp, mlp + T * I, s, T * I, ThreadOptions{o.threads});
   } else {
     status = gptlocal_core_bias_gelu_fwd(mlp, d.bias ? p.fc1_b : zeros, s, T, I,
-                                         BiasGeluOptions{d.quick ? 1 : 0, o.threads});
+                                         BiasGeluOptions{d.quick ? MlpForm::kQuick : MlpForm::kTanh, o.threads});
   }
   // fc2: ds (b4), dW2, db2
   float *ds = w.b[4];
   if (status == 0) status = gptlocal_core_linear_bwd(s, p.fc2_w, dm, ds, g.dfc2_w, T, I, H, lo);
-  if (status != 0) return 120 + status;
+  if (status != Status::kOk) return status;
   if (d.bias) column_sums(dm, T, H, g.dfc2_b, o);
   // the activation's backward (b5), then fc1 (and the gate): db (b6)
   float *dmlp = w.b[5], *db = w.b[6];
@@ -476,7 +467,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
     float *db_up = w.b[7];
     if (status == 0) status = gptlocal_core_linear_bwd(b, p.gate_w, dmlp, db, g.dgate_w, T, H, I, lo);
     if (status == 0) status = gptlocal_core_linear_bwd(b, p.fc1_w, dmlp + T * I, db_up, g.dfc1_w, T, H, I, lo);
-    if (status != 0) return 130 + status;
+    if (status != Status::kOk) return status;
     add(db, db_up, db, T * H, o);
     if (d.bias) {
       column_sums(dmlp, T, I, g.dgate_b, o);
@@ -484,14 +475,14 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
     }
   } else {
     status = gptlocal_core_bias_gelu_bwd(mlp, d.bias ? p.fc1_b : zeros, ds, dmlp, d.bias ? g.dfc1_b : dbias_unused, T,
-                                         I, BiasGeluOptions{d.quick ? 1 : 0, o.threads});
+                                         I, BiasGeluOptions{d.quick ? MlpForm::kQuick : MlpForm::kTanh, o.threads});
     if (status == 0) status = gptlocal_core_linear_bwd(b, p.fc1_w, dmlp, db, g.dfc1_w, T, H, I, lo);
-    if (status != 0) return 140 + status;
+    if (status != Status::kOk) return status;
   }
   // norm2's backward: dn2 (b0: dm is dead)
   float *dn2 = w.b[0];
   status = norm_backward(mlp_in, p.norm2_w, w.stats, db, dn2, g.dnorm2_w, g.dnorm2_b, d, o);
-  if (status != 0) return 150 + status;
+  if (status != Status::kOk) return status;
   // the residual: dh (b1: norm2's output is dead); the attention's branch: dattn = drop(dh) (b6: db is dead)
   const float *dh = dy;
   if (!d.parallel) {
@@ -502,7 +493,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   if (o.hidden_dropout_mode != 0) {
     std::memcpy(db, dh, sizeof(float) * T * H);
     status = hidden_dropout(db, T * H, 1, d, in, o);
-    if (status != 0) return 160 + status;
+    if (status != Status::kOk) return status;
     dattn = db;
   }
   // the projection: ctx (b2 under bf16), dctx (b3: the activation is dead), dWproj, dbproj
@@ -513,7 +504,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   }
   float *dctx = s;
   status = gptlocal_core_linear_bwd(ctx, p.proj_w, dattn, dctx, g.dproj_w, T, d.ND, H, lo);
-  if (status != 0) return 170 + status;
+  if (status != Status::kOk) return status;
   if (d.bias) column_sums(dattn, T, H, g.dproj_b, o);
   // attention's inputs again: qkv (b4 under bf16: ds is dead), the heads (b5: the activation's gradient is dead),
   // rope's raw heads (b7); ctx and dctx as heads (b8, b9)
@@ -524,7 +515,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   }
   float *q = dmlp, *k = q + T * d.ND, *v = k + T * d.G * d.D, *raw = w.b[7], *raw_k = raw + T * d.ND;
   status = attention_inputs(qkv, q, k, v, raw, d, in, o);
-  if (status != 0) return 180 + status;
+  if (status != Status::kOk) return status;
   float *ctx_heads = w.b[8], *dctx_heads = w.b[9];
   context<false>(ctx, ctx_heads, d, o);
   context<false>(dctx, dctx_heads, d, o);
@@ -533,7 +524,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   status = gptlocal_core_attention_bwd(q, k, v, in.mask, in.ta1, in.ta2, in.offsets, ctx_heads, saved.lse,
                                        dctx_heads, dq, dk, dv, d.B, d.N, d.S, d.D, d.G, d.Bb, d.PA1, d.PA2,
                                        attention_options(o));
-  if (status != 0) return 190 + status;
+  if (status != Status::kOk) return status;
   float *dqkv = ds;  // (qkv is dead)
   if (d.rope) {
     status = gptlocal_core_rope_bwd(dq, in.cos, in.sin, raw, d.B, d.N, d.S, d.D, d.Bc, d.R, ThreadOptions{o.threads});
@@ -541,7 +532,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
       status = gptlocal_core_rope_bwd(dk, in.cos, in.sin, raw_k, d.B, d.G, d.S, d.D, d.Bc, d.R,
                                       ThreadOptions{o.threads});
     }
-    if (status != 0) return 200 + status;
+    if (status != Status::kOk) return status;
     heads<true>(dqkv, raw, raw_k, dv, d, o);
   } else {
     heads<true>(dqkv, dq, dk, dv, d, o);
@@ -554,7 +545,7 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   if (status == 0) status = gptlocal_core_linear_bwd(a, p.qkv_w, dqkv, da, g.dqkv_w, T, H, d.Q, lo);
   float *dn1 = ctx_heads;
   if (status == 0) status = norm_backward(in.hidden, p.norm1_w, w.stats, da, dn1, g.dnorm1_w, g.dnorm1_b, d, o);
-  if (status != 0) return 210 + status;
+  if (status != Status::kOk) return status;
   if (d.parallel) {
     add3(dh, dn1, dn2, g.dhidden, T * H, o);
   } else {

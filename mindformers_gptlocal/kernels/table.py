@@ -18,7 +18,8 @@ AttentionOptions = Options(
     "where they differ; the query and key blocks' rows.")
 LayerNormOptions = Options("LayerNormOptions", "epsilon: float, threads: int", "LayerNorm's.")
 RMSNormOptions = Options("RMSNormOptions", "epsilon: float, threads: int", "RMSNorm's.")
-BiasGeluOptions = Options("BiasGeluOptions", "form: int, threads: int", "Bias + GeLU's: form 0 tanh, 1 quick.")
+BiasGeluOptions = Options("BiasGeluOptions", "form: int, threads: int",
+                          "Bias + GeLU's: form MlpForm::kTanh or kQuick.")
 LinearOptions = Options("LinearOptions", "threads: int, precision: int",
                         "Linear's GEMM: precision 0 float32, 1 bfloat16 x bfloat16 -> float32 (oneDNN's "
                         "dnnl_gemm_bf16bf16f32), 2 the same numbers emulated (inputs rounded to bfloat16, sgemm).")
@@ -39,15 +40,15 @@ TrainLayerOptions = Options(
     "qkv_bias: int, rope: int, parallel_residual: int, precision: int, threads: int, query_block: int, key_block: int, "
     "slot: int", "The training layer's: the norms' epsilon, attention's scale, the counter dropouts' scales and modes "
     "(0 none, 1 keep where the bits agree, 2 where they differ; the hidden one at both residual sites), the query "
-    "heads and key/value groups, norm 0 LayerNorm / 1 RMSNorm, mlp 0 tanh GeLU / 1 quick GeLU / 2 SwiGLU, bias (the "
+    "heads and key/value groups, norm (a NormKind), mlp (MlpForm: kTanh, kQuick or kSwiglu), bias (the "
     "projection's and the MLP's Linears), qkv_bias, rope, parallel_residual (NeoX), the GEMMs' precision "
     "(LinearOptions'; 1, 2 also save the GEMM operands as bf16), the threads, attention's query and key blocks, the "
     "layer's slot (its saved activations; 0 shared by recomputed layers).")
 DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
                              "precision: int, norm: int, rotary_dim: int, parallel_residual: int, qkv_bias: int, "
                              "bias: int", "The decode step's layer (cpu_decoder.h LayerShape's choices): the norms' "
-                             "epsilon, attention's scale, the MLP's form (0 tanh GeLU, 1 quick, 2 erf, 3 ReLU, 4 "
-                             "SwiGLU), the GEMMs' precision (LinearOptions'), norm 0 LayerNorm / 1 RMSNorm, the rope's "
+                             "epsilon, attention's scale, the MLP's form (an MlpForm), the GEMMs' precision "
+                             "(LinearOptions'), norm (a NormKind), the rope's "
                              "channels (0: none), NeoX's parallel residual, whether qkv and the other Linears have "
                              "biases.")
 # the native runner's structs (cpu_decoder.cc; runtime/native.py fills them once per runner)
@@ -57,7 +58,7 @@ DecoderModel = Struct(
     "max_positions: int, words_kind: int, head_kind: int, epsilon: float, words: void*, words_scale: f32*, "
     "positions: f32*, final_weight: f32*, final_bias: f32*, head: void*, head_scale: f32*",
     "A model for gptlocal_decoder_step: its sizes and layout choices (DecodeLayerOptions' codes; weights and the "
-    "*_kind fields: 0 float32, 1 bfloat16, 2 int8 with per-row scales), the token table (+ scales), the learned "
+    "*_kind fields: WeightKind), the token table (+ scales), the learned "
     "position table (or null: rope), the final norm, the head's table (+ scales).")
 DecoderLayer = Struct(
     "DecoderLayer", "scale: float, norm1_weight: f32*, norm1_bias: f32*, qkv: void*, qkv_scale: f32*, qkv_bias: f32*, "
@@ -71,10 +72,11 @@ DecoderCache = Struct(
     "sin [length, rotary_dim] by position (null without rope).")
 DecoderCall = Struct(
     "DecoderCall", "ids: i32*, positions: i32*, slots: i32*, last: i32*, batch: int, width: int, logits: mut f32*, "
-    "tokens: mut i32*, work: mut void*, work_bytes: int64",
+    "tokens: mut i32*, work: mut void*, work_bytes: int64, failed_layer: mut i32*",
     "One step: ids and positions [batch, width], each row's cache slot [batch] and the column whose logits come "
     "back [batch]; logits [batch, vocab] (or null) and / or tokens [batch] (their argmax, or null); the workspace "
-    "(gptlocal_decoder_workspace bytes).")
+    "(gptlocal_decoder_workspace bytes); failed_layer: null, or where a failed step writes the index of the layer "
+    "whose part failed (-1: not in a layer).")
 
 # ------------------------------------------------------------------------------------------------ kernels
 ATTENTION_INPUTS = ("q: f32[B, N, S, D], k: f32[B, G, S, D], v: f32[B, G, S, D], bias: f32[Bb, 1, S, S], "
@@ -181,7 +183,8 @@ TABLE = Table([
     Export("gptlocal_decoder_step", "cpu_decoder.cc", "int gptlocal_decoder_step(const DecoderModel *model, "
            "const DecoderLayer *layers, const DecoderCache *cache, const DecoderCall *call)",
            "the native runner's step: a model's forward over its KV cache for one call's rows, logits or their argmax "
-           "(0, or a status)", op="runner", structs=(DecoderModel, DecoderLayer, DecoderCache, DecoderCall)),
+           "(Status::kOk, or the named status of the part that failed; its layer in DecoderCall.failed_layer)",
+           op="runner", structs=(DecoderModel, DecoderLayer, DecoderCache, DecoderCall)),
     Export("gptlocal_decoder_workspace", "cpu_decoder.cc", "int64_t gptlocal_decoder_workspace(const DecoderModel "
            "*model, int64_t rows, int64_t batch)", "the workspace bytes of a step of `rows` token rows, `batch` "
            "sequences", op="runner", structs=(DecoderModel,)),
