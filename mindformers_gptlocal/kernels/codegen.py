@@ -13,7 +13,7 @@ sources of the package (``build.py`` compiles them together and hashes them into
 import sys
 
 from .codes import ENUMS, c_enum
-from .spec import Export, comment
+from .spec import Export, Struct, comment
 from .table import TABLE
 
 HEADER = "cores.h"
@@ -60,8 +60,14 @@ def adapter(kernel):
         dims = ", ".join(_dim(d, sizes) for d in tensor.dims)
         flags = f"{'true' if tensor.optional else 'false'}, {'true' if tensor.token else 'false'}"
         rows.append(f'      {{"{tensor.ms_dtype}", {len(tensor.dims)}, {{{dims}}}, {flags}}},  // {tensor}')
-    args = [f"call.{'in' if t.const else 'out'}<{t.c_type}>({i})" for i, t in enumerate(kernel.tensors)
-            if not t.token]
+    index = {t.name: i for i, t in enumerate(kernel.tensors)}
+
+    def pointer(tensor):
+        return f"call.{'in' if tensor.const else 'out'}<{tensor.c_type}>({index[tensor.name]})"
+
+    tensors = {t.name: t for t in kernel.tensors}
+    args = [f"{a.name}{{{', '.join(pointer(tensors[field]) for field, _ in a.fields)}}}" if isinstance(a, Struct)
+            else pointer(a) for a in kernel.core_arguments()]
     args += [f"call.size[{i}]" for i in range(len(sizes))] + ["options"]
     name = kernel.options.name
     return "\n".join([

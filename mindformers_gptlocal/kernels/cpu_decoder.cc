@@ -551,13 +551,6 @@ LayerShape shape_of(const DecoderModel &m) {
                     m.parallel_residual, m.weights, m.precision, m.threads, m.epsilon};
 }
 
-LayerWeights weights_of(const DecoderLayer &l) {
-  return LayerWeights{l.scale,    l.norm1_weight, l.norm1_bias, l.qkv,      l.qkv_scale, l.qkv_bias,
-                      l.proj,     l.proj_scale,   l.proj_bias,  l.norm2_weight, l.norm2_bias, l.fc1,
-                      l.fc1_scale, l.fc1_bias,    l.gate,       l.gate_scale, l.gate_bias, l.fc2,
-                      l.fc2_scale, l.fc2_bias};
-}
-
 // Every temporary of one step of `rows` token rows and `batch` sequences, carved in this order.
 struct StepBuffers {
   float *hidden[2], *cos, *sin, *selected, *normed, *moments, *logits;
@@ -665,7 +658,7 @@ int gptlocal_decoder_step(const DecoderModel *model, const DecoderLayer *layers,
   int current = 0;
   for (int64_t layer = 0; layer < m.layers; ++layer) {
     Arena scratch = arena.from(mark);
-    status = layer_forward(shape, weights_of(layers[layer]), rows, s.hidden[current], s.hidden[1 - current],
+    status = layer_forward(shape, layers[layer], rows, s.hidden[current], s.hidden[1 - current],
                            cache->keys + layer * per_layer, cache->values + layer * per_layer, s.cos, s.sin,
                            &scratch);
     if (status != Status::kOk) {  // the part's own status; the layer beside it

@@ -17,24 +17,10 @@ struct LayerShape {
   float epsilon;
 };
 
-// A layer's attention scale and Parameters: each Linear's weight (the shape's dtype), its int8 scales (or null) and
-// its bias (or null); the norms' weights and (LayerNorm) biases; gate: SwiGLU's gate Linear (MlpForm::kSwiglu),
-// else null.
-struct LayerWeights {
-  float scale;
-  const float *norm1_weight, *norm1_bias;
-  const void *qkv;
-  const float *qkv_scale, *qkv_bias;
-  const void *proj;
-  const float *proj_scale, *proj_bias;
-  const float *norm2_weight, *norm2_bias;
-  const void *fc1;
-  const float *fc1_scale, *fc1_bias;
-  const void *gate;
-  const float *gate_scale, *gate_bias;
-  const void *fc2;
-  const float *fc2_scale, *fc2_bias;
-};
+// A layer's attention scale and Parameters: cores.h's DecoderLayer, generated from kernels/layer_table.py LAYER (each
+// Linear's weight of the shape's dtype, its int8 scales (or null) and its bias (or null); the norms' weights and
+// (LayerNorm) biases; gate: SwiGLU's gate Linear (MlpForm::kSwiglu), else null).
+using LayerWeights = ::DecoderLayer;
 
 // The call's token rows: B sequences of S rows, sequence b in cache slot slot[b], row (b, s) at position pos[b S + s]
 // of a cache of `length` rows a slot. bias: null, or an additive bias [length] a sequence at bias + b bias_stride

@@ -40,7 +40,8 @@ class CPUDecodeLayer(KernelCell):
     """``construct(hidden [B, 1, H], norm1 (weight, bias), qkv (weight, scale, bias), proj (...), norm2 (weight, bias),
     fc1 (...), gate (...), fc2 (...), key_cache, value_cache, write_index [B, G, 1, 3], attention_bias [B or 1, 1, 1,
     L], cos, sin [B, 1, 1, R])`` -> the layer's output hidden [B, 1, H]; the caches written in place. ``form``: an
-    ``MlpForm``'s name (``model/gpt.py`` ``mlp_form``); ``norm``: a ``NormKind``'s ("LayerNorm", "RMSNorm"); ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
+    ``MlpForm``'s name (``model/gpt.py`` ``mlp_form``); ``norm``: a ``NormKind``'s ("LayerNorm", "RMSNorm");
+    ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
     biases (else their bias arguments are placeholders)."""
 
     symbol = SYMBOL
@@ -51,7 +52,8 @@ class CPUDecodeLayer(KernelCell):
         # side_effect_mem (the table's inout caches): MindSpore keeps every later use of the caches after it
         super().__init__(library_path, KERNELS[self.symbol], epsilon=epsilon, scale=scale, form=name_of(MlpForm, form),
                          threads=threads, precision=precision_code(library_path, precision, emulate),
-                         norm=name_of(NormKind, norm), rotary_dim=int(rotary_dim), parallel_residual=int(bool(parallel_residual)),
+                         norm=name_of(NormKind, norm), rotary_dim=int(rotary_dim),
+                         parallel_residual=int(bool(parallel_residual)),
                          qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)))
 
     # pylint: disable-next=too-many-arguments

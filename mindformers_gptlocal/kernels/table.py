@@ -8,6 +8,7 @@ signature ``cores.h`` declares from its entry) and its entry here; ``aot.KernelC
 then its Cell (or a class of its own where the model calls it otherwise), and ``provider.py`` a method where the
 model uses it. ``python -m mindformers_gptlocal.kernels.codegen`` prints what the build generates.
 """
+from .layer_table import decode_layer_parameters, decoder_layer_fields, train_layer_parameters
 from .spec import Export, Kernel, Options, Struct, Table
 
 # ------------------------------------------------------------------------------------------------ options structs
@@ -61,11 +62,9 @@ DecoderModel = Struct(
     "*_kind fields: WeightKind), the token table (+ scales), the learned "
     "position table (or null: rope), the final norm, the head's table (+ scales).")
 DecoderLayer = Struct(
-    "DecoderLayer", "scale: float, norm1_weight: f32*, norm1_bias: f32*, qkv: void*, qkv_scale: f32*, qkv_bias: f32*, "
-    "proj: void*, proj_scale: f32*, proj_bias: f32*, norm2_weight: f32*, norm2_bias: f32*, fc1: void*, "
-    "fc1_scale: f32*, fc1_bias: f32*, gate: void*, gate_scale: f32*, gate_bias: f32*, fc2: void*, fc2_scale: f32*, "
-    "fc2_bias: f32*", "One layer's attention scale and Parameters (cpu_decoder.h LayerWeights): null where the layer "
-    "has none (a bias, an int8 weight's scales, a LayerNorm's bias, SwiGLU's gate).")
+    "DecoderLayer", decoder_layer_fields(), "One layer's attention scale and Parameters (layer_table.py LAYER; "
+    "cpu_decoder.h LayerWeights): null where the layer has none (a bias, an int8 weight's scales, a LayerNorm's bias, "
+    "SwiGLU's gate).")
 DecoderCache = Struct(
     "DecoderCache", "keys: mut f32*, values: mut f32*, cos: f32*, sin: f32*, slots: int, length: int",
     "A runner's KV cache: keys and values [layers, slots, G, length, D] float32, written in place; the rope's cos and "
@@ -82,11 +81,8 @@ DecoderCall = Struct(
 ATTENTION_INPUTS = ("q: f32[B, N, S, D], k: f32[B, G, S, D], v: f32[B, G, S, D], bias: f32[Bb, 1, S, S], "
                     "t1: f32[P1], t2: f32[P2], offsets: i32[2]")
 DROPOUT_TABLES = "t1: f32[P1], t2: f32[P2], offsets: i32[2]"
-LAYER = ("hidden: f32[B, 1, H], norm1_weight: f32[H], norm1_bias: f32[_], {qkv}, {proj}, norm2_weight: f32[H], "
-         "norm2_bias: f32[_], {fc1}, {gate}, {fc2}, key_cache: inout f32[Bc, G, L, D], "
-         "value_cache: inout f32[Bc, G, L, D], write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L], "
-         "cos: f32[_, _, _, _], sin: f32[_, _, _, _]")
-LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "gate": ("_", "_"), "fc2": ("H", "I")}
+DECODE_CACHE = ("key_cache: inout f32[Bc, G, L, D], value_cache: inout f32[Bc, G, L, D], "
+                "write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L], cos: f32[_, _, _, _], sin: f32[_, _, _, _]")
 # The training layer's tensors (cpu_train_layer.cc): the layer's input, attention's mask, rope's cos and sin, the
 # attention's and the hidden dropout's bit tables, their offsets (attention_probs, attention_output, mlp_output: (a, b)
 # each), then the parameters; a parameter the layer has not is a one-element stand-in (RMSNorm's shift, a bias, a
@@ -94,20 +90,29 @@ LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "gate": ("
 TRAIN_LAYER_INPUTS = (
     "hidden: f32[B, S, H], mask: f32[Bb, 1, S, S], cos: f32[Bc, 1, Sr, R], sin: f32[Bc, 1, Sr, R], "
     "attention_t1: f32[PA1], attention_t2: f32[PA2], hidden_t1: f32[PH1], hidden_t2: f32[PH2], offsets: i32[6], "
-    "norm1_w: f32[H], norm1_b: f32[Hn], qkv_w: f32[Q, H], qkv_b: f32[Qb], proj_w: f32[H, ND], proj_b: f32[Hb], "
-    "norm2_w: f32[H], norm2_b: f32[Hn], fc1_w: f32[I, H], fc1_b: f32[Ib], gate_w: f32[Ig, H], gate_b: f32[Igb], "
-    "fc2_w: f32[H, I], fc2_b: f32[Hb]")
-TRAIN_LAYER_PARAMETERS = ("norm1_w", "norm1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "norm2_w", "norm2_b", "fc1_w",
-                          "fc1_b", "gate_w", "gate_b", "fc2_w", "fc2_b")
+    + ", ".join(f"{name}: f32[{dims}]" for name, dims in train_layer_parameters()))
+TRAIN_LAYER_PARAMETERS = tuple(name for name, _ in train_layer_parameters())
+TRAIN_LAYER_GRADIENTS = "dhidden: f32[B, S, H], " + ", ".join(
+    f"d{name}: f32[{dims}]" for name, dims in train_layer_parameters())
+# the training layer's inputs, parameters and gradients as its cores take them (structs: cpu_train_layer.cc), the
+# parameters from layer_table.py
+TrainLayerInputs = Struct("TrainLayerInputs", "hidden: f32*, mask: f32*, cos: f32*, sin: f32*, attention_t1: f32*, "
+                          "attention_t2: f32*, hidden_t1: f32*, hidden_t2: f32*, offsets: i32*",
+                          "The training layer's input, attention's mask, rope's cos and sin, the dropouts' tables and "
+                          "their offsets ((a, b) of attention_probs, attention_output, mlp_output).")
+TrainLayerParams = Struct("TrainLayerParams", ", ".join(f"{name}: f32*" for name in TRAIN_LAYER_PARAMETERS),
+                          "The training layer's parameters (layer_table.py LAYER; a stand-in where the layer has "
+                          "none).")
+TrainLayerGrads = Struct("TrainLayerGrads", ", ".join(f"d{name}: mut f32*" for name in TRAIN_LAYER_PARAMETERS)
+                         + ", dhidden: mut f32*", "The gradients the training layer's backward writes: each "
+                         "parameter's (zeros for a stand-in), then the layer input's.")
 
 
 def decode_layer_inputs(weight):
     """The decode layer's inputs with its five Linears' weights of dtype ``weight``, each followed by its float32
     per-channel scales (an int8 model's; else a placeholder) and its bias (or a placeholder); SwiGLU's gate (or a
     placeholder weight) between fc1 and fc2; the rope's cos and sin [B, 1, 1, R] (or placeholders)."""
-    def linear(name, out, inp):
-        return f"{name}_w: {weight}[{out}, {inp}], {name}_scale: f32[_], {name}_b: f32[_]"
-    return LAYER.format(**{name: linear(name, *dims) for name, dims in LINEARS.items()})
+    return f"hidden: f32[B, 1, H], {decode_layer_parameters(weight)}, {DECODE_CACHE}"
 
 
 TABLE = Table([
@@ -220,14 +225,12 @@ TABLE = Table([
     Kernel("gptlocal_train_layer_fwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS, "out: f32[B, S, H], ticket: i32[2]",
            TrainLayerOptions, "a whole decoder layer of a training step (norm, QKV, rope, attention, projection, "
            "residual, norm, MLP, residual): its output and the ticket of the activations it saved in its slot",
-           backward="gptlocal_train_layer_bwd", op="train_layer"),
+           backward="gptlocal_train_layer_bwd", op="train_layer", groups=(TrainLayerInputs, TrainLayerParams)),
     Kernel("gptlocal_train_layer_bwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS + ", ticket: i32[2], dout: f32[B, S, H]",
-           "dhidden: f32[B, S, H], " + ", ".join(f"d{name}: f32[{dims}]" for name, dims in (
-               ("norm1_w", "H"), ("norm1_b", "Hn"), ("qkv_w", "Q, H"), ("qkv_b", "Qb"), ("proj_w", "H, ND"),
-               ("proj_b", "Hb"), ("norm2_w", "H"), ("norm2_b", "Hn"), ("fc1_w", "I, H"), ("fc1_b", "Ib"),
-               ("gate_w", "Ig, H"), ("gate_b", "Igb"), ("fc2_w", "H, I"), ("fc2_b", "Hb"))),
+           TRAIN_LAYER_GRADIENTS,
            TrainLayerOptions, "its backward: the slot's activations where the ticket still holds them (else the "
-           "forward again, from its inputs), then every gradient", op="train_layer"),
+           "forward again, from its inputs), then every gradient", op="train_layer",
+           groups=(TrainLayerInputs, TrainLayerParams, TrainLayerGrads)),
     Export("gptlocal_train_layer_release", "cpu_train_layer.cc", "int gptlocal_train_layer_release(int32_t slot)",
            "frees a training layer's slot (its Cell is gone)", op="train_layer"),
     Export("gptlocal_train_layer_stats", "cpu_train_layer.cc", "void gptlocal_train_layer_stats(int64_t *out)",
@@ -238,5 +241,5 @@ TABLE = Table([
            backward="gptlocal_rope_bwd"),
     Kernel("gptlocal_rope_bwd", "cpu_rope.cc", "dy: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
            "dx: f32[B, N, S, D]", ThreadOptions, "its backward: the transposed rotation"),
-])
+], structs=(TrainLayerInputs, TrainLayerParams, TrainLayerGrads))
 KERNELS = {kernel.symbol: kernel for kernel in TABLE.kernels}
