@@ -143,7 +143,8 @@ def call_core(library, kernel, *arrays, options):
     pointers = []
     for argument in kernel.core_arguments():  # a tensor's address, or a group's struct of them
         if isinstance(argument, Struct):
-            held = argument(*[by_name[field].ctypes.data for field, _ in argument.fields])
+            held = argument(**{field: None if by_name[field] is None else by_name[field].ctypes.data
+                               for field, _ in argument.fields if field in by_name})
             pointers.append(ctypes.byref(held))
             continue
         array = by_name[argument.name]

@@ -66,7 +66,10 @@ def adapter(kernel):
         return f"call.{'in' if tensor.const else 'out'}<{tensor.c_type}>({index[tensor.name]})"
 
     tensors = {t.name: t for t in kernel.tensors}
-    args = [f"{a.name}{{{', '.join(pointer(tensors[field]) for field, _ in a.fields)}}}" if isinstance(a, Struct)
+    def field(name):  # a tensor's pointer, or zero for a number no tensor gives
+        return pointer(tensors[name]) if name in tensors else "{}"
+
+    args = [f"{a.name}{{{', '.join(field(name) for name, _ in a.fields)}}}" if isinstance(a, Struct)
             else pointer(a) for a in kernel.core_arguments()]
     args += [f"call.size[{i}]" for i in range(len(sizes))] + ["options"]
     name = kernel.options.name

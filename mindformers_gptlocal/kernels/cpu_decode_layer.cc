@@ -8,7 +8,8 @@
 // dispatch than in arithmetic. The runtime's compiled runner (runtime/runner.py) runs this node in its decode graphs;
 // the native runner (runtime/native.py) calls the layer function directly.
 //
-// The tensors (kernels/table.py decode_layer_inputs): hidden [B, 1, H]; norm1 weight [H] and bias (LayerNorm; else a
+// The tensors (kernels/table.py decode_layer_inputs; the parameters, from kernels/layer_table.py, reach the core as one
+// DecoderLayer): hidden [B, 1, H]; norm1 weight [H] and bias (LayerNorm; else a
 // placeholder); each Linear's weight [out, in] (float32, bfloat16 bits or int8), its float32 scales (int8; else a
 // placeholder) and its bias (where the options say the layer has one; else a placeholder): qkv [Q, H]
 // (Q = (N + 2G) D, group-major), proj [H, N D], fc1 [I, H], gate [I, H] (SwiGLU; else a placeholder), fc2 [H, I];
@@ -42,15 +43,9 @@ bool precision_fits(int weights, int precision) {
   }
 }
 
-// One Linear's weight, scales, bias as the tensors hand them (placeholders dropped by the options).
-struct Linear {
-  const void *w;
-  const float *scale, *b;
-};
-
-int decode_layer(int weights, const float *hidden, const float *norm1_weight, const float *norm1_bias,
-                 const Linear &qkv, const Linear &proj, const float *norm2_weight, const float *norm2_bias,
-                 const Linear &fc1, const Linear &gate, const Linear &fc2, float *key_cache, float *value_cache,
+// The layer's core: its Parameters as the tensors hand them (cores.h's DecoderLayer, generated from
+// kernels/layer_table.py, the placeholders dropped here by the options), the caches, the rows' write index.
+int decode_layer(int weights, const float *hidden, const DecoderLayer &given, float *key_cache, float *value_cache,
                  const int32_t *index, const float *attention_bias, const float *cos, const float *sin, float *out,
                  int64_t B, int64_t H, int64_t Q, int64_t ND, int64_t I, int64_t Bc, int64_t G, int64_t L, int64_t D,
                  int64_t Bb, const DecodeLayerOptions &o) {
@@ -78,14 +73,21 @@ int decode_layer(int weights, const float *hidden, const float *norm1_weight, co
                          o.parallel_residual, weights, o.precision, o.threads, o.epsilon};
   auto bias = [](const float *b, bool present) { return present ? b : nullptr; };
   auto scales = [int8](const float *s) { return int8 ? s : nullptr; };
-  const LayerWeights w{o.scale,
-                       norm1_weight, bias(norm1_bias, layer_norm),
-                       qkv.w, scales(qkv.scale), bias(qkv.b, o.qkv_bias != 0),
-                       proj.w, scales(proj.scale), bias(proj.b, o.bias != 0),
-                       norm2_weight, bias(norm2_bias, layer_norm),
-                       fc1.w, scales(fc1.scale), bias(fc1.b, o.bias != 0),
-                       gated ? gate.w : nullptr, gated ? scales(gate.scale) : nullptr, bias(gate.b, gated && o.bias),
-                       fc2.w, scales(fc2.scale), bias(fc2.b, o.bias != 0)};
+  LayerWeights w = given;
+  w.scale = o.scale;
+  w.norm1_bias = bias(given.norm1_bias, layer_norm);
+  w.norm2_bias = bias(given.norm2_bias, layer_norm);
+  w.qkv_scale = scales(given.qkv_scale);
+  w.qkv_bias = bias(given.qkv_bias, o.qkv_bias != 0);
+  w.proj_scale = scales(given.proj_scale);
+  w.proj_bias = bias(given.proj_bias, o.bias != 0);
+  w.fc1_scale = scales(given.fc1_scale);
+  w.fc1_bias = bias(given.fc1_bias, o.bias != 0);
+  w.gate = gated ? given.gate : nullptr;
+  w.gate_scale = gated ? scales(given.gate_scale) : nullptr;
+  w.gate_bias = bias(given.gate_bias, gated && o.bias);
+  w.fc2_scale = scales(given.fc2_scale);
+  w.fc2_bias = bias(given.fc2_bias, o.bias != 0);
   const Rows rows{B, 1, slot.data(), pos.data(), L, attention_bias, Bb == 1 ? 0 : L};
   Arena counting(nullptr, 0);
   const int64_t bytes = gptlocal::decoder::layer_workspace(shape, B, &counting);
@@ -99,23 +101,30 @@ int decode_layer(int weights, const float *hidden, const float *norm1_weight, co
 
 }  // namespace
 
-// The float32 layer and the bfloat16-weight one and the int8 one: one body, three typed cores (their weights' pointer
-// types differ).
-#define GPTLOCAL_DECODE_LAYER(name, Weight, kind)                                                                     \
-  int name(const float *hidden, const float *norm1_weight, const float *norm1_bias, const Weight *qkv_w,               \
-           const float *qkv_scale, const float *qkv_b, const Weight *proj_w, const float *proj_scale,                 \
-           const float *proj_b, const float *norm2_weight, const float *norm2_bias, const Weight *fc1_w,              \
-           const float *fc1_scale, const float *fc1_b, const Weight *gate_w, const float *gate_scale,                 \
-           const float *gate_b, const Weight *fc2_w, const float *fc2_scale, const float *fc2_b, float *key_cache,    \
-           float *value_cache, const int32_t *write_index, const float *bias, const float *cos, const float *sin,     \
-           float *out, int64_t B, int64_t H, int64_t Q, int64_t ND, int64_t I, int64_t Bc, int64_t G, int64_t L,      \
-           int64_t D, int64_t Bb, const DecodeLayerOptions &options) {                                                \
-    return decode_layer(kind, hidden, norm1_weight, norm1_bias, {qkv_w, qkv_scale, qkv_b}, {proj_w, proj_scale,       \
-                        proj_b}, norm2_weight, norm2_bias, {fc1_w, fc1_scale, fc1_b}, {gate_w, gate_scale, gate_b},   \
-                        {fc2_w, fc2_scale, fc2_b}, key_cache, value_cache, write_index, bias, cos, sin, out, B, H,   \
-                        Q, ND, I, Bc, G, L, D, Bb, options);                                                          \
-  }
+// The float32 layer, the bfloat16-weight one and the int8 one: one body, three typed cores (the table's three
+// entries; DecoderLayer holds any weight dtype).
+int gptlocal_core_decode_layer_fwd(const float *hidden, const DecoderLayer &layer, float *key_cache, float *value_cache,
+                                   const int32_t *write_index, const float *bias, const float *cos, const float *sin,
+                                   float *out, int64_t B, int64_t H, int64_t Q, int64_t ND, int64_t I, int64_t Bc,
+                                   int64_t G, int64_t L, int64_t D, int64_t Bb, const DecodeLayerOptions &options) {
+  return decode_layer(WeightKind::kFloat32, hidden, layer, key_cache, value_cache, write_index, bias, cos, sin, out, B,
+                      H, Q, ND, I, Bc, G, L, D, Bb, options);
+}
 
-GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_fwd, float, WeightKind::kFloat32)
-GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_bf16w_fwd, uint16_t, WeightKind::kBfloat16)
-GPTLOCAL_DECODE_LAYER(gptlocal_core_decode_layer_int8_fwd, int8_t, WeightKind::kInt8)
+int gptlocal_core_decode_layer_bf16w_fwd(const float *hidden, const DecoderLayer &layer, float *key_cache,
+                                         float *value_cache, const int32_t *write_index, const float *bias,
+                                         const float *cos, const float *sin, float *out, int64_t B, int64_t H,
+                                         int64_t Q, int64_t ND, int64_t I, int64_t Bc, int64_t G, int64_t L, int64_t D,
+                                         int64_t Bb, const DecodeLayerOptions &options) {
+  return decode_layer(WeightKind::kBfloat16, hidden, layer, key_cache, value_cache, write_index, bias, cos, sin, out,
+                      B, H, Q, ND, I, Bc, G, L, D, Bb, options);
+}
+
+int gptlocal_core_decode_layer_int8_fwd(const float *hidden, const DecoderLayer &layer, float *key_cache,
+                                        float *value_cache, const int32_t *write_index, const float *bias,
+                                        const float *cos, const float *sin, float *out, int64_t B, int64_t H,
+                                        int64_t Q, int64_t ND, int64_t I, int64_t Bc, int64_t G, int64_t L, int64_t D,
+                                        int64_t Bb, const DecodeLayerOptions &options) {
+  return decode_layer(WeightKind::kInt8, hidden, layer, key_cache, value_cache, write_index, bias, cos, sin, out, B, H,
+                      Q, ND, I, Bc, G, L, D, Bb, options);
+}

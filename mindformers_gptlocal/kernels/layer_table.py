@@ -8,7 +8,8 @@ What is generated from it (``table.py``; the C++ through ``codegen.py`` into ``c
 
 - ``DecoderLayer`` (the native runner's struct, ``cpu_decoder.h``'s ``LayerWeights``): the attention scale, then each
   norm's weight and bias, each Linear's weight, int8 scales and bias (null where the layer has none);
-- the decode layer's tensors (``decode_layer_inputs``): the same order, each Linear as weight, scales, bias;
+- the decode layer's tensors (``decode_layer_inputs``): the same order and names, each Linear as weight, scales,
+  bias (its cores take them as one ``DecoderLayer``);
 - the training layer's parameters (``TRAIN_LAYER_PARAMETERS``, its inputs) and gradients (its backward's outputs),
   and the C++ structs its cores take them in (``TrainLayerParams``, ``TrainLayerGrads``);
 - ``cells(block)``: (part, the block's sub-Cell) in this order, what the model and the runners iterate.
@@ -84,7 +85,7 @@ def decode_layer_parameters(weight, layer=LAYER):
             tensors += [f"{part.name}_weight: f32[H]", f"{part.name}_bias: f32[_]"]
             continue
         dims = "_, _" if part.when else f"{part.out}, {part.inp}"
-        tensors += [f"{part.name}_w: {weight}[{dims}]", f"{part.name}_scale: f32[_]", f"{part.name}_b: f32[_]"]
+        tensors += [f"{part.name}: {weight}[{dims}]", f"{part.name}_scale: f32[_]", f"{part.name}_bias: f32[_]"]
     return ", ".join(tensors)
 
 

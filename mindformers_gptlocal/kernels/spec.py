@@ -196,8 +196,8 @@ class Kernel:
         self.backward = backward
         self.groups = tuple(groups)  # ``Struct`` s whose fields name tensors: the core takes those as one struct
         names = [t.name for t in self.tensors]
-        for struct in self.groups:
-            missing = [field for field, _ in struct.fields if field not in names]
+        for struct in self.groups:  # a field no tensor names: a number, zero (the core sets it from its options)
+            missing = [field for field, kind in struct.fields if field not in names and "*" in kind]
             if missing:
                 raise ValueError(f"{symbol}: {struct.name}'s {', '.join(missing)} not among its tensors")
         if len(set(names)) != len(names):

@@ -180,11 +180,12 @@ TABLE = Table([
            "common.h's to_bf16 (bf16_bits: to nearest even), as the GEMMs round: for tests"),
     Kernel("gptlocal_decode_layer_fwd", "cpu_decode_layer.cc", decode_layer_inputs("f32"), "out: f32[B, 1, H]",
            DecodeLayerOptions, "a layer of the decode step (every layout), the caches written in place",
-           op="decode_layer"),
+           op="decode_layer", groups=(DecoderLayer,)),
     Kernel("gptlocal_decode_layer_int8_fwd", "cpu_decode_layer.cc", decode_layer_inputs("i8"),
-           "out: f32[B, 1, H]", DecodeLayerOptions, "the same layer of an int8 model", op="decode_layer"),
+           "out: f32[B, 1, H]", DecodeLayerOptions, "the same layer of an int8 model", op="decode_layer",
+           groups=(DecoderLayer,)),
     Kernel("gptlocal_decode_layer_bf16w_fwd", "cpu_decode_layer.cc", decode_layer_inputs("bf16"), "out: f32[B, 1, H]",
-           DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer"),
+           DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer", groups=(DecoderLayer,)),
     Export("gptlocal_decoder_step", "cpu_decoder.cc", "int gptlocal_decoder_step(const DecoderModel *model, "
            "const DecoderLayer *layers, const DecoderCache *cache, const DecoderCall *call)",
            "the native runner's step: a model's forward over its KV cache for one call's rows, logits or their argmax "

@@ -23,11 +23,11 @@ def test_every_kernel_takes_the_parts_in_the_tables_order():
     assert [n[1:] for n in backward if n[1:] in parameters and n.startswith("d")] == parameters
     assert [f for f, _ in table.TrainLayerParams.fields] == parameters
     assert [f for f, _ in table.TrainLayerGrads.fields] == ["d" + n for n in parameters] + ["dhidden"]
-    decode = _names("gptlocal_decode_layer_fwd")
-    stems = [part.name for part in LAYER]
-    assert [n.split("_")[0] for n in decode[1:1 + len(table.DecoderLayer.fields) - 1]] == [
-        f.split("_")[0] for f, _ in table.DecoderLayer.fields[1:]]
-    assert list(dict.fromkeys(f.split("_")[0] for f, _ in table.DecoderLayer.fields[1:])) == stems
+    fields = [f for f, _ in table.DecoderLayer.fields]
+    assert fields[0] == "scale" and list(dict.fromkeys(f.split("_")[0] for f in fields[1:])) == [
+        part.name for part in LAYER]
+    for symbol in ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd", "gptlocal_decode_layer_bf16w_fwd"):
+        assert _names(symbol)[1:len(fields)] == fields[1:]  # the decode layer's tensors are DecoderLayer's fields
 
 
 def test_the_cpp_takes_the_generated_structs():
@@ -38,6 +38,8 @@ def test_the_cpp_takes_the_generated_structs():
     declaration = re.search(r"int gptlocal_core_train_layer_bwd\(([^)]*)\)", header).group(1)
     assert "const TrainLayerParams &" in declaration and "const TrainLayerGrads &" in declaration
     assert declaration.count(",") + 1 < 30
+    for core in ("decode_layer_fwd", "decode_layer_int8_fwd", "decode_layer_bf16w_fwd"):
+        assert f"int gptlocal_core_{core}(const float *hidden, const DecoderLayer &decoder_layer," in header
     kernels = os.path.dirname(layer_table.__file__)
     decoder_h = open(os.path.join(kernels, "cpu_decoder.h"), encoding="utf-8").read()
     assert "using LayerWeights = ::DecoderLayer;" in decoder_h
