@@ -1,12 +1,15 @@
 // MindSpore's AOT call (nparam, params, ndims, shapes, dtypes) checked against a kernel's tensors and turned into its
 // typed core's arguments: the one prologue of every generated entry point (codegen.py writes each kernel's tensors
-// as a Signature from kernels/table.py, calls bind, then the core, then finish). bind returns 0, or 1 where the call
-// does not fit (the parameter count, a dtype, a rank, the options vector's length) and 2 where a dim disagrees with
-// another use of its name or with a fixed length; the kernel then fails the call with nothing computed.
+// as a Signature from kernels/table.py, calls bind, then the core, then finish). bind returns Status::kOk, or
+// kBadCall where the call does not fit (the parameter count, a dtype, a rank, the options vector's length) and
+// kBadShape where a dim disagrees with another use of its name or with a fixed length; the kernel then fails the call
+// with nothing computed.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#include "cores.h"  // the Status codes (generated, codegen.py)
 
 namespace gptlocal {
 namespace aot {
@@ -55,14 +58,16 @@ inline int bind(const Signature &sig, int nparam, void **params, const int *ndim
   if (nparam != sig.count + 1) {
     bool any_optional = false;
     for (int i = 0; i < sig.count; ++i) any_optional = any_optional || sig.tensors[i].optional;
-    if (!any_optional || nparam != sig.count) return 1;
+    if (!any_optional || nparam != sig.count) return Status::kBadCall;
     has_optional = false;
   }
   bool bound[kMaxSizes] = {};
   int p = 0;  // the parameter
   for (int i = 0; i <= sig.count; ++i) {
     if (i == sig.inputs) {  // the options: one int32 vector of the struct's words
-      if (std::strcmp(dtypes[p], "int32") != 0 || ndims[p] != 1 || shapes[p][0] != sig.option_words) return 1;
+      if (std::strcmp(dtypes[p], "int32") != 0 || ndims[p] != 1 || shapes[p][0] != sig.option_words) {
+        return Status::kBadCall;
+      }
       call->options = params[p++];
     }
     if (i == sig.count) break;
@@ -73,7 +78,7 @@ inline int bind(const Signature &sig, int nparam, void **params, const int *ndim
     }
     const bool leading = t.rank > 0 && t.dims[0].kind == kLeading;
     const int lead = leading ? ndims[p] - (t.rank - 1) : 0;  // the axes the leading group covers
-    if (std::strcmp(dtypes[p], t.dtype) != 0 || (leading ? lead < 0 : ndims[p] != t.rank)) return 1;
+    if (std::strcmp(dtypes[p], t.dtype) != 0 || (leading ? lead < 0 : ndims[p] != t.rank)) return Status::kBadCall;
     for (int d = 0; d < t.rank; ++d) {
       int64_t length = 1;
       if (leading && d == 0) {
@@ -84,10 +89,10 @@ inline int bind(const Signature &sig, int nparam, void **params, const int *ndim
       const Dim &dim = t.dims[d];
       if (dim.kind == kAny) continue;
       if (dim.kind == kFixed || (d == 0 && t.leading_fixed())) {
-        if (length != (dim.kind == kFixed ? dim.value : -dim.value)) return 2;
+        if (length != (dim.kind == kFixed ? dim.value : -dim.value)) return Status::kBadShape;
         continue;
       }
-      if (bound[dim.value] && call->size[dim.value] != length) return 2;
+      if (bound[dim.value] && call->size[dim.value] != length) return Status::kBadShape;
       bound[dim.value] = true;
       call->size[dim.value] = length;
     }

@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import build
-from .spec import DTYPES
+from .spec import DTYPES, Struct
 from .table import TABLE
 
 
@@ -139,7 +139,16 @@ def call_core(library, kernel, *arrays, options):
     for spec, array in present:
         if array.dtype != DTYPES[spec.dtype][2] or not array.flags["C_CONTIGUOUS"]:
             raise ValueError(f"{kernel.symbol} {spec}: a C-contiguous {DTYPES[spec.dtype][2].__name__} array")
-    pointers = [ctypes.c_void_p(None if a is None else a.ctypes.data) for a in arrays]
+    by_name = {spec.name: a for spec, a in zip(specs, arrays)}
+    pointers = []
+    for argument in kernel.core_arguments():  # a tensor's address, or a group's struct of them
+        if isinstance(argument, Struct):
+            held = argument(**{field: None if by_name[field] is None else by_name[field].ctypes.data
+                               for field, _ in argument.fields if field in by_name})
+            pointers.append(ctypes.byref(held))
+            continue
+        array = by_name[argument.name]
+        pointers.append(ctypes.c_void_p(None if array is None else array.ctypes.data))
     function = getattr(library, kernel.core_symbol)
     function.restype = ctypes.c_int
     struct = options.struct()

@@ -1,8 +1,9 @@
 """The C++ the build generates from the kernel table (``table.py``) into the library's build folder, beside the
 sources of the package (``build.py`` compiles them together and hashes them into the cache key):
 
-- ``cores.h``: the options structs and the typed cores' declarations (``int gptlocal_core_<core>(...)``, what each
-  kernel's ``.cc`` defines) and the hand-written exports' prototypes; every source includes it;
+- ``cores.h``: the shared codes (``codes.py``: the MLP's form, the norm's and a weight's kind, the status codes, each a
+  struct of one enum), the options structs and the typed cores' declarations (``int gptlocal_core_<core>(...)``, what
+  each kernel's ``.cc`` defines) and the hand-written exports' prototypes; every source includes it;
 - ``entries.cc``: one AOT entry point a kernel, a thin adapter: ``aot.h``'s ``bind`` checks the call against the
   kernel's tensors (dtypes, ranks, named dims) and its options vector's length, then the core is called with typed
   pointers, the sizes and the options struct.
@@ -11,7 +12,8 @@ sources of the package (``build.py`` compiles them together and hashes them into
 """
 import sys
 
-from .spec import Export, comment
+from .codes import ENUMS, c_enum
+from .spec import Export, Struct, comment
 from .table import TABLE
 
 HEADER = "cores.h"
@@ -24,6 +26,8 @@ def header(table=TABLE):
     lines = ["// Generated from mindformers_gptlocal/kernels/table.py by codegen.py: the options structs and the typed",
              "// cores' declarations (each core defined in its kernel's .cc). Do not edit: edit the table.",
              "#pragma once", "", "#include <cstdint>", ""]
+    for cls in ENUMS:
+        lines += [c_enum(cls), ""]
     for options in table.options:
         lines += [options.c_struct(), ""]
     for struct in table.structs:
@@ -56,8 +60,17 @@ def adapter(kernel):
         dims = ", ".join(_dim(d, sizes) for d in tensor.dims)
         flags = f"{'true' if tensor.optional else 'false'}, {'true' if tensor.token else 'false'}"
         rows.append(f'      {{"{tensor.ms_dtype}", {len(tensor.dims)}, {{{dims}}}, {flags}}},  // {tensor}')
-    args = [f"call.{'in' if t.const else 'out'}<{t.c_type}>({i})" for i, t in enumerate(kernel.tensors)
-            if not t.token]
+    index = {t.name: i for i, t in enumerate(kernel.tensors)}
+
+    def pointer(tensor):
+        return f"call.{'in' if tensor.const else 'out'}<{tensor.c_type}>({index[tensor.name]})"
+
+    tensors = {t.name: t for t in kernel.tensors}
+    def field(name):  # a tensor's pointer, or zero for a number no tensor gives
+        return pointer(tensors[name]) if name in tensors else "{}"
+
+    args = [f"{a.name}{{{', '.join(field(name) for name, _ in a.fields)}}}" if isinstance(a, Struct)
+            else pointer(a) for a in kernel.core_arguments()]
     args += [f"call.size[{i}]" for i in range(len(sizes))] + ["options"]
     name = kernel.options.name
     return "\n".join([

@@ -216,6 +216,35 @@ inline void quantize_row(const float *x, int64_t K, int8_t *q, float *scale) {
   *scale = amax / 127.0f;
 }
 
+// y = a + b over n elements: the one elementwise add of the cores (residuals, biases on scores, sums of rows).
+VEC_CLONES void add_rows(const float *a, const float *b, float *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+// The one LayerNorm / RMSNorm choice of the composite cores (the decoder's layers and final norm, the training
+// layer): y = norm(x [T, H]) by the library's cores, kind a NormKind; stats [2 T]: LayerNorm's mean in the first half,
+// either norm's rstd in the second (what norm_backward reads). bias: LayerNorm's (RMSNorm has none).
+inline int norm_forward(int kind, const float *x, const float *weight, const float *bias, float *y, float *stats,
+                        int64_t T, int64_t H, float epsilon, int threads) {
+  if (kind == NormKind::kLayerNorm) {
+    return gptlocal_core_layernorm_fwd(x, weight, bias, y, stats, stats + T, T, H, LayerNormOptions{epsilon, threads});
+  }
+  if (kind != NormKind::kRmsNorm) return Status::kBadCall;
+  return gptlocal_core_rmsnorm_fwd(x, weight, y, stats + T, T, H, RMSNormOptions{epsilon, threads});
+}
+
+// Its backward: dx, dweight (and LayerNorm's dbias) from x, the forward's stats and dy.
+inline int norm_backward(int kind, const float *x, const float *weight, const float *stats, const float *dy,
+                         float *dx, float *dweight, float *dbias, int64_t T, int64_t H, float epsilon, int threads) {
+  if (kind == NormKind::kLayerNorm) {
+    return gptlocal_core_layernorm_bwd(x, weight, stats, stats + T, dy, dx, dweight, dbias, T, H,
+                                       LayerNormOptions{epsilon, threads});
+  }
+  if (kind != NormKind::kRmsNorm) return Status::kBadCall;
+  return gptlocal_core_rmsnorm_bwd(x, weight, stats + T, dy, dx, dweight, T, H, RMSNormOptions{epsilon, threads});
+}
+
 // LayerNorm (centered: mean [T] written) or RMSNorm (not centered: the mean is 0, mean and beta null) of rows
 // [begin, end) of x [T, H]: y = (x - mean) * rstd * gamma (+ beta), rstd = 1 / sqrt(mean((x - mean)^2) + eps).
 VEC_CLONES void norm_rows(bool centered, const float *x, const float *gamma, const float *beta, float *y,

@@ -113,7 +113,7 @@ int gptlocal_core_attention_fwd(const float *q, const float *k, const float *v, 
                                 int64_t S, int64_t D, int64_t G, int64_t Bb, int64_t P1, int64_t P2,
                                 const AttentionOptions &options) {
   Plan sh;
-  if (!read_plan(B, N, S, G, Bb, t1, t2, offsets, P1, P2, options, &sh)) return 1;
+  if (!read_plan(B, N, S, G, Bb, t1, t2, offsets, P1, P2, options, &sh)) return Status::kBadCall;
   const int bq = sh.bq, bk = sh.bk;
   const int64_t group = sh.group, qblocks = sh.qblocks, tasks = B * N * qblocks;
   run_parallel(sh.threads, tasks, [&](std::atomic<int64_t> &next, int) {
@@ -170,7 +170,7 @@ int gptlocal_core_attention_bwd(const float *q, const float *k, const float *v, 
                                 int64_t D, int64_t G, int64_t Bb, int64_t P1, int64_t P2,
                                 const AttentionOptions &options) {
   Plan sh;
-  if (!read_plan(B, N, S, G, Bb, t1, t2, offsets, P1, P2, options, &sh)) return 1;
+  if (!read_plan(B, N, S, G, Bb, t1, t2, offsets, P1, P2, options, &sh)) return Status::kBadCall;
   const int bq = sh.bq, bk = sh.bk;
   const int64_t group = sh.group, qblocks = sh.qblocks;
   const int64_t tasks = B * G;  // each task owns its key/value head's dK and dV (and its query heads' dQ)

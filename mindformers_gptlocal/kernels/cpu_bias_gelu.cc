@@ -63,7 +63,7 @@ VEC_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const flo
 
 int gptlocal_core_bias_gelu_fwd(const float *x, const float *bias, float *y, int64_t T, int64_t F,
                                 const BiasGeluOptions &options) {
-  const bool quick = options.form != 0;
+  const bool quick = options.form != MlpForm::kTanh;
   run_chunks(threads_for(options.threads, T * F), T, [&](int, int64_t begin, int64_t end) {
     bias_gelu_rows(x, bias, y, begin, end, F, quick);
   });
@@ -72,7 +72,7 @@ int gptlocal_core_bias_gelu_fwd(const float *x, const float *bias, float *y, int
 
 int gptlocal_core_bias_gelu_bwd(const float *x, const float *bias, const float *dy, float *dx, float *dbias,
                                 int64_t T, int64_t F, const BiasGeluOptions &options) {
-  const bool quick = options.form != 0;
+  const bool quick = options.form != MlpForm::kTanh;
   const int threads = threads_for(options.threads, T * F);
   std::vector<float> partial(static_cast<size_t>(threads * F));
   const int chunks = run_chunks(threads, T, [&](int chunk, int64_t begin, int64_t end) {

@@ -293,7 +293,7 @@ struct Convert {
 int linear(int kind, int precision, int threads, const void *w, const float *scale, const float *b, const float *x,
            float *y, int64_t T, int64_t K, int64_t N, const Convert &c) {
   if (T == 0 || N == 0) return 0;
-  if (kind == 0) {
+  if (kind == WeightKind::kFloat32) {
     const float *wf = static_cast<const float *>(w);
     if (T > kFloatFewRows || precision != 0 || K == 0) {
       return gptlocal_core_linear_fwd(x, wf, b, y, T, K, N, LinearOptions{threads, precision});
@@ -301,7 +301,7 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
     few_rows(threads, x, wf, b, y, T, K, N);
     return 0;
   }
-  if (kind == 1) {
+  if (kind == WeightKind::kBfloat16) {
     const uint16_t *wb = static_cast<const uint16_t *>(w);
     if (T > (precision == 2 ? kBf16FewRows : kFloatFewRows) || K == 0) {  // oneDNN's bf16 GEMM or its emulation
       return gptlocal_core_linear_bf16w_fwd(x, wb, b, y, T, K, N, LinearOptions{threads, precision == 2 ? 2 : 1});
@@ -311,7 +311,7 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
     return 0;
   }
   const int count = gemm_threads(threads, T * N * K);
-  if (kind != 2 || scale == nullptr) return 1;
+  if (kind != WeightKind::kInt8 || scale == nullptr) return Status::kBadCall;
   const int8_t *wq = static_cast<const int8_t *>(w);
   run_chunks(threads_for(threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) quantize_row(x + t * K, K, c.q + t * K, c.aq + t * K, c.scales + t);
@@ -326,11 +326,6 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
 }
 
 // ------------------------------------------------------------------------------------------------ elementwise
-VEC_CLONES void add_rows(float *y, const float *a, const float *b, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
-}
-
 // scores[j] = (q . K[j]) scale (+ bias[j] where bias is not null) for j < count.
 VEC_CLONES void dot_scores(const float *q, const float *K, int64_t count, int64_t D, float scale, const float *bias,
                            float *scores) {
@@ -366,13 +361,13 @@ VEC_CLONES void softmax_prefix(float *s, int64_t valid, int64_t count) {
 // The MLP's activation in place on [n] (form 0 tanh GeLU, 1 quick, 2 erf, 3 ReLU; common.h's GeLU forms, as the
 // bias + GeLU kernel computes them).
 VEC_CLONES void activate(float *x, int64_t n, int form) {
-  if (form == 0) {
+  if (form == MlpForm::kTanh) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) x[i] = gelu_tanh(x[i]);
-  } else if (form == 1) {
+  } else if (form == MlpForm::kQuick) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) x[i] = gelu_quick(x[i]);
-  } else if (form == 2) {
+  } else if (form == MlpForm::kErf) {
     for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
   } else {
 #pragma omp simd
@@ -441,7 +436,7 @@ int cache_attention(const LayerShape &m, const Rows &rows, const float *qkv, con
       }
       for (int64_t i = 0; i < nq; ++i) {
         float *row = scores + i * count;
-        if (bias != nullptr) add_rows(row, row, bias, count);
+        if (bias != nullptr) add_rows(row, bias, row, count);
         softmax_prefix(row, rows.pos[b * rows.S + s0 + i / group] + 1, count);
       }
       if (dnnl_sgemm('N', 'N', nq, D, count, 1.0f, scores, count, V, D, 0.0f, out, D) != dnnl_success) {
@@ -456,17 +451,13 @@ int cache_attention(const LayerShape &m, const Rows &rows, const float *qkv, con
       }
     }
   });
-  return failed.load();
+  return failed.load() != 0 ? Status::kGemm : Status::kOk;
 }
 
-// norm(x [T, H]) into y: LayerNorm (weight, bias) or RMSNorm (weight): the library's cores.
+// norm(x [T, H]) into y: common.h's norm_forward (LayerNorm or RMSNorm, the layer's), moments [2 T] its statistics.
 int normalize(const LayerShape &m, const float *weight, const float *bias, const float *x, float *y, int64_t T,
               float *moments, int threads) {
-  if (m.norm == 0) {
-    return gptlocal_core_layernorm_fwd(x, weight, bias, y, moments, moments + T, T, m.hidden,
-                                       LayerNormOptions{m.epsilon, threads});
-  }
-  return gptlocal_core_rmsnorm_fwd(x, weight, y, moments, T, m.hidden, RMSNormOptions{m.epsilon, threads});
+  return norm_forward(m.norm, x, weight, bias, y, moments, T, m.hidden, m.epsilon, threads);
 }
 
 }  // namespace
@@ -497,20 +488,20 @@ int layer_forward(const LayerShape &m, const LayerWeights &w, const Rows &rows, 
                   float *keys, float *values, const float *cos, const float *sin, Arena *arena) {
   const int64_t T = rows.B * rows.S, H = m.hidden, N = m.heads, G = m.groups, D = m.head_dim, I = m.inter;
   const int64_t Qw = (N + 2 * G) * D, widest = std::max({H, N * D, I}), group = N / G, R = m.rotary_dim;
-  if (G <= 0 || N % G != 0 || (R != 0 && (R % 2 != 0 || R > D))) return 2;
-  if (T == 0) return 0;
+  if (G <= 0 || N % G != 0 || (R != 0 && (R % 2 != 0 || R > D))) return Status::kBadShape;
+  if (T == 0) return Status::kOk;
   float *normed = arena->take<float>(T * H), *qkv = arena->take<float>(T * Qw), *ctx = arena->take<float>(T * N * D);
   float *attn = arena->take<float>(T * H), *h = arena->take<float>(T * H), *inner = arena->take<float>(T * I);
   float *gate = arena->take<float>(T * I), *mlp = arena->take<float>(T * H), *moments = arena->take<float>(2 * T);
   Convert convert{arena->take<float>(T * widest), arena->take<int8_t>(T * widest), arena->take<int8_t>(T * widest),
                   arena->take<float>(T)};
-  if (arena->overflow()) return 3;
+  if (arena->overflow()) return Status::kWorkspace;
   const int th = m.threads, kind = m.weights, precision = m.precision;
   const int elementwise = threads_for(th, T * H);
 
   int status = normalize(m, w.norm1_weight, w.norm1_bias, x, normed, T, moments, elementwise);
   if (status == 0) status = linear(kind, precision, th, w.qkv, w.qkv_scale, w.qkv_bias, normed, qkv, T, H, Qw, convert);
-  if (status != 0) return 10 + status;
+  if (status != Status::kOk) return status;
   // rope on each query and key head, then every row's key and value into the caches, in place
   for (int64_t t = 0; t < T; ++t) {
     const int64_t b = t / rows.S, slot = rows.slot[b], at = rows.pos[t];
@@ -525,23 +516,25 @@ int layer_forward(const LayerShape &m, const LayerWeights &w, const Rows &rows, 
       std::memcpy(values + cached, heads + (group + 1) * D, sizeof(float) * D);
     }
   }
-  if (cache_attention(m, rows, qkv, keys, values, w.scale, ctx, th) != 0) return 20;
-  status = linear(kind, precision, th, w.proj, w.proj_scale, w.proj_bias, ctx, attn, T, N * D, H, convert);
-  if (status != 0) return 30 + status;
+  status = cache_attention(m, rows, qkv, keys, values, w.scale, ctx, th);
+  if (status == Status::kOk) {
+    status = linear(kind, precision, th, w.proj, w.proj_scale, w.proj_bias, ctx, attn, T, N * D, H, convert);
+  }
+  if (status != Status::kOk) return status;
   // sequential: h = x + attn, the MLP on norm2(h); parallel (NeoX): the MLP on norm2(x), h = x + attn
-  add_rows(h, x, attn, T * H);
+  add_rows(x, attn, h, T * H);
   status = normalize(m, w.norm2_weight, w.norm2_bias, m.parallel_residual ? x : h, normed, T, moments, elementwise);
-  if (status != 0) return 40 + status;
+  if (status != Status::kOk) return status;
   status = linear(kind, precision, th, w.fc1, w.fc1_scale, w.fc1_bias, normed, inner, T, H, I, convert);
-  if (status == 0 && m.form == 4) {  // SwiGLU: silu(gate(n)) * fc1(n)
+  if (status == Status::kOk && m.form == MlpForm::kSwiglu) {  // SwiGLU: silu(gate(n)) * fc1(n)
     status = linear(kind, precision, th, w.gate, w.gate_scale, w.gate_bias, normed, gate, T, H, I, convert);
     if (status == 0) status = gptlocal_core_swiglu_fwd(gate, inner, inner, T * I, ThreadOptions{th});
   } else if (status == 0) {
     activate(inner, T * I, m.form);
   }
   if (status == 0) status = linear(kind, precision, th, w.fc2, w.fc2_scale, w.fc2_bias, inner, mlp, T, I, H, convert);
-  if (status != 0) return 50 + status;
-  add_rows(out, h, mlp, T * H);
+  if (status != Status::kOk) return status;
+  add_rows(h, mlp, out, T * H);
   return 0;
 }
 
@@ -556,13 +549,6 @@ using gptlocal::decoder::layer_workspace;
 LayerShape shape_of(const DecoderModel &m) {
   return LayerShape{m.hidden, m.heads, m.groups, m.head_dim, m.inter, m.norm, m.rotary_dim, m.form,
                     m.parallel_residual, m.weights, m.precision, m.threads, m.epsilon};
-}
-
-LayerWeights weights_of(const DecoderLayer &l) {
-  return LayerWeights{l.scale,    l.norm1_weight, l.norm1_bias, l.qkv,      l.qkv_scale, l.qkv_bias,
-                      l.proj,     l.proj_scale,   l.proj_bias,  l.norm2_weight, l.norm2_bias, l.fc1,
-                      l.fc1_scale, l.fc1_bias,    l.gate,       l.gate_scale, l.gate_bias, l.fc2,
-                      l.fc2_scale, l.fc2_bias};
 }
 
 // Every temporary of one step of `rows` token rows and `batch` sequences, carved in this order.
@@ -592,20 +578,20 @@ int embed(const DecoderModel &m, const int32_t *ids, const int32_t *positions, i
   const int64_t H = m.hidden;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t id = ids[t];
-    if (id < 0 || id >= m.vocab) return 5;
+    if (id < 0 || id >= m.vocab) return Status::kTokenId;
     float *y = out + t * H;
-    if (m.words_kind == 2) {
+    if (m.words_kind == WeightKind::kInt8) {
       const int8_t *row = static_cast<const int8_t *>(m.words) + id * H;
       const float scale = m.words_scale[id];
       for (int64_t h = 0; h < H; ++h) y[h] = static_cast<float>(row[h]) * scale;
-    } else if (m.words_kind == 1) {
+    } else if (m.words_kind == WeightKind::kBfloat16) {
       const uint16_t *row = static_cast<const uint16_t *>(m.words) + id * H;
       for (int64_t h = 0; h < H; ++h) y[h] = bf16_value(row[h]);
     } else {
       std::memcpy(y, static_cast<const float *>(m.words) + id * H, sizeof(float) * H);
     }
     if (m.positions != nullptr) {
-      if (positions[t] < 0 || positions[t] >= m.max_positions) return 6;
+      if (positions[t] < 0 || positions[t] >= m.max_positions) return Status::kPosition;
       const float *p = m.positions + static_cast<int64_t>(positions[t]) * H;
       for (int64_t h = 0; h < H; ++h) y[h] = y[h] + p[h];
     }
@@ -621,7 +607,7 @@ int embed(const DecoderModel &m, const int32_t *ids, const int32_t *positions, i
 int gptlocal_core_rows_bf16_fwd(const uint16_t *table, const int32_t *ids, float *rows, int64_t V, int64_t H,
                                 int64_t T, const ThreadOptions &options) {
   for (int64_t t = 0; t < T; ++t) {
-    if (ids[t] < 0 || ids[t] >= V) return 5;
+    if (ids[t] < 0 || ids[t] >= V) return Status::kTokenId;
   }
   run_chunks(threads_for(options.threads, T * H), T, [&](int, int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -644,16 +630,19 @@ int gptlocal_decoder_step(const DecoderModel *model, const DecoderLayer *layers,
                           const DecoderCall *call) {
   const DecoderModel &m = *model;
   const int64_t B = call->batch, S = call->width, T = B * S, H = m.hidden, R = m.rotary_dim;
-  if (B <= 0 || S <= 0) return 1;
+  if (call->failed_layer != nullptr) *call->failed_layer = -1;
+  if (B <= 0 || S <= 0) return Status::kBadCall;
   Arena arena(static_cast<char *>(call->work), call->work_bytes);
   StepBuffers s = step_buffers(m, T, B, &arena);
   const int64_t mark = arena.used();
-  if (arena.overflow()) return 3;
+  if (arena.overflow()) return Status::kWorkspace;
   for (int64_t b = 0; b < B; ++b) {  // every slot, position and logits column checked before anything is written
-    if (call->slots[b] < 0 || call->slots[b] >= cache->slots || call->last[b] < 0 || call->last[b] >= S) return 4;
+    if (call->slots[b] < 0 || call->slots[b] >= cache->slots || call->last[b] < 0 || call->last[b] >= S) {
+      return Status::kCacheIndex;
+    }
   }
   for (int64_t t = 0; t < T; ++t) {
-    if (call->positions[t] < 0 || call->positions[t] >= cache->length) return 4;
+    if (call->positions[t] < 0 || call->positions[t] >= cache->length) return Status::kCacheIndex;
   }
   int status = embed(m, call->ids, call->positions, T, s.hidden[0]);
   if (status != 0) return status;
@@ -669,10 +658,13 @@ int gptlocal_decoder_step(const DecoderModel *model, const DecoderLayer *layers,
   int current = 0;
   for (int64_t layer = 0; layer < m.layers; ++layer) {
     Arena scratch = arena.from(mark);
-    status = layer_forward(shape, weights_of(layers[layer]), rows, s.hidden[current], s.hidden[1 - current],
+    status = layer_forward(shape, layers[layer], rows, s.hidden[current], s.hidden[1 - current],
                            cache->keys + layer * per_layer, cache->values + layer * per_layer, s.cos, s.sin,
                            &scratch);
-    if (status != 0) return 100 * (layer + 1) + status;
+    if (status != Status::kOk) {  // the part's own status; the layer beside it
+      if (call->failed_layer != nullptr) *call->failed_layer = static_cast<int32_t>(layer);
+      return status;
+    }
     current = 1 - current;
   }
   // the final norm and the head on each sequence's chosen row only
@@ -680,15 +672,13 @@ int gptlocal_decoder_step(const DecoderModel *model, const DecoderLayer *layers,
     std::memcpy(s.selected + b * H, s.hidden[current] + (b * S + call->last[b]) * H, sizeof(float) * H);
   }
   const int elementwise = threads_for(m.threads, B * H);
-  status = m.norm == 0 ? gptlocal_core_layernorm_fwd(s.selected, m.final_weight, m.final_bias, s.normed, s.moments,
-                                                     s.moments + B, B, H, LayerNormOptions{m.epsilon, elementwise})
-                       : gptlocal_core_rmsnorm_fwd(s.selected, m.final_weight, s.normed, s.moments, B, H,
-                                                   RMSNormOptions{m.epsilon, elementwise});
-  if (status != 0) return 7;
+  status = norm_forward(m.norm, s.selected, m.final_weight, m.final_bias, s.normed, s.moments, B, H, m.epsilon,
+                        elementwise);
+  if (status != Status::kOk) return status;
   float *logits = call->logits != nullptr ? call->logits : s.logits;
   status = linear(m.head_kind, m.precision, m.threads, m.head, m.head_scale, nullptr, s.normed, logits, B, H, m.vocab,
                   s.convert);
-  if (status != 0) return 8;
+  if (status != Status::kOk) return status;
   if (call->tokens != nullptr) {  // greedy: each row's first largest logit (numpy's and MindSpore's argmax)
     for (int64_t b = 0; b < B; ++b) {
       const float *row = logits + b * m.vocab;

@@ -8,8 +8,8 @@
 namespace gptlocal {
 namespace decoder {
 
-// A layer's sizes and layout choices: norm 0 LayerNorm, 1 RMSNorm; rotary_dim 0 (learned positions) or the rope's
-// channels; form 0 tanh GeLU, 1 quick, 2 erf, 3 ReLU, 4 SwiGLU; weights 0 float32, 1 bfloat16, 2 int8 (+ scales);
+// A layer's sizes and layout choices (cores.h's codes): norm a NormKind; rotary_dim 0 (learned positions) or the
+// rope's channels; form an MlpForm; weights a WeightKind (int8: + scales);
 // precision: LinearOptions' (float32 weights: 0, or 1 / 2 a bf16 model's rounding at each GEMM).
 struct LayerShape {
   int32_t hidden, heads, groups, head_dim, inter, norm, rotary_dim, form, parallel_residual, weights, precision,
@@ -17,23 +17,10 @@ struct LayerShape {
   float epsilon;
 };
 
-// A layer's attention scale and Parameters: each Linear's weight (the shape's dtype), its int8 scales (or null) and
-// its bias (or null); the norms' weights and (LayerNorm) biases; gate: SwiGLU's gate Linear (form 4), else null.
-struct LayerWeights {
-  float scale;
-  const float *norm1_weight, *norm1_bias;
-  const void *qkv;
-  const float *qkv_scale, *qkv_bias;
-  const void *proj;
-  const float *proj_scale, *proj_bias;
-  const float *norm2_weight, *norm2_bias;
-  const void *fc1;
-  const float *fc1_scale, *fc1_bias;
-  const void *gate;
-  const float *gate_scale, *gate_bias;
-  const void *fc2;
-  const float *fc2_scale, *fc2_bias;
-};
+// A layer's attention scale and Parameters: cores.h's DecoderLayer, generated from kernels/layer_table.py LAYER (each
+// Linear's weight of the shape's dtype, its int8 scales (or null) and its bias (or null); the norms' weights and
+// (LayerNorm) biases; gate: SwiGLU's gate Linear (MlpForm::kSwiglu), else null).
+using LayerWeights = ::DecoderLayer;
 
 // The call's token rows: B sequences of S rows, sequence b in cache slot slot[b], row (b, s) at position pos[b S + s]
 // of a cache of `length` rows a slot. bias: null, or an additive bias [length] a sequence at bias + b bias_stride
@@ -78,8 +65,8 @@ class Arena {
 int64_t layer_workspace(const LayerShape &shape, int64_t T, Arena *arena);
 
 // One layer over `rows`: x [T, H] -> out [T, H] (out may not be x), this call's keys and values written in place into
-// the layer's caches [slots, G, length, D] at (slot, group, position); cos, sin [T, rotary_dim] each row's (rope). 0,
-// or a nonzero status with the caches possibly written.
+// the layer's caches [slots, G, length, D] at (slot, group, position); cos, sin [T, rotary_dim] each row's (rope).
+// Status::kOk, or the failing part's Status with the caches possibly written.
 int layer_forward(const LayerShape &shape, const LayerWeights &weights, const Rows &rows, const float *x, float *out,
                   float *keys, float *values, const float *cos, const float *sin, Arena *arena);
 

@@ -49,9 +49,9 @@ VEC_CLONES double softmax_grad_row(float *l, int64_t V, int32_t label, float wei
 int gptlocal_core_head_loss_fwd(const float *x, const float *w, const int32_t *labels, const float *row_weight,
                                 float *loss, float *gx, float *gw, int64_t T, int64_t H, int64_t V,
                                 const HeadLossOptions &options) {
-  if (H <= 0 || V <= 0) return 1;
+  if (H <= 0 || V <= 0) return Status::kBadShape;
   for (int64_t t = 0; t < T; ++t) {
-    if (row_weight[t] != 0.0f && (labels[t] < 0 || labels[t] >= V)) return 1;
+    if (row_weight[t] != 0.0f && (labels[t] < 0 || labels[t] >= V)) return Status::kTokenId;
   }
   if (T == 0) {  // nothing flows back
     std::fill(gw, gw + V * H, 0.0f);

@@ -237,7 +237,7 @@ int gptlocal_core_linear_fwd(const float *x, const float *w, const float *b, flo
 // The forward on a weight already held as bfloat16: precision 1 or 2 only (0 fails the call).
 int gptlocal_core_linear_bf16w_fwd(const float *x, const uint16_t *w, const float *b, float *y, int64_t T, int64_t K,
                                    int64_t N, const LinearOptions &options) {
-  if (options.precision != 1 && options.precision != 2) return 1;
+  if (options.precision != 1 && options.precision != 2) return Status::kBadCall;
   lin_forward_bias(x, nullptr, w, b, y, T, K, N, options);
   return 0;
 }
@@ -254,7 +254,7 @@ int gptlocal_core_linear_bwd(const float *x, const float *w, const float *dy, fl
 // kernel's input); recomputing it would cost the forward GEMM again.
 int gptlocal_core_linear_gelu_fwd(const float *x, const float *w, const float *b, float *y, float *h, int64_t T,
                                   int64_t K, int64_t N, const LinearGeluOptions &options) {
-  const bool quick = options.form != 0;
+  const bool quick = options.form != MlpForm::kTanh;
   const auto bias = [&](int64_t n0, int64_t n1) { bias_rows(b, h, T, N, n0, n1); };
   lin_forward(options.threads, options.precision, T, N, K, x, w, nullptr, h, &bias,
               [&](int64_t n0, int64_t n1) { gelu_block(h, y, T, N, n0, n1, quick); });
@@ -267,7 +267,7 @@ int gptlocal_core_linear_gelu_fwd(const float *x, const float *w, const float *b
 int gptlocal_core_linear_gelu_bwd(const float *x, const float *w, const float *h, const float *dy, float *dx,
                                   float *dw, float *db, float *scratch, int64_t T, int64_t K, int64_t N,
                                   const LinearGeluOptions &options) {
-  const bool quick = options.form != 0;
+  const bool quick = options.form != MlpForm::kTanh;
   column_blocks(gemm_threads(options.threads, T * N * std::max<int64_t>(K, 1)), N, [&](int64_t n0, int64_t n1) {
     gelu_grad_block(h, dy, scratch, db, T, N, n0, n1, quick);
   });

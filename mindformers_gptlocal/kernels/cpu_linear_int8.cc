@@ -193,7 +193,7 @@ int gptlocal_core_int8_linear_fwd(const float *x, const int8_t *w, const float *
 // method 2 where oneDNN is not exact here runs it all the same (tests show its saturation); another value fails.
 int gptlocal_core_int8_matmul(const int8_t *x, const int8_t *w, int32_t *acc, int64_t T, int64_t K, int64_t N,
                               const Int8Options &options) {
-  if (options.method < kChoose || options.method > kOneDNN) return 1;
+  if (options.method < kChoose || options.method > kOneDNN) return Status::kBadCall;
   if (T == 0 || N == 0) return 0;
   if (K == 0) {
     std::fill(acc, acc + T * N, 0);

@@ -32,7 +32,7 @@ VEC_CLONES void rotate(const float *x, const float *c, const float *s, float *y,
 template <bool backward>
 int rope(const float *x, const float *cos, const float *sin, float *y, int64_t B, int64_t N, int64_t S, int64_t D,
          int64_t Bc, int64_t R, const ThreadOptions &options) {
-  if ((Bc != 1 && Bc != B) || R <= 0 || R > D || R % 2 != 0) return 1;
+  if ((Bc != 1 && Bc != B) || R <= 0 || R > D || R % 2 != 0) return Status::kBadShape;
   const int64_t vectors = B * N * S;
   run_chunks(threads_for(options.threads, vectors * D), vectors, [&](int, int64_t begin, int64_t end) {
     for (int64_t v = begin; v < end; ++v) {

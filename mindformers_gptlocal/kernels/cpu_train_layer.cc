@@ -8,7 +8,7 @@
 // cpu_bias_gelu.cc / cpu_swiglu.cc, lora_dropout.cc's counter-dropout mask), so its numbers are those of the model's
 // per-op graph with those kernels, and the activations live in buffers this file owns.
 //
-// The layer (options TrainLayerOptions: norm 0 LayerNorm / 1 RMSNorm, mlp 0 tanh GeLU / 1 quick GeLU / 2 SwiGLU,
+// The layer (options TrainLayerOptions: norm a NormKind, mlp MlpForm::kTanh, kQuick or kSwiglu,
 // bias, qkv_bias, rope, parallel_residual; heads N, groups G):
 //   a = norm1(x); qkv = a Wqkv^T (+ bqkv), group-major [G, (N/G query heads, k, v), D] per token; q, k (rope on
 //   their first R channels: cos, sin [Bc, 1, S, R]), v -> causal attention (the additive mask [Bb, 1, S, S], the
@@ -64,21 +64,12 @@ struct Dims {
   bool layer_norm, gated, quick, bias, qkv_bias, rope, parallel, bf16;
 };
 
-struct Params {
-  const float *norm1_w, *norm1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *norm2_w, *norm2_b, *fc1_w, *fc1_b, *gate_w,
-      *gate_b, *fc2_w, *fc2_b;
-};
+// The parameters and the gradients: cores.h's TrainLayerParams, TrainLayerGrads (generated from
+// kernels/layer_table.py LAYER: each parameter, then, of the gradients, the layer input's).
+using Params = TrainLayerParams;
+using Grads = TrainLayerGrads;
 
-struct Inputs {
-  const float *hidden, *mask, *cos, *sin, *ta1, *ta2, *th1, *th2;
-  const int32_t *offsets;  // (a, b) of attention_probs, attention_output, mlp_output
-};
-
-// The gradients the backward writes (one per parameter, then the layer input's).
-struct Grads {
-  float *dnorm1_w, *dnorm1_b, *dqkv_w, *dqkv_b, *dproj_w, *dproj_b, *dnorm2_w, *dnorm2_b, *dfc1_w, *dfc1_b, *dgate_w,
-      *dgate_b, *dfc2_w, *dfc2_b, *dhidden;
-};
+using Inputs = TrainLayerInputs;  // offsets: (a, b) of attention_probs, attention_output, mlp_output
 
 // The checks of a call: 0, or the status the kernel fails with (nothing written).
 int read_dims(int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t Sr, int64_t R, int64_t PA1,
@@ -88,27 +79,30 @@ int read_dims(int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t S
   *d = Dims{};
   d->B = B, d->S = S, d->H = H, d->N = o.heads, d->G = o.groups, d->Q = Q, d->ND = ND, d->I = I, d->R = R;
   d->Bb = Bb, d->Bc = Bc, d->T = B * S, d->PA1 = PA1, d->PA2 = PA2, d->PH1 = PH1, d->PH2 = PH2;
-  d->layer_norm = o.norm == 0, d->gated = o.mlp == 2, d->quick = o.mlp == 1, d->bias = o.bias != 0;
+  d->layer_norm = o.norm == NormKind::kLayerNorm, d->gated = o.mlp == MlpForm::kSwiglu;
+  d->quick = o.mlp == MlpForm::kQuick, d->bias = o.bias != 0;
   d->qkv_bias = o.qkv_bias != 0, d->rope = o.rope != 0, d->parallel = o.parallel_residual != 0;
   d->bf16 = o.precision != 0;
-  if (o.norm < 0 || o.norm > 1 || o.mlp < 0 || o.mlp > 2 || o.precision < 0 || o.precision > 2) return 1;
-  if (d->N <= 0 || d->G <= 0 || d->N % d->G != 0 || ND % d->N != 0) return 2;
+  const bool norm_known = o.norm == NormKind::kLayerNorm || o.norm == NormKind::kRmsNorm;
+  const bool mlp_known = o.mlp == MlpForm::kTanh || o.mlp == MlpForm::kQuick || o.mlp == MlpForm::kSwiglu;
+  if (!norm_known || !mlp_known || o.precision < 0 || o.precision > 2) return Status::kBadCall;
+  if (d->N <= 0 || d->G <= 0 || d->N % d->G != 0 || ND % d->N != 0) return Status::kBadShape;
   d->D = ND / d->N;
   d->group = d->N / d->G;
-  if (Q != (d->N + 2 * d->G) * d->D || (Bb != 1 && Bb != B)) return 2;
-  if (d->layer_norm && Hn != H) return 2;  // LayerNorm's shifts
-  if (d->qkv_bias && Qb != Q) return 2;
-  if (d->bias && (Hb != H || Ib != I)) return 2;
-  if (d->gated && (Ig != I || (d->bias && Igb != I))) return 2;
-  if (d->rope && ((Bc != 1 && Bc != B) || Sr != S || R <= 0 || R > d->D || R % 2 != 0)) return 2;
+  if (Q != (d->N + 2 * d->G) * d->D || (Bb != 1 && Bb != B)) return Status::kBadShape;
+  if (d->layer_norm && Hn != H) return Status::kBadShape;  // LayerNorm's shifts
+  if (d->qkv_bias && Qb != Q) return Status::kBadShape;
+  if (d->bias && (Hb != H || Ib != I)) return Status::kBadShape;
+  if (d->gated && (Ig != I || (d->bias && Igb != I))) return Status::kBadShape;
+  if (d->rope && ((Bc != 1 && Bc != B) || Sr != S || R <= 0 || R > d->D || R % 2 != 0)) return Status::kBadShape;
   const int modes[3] = {o.attention_dropout_mode, o.hidden_dropout_mode, o.hidden_dropout_mode};
   const int64_t sizes[3][2] = {{PA1, PA2}, {PH1, PH2}, {PH1, PH2}};
   for (int site = 0; site < 3; ++site) {
-    if (modes[site] < 0 || modes[site] > 2) return 1;
+    if (modes[site] < 0 || modes[site] > 2) return Status::kBadCall;
     if (modes[site] == 0) continue;
     const int32_t a = offsets[2 * site], b = offsets[2 * site + 1];
     if (sizes[site][0] < 2 || sizes[site][1] < 2 || a < 0 || b < 0 || a >= sizes[site][0] || b >= sizes[site][1]) {
-      return 3;
+      return Status::kDropoutOffsets;
     }
   }
   return 0;
@@ -116,11 +110,6 @@ int read_dims(int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t S
 
 // ------------------------------------------------------------------------------------------------ small passes
 int threads_of(const TrainLayerOptions &o, int64_t elements) { return threads_for(o.threads, elements); }
-
-VEC_CLONES void add_rows(const float *a, const float *b, float *y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
-}
 
 // y = a + b over n elements, in chunks on the library's threads.
 void add(const float *a, const float *b, float *y, int64_t n, const TrainLayerOptions &o) {
@@ -170,7 +159,7 @@ void column_sums(const float *x, int64_t T, int64_t C, float *out, const TrainLa
 // core, the mask of model/dropout.py CounterDropout (element i of the flattened tensor by the two tables).
 int hidden_dropout(float *x, int64_t n, int site, const Dims &d, const Inputs &in, const TrainLayerOptions &o) {
   if (o.hidden_dropout_mode == 0) return 0;
-  return gptlocal_core_lora_dropout(x, in.th1, in.th2, in.offsets + 2 * site, x, n, d.PH1, d.PH2,
+  return gptlocal_core_lora_dropout(x, in.hidden_t1, in.hidden_t2, in.offsets + 2 * site, x, n, d.PH1, d.PH2,
                                     LoRADropoutOptions{o.hidden_dropout_scale, o.hidden_dropout_mode, o.threads});
 }
 
@@ -268,7 +257,7 @@ Saved carve(Slot *slot, const Dims &d) {
   return s;
 }
 
-// The shared scratch: numbered buffers, each grown to the largest call, kept.
+// The shared scratch: the buffers of Buffers below (and the norms' statistics), each grown to the largest call, kept.
 constexpr int kBuffers = 12;  // buffers() takes them
 struct Workspace {
   std::vector<float> buffers[kBuffers];
@@ -298,22 +287,15 @@ State &state() {
 }
 
 // ------------------------------------------------------------------------------------------------ norms, GEMMs
-// y = norm(x) and its row statistics (LayerNorm: mean, rstd; RMSNorm: rstd in the second half)
+// y = norm(x) and its row statistics [2 T] (common.h's norm_forward / norm_backward: the layer's NormKind)
 int norm_forward(const float *x, const float *w, const float *b, float *y, float *stats, const Dims &d,
                  const TrainLayerOptions &o) {
-  if (d.layer_norm) {
-    return gptlocal_core_layernorm_fwd(x, w, b, y, stats, stats + d.T, d.T, d.H, LayerNormOptions{o.epsilon, o.threads});
-  }
-  return gptlocal_core_rmsnorm_fwd(x, w, y, stats + d.T, d.T, d.H, RMSNormOptions{o.epsilon, o.threads});
+  return ::norm_forward(o.norm, x, w, b, y, stats, d.T, d.H, o.epsilon, o.threads);
 }
 
 int norm_backward(const float *x, const float *w, const float *stats, const float *dy, float *dx, float *dw,
                   float *db, const Dims &d, const TrainLayerOptions &o) {
-  if (d.layer_norm) {
-    return gptlocal_core_layernorm_bwd(x, w, stats, stats + d.T, dy, dx, dw, db, d.T, d.H,
-                                       LayerNormOptions{o.epsilon, o.threads});
-  }
-  return gptlocal_core_rmsnorm_bwd(x, w, stats + d.T, dy, dx, dw, d.T, d.H, RMSNormOptions{o.epsilon, o.threads});
+  return ::norm_backward(o.norm, x, w, stats, dy, dx, dw, db, d.T, d.H, o.epsilon, o.threads);
 }
 
 LinearOptions linear_options(const TrainLayerOptions &o) { return LinearOptions{o.threads, o.precision}; }
@@ -340,29 +322,41 @@ int attention_inputs(float *qkv, float *q, float *k, float *v, float *raw, const
 }
 
 // ------------------------------------------------------------------------------------------------ forward
-// The workspace's buffers, each of one size for a shape (so taking them never moves another), with what each holds in
-// turn (forward; backward) in the comments where they are used.
+// The workspace's activations and scratch by name (llm.c's ActivationTensors), each of one size for a shape (so taking
+// them never moves another). The names on one line share one buffer, sized for the largest of them: each holds its
+// value only while the next of its line is not yet written (forward, then backward, in the order below), which keeps
+// the workspace at eleven [T, width] buffers.
 struct Buffers {
-  float *b[11], *stats;
+  float *attn, *dm, *dn2;                  // the projection's output; the MLP's branch of dy (dropped); norm2's dx
+  float *normed2, *dh;                     // norm2's output; the residual's gradient
+  float *widened;                          // a saved bf16 GEMM operand widened to float32 (the MLP's, then ctx)
+  float *act, *dctx, *da;                  // the MLP's activation; the projection's dx; the QKV GEMM's dx
+  float *qkv32, *ds, *dqkv;                // qkv before its bf16 rounding (or widened again); fc2's dx; dqkv
+  float *heads, *dmlp;                     // q, k, v; the MLP GEMM outputs' gradient (then q, k, v again)
+  float *normed1, *mlp_out, *db, *dattn;   // norm1's output, the MLP's output; norm2's dy, drop(dh); norm1's again
+  float *raw, *db_up;                      // rope's raw heads; the up path's norm2 dy (SwiGLU), then raw heads again
+  float *ctx_heads, *dn1;                  // attention's output as heads; norm1's dx
+  float *zeros, *dctx_heads;               // a bias-less GeLU's zero bias and unused sums [2 I]; dctx as heads
+  float *dheads, *out;                     // dq, dk, dv; a recomputed forward's output
+  float *stats;                            // the norm's statistics [2 T]
 };
 
 Buffers buffers(const Dims &d, Workspace &ws) {
   const int64_t T = d.T, H = d.H, I = d.I, Q = d.Q, ND = d.ND, mlp = I * (d.gated ? 2 : 1);
-  const int64_t sizes[11] = {T * H,
-                             T * H,
-                             d.bf16 ? T * std::max(ND, mlp) : 0,  // the saved bf16 operands widened (float32: none)
-                             T * std::max(std::max(I, ND), H),
-                             T * std::max(I, Q),
-                             T * std::max(mlp, Q),
-                             T * H,
-                             T * std::max(H, ND + d.G * d.D),
-                             T * std::max(ND, H),
-                             std::max(T * ND, 2 * I),
-                             T * std::max(Q, H)};
-  Buffers found{};
-  for (int i = 0; i < 11; ++i) found.b[i] = ws.get(i, sizes[i]);
-  found.stats = ws.get(11, 2 * T);
-  return found;
+  Buffers w{};
+  w.attn = w.dm = w.dn2 = ws.get(0, T * H);
+  w.normed2 = w.dh = ws.get(1, T * H);
+  w.widened = ws.get(2, d.bf16 ? T * std::max(ND, mlp) : 0);  // (float32: none)
+  w.act = w.dctx = w.da = ws.get(3, T * std::max(std::max(I, ND), H));
+  w.qkv32 = w.ds = w.dqkv = ws.get(4, T * std::max(I, Q));
+  w.heads = w.dmlp = ws.get(5, T * std::max(mlp, Q));
+  w.normed1 = w.mlp_out = w.db = w.dattn = ws.get(6, T * H);
+  w.raw = w.db_up = ws.get(7, T * std::max(H, ND + d.G * d.D));
+  w.ctx_heads = w.dn1 = ws.get(8, T * std::max(ND, H));
+  w.zeros = w.dctx_heads = ws.get(9, std::max(T * ND, 2 * I));
+  w.dheads = w.out = ws.get(10, T * std::max(Q, H));
+  w.stats = ws.get(11, 2 * T);
+  return w;
 }
 
 // The layer's forward: out [T, H], the activations into `saved`.
@@ -370,60 +364,61 @@ int forward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerOp
             float *out, const Buffers &w) {
   const int64_t T = d.T, H = d.H, I = d.I;
   const LinearOptions lo = linear_options(o);
-  float *a = w.b[6];  // norm1's output, then the MLP's output m
+  float *a = w.normed1;
   int status = norm_forward(in.hidden, p.norm1_w, p.norm1_b, a, w.stats, d, o);
   // QKV (its output saved: float32 in place, else rounded from the scratch copy)
-  float *qkv = d.bf16 ? w.b[4] : saved.qkv;
+  float *qkv = d.bf16 ? w.qkv32 : saved.qkv;
   if (status == 0) status = gptlocal_core_linear_fwd(a, p.qkv_w, d.qkv_bias ? p.qkv_b : nullptr, qkv, T, H, d.Q, lo);
-  if (status != 0) return 10 + status;
+  if (status != Status::kOk) return status;
   if (d.bf16) keep_half(qkv, saved.qkv16, T * d.Q, o);
   // the heads (rope's from its raw heads), attention
-  float *q = w.b[5], *k = q + T * d.ND, *v = k + T * d.G * d.D;
-  status = attention_inputs(qkv, q, k, v, w.b[7], d, in, o);
-  if (status != 0) return 20 + status;
-  float *ctx_heads = w.b[8];
-  status = gptlocal_core_attention_fwd(q, k, v, in.mask, in.ta1, in.ta2, in.offsets, ctx_heads, saved.lse, d.B, d.N,
+  float *q = w.heads, *k = q + T * d.ND, *v = k + T * d.G * d.D;
+  status = attention_inputs(qkv, q, k, v, w.raw, d, in, o);
+  if (status != Status::kOk) return status;
+  float *ctx_heads = w.ctx_heads;
+  status = gptlocal_core_attention_fwd(q, k, v, in.mask, in.attention_t1, in.attention_t2, in.offsets, ctx_heads,
+                                       saved.lse, d.B, d.N,
                                        d.S, d.D, d.G, d.Bb, d.PA1, d.PA2, attention_options(o));
-  if (status != 0) return 30 + status;
-  float *ctx = d.bf16 ? w.b[2] : saved.ctx;
+  if (status != Status::kOk) return status;
+  float *ctx = d.bf16 ? w.widened : saved.ctx;
   context<true>(ctx, ctx_heads, d, o);
   if (d.bf16) keep_half(ctx, saved.ctx16, T * d.ND, o);
   // projection, dropout, residual
-  float *attn = w.b[0];
+  float *attn = w.attn;
   status = gptlocal_core_linear_fwd(ctx, p.proj_w, d.bias ? p.proj_b : nullptr, attn, T, d.ND, H, lo);
   if (status == 0) status = hidden_dropout(attn, T * H, 1, d, in, o);
-  if (status != 0) return 40 + status;
+  if (status != Status::kOk) return status;
   const float *mlp_in = in.hidden;  // the parallel residual's norm2 reads x
   if (!d.parallel) {
     add(in.hidden, attn, saved.h, T * H, o);
     mlp_in = saved.h;
   }
   // norm2, the MLP
-  float *b = w.b[1];
+  float *b = w.normed2;
   status = norm_forward(mlp_in, p.norm2_w, p.norm2_b, b, w.stats, d, o);
-  if (status != 0) return 50 + status;
-  float *mlp = d.bf16 ? w.b[2] : saved.mlp;  // (ctx is dead)
-  float *s = w.b[3];
+  if (status != Status::kOk) return status;
+  float *mlp = d.bf16 ? w.widened : saved.mlp;  // (ctx is dead)
+  float *s = w.act;
   if (d.gated) {  // mlp: gate, then up
     status = gptlocal_core_linear_fwd(b, p.gate_w, d.bias ? p.gate_b : nullptr, mlp, T, H, I, lo);
     if (status == 0) status = gptlocal_core_linear_fwd(b, p.fc1_w, d.bias ? p.fc1_b : nullptr, mlp + T * I, T, H, I, lo);
     if (status == 0 && d.bf16) keep_half(mlp, saved.mlp16, 2 * T * I, o);
     if (status == 0) status = gptlocal_core_swiglu_fwd(mlp, mlp + T * I, s, T * I, ThreadOptions{o.threads});
   } else {  // mlp: fc1's x W1^T, its bias added by the bias + GeLU core (zeros without one)
-    float *zeros = w.b[9];
+    float *zeros = w.zeros;
     std::fill(zeros, zeros + I, 0.0f);
     status = gptlocal_core_linear_fwd(b, p.fc1_w, nullptr, mlp, T, H, I, lo);
     if (status == 0 && d.bf16) keep_half(mlp, saved.mlp16, T * I, o);
     if (status == 0) {
       status = gptlocal_core_bias_gelu_fwd(mlp, d.bias ? p.fc1_b : zeros, s, T, I,
-                                           BiasGeluOptions{d.quick ? 1 : 0, o.threads});
+                                           BiasGeluOptions{d.quick ? MlpForm::kQuick : MlpForm::kTanh, o.threads});
     }
   }
-  if (status != 0) return 60 + status;
-  float *m = a;  // (norm1's output is dead)
+  if (status != Status::kOk) return status;
+  float *m = w.mlp_out;  // (norm1's output is dead)
   status = gptlocal_core_linear_fwd(s, p.fc2_w, d.bias ? p.fc2_b : nullptr, m, T, I, H, lo);
   if (status == 0) status = hidden_dropout(m, T * H, 2, d, in, o);
-  if (status != 0) return 70 + status;
+  if (status != Status::kOk) return status;
   if (d.parallel) {
     add3(in.hidden, attn, m, out, T * H, o);
   } else {
@@ -438,45 +433,45 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
   const int64_t T = d.T, H = d.H, I = d.I, mlp_width = I * (d.gated ? 2 : 1);
   const LinearOptions lo = linear_options(o);
   int status = 0;
-  // the MLP's branch: dm = drop(dy) (b0)
+  // the MLP's branch: dm = drop(dy)
   const float *dm = dy;
   if (o.hidden_dropout_mode != 0) {
-    std::memcpy(w.b[0], dy, sizeof(float) * T * H);
-    status = hidden_dropout(w.b[0], T * H, 2, d, in, o);
-    dm = w.b[0];
+    std::memcpy(w.dm, dy, sizeof(float) * T * H);
+    status = hidden_dropout(w.dm, T * H, 2, d, in, o);
+    dm = w.dm;
   }
-  // norm2 again (b1), the MLP's saved GEMM outputs (b2 under bf16) and its activation again (b3)
+  // norm2 again, the MLP's saved GEMM outputs (widened under bf16) and its activation again
   const float *mlp_in = d.parallel ? in.hidden : saved.h;
-  float *b = w.b[1];
+  float *b = w.normed2;
   if (status == 0) status = norm_forward(mlp_in, p.norm2_w, p.norm2_b, b, w.stats, d, o);
-  if (status != 0) return 110 + status;
+  if (status != Status::kOk) return status;
   float *mlp = saved.mlp;
   if (d.bf16) {
-    mlp = w.b[2];
+    mlp = w.widened;
     to_full(saved.mlp16, mlp, T * mlp_width, o);
   }
-  float *zeros = w.b[9], *dbias_unused = w.b[9] + I;  // a GeLU layer without biases: its stand-in bias and sums
+  float *zeros = w.zeros, *dbias_unused = w.zeros + I;  // a GeLU layer without biases: its stand-in bias and sums
   std::fill(zeros, zeros + I, 0.0f);
-  float *s = w.b[3];
+  float *s = w.act;
   if (d.gated) {
     status = gptlocal_core_swiglu_fwd(mlp, mlp + T * I, s, T * I, ThreadOptions{o.threads});
   } else {
     status = gptlocal_core_bias_gelu_fwd(mlp, d.bias ? p.fc1_b : zeros, s, T, I,
-                                         BiasGeluOptions{d.quick ? 1 : 0, o.threads});
+                                         BiasGeluOptions{d.quick ? MlpForm::kQuick : MlpForm::kTanh, o.threads});
   }
-  // fc2: ds (b4), dW2, db2
-  float *ds = w.b[4];
+  // fc2: ds, dW2, db2
+  float *ds = w.ds;
   if (status == 0) status = gptlocal_core_linear_bwd(s, p.fc2_w, dm, ds, g.dfc2_w, T, I, H, lo);
-  if (status != 0) return 120 + status;
+  if (status != Status::kOk) return status;
   if (d.bias) column_sums(dm, T, H, g.dfc2_b, o);
-  // the activation's backward (b5), then fc1 (and the gate): db (b6)
-  float *dmlp = w.b[5], *db = w.b[6];
+  // the activation's backward, then fc1 (and the gate): db
+  float *dmlp = w.dmlp, *db = w.db;
   if (d.gated) {
     status = gptlocal_core_swiglu_bwd(mlp, mlp + T * I, ds, dmlp, dmlp + T * I, T * I, ThreadOptions{o.threads});
-    float *db_up = w.b[7];
+    float *db_up = w.db_up;
     if (status == 0) status = gptlocal_core_linear_bwd(b, p.gate_w, dmlp, db, g.dgate_w, T, H, I, lo);
     if (status == 0) status = gptlocal_core_linear_bwd(b, p.fc1_w, dmlp + T * I, db_up, g.dfc1_w, T, H, I, lo);
-    if (status != 0) return 130 + status;
+    if (status != Status::kOk) return status;
     add(db, db_up, db, T * H, o);
     if (d.bias) {
       column_sums(dmlp, T, I, g.dgate_b, o);
@@ -484,77 +479,77 @@ int backward(const Dims &d, const Inputs &in, const Params &p, const TrainLayerO
     }
   } else {
     status = gptlocal_core_bias_gelu_bwd(mlp, d.bias ? p.fc1_b : zeros, ds, dmlp, d.bias ? g.dfc1_b : dbias_unused, T,
-                                         I, BiasGeluOptions{d.quick ? 1 : 0, o.threads});
+                                         I, BiasGeluOptions{d.quick ? MlpForm::kQuick : MlpForm::kTanh, o.threads});
     if (status == 0) status = gptlocal_core_linear_bwd(b, p.fc1_w, dmlp, db, g.dfc1_w, T, H, I, lo);
-    if (status != 0) return 140 + status;
+    if (status != Status::kOk) return status;
   }
-  // norm2's backward: dn2 (b0: dm is dead)
-  float *dn2 = w.b[0];
+  // norm2's backward: dn2 (dm is dead)
+  float *dn2 = w.dn2;
   status = norm_backward(mlp_in, p.norm2_w, w.stats, db, dn2, g.dnorm2_w, g.dnorm2_b, d, o);
-  if (status != 0) return 150 + status;
-  // the residual: dh (b1: norm2's output is dead); the attention's branch: dattn = drop(dh) (b6: db is dead)
+  if (status != Status::kOk) return status;
+  // the residual: dh (norm2's output is dead); the attention's branch: dattn = drop(dh) (db is dead)
   const float *dh = dy;
   if (!d.parallel) {
-    add(dy, dn2, b, T * H, o);
-    dh = b;
+    add(dy, dn2, w.dh, T * H, o);
+    dh = w.dh;
   }
   const float *dattn = dh;
   if (o.hidden_dropout_mode != 0) {
-    std::memcpy(db, dh, sizeof(float) * T * H);
-    status = hidden_dropout(db, T * H, 1, d, in, o);
-    if (status != 0) return 160 + status;
-    dattn = db;
+    std::memcpy(w.dattn, dh, sizeof(float) * T * H);
+    status = hidden_dropout(w.dattn, T * H, 1, d, in, o);
+    if (status != Status::kOk) return status;
+    dattn = w.dattn;
   }
-  // the projection: ctx (b2 under bf16), dctx (b3: the activation is dead), dWproj, dbproj
+  // the projection: ctx (widened under bf16), dctx (the activation is dead), dWproj, dbproj
   float *ctx = saved.ctx;
   if (d.bf16) {
-    ctx = w.b[2];
+    ctx = w.widened;
     to_full(saved.ctx16, ctx, T * d.ND, o);
   }
-  float *dctx = s;
+  float *dctx = w.dctx;
   status = gptlocal_core_linear_bwd(ctx, p.proj_w, dattn, dctx, g.dproj_w, T, d.ND, H, lo);
-  if (status != 0) return 170 + status;
+  if (status != Status::kOk) return status;
   if (d.bias) column_sums(dattn, T, H, g.dproj_b, o);
-  // attention's inputs again: qkv (b4 under bf16: ds is dead), the heads (b5: the activation's gradient is dead),
-  // rope's raw heads (b7); ctx and dctx as heads (b8, b9)
+  // attention's inputs again: qkv (widened under bf16: ds is dead), the heads (the activation's gradient is dead),
+  // rope's raw heads; ctx and dctx as heads
   float *qkv = saved.qkv;
   if (d.bf16) {
-    qkv = ds;
+    qkv = w.qkv32;
     to_full(saved.qkv16, qkv, T * d.Q, o);
   }
-  float *q = dmlp, *k = q + T * d.ND, *v = k + T * d.G * d.D, *raw = w.b[7], *raw_k = raw + T * d.ND;
+  float *q = w.heads, *k = q + T * d.ND, *v = k + T * d.G * d.D, *raw = w.raw, *raw_k = raw + T * d.ND;
   status = attention_inputs(qkv, q, k, v, raw, d, in, o);
-  if (status != 0) return 180 + status;
-  float *ctx_heads = w.b[8], *dctx_heads = w.b[9];
+  if (status != Status::kOk) return status;
+  float *ctx_heads = w.ctx_heads, *dctx_heads = w.dctx_heads;
   context<false>(ctx, ctx_heads, d, o);
   context<false>(dctx, dctx_heads, d, o);
-  // attention's backward: dq, dk, dv (b10); rope's backward into the raw heads; dqkv in the fused layout (b4)
-  float *dq = w.b[10], *dk = dq + T * d.ND, *dv = dk + T * d.G * d.D;
-  status = gptlocal_core_attention_bwd(q, k, v, in.mask, in.ta1, in.ta2, in.offsets, ctx_heads, saved.lse,
-                                       dctx_heads, dq, dk, dv, d.B, d.N, d.S, d.D, d.G, d.Bb, d.PA1, d.PA2,
+  // attention's backward: dq, dk, dv; rope's backward into the raw heads; dqkv in the fused layout
+  float *dq = w.dheads, *dk = dq + T * d.ND, *dv = dk + T * d.G * d.D;
+  status = gptlocal_core_attention_bwd(q, k, v, in.mask, in.attention_t1, in.attention_t2, in.offsets, ctx_heads,
+                                       saved.lse, dctx_heads, dq, dk, dv, d.B, d.N, d.S, d.D, d.G, d.Bb, d.PA1, d.PA2,
                                        attention_options(o));
-  if (status != 0) return 190 + status;
-  float *dqkv = ds;  // (qkv is dead)
+  if (status != Status::kOk) return status;
+  float *dqkv = w.dqkv;  // (qkv is dead)
   if (d.rope) {
     status = gptlocal_core_rope_bwd(dq, in.cos, in.sin, raw, d.B, d.N, d.S, d.D, d.Bc, d.R, ThreadOptions{o.threads});
     if (status == 0) {
       status = gptlocal_core_rope_bwd(dk, in.cos, in.sin, raw_k, d.B, d.G, d.S, d.D, d.Bc, d.R,
                                       ThreadOptions{o.threads});
     }
-    if (status != 0) return 200 + status;
+    if (status != Status::kOk) return status;
     heads<true>(dqkv, raw, raw_k, dv, d, o);
   } else {
     heads<true>(dqkv, dq, dk, dv, d, o);
   }
   if (d.qkv_bias) column_sums(dqkv, T, d.Q, g.dqkv_b, o);
-  // norm1 again (b6: dattn is dead), QKV's backward: da (b3: dctx is dead), norm1's backward: dn1 (b8)
-  float *a = db;
+  // norm1 again (dattn is dead), QKV's backward: da (dctx is dead), norm1's backward: dn1 (ctx as heads is dead)
+  float *a = w.normed1;
   status = norm_forward(in.hidden, p.norm1_w, p.norm1_b, a, w.stats, d, o);
-  float *da = s;
+  float *da = w.da;
   if (status == 0) status = gptlocal_core_linear_bwd(a, p.qkv_w, dqkv, da, g.dqkv_w, T, H, d.Q, lo);
-  float *dn1 = ctx_heads;
+  float *dn1 = w.dn1;
   if (status == 0) status = norm_backward(in.hidden, p.norm1_w, w.stats, da, dn1, g.dnorm1_w, g.dnorm1_b, d, o);
-  if (status != 0) return 210 + status;
+  if (status != Status::kOk) return status;
   if (d.parallel) {
     add3(dh, dn1, dn2, g.dhidden, T * H, o);
   } else {
@@ -582,24 +577,15 @@ void zero_absent(const Dims &d, int64_t Hn, int64_t Qb, int64_t Hb, int64_t Ib, 
 
 }  // namespace
 
-int gptlocal_core_train_layer_fwd(const float *hidden, const float *mask, const float *cos, const float *sin,
-                                  const float *attention_t1, const float *attention_t2, const float *hidden_t1,
-                                  const float *hidden_t2, const int32_t *offsets, const float *norm1_w,
-                                  const float *norm1_b, const float *qkv_w, const float *qkv_b, const float *proj_w,
-                                  const float *proj_b, const float *norm2_w, const float *norm2_b,
-                                  const float *fc1_w, const float *fc1_b, const float *gate_w, const float *gate_b,
-                                  const float *fc2_w, const float *fc2_b, float *out, int32_t *ticket, int64_t B,
-                                  int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t Sr, int64_t R, int64_t PA1,
-                                  int64_t PA2, int64_t PH1, int64_t PH2, int64_t Hn, int64_t Q, int64_t Qb,
+int gptlocal_core_train_layer_fwd(const TrainLayerInputs &in, const TrainLayerParams &p, float *out, int32_t *ticket,
+                                  int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t Sr, int64_t R,
+                                  int64_t PA1, int64_t PA2, int64_t PH1, int64_t PH2, int64_t Hn, int64_t Q, int64_t Qb,
                                   int64_t ND, int64_t Hb, int64_t I, int64_t Ib, int64_t Ig, int64_t Igb,
                                   const TrainLayerOptions &options) {
   Dims d;
-  const int checked = read_dims(B, S, H, Bb, Bc, Sr, R, PA1, PA2, PH1, PH2, Hn, Q, Qb, ND, Hb, I, Ib, Ig, Igb, offsets,
-                                options, &d);
-  if (checked != 0) return checked;
-  const Inputs in{hidden, mask, cos, sin, attention_t1, attention_t2, hidden_t1, hidden_t2, offsets};
-  const Params p{norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, gate_w, gate_b,
-                 fc2_w, fc2_b};
+  const int checked = read_dims(B, S, H, Bb, Bc, Sr, R, PA1, PA2, PH1, PH2, Hn, Q, Qb, ND, Hb, I, Ib, Ig, Igb,
+                                in.offsets, options, &d);
+  if (checked != Status::kOk) return checked;
   State &st = state();
   std::lock_guard<std::mutex> hold(st.lock);
   Slot &slot = st.slots[options.slot];
@@ -615,29 +601,15 @@ int gptlocal_core_train_layer_fwd(const float *hidden, const float *mask, const 
   return 0;
 }
 
-int gptlocal_core_train_layer_bwd(const float *hidden, const float *mask, const float *cos, const float *sin,
-                                  const float *attention_t1, const float *attention_t2, const float *hidden_t1,
-                                  const float *hidden_t2, const int32_t *offsets, const float *norm1_w,
-                                  const float *norm1_b, const float *qkv_w, const float *qkv_b, const float *proj_w,
-                                  const float *proj_b, const float *norm2_w, const float *norm2_b,
-                                  const float *fc1_w, const float *fc1_b, const float *gate_w, const float *gate_b,
-                                  const float *fc2_w, const float *fc2_b, const int32_t *ticket, const float *dout,
-                                  float *dhidden, float *dnorm1_w, float *dnorm1_b, float *dqkv_w, float *dqkv_b,
-                                  float *dproj_w, float *dproj_b, float *dnorm2_w, float *dnorm2_b, float *dfc1_w,
-                                  float *dfc1_b, float *dgate_w, float *dgate_b, float *dfc2_w, float *dfc2_b,
-                                  int64_t B, int64_t S, int64_t H, int64_t Bb, int64_t Bc, int64_t Sr, int64_t R,
-                                  int64_t PA1, int64_t PA2, int64_t PH1, int64_t PH2, int64_t Hn, int64_t Q,
-                                  int64_t Qb, int64_t ND, int64_t Hb, int64_t I, int64_t Ib, int64_t Ig, int64_t Igb,
-                                  const TrainLayerOptions &options) {
+int gptlocal_core_train_layer_bwd(const TrainLayerInputs &in, const TrainLayerParams &p, const int32_t *ticket,
+                                  const float *dout, const TrainLayerGrads &g, int64_t B, int64_t S, int64_t H,
+                                  int64_t Bb, int64_t Bc, int64_t Sr, int64_t R, int64_t PA1, int64_t PA2, int64_t PH1,
+                                  int64_t PH2, int64_t Hn, int64_t Q, int64_t Qb, int64_t ND, int64_t Hb, int64_t I,
+                                  int64_t Ib, int64_t Ig, int64_t Igb, const TrainLayerOptions &options) {
   Dims d;
-  const int checked = read_dims(B, S, H, Bb, Bc, Sr, R, PA1, PA2, PH1, PH2, Hn, Q, Qb, ND, Hb, I, Ib, Ig, Igb, offsets,
-                                options, &d);
-  if (checked != 0) return checked;
-  const Inputs in{hidden, mask, cos, sin, attention_t1, attention_t2, hidden_t1, hidden_t2, offsets};
-  const Params p{norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, gate_w, gate_b,
-                 fc2_w, fc2_b};
-  const Grads g{dnorm1_w, dnorm1_b, dqkv_w, dqkv_b, dproj_w, dproj_b, dnorm2_w, dnorm2_b, dfc1_w, dfc1_b, dgate_w,
-                dgate_b, dfc2_w, dfc2_b, dhidden};
+  const int checked = read_dims(B, S, H, Bb, Bc, Sr, R, PA1, PA2, PH1, PH2, Hn, Q, Qb, ND, Hb, I, Ib, Ig, Igb,
+                                in.offsets, options, &d);
+  if (checked != Status::kOk) return checked;
   State &st = state();
   std::lock_guard<std::mutex> hold(st.lock);
   zero_absent(d, Hn, Qb, Hb, Ib, Ig, Igb, g);
@@ -648,7 +620,7 @@ int gptlocal_core_train_layer_bwd(const float *hidden, const float *mask, const 
   const Buffers w = buffers(d, st.workspace);
   if (!paired) {  // the slot holds another forward's activations (or none): this one's again, from its inputs
     slot.generation = 0;
-    const int status = forward(d, in, p, options, saved, w.b[10], w);
+    const int status = forward(d, in, p, options, saved, w.out, w);
     if (status != 0) return status;
     slot.generation = ++st.generation;
     slot.shape = shape_of(d);

@@ -26,23 +26,22 @@ import functools
 
 from . import build
 from .aot import KernelCell, float32_library
+from .codes import MlpForm, NormKind, name_of
 from .linear import precision_code
 from .table import KERNELS
 
 SYMBOL = "gptlocal_decode_layer_fwd"
 INT8_SYMBOL = "gptlocal_decode_layer_int8_fwd"
 BF16_SYMBOL = "gptlocal_decode_layer_bf16w_fwd"
-# the MLP's forms (DecodeLayerOptions.form, cpu_decoder.h) by name (``model/gpt.py`` ``mlp_form``)
-MLP_FORMS = {"tanh": 0, "quick": 1, "erf": 2, "relu": 3, "swiglu": 4}
-NORMS = {"LayerNorm": 0, "RMSNorm": 1}
 _warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, the plain decode graph used instead")
 
 
 class CPUDecodeLayer(KernelCell):
     """``construct(hidden [B, 1, H], norm1 (weight, bias), qkv (weight, scale, bias), proj (...), norm2 (weight, bias),
     fc1 (...), gate (...), fc2 (...), key_cache, value_cache, write_index [B, G, 1, 3], attention_bias [B or 1, 1, 1,
-    L], cos, sin [B, 1, 1, R])`` -> the layer's output hidden [B, 1, H]; the caches written in place. ``form``: a
-    ``MLP_FORMS`` name; ``norm``: a ``NORMS`` name; ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
+    L], cos, sin [B, 1, 1, R])`` -> the layer's output hidden [B, 1, H]; the caches written in place. ``form``: an
+    ``MlpForm``'s name (``model/gpt.py`` ``mlp_form``); ``norm``: a ``NormKind``'s ("LayerNorm", "RMSNorm");
+    ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
     biases (else their bias arguments are placeholders)."""
 
     symbol = SYMBOL
@@ -51,9 +50,10 @@ class CPUDecodeLayer(KernelCell):
     def __init__(self, library_path, epsilon, scale, form="tanh", threads=None, precision="float32", emulate=False,
                  norm="LayerNorm", rotary_dim=0, parallel_residual=False, qkv_bias=True, bias=True):
         # side_effect_mem (the table's inout caches): MindSpore keeps every later use of the caches after it
-        super().__init__(library_path, KERNELS[self.symbol], epsilon=epsilon, scale=scale, form=MLP_FORMS[form],
+        super().__init__(library_path, KERNELS[self.symbol], epsilon=epsilon, scale=scale, form=name_of(MlpForm, form),
                          threads=threads, precision=precision_code(library_path, precision, emulate),
-                         norm=NORMS[norm], rotary_dim=int(rotary_dim), parallel_residual=int(bool(parallel_residual)),
+                         norm=name_of(NormKind, norm), rotary_dim=int(rotary_dim),
+                         parallel_residual=int(bool(parallel_residual)),
                          qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)))
 
     # pylint: disable-next=too-many-arguments
@@ -87,7 +87,7 @@ def decode_layer_kernel(epsilon, scale, form, dtype, int8=False, precision="floa
     the library cannot be built. ``precision``: the GEMMs' ("float32", or "bfloat16" for a bf16 model's);
     ``kwargs``: the layout (``CPUDecodeLayer``'s ``norm``, ``rotary_dim``, ``parallel_residual``, ``qkv_bias``,
     ``bias``) and ``threads``."""
-    if form not in MLP_FORMS:
+    if form not in {f.name.lower() for f in MlpForm}:
         return None
     path = float32_library(dtype, _warn_once)
     if path is None:

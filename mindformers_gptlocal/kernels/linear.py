@@ -25,7 +25,7 @@ from mindspore import nn, ops
 
 from . import build
 from .aot import float32_library, primitive
-from .norm_gelu import GELU_FORMS
+from .norm_gelu import gelu_form
 from .table import KERNELS, LinearGeluOptions, LinearOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
@@ -102,7 +102,7 @@ class CPULinearEpilogue(nn.Cell):
         super().__init__()
         code = precision_code(library_path, precision, emulate)
         self.config = LinearOptions(threads, code).tensor()
-        self.gelu_config = LinearGeluOptions(threads, code, GELU_FORMS[form]).tensor()
+        self.gelu_config = LinearGeluOptions(threads, code, gelu_form(form)).tensor()
         self.backward = primitive(library_path, KERNELS["gptlocal_linear_bwd"])
         self.gelu_forward = primitive(library_path, KERNELS["gptlocal_linear_gelu_fwd"])  # its bprop: the table's
         self.residual_forward = primitive(library_path, KERNELS["gptlocal_linear_residual_fwd"],

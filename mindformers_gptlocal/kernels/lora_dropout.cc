@@ -45,7 +45,7 @@ int gptlocal_core_lora_dropout(const float *x, const float *t1, const float *t2,
   d.b = offsets[1];
   d.scale = options.scale;
   d.mode = options.mode;
-  if ((d.mode != 1 && d.mode != 2) || d.a < 0 || d.b < 0 || d.a >= d.p1 || d.b >= d.p2) return 1;
+  if ((d.mode != 1 && d.mode != 2) || d.a < 0 || d.b < 0 || d.a >= d.p1 || d.b >= d.p2) return Status::kDropoutOffsets;
   const int64_t spans = (n + kSpan - 1) / kSpan;
   run_parallel(threads_for(options.threads, n), spans, [&](std::atomic<int64_t> &next, int) {
     float keep[kSpan];

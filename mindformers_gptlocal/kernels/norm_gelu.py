@@ -11,9 +11,10 @@ import functools
 
 from . import build
 from .aot import KernelCell, float32_library
+from .codes import MlpForm, name_of
 from .table import KERNELS
 
-GELU_FORMS = {"tanh": 0, "quick": 1}
+GELU_FORMS = (MlpForm.TANH, MlpForm.QUICK)  # the bias + GeLU kernels' forms
 _warn_once = functools.partial(build.warn_once,
                                "CPU LayerNorm and bias + GeLU kernels off, MindSpore's ops used instead")
 
@@ -35,10 +36,18 @@ class CPUBiasGeLU(KernelCell):
     The backward recomputes from ``x`` and ``bias``: nothing else is kept."""
 
     def __init__(self, library_path, form, threads=None):
-        super().__init__(library_path, KERNELS["gptlocal_bias_gelu_fwd"], form=GELU_FORMS[form], threads=threads)
+        super().__init__(library_path, KERNELS["gptlocal_bias_gelu_fwd"], form=gelu_form(form), threads=threads)
 
     def construct(self, x, bias):
         return self.op(x, bias, self.config)
+
+
+def gelu_form(name):
+    """The ``MlpForm`` of a GeLU form's name ("tanh" or "quick"; a ValueError for another)."""
+    form = name_of(MlpForm, name)
+    if form not in GELU_FORMS:
+        raise ValueError(f"{name!r}: the bias + GeLU kernels compute {', '.join(f.name.lower() for f in GELU_FORMS)}")
+    return form
 
 
 def layernorm_kernel(epsilon, dtype, **kwargs):

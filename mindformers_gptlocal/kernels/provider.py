@@ -121,7 +121,7 @@ GREEDY_STEPS_MAX = 8
 DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
     "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "norm", "norm_weights",
     "norm_dtype", "softmax_dtype", "prefix", "adapters", "layerdrop"))
-# The MLP forms and norms the decoder's C++ layer computes (cpu_decoder.h; kernels/decode_layer.py MLP_FORMS, NORMS)
+# The MLP forms and norms the decoder's C++ layer computes (kernels/codes.py MlpForm, NormKind)
 LAYER_FORMS = ("tanh", "quick", "erf", "relu", "swiglu")
 LAYER_NORMS = ("LayerNorm", "RMSNorm")
 

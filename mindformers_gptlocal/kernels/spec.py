@@ -184,7 +184,7 @@ class Kernel:
     ``aot.primitive``); ``doc`` one line; ``op`` the ``model_config.cpu_kernels`` op that chooses it
     (``provider.py`` ``OPS``), None for a kernel no model op runs yet."""
 
-    def __init__(self, symbol, source, inputs, outputs, options, doc, core=None, backward=None, op=None):
+    def __init__(self, symbol, source, inputs, outputs, options, doc, core=None, backward=None, op=None, groups=()):
         self.symbol = symbol
         self.source = source
         self.op = op
@@ -194,7 +194,12 @@ class Kernel:
         self.doc = doc
         self.core = core or (symbol[len("gptlocal_"):] if symbol.startswith("gptlocal_") else symbol)
         self.backward = backward
+        self.groups = tuple(groups)  # ``Struct`` s whose fields name tensors: the core takes those as one struct
         names = [t.name for t in self.tensors]
+        for struct in self.groups:  # a field no tensor names: a number, zero (the core sets it from its options)
+            missing = [field for field, kind in struct.fields if field not in names and "*" in kind]
+            if missing:
+                raise ValueError(f"{symbol}: {struct.name}'s {', '.join(missing)} not among its tensors")
         if len(set(names)) != len(names):
             raise ValueError(f"{symbol}: two tensors of one name")
         optional = [t for t in self.tensors if t.optional]
@@ -229,9 +234,26 @@ class Kernel:
     def side_effect(self):
         return any(t.inout for t in self.inputs)
 
+    def core_arguments(self):
+        """The core's tensor arguments in order: a tensor (``TensorSpec``), or a ``groups`` struct in the place of its
+        first field's tensor (its other fields' tensors left out); tokens are not passed."""
+        grouped = {field: struct for struct in self.groups for field, _ in struct.fields}
+        found = []
+        for tensor in self.tensors:
+            if tensor.token:
+                continue
+            struct = grouped.get(tensor.name)
+            if struct is None:
+                found.append(tensor)
+            elif struct not in found:
+                found.append(struct)
+        return found
+
     def core_parameters(self):
-        """The core's C parameters: (C declaration) for each tensor but tokens, each size, the options."""
-        params = [f"{'const ' if t.const else ''}{t.c_type} *{t.name}" for t in self.tensors if not t.token]
+        """The core's C parameters: (C declaration) for each tensor but tokens (a group's struct by const reference,
+        named after it in lower case), each size, the options."""
+        params = [f"const {a.name} &{a.snake_name}" if isinstance(a, Struct) else
+                  f"{'const ' if a.const else ''}{a.c_type} *{a.name}" for a in self.core_arguments()]
         params += [f"int64_t {size}" for size in self.sizes]
         params.append(f"const {self.options.name} &options")
         return params
@@ -333,6 +355,11 @@ class Struct:
         self.ctypes = type(name, (ctypes.Structure,), {
             "_fields_": [(f, STRUCT_FIELDS[k][1]) for f, k in self.fields], "__doc__": doc})
 
+    @property
+    def snake_name(self):
+        """``TrainLayerParams`` -> ``train_layer_params`` (a core's parameter of this struct)."""
+        return re.sub(r"(?<!^)([A-Z])", r"_\1", self.name).lower()
+
     def __call__(self, *args, **kwargs):
         """A value of the struct (its ``ctypes.Structure``)."""
         return self.ctypes(*args, **kwargs)
@@ -369,8 +396,9 @@ class Table:
     ``options`` (each struct once), checked when made (a backward that does not fit its forward, two kernels of
     one core with other signatures, a symbol twice)."""
 
-    def __init__(self, entries):
+    def __init__(self, entries, structs=()):
         self.entries = tuple(entries)
+        self._structs = tuple(structs)  # plain C structs the cores take (beside the exports')
         self.kernels = tuple(e for e in self.entries if isinstance(e, Kernel))
         symbols = [e.symbol for e in self.entries]
         if len(set(symbols)) != len(symbols):
@@ -396,8 +424,9 @@ class Table:
 
     @property
     def structs(self):
-        """The plain C structs the exports take (each once, in the table's order)."""
-        return tuple(dict.fromkeys(s for e in self.entries if isinstance(e, Export) for s in e.structs))
+        """The plain C structs the exports and the cores take (each once, in the table's order)."""
+        exports = (s for e in self.entries if isinstance(e, Export) for s in e.structs)
+        return tuple(dict.fromkeys((*exports, *self._structs)))
 
     @property
     def cores(self):

@@ -8,6 +8,7 @@ signature ``cores.h`` declares from its entry) and its entry here; ``aot.KernelC
 then its Cell (or a class of its own where the model calls it otherwise), and ``provider.py`` a method where the
 model uses it. ``python -m mindformers_gptlocal.kernels.codegen`` prints what the build generates.
 """
+from .layer_table import decode_layer_parameters, decoder_layer_fields, train_layer_parameters
 from .spec import Export, Kernel, Options, Struct, Table
 
 # ------------------------------------------------------------------------------------------------ options structs
@@ -18,7 +19,8 @@ AttentionOptions = Options(
     "where they differ; the query and key blocks' rows.")
 LayerNormOptions = Options("LayerNormOptions", "epsilon: float, threads: int", "LayerNorm's.")
 RMSNormOptions = Options("RMSNormOptions", "epsilon: float, threads: int", "RMSNorm's.")
-BiasGeluOptions = Options("BiasGeluOptions", "form: int, threads: int", "Bias + GeLU's: form 0 tanh, 1 quick.")
+BiasGeluOptions = Options("BiasGeluOptions", "form: int, threads: int",
+                          "Bias + GeLU's: form MlpForm::kTanh or kQuick.")
 LinearOptions = Options("LinearOptions", "threads: int, precision: int",
                         "Linear's GEMM: precision 0 float32, 1 bfloat16 x bfloat16 -> float32 (oneDNN's "
                         "dnnl_gemm_bf16bf16f32), 2 the same numbers emulated (inputs rounded to bfloat16, sgemm).")
@@ -39,15 +41,15 @@ TrainLayerOptions = Options(
     "qkv_bias: int, rope: int, parallel_residual: int, precision: int, threads: int, query_block: int, key_block: int, "
     "slot: int", "The training layer's: the norms' epsilon, attention's scale, the counter dropouts' scales and modes "
     "(0 none, 1 keep where the bits agree, 2 where they differ; the hidden one at both residual sites), the query "
-    "heads and key/value groups, norm 0 LayerNorm / 1 RMSNorm, mlp 0 tanh GeLU / 1 quick GeLU / 2 SwiGLU, bias (the "
+    "heads and key/value groups, norm (a NormKind), mlp (MlpForm: kTanh, kQuick or kSwiglu), bias (the "
     "projection's and the MLP's Linears), qkv_bias, rope, parallel_residual (NeoX), the GEMMs' precision "
     "(LinearOptions'; 1, 2 also save the GEMM operands as bf16), the threads, attention's query and key blocks, the "
     "layer's slot (its saved activations; 0 shared by recomputed layers).")
 DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
                              "precision: int, norm: int, rotary_dim: int, parallel_residual: int, qkv_bias: int, "
                              "bias: int", "The decode step's layer (cpu_decoder.h LayerShape's choices): the norms' "
-                             "epsilon, attention's scale, the MLP's form (0 tanh GeLU, 1 quick, 2 erf, 3 ReLU, 4 "
-                             "SwiGLU), the GEMMs' precision (LinearOptions'), norm 0 LayerNorm / 1 RMSNorm, the rope's "
+                             "epsilon, attention's scale, the MLP's form (an MlpForm), the GEMMs' precision "
+                             "(LinearOptions'), norm (a NormKind), the rope's "
                              "channels (0: none), NeoX's parallel residual, whether qkv and the other Linears have "
                              "biases.")
 # the native runner's structs (cpu_decoder.cc; runtime/native.py fills them once per runner)
@@ -57,34 +59,30 @@ DecoderModel = Struct(
     "max_positions: int, words_kind: int, head_kind: int, epsilon: float, words: void*, words_scale: f32*, "
     "positions: f32*, final_weight: f32*, final_bias: f32*, head: void*, head_scale: f32*",
     "A model for gptlocal_decoder_step: its sizes and layout choices (DecodeLayerOptions' codes; weights and the "
-    "*_kind fields: 0 float32, 1 bfloat16, 2 int8 with per-row scales), the token table (+ scales), the learned "
+    "*_kind fields: WeightKind), the token table (+ scales), the learned "
     "position table (or null: rope), the final norm, the head's table (+ scales).")
 DecoderLayer = Struct(
-    "DecoderLayer", "scale: float, norm1_weight: f32*, norm1_bias: f32*, qkv: void*, qkv_scale: f32*, qkv_bias: f32*, "
-    "proj: void*, proj_scale: f32*, proj_bias: f32*, norm2_weight: f32*, norm2_bias: f32*, fc1: void*, "
-    "fc1_scale: f32*, fc1_bias: f32*, gate: void*, gate_scale: f32*, gate_bias: f32*, fc2: void*, fc2_scale: f32*, "
-    "fc2_bias: f32*", "One layer's attention scale and Parameters (cpu_decoder.h LayerWeights): null where the layer "
-    "has none (a bias, an int8 weight's scales, a LayerNorm's bias, SwiGLU's gate).")
+    "DecoderLayer", decoder_layer_fields(), "One layer's attention scale and Parameters (layer_table.py LAYER; "
+    "cpu_decoder.h LayerWeights): null where the layer has none (a bias, an int8 weight's scales, a LayerNorm's bias, "
+    "SwiGLU's gate).")
 DecoderCache = Struct(
     "DecoderCache", "keys: mut f32*, values: mut f32*, cos: f32*, sin: f32*, slots: int, length: int",
     "A runner's KV cache: keys and values [layers, slots, G, length, D] float32, written in place; the rope's cos and "
     "sin [length, rotary_dim] by position (null without rope).")
 DecoderCall = Struct(
     "DecoderCall", "ids: i32*, positions: i32*, slots: i32*, last: i32*, batch: int, width: int, logits: mut f32*, "
-    "tokens: mut i32*, work: mut void*, work_bytes: int64",
+    "tokens: mut i32*, work: mut void*, work_bytes: int64, failed_layer: mut i32*",
     "One step: ids and positions [batch, width], each row's cache slot [batch] and the column whose logits come "
     "back [batch]; logits [batch, vocab] (or null) and / or tokens [batch] (their argmax, or null); the workspace "
-    "(gptlocal_decoder_workspace bytes).")
+    "(gptlocal_decoder_workspace bytes); failed_layer: null, or where a failed step writes the index of the layer "
+    "whose part failed (-1: not in a layer).")
 
 # ------------------------------------------------------------------------------------------------ kernels
 ATTENTION_INPUTS = ("q: f32[B, N, S, D], k: f32[B, G, S, D], v: f32[B, G, S, D], bias: f32[Bb, 1, S, S], "
                     "t1: f32[P1], t2: f32[P2], offsets: i32[2]")
 DROPOUT_TABLES = "t1: f32[P1], t2: f32[P2], offsets: i32[2]"
-LAYER = ("hidden: f32[B, 1, H], norm1_weight: f32[H], norm1_bias: f32[_], {qkv}, {proj}, norm2_weight: f32[H], "
-         "norm2_bias: f32[_], {fc1}, {gate}, {fc2}, key_cache: inout f32[Bc, G, L, D], "
-         "value_cache: inout f32[Bc, G, L, D], write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L], "
-         "cos: f32[_, _, _, _], sin: f32[_, _, _, _]")
-LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "gate": ("_", "_"), "fc2": ("H", "I")}
+DECODE_CACHE = ("key_cache: inout f32[Bc, G, L, D], value_cache: inout f32[Bc, G, L, D], "
+                "write_index: i32[B, G, 1, 3], bias: f32[Bb, 1, 1, L], cos: f32[_, _, _, _], sin: f32[_, _, _, _]")
 # The training layer's tensors (cpu_train_layer.cc): the layer's input, attention's mask, rope's cos and sin, the
 # attention's and the hidden dropout's bit tables, their offsets (attention_probs, attention_output, mlp_output: (a, b)
 # each), then the parameters; a parameter the layer has not is a one-element stand-in (RMSNorm's shift, a bias, a
@@ -92,20 +90,29 @@ LINEARS = {"qkv": ("Q", "H"), "proj": ("H", "ND"), "fc1": ("I", "H"), "gate": ("
 TRAIN_LAYER_INPUTS = (
     "hidden: f32[B, S, H], mask: f32[Bb, 1, S, S], cos: f32[Bc, 1, Sr, R], sin: f32[Bc, 1, Sr, R], "
     "attention_t1: f32[PA1], attention_t2: f32[PA2], hidden_t1: f32[PH1], hidden_t2: f32[PH2], offsets: i32[6], "
-    "norm1_w: f32[H], norm1_b: f32[Hn], qkv_w: f32[Q, H], qkv_b: f32[Qb], proj_w: f32[H, ND], proj_b: f32[Hb], "
-    "norm2_w: f32[H], norm2_b: f32[Hn], fc1_w: f32[I, H], fc1_b: f32[Ib], gate_w: f32[Ig, H], gate_b: f32[Igb], "
-    "fc2_w: f32[H, I], fc2_b: f32[Hb]")
-TRAIN_LAYER_PARAMETERS = ("norm1_w", "norm1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "norm2_w", "norm2_b", "fc1_w",
-                          "fc1_b", "gate_w", "gate_b", "fc2_w", "fc2_b")
+    + ", ".join(f"{name}: f32[{dims}]" for name, dims in train_layer_parameters()))
+TRAIN_LAYER_PARAMETERS = tuple(name for name, _ in train_layer_parameters())
+TRAIN_LAYER_GRADIENTS = "dhidden: f32[B, S, H], " + ", ".join(
+    f"d{name}: f32[{dims}]" for name, dims in train_layer_parameters())
+# the training layer's inputs, parameters and gradients as its cores take them (structs: cpu_train_layer.cc), the
+# parameters from layer_table.py
+TrainLayerInputs = Struct("TrainLayerInputs", "hidden: f32*, mask: f32*, cos: f32*, sin: f32*, attention_t1: f32*, "
+                          "attention_t2: f32*, hidden_t1: f32*, hidden_t2: f32*, offsets: i32*",
+                          "The training layer's input, attention's mask, rope's cos and sin, the dropouts' tables and "
+                          "their offsets ((a, b) of attention_probs, attention_output, mlp_output).")
+TrainLayerParams = Struct("TrainLayerParams", ", ".join(f"{name}: f32*" for name in TRAIN_LAYER_PARAMETERS),
+                          "The training layer's parameters (layer_table.py LAYER; a stand-in where the layer has "
+                          "none).")
+TrainLayerGrads = Struct("TrainLayerGrads", ", ".join(f"d{name}: mut f32*" for name in TRAIN_LAYER_PARAMETERS)
+                         + ", dhidden: mut f32*", "The gradients the training layer's backward writes: each "
+                         "parameter's (zeros for a stand-in), then the layer input's.")
 
 
 def decode_layer_inputs(weight):
     """The decode layer's inputs with its five Linears' weights of dtype ``weight``, each followed by its float32
     per-channel scales (an int8 model's; else a placeholder) and its bias (or a placeholder); SwiGLU's gate (or a
     placeholder weight) between fc1 and fc2; the rope's cos and sin [B, 1, 1, R] (or placeholders)."""
-    def linear(name, out, inp):
-        return f"{name}_w: {weight}[{out}, {inp}], {name}_scale: f32[_], {name}_b: f32[_]"
-    return LAYER.format(**{name: linear(name, *dims) for name, dims in LINEARS.items()})
+    return f"hidden: f32[B, 1, H], {decode_layer_parameters(weight)}, {DECODE_CACHE}"
 
 
 TABLE = Table([
@@ -173,15 +180,17 @@ TABLE = Table([
            "common.h's to_bf16 (bf16_bits: to nearest even), as the GEMMs round: for tests"),
     Kernel("gptlocal_decode_layer_fwd", "cpu_decode_layer.cc", decode_layer_inputs("f32"), "out: f32[B, 1, H]",
            DecodeLayerOptions, "a layer of the decode step (every layout), the caches written in place",
-           op="decode_layer"),
+           op="decode_layer", groups=(DecoderLayer,)),
     Kernel("gptlocal_decode_layer_int8_fwd", "cpu_decode_layer.cc", decode_layer_inputs("i8"),
-           "out: f32[B, 1, H]", DecodeLayerOptions, "the same layer of an int8 model", op="decode_layer"),
+           "out: f32[B, 1, H]", DecodeLayerOptions, "the same layer of an int8 model", op="decode_layer",
+           groups=(DecoderLayer,)),
     Kernel("gptlocal_decode_layer_bf16w_fwd", "cpu_decode_layer.cc", decode_layer_inputs("bf16"), "out: f32[B, 1, H]",
-           DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer"),
+           DecodeLayerOptions, "the same layer with bfloat16 weights", op="decode_layer", groups=(DecoderLayer,)),
     Export("gptlocal_decoder_step", "cpu_decoder.cc", "int gptlocal_decoder_step(const DecoderModel *model, "
            "const DecoderLayer *layers, const DecoderCache *cache, const DecoderCall *call)",
            "the native runner's step: a model's forward over its KV cache for one call's rows, logits or their argmax "
-           "(0, or a status)", op="runner", structs=(DecoderModel, DecoderLayer, DecoderCache, DecoderCall)),
+           "(Status::kOk, or the named status of the part that failed; its layer in DecoderCall.failed_layer)",
+           op="runner", structs=(DecoderModel, DecoderLayer, DecoderCache, DecoderCall)),
     Export("gptlocal_decoder_workspace", "cpu_decoder.cc", "int64_t gptlocal_decoder_workspace(const DecoderModel "
            "*model, int64_t rows, int64_t batch)", "the workspace bytes of a step of `rows` token rows, `batch` "
            "sequences", op="runner", structs=(DecoderModel,)),
@@ -217,14 +226,12 @@ TABLE = Table([
     Kernel("gptlocal_train_layer_fwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS, "out: f32[B, S, H], ticket: i32[2]",
            TrainLayerOptions, "a whole decoder layer of a training step (norm, QKV, rope, attention, projection, "
            "residual, norm, MLP, residual): its output and the ticket of the activations it saved in its slot",
-           backward="gptlocal_train_layer_bwd", op="train_layer"),
+           backward="gptlocal_train_layer_bwd", op="train_layer", groups=(TrainLayerInputs, TrainLayerParams)),
     Kernel("gptlocal_train_layer_bwd", "cpu_train_layer.cc", TRAIN_LAYER_INPUTS + ", ticket: i32[2], dout: f32[B, S, H]",
-           "dhidden: f32[B, S, H], " + ", ".join(f"d{name}: f32[{dims}]" for name, dims in (
-               ("norm1_w", "H"), ("norm1_b", "Hn"), ("qkv_w", "Q, H"), ("qkv_b", "Qb"), ("proj_w", "H, ND"),
-               ("proj_b", "Hb"), ("norm2_w", "H"), ("norm2_b", "Hn"), ("fc1_w", "I, H"), ("fc1_b", "Ib"),
-               ("gate_w", "Ig, H"), ("gate_b", "Igb"), ("fc2_w", "H, I"), ("fc2_b", "Hb"))),
+           TRAIN_LAYER_GRADIENTS,
            TrainLayerOptions, "its backward: the slot's activations where the ticket still holds them (else the "
-           "forward again, from its inputs), then every gradient", op="train_layer"),
+           "forward again, from its inputs), then every gradient", op="train_layer",
+           groups=(TrainLayerInputs, TrainLayerParams, TrainLayerGrads)),
     Export("gptlocal_train_layer_release", "cpu_train_layer.cc", "int gptlocal_train_layer_release(int32_t slot)",
            "frees a training layer's slot (its Cell is gone)", op="train_layer"),
     Export("gptlocal_train_layer_stats", "cpu_train_layer.cc", "void gptlocal_train_layer_stats(int64_t *out)",
@@ -235,5 +242,5 @@ TABLE = Table([
            backward="gptlocal_rope_bwd"),
     Kernel("gptlocal_rope_bwd", "cpu_rope.cc", "dy: f32[B, N, S, D], cos: f32[Bc, 1, S, R], sin: f32[Bc, 1, S, R]",
            "dx: f32[B, N, S, D]", ThreadOptions, "its backward: the transposed rotation"),
-])
+], structs=(TrainLayerInputs, TrainLayerParams, TrainLayerGrads))
 KERNELS = {kernel.symbol: kernel for kernel in TABLE.kernels}

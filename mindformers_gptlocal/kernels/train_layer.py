@@ -32,13 +32,12 @@ from mindspore import Tensor, nn, ops
 from . import build
 from .aot import float32_library, primitive
 from .attention import KEY_BLOCK, QUERY_BLOCK
+from .codes import MlpForm, NormKind, name_of
 from .linear import precision_code
 from .table import KERNELS, TrainLayerOptions
 
 FORWARD = "gptlocal_train_layer_fwd"
 BACKWARD = "gptlocal_train_layer_bwd"
-NORMS = {"LayerNorm": 0, "RMSNorm": 1}
-MLPS = {"tanh": 0, "quick": 1, "swiglu": 2}
 STATS = ("forwards", "backwards", "recomputed", "slot_bytes", "workspace_bytes", "slots")
 SHARED_SLOT = 0
 _SLOTS = itertools.count(1)  # each layer's own slot; 0 is the shared one
@@ -92,8 +91,8 @@ class CPUTrainLayer(nn.Cell):
             return TrainLayerOptions(
                 epsilon, scale, 1.0 if attention_dropout is None else attention_dropout.scale,
                 1.0 if output_dropout is None else output_dropout.scale, attention_mode, hidden_mode, layout.heads,
-                layout.groups, NORMS[layout.norm], MLPS[layout.mlp], int(layout.bias), int(layout.qkv_bias),
-                int(layout.rope), int(layout.parallel_residual), code, threads, query_block,
+                layout.groups, name_of(NormKind, layout.norm), name_of(MlpForm, layout.mlp), int(layout.bias),
+                int(layout.qkv_bias), int(layout.rope), int(layout.parallel_residual), code, threads, query_block,
                 key_block, self.slot).tensor()
 
         self.config_plain = config(0, 0)

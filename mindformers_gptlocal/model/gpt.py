@@ -152,7 +152,7 @@ def gelu_form(hidden_act):
 
 
 def mlp_form(arch):
-    """The MLP's form as the decoder's C++ layer names it (``kernels/decode_layer.py`` ``MLP_FORMS``): "swiglu" for
+    """The MLP's form as the decoder's C++ layer names it (``kernels/codes.py`` ``MlpForm``, lower case): "swiglu" for
     the gated MLP, else ``Activation``'s reading of ``hidden_act``: "quick", "erf" (``gelu``), "relu" or "tanh"."""
     if arch.gated:
         return "swiglu"

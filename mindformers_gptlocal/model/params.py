@@ -11,6 +11,7 @@ Pure Python (no MindSpore): ``gptlocal plan`` and ``gptlocal convert`` use it wi
 """
 from collections import namedtuple
 
+from ..kernels.layer_table import LAYER, Norm, Tensor
 from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
 from .arch import Arch
@@ -67,29 +68,27 @@ def qkv_width(d):
 
 
 def layer_shapes(d):
-    """One block's parameters, names relative to the block, in the block's attribute order."""
+    """One block's parameters, names relative to the block, in the block's attribute order: the parts of
+    ``kernels/layer_table.py`` ``LAYER`` this layout has (a norm's shift under LayerNorm, a bias where ``arch`` has
+    it, SwiGLU's gate where gated)."""
     h, i = d["hidden"], d["inter"]
     arch = d.get("arch") or Arch()
-    qkv = qkv_width(d)
+    sizes = {"H": h, "Q": qkv_width(d), "ND": h, "I": i, "N": d.get("heads"), "G": d.get("groups")}
     shapes = {}
-
-    def norm(name):
-        shapes[f"{name}.weight"] = (h,)
-        if not arch.rmsnorm:
-            shapes[f"{name}.bias"] = (h,)
-
-    def linear(name, out, inp, bias):
-        shapes[f"{name}.weight"] = (out, inp)
-        if bias:
-            shapes[f"{name}.bias"] = (out,)
-    norm("input_layernorm")
-    linear("attention.linear_qkv", qkv, h, arch.qkv_bias)
-    linear("attention.linear_proj", h, h, arch.bias)
-    norm("post_attention_layernorm")
-    linear("mlp.linear_fc1", i, h, arch.bias)
-    if arch.gated:
-        linear("mlp.linear_gate", i, h, arch.bias)
-    linear("mlp.linear_fc2", h, i, arch.bias)
+    for part in LAYER:
+        if part.when and not getattr(arch, part.when):
+            continue
+        if isinstance(part, Tensor):
+            shapes[part.cell] = tuple(sizes[name] for name in part.dims)
+            continue
+        if isinstance(part, Norm):
+            shapes[f"{part.cell}.weight"] = (h,)
+            if not arch.rmsnorm:
+                shapes[f"{part.cell}.bias"] = (h,)
+            continue
+        shapes[f"{part.cell}.weight"] = (sizes[part.out], sizes[part.inp])
+        if getattr(arch, part.bias):
+            shapes[f"{part.cell}.bias"] = (sizes[part.out],)
     return shapes
 
 

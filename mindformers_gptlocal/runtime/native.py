@@ -26,18 +26,25 @@ import numpy as np
 
 from ..kernels import build
 from ..kernels.aot import kernel_threads
-from ..kernels.decode_layer import MLP_FORMS
+from ..kernels.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
 from ..kernels.linear import precision_code
 from ..kernels.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel
 from ..model.gpt import mlp_form
 from .buckets import width_buckets
 
-KINDS = {"float32": 0, "bfloat16": 1, "int8": 2}  # DecoderModel.weights, words_kind, head_kind
 PREFILL_ROWS = 512  # token rows a call at most: a longer prefill runs as several calls of its columns (chunks)
 
 
 class NativeError(RuntimeError):
     """The library refused a call (its status: a slot, position or token id outside the cache or vocabulary, ...)."""
+
+
+def failure(status, layer, batch_size, max_length):
+    """The message of a step the library refused: its ``Status`` by name (``kernels/codes.py``), the layer whose part
+    failed (``layer`` >= 0) and the cache's size."""
+    where = f" in layer {layer}" if layer >= 0 else ""
+    return (f"gptlocal_decoder_step failed{where}: {describe(status)} (this runner's cache: {batch_size} slots x "
+            f"{max_length} positions)")
 
 
 def _held(param):
@@ -90,6 +97,7 @@ class NativeRunner:
                              np.uint8)
         self.logits = np.empty((batch_size, arch.vocab_size), np.float32)
         self.tokens = np.empty(batch_size, np.int32)
+        self.failed_layer = np.full(1, -1, np.int32)  # where a failed call names its layer
 
     # --- what the library is told, once ------------------------------------------------------------
     def _view(self, param, want=None):
@@ -138,11 +146,12 @@ class NativeRunner:
             precision = 0
         self.model = DecoderModel(
             hidden=arch.hidden_size, heads=arch.num_attention_heads, groups=arch.groups, head_dim=arch.head_dim,
-            inter=arch.inter, vocab=arch.vocab_size, layers=arch.num_hidden_layers, norm=int(arch.rmsnorm),
-            rotary_dim=arch.rotary_dim, form=MLP_FORMS[mlp_form(arch)], parallel_residual=int(arch.parallel_residual),
-            weights=KINDS[self.weights], precision=precision, threads=kernel_threads(),
-            max_positions=arch.max_position_embeddings if arch.learned_positions else 0, words_kind=KINDS[words_kind],
-            head_kind=KINDS[head_kind], epsilon=lm.config.layernorm_epsilon, words=words, words_scale=words_scale,
+            inter=arch.inter, vocab=arch.vocab_size, layers=arch.num_hidden_layers,
+            norm=NormKind.RMS_NORM if arch.rmsnorm else NormKind.LAYER_NORM, rotary_dim=arch.rotary_dim,
+            form=name_of(MlpForm, mlp_form(arch)), parallel_residual=int(arch.parallel_residual),
+            weights=name_of(WeightKind, self.weights), precision=precision, threads=kernel_threads(),
+            max_positions=arch.max_position_embeddings if arch.learned_positions else 0, words_kind=name_of(WeightKind, words_kind),
+            head_kind=name_of(WeightKind, head_kind), epsilon=lm.config.layernorm_epsilon, words=words, words_scale=words_scale,
             positions=positions, final_weight=final_weight, final_bias=final_bias, head=head, head_scale=head_scale)
         layers = DecoderLayer.array(arch.num_hidden_layers)
         for struct, block in zip(layers, lm.model.layers):
@@ -195,12 +204,11 @@ class NativeRunner:
                            last=last.ctypes.data, batch=batch, width=width,
                            logits=self.logits.ctypes.data if logits else None,
                            tokens=self.tokens.ctypes.data if tokens else None, work=self.work.ctypes.data,
-                           work_bytes=self.work.nbytes)
+                           work_bytes=self.work.nbytes, failed_layer=self.failed_layer.ctypes.data)
         status = self.lib.gptlocal_decoder_step(ctypes.byref(self.model), self.layer_structs,
                                                 ctypes.byref(self.cache), ctypes.byref(call))
-        if status != 0:
-            raise NativeError(f"gptlocal_decoder_step returned {status} (a slot, position or token id outside the "
-                              f"cache of {self.batch_size} x {self.max_length} or the vocabulary?)")
+        if status != Status.OK:
+            raise NativeError(failure(status, int(self.failed_layer[0]), self.batch_size, self.max_length))
 
     def step(self, ids, positions, last_index, slots=None):
         """One call on host arrays: next-token logits [b, V] as numpy float32 (``ModelRunner.step``'s contract:
