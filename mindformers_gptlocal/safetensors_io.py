@@ -245,13 +245,16 @@ def write_safetensors_streamed(path, plan, metadata=None):
 
 def atomic_write(path, write):
     """``write(tmp)`` then rename tmp to ``path``: a crash never leaves a half-written file under ``path``."""
+    from .staging import ACTIVE  # the temporary file is removed too if a signal ends the process at once
     tmp = f"{path}.tmp-{os.getpid()}"
+    ACTIVE.add(tmp)
     try:
         write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        ACTIVE.discard(tmp)
 
 
 def write_json(path, data):
