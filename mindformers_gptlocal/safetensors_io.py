@@ -20,7 +20,7 @@ import struct
 import numpy as np
 
 from .errors import CheckpointError
-from .staging import publish_file
+from .staging import ACTIVE, publish_file
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -246,14 +246,17 @@ def write_safetensors_streamed(path, plan, metadata=None):
 
 def atomic_write(path, write):
     """``write(tmp)`` then rename tmp to ``path``: a crash never leaves a half-written file under ``path``, and the
-    file has the mode the umask gives a new one (the safetensors writer creates 0600; ``staging.publish_file``)."""
+    file has the mode the umask gives a new one (the safetensors writer creates 0600; ``staging.publish_file``).
+    The temporary file is in ``staging.ACTIVE``: removed too if a signal ends the process at once."""
     tmp = f"{path}.tmp-{os.getpid()}"
+    ACTIVE.add(tmp)
     try:
         write(tmp)
         publish_file(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        ACTIVE.discard(tmp)
 
 
 def write_json(path, data):

@@ -15,7 +15,7 @@ import shutil
 import stat
 import threading
 
-ACTIVE = set()  # the staging folders this process is building
+ACTIVE = set()  # the staging folders (and atomic_write's temporary files) this process is building
 _COMMIT = threading.Lock()  # held while a finished folder is renamed into place
 
 
@@ -86,9 +86,16 @@ def committing():
 
 
 def remove_active():
-    """Remove every staging folder this process is building (the process ends at once after)."""
+    """Remove every staging folder (or file: ``safetensors_io.atomic_write``'s) this process is building (the
+    process ends at once after)."""
     for staging in list(ACTIVE):
-        shutil.rmtree(staging, ignore_errors=True)
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+        elif os.path.lexists(staging):
+            try:
+                os.remove(staging)
+            except OSError:
+                pass
         ACTIVE.discard(staging)
 
 

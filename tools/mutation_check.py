@@ -355,6 +355,17 @@ MUTATIONS = [
     Mutation("in-place read ignores the stored dtype", PKG + "safetensors_io.py",
              "target.dtype != dtype or", "False and target.dtype != dtype or",
              ["tests/checkpoint/test_safetensors_io.py", "tests/checkpoint/test_lean_loading.py"]),
+    # prepare-data and signals
+    Mutation("prepare-data cuts a text file after any newline", PKG + "data/prepare.py",
+             "if not text[newline - 1].isspace() and not text[newline + 1].isspace():", "if True:",
+             ["tests/data/test_prepare_data.py", "-k", "pieces"]),
+    Mutation("a piece's tokens go to the next document", PKG + "data/prepare.py",
+             "if number != current and current is not None:", "if current is None:",
+             ["tests/data/test_prepare_data.py", "-k", "pieces"]),
+    Mutation("the staging folder is kept on a signal", PKG + "staging.py",
+             "    except BaseException:\n        shutil.rmtree(staging, ignore_errors=True)",
+             "    except Exception:\n        shutil.rmtree(staging, ignore_errors=True)",
+             ["tests/cli/test_interrupt.py", "-k", "prepare_data"]),
     # conversion
     Mutation("HF c_proj not transposed", PKG + "checkpoint/hf_gpt2.py",
              '("attention.linear_proj.weight", "attn.c_proj.weight", "transpose")',

@@ -14,6 +14,7 @@ from .. import yaml_io
 from ..checkpoint.mf_gpt2 import MF_ACTIVATIONS
 from ..data.mf_mindrecord import converted_path
 from ..errors import ConfigError
+from ..safetensors_io import atomic_write
 
 DEVICES = ("CPU", "GPU", "Ascend")
 COLUMNS = ["input_ids", "labels", "loss_mask", "position_ids"]
@@ -365,11 +366,14 @@ def migrate_file(path, out, device_target=None, model_dir=None):
     if not os.path.isfile(path):
         raise ConfigError(f"{path} does not exist; give a MindFormers GPT-2 YAML (configs/gpt2/run_gpt2*.yaml).")
     new, notes = migrate(yaml_io.load_yaml(path), device_target=device_target, model_dir=model_dir)
-    yaml_io.dump_yaml(new, out)
-    with open(out, encoding="utf-8") as handle:
-        body = handle.read()
     header = [f"# Migrated by `gptlocal migrate-yaml` from {os.path.basename(path)} (MindFormers 1.x GPT-2)."]
     header += [f"# - {note}" for note in notes]
-    with open(out, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(header) + "\n" + body)
+
+    def write(tmp):  # renamed into place whole: an interrupted run leaves no half-written YAML
+        yaml_io.dump_yaml(new, tmp)
+        with open(tmp, encoding="utf-8") as handle:
+            body = handle.read()
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(header) + "\n" + body)
+    atomic_write(out, write)
     return notes
