@@ -111,7 +111,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_kernel_matches_plain_causal(library, pynative_mode, case):
+def test_kernel_matches_plain_causal(library, pynative_mode, case, isa_tier):
     batch, heads, groups, seq, dim, bq, bk = CASES[case]
     scale = 0.37  # not 1/sqrt(d): as with scale_attn_by_inverse_layer_idx
     cell = kernel_attention.CPUAttention(library, scale, query_block=bq, key_block=bk)

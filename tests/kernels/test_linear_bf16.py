@@ -8,7 +8,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindformers_gptlocal.kernels import linear, provider
+from mindformers_gptlocal.kernels import build, linear, provider
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.layers import BF16MatMul, Linear, plain_matmul
 from references import assert_within_rounding
@@ -118,18 +118,16 @@ def test_provider_dtype_rule():
         linear.CPULinearGEMM("unused", precision="int4")
 
 
-def test_emulated_cpu_says_so_once(monkeypatch, capsys):
-    """Where oneDNN has no fast bf16 GEMM (the library's probe says 0: test_cpu_isa.py has its rule) the kernel runs
-    the emulation (precision 2) and one line per process says so."""
-    class _Library:
-        @staticmethod
-        def gptlocal_linear_bf16_native():
-            return 0
-
-    monkeypatch.setattr(linear.ctypes, "CDLL", lambda path: _Library())
-    monkeypatch.setattr(linear, "_NATIVE", {})
-    first = linear.CPULinearGEMM("/no/such/library.so", threads=1, precision="bfloat16")
-    second = linear.CPULinearGEMM("/no/such/library.so", threads=1, precision="bfloat16")
+def test_emulated_cpu_says_so_once(library, monkeypatch, capsys):
+    """Where oneDNN has no fast bf16 GEMM (below AVX-512, or the library capped there: ``cpu_kernels.isa``;
+    test_cpu_isa.py has the rule) the kernel runs the emulation (precision 2) and one line per process says so."""
+    monkeypatch.setattr(linear, "_EMULATED", set())
+    build.apply_isa("avx2", library)
+    try:
+        first = linear.CPULinearGEMM(library, threads=1, precision="bfloat16")
+        second = linear.CPULinearGEMM(library, threads=1, precision="bfloat16")
+    finally:
+        build.apply_isa("auto", library)
     assert list(first.config.asnumpy()) == list(second.config.asnumpy()) == [1.0, 2.0]
     err = capsys.readouterr().err
     assert err.count("compute_dtype bfloat16 is emulated") == 1, err
