@@ -10,7 +10,8 @@ step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the ru
 ``greedy_steps``). The choice is made from
 
 - ``model_config.cpu_kernels`` (the same key in ``config.json`` and ``from_pretrained(..., cpu_kernels=...)``):
-  ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``);
+  ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``;
+  ``isa``: the kernel library's CPU-ISA cap, ``build.apply_isa``, which the provider applies when it is made);
 - the device (MindSpore's ``device_target``: the kernels are CPU kernels; every other backend runs the plain ops);
 - the parallel mode (a semi-auto/auto parallel build keeps MindSpore's primitives, which carry the shard
   strategies; the caller says whether the build is one);
@@ -151,8 +152,8 @@ def dtype_name(dtype):
 
 
 def read_cpu_kernels(value):
-    """``model_config.cpu_kernels`` -> {op: mode} for every op in ``OPS``; one ConfigError naming the key and the
-    allowed values for anything else."""
+    """``model_config.cpu_kernels`` -> {op: mode} for every op in ``OPS`` (a mapping's ``isa``, not an op:
+    ``read_cpu_isa``); one ConfigError naming the key and the allowed values for anything else."""
     allowed = ", ".join(MODES)
     if value is None:
         value = "auto"
