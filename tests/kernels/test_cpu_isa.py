@@ -16,12 +16,13 @@ import time
 import numpy as np
 import pytest
 
+from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.errors import ConfigError
 from mindformers_gptlocal.kernels import build, table
 from mindformers_gptlocal.kernels.aot import call_core
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.quantization import quantize_rows
-from conftest import ISA_TIERS, REPO, source_env
+from conftest import ISA_TIERS, REPO, TINY, source_env
 from references import assert_within_rounding, int8_linear_reference
 
 # oneDNN's dnnl_cpu_isa_t (oneapi/dnnl/dnnl_types.h): each ISA's bits a superset of those below it on its branch
@@ -151,6 +152,10 @@ def test_the_isa_key(library):
         build.apply_isa("auto", library)
     with pytest.raises(ConfigError, match="cpu_kernels.isa is 'avx3'; set one of auto, scalar, avx2"):
         KernelProvider({"isa": "avx3"}, device_target="CPU")
+    assert GPTLocalConfig(**dict(TINY, cpu_kernels={"isa": "avx2", "linear": "plain"})).cpu_kernels == {
+        "isa": "avx2", "linear": "plain"}  # config.json keeps it
+    with pytest.raises(ConfigError, match="cpu_kernels.isa is 'avx3'"):
+        GPTLocalConfig(**dict(TINY, cpu_kernels={"isa": "avx3"}))
 
 
 @pytest.mark.parametrize("name", ISAS)
