@@ -308,6 +308,20 @@ def busy_line():
     return 0.5 * usable_cpus()
 
 
+def isa_decision():
+    """Our kernel library's CPU-ISA decision at ``cpu_kernels.isa: auto`` (``kernels/build.py`` ``describe_isa``: the
+    tier its loops run, oneDNN's, the CPU's), read in a worker (the parent imports no MindSpore): "isa auto: loops
+    avx2, oneDNN avx2 (CPU: avx2, oneDNN's avx2)"; "isa unknown (...)" where the worker fails."""
+    if "isa" not in _MACHINE:
+        code = "from mindformers_gptlocal.kernels import build; print('ISA ' + build.describe_isa())"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False,
+                             env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+        lines = [x[4:] for x in out.stdout.splitlines() if x.startswith("ISA ")]
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        _MACHINE["isa"] = lines[-1] if lines else f"isa unknown ({last[:120]})"
+    return _MACHINE["isa"]
+
+
 def machine_line(threads):
     """One line naming the machine (its model name, family / model / stepping numbers and the instruction sets
     that choose our kernels' paths: ``cpu_identity``) and the thread count every worker ran with. The load average
@@ -318,7 +332,8 @@ def machine_line(threads):
     usable = usable_cpus()
     load = load_average()
     busy = "  BUSY MACHINE: speed numbers are not meaningful, peak RSS is" if load > busy_line() else ""
-    _MACHINE[threads] = (f"machine: {cpu_model()} ({cpu_identity()}), {os.cpu_count()} logical CPUs ({usable} "
+    _MACHINE[threads] = (f"machine: {cpu_model()} ({cpu_identity()}), kernels' {isa_decision()}, "
+                         f"{os.cpu_count()} logical CPUs ({usable} "
                          f"usable), 1-min load average {load:.1f} before the first worker; every worker: "
                          f"{', '.join(f'{k}={threads}' for k in THREAD_VARS)}, checked inside the worker{busy}")
     return _MACHINE[threads]

@@ -306,6 +306,26 @@ def library():
     return path
 
 
+ISA_TIERS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")  # kernels/build.py ISAS but auto
+
+
+@pytest.fixture(params=ISA_TIERS)
+def isa_tier(request, library):
+    """The kernel library capped at each ISA tier in turn (``model_config.cpu_kernels.isa``, ``build.apply_isa``),
+    skipped above what this CPU has (its flags for our loops, oneDNN's own ISA above avx512); the cap lifted after.
+    Yields the tier's name: every path of the library is tested by value on any machine that can run it."""
+    from mindformers_gptlocal.kernels import build
+    decision = build.isa_decision(library)
+    best = max(build.ISAS.index(decision["cpu"]), build.ISAS.index(decision["onednn_cpu"]))
+    if ISA_TIERS.index(request.param) > best:
+        pytest.skip(f"this CPU has no {request.param} (it has up to {build.ISAS[best]})")
+    build.apply_isa(request.param, library)
+    try:
+        yield request.param
+    finally:
+        build.apply_isa("auto", library)
+
+
 def _in_mode(mode):
     import mindspore as ms
     before = ms.get_context("mode")

@@ -179,6 +179,53 @@ def trains_like_plain(fast, plain, batches, learning_rate):
     return grads, plain_grads
 
 
+# --- rounding-error bounds: how far two computations of the same sums may part (issue 60) ---
+# A fast path and the plain one compute the same sums in float32 in different orders and blockings: oneDNN's GEMM
+# per ISA, AVX2 / AVX-512 reductions, our tiles. Neither order is the exact one, so their agreement is bounded by
+# rounding analysis, not by a tolerance seen on one CPU: a sum of K terms computed in any order carries an error of at
+# most gamma_K * sum |terms|, gamma_K = K u / (1 - K u) (Higham, Accuracy and Stability of Numerical Algorithms,
+# 2nd ed., 3.1 and 3.5: dot products and matrix products in any order, blocked or not).
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
+
+
+def gamma(length, dtype="float32"):
+    """gamma_K of ``dtype``'s unit roundoff u (float32 2^-24, bfloat16 2^-8) for sums of ``length`` terms."""
+    ku = max(int(length), 1) * UNIT_ROUNDOFF[dtype]
+    assert ku < 1, (length, dtype)
+    return ku / (1 - ku)
+
+
+def sum_error_bound(magnitude, length, dtype="float32", sides=2):
+    """Elementwise bound on |a - b| for two evaluations of the same sums of at most ``length`` terms in any orders:
+    ``sides`` (2: two rounded results; 1: one against an exact float64 one) times gamma_K times ``magnitude``, the sum
+    of the terms' absolute values of each element (|A| @ |B| for A @ B; for a chain of products the same chain on
+    absolute values, which bounds each stage's propagated error too)."""
+    return sides * gamma(length, dtype) * np.asarray(magnitude, np.float64)
+
+
+def assert_within_rounding(actual, expected, magnitude, length, dtype="float32", sides=2, name=""):
+    """|actual - expected| <= ``sum_error_bound`` elementwise (float64 differences)."""
+    bound = sum_error_bound(magnitude, length, dtype, sides)
+    gap = np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))
+    worst = np.unravel_index(int(np.argmax(gap - bound)), gap.shape) if gap.ndim else ()
+    assert (gap <= bound).all(), (name, "gap", float(gap[worst]), "bound", float(bound[worst]), "at", worst)
+
+
+def assert_errors_of_one_size(fast, plain, reference, name="", length=1, factor=2.0):
+    """The fast path's error against a more precise ``reference`` within ``factor`` of the plain path's either way,
+    in the Frobenius norm, give or take float32's rounding of the reference itself (gamma_K of float32 times its
+    norm): for two computations of one formula whose dominant rounding (bfloat16's operands) is the same on both
+    sides, so their errors are of one size whatever order each sums in (a fast path that skips the rounding fails
+    as one that adds error). The norm, not the largest element: one element's error is a draw, the norm over a
+    tensor is steady (its ratio between two such draws stays near 1). Returns the plain path's error."""
+    fast, plain, reference = (np.asarray(a, np.float64) for a in (fast, plain, reference))
+    error, plain_error = np.linalg.norm(fast - reference), np.linalg.norm(plain - reference)
+    floor = gamma(length) * np.linalg.norm(reference)
+    assert plain_error / factor - floor <= error <= factor * plain_error + floor, (
+        name, float(error), float(plain_error), float(floor))
+    return float(plain_error)
+
+
 def int8_linear_reference(x, quantized, scale, bias=None):
     """The int8 Linear's scheme (model/quantization.py) in numpy, the way the kernel computes it: x [T, K] float32
     quantized per row (max |x| / 127; x * (127 / max) rounded to nearest even, clipped to +-127; a zero row gives

@@ -21,10 +21,11 @@ kernels are tested against the plain path on both (tests/kernels/test_onednn_lin
 MindSpore before it loads our library, so the package's copy never takes MindSpore's place: MindSpore's own
 oneDNN is newer and it may need what 3.2 lacks.
 
-The library is compiled for the baseline of the machine's architecture (x86-64) with AVX2 and AVX-512 clones of
-the vectorised loops that the loader picks for the CPU it runs on (GCC ``target_clones``), not with
-``-march=native``: a cache on a shared home directory may be read from machines with other CPUs, and a
-``-march=native`` build would crash there with an illegal instruction.
+The library is compiled for the baseline of the machine's architecture (x86-64) with AVX2 and AVX-512 versions of
+the vectorised loops (common.h ``VEC_FN``), not with ``-march=native``: a cache on a shared home directory may be
+read from machines with other CPUs, and a ``-march=native`` build would crash there with an illegal instruction.
+Which versions run is the library's one ISA decision (common.h ``IsaTier``: the CPU's flags and oneDNN's view),
+capped by ``apply_isa`` (``model_config.cpu_kernels.isa``); ``isa_decision`` / ``describe_isa`` read it back.
 
 Cache: ``$GPTLOCAL_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/mindformers_gptlocal/kernels``, else
 ``~/.cache/mindformers_gptlocal/kernels``; one folder per key, the key a hash of the sources (the generated files
@@ -215,6 +216,61 @@ def _loads(path):
         return all(hasattr(lib, name) for name in SYMBOLS)
     except OSError:
         return False
+
+
+# model_config.cpu_kernels.isa's values, each the library's tier of its index (common.h IsaTier): every path we own
+# and oneDNN capped at that tier (on a CPU below it, the CPU's); "auto" no cap
+ISAS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx", "auto")
+_APPLIED = {}  # library path -> the ISA cap last applied to it in this process
+
+
+def _isa_library(path):
+    lib = ctypes.CDLL(path)
+    lib.gptlocal_set_isa.argtypes = lib.gptlocal_isa.argtypes = [ctypes.c_int]
+    return lib
+
+
+def apply_isa(name, path=None):
+    """Cap every path of the library at ``name`` (an ``ISAS`` value) from now on, in this process: its loops' and
+    intrinsics' versions, its GEMM choices, and oneDNN's own kernels through ``dnnl_set_max_cpu_isa`` where oneDNN
+    still takes it (before its first use in the process, once). Does nothing where ``name`` is what the library
+    already has (at first: ``auto``) or where there is no library. Returns ``isa_decision``'s dict, or None."""
+    path = path or library()[0]
+    if path is None:
+        return None
+    if _APPLIED.get(path, "auto") != name:
+        took = _isa_library(path).gptlocal_set_isa(ISAS.index(name))
+        if took < 0:
+            raise ValueError(f"cpu_kernels isa {name!r}: one of {', '.join(ISAS)}")
+        _APPLIED[path] = name
+    return isa_decision(path)
+
+
+def applied_isas():
+    """The ISA caps ``apply_isa`` set in this process, one per library."""
+    return tuple(_APPLIED.values())
+
+
+def isa_decision(path=None):
+    """The library's ISA decision: ``cap`` (``ISAS`` value), ``loops`` (the tier our loops and intrinsics run:
+    scalar, avx2 or avx512), ``onednn`` (oneDNN's tier as our GEMM choices read it, capped), ``cpu`` (the tier the
+    CPU's flags give our loops), ``onednn_cpu`` (oneDNN's own, where it took a cap that one); None without a
+    library. Reading oneDNN's ISA fixes it: ``apply_isa`` first."""
+    path = path or library()[0]
+    if path is None:
+        return None
+    lib = _isa_library(path)
+    return dict(zip(("cap", "loops", "onednn", "cpu", "onednn_cpu"), (ISAS[lib.gptlocal_isa(part)] for part in
+                                                                        range(5))))
+
+
+def describe_isa(path=None):
+    """``isa_decision`` as one line: "isa auto: loops avx2, oneDNN avx2 (CPU: avx2, oneDNN's avx2)"."""
+    decision = isa_decision(path)
+    if decision is None:
+        return "isa: no kernel library"
+    return (f"isa {decision['cap']}: loops {decision['loops']}, oneDNN {decision['onednn']} (CPU: {decision['cpu']}, "
+            f"oneDNN's {decision['onednn_cpu']})")
 
 
 def _compile(cxx, version, folder, dnnl, include):

@@ -133,25 +133,103 @@ class WorkerPool {
 
 }  // namespace gptlocal
 
-// Elementwise loops are compiled for a baseline x86-64 plus AVX2 and AVX-512 clones chosen at load time, so one
-// cached library is right on any x86-64 CPU (build.py passes -DGPTLOCAL_NO_CLONES elsewhere).
-#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
-#define VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// ------------------------------------------------------------------------------------------------ the CPU ISA
+// One decision of which instruction sets every path of the library runs (issue 60), made from the CPU's flags and
+// oneDNN's view together, capped by one setting (model_config.cpu_kernels.isa: gptlocal_set_isa, kernels/build.py
+// apply_isa). Tiers, each including those below:
+//   0 scalar: our loops compiled for baseline x86-64 (SSE2), the few-row GEMMs' plain loops (rows_plain,
+//     int8_rows_plain); oneDNN capped at sse41 (its lowest);
+//   1 avx2: our loops' AVX2 versions and the AVX2 + FMA intrinsics of cpu_decoder.cc; oneDNN at avx2;
+//   2 avx512: our loops' AVX-512F versions; oneDNN at avx512_core (its bf16 GEMM emulated in AVX-512, int8 without
+//     VNNI);
+//   3 avx512_bf16: oneDNN at avx512_core_bf16 (native bf16, VNNI); our loops as at 2;
+//   4 amx: oneDNN at avx512_core_amx; our loops as at 2.
+// kIsaAuto: no cap (the CPU's best everywhere; oneDNN untouched).
+enum IsaTier : int { kIsaScalar = 0, kIsaAvx2 = 1, kIsaAvx512 = 2, kIsaAvx512Bf16 = 3, kIsaAmx = 4, kIsaAuto = 5 };
+
+namespace gptlocal {
+
+// The cap, one per process (an inline function's static: one object across the library's sources); any time.
+inline std::atomic<int> &isa_cap() {
+  static std::atomic<int> cap{kIsaAuto};
+  return cap;
+}
+
+// What the CPU's flags allow our own code: AVX-512F (the widest our loops are compiled for), AVX2 with FMA, or none.
+inline int flags_tier() {
+#if defined(__x86_64__)
+  static const int tier = __builtin_cpu_supports("avx512f")                                  ? kIsaAvx512
+                          : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? kIsaAvx2
+                                                                                             : kIsaScalar;
+  return tier;
 #else
-#define VEC_CLONES
+  return kIsaScalar;
+#endif
+}
+
+// The tier our loops and intrinsics run: the CPU's flags' and the cap's lower, at most avx512 (read at each call:
+// a cap set later holds from the next call on).
+inline int vec_tier() {
+  const int cap = isa_cap().load(std::memory_order_relaxed);
+  return std::min(std::min(cap, flags_tier()), static_cast<int>(kIsaAvx512));
+}
+
+}  // namespace gptlocal
+
+// Elementwise loops have one body and three compiled versions (baseline x86-64, AVX2, AVX-512F: what GCC's
+// target_clones made, which the loader picked by the CPU alone, out of reach of a cap): VEC_FN(ret, name, (params),
+// (args)) { body } defines name(params), which runs the version of gptlocal::vec_tier(), each the body inlined into a
+// function compiled for that ISA. build.py passes -DGPTLOCAL_NO_CLONES off x86-64: the body alone.
+#if defined(__x86_64__) && !defined(GPTLOCAL_NO_CLONES)
+#define VEC_FN(ret, name, params, args)                                                                   \
+  __attribute__((always_inline)) inline ret name##_body params;                                         \
+  __attribute__((target("avx512f"), noinline)) ret name##_avx512 params { return name##_body args; }    \
+  __attribute__((target("avx2"), noinline)) ret name##_avx2 params { return name##_body args; }         \
+  __attribute__((noinline)) ret name##_scalar params { return name##_body args; }                       \
+  inline ret name params {                                                                              \
+    switch (gptlocal::vec_tier()) {                                                                     \
+      case kIsaScalar: return name##_scalar args;                                                       \
+      case kIsaAvx2: return name##_avx2 args;                                                           \
+      default: return name##_avx512 args;                                                               \
+    }                                                                                                   \
+  }                                                                                                     \
+  __attribute__((always_inline)) inline ret name##_body params
+#else
+#define VEC_FN(ret, name, params, args) inline ret name params
 #endif
 
 namespace {
 
-// What oneDNN's own GEMMs do well on this CPU, decided by the ISA oneDNN sees (dnnl_get_effective_cpu_isa: the CPU's,
-// capped where oneDNN is told to use less), never by timing a call. oneDNN's cpu_isa values are bit masks, each ISA's
-// bits a superset of those below it on its branch (avx2 0x7 < avx2_vnni 0xf; avx512_core 0x27 < avx512_core_vnni
-// 0x67 < avx512_core_bf16 0xe7 < ... amx 0xfef), so "has X" is (isa & X) == X.
-inline unsigned onednn_isa() {
+// oneDNN's cpu_isa values are bit masks, each ISA's bits a superset of those below it on its branch (avx2 0x7 <
+// avx2_vnni 0xf; avx512_core 0x27 < avx512_core_vnni 0x67 < avx512_core_bf16 0xe7 < ... amx 0xfef), so "has X" is
+// (isa & X) == X, and an ISA capped at a tier is isa & the tier's mask.
+inline bool isa_has(unsigned isa, unsigned want) { return (isa & want) == want; }
+constexpr unsigned kTierOneDNN[] = {dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
+                                    dnnl_cpu_isa_avx512_core_bf16, dnnl_cpu_isa_avx512_core_amx};
+
+// The ISA oneDNN sees (dnnl_get_effective_cpu_isa: the CPU's, capped where dnnl_set_max_cpu_isa took our cap: read
+// once, after gptlocal_set_isa's first call if any, since oneDNN fixes its ISA at its first read).
+inline unsigned onednn_machine_isa() {
   static const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   return isa;
 }
-inline bool isa_has(unsigned isa, unsigned want) { return (isa & want) == want; }
+
+// The highest tier whose oneDNN mask `isa` has.
+inline int onednn_tier(unsigned isa) {
+  int tier = kIsaScalar;
+  for (int t = kIsaAvx2; t <= kIsaAmx; ++t) {
+    if (isa_has(isa, kTierOneDNN[t])) tier = t;
+  }
+  return tier;
+}
+
+// What the GEMM choices read (bf16_gemm_fast, s8_gemm_exact): oneDNN's ISA under the cap (where oneDNN itself could
+// not be capped any more, having run before the cap was set, its own GEMMs keep its ISA; our choices follow the cap).
+inline unsigned onednn_isa() {
+  const int cap = gptlocal::isa_cap().load(std::memory_order_relaxed);
+  const unsigned isa = onednn_machine_isa();
+  return cap >= kIsaAuto ? isa : isa & kTierOneDNN[cap];
+}
 
 // oneDNN's dnnl_gemm_bf16bf16f32 runs its JIT kernels from avx512_core on (bf16 emulated in AVX-512 there, native
 // from avx512_core_bf16); below it answers through its reference GEMM, right but ~100x slower than sgemm.
@@ -187,7 +265,7 @@ inline float exp_neg(float x) {
 }
 
 // s[j] <- exp(s[j] - m) for j < n; returns their sum (a softmax's numerators, m the row max).
-VEC_CLONES float exp_sum(float *s, int64_t n, float m) {
+VEC_FN(float, exp_sum, (float *s, int64_t n, float m), (s, n, m)) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
@@ -217,7 +295,7 @@ inline void quantize_row(const float *x, int64_t K, int8_t *q, float *scale) {
 }
 
 // y = a + b over n elements: the one elementwise add of the cores (residuals, biases on scores, sums of rows).
-VEC_CLONES void add_rows(const float *a, const float *b, float *y, int64_t n) {
+VEC_FN(void, add_rows, (const float *a, const float *b, float *y, int64_t n), (a, b, y, n)) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
@@ -247,8 +325,9 @@ inline int norm_backward(int kind, const float *x, const float *weight, const fl
 
 // LayerNorm (centered: mean [T] written) or RMSNorm (not centered: the mean is 0, mean and beta null) of rows
 // [begin, end) of x [T, H]: y = (x - mean) * rstd * gamma (+ beta), rstd = 1 / sqrt(mean((x - mean)^2) + eps).
-VEC_CLONES void norm_rows(bool centered, const float *x, const float *gamma, const float *beta, float *y,
-                          float *mean, float *rstd, int64_t begin, int64_t end, int64_t H, float eps) {
+VEC_FN(void, norm_rows, (bool centered, const float *x, const float *gamma, const float *beta, float *y, float *mean,
+                         float *rstd, int64_t begin, int64_t end, int64_t H, float eps),
+       (centered, x, gamma, beta, y, mean, rstd, begin, end, H, eps)) {
   for (int64_t row = begin; row < end; ++row) {
     const float *xr = x + row * H;
     float *yr = y + row * H;
@@ -276,9 +355,10 @@ VEC_CLONES void norm_rows(bool centered, const float *x, const float *gamma, con
 // norm_rows' backward over rows [begin, end): dx, and this chunk's sums dgamma (and dbeta, LayerNorm's) over its
 // rows. With g = dy * gamma and xhat = (x - mean) * rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), the
 // mean(g) term LayerNorm's only.
-VEC_CLONES void norm_grad_rows(bool centered, const float *x, const float *gamma, const float *mean,
-                               const float *rstd, const float *dy, float *dx, float *dgamma, float *dbeta,
-                               int64_t begin, int64_t end, int64_t H) {
+VEC_FN(void, norm_grad_rows, (bool centered, const float *x, const float *gamma, const float *mean, const float *rstd,
+                              const float *dy, float *dx, float *dgamma, float *dbeta, int64_t begin, int64_t end,
+                              int64_t H),
+       (centered, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, begin, end, H)) {
   std::fill(dgamma, dgamma + H, 0.0f);
   if (dbeta != nullptr) std::fill(dbeta, dbeta + H, 0.0f);
   const float inv_h = 1.0f / static_cast<float>(H);
@@ -447,13 +527,13 @@ inline float bf16_value(uint16_t half) {
 }
 
 // out[i] = bf16_bits(in[i]) for n elements.
-VEC_CLONES void to_bf16(const float *in, int64_t n, uint16_t *out) {
+VEC_FN(void, to_bf16, (const float *in, int64_t n, uint16_t *out), (in, n, out)) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(in[i]);
 }
 
 // out[i] = in[i] rounded to the nearest bfloat16, kept as float32 (the emulated GEMM's inputs).
-VEC_CLONES void round_bf16(const float *in, int64_t n, float *out) {
+VEC_FN(void, round_bf16, (const float *in, int64_t n, float *out), (in, n, out)) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(bf16_bits(in[i]));
 }
@@ -471,7 +551,7 @@ struct Dropout {
 // the step/site offsets computed in the graph (CounterDropout.offsets). The attention kernel's probabilities
 // (cpu_attention.cc) and LoRA's input dropout (lora_dropout.cc) draw their masks with it.
 // keep[j] (0 or the dropout scale) for elements idx0 .. idx0 + n of the flattened tensor.
-VEC_CLONES void drop_row(const Dropout &d, int64_t idx0, int n, float *keep) {
+VEC_FN(void, drop_row, (const Dropout &d, int64_t idx0, int n, float *keep), (d, idx0, n, keep)) {
   int64_t s1 = (idx0 + d.a) % d.p1, s2 = (idx0 + d.b) % d.p2;
   const float keep_equal = d.mode == 1 ? d.scale : 0.0f, keep_differ = d.mode == 2 ? d.scale : 0.0f;
   int j = 0;

@@ -18,8 +18,9 @@
 
 namespace {
 
-VEC_CLONES void adamw_chunk(float *w, float *m, float *v, const float *g, int64_t n, float lr, float beta1,
-                            float beta2, float eps, float decay) {
+VEC_FN(void, adamw_chunk, (float *w, float *m, float *v, const float *g, int64_t n, float lr, float beta1, float beta2,
+                           float eps, float decay),
+       (w, m, v, g, n, lr, beta1, beta2, eps, decay)) {
   const float keep1 = 1.0f - beta1, keep2 = 1.0f - beta2;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {

@@ -18,8 +18,8 @@
 // already-loaded copy of that soname), one sequential call per worker (common.h SequentialGemm) inside our threads:
 // run_parallel, over (batch, head, query block) forward and (batch, key/value head) backward. The elementwise
 // loops (scale, max, exp, sums, dropout) are written for the auto-vectoriser and compiled for a baseline x86-64
-// plus AVX2 and AVX-512 clones chosen at load time (target_clones), so one cached library is right on any x86-64
-// CPU.
+// plus AVX2 and AVX-512 versions, the one run chosen by the library's ISA decision (common.h VEC_FN), so one
+// cached library is right on any x86-64 CPU.
 //
 // Forward: q [B,N,S,D] k [B,G,S,D] v [B,G,S,D] bias [Bb,1,S,S] t1 [P1] t2 [P2] (0/1 float32 dropout tables, or [1]
 // each with no dropout) offsets int32 [2] (a, b), AttentionOptions (scale, dropout scale, dropout mode 0 none / 1
@@ -45,7 +45,7 @@ inline void gemm(char ta, char tb, dim_t M, dim_t N, dim_t K, float alpha, const
 }
 
 // Adds the bias row, masks keys past the query (causal), returns the row max.
-VEC_CLONES float bias_mask_max(float *s, const float *bias, int n, int valid) {
+VEC_FN(float, bias_mask_max, (float *s, const float *bias, int n, int valid), (s, bias, n, valid)) {
   float m = -INFINITY;
   for (int j = 0; j < n; ++j) {
     float v = s[j] + bias[j];
@@ -56,23 +56,23 @@ VEC_CLONES float bias_mask_max(float *s, const float *bias, int n, int valid) {
   return m;
 }
 
-VEC_CLONES void mul_into(float *dst, const float *a, const float *b, int n) {
+VEC_FN(void, mul_into, (float *dst, const float *a, const float *b, int n), (dst, a, b, n)) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) dst[j] = a[j] * b[j];
 }
 
-VEC_CLONES void scale_row(float *x, int n, float f) {
+VEC_FN(void, scale_row, (float *x, int n, float f), (x, n, f)) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) x[j] *= f;
 }
 
 // dS = P * (dP - D) in place of dp
-VEC_CLONES void softmax_grad(float *dp, const float *p, int n, float row) {
+VEC_FN(void, softmax_grad, (float *dp, const float *p, int n, float row), (dp, p, n, row)) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - row);
 }
 
-VEC_CLONES float dot(const float *a, const float *b, int n) {
+VEC_FN(float, dot, (const float *a, const float *b, int n), (a, b, n)) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < n; ++j) s += a[j] * b[j];

@@ -19,8 +19,9 @@
 
 namespace {
 
-VEC_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int64_t begin, int64_t end, int64_t F,
-                              bool quick) {
+VEC_FN(void, bias_gelu_rows, (const float *x, const float *bias, float *y, int64_t begin, int64_t end, int64_t F,
+                              bool quick),
+       (x, bias, y, begin, end, F, quick)) {
   for (int64_t row = begin; row < end; ++row) {
     const float *xr = x + row * F;
     float *yr = y + row * F;
@@ -34,8 +35,9 @@ VEC_CLONES void bias_gelu_rows(const float *x, const float *bias, float *y, int6
   }
 }
 
-VEC_CLONES void bias_gelu_grad_rows(const float *x, const float *bias, const float *dy, float *dx, float *dbias,
-                                   int64_t begin, int64_t end, int64_t F, bool quick) {
+VEC_FN(void, bias_gelu_grad_rows, (const float *x, const float *bias, const float *dy, float *dx, float *dbias,
+                                   int64_t begin, int64_t end, int64_t F, bool quick),
+       (x, bias, dy, dx, dbias, begin, end, F, quick)) {
   std::fill(dbias, dbias + F, 0.0f);
   for (int64_t row = begin; row < end; ++row) {
     const float *xr = x + row * F;

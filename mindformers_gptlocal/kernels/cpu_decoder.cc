@@ -67,14 +67,10 @@ constexpr int64_t kQueryBlock = 16;   // attention: query positions of one row p
 constexpr int64_t kColumnBlock = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-bool has_avx2() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
-}
+// The AVX2 + FMA intrinsics below run where the library's ISA decision allows them (common.h vec_tier: the CPU's
+// flags under model_config.cpu_kernels.isa), else the plain loops (rows_plain, int8_rows_plain): both testable on
+// any AVX2 machine by capping the ISA at scalar.
+bool has_avx2() { return gptlocal::vec_tier() >= kIsaAvx2; }
 
 // ------------------------------------------------------------------------------------------------ float weights
 // A float32 weight, or a bfloat16 one's bits widened (exact).
@@ -193,8 +189,8 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float *x, const W *w, c
 }
 #endif
 
-// The few-row GEMM of a float32 or bfloat16 weight over column blocks on `threads` threads (AVX2 where the CPU has
-// it).
+// The few-row GEMM of a float32 or bfloat16 weight over column blocks on `threads` threads (AVX2 where the ISA
+// decision allows it: has_avx2).
 template <class W>
 void few_rows(int threads, const float *x, const W *w, const float *b, float *y, int64_t T, int64_t K, int64_t N) {
   column_blocks(gemm_threads(threads, T * N * K), N, [&](int64_t n0, int64_t n1) {
@@ -327,8 +323,9 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
 
 // ------------------------------------------------------------------------------------------------ elementwise
 // scores[j] = (q . K[j]) scale (+ bias[j] where bias is not null) for j < count.
-VEC_CLONES void dot_scores(const float *q, const float *K, int64_t count, int64_t D, float scale, const float *bias,
-                           float *scores) {
+VEC_FN(void, dot_scores, (const float *q, const float *K, int64_t count, int64_t D, float scale, const float *bias,
+                          float *scores),
+       (q, K, count, D, scale, bias, scores)) {
   for (int64_t j = 0; j < count; ++j) {
     const float *k = K + j * D;
     float s = 0.0f;
@@ -338,7 +335,8 @@ VEC_CLONES void dot_scores(const float *q, const float *K, int64_t count, int64_
   }
 }
 
-VEC_CLONES void weighted_rows(const float *p, const float *V, int64_t count, int64_t D, float *out) {
+VEC_FN(void, weighted_rows, (const float *p, const float *V, int64_t count, int64_t D, float *out),
+       (p, V, count, D, out)) {
   std::fill(out, out + D, 0.0f);
   for (int64_t j = 0; j < count; ++j) {
     const float *v = V + j * D;
@@ -349,7 +347,7 @@ VEC_CLONES void weighted_rows(const float *p, const float *V, int64_t count, int
 }
 
 // s[0..valid) <- softmax of s[0..valid) (s[valid..count) <- 0): exp of s - max (common.h exp_neg), normalized.
-VEC_CLONES void softmax_prefix(float *s, int64_t valid, int64_t count) {
+VEC_FN(void, softmax_prefix, (float *s, int64_t valid, int64_t count), (s, valid, count)) {
   float m = kNegInf;
   for (int64_t j = 0; j < valid; ++j) m = s[j] > m ? s[j] : m;
   const float inv = 1.0f / exp_sum(s, valid, m);
@@ -360,7 +358,7 @@ VEC_CLONES void softmax_prefix(float *s, int64_t valid, int64_t count) {
 
 // The MLP's activation in place on [n] (form 0 tanh GeLU, 1 quick, 2 erf, 3 ReLU; common.h's GeLU forms, as the
 // bias + GeLU kernel computes them).
-VEC_CLONES void activate(float *x, int64_t n, int form) {
+VEC_FN(void, activate, (float *x, int64_t n, int form), (x, n, form)) {
   if (form == MlpForm::kTanh) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) x[i] = gelu_tanh(x[i]);
@@ -377,7 +375,7 @@ VEC_CLONES void activate(float *x, int64_t n, int form) {
 
 // rotate_half of the first R channels of one head vector (model/attention.py _rotate_all; cpu_rope.cc's forward):
 // c and s the row's cos and sin [R] (their halves equal).
-VEC_CLONES void rotate(float *x, const float *c, const float *s, int64_t R) {
+VEC_FN(void, rotate, (float *x, const float *c, const float *s, int64_t R), (x, c, s, R)) {
   const int64_t half = R / 2;
 #pragma omp simd
   for (int64_t j = 0; j < half; ++j) {
@@ -686,4 +684,15 @@ int gptlocal_decoder_step(const DecoderModel *model, const DecoderLayer *layers,
     }
   }
   return 0;
+}
+
+// The decoder's Linear alone (`linear` above), for tests: y [T, N] = x W^T (+ b) for a weight of `kind` (0 float32, 1
+// bfloat16 bits, 2 int8 with its per-row `scale`) at the model's `precision`: each ISA tier's few-row GEMMs (rows_plain,
+// rows_avx2, int8_rows_plain, int8_rows_avx2) against the plain path by value (tests/kernels/test_cpu_isa.py).
+int gptlocal_decoder_linear(int kind, int precision, int threads, const void *w, const float *scale, const float *b,
+                            const float *x, float *y, int64_t T, int64_t K, int64_t N) {
+  std::vector<float> rounded(static_cast<size_t>(T * K)), scales(static_cast<size_t>(T));
+  std::vector<int8_t> q(static_cast<size_t>(T * K)), aq(static_cast<size_t>(T * K));
+  return linear(kind, precision, threads, w, scale, b, x, y, T, K, N,
+                Convert{rounded.data(), q.data(), aq.data(), scales.data()});
 }

@@ -32,7 +32,7 @@ constexpr int64_t kMinChunkRows = 64;
 
 // Row l [V] of logits -> the row's loss (logsumexp - l[label]) and, in place, the loss's gradient
 // weight (softmax(l) - onehot(label)).
-VEC_CLONES double softmax_grad_row(float *l, int64_t V, int32_t label, float weight) {
+VEC_FN(double, softmax_grad_row, (float *l, int64_t V, int32_t label, float weight), (l, V, label, weight)) {
   float m = l[0];
   for (int64_t v = 1; v < V; ++v) m = std::max(m, l[v]);
   const float picked = l[label];

@@ -77,14 +77,14 @@ void lin_gemm_bf16(bool native, char ta, char tb, int64_t M, int64_t N, int64_t 
 // bf16_gemm_fast: a CPU without it gets a right answer ~100x slower, oneDNN's reference GEMM) and one 1 x 1 x 2
 // product checked by value (a oneDNN that refuses or errs); once per process.
 bool lin_bf16_native() {
-  static const bool native = [] {
-    if (!bf16_gemm_fast(onednn_isa())) return false;
+  if (!bf16_gemm_fast(onednn_isa())) return false;  // under the ISA cap, read at each call (common.h)
+  static const bool works = [] {
     const uint16_t a[2] = {bf16_bits(1.5f), bf16_bits(-2.0f)}, b[2] = {bf16_bits(2.0f), bf16_bits(0.25f)};
     float c = 0.0f;
     SequentialGemm one;
     return gptlocal_dnnl_gemm_bf16('N', 'T', 1, 1, 2, 1.0f, a, 2, b, 2, 0.0f, &c, 1) == dnnl_success && c == 2.5f;
   }();
-  return native;
+  return works;
 }
 
 // What a GEMM call converts to bf16: its input x, its weight, the output's gradient dy.
@@ -178,7 +178,8 @@ void bias_rows(const float *b, float *out, int64_t T, int64_t N, int64_t n0, int
 }
 
 // y[t, n0:n1] = gelu(h[t, n0:n1]) for every row t (the forms of common.h).
-VEC_CLONES void gelu_block(const float *h, float *y, int64_t T, int64_t N, int64_t n0, int64_t n1, bool quick) {
+VEC_FN(void, gelu_block, (const float *h, float *y, int64_t T, int64_t N, int64_t n0, int64_t n1, bool quick),
+       (h, y, T, N, n0, n1, quick)) {
   for (int64_t t = 0; t < T; ++t) {
     const float *hr = h + t * N;
     float *yr = y + t * N;
@@ -193,8 +194,9 @@ VEC_CLONES void gelu_block(const float *h, float *y, int64_t T, int64_t N, int64
 }
 
 // dh[t, n0:n1] = dy * gelu'(h) for every row t, and db[n0:n1] their sums over rows, in row order.
-VEC_CLONES void gelu_grad_block(const float *h, const float *dy, float *dh, float *db, int64_t T, int64_t N,
-                                int64_t n0, int64_t n1, bool quick) {
+VEC_FN(void, gelu_grad_block, (const float *h, const float *dy, float *dh, float *db, int64_t T, int64_t N, int64_t n0,
+                               int64_t n1, bool quick),
+       (h, dy, dh, db, T, N, n0, n1, quick)) {
   std::fill(db + n0, db + n1, 0.0f);
   for (int64_t t = 0; t < T; ++t) {
     const float *hr = h + t * N, *dyr = dy + t * N;
@@ -294,6 +296,32 @@ int gptlocal_core_linear_residual_fwd(const float *x, const float *w, const floa
 int gptlocal_linear_bf16_native() { return lin_bf16_native() ? 1 : 0; }
 
 int gptlocal_cpu_isa() { return static_cast<int>(onednn_isa()); }
+
+// The library's one ISA decision (common.h IsaTier): from now on every path runs at most `tier`'s (kIsaAuto: the
+// CPU's best). oneDNN is capped as well through dnnl_set_max_cpu_isa, which oneDNN takes only before its first use in
+// the process (and once): 1 where it took the cap, 0 where not (oneDNN ran before: its own GEMMs keep their ISA,
+// the choices among them follow the cap all the same), 2 for kIsaAuto (nothing asked of oneDNN), -1 for a tier
+// out of range (nothing changed).
+int gptlocal_set_isa(int tier) {
+  if (tier < kIsaScalar || tier > kIsaAuto) return -1;
+  gptlocal::isa_cap().store(tier, std::memory_order_relaxed);
+  if (tier == kIsaAuto) return 2;
+  return dnnl_set_max_cpu_isa(static_cast<dnnl_cpu_isa_t>(kTierOneDNN[tier])) == dnnl_success ? 1 : 0;
+}
+
+// The decision's parts: 0 the cap (kIsaAuto: none), 1 the tier our loops and intrinsics run (vec_tier), 2 oneDNN's
+// tier as the GEMM choices read it (capped), 3 the CPU's tier for our code (its flags: scalar, avx2 or avx512), 4
+// oneDNN's own tier (dnnl_get_effective_cpu_isa: the CPU's, or where oneDNN took a cap, that); -1 another part.
+int gptlocal_isa(int part) {
+  switch (part) {
+    case 0: return gptlocal::isa_cap().load(std::memory_order_relaxed);
+    case 1: return gptlocal::vec_tier();
+    case 2: return onednn_tier(onednn_isa());
+    case 3: return gptlocal::flags_tier();
+    case 4: return onednn_tier(onednn_machine_isa());
+    default: return -1;
+  }
+}
 
 int gptlocal_bf16_gemm_fast(int isa) { return bf16_gemm_fast(static_cast<unsigned>(isa)) ? 1 : 0; }
 

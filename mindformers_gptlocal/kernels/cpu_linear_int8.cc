@@ -43,10 +43,10 @@ enum Int8Method { kChoose = 0, kDotLoop = 1, kOneDNN = 2 };
 constexpr int64_t kChunkBytes = 1 << 17;  // weight bytes a chunk of rows takes (kept in L2 by the dot loop)
 
 // True where oneDNN's s8 x s8 GEMM is exact here: its ISA has VNNI (common.h s8_gemm_exact) and x = +-127 times
-// w = 127 over K = 64 gives +-64 * 127 * 127 (the saturating kernels give 8160); once per process.
+// w = 127 over K = 64 gives +-64 * 127 * 127 (the saturating kernels give 8160; that probe once per process).
 bool onednn_s8_exact() {
+  if (!s8_gemm_exact(onednn_isa())) return false;  // under the ISA cap, read at each call (common.h)
   static const bool exact = [] {
-    if (!s8_gemm_exact(onednn_isa())) return false;
     constexpr int64_t depth = 64;
     std::vector<int8_t> a(2 * depth, 127), b(depth, 127);
     std::fill(a.begin() + depth, a.end(), static_cast<int8_t>(-127));
@@ -67,21 +67,22 @@ int int8_method(int asked) {
   return onednn_s8_exact() ? kOneDNN : kDotLoop;
 }
 
-VEC_CLONES void widen_to_int16(const int8_t *in, int64_t n, int16_t *out) {
+VEC_FN(void, widen_to_int16, (const int8_t *in, int64_t n, int16_t *out), (in, n, out)) {
   for (int64_t i = 0; i < n; ++i) out[i] = in[i];
 }
 
 // The dot loop's kernels: sum_k x[k] w[k] in int32 for one row of x (int16) and four. Plain loops, no `omp simd`:
 // GCC vectorises these int32 reductions of int16 x int8 products to vpmovsxbw + vpmaddwd on its own (with the
 // pragma GCC 12 takes vpmullw / vpmulhw and unpacks, twice the work).
-VEC_CLONES int32_t dot_one(const int16_t *__restrict x, const int8_t *__restrict w, int64_t K) {
+VEC_FN(int32_t, dot_one, (const int16_t *__restrict x, const int8_t *__restrict w, int64_t K), (x, w, K)) {
   int32_t s = 0;
   for (int64_t k = 0; k < K; ++k) s += int32_t(x[k]) * int32_t(w[k]);
   return s;
 }
 
-VEC_CLONES void dot_four(const int16_t *__restrict x, int64_t ldx, const int8_t *__restrict w, int64_t K,
-                         int32_t *__restrict out, int64_t ldo) {
+VEC_FN(void, dot_four, (const int16_t *__restrict x, int64_t ldx, const int8_t *__restrict w, int64_t K,
+                        int32_t *__restrict out, int64_t ldo),
+       (x, ldx, w, K, out, ldo)) {
   const int16_t *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
   int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   for (int64_t k = 0; k < K; ++k) {
@@ -97,8 +98,9 @@ VEC_CLONES void dot_four(const int16_t *__restrict x, int64_t ldx, const int8_t 
   out[3 * ldo] = s3;
 }
 
-VEC_CLONES void dot_four_weights(const int16_t *__restrict x, const int8_t *__restrict w, int64_t K,
-                                 int32_t *__restrict out) {
+VEC_FN(void, dot_four_weights, (const int16_t *__restrict x, const int8_t *__restrict w, int64_t K,
+                                int32_t *__restrict out),
+       (x, w, K, out)) {
   const int8_t *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
   int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   for (int64_t k = 0; k < K; ++k) {

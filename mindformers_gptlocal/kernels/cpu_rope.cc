@@ -17,9 +17,10 @@
 
 namespace {
 
-// One head's vector at one position: `backward` the transposed rotation.
-template <bool backward>
-VEC_CLONES void rotate(const float *x, const float *c, const float *s, float *y, int64_t half, int64_t R, int64_t D) {
+// One head's vector at one position: `backward` the transposed rotation (a constant of each call: the loop unswitched).
+VEC_FN(void, rotate, (const float *x, const float *c, const float *s, float *y, int64_t half, int64_t R, int64_t D,
+                      bool backward),
+       (x, c, s, y, half, R, D, backward)) {
 #pragma omp simd
   for (int64_t j = 0; j < half; ++j) {
     const float a = x[j], b = x[j + half];
@@ -38,7 +39,7 @@ int rope(const float *x, const float *cos, const float *sin, float *y, int64_t B
     for (int64_t v = begin; v < end; ++v) {
       const int64_t b = v / (N * S), position = v % S;
       const int64_t table = ((Bc == 1 ? 0 : b) * S + position) * R;
-      rotate<backward>(x + v * D, cos + table, sin + table, y + v * D, R / 2, R, D);
+      rotate(x + v * D, cos + table, sin + table, y + v * D, R / 2, R, D, backward);
     }
   });
   return 0;

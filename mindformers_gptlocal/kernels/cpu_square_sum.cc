@@ -17,7 +17,7 @@ namespace {
 
 // sum of x[i]^2, i < n: the squares and each 4096-element block's sum in float32 (vector lanes), the blocks' sums
 // added in double
-VEC_CLONES double square_sum_chunk(const float *x, int64_t n) {
+VEC_FN(double, square_sum_chunk, (const float *x, int64_t n), (x, n)) {
   double total = 0.0;
   for (int64_t start = 0; start < n; start += 4096) {
     const int64_t end = std::min<int64_t>(n, start + 4096);

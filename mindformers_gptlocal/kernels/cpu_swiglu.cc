@@ -15,7 +15,8 @@
 
 namespace {
 
-VEC_CLONES void swiglu_rows(const float *gate, const float *up, float *y, int64_t begin, int64_t end) {
+VEC_FN(void, swiglu_rows, (const float *gate, const float *up, float *y, int64_t begin, int64_t end),
+       (gate, up, y, begin, end)) {
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float g = gate[i];
@@ -23,8 +24,9 @@ VEC_CLONES void swiglu_rows(const float *gate, const float *up, float *y, int64_
   }
 }
 
-VEC_CLONES void swiglu_grad_rows(const float *gate, const float *up, const float *dy, float *dgate, float *dup,
-                                int64_t begin, int64_t end) {
+VEC_FN(void, swiglu_grad_rows, (const float *gate, const float *up, const float *dy, float *dgate, float *dup,
+                                int64_t begin, int64_t end),
+       (gate, up, dy, dgate, dup, begin, end)) {
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float g = gate[i];

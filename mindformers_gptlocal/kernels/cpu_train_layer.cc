@@ -124,12 +124,12 @@ void add3(const float *a, const float *b, const float *c, float *y, int64_t n, c
   });
 }
 
-VEC_CLONES void widen_rows(const uint16_t *in, float *out, int64_t n) {
+VEC_FN(void, widen_rows, (const uint16_t *in, float *out, int64_t n), (in, out, n)) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(in[i]);
 }
 
-VEC_CLONES void keep_half_rows(float *x, uint16_t *saved, int64_t n) {
+VEC_FN(void, keep_half_rows, (float *x, uint16_t *saved, int64_t n), (x, saved, n)) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     saved[i] = bf16_bits(x[i]);

@@ -30,21 +30,21 @@ from .table import KERNELS, LinearGeluOptions, LinearOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
 PRECISIONS = ("float32", "bfloat16")
-_NATIVE = {}  # library path -> does oneDNN's bf16 GEMM run on this CPU
+_EMULATED = set()  # library paths whose emulation was said
 
 
 def bf16_native(library_path):
-    """True where the library's bf16 GEMM runs oneDNN's (oneDNN's ISA here runs its bf16 kernels: avx512_core on);
-    False where it emulates it, after one stderr line per process saying so."""
-    if library_path not in _NATIVE:
-        native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
-        _NATIVE[library_path] = native
-        if not native:
-            sys.stderr.write("gptlocal: oneDNN has no fast bfloat16 GEMM for this CPU (it needs AVX-512); "
-                             "compute_dtype bfloat16 is emulated (the same bf16 rounding, float32 arithmetic: the same "
-                             "results, slower than a native bf16 GEMM).\n")
-            sys.stderr.flush()
-    return _NATIVE[library_path]
+    """True where the library's bf16 GEMM runs oneDNN's (oneDNN's ISA here, under the library's ISA cap
+    ``cpu_kernels.isa``, runs its bf16 kernels: avx512_core on); False where it emulates it, after one stderr line
+    per process saying so."""
+    native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
+    if not native and library_path not in _EMULATED:
+        _EMULATED.add(library_path)
+        sys.stderr.write("gptlocal: oneDNN has no fast bfloat16 GEMM for this CPU (it needs AVX-512) or under "
+                         "cpu_kernels.isa; compute_dtype bfloat16 is emulated (the same bf16 rounding, float32 "
+                         "arithmetic: the same results, slower than a native bf16 GEMM).\n")
+        sys.stderr.flush()
+    return native
 
 
 def precision_code(library_path, precision, emulate=False):

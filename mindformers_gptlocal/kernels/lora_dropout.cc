@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kSpan = 4096;  // elements per mask span (a stack buffer)
 
 // out[j] = in[j] * keep(begin + j) for j < n.
-VEC_CLONES void apply_span(const float *in, float *out, const float *keep, int64_t n) {
+VEC_FN(void, apply_span, (const float *in, float *out, const float *keep, int64_t n), (in, out, keep, n)) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = in[j] * keep[j];
 }

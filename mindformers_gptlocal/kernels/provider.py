@@ -10,7 +10,8 @@ step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the ru
 ``greedy_steps``). The choice is made from
 
 - ``model_config.cpu_kernels`` (the same key in ``config.json`` and ``from_pretrained(..., cpu_kernels=...)``):
-  ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``);
+  ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``;
+  ``isa``: the kernel library's CPU-ISA cap, ``build.apply_isa``, which the provider applies when it is made);
 - the device (MindSpore's ``device_target``: the kernels are CPU kernels; every other backend runs the plain ops);
 - the parallel mode (a semi-auto/auto parallel build keeps MindSpore's primitives, which carry the shard
   strategies; the caller says whether the build is one);
@@ -151,8 +152,8 @@ def dtype_name(dtype):
 
 
 def read_cpu_kernels(value):
-    """``model_config.cpu_kernels`` -> {op: mode} for every op in ``OPS``; one ConfigError naming the key and the
-    allowed values for anything else."""
+    """``model_config.cpu_kernels`` -> {op: mode} for every op in ``OPS`` (a mapping's ``isa``, not an op:
+    ``read_cpu_isa``); one ConfigError naming the key and the allowed values for anything else."""
     allowed = ", ".join(MODES)
     if value is None:
         value = "auto"
@@ -166,6 +167,8 @@ def read_cpu_kernels(value):
                           f"of the ops {', '.join(OPS)}.")
     modes = dict.fromkeys(OPS, "auto")
     for op, mode in value.items():
+        if op == "isa":  # not an op: the CPU ISA cap (read_cpu_isa)
+            continue
         if op not in OPS:
             raise ConfigError(f"model_config.cpu_kernels.{op} is not an op; the ops are {', '.join(OPS)}.")
         if mode not in MODES:
@@ -174,10 +177,22 @@ def read_cpu_kernels(value):
     return modes
 
 
+def read_cpu_isa(value):
+    """``model_config.cpu_kernels.isa``: the instruction sets every CPU kernel path may use (``build.ISAS``: auto, the
+    default, or scalar, avx2, avx512, avx512_bf16, amx: at most that, and at most what the CPU has), as its name;
+    one ConfigError for another value."""
+    isa = value.get("isa", "auto") if hasattr(value, "items") else "auto"
+    from .build import ISAS  # pylint: disable=import-outside-toplevel
+    if isa not in ISAS:
+        raise ConfigError(f"model_config.cpu_kernels.isa is {isa!r}; set one of auto, {', '.join(ISAS[:-1])}.")
+    return isa
+
+
 def plain_cpu_kernels(value):
     """``cpu_kernels`` as config.json keeps it: a mode name, or a plain {op: mode} dict (MindFormers hands a
     DictConfig); checked."""
     read_cpu_kernels(value)
+    read_cpu_isa(value)
     if value is None or isinstance(value, str):
         return value or "auto"
     return {op: mode for op, mode in value.items()}
@@ -194,7 +209,10 @@ class KernelProvider:
     def __init__(self, cpu_kernels="auto", parallel=False, device_target=None, compute_dtype="float32",
                  inference=False):
         self.modes = read_cpu_kernels(cpu_kernels)
+        self.isa = read_cpu_isa(cpu_kernels)
         self.device_target = device_target or ms.get_context("device_target")
+        if self.device_target == "CPU":
+            self._apply_isa()
         self.parallel = bool(parallel)
         self.gemm_dtype = self._gemm_dtype(dtype_name(compute_dtype))
         self.inference = bool(inference)
@@ -204,6 +222,14 @@ class KernelProvider:
         """The provider of a ``GPTLocalConfig`` (its ``cpu_kernels`` and ``compute_dtype``) for a build that is or
         is not ``parallel``, and is or is not for ``inference`` only."""
         return cls(config.cpu_kernels, parallel, compute_dtype=config.compute_dtype, inference=inference)
+
+    def _apply_isa(self):
+        """The library's ISA cap, ``isa`` (a process-wide setting of the library: the last model built sets it):
+        applied where it is not auto or the library has another (``build.apply_isa``); an auto provider in a process
+        that never capped loads nothing."""
+        from . import build  # pylint: disable=import-outside-toplevel
+        if self.isa != "auto" or any(applied != "auto" for applied in build.applied_isas()):
+            build.apply_isa(self.isa)
 
     def __repr__(self):
         return (f"KernelProvider({self.modes!r}, parallel={self.parallel}, device_target={self.device_target!r}, "

@@ -173,6 +173,11 @@ TABLE = Table([
     Export("gptlocal_cpu_isa", "cpu_linear.cc", "int gptlocal_cpu_isa()",
            "oneDNN's effective ISA here (dnnl_get_effective_cpu_isa: its dnnl_cpu_isa_t bit mask), which the GEMM "
            "rules read"),
+    Export("gptlocal_set_isa", "cpu_linear.cc", "int gptlocal_set_isa(int tier)",
+           "the library's one ISA cap (common.h IsaTier; model_config.cpu_kernels.isa, build.apply_isa): every "
+           "path, oneDNN's through dnnl_set_max_cpu_isa where it still takes it (1; 0: it ran before)"),
+    Export("gptlocal_isa", "cpu_linear.cc", "int gptlocal_isa(int part)",
+           "the ISA decision's parts: the cap, our loops' tier, oneDNN's (capped), the CPU's flags', oneDNN's own"),
     Export("gptlocal_bf16_gemm_fast", "cpu_linear.cc", "int gptlocal_bf16_gemm_fast(int isa)",
            "1 where oneDNN's bf16 GEMM runs its fast kernels on a CPU of oneDNN's ISA `isa` (avx512_core on), the "
            "rule precision 1 follows", op="linear"),
@@ -191,6 +196,10 @@ TABLE = Table([
            "the native runner's step: a model's forward over its KV cache for one call's rows, logits or their argmax "
            "(Status::kOk, or the named status of the part that failed; its layer in DecoderCall.failed_layer)",
            op="runner", structs=(DecoderModel, DecoderLayer, DecoderCache, DecoderCall)),
+    Export("gptlocal_decoder_linear", "cpu_decoder.cc", "int gptlocal_decoder_linear(int kind, int precision, "
+           "int threads, const void *w, const float *scale, const float *b, const float *x, float *y, int64_t T, "
+           "int64_t K, int64_t N)", "the decoder's Linear alone (float32, bf16 or int8 weights): for tests of each "
+           "ISA tier's few-row GEMMs", op="runner"),
     Export("gptlocal_decoder_workspace", "cpu_decoder.cc", "int64_t gptlocal_decoder_workspace(const DecoderModel "
            "*model, int64_t rows, int64_t batch)", "the workspace bytes of a step of `rows` token rows, `batch` "
            "sequences", op="runner", structs=(DecoderModel,)),

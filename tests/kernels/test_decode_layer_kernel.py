@@ -111,7 +111,7 @@ def reference(x, params, keys, values, index, bias, cos, sin, heads, scale, opti
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_kernel_equals_the_reference_and_writes_only_its_rows(library, pynative_mode, layout):
+def test_kernel_equals_the_reference_and_writes_only_its_rows(library, pynative_mode, layout, isa_tier):
     heads, groups, hidden, options = LAYOUTS[layout]
     rng = np.random.default_rng(heads + len(layout))
     slots, length, batch = 4, 13, 3

@@ -28,7 +28,8 @@ def _case(rows, inner, outer, seed, zero_rows=()):
 
 @pytest.mark.parametrize("rows,inner,outer", [(1, 77, 109), (3, 77, 109), (17, 200, 37), (40, 129, 300)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_kernel_matches_the_numpy_scheme_and_the_plain_path(library, pynative_mode, rows, inner, outer, with_bias):
+def test_kernel_matches_the_numpy_scheme_and_the_plain_path(library, pynative_mode, rows, inner, outer, with_bias,
+                                                            isa_tier):
     x, weight, quantized, scale, bias = _case(rows, inner, outer, rows * 1000 + inner,
                                               zero_rows=(rows - 1,) if rows > 1 else ())
     args = [Tensor(x), Tensor(quantized), Tensor(scale)] + ([Tensor(bias)] if with_bias else [])

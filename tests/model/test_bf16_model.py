@@ -15,7 +15,7 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTr
 from mindformers_gptlocal.model import config as config_module
 from mindformers_gptlocal.model.layers import BF16MatMul
 from conftest import TINY
-from references import LossOf, copy_weights
+from references import LossOf, assert_errors_of_one_size, copy_weights
 
 BF16 = dict(TINY, compute_dtype="bfloat16")
 
@@ -64,25 +64,34 @@ def test_bf16_logits_near_float32_not_equal(graph_mode):
 
 def test_kernel_equals_plain_bf16_path_forward_and_gradients(graph_mode):
     """The bf16 GEMM kernel's model and cpu_kernels {linear: plain}'s (BF16MatMul in every Linear and the head): the
-    same training loss and gradients of every weight, up to the order of float32 sums."""
+    same training loss and gradients of every weight up to bf16's rounding, which both carry, measured against the
+    float32 model of the same weights (its own error 2^-16 of theirs): the kernel's within twice the plain path's
+    either way, in norm (``assert_errors_of_one_size``). Both round the same float32 GEMM inputs to bf16, but
+    their float32 sums run in different orders (oneDNN's native bf16 GEMM from AVX-512 on, BF16MatMul's float32
+    MatMul), and a last-bit difference that crosses a bf16 rounding boundary downstream becomes 2^-9 of the value:
+    an elementwise bound on the difference would be bf16's own, or tuned on one CPU (1e-4 of the largest failed on
+    AMX)."""
     kernel, plain = _pair(BF16, dict(BF16, cpu_kernels={"linear": "plain"}))
     assert plain.head_gemm is None and isinstance(plain.head_matmul, BF16MatMul)
     assert isinstance(plain.model.layers[1].mlp.linear_fc2.matmul, BF16MatMul)
     _sharpened(kernel)
     copy_weights(kernel, plain)
+    fp32 = GPTLocalForCausalLM(GPTLocalConfig(**TINY))
+    copy_weights(kernel, fp32)
     tokens = _ids(2, 18, seed=1)
     results = []
-    for model in (kernel, plain):
+    for model in (kernel, plain, fp32):
         model.set_train(True)
         weights = model.trainable_params()
         loss, grads = ms.value_and_grad(LossOf(model), None, weights)(tokens)
         results.append((float(loss), {w.name: g.asnumpy() for w, g in zip(weights, grads)}))
-    (loss_k, grads_k), (loss_p, grads_p) = results
+    (loss_k, grads_k), (loss_p, grads_p), (_, grads_32) = results
     assert np.isfinite(loss_k) and abs(loss_k - loss_p) <= 1e-5 * abs(loss_p), (loss_k, loss_p)
-    assert grads_k.keys() == grads_p.keys()
-    for name, grad in grads_k.items():
-        scale = max(1e-3, float(np.abs(grads_p[name]).max()))
-        np.testing.assert_allclose(grad, grads_p[name], atol=1e-4 * scale, rtol=0, err_msg=name)
+    assert grads_k.keys() == grads_p.keys() == grads_32.keys()
+    longest = max(TINY["vocab_size"], 4 * TINY["hidden_size"], 2 * 18)  # the longest float32 sum of the step
+    bf16_errors = [assert_errors_of_one_size(grad, grads_p[name], grads_32[name], name, longest)
+                   for name, grad in grads_k.items()]
+    assert min(bf16_errors) > 0  # the plain path does round to bf16 (every gradient carries it)
 
 
 @pytest.mark.parametrize("params_dtype", ["float32", "bfloat16"])

@@ -189,7 +189,7 @@ def test_machine_line_tells_cpus_apart(tmp_path):
     assert C.cpu_identity({}) == "family/model unknown, ISA: flags unknown"
     assert C.cpu_info(str(tmp_path / "none")) == {}
     line = C.machine_line(THREADS)
-    assert line.startswith(f"machine: {C.cpu_model()} ({C.cpu_identity()}), ")
+    assert line.startswith(f"machine: {C.cpu_model()} ({C.cpu_identity()}), kernels' isa auto: loops ")
     assert "logical CPUs" in line.split(";")[0]  # serve_throughput quotes the line up to its first ";"
 
 
