@@ -55,6 +55,7 @@ import sys
 import tempfile
 
 from . import codegen
+from .codes import Status
 from .table import TABLE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -239,8 +240,7 @@ def apply_isa(name, path=None):
     if path is None:
         return None
     if _APPLIED.get(path, "auto") != name:
-        took = _isa_library(path).gptlocal_set_isa(ISAS.index(name))
-        if took < 0:
+        if _isa_library(path).gptlocal_set_isa(ISAS.index(name)) != Status.OK:
             raise ValueError(f"cpu_kernels isa {name!r}: one of {', '.join(ISAS)}")
         _APPLIED[path] = name
     return isa_decision(path)

@@ -299,14 +299,14 @@ int gptlocal_cpu_isa() { return static_cast<int>(onednn_isa()); }
 
 // The library's one ISA decision (common.h IsaTier): from now on every path runs at most `tier`'s (kIsaAuto: the
 // CPU's best). oneDNN is capped as well through dnnl_set_max_cpu_isa, which oneDNN takes only before its first use in
-// the process (and once): 1 where it took the cap, 0 where not (oneDNN ran before: its own GEMMs keep their ISA,
-// the choices among them follow the cap all the same), 2 for kIsaAuto (nothing asked of oneDNN), -1 for a tier
-// out of range (nothing changed).
+// the process (and once; where it ran before, its own GEMMs keep their ISA, the choices among them follow the cap all
+// the same: gptlocal_isa's part 4 tells which). Status::kOk, or Status::kBadCall for a tier out of range (nothing
+// changed).
 int gptlocal_set_isa(int tier) {
-  if (tier < kIsaScalar || tier > kIsaAuto) return -1;
+  if (tier < kIsaScalar || tier > kIsaAuto) return Status::kBadCall;
   gptlocal::isa_cap().store(tier, std::memory_order_relaxed);
-  if (tier == kIsaAuto) return 2;
-  return dnnl_set_max_cpu_isa(static_cast<dnnl_cpu_isa_t>(kTierOneDNN[tier])) == dnnl_success ? 1 : 0;
+  if (tier != kIsaAuto) dnnl_set_max_cpu_isa(static_cast<dnnl_cpu_isa_t>(kTierOneDNN[tier]));
+  return Status::kOk;
 }
 
 // The decision's parts: 0 the cap (kIsaAuto: none), 1 the tier our loops and intrinsics run (vec_tier), 2 oneDNN's

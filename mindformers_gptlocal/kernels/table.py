@@ -175,7 +175,7 @@ TABLE = Table([
            "rules read"),
     Export("gptlocal_set_isa", "cpu_linear.cc", "int gptlocal_set_isa(int tier)",
            "the library's one ISA cap (common.h IsaTier; model_config.cpu_kernels.isa, build.apply_isa): every "
-           "path, oneDNN's through dnnl_set_max_cpu_isa where it still takes it (1; 0: it ran before)"),
+           "path, oneDNN's through dnnl_set_max_cpu_isa where it still takes it (Status::kOk; kBadCall: no such tier)"),
     Export("gptlocal_isa", "cpu_linear.cc", "int gptlocal_isa(int part)",
            "the ISA decision's parts: the cap, our loops' tier, oneDNN's (capped), the CPU's flags', oneDNN's own"),
     Export("gptlocal_bf16_gemm_fast", "cpu_linear.cc", "int gptlocal_bf16_gemm_fast(int isa)",
