@@ -634,7 +634,7 @@ class GPTLocalModel(nn.Cell):
         self.final_layernorm = make_norm(config, kernels=self.kernels)
         arch = config.arch
         self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rotary_base) if arch.rope else None
-        self.rotary_angles = self._no_rotary if self.rotary is None else self._rotary  # position_ids -> (cos, sin)
+        self.rotary_angles = NoRotary() if self.rotary is None else RotaryAngles()  # position_ids -> (cos, sin)
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
         # the masks' form the attention takes: flash attention's uint8 ones, else additive float32 ones
@@ -648,9 +648,9 @@ class GPTLocalModel(nn.Cell):
         # pet_config prefix tuning / P-Tuning v2, else None
         self.prefix_encoder = prefix_encoder(config, self.counter_dropout)
         self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
-        # what construct calls, chosen here once: the layers' prefixes (and the positions after them); without a
-        # prefix each layer's is None (a constant of the graph)
-        self.layer_prefixes = self._no_prefix if self.prefix_encoder is None else self._prefix
+        # a part, chosen here once: the layers' prefixes (and the positions after them); without a prefix each
+        # layer's is None (a constant of the graph)
+        self.layer_prefixes = NoPrefixes() if self.prefix_encoder is None else LayerPrefixes()
         self.no_prefixes = (None,) * self.num_layers
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
@@ -669,9 +669,9 @@ class GPTLocalModel(nn.Cell):
             position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
             attention_bias = self.causal_mask(seq)
-        prefixes, position_ids = self.layer_prefixes(position_ids, dropout_step)
+        prefixes, position_ids = self.layer_prefixes(self, position_ids, dropout_step)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
-        rotary = self.rotary_angles(position_ids)  # per-row positions, ragged or packed
+        rotary = self.rotary_angles(self, position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step,
@@ -682,24 +682,6 @@ class GPTLocalModel(nn.Cell):
                                             value_cache=value_caches[index], write_index=write_index, rotary=rotary,
                                             prefix=prefixes[index], fresh_prefill=fresh_prefill)
         return self.final_layernorm(hidden)
-
-    def _no_prefix(self, position_ids, dropout_step):  # pylint: disable=unused-argument
-        return self.no_prefixes, position_ids
-
-    def _no_rotary(self, position_ids):  # pylint: disable=unused-argument
-        return None
-
-    def _rotary(self, position_ids):
-        return self.rotary(position_ids)
-
-    def _prefix(self, position_ids, dropout_step):
-        """Each layer's prefix (keys, values) of prefix tuning; the real tokens' positions follow the prefix (as
-        peft's)."""
-        prefix = self.prefix_encoder(dropout_step)
-        pairs = ()
-        for index in range(self.num_layers):
-            pairs = pairs + ((prefix[2 * index], prefix[2 * index + 1]),)
-        return pairs, position_ids + self.prefix_tokens
 
     def fused_prefill(self):
         """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU attention kernel in
@@ -749,6 +731,39 @@ class GPTLocalModel(nn.Cell):
         """MindFormers' ``attention_mask`` column ([B, 1, S, S] or [B, S, S], 1 = masked: Megatron's reset
         mask, HFDataLoader's packed mask) as this model's mask: additive bias, or uint8 for flash."""
         return self.masks.given(attention_mask, batch, seq)
+
+
+class NoPrefixes(nn.Cell):
+    """No prefix tuning: each layer's prefix None, the positions as they are."""
+
+    def construct(self, model, position_ids, dropout_step):  # pylint: disable=unused-argument
+        return model.no_prefixes, position_ids
+
+
+class LayerPrefixes(nn.Cell):
+    """Each layer's prefix (keys, values) of prefix tuning (``model.prefix_encoder``); the real tokens' positions
+    follow the prefix (as peft's)."""
+
+    def construct(self, model, position_ids, dropout_step):
+        prefix = model.prefix_encoder(dropout_step)
+        pairs = ()
+        for index in range(model.num_layers):
+            pairs = pairs + ((prefix[2 * index], prefix[2 * index + 1]),)
+        return pairs, position_ids + model.prefix_tokens
+
+
+class NoRotary(nn.Cell):
+    """No rope: no angles."""
+
+    def construct(self, model, position_ids):  # pylint: disable=unused-argument
+        return None
+
+
+class RotaryAngles(nn.Cell):
+    """Rope's (cos, sin) of each row's positions (``model.rotary``)."""
+
+    def construct(self, model, position_ids):
+        return model.rotary(position_ids)
 
 
 class AdditiveMasks(nn.Cell):
@@ -853,15 +868,8 @@ class GPTLocalForCausalLM(nn.Cell):
         spec = config.pet_spec()
         trains = spec is None or not spec.is_frozen(OUTPUT_LAYER if self.untied else WORD_EMBEDDINGS)
         self.head_loss = kernels.head_loss(self.compute_dtype, trains=trains, weights=held)
-        # the parts (see parameters_at): the head's GEMM over its table as that GEMM takes it (the untied head's own
-        # or the token table; as held for the int8 GEMM and bf16 weights, else cast to the compute dtype), the
-        # training loss, the dropout counter's steps
-        table = ("output_layer", "weight") if self.untied else ("model", "embedding", "word_embeddings")
-        if self.head_int8 is not None:
-            self.head = Int8Head(table, table[:-1] + (table[-1] + "_scale",))
-        else:
-            table = HeldTable(table) if self.head_bf16 else CastTable(table)
-            self.head = MatMulHead(table) if self.head_gemm is None else GemmHead(table)
+        # the parts (see parameters_at): the head (make_head), the training loss, the dropout counter's steps
+        self.head = make_head(self.untied, self.head_int8 is not None, self.head_bf16, self.head_gemm is not None)
         self.train_loss = PlainLoss() if self.head_loss is None else FusedLoss()
         self.dropout_steps = CountedSteps() if self.model.counter_dropout else UncountedSteps()
         self.log_softmax = ops.LogSoftmax(axis=-1)
@@ -1012,6 +1020,17 @@ def perplexity_layout(logits, labels, loss_mask, ignore_token_id):
 
 # The causal LM's parts (see ``parameters_at``): the head's table as its GEMM takes it, the head, the training loss,
 # the dropout counter's steps; each handed the LM (``lm``).
+def make_head(untied, int8, bf16_weights, gemm):
+    """The head's part: its GEMM (the int8 one, MatMul, or per graph the GEMM kernel or MatMul: ``gemm``) over its
+    table (the untied head's own or the token table: ``untied``) as that GEMM takes it (as held for the int8 GEMM and
+    under ``bf16_weights``, else cast to the compute dtype)."""
+    table = ("output_layer", "weight") if untied else ("model", "embedding", "word_embeddings")
+    if int8:
+        return Int8Head(table, table[:-1] + (table[-1] + "_scale",))
+    table = HeldTable(table) if bf16_weights else CastTable(table)
+    return GemmHead(table) if gemm else MatMulHead(table)
+
+
 class HeldTable(nn.Cell):
     """The head's table as held (``path`` under the LM: the token table or the untied head's own): bf16 weights'
     GEMM kernel takes it so (every graph runs the kernel then)."""
