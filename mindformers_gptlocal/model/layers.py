@@ -153,7 +153,7 @@ class MatMulProduct(nn.Cell):
     """x W^T (+ b) through MatMul in every graph."""
 
     def construct(self, linear, x, weight, rows):  # pylint: disable=unused-argument
-        return linear.bias_form.matmul(linear, x, weight)
+        return linear.bias_form.by_matmul(linear, x, weight)
 
 
 class GemmByRows(nn.Cell):
@@ -162,34 +162,34 @@ class GemmByRows(nn.Cell):
 
     def construct(self, linear, x, weight, rows):
         if use_gemm(linear.gemm_rule, self.training, rows):
-            return linear.bias_form.gemm(linear, x, weight)
-        return linear.bias_form.matmul(linear, x, weight)
+            return linear.bias_form.by_gemm(linear, x, weight)
+        return linear.bias_form.by_matmul(linear, x, weight)
 
 
 class Bare(nn.Cell):
     """The products without the bias (none, or the caller adds it: ``skip_bias_add``)."""
 
-    def gemm(self, linear, x, weight):
+    def by_gemm(self, linear, x, weight):
         return linear.gemm(x, weight)
 
-    def matmul(self, linear, x, weight):
+    def by_matmul(self, linear, x, weight):
         return linear.matmul(x, weight)
 
 
 class Biased(Bare):
     """The products with the bias: in the GEMM kernel's node, or MatMul then Add."""
 
-    def gemm(self, linear, x, weight):
+    def by_gemm(self, linear, x, weight):
         return linear.gemm(x, weight, linear.cast(linear.bias, linear.compute_dtype))
 
-    def matmul(self, linear, x, weight):
+    def by_matmul(self, linear, x, weight):
         return linear.bias_add(linear.matmul(x, weight), linear.cast(linear.bias, linear.compute_dtype))
 
 
 class BroadcastBiased(Biased):
     """``Biased``, the bias broadcast to [T, out] before MatMul's Add (CPU: ``Linear.broadcast_bias``)."""
 
-    def matmul(self, linear, x, weight):
+    def by_matmul(self, linear, x, weight):
         y = linear.matmul(x, weight)
         return linear.bias_add(y, ops.broadcast_to(linear.cast(linear.bias, linear.compute_dtype), y.shape))
 
@@ -323,29 +323,45 @@ class Activation(nn.Cell):
         self.gelu = ops.GeLU()
         self.composed_tanh_gelu = kernels.composed_ops()
         self.tanh_gelu = TanhGeLU()
-        # the forward, chosen once here: construct only calls it (every other name is the tanh GeLU)
-        tanh = self._composed_tanh_gelu if self.composed_tanh_gelu else self._primitive_tanh_gelu
-        self.activate = {"relu": self._relu, "quick_gelu": self._quick_gelu, "gelu": self._erf_gelu}.get(name, tanh)
+        # the forward, a part chosen once here: construct only calls it (every other name is the tanh GeLU)
+        tanh = ComposedTanhGeLU if self.composed_tanh_gelu else PrimitiveTanhGeLU
+        self.activate = ACTIVATION_FORMS.get(name, tanh)()
 
     def construct(self, x):
-        return self.activate(x)
+        return self.activate(self, x)
 
-    def _relu(self, x):
-        return self.relu(x)
 
-    def _quick_gelu(self, x):
-        return self.fast_gelu(x)
+# Activation's parts, each handed the Activation (its primitives carry the shard strategies).
+class ReLUForm(nn.Cell):
+    def construct(self, act, x):
+        return act.relu(x)
 
-    def _erf_gelu(self, x):
+
+class QuickGeLUForm(nn.Cell):
+    def construct(self, act, x):
+        return act.fast_gelu(x)
+
+
+class ErfGeLUForm(nn.Cell):
+    def construct(self, act, x):  # pylint: disable=unused-argument
         return ops.gelu(x, approximate="none")
 
-    def _primitive_tanh_gelu(self, x):
-        return self.gelu(x)
 
-    def _composed_tanh_gelu(self, x):
-        if self.training:  # the Cell's train flag: one of the two in each compiled graph
-            return self.tanh_gelu(x)
-        return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
+class PrimitiveTanhGeLU(nn.Cell):
+    def construct(self, act, x):
+        return act.gelu(x)
+
+
+class ComposedTanhGeLU(nn.Cell):
+    """The tanh GeLU from sigmoid: the ``TanhGeLU`` Cell (its own backward) in training, inline otherwise."""
+
+    def construct(self, act, x):
+        if self.training:  # the train flag: one of the two in each compiled graph
+            return act.tanh_gelu(x)
+        return tanh_gelu_by_sigmoid(x, act.tanh_gelu.sigmoid)
+
+
+ACTIVATION_FORMS = {"relu": ReLUForm, "quick_gelu": QuickGeLUForm, "gelu": ErfGeLUForm}
 
 
 class SiLU(nn.Cell):
