@@ -25,7 +25,8 @@ class CPUAttention(nn.Cell):
     """``construct(query [B, N, S, D], key, value [B, G, S, D], bias [1 or B, 1, S, S], offsets)`` ->
     context [B, N, S, D], float32. ``offsets``: int32 [2], the counter dropout's table offsets of this step
     (``CounterDropout.offsets``), or None for no dropout. ``tables``: the dropout's two bit tables (float32)
-    and ``keep_when_differ`` its rule, or None with no dropout."""
+    and ``keep_when_differ`` its rule, or None with no dropout: the kernel's mode with offsets is then the plain one
+    (``config_dropout`` is ``config_plain``), chosen here, so ``construct`` branches on its argument alone."""
 
     def __init__(self, library_path, scale, tables=None, dropout_scale=1.0, keep_when_differ=False,
                  query_block=QUERY_BLOCK, key_block=KEY_BLOCK, threads=None):
@@ -42,12 +43,13 @@ class CPUAttention(nn.Cell):
             self.config_dropout = config(2 if keep_when_differ else 1)
         else:
             self.bits1 = self.bits2 = Tensor(np.zeros((1,), np.float32))
+            self.config_dropout = self.config_plain  # mode 0 reads no offsets
         self.no_offsets = Tensor(np.zeros((2,), np.int32))
 
     def construct(self, query, key, value, bias, offsets=None):
-        if self.has_dropout and offsets is not None:
-            return self.forward(query, key, value, bias, self.bits1, self.bits2, offsets, self.config_dropout)[0]
-        return self.forward(query, key, value, bias, self.bits1, self.bits2, self.no_offsets, self.config_plain)[0]
+        if offsets is None:
+            return self.forward(query, key, value, bias, self.bits1, self.bits2, self.no_offsets, self.config_plain)[0]
+        return self.forward(query, key, value, bias, self.bits1, self.bits2, offsets, self.config_dropout)[0]
 
 
 def attention_kernel(scale, dtype, tables=None, dropout_scale=1.0, keep_when_differ=False, **kwargs):

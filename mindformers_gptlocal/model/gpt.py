@@ -59,11 +59,31 @@ def missing_weights(model_dir):
             f"GPTLocalForCausalLM.from_pretrained for a randomly initialised model.")
 
 
+# The parts. A Cell here is composed of the parts its config asks for (CTranslate2's nullable members, nanoGPT's
+# modules chosen in ``__init__``): each choice the build makes is one small parameter-free Cell picked in
+# ``__init__`` (``GPTLocalEmbedding.words``, ``GPTLocalBlock.residuals`` and ``.layer``,
+# ``GPTLocalForCausalLM.head``, ``.train_loss``, ``.dropout_steps``), whose ``construct`` runs that choice with no
+# branch on the build. A part holds no Parameter and no Cell of the model (a Cell held twice would take a second
+# name): it is handed its owner (``embedding``, ``block``, ``lm``) and reads the owner's sub-Cells, so every
+# Parameter keeps its one name; a kernel's argument list is declared as data (``DECODE_WEIGHTS``) and read with
+# ``parameters_at``.
+def parameters_at(owner, paths):
+    """The values at ``paths`` (tuples of attribute names) under ``owner``, in order: what a part hands a kernel,
+    read from its declarative list (runs in the compiled graph: the loops unroll over constant tuples)."""
+    values = ()
+    for path in paths:
+        value = owner
+        for name in path:
+            value = getattr(value, name)
+        values = values + (value,)
+    return values
+
+
 class GPTLocalEmbedding(nn.Cell):
     """Token embeddings + learned absolute position embeddings (none with rope: positions turn q and k instead),
     then dropout. The token lookup (``words``: a float table, an int8 one times its scales, or a bfloat16 one widened
-    by ``kernels``' ``bf16_rows`` in a bf16 inference build) and whether positions are added (``add_positions``) are
-    picked here, never in ``construct``."""
+    by ``kernels``' ``bf16_rows`` in a bf16 inference build) and whether positions are added (``positions``) are
+    parts picked here, never in ``construct``."""
 
     def __init__(self, config, counter_dropout=False, kernels=None):
         super().__init__()
@@ -89,30 +109,47 @@ class GPTLocalEmbedding(nn.Cell):
         self.gather = ops.Gather()
         self.dropout = make_dropout(config.embedding_dropout, dropout_site(), config, counter_dropout)
         self.compute_dtype = to_mstype(config.compute_dtype)
-        # input_ids -> the token rows
-        self.words = self._int8_words if self.int8 else self._table_words if self.bf16_rows is None else \
-            self._bf16_words
-        self.add_positions = self._learned_positions if self.learned_positions else self._no_positions
+        # the parts: input_ids -> the token rows; the rows plus the positions' (or as they are)
+        self.words = Int8Words() if self.int8 else TableWords() if self.bf16_rows is None else BF16Words()
+        self.positions = LearnedPositions() if self.learned_positions else NoPositions()
 
     def construct(self, input_ids, position_ids, dropout_step=None):
-        hidden = self.add_positions(self.words(input_ids), position_ids)
+        hidden = self.positions(self, self.words(self, input_ids), position_ids)
         return self.dropout(ops.cast(hidden, self.compute_dtype), dropout_step)
 
-    def _table_words(self, input_ids):
-        return self.gather(self.word_embeddings, input_ids, 0)
 
-    def _bf16_words(self, input_ids):
-        """A bfloat16 table's rows, widened to float32 (``kernels/embedding.py``)."""
-        return self.bf16_rows(self.word_embeddings, input_ids)
+class TableWords(nn.Cell):
+    """A float table's rows."""
 
-    def _int8_words(self, input_ids):
-        """An int8 table's rows times their scales."""
-        return int8_lookup(self.gather, self.word_embeddings, self.word_embeddings_scale, input_ids)
+    def construct(self, embedding, input_ids):
+        return embedding.gather(embedding.word_embeddings, input_ids, 0)
 
-    def _learned_positions(self, words, position_ids):
-        return words + self.position_gather(self.position_embeddings, position_ids, 0)
 
-    def _no_positions(self, words, position_ids):  # pylint: disable=unused-argument
+class BF16Words(nn.Cell):
+    """A bfloat16 table's rows, widened to float32 (``kernels/embedding.py``)."""
+
+    def construct(self, embedding, input_ids):
+        return embedding.bf16_rows(embedding.word_embeddings, input_ids)
+
+
+class Int8Words(nn.Cell):
+    """An int8 table's rows times their scales."""
+
+    def construct(self, embedding, input_ids):
+        return int8_lookup(embedding.gather, embedding.word_embeddings, embedding.word_embeddings_scale, input_ids)
+
+
+class LearnedPositions(nn.Cell):
+    """The token rows plus the learned position embeddings' rows (GPT-2's)."""
+
+    def construct(self, embedding, words, position_ids):
+        return words + embedding.position_gather(embedding.position_embeddings, position_ids, 0)
+
+
+class NoPositions(nn.Cell):
+    """The token rows as they are (rope turns q and k instead)."""
+
+    def construct(self, embedding, words, position_ids):  # pylint: disable=unused-argument
         return words
 
 
@@ -286,8 +323,7 @@ def layer_facts(config, block):
         norm_weights=next(iter(norm_weights)) if len(norm_weights) == 1 else None,
         norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
         prefix=attention.prefix_concat is not None,
-        adapters=block.attention_adapter is not None or block.mlp_adapter is not None,
-        layerdrop=block.layerdrop is not None)
+        adapters=block.has_adapters, layerdrop=block.has_layerdrop)
 
 
 # the attention core a layer built (ParallelAttention._choose_core), as TrainLayerFacts names it
@@ -318,21 +354,20 @@ def make_train_layer(config, block, kernels, recomputed=False):
         core=ATTENTION_CORES.get(type(attention.core)),
         dropouts=dropouts if all(isinstance(dropout, CounterDropout) for dropout in dropouts) else None,
         rates=(config.attention_dropout, config.hidden_dropout), prefix=attention.prefix_concat is not None,
-        adapters=block.attention_adapter is not None or block.mlp_adapter is not None,
-        layerdrop=block.layerdrop is not None, recomputed=recomputed))
+        adapters=block.has_adapters, layerdrop=block.has_layerdrop, recomputed=recomputed))
 
 
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 # ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm or RMSNorm
 # (``normalization``), chosen when the block is built. Each part's residual update passes its bottleneck adapter
-# (``pet_type: adapter``, ``peft/adapter_cells.py``; built when the layer spec has one, else None) and LayerDrop's 0/1
-# (``model_config.layerdrop``, ``dropout.LayerDrop``) when they exist. Its Linears and adapter sites are built with the
-# Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes. Where the layer runs
-# (pipeline stage) and whether it recomputes are set on the Cell when it is built (``GPTLocalModel`` from the
-# ``Layout``, ``parallel/``), never decided in ``construct``; nor is any of the above: the build binds the forward's
-# steps (``layer``, ``adapt_attention``, ``adapt_mlp``, ``drop_layer``, ``residuals``, the decode node's arguments). In
-# training graphs the whole layer may run as one kernel node each way (``train_kernel``, ``make_train_layer``;
-# ``full_layer``), the per-op forward everywhere else.
+# (``pet_type: adapter``, ``peft/adapter_cells.py``; built when the layer spec has one, else ``Unchanged``) and
+# LayerDrop's 0/1 (``model_config.layerdrop``, ``dropout.LayerDrop``; else ``Kept``). Its Linears and adapter sites
+# are built with the Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes.
+# Where the layer runs (pipeline stage) and whether it recomputes are set on the Cell when it is built
+# (``GPTLocalModel`` from the ``Layout``, ``parallel/``), never decided in ``construct``; nor is any of the above: the
+# build picks the parts (``residuals``: ``SequentialResiduals``, ``ResidualInMLP``, ``ParallelResiduals``; ``layer``:
+# ``LayerOps``, ``TrainKernelPath``, ``DecodeKernelPath``). In training graphs the whole layer may run as one kernel
+# node each way (``train_kernel``, ``make_train_layer``), the per-op forward everywhere else.
 class GPTLocalBlock(nn.Cell):
     """A pre-norm decoder layer (GPT-2's, or Llama/NeoX-style by ``config.arch``). ``layer_number`` counts from 1.
     Under tensor parallel the ``shard`` strategies (``parallel/sharding.py``) split the whole Cell. ``kernels``: the
@@ -358,51 +393,37 @@ class GPTLocalBlock(nn.Cell):
                                                counter_dropout)
         self.add = ops.Add()
         # pet_type: adapter's BottleneckAdapters (peft/adapter_cells.py) when the layer spec has them (the factory takes
-        # the model's provider); LayerDrop scales both updates by 0/1
+        # the model's provider), else Unchanged; LayerDrop scales both updates by 0/1, else Kept
+        self.has_adapters = "attention_adapter" in layer_spec or "mlp_adapter" in layer_spec
         self.attention_adapter = layer_spec["attention_adapter"](kernels=kernels) \
-            if "attention_adapter" in layer_spec else None
-        self.mlp_adapter = layer_spec["mlp_adapter"](kernels=kernels) if "mlp_adapter" in layer_spec else None
-        self.layerdrop = make_layerdrop(config, layer_number, counter_dropout)
+            if "attention_adapter" in layer_spec else Unchanged()
+        self.mlp_adapter = layer_spec["mlp_adapter"](kernels=kernels) if "mlp_adapter" in layer_spec else Unchanged()
+        layerdrop = make_layerdrop(config, layer_number, counter_dropout)
+        self.has_layerdrop = layerdrop is not None
+        self.layerdrop = Kept() if layerdrop is None else layerdrop
         # the provider's: the MLP adds the residual in fc2's GEMM (EpilogueFeedForward) where nothing comes between
         # the MLP's output and that Add (no dropout, adapter, LayerDrop; the sequential residual)
         self.mlp_residual = kernels.epilogue_residual(
             self.mlp.epilogue if isinstance(self.mlp, EpilogueFeedForward) else None, config.hidden_dropout,
-            self.mlp_adapter is not None, self.layerdrop is not None, self.parallel_residual)
-        # the forward's steps, bound here once
-        self.adapt_attention = self._attention_adapter if self.attention_adapter is not None else self._as_is
-        self.adapt_mlp = self._mlp_adapter if self.mlp_adapter is not None else self._as_is
-        self.drop_layer = self._layerdrop if self.layerdrop is not None else self._kept
+            "mlp_adapter" in layer_spec, self.has_layerdrop, self.parallel_residual)
         if self.parallel_residual:
-            self.residuals = self._parallel_residuals
+            self.residuals = ParallelResiduals()
         else:
-            self.residuals = self._residual_in_mlp if self.mlp_residual else self._sequential_residuals
-        # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None
+            self.residuals = ResidualInMLP() if self.mlp_residual else SequentialResiduals()
+        # the decode step (one token a row over the KV cache) as one CPU kernel node where it fits, else None; the
+        # training step's layer as one CPU kernel node each way where it fits (make_train_layer), else None
         self.decode_kernel = make_decode_layer(config, self, kernels)
-        # the training step's layer as one CPU kernel node each way where it fits (make_train_layer), else None; the
-        # whole layer's forward outside the decode step (full_layer): that kernel in training graphs, else the ops
         self.train_kernel = make_train_layer(config, self, kernels, recomputed)
-        self.gate_parameters = self._gate_parameters if config.arch.gated else self._no_gate_parameters
-        self.full_layer = self._layer if self.train_kernel is None else self._train_kernel_or_layer
-        self.layer = self.full_layer if self.decode_kernel is None else self._layer_or_decode_kernel
+        # where each graph's layer runs: the ops; or in training graphs the training kernel; or in decode graphs the
+        # decode kernel, each handed its Parameters from a declared list (None, or a placeholder, where absent)
+        self.no_parameter = None
+        self.layer = LayerOps() if self.train_kernel is None else \
+            TrainKernelPath(weight_paths(self, TRAIN_WEIGHTS))
         if self.decode_kernel is not None:
-            self._bind_decode_arguments(config.arch)
-
-    def _bind_decode_arguments(self, arch):
-        """What the decode node is handed (``_decode``), bound once: each norm's weight and (LayerNorm) bias, each
-        Linear's weight, its scales (an int8 model's) and its bias where the layer has them, SwiGLU's gate, the
-        rope's cos and sin; a placeholder (``decode_none``...) wherever the layer has no such tensor."""
-        int8 = isinstance(self.attention.linear_qkv, QuantLinear)
-        self.decode_none = Tensor(np.zeros((1,), np.float32))
-        self.decode_norm = self._decode_norm_and_bias if not arch.rmsnorm else self._decode_norm_weight
-        linear_args = {(False, False): self._decode_weight, (False, True): self._decode_weight_and_bias,
-                       (True, False): self._decode_int8_weight, (True, True): self._decode_int8_weight_and_bias}
-        self.decode_qkv = linear_args[(int8, arch.qkv_bias)]
-        self.decode_linear = linear_args[(int8, arch.bias)]
-        self.decode_gate = self._decode_gate if arch.gated else self._decode_no_gate
-        if not arch.gated:  # a placeholder gate weight of the Linears' dtype
+            self.decode_none = Tensor(np.zeros((1,), np.float32))
             self.decode_no_gate = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
-        self.decode_rotary = self._decode_rotary if arch.rope else self._decode_no_rotary
-        self.decode_no_rotary = Tensor(np.zeros((1, 1, 1, 1), np.float32))
+            self.decode_no_rotary = Tensor(np.zeros((1, 1, 1, 1), np.float32))
+            self.layer = DecodeKernelPath(weight_paths(self, DECODE_WEIGHTS), self.layer)
 
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
@@ -414,139 +435,150 @@ class GPTLocalBlock(nn.Cell):
         ``fresh_prefill``: a KV-cache prefill at positions 0..S-1 (see ParallelAttention).
 
         A decode step (a KV cache, one token a row, not a fresh prefill, inference) runs ``decode_kernel`` where
-        the block has one (``make_decode_layer``; ``layer``: ``_layer_or_decode_kernel``): shapes and flags are
+        the block has one (``make_decode_layer``; ``layer``: ``DecodeKernelPath``): shapes and flags are
         constants of the compiled graph, so each graph holds one of the two paths."""
-        return self.layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step, rotary,
-                          prefix, fresh_prefill)
+        return self.layer(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                          rotary, prefix, fresh_prefill)
 
-    def _layer_or_decode_kernel(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
-                                dropout_step, rotary, prefix, fresh_prefill):
-        if key_cache is not None and hidden.shape[1] == 1 and not fresh_prefill and not self.training:
-            return self._decode(hidden, attention_bias, key_cache, value_cache, write_index, rotary)
-        return self.full_layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
-                               rotary, prefix, fresh_prefill)
-
-    def _train_kernel_or_layer(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
-                               dropout_step, rotary, prefix, fresh_prefill):
-        """A training graph (the train flag, no KV cache) runs ``train_kernel``; every other the layer's ops. The
-        flag and the cache's presence are constants of a compiled graph: each graph holds one of the two."""
-        if self.training and key_cache is None:
-            return self._train_layer(hidden, attention_bias, dropout_step, rotary)
-        return self._layer(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
-                           rotary, prefix, fresh_prefill)
-
-    def _train_layer(self, hidden, attention_bias, dropout_step, rotary):
-        """The whole layer through ``train_kernel``: its Parameters as stored (None where the layer has none: an
-        absent bias, RMSNorm's shift, a GeLU MLP's gate), the counter dropouts' step, rope's angles."""
-        attention, mlp = self.attention, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, proj, fc1, fc2 = attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2
-        gate_weight, gate_bias = self.gate_parameters()
-        return self.train_kernel(hidden, attention_bias, dropout_step, rotary, norm1.weight, norm1.shift(),
-                                 qkv.weight, qkv.shift(), proj.weight, proj.shift(), norm2.weight, norm2.shift(),
-                                 fc1.weight, fc1.shift(), gate_weight, gate_bias, fc2.weight, fc2.shift())
-
-    def _gate_parameters(self):
-        gate = self.mlp.linear_gate
-        return gate.weight, gate.shift()
-
-    def _no_gate_parameters(self):
-        return None, None
-
-    def _layer(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step, rotary,
-               prefix, fresh_prefill):
-        """The layer's ops: attention, then each residual update (dropout, then its adapter and LayerDrop's 0/1 where
-        they exist) and the residuals' form (``residuals``)."""
+    def layer_ops(self, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step, rotary,
+                  prefix, fresh_prefill):
+        """The layer's ops: attention, then each residual update (dropout, its adapter and LayerDrop's 0/1) and the
+        residuals' form (``residuals``)."""
         dtype = hidden.dtype
         attn = self.attention(self.input_layernorm(hidden), attention_bias, key_cache=key_cache,
                               value_cache=value_cache, write_index=write_index, seq_ends=seq_ends,
                               dropout_step=dropout_step, rotary=rotary, prefix=prefix,
                               fresh_prefill=fresh_prefill)
         attn = ops.cast(self.attention_output_dropout(attn, dropout_step), dtype)
-        attn = self.drop_layer(self.adapt_attention(attn), dropout_step)
-        return self.residuals(hidden, attn, dropout_step, dtype)
+        attn = self.layerdrop(self.attention_adapter(attn), dropout_step)
+        return self.residuals(self, hidden, attn, dropout_step, dtype)
 
-    def _mlp_update(self, mlp, dropout_step, dtype):
+    def mlp_update(self, mlp, dropout_step, dtype):
+        """The MLP's output as its residual takes it: dropout, cast, its adapter, LayerDrop's 0/1."""
         mlp = ops.cast(self.mlp_output_dropout(mlp, dropout_step), dtype)
-        return self.drop_layer(self.adapt_mlp(mlp), dropout_step)
+        return self.layerdrop(self.mlp_adapter(mlp), dropout_step)
 
-    def _sequential_residuals(self, hidden, attn, dropout_step, dtype):
-        hidden = self.add(hidden, attn)
-        mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
-        return self.add(hidden, self._mlp_update(mlp, dropout_step, dtype))
 
-    def _residual_in_mlp(self, hidden, attn, dropout_step, dtype):  # pylint: disable=unused-argument
-        """hidden + the MLP's output, added by the MLP (EpilogueFeedForward, ``mlp_residual``)."""
-        hidden = self.add(hidden, attn)
-        return self.mlp(self.post_attention_layernorm(hidden), dropout_step, hidden)
+class Unchanged(nn.Cell):
+    """An adapter site without a bottleneck adapter: the update as it is."""
 
-    def _parallel_residuals(self, hidden, attn, dropout_step, dtype):
-        mlp = self.mlp(self.post_attention_layernorm(hidden), dropout_step)
-        hidden = self.add(hidden, attn)
-        return self.add(hidden, self._mlp_update(mlp, dropout_step, dtype))
-
-    def _as_is(self, update):
+    def construct(self, update):
         return update
 
-    def _attention_adapter(self, update):
-        return self.attention_adapter(update)
 
-    def _mlp_adapter(self, update):
-        return self.mlp_adapter(update)
+class Kept(nn.Cell):
+    """A layer without LayerDrop: every update kept."""
 
-    def _kept(self, update, dropout_step):  # pylint: disable=unused-argument
+    def construct(self, update, dropout_step=None):  # pylint: disable=unused-argument
         return update
 
-    def _layerdrop(self, update, dropout_step):
-        return self.layerdrop(update, dropout_step)
 
-    def _decode(self, hidden, attention_bias, key_cache, value_cache, write_index, rotary):
-        """The whole layer for one token a row through ``decode_kernel``: its Parameters as stored (and placeholders
-        where the layer has none: ``_bind_decode_arguments``), the caches written in place at ``write_index``,
-        attention over each row's cached positions (``attention_bias``), rope from ``rotary``'s cos and sin."""
-        attention, mlp = self.attention, self.mlp
-        norm1_weight, norm1_bias = self.decode_norm(self.input_layernorm)
-        norm2_weight, norm2_bias = self.decode_norm(self.post_attention_layernorm)
-        qkv_weight, qkv_scale, qkv_bias = self.decode_qkv(attention.linear_qkv)
-        proj_weight, proj_scale, proj_bias = self.decode_linear(attention.linear_proj)
-        fc1_weight, fc1_scale, fc1_bias = self.decode_linear(mlp.linear_fc1)
-        gate_weight, gate_scale, gate_bias = self.decode_gate(mlp)
-        fc2_weight, fc2_scale, fc2_bias = self.decode_linear(mlp.linear_fc2)
-        cos, sin = self.decode_rotary(rotary)
-        return self.decode_kernel(hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight,
-                                  proj_scale, proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias,
-                                  gate_weight, gate_scale, gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache,
-                                  value_cache, write_index, attention_bias, cos, sin)
+class SequentialResiduals(nn.Cell):
+    """x + attn, then that plus the MLP's update of its norm (GPT-2's, Llama's)."""
 
-    def _decode_norm_and_bias(self, norm):
-        return norm.weight, norm.bias
+    def construct(self, block, hidden, attn, dropout_step, dtype):
+        hidden = block.add(hidden, attn)
+        mlp = block.mlp(block.post_attention_layernorm(hidden), dropout_step)
+        return block.add(hidden, block.mlp_update(mlp, dropout_step, dtype))
 
-    def _decode_norm_weight(self, norm):
-        return norm.weight, self.decode_none
 
-    def _decode_weight(self, linear):
-        return linear.weight, self.decode_none, self.decode_none
+class ResidualInMLP(nn.Cell):
+    """x + attn, then that plus the MLP's output added by the MLP (EpilogueFeedForward, ``mlp_residual``)."""
 
-    def _decode_weight_and_bias(self, linear):
-        return linear.weight, self.decode_none, linear.bias
+    def construct(self, block, hidden, attn, dropout_step, dtype):  # pylint: disable=unused-argument
+        hidden = block.add(hidden, attn)
+        return block.mlp(block.post_attention_layernorm(hidden), dropout_step, hidden)
 
-    def _decode_int8_weight(self, linear):
-        return linear.weight, linear.weight_scale, self.decode_none
 
-    def _decode_int8_weight_and_bias(self, linear):
-        return linear.weight, linear.weight_scale, linear.bias
+class ParallelResiduals(nn.Cell):
+    """x + attn + the MLP's update of norm2(x) (GPT-NeoX's ``use_parallel_residual``)."""
 
-    def _decode_gate(self, mlp):
-        return self.decode_linear(mlp.linear_gate)
+    def construct(self, block, hidden, attn, dropout_step, dtype):
+        mlp = block.mlp(block.post_attention_layernorm(hidden), dropout_step)
+        hidden = block.add(hidden, attn)
+        return block.add(hidden, block.mlp_update(mlp, dropout_step, dtype))
 
-    def _decode_no_gate(self, mlp):  # pylint: disable=unused-argument
-        return self.decode_no_gate, self.decode_none, self.decode_none
 
-    def _decode_rotary(self, rotary):
-        return rotary
+# The kernels' Parameters, in their argument order: (the sub-Cell under the block, its Parameter, the block's
+# placeholder where the layer has none: an absent bias, RMSNorm's shift, an int8 model's scales elsewhere, a GeLU
+# MLP's gate). The decode node's (``kernels/decode_layer.py``) takes a placeholder tensor there, the training layer's
+# (``kernels/train_layer.py``) None.
+DECODE_WEIGHTS = tuple(
+    (cell, name, "decode_no_gate" if (cell, name) == ("mlp.linear_gate", "weight") else "decode_none")
+    for cell, names in (("input_layernorm", ("weight", "bias")),
+                        ("attention.linear_qkv", ("weight", "weight_scale", "bias")),
+                        ("attention.linear_proj", ("weight", "weight_scale", "bias")),
+                        ("post_attention_layernorm", ("weight", "bias")),
+                        ("mlp.linear_fc1", ("weight", "weight_scale", "bias")),
+                        ("mlp.linear_gate", ("weight", "weight_scale", "bias")),
+                        ("mlp.linear_fc2", ("weight", "weight_scale", "bias")))
+    for name in names)
+TRAIN_WEIGHTS = tuple((cell, name, "no_parameter")
+                      for cell in ("input_layernorm", "attention.linear_qkv", "attention.linear_proj",
+                                   "post_attention_layernorm", "mlp.linear_fc1", "mlp.linear_gate", "mlp.linear_fc2")
+                      for name in ("weight", "bias"))
 
-    def _decode_no_rotary(self, rotary):  # pylint: disable=unused-argument
-        return self.decode_no_rotary, self.decode_no_rotary
+
+def weight_paths(block, slots):
+    """``slots`` (``DECODE_WEIGHTS``, ``TRAIN_WEIGHTS``) as the paths under ``block`` that ``parameters_at`` reads:
+    each Parameter's where the built layer has it, else its placeholder's."""
+    paths = []
+    for cell, name, placeholder in slots:
+        owner = block
+        for part in cell.split("."):
+            owner = getattr(owner, part, None)
+        held = getattr(owner, name, None) is not None
+        paths.append(tuple(cell.split(".")) + (name,) if held else (placeholder,))
+    return tuple(paths)
+
+
+class LayerOps(nn.Cell):
+    """The layer's ops in every graph (``GPTLocalBlock.layer_ops``)."""
+
+    def construct(self, block, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                  rotary, prefix, fresh_prefill):
+        return block.layer_ops(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                               rotary, prefix, fresh_prefill)
+
+
+class TrainKernelPath(LayerOps):
+    """A training graph (the train flag, no KV cache) runs the block's ``train_kernel`` over its Parameters as
+    stored (``weights``: their paths, ``weight_paths``), the counter dropouts' step and rope's angles; every other
+    graph the layer's ops. The flag and the cache's presence are constants of a compiled graph: each holds one."""
+
+    def __init__(self, weights):
+        super().__init__()
+        self.weights = weights
+
+    def construct(self, block, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                  rotary, prefix, fresh_prefill):
+        if self.training and key_cache is None:
+            args = (hidden, attention_bias, dropout_step, rotary) + parameters_at(block, self.weights)
+            return block.train_kernel(*args)
+        return block.layer_ops(hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                               rotary, prefix, fresh_prefill)
+
+
+class DecodeKernelPath(nn.Cell):
+    """A decode step (a KV cache, one token a row, not a fresh prefill, inference) runs the block's ``decode_kernel``:
+    its Parameters as stored (``weights``, placeholders where the layer has none), the caches written in place at
+    ``write_index``, attention over each row's cached positions (``attention_bias``), rope from ``rotary``'s cos and
+    sin (a placeholder without rope); every other graph ``otherwise`` (``LayerOps`` or ``TrainKernelPath``)."""
+
+    def __init__(self, weights, otherwise):
+        super().__init__()
+        self.weights = weights
+        self.otherwise = otherwise
+
+    def construct(self, block, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends, dropout_step,
+                  rotary, prefix, fresh_prefill):
+        if key_cache is not None and hidden.shape[1] == 1 and not fresh_prefill and not self.training:
+            cos, sin = (block.decode_no_rotary, block.decode_no_rotary) if rotary is None else rotary
+            args = (hidden,) + parameters_at(block, self.weights) + (key_cache, value_cache, write_index,
+                                                                      attention_bias, cos, sin)
+            return block.decode_kernel(*args)
+        return self.otherwise(block, hidden, attention_bias, key_cache, value_cache, write_index, seq_ends,
+                              dropout_step, rotary, prefix, fresh_prefill)
 
 
 def prefix_encoder(config, counter_dropout=False):
@@ -602,7 +634,7 @@ class GPTLocalModel(nn.Cell):
         self.final_layernorm = make_norm(config, kernels=self.kernels)
         arch = config.arch
         self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rotary_base) if arch.rope else None
-        self.rotary_angles = self._no_rotary if self.rotary is None else self._rotary  # position_ids -> (cos, sin)
+        self.rotary_angles = NoRotary() if self.rotary is None else RotaryAngles()  # position_ids -> (cos, sin)
         self.embedding.pipeline_stage = 0
         self.final_layernorm.pipeline_stage = stage_ids[-1]
         # the masks' form the attention takes: flash attention's uint8 ones, else additive float32 ones
@@ -616,9 +648,9 @@ class GPTLocalModel(nn.Cell):
         # pet_config prefix tuning / P-Tuning v2, else None
         self.prefix_encoder = prefix_encoder(config, self.counter_dropout)
         self.prefix_tokens = 0 if self.prefix_encoder is None else self.prefix_encoder.tokens
-        # what construct calls, chosen here once: the layers' prefixes (and the positions after them); without a
-        # prefix each layer's is None (a constant of the graph)
-        self.layer_prefixes = self._no_prefix if self.prefix_encoder is None else self._prefix
+        # a part, chosen here once: the layers' prefixes (and the positions after them); without a prefix each
+        # layer's is None (a constant of the graph)
+        self.layer_prefixes = NoPrefixes() if self.prefix_encoder is None else LayerPrefixes()
         self.no_prefixes = (None,) * self.num_layers
 
     def construct(self, input_ids, position_ids, attention_bias=None, key_caches=None, value_caches=None,
@@ -637,9 +669,9 @@ class GPTLocalModel(nn.Cell):
             position_ids, attention_bias, seq_ends = self.document_mask(actual_seq_len, input_ids.shape[0], seq)
         if attention_bias is None:
             attention_bias = self.causal_mask(seq)
-        prefixes, position_ids = self.layer_prefixes(position_ids, dropout_step)
+        prefixes, position_ids = self.layer_prefixes(self, position_ids, dropout_step)
         hidden = self.embedding(input_ids, position_ids, dropout_step)
-        rotary = self.rotary_angles(position_ids)  # per-row positions, ragged or packed
+        rotary = self.rotary_angles(self, position_ids)  # per-row positions, ragged or packed
         if key_caches is None:
             for index in range(self.num_layers):
                 hidden = self.layers[index](hidden, attention_bias, seq_ends=seq_ends, dropout_step=dropout_step,
@@ -650,24 +682,6 @@ class GPTLocalModel(nn.Cell):
                                             value_cache=value_caches[index], write_index=write_index, rotary=rotary,
                                             prefix=prefixes[index], fresh_prefill=fresh_prefill)
         return self.final_layernorm(hidden)
-
-    def _no_prefix(self, position_ids, dropout_step):  # pylint: disable=unused-argument
-        return self.no_prefixes, position_ids
-
-    def _no_rotary(self, position_ids):  # pylint: disable=unused-argument
-        return None
-
-    def _rotary(self, position_ids):
-        return self.rotary(position_ids)
-
-    def _prefix(self, position_ids, dropout_step):
-        """Each layer's prefix (keys, values) of prefix tuning; the real tokens' positions follow the prefix (as
-        peft's)."""
-        prefix = self.prefix_encoder(dropout_step)
-        pairs = ()
-        for index in range(self.num_layers):
-            pairs = pairs + ((prefix[2 * index], prefix[2 * index + 1]),)
-        return pairs, position_ids + self.prefix_tokens
 
     def fused_prefill(self):
         """True where a KV-cache prefill into empty rows (``fresh_prefill``) runs the fused CPU attention kernel in
@@ -717,6 +731,39 @@ class GPTLocalModel(nn.Cell):
         """MindFormers' ``attention_mask`` column ([B, 1, S, S] or [B, S, S], 1 = masked: Megatron's reset
         mask, HFDataLoader's packed mask) as this model's mask: additive bias, or uint8 for flash."""
         return self.masks.given(attention_mask, batch, seq)
+
+
+class NoPrefixes(nn.Cell):
+    """No prefix tuning: each layer's prefix None, the positions as they are."""
+
+    def construct(self, model, position_ids, dropout_step):  # pylint: disable=unused-argument
+        return model.no_prefixes, position_ids
+
+
+class LayerPrefixes(nn.Cell):
+    """Each layer's prefix (keys, values) of prefix tuning (``model.prefix_encoder``); the real tokens' positions
+    follow the prefix (as peft's)."""
+
+    def construct(self, model, position_ids, dropout_step):
+        prefix = model.prefix_encoder(dropout_step)
+        pairs = ()
+        for index in range(model.num_layers):
+            pairs = pairs + ((prefix[2 * index], prefix[2 * index + 1]),)
+        return pairs, position_ids + model.prefix_tokens
+
+
+class NoRotary(nn.Cell):
+    """No rope: no angles."""
+
+    def construct(self, model, position_ids):  # pylint: disable=unused-argument
+        return None
+
+
+class RotaryAngles(nn.Cell):
+    """Rope's (cos, sin) of each row's positions (``model.rotary``)."""
+
+    def construct(self, model, position_ids):
+        return model.rotary(position_ids)
 
 
 class AdditiveMasks(nn.Cell):
@@ -815,22 +862,26 @@ class GPTLocalForCausalLM(nn.Cell):
                                                                   bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
         self.head_int8 = int8_matmul(kernels) if self.model.embedding.int8 else None
-        # the training loss's head + cross-entropy as one kernel (kernels/head_loss.py), or None: the head and lm_loss
+        # the training loss's head + cross-entropy as one kernel (kernels/head_loss.py), or None: the head and lm_loss;
+        # not where the pet_config freezes the head's table (LoRA, adapters, prefix tuning: freeze_pet)
         held = "int8" if self.head_int8 is not None else ("bfloat16" if self.head_bf16 else "float32")
-        self.head_loss = kernels.head_loss(self.compute_dtype, trains=self._head_trains(config), weights=held)
-        self._bind_head()
+        spec = config.pet_spec()
+        trains = spec is None or not spec.is_frozen(OUTPUT_LAYER if self.untied else WORD_EMBEDDINGS)
+        self.head_loss = kernels.head_loss(self.compute_dtype, trains=trains, weights=held)
+        # the parts (see parameters_at): the head (make_head), the training loss, the dropout counter's steps
+        self.head = make_head(self.untied, self.head_int8 is not None, self.head_bf16, self.head_gemm is not None)
+        self.train_loss = PlainLoss() if self.head_loss is None else FusedLoss()
+        self.dropout_steps = CountedSteps() if self.model.counter_dropout else UncountedSteps()
         self.log_softmax = ops.LogSoftmax(axis=-1)
         self.gather_d = ops.GatherD()
         self.ignore_token_id = config.ignore_token_id
         self.vocab_size = config.vocab_size
         self.position_ids = Tensor(np.arange(config.max_position_embeddings, dtype=np.int32)[None])
+        # positions a sequence may use: max_position_embeddings less a prefix-tuning prefix (the real tokens'
+        # positions follow it); generation, serve and eval bound their lengths by it
+        self.token_positions = config.max_position_embeddings - self.model.prefix_tokens
         freeze_pet(self)  # its freeze lists (prefix tuning: only the prefix trains), before the strategies are set
         self.sharding = apply_sharding(self, config, config.arch) if is_parallel_build() else {}
-
-    def _head_trains(self, config):
-        """False where the pet_config freezes the head's table (LoRA, adapters, prefix tuning: ``freeze_pet``)."""
-        spec = config.pet_spec()
-        return spec is None or not spec.is_frozen(OUTPUT_LAYER if self.untied else WORD_EMBEDDINGS)
 
     def _init_base(self, config):
         """The Cell and what the inference runtime reads of a model: ``config``, ``name_or_path`` and the default
@@ -871,12 +922,6 @@ class GPTLocalForCausalLM(nn.Cell):
         """Write config.json + model.safetensors (+ tokenizer files) to ``save_directory``."""
         return save_model_dir(self, save_directory, tokenizer_dir)
 
-    @property
-    def token_positions(self):
-        """Positions a sequence may use: max_position_embeddings less a prefix-tuning prefix (the real tokens'
-        positions follow it). Generation, serve and eval bound their lengths by it."""
-        return self.config.max_position_embeddings - self.model.prefix_tokens
-
     # --- KV cache ----------------------------------------------------------------------------------
     def kv_cache(self, batch_size, needed_length):
         """The inference runtime's runner for ``batch_size`` sequences of up to ``needed_length`` tokens (rounded up
@@ -897,75 +942,7 @@ class GPTLocalForCausalLM(nn.Cell):
     # --- forward ---------------------------------------------------------------------------------
     def logits(self, hidden):
         """The head (tied to the token table, or ``output_layer``): hidden [B, S, H] -> fp32 logits [B*S, V]."""
-        return self.head(self._head_rows(hidden))
-
-    def _head_rows(self, hidden):
-        """hidden [B, S, H] as the head takes it: [B*S, H] in the compute dtype."""
-        batch, seq, width = hidden.shape
-        return ops.reshape(ops.cast(hidden, self.compute_dtype), (batch * seq, width))
-
-    def _bind_head(self):
-        """What ``logits`` and the training forward run, chosen once: the head's GEMM (``head``: an int8 model's,
-        MatMul, or per graph the GEMM kernel or MatMul), its table as that GEMM takes it (``head_weights``: the
-        untied head's own or the token table, the tied head's bf16 copy under bf16 weights; cast to the compute dtype
-        unless held as the kernel takes it) and the dropout counter's steps (``forward_step``, ``count_forward``)."""
-        if self.head_int8 is not None:  # an int8 table and its per-row scales (float32 compute)
-            self.head = self._int8_head
-            self.head_weights = self._untied_int8_table if self.untied else self._int8_table
-        else:
-            self.head = self._matmul_head if self.head_gemm is None else self._gemm_head
-            if self.head_bf16:  # a bf16 table as held, for the kernel (every graph runs it then)
-                self.head_weights = self._untied_table if self.untied else self._table_as_held
-            else:
-                self.head_weights = self._untied_table_cast if self.untied else self._table_cast
-        self.train_loss = self._plain_loss if self.head_loss is None else self._fused_loss
-        counter = self.model.counter_dropout
-        self.forward_step = self._read_counter if counter else self._no_counter
-        self.count_forward = self._advance_counter if counter else self._as_counted
-
-    def _int8_head(self, hidden):
-        weight, scale = self.head_weights()
-        return self.head_int8(hidden, weight, scale)
-
-    def _matmul_head(self, hidden):
-        return ops.cast(self.head_matmul(hidden, self.head_weights()), ms.float32)
-
-    def _gemm_head(self, hidden):
-        weight = self.head_weights()
-        # fixed at compile time (layers.py); the head's rule (provider.HEAD_RULE) takes 1-2 rows too: decode, batch 1-2
-        if use_gemm(self.head_gemm_rule, self.training, hidden.shape[0]):
-            return ops.cast(self.head_gemm(hidden, weight), ms.float32)
-        return ops.cast(self.head_matmul(hidden, weight), ms.float32)
-
-    def _int8_table(self):
-        return self.model.embedding.word_embeddings, self.model.embedding.word_embeddings_scale
-
-    def _untied_int8_table(self):
-        return self.output_layer.weight, self.output_layer.weight_scale
-
-    def _table_as_held(self):
-        return self.model.embedding.word_embeddings
-
-    def _untied_table(self):
-        return self.output_layer.weight
-
-    def _table_cast(self):
-        return ops.cast(self.model.embedding.word_embeddings, self.compute_dtype)
-
-    def _untied_table_cast(self):
-        return ops.cast(self.output_layer.weight, self.compute_dtype)
-
-    def _read_counter(self):
-        return self.dropout_counter.read(self.dropout_step)
-
-    def _no_counter(self):
-        return None
-
-    def _advance_counter(self, loss):
-        return self.dropout_counter.advance(loss, self.dropout_step)
-
-    def _as_counted(self, loss):
-        return loss
+        return self.head(self, head_rows(hidden, self.compute_dtype))
 
     def last_logits(self, hidden, last_index):
         """Logits [B, V] of one position per sequence: hidden [B, S, H], last_index [B]."""
@@ -992,52 +969,160 @@ class GPTLocalForCausalLM(nn.Cell):
             attention_bias = self.model.mask_bias(attention_mask, batch, seq)
         step = None
         if self.training:
-            step = self.forward_step()  # the counter, read before this forward's increment below; or None
+            step = self.dropout_steps.read(self)  # the counter, read before this forward's increment below; or None
         hidden = self.model(input_ids, position_ids, attention_bias, actual_seq_len=actual_seq_len, dropout_step=step)
         if not self.training:
             logits = ops.reshape(self.logits(hidden), (batch, seq, self.vocab_size))
             if labels is None:
                 return logits
-            return self._perplexity_layout(logits, labels, loss_mask)
-        loss = self.count_forward(self.train_loss(hidden, labels, loss_mask))
+            return perplexity_layout(logits, labels, loss_mask, self.ignore_token_id)
+        loss = self.dropout_steps.advance(self, self.train_loss(self, hidden, labels, loss_mask))
         zero = ops.zeros((), ms.float32)
         return (loss,) + (zero, zero, zero)[:self.train_outputs - 1]  # train_outputs: fixed at build
 
-    def _perplexity_layout(self, logits, labels, loss_mask):
-        """Eval with labels, laid out for a perplexity metric (MindFormers' PerplexityMetric, gpt_local's): it
-        scores logits[:, t] against labels[:, t + 1]; our labels are already shifted, so pad one position on each
-        to keep every token."""
-        if loss_mask is None:
-            loss_mask = ops.ones_like(labels)
-        mask = ops.cast(loss_mask, ms.int32) * ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.int32)
-        logits = ops.concat((logits, logits[:, -1:]), axis=1)
-        labels = ops.concat((labels[:, :1], ops.maximum(labels, 0)), axis=1)
-        mask = ops.concat((mask[:, :1], mask), axis=1)
-        return logits, labels, mask
-
     def lm_loss(self, logits, labels, loss_mask):
         """Mean token cross-entropy over positions where loss_mask is set and labels are not ignored."""
-        labels, keep = self._loss_rows(labels, loss_mask)
+        labels, keep = loss_rows(labels, loss_mask, self.ignore_token_id)
         safe_labels = ops.maximum(labels, 0)
         log_probs = self.log_softmax(logits)
         picked = self.gather_d(log_probs, 1, ops.reshape(safe_labels, (-1, 1)))
         nll = -ops.reshape(picked, (-1,))
         return ops.reduce_sum(nll * keep) / ops.maximum(ops.reduce_sum(keep), 1.0)
 
-    def _plain_loss(self, hidden, labels, loss_mask):
-        return self.lm_loss(self.logits(hidden), labels, loss_mask)
 
-    def _fused_loss(self, hidden, labels, loss_mask):
-        """``_plain_loss``'s value from the head + loss kernel: each kept row weighted 1 / the kept rows."""
-        labels, keep = self._loss_rows(labels, loss_mask)
+def head_rows(hidden, dtype):
+    """hidden [B, S, H] as the head takes it: [B*S, H] in the compute dtype ``dtype``."""
+    batch, seq, width = hidden.shape
+    return ops.reshape(ops.cast(hidden, dtype), (batch * seq, width))
+
+
+def loss_rows(labels, loss_mask, ignore_token_id):
+    """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""
+    labels = ops.reshape(labels, (-1,))
+    keep = ops.cast(ops.not_equal(labels, ignore_token_id), ms.float32)
+    if loss_mask is not None:
+        keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
+    return labels, keep
+
+
+def perplexity_layout(logits, labels, loss_mask, ignore_token_id):
+    """Eval with labels, laid out for a perplexity metric (MindFormers' PerplexityMetric, gpt_local's): it scores
+    logits[:, t] against labels[:, t + 1]; our labels are already shifted, so pad one position on each to keep every
+    token."""
+    if loss_mask is None:
+        loss_mask = ops.ones_like(labels)
+    mask = ops.cast(loss_mask, ms.int32) * ops.cast(ops.not_equal(labels, ignore_token_id), ms.int32)
+    logits = ops.concat((logits, logits[:, -1:]), axis=1)
+    labels = ops.concat((labels[:, :1], ops.maximum(labels, 0)), axis=1)
+    mask = ops.concat((mask[:, :1], mask), axis=1)
+    return logits, labels, mask
+
+
+# The causal LM's parts (see ``parameters_at``): the head's table as its GEMM takes it, the head, the training loss,
+# the dropout counter's steps; each handed the LM (``lm``).
+def make_head(untied, int8, bf16_weights, gemm):
+    """The head's part: its GEMM (the int8 one, MatMul, or per graph the GEMM kernel or MatMul: ``gemm``) over its
+    table (the untied head's own or the token table: ``untied``) as that GEMM takes it (as held for the int8 GEMM and
+    under ``bf16_weights``, else cast to the compute dtype)."""
+    table = ("output_layer", "weight") if untied else ("model", "embedding", "word_embeddings")
+    if int8:
+        return Int8Head(table, table[:-1] + (table[-1] + "_scale",))
+    table = HeldTable(table) if bf16_weights else CastTable(table)
+    return GemmHead(table) if gemm else MatMulHead(table)
+
+
+class HeldTable(nn.Cell):
+    """The head's table as held (``path`` under the LM: the token table or the untied head's own): bf16 weights'
+    GEMM kernel takes it so (every graph runs the kernel then)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.paths = (path,)
+
+    def construct(self, lm):
+        return parameters_at(lm, self.paths)[0]
+
+
+class CastTable(HeldTable):
+    """The head's table cast to the compute dtype."""
+
+    def construct(self, lm):
+        return ops.cast(parameters_at(lm, self.paths)[0], lm.compute_dtype)
+
+
+class MatMulHead(nn.Cell):
+    """rows [T, H] -> float32 logits [T, V]: MatMul (``lm.head_matmul``) over ``table``'s."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+
+    def construct(self, lm, rows):
+        return ops.cast(lm.head_matmul(rows, self.table(lm)), ms.float32)
+
+
+class GemmHead(MatMulHead):
+    """The head's GEMM kernel or MatMul per graph: its rule (provider.HEAD_RULE, which takes 1-2 rows too: decode,
+    batch 1-2), the static rows and the train flag, fixed at compile time (layers.py ``use_gemm``)."""
+
+    def construct(self, lm, rows):
+        weight = self.table(lm)
+        if use_gemm(lm.head_gemm_rule, self.training, rows.shape[0]):
+            return ops.cast(lm.head_gemm(rows, weight), ms.float32)
+        return ops.cast(lm.head_matmul(rows, weight), ms.float32)
+
+
+class Int8Head(nn.Cell):
+    """An int8 model's head: the int8 GEMM (``lm.head_int8``) over the int8 table and its per-row scales (float32
+    compute)."""
+
+    def __init__(self, table, scale):
+        super().__init__()
+        self.paths = (table, scale)
+
+    def table(self, lm):
+        """(the int8 table, its scales): what the head + loss kernel takes too."""
+        return parameters_at(lm, self.paths)
+
+    def construct(self, lm, rows):
+        weight, scale = self.table(lm)
+        return lm.head_int8(rows, weight, scale)
+
+
+class PlainLoss(nn.Cell):
+    """The training loss: the head's logits, then ``lm_loss``."""
+
+    def construct(self, lm, hidden, labels, loss_mask):
+        return lm.lm_loss(lm.logits(hidden), labels, loss_mask)
+
+
+class FusedLoss(nn.Cell):
+    """``PlainLoss``'s value from the head + loss kernel (``lm.head_loss``): each kept row weighted 1 / the kept
+    rows."""
+
+    def construct(self, lm, hidden, labels, loss_mask):
+        labels, keep = loss_rows(labels, loss_mask, lm.ignore_token_id)
         row_weight = keep / ops.maximum(ops.reduce_sum(keep), 1.0)
-        return ops.reshape(self.head_loss(self._head_rows(hidden), self.head_weights(), labels, row_weight), ())
+        weights = lm.head.table(lm)
+        return ops.reshape(lm.head_loss(head_rows(hidden, lm.compute_dtype), weights, labels, row_weight), ())
 
-    def _loss_rows(self, labels, loss_mask):
-        """Labels flattened to [B*S] and each row's weight: 1 where loss_mask is set and the label not ignored."""
-        labels = ops.reshape(labels, (-1,))
-        keep = ops.cast(ops.not_equal(labels, self.ignore_token_id), ms.float32)
-        if loss_mask is not None:
-            keep = keep * ops.cast(ops.reshape(loss_mask, (-1,)), ms.float32)
-        return labels, keep
 
+class CountedSteps(nn.Cell):
+    """The dropout counter (``lm.dropout_step``, ``DropoutCounter``): read before the forward, advanced with its
+    loss (counter dropout: resume is exact)."""
+
+    def read(self, lm):
+        return lm.dropout_counter.read(lm.dropout_step)
+
+    def advance(self, lm, loss):
+        return lm.dropout_counter.advance(loss, lm.dropout_step)
+
+
+class UncountedSteps(nn.Cell):
+    """No dropout counter: no step, the loss as it is."""
+
+    def read(self, lm):  # pylint: disable=unused-argument
+        return None
+
+    def advance(self, lm, loss):  # pylint: disable=unused-argument
+        return loss

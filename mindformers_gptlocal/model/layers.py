@@ -77,9 +77,11 @@ class Linear(LeavesBias, nn.Cell):
     the kernel (``KernelProvider.bf16_weights``) the weight is held as bfloat16 (``bf16_weight``, not trained) and
     the kernel takes it as it is.
 
-    What runs is chosen here, never in ``construct``: ``graph_weight`` (the weight as held, or cast to the compute
-    dtype), ``product`` (MatMul only, or per graph the GEMM kernel or MatMul) and the two products with or without
-    the bias (``gemm_product``, ``matmul_product``), picked again when ``skip_bias_add`` is set.
+    What runs is chosen here, never in ``construct``: parts (parameter-free Cells handed the Linear, as
+    ``model/gpt.py``'s): ``graph_weight`` (``HeldWeight``: the weight as held, or ``CastWeight``: cast to the compute
+    dtype), ``product`` (``MatMulProduct``, or ``GemmByRows``: per graph the GEMM kernel or MatMul) and ``bias_form``
+    (``Bare``, ``Biased``, ``BroadcastBiased``: the products with or without the bias), picked again when
+    ``skip_bias_add`` is set.
     """
 
     def __init__(self, in_features, out_features, init_std, params_dtype, compute_dtype, has_bias=True,
@@ -106,19 +108,16 @@ class Linear(LeavesBias, nn.Cell):
         # the CPU GEMM kernel Cell and its rule (provider.use_gemm), or (None, None)
         self.gemm, self.gemm_rule = kernels.linear_gemm(compute_dtype, bf16_weights=self.bf16_weight)
         # a bf16 weight as held: the kernel runs every graph then (EVERY_GRAPH, provider.bf16_weights)
-        self.graph_weight = self._weight_as_held if self.bf16_weight else self._weight_in_compute_dtype
-        self.product = self._matmul_only if self.gemm is None else self._gemm_by_rows
+        self.graph_weight = HeldWeight() if self.bf16_weight else CastWeight()
+        self.product = MatMulProduct() if self.gemm is None else GemmByRows()
         self.skip_bias_add = skip_bias_add
-        # the bias Parameter or None, for a caller that takes the Linear's Parameters (model/gpt.py's training layer)
-        self.shift = self._bias_parameter if has_bias else self._no_bias_parameter
 
     def _bind_bias(self):
         """The GEMM kernel's and MatMul's products with or without the bias (``LeavesBias``)."""
         if not self.adds_bias:
-            self.matmul_product, self.gemm_product = self._matmul_bare, self._gemm_bare
+            self.bias_form = Bare()
         else:
-            self.gemm_product = self._gemm_biased
-            self.matmul_product = self._matmul_broadcast_bias if self.broadcast_bias else self._matmul_biased
+            self.bias_form = BroadcastBiased() if self.broadcast_bias else Biased()
 
     def construct(self, x, dropout_step=None):  # pylint: disable=unused-argument
         """x [..., in] -> [..., out]; ``dropout_step``: the model's forward counter, for ``LoRALinear``'s input
@@ -132,43 +131,67 @@ class Linear(LeavesBias, nn.Cell):
         kernel or MatMul per graph (its static rows and the train flag, ``use_gemm``)."""
         rows = math.prod(x.shape[:-1])
         x = ops.reshape(self.cast(x, self.compute_dtype), (-1, x.shape[-1]))
-        return x, self.product(x, self.graph_weight(), rows)
+        return x, self.product(self, x, self.graph_weight(self), rows)
 
-    def _weight_as_held(self):
-        return self.weight
 
-    def _bias_parameter(self):
-        return self.bias
+# Linear's parts: each handed the Linear (``linear``), none holding a Parameter.
+class HeldWeight(nn.Cell):
+    """The weight as held (a bf16 weight for the bf16 GEMM kernel)."""
 
-    def _no_bias_parameter(self):
-        return None
+    def construct(self, linear):
+        return linear.weight
 
-    def _weight_in_compute_dtype(self):
-        return self.cast(self.weight, self.compute_dtype)
 
-    def _matmul_only(self, x, weight, rows):  # pylint: disable=unused-argument
-        return self.matmul_product(x, weight)
+class CastWeight(nn.Cell):
+    """The weight in the compute dtype."""
 
-    def _gemm_by_rows(self, x, weight, rows):
-        if use_gemm(self.gemm_rule, self.training, rows):  # static rows and the train flag: fixed per graph
-            return self.gemm_product(x, weight)
-        return self.matmul_product(x, weight)
+    def construct(self, linear):
+        return linear.cast(linear.weight, linear.compute_dtype)
 
-    def _gemm_bare(self, x, weight):
-        return self.gemm(x, weight)
 
-    def _gemm_biased(self, x, weight):
-        return self.gemm(x, weight, self.cast(self.bias, self.compute_dtype))
+class MatMulProduct(nn.Cell):
+    """x W^T (+ b) through MatMul in every graph."""
 
-    def _matmul_bare(self, x, weight):
-        return self.matmul(x, weight)
+    def construct(self, linear, x, weight, rows):  # pylint: disable=unused-argument
+        return linear.bias_form.by_matmul(linear, x, weight)
 
-    def _matmul_biased(self, x, weight):
-        return self.bias_add(self.matmul(x, weight), self.cast(self.bias, self.compute_dtype))
 
-    def _matmul_broadcast_bias(self, x, weight):
-        y = self.matmul(x, weight)
-        return self.bias_add(y, ops.broadcast_to(self.cast(self.bias, self.compute_dtype), y.shape))
+class GemmByRows(nn.Cell):
+    """x W^T (+ b) through the GEMM kernel in the graphs its rule picks (static rows and the train flag: fixed per
+    graph, ``use_gemm``), MatMul in the others."""
+
+    def construct(self, linear, x, weight, rows):
+        if use_gemm(linear.gemm_rule, self.training, rows):
+            return linear.bias_form.by_gemm(linear, x, weight)
+        return linear.bias_form.by_matmul(linear, x, weight)
+
+
+class Bare(nn.Cell):
+    """The products without the bias (none, or the caller adds it: ``skip_bias_add``)."""
+
+    def by_gemm(self, linear, x, weight):
+        return linear.gemm(x, weight)
+
+    def by_matmul(self, linear, x, weight):
+        return linear.matmul(x, weight)
+
+
+class Biased(Bare):
+    """The products with the bias: in the GEMM kernel's node, or MatMul then Add."""
+
+    def by_gemm(self, linear, x, weight):
+        return linear.gemm(x, weight, linear.cast(linear.bias, linear.compute_dtype))
+
+    def by_matmul(self, linear, x, weight):
+        return linear.bias_add(linear.matmul(x, weight), linear.cast(linear.bias, linear.compute_dtype))
+
+
+class BroadcastBiased(Biased):
+    """``Biased``, the bias broadcast to [T, out] before MatMul's Add (CPU: ``Linear.broadcast_bias``)."""
+
+    def by_matmul(self, linear, x, weight):
+        y = linear.matmul(x, weight)
+        return linear.bias_add(y, ops.broadcast_to(linear.cast(linear.bias, linear.compute_dtype), y.shape))
 
 
 class LayerNorm(nn.Cell):
@@ -184,10 +207,6 @@ class LayerNorm(nn.Cell):
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
         self.kernel = kernel  # KernelLayerNorm's, else None
-
-    def shift(self):
-        """The additive Parameter (as ``Linear.shift``: model/gpt.py's training layer takes it)."""
-        return self.bias
 
     def construct(self, x):
         dtype = x.dtype
@@ -224,10 +243,6 @@ class RMSNorm(nn.Cell):
         self.compute_dtype = compute_dtype
         self.cast = ops.Cast()
         self.kernel = kernel  # KernelRMSNorm's, else None
-
-    def shift(self):
-        """None: RMSNorm has no additive Parameter (``LayerNorm.shift``)."""
-        return None
 
     def construct(self, x):
         dtype = x.dtype
@@ -308,29 +323,45 @@ class Activation(nn.Cell):
         self.gelu = ops.GeLU()
         self.composed_tanh_gelu = kernels.composed_ops()
         self.tanh_gelu = TanhGeLU()
-        # the forward, chosen once here: construct only calls it (every other name is the tanh GeLU)
-        tanh = self._composed_tanh_gelu if self.composed_tanh_gelu else self._primitive_tanh_gelu
-        self.activate = {"relu": self._relu, "quick_gelu": self._quick_gelu, "gelu": self._erf_gelu}.get(name, tanh)
+        # the forward, a part chosen once here: construct only calls it (every other name is the tanh GeLU)
+        tanh = ComposedTanhGeLU if self.composed_tanh_gelu else PrimitiveTanhGeLU
+        self.activate = ACTIVATION_FORMS.get(name, tanh)()
 
     def construct(self, x):
-        return self.activate(x)
+        return self.activate(self, x)
 
-    def _relu(self, x):
-        return self.relu(x)
 
-    def _quick_gelu(self, x):
-        return self.fast_gelu(x)
+# Activation's parts, each handed the Activation (its primitives carry the shard strategies).
+class ReLUForm(nn.Cell):
+    def construct(self, act, x):
+        return act.relu(x)
 
-    def _erf_gelu(self, x):
+
+class QuickGeLUForm(nn.Cell):
+    def construct(self, act, x):
+        return act.fast_gelu(x)
+
+
+class ErfGeLUForm(nn.Cell):
+    def construct(self, act, x):  # pylint: disable=unused-argument
         return ops.gelu(x, approximate="none")
 
-    def _primitive_tanh_gelu(self, x):
-        return self.gelu(x)
 
-    def _composed_tanh_gelu(self, x):
-        if self.training:  # the Cell's train flag: one of the two in each compiled graph
-            return self.tanh_gelu(x)
-        return tanh_gelu_by_sigmoid(x, self.tanh_gelu.sigmoid)
+class PrimitiveTanhGeLU(nn.Cell):
+    def construct(self, act, x):
+        return act.gelu(x)
+
+
+class ComposedTanhGeLU(nn.Cell):
+    """The tanh GeLU from sigmoid: the ``TanhGeLU`` Cell (its own backward) in training, inline otherwise."""
+
+    def construct(self, act, x):
+        if self.training:  # the train flag: one of the two in each compiled graph
+            return act.tanh_gelu(x)
+        return tanh_gelu_by_sigmoid(x, act.tanh_gelu.sigmoid)
+
+
+ACTIVATION_FORMS = {"relu": ReLUForm, "quick_gelu": QuickGeLUForm, "gelu": ErfGeLUForm}
 
 
 class SiLU(nn.Cell):

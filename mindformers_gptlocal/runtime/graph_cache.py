@@ -29,7 +29,7 @@ per process: ``source_digest``; MindSpore's own dependency check does not look i
 version, mode and device, its ``MS_*`` switches, the caller's ``salt`` (the commands': the model's config.json,
 which holds every setting that picks a kernel), the
 called Cell's tree (each sub-Cell's class and plain attributes such as ``decode_steps``, ``batch_size``,
-``max_length``, and the names of the methods its build bound, such as ``GPTLocalBlock.layer``; every Parameter's
+``max_length``, and the names of the methods its build bound, such as ``ParallelAttention.rotate``; every Parameter's
 name, shape and dtype; the values of its constant Tensors; its primitives' attributes) and the call's arguments (shapes and dtypes of Tensors and numpy arrays, values of constants such as
 ``fresh_prefill``). Weights are not in a graph: a model of the same config with other weights loads the graph
 and computes with its own.
@@ -230,7 +230,7 @@ def cell_description(cell):
             elif isinstance(value, (bool, int, float, str, type(None), tuple, list)):
                 plain[attr] = _describe(value)
             elif getattr(value, "__self__", None) is sub and hasattr(value, "__func__"):
-                plain[attr] = ["method", value.__func__.__name__]  # a step the build bound (GPTLocalBlock.layer)
+                plain[attr] = ["method", value.__func__.__name__]  # a step the build bound (ParallelAttention.rotate)
         cells.append([name, type(sub).__module__ + "." + type(sub).__qualname__, plain, consts, prims])
     params = [[p.name, list(p.shape), str(p.dtype)] for p in cell.get_parameters()]
     return {"cells": cells, "parameters": params}

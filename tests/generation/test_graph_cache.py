@@ -114,9 +114,10 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
         "config": cache.key(forward(tiny_model(layer_norm_epsilon=1e-6), 2, 64), prefill_args(2)),
         "layers": cache.key(forward(tiny_model(num_hidden_layers=3), 2, 64), prefill_args(2)),
     }
-    # a step the build bound (GPTLocalBlock.residuals ...): its name is the graph's, beside the plain attributes
+    # a part the build picked (GPTLocalBlock.residuals ...): its class is the graph's, beside the plain attributes
+    from mindformers_gptlocal.model.gpt import ParallelResiduals
     bound = tiny_model()
-    bound.model.layers[0].residuals = bound.model.layers[0]._parallel_residuals  # pylint: disable=protected-access
+    bound.model.layers[0].residuals = ParallelResiduals()
     changed["bound step"] = cache.key(forward(bound, 2, 64), prefill_args(2))
     # gpt_local's own code: another source digest (as a changed .py gives, test_source_digest_...) is another key
     monkeypatch.setitem(graph_cache._PROCESS, "sources",  # pylint: disable=protected-access
