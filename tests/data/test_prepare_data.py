@@ -138,3 +138,17 @@ def test_binary_input_is_refused(tmp_path):
     with pytest.raises(DataError, match="is not UTF-8 text"):
         prepare([str(latin)], out=str(tmp_path / "out"), seq_length=16)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_megatron_files_equal_mindformers_builders(tmp_path):
+    """write_megatron (no MindFormers import) writes byte for byte what MindFormers' IndexedDatasetBuilder writes."""
+    from mindformers.dataset.blended_datasets.indexed_dataset import IndexedDatasetBuilder
+    from mindformers_gptlocal.data.prepare import write_megatron
+    docs = [np.arange(7, dtype=np.int32), np.array([5], np.int32), np.arange(300, 1301, dtype=np.int32)]
+    write_megatron(str(tmp_path / "ours"), docs)
+    builder = IndexedDatasetBuilder(str(tmp_path / "theirs.bin"), dtype=np.int32)
+    for doc in docs:
+        builder.add_document(doc, [len(doc)])
+    builder.finalize(str(tmp_path / "theirs.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours{suffix}").read_bytes() == (tmp_path / f"theirs{suffix}").read_bytes(), suffix
