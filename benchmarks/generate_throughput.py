@@ -142,7 +142,7 @@ SIDE_KERNELS = {"ours-compiled": COMPILED, "ours-bf16-compiled": COMPILED, "ours
 SIDE_OVERRIDES = {side: {"compute_dtype": "bfloat16"}
                   for side in ("ours-bf16", "ours-bf16-compiled", "ours-bf16-per-call", "ours-bf16-decode-kernel")}
 # the ours sides not built for inference (from_pretrained's inference=False: float32 Parameters); the others as
-# gptlocal generate builds them (runtime/loader.py load_model: inference=True)
+# gptlocal generate builds them (model/loader.py load_model: inference=True)
 TRAINING_BUILD = ("ours-bf16-per-call",)
 # each side's precision: the ratio columns compare a side with the CTranslate2 side of the same precision
 PRECISION = {"ours-bf16": "bf16", "ours-bf16-compiled": "bf16", "ours-bf16-per-call": "bf16",

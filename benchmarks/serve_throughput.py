@@ -398,7 +398,7 @@ def step_worker(adapters, rank, threads, rounds, shape, steps=30):
     import mindspore as ms
     from mindformers_gptlocal.model.config import GPTLocalConfig
     from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
-    from mindformers_gptlocal.peft.lora_cells import MultiLoRASpec
+    from mindformers_gptlocal.model.lora_cells import MultiLoRASpec
     ms.set_context(mode=ms.GRAPH_MODE)
     rng = np.random.default_rng(0)
     caches, handles = {}, {}

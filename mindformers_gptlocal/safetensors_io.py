@@ -102,6 +102,17 @@ def tensor_shapes(path):
     return SafetensorsReader(path).shapes()
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".npy", ".npz")
+
+
+def check_safetensors_only(path, key="load_checkpoint"):
+    """Weights load from safetensors only: pickle-based formats can run code when loaded."""
+    if path and os.path.isfile(path) and path.lower().endswith(PICKLE_SUFFIXES):
+        raise CheckpointError(f"{key} {path} is a pickle-based file; gpt_local loads safetensors only, because "
+                              f"unpickling a file can run arbitrary code. Convert it once with `gptlocal convert "
+                              f"hf2ms --allow-pickle` if you trust it.")
+
+
 # safetensors dtype -> numpy dtype of the stored bytes. BF16 (numpy has none) is stored as its upper 16 bits
 # and read widened to float32 exactly (``SafetensorsReader.get``) or as those bits (``read_bf16_into``: a bfloat16
 # Parameter's memory); written only by ``write_safetensors_streamed`` from those bits (a plan entry of dtype

@@ -1,13 +1,17 @@
-"""docs/ARCHITECTURE.md's "Imports point down" (under its map), read from the source (every import statement, top-level or inside
-a function): ``model/`` imports none of the layers above it (but the inference runtime's ``runner_for`` /
-``generate`` in ``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate`` hooks) and, of ``generation/``, only the
-defaults table (the model's default generation options, ``model/config.py``, read MindFormers' column);
-``generation/`` and ``kernels/`` import nothing of ours but the base; ``runtime/`` imports none of the commands that
-use it; ``peft/``'s settings modules (everything but its ``*_cells.py``) are pure Python below ``model/`` (they import
-the base, ``parallel/`` and each other, never MindSpore), its Cells modules sit beside ``model/``'s building blocks
-(they import them, nothing above ``model/``). ``mf/`` is the one MindFormers boundary: no module outside it imports
-MindFormers (the rest takes its names from ``mf/symbols.py``), and ``model/`` and ``runtime/`` import nothing of
-it; its lowest floor, ``mf/compat.py`` (the pre-flight and the launcher import it), imports only the base."""
+"""docs/ARCHITECTURE.md's "Imports point down" (under its map), read from the source (every import statement, top-level
+or inside a function): ``model/`` imports none of the layers above it and, of ``generation/``, only the defaults table
+(the model's default generation options, ``model/config.py``, read MindFormers' column); of ``runtime/`` (below it: the
+runtime reads what the model describes, ``model/describe.py``, and imports nothing of ``model/``) the hand-overs of
+``GPTLocalForCausalLM``'s ``kv_cache`` / ``generate`` and the loader's compile cache; ``generation/`` and ``kernels/``
+import nothing of ours but the base; ``peft/`` (the methods' settings) is pure Python below ``model/`` (it imports the
+base, ``parallel/`` and itself, never MindSpore; the methods' Cells are ``model/*_cells.py``). ``mf/`` is the one
+MindFormers boundary: no module outside it imports MindFormers (the rest takes its names from ``mf/symbols.py``, the
+pre-flight handed them), and ``model/`` and ``runtime/`` import nothing of it; its lowest floor, ``mf/compat.py`` (the
+launcher imports it), imports only the base; ``preflight/`` sits below ``mf/`` (which calls it: ``run_yaml.preflight``)
+and imports nothing of it.
+
+No circle between the package's folders: the graph of every import (the folders, the top-level modules and the
+package's own ``__init__`` as nodes) has no cycle (``test_no_import_circle_between_folders``)."""
 import ast
 import os
 
@@ -16,56 +20,38 @@ import mindformers_gptlocal
 PACKAGE = os.path.dirname(mindformers_gptlocal.__file__)
 BASE = {"errors", "yaml_io", "staging", "safetensors_io", "tokenizer_id", "host_memory"}
 ABOVE_MODEL = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-               "mf", "runtime", "quantize"}
-ABOVE_RUNTIME = {"training", "checkpoint", "cli", "plan", "preflight", "migrate", "data", "serve", "evaluation",
-                 "mf", "quantize"}
+               "mf", "quantize"}
 
 
 def imports(folder):
     """(file, line, our top-level module or folder, imported names) for every import of ours in ``folder``."""
     found = []
     for root, _, files in os.walk(os.path.join(PACKAGE, folder)):
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(root, name)
-            parts = os.path.relpath(path, PACKAGE)[:-3].split(os.sep)
-            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-                if isinstance(node, ast.ImportFrom):
-                    if node.level:  # relative: resolved against the file's package
-                        target = parts[:len(parts) - node.level] + (node.module.split(".") if node.module else [])
-                    elif (node.module or "").startswith("mindformers_gptlocal"):
-                        target = node.module.split(".")[1:]
-                    else:
-                        continue
-                    names = [alias.name for alias in node.names]
-                    if not target:  # from .. import x: x is the module
-                        found += [(os.path.relpath(path, PACKAGE), node.lineno, n, [n]) for n in names]
-                    else:
-                        found.append((os.path.relpath(path, PACKAGE), node.lineno, target[0], names))
-                elif isinstance(node, ast.Import):
-                    for alias in node.names:
-                        if alias.name.startswith("mindformers_gptlocal."):
-                            found.append((os.path.relpath(path, PACKAGE), node.lineno, alias.name.split(".")[1], []))
+        found += [row for name in sorted(files) if name.endswith(".py") for row in _scan(os.path.join(root, name))]
     return found
 
 
-def test_model_imports_nothing_above_it_but_its_two_runtime_hooks():
+def test_model_imports_nothing_above_it():
     found = imports("model")
     assert len(found) > 40  # the scan reads the package
     above = sorted((f[0], f[2], f[3]) for f in found if f[2] in ABOVE_MODEL)
-    # the exceptions: the model's kv_cache and generate methods hand over to the inference runtime (MindFormers
-    # calls model.generate)
+    assert not above, above
+    # of the runtime below it: the kv_cache and generate methods hand over to it (MindFormers calls model.generate),
+    # the loader attaches the compile cache
+    runtime = sorted((f[0], f[3]) for f in found if f[2] == "runtime")
     gpt = os.path.join("model", "gpt.py")
-    assert above == [(gpt, "runtime", ["generate"]), (gpt, "runtime", ["runner_for"])], above
+    assert runtime == [(gpt, ["generate"]), (gpt, ["runner_for"]), (os.path.join("model", "loader.py"),
+                                                                    ["attach", "bounds"])], runtime
     generation = [(f[0], f[2], f[3]) for f in found if f[2] == "generation"]
     assert generation == [(os.path.join("model", "config.py"), "generation", ["MINDFORMERS"])], generation
 
 
-def test_runtime_imports_none_of_its_users():
+def test_runtime_imports_nothing_of_the_model_or_its_users():
+    """The runtime reads the model's ``Description`` (``model/describe.py``), handed to it; it imports the kernels,
+    the generation rules and the base."""
     found = imports("runtime")
     assert len(found) > 5
-    assert not [f for f in found if f[2] in ABOVE_RUNTIME], found
+    assert {f[2] for f in found} - {"runtime"} <= BASE | {"kernels", "generation"}, found
 
 
 def test_generation_and_kernels_import_only_the_base():
@@ -74,36 +60,23 @@ def test_generation_and_kernels_import_only_the_base():
         assert ours <= BASE, (folder, ours)
 
 
-def _peft_files(cells):
+def test_peft_is_pure_python_below_model():
+    """peft/ holds the methods' settings; their Cells are model/<method>_cells.py, which the settings name
+    (``PetSpec.cells``) and never import."""
     folder = os.path.join(PACKAGE, "peft")
-    return sorted(os.path.join("peft", name) for name in os.listdir(folder)
-                  if name.endswith(".py") and name.endswith("_cells.py") == cells)
-
-
-def test_peft_settings_are_pure_python_below_model():
-    pure = _peft_files(cells=False)
+    files = sorted(os.path.join("peft", name) for name in os.listdir(folder) if name.endswith(".py"))
     methods = ("__init__.py", "base.py", "lora.py", "adapter.py", "prefix.py")
-    assert {os.path.join("peft", n) for n in methods} <= set(pure)
-    found = [f for f in imports("peft") if f[0] in pure]
+    assert {os.path.join("peft", n) for n in methods} <= set(files)
+    found = imports("peft")
     assert len(found) > 10
     ours = {f[2] for f in found} - {"peft"}
     assert ours <= BASE | {"parallel"}, ours
-    for path in pure:  # not even inside a function: the Cells are reached through peft's *_cells modules
+    for path in files:  # not even inside a function
         tree = ast.parse(open(os.path.join(PACKAGE, path), encoding="utf-8").read())
         heavy = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                  and any(name.split(".")[0] in ("mindspore", "mindformers") for name in
                          ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]))]
         assert not heavy, (path, heavy)
-        top = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("_cells")]
-        assert not top, path  # a Cells module only inside the method that builds a model
-
-
-def test_peft_cells_import_nothing_above_model():
-    cells = _peft_files(cells=True)
-    assert len(cells) == 3
-    found = [f for f in imports("peft") if f[0] in cells]
-    assert not [f for f in found if f[2] in ABOVE_MODEL], found
-    assert {f[2] for f in found} <= BASE | {"parallel", "model", "peft", "kernels"}, found
 
 
 def mindformers_imports(path):
@@ -160,9 +133,109 @@ def test_the_model_and_the_inference_runtime_import_nothing_of_mf():
 
 
 def test_the_boundary_imports_nothing_above_it():
-    """mf/compat.py, imported by the pre-flight and the launcher, imports only ``errors``: what its patches call of the
-    layers above it (the pre-flight, the resume check ...) ``mf/registration.py`` hands to ``compat.apply``."""
+    """mf/compat.py, imported by the launcher, imports only ``errors``: what its patches call of the layers above it
+    (the pre-flight, the resume check ...) ``mf/registration.py`` hands to ``compat.apply``. The pre-flight's checks
+    sit below ``mf/``: ``mf/run_yaml.py`` calls them, handing them MindFormers' names."""
     found = [f for f in imports("mf") if f[0] == os.path.join("mf", "compat.py")]
     assert found and {f[2] for f in found} == {"errors"}, found
-    checks = [f for f in imports("preflight") if f[0] == os.path.join("preflight", "checks.py") and f[2] == "mf"]
-    assert checks, "the pre-flight calls the boundary (compat.require)"
+    assert not [f for f in imports("preflight") if f[2] == "mf"], "preflight/ imports nothing of mf/"
+    calls = [f for f in imports("mf") if f[0] == os.path.join("mf", "run_yaml.py") and f[2] == "preflight"]
+    assert calls, "the boundary's pre-flight calls the checks (run_yaml.preflight)"
+
+
+def folder_graph():
+    """{node: {node it imports: [file:line, ...]}} over every import statement of the package, top-level or inside a
+    function; a node is a folder of the package, a top-level module (the base's, ``quantize``) or ``__init__``
+    (the package's own, also what ``from .. import __version__`` reaches)."""
+    nodes = {name[:-3] if name.endswith(".py") else name for name in os.listdir(PACKAGE)
+             if name.endswith(".py") or os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))}
+    graph = {}
+    for folder in sorted(nodes):
+        if os.path.isdir(os.path.join(PACKAGE, folder)):
+            found = imports(folder)
+        else:  # a top-level module
+            found = _scan(os.path.join(PACKAGE, folder + ".py"))
+        for path, line, target, _ in found:
+            target = target if target in nodes else "__init__"  # from .. import __version__: the package itself
+            if target != folder:
+                graph.setdefault(folder, {}).setdefault(target, []).append(f"{path}:{line}")
+    return graph
+
+
+def _scan(path):
+    """imports()'s rows of one file: relative imports resolved against the file's package."""
+    parts = os.path.relpath(path, PACKAGE)[:-3].split(os.sep)
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = parts[:len(parts) - node.level] + (node.module.split(".") if node.module else [])
+            elif (node.module or "").startswith("mindformers_gptlocal"):
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            names = [alias.name for alias in node.names]
+            found += [(os.path.relpath(path, PACKAGE), node.lineno, n, [n]) for n in names] if not target else \
+                [(os.path.relpath(path, PACKAGE), node.lineno, target[0], names)]
+        elif isinstance(node, ast.Import):
+            found += [(os.path.relpath(path, PACKAGE), node.lineno, alias.name.split(".")[1], [])
+                      for alias in node.names if alias.name.startswith("mindformers_gptlocal.")]
+    return found
+
+
+def find_cycle(graph):
+    """One cycle of ``graph`` as a list of nodes (first == last), or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return stack[stack.index(target):] + [target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_circle_between_folders():
+    graph = folder_graph()
+    assert {"model", "runtime", "kernels", "mf", "yaml_io", "__init__"} <= set(graph), sorted(graph)  # it reads them
+    cycle = find_cycle(graph)
+    assert cycle is None, "an import circle between folders: " + " -> ".join(cycle) + "; the imports: " + "; ".join(
+        f"{a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+
+
+def test_no_import_circle_between_the_kernels_modules():
+    """Inside ``kernels/`` too, module by module (the ABI machinery: spec, table, codegen, aot, build; the Cells; the
+    provider), every import counted: no circle."""
+    graph = {}
+    for name in sorted(os.listdir(os.path.join(PACKAGE, "kernels"))):
+        if name.endswith(".py"):
+            path = os.path.join(PACKAGE, "kernels", name)
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    for target in ([node.module.split(".")[0]] if node.module else [a.name for a in node.names]):
+                        if target != name[:-3]:
+                            graph.setdefault(name[:-3], {}).setdefault(target, []).append(f"{name}:{node.lineno}")
+    assert {"spec", "table", "codegen", "aot", "build", "provider"} <= set(graph), sorted(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "an import circle in kernels/: " + " -> ".join(cycle) + "; the imports: " + "; ".join(
+        f"{a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert find_cycle({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": []}, "b": {"c": []}, "d": {"a": []}}) is None

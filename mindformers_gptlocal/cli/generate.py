@@ -1,6 +1,6 @@
 """``gptlocal generate`` and ``gptlocal chat``: a model directory, no YAML (as ``litgpt generate``/``chat``).
 
-Both load through the inference runtime's one loader (``runtime/loader.py``: the folder checked, then
+Both load through the inference runtime's one loader (``model/loader.py``: the folder checked, then
 ``GPTLocalForCausalLM.from_pretrained``) and call ``runtime/generate.py``'s ``generate`` (what ``model.generate``
 is); tokens are streamed through its ``stop_when`` hook, which sees every new token, into the runtime's
 ``Detokenizer`` (stop strings, hold-back). Chat renders the conversation with the model directory's chat template,
@@ -16,8 +16,8 @@ from ..generation.sampling import sampling_options
 
 
 def load(options):
-    """(model, tokenizers.Tokenizer, chat template or None) of ``--model`` (``runtime/loader.py load``)."""
-    from ..runtime.loader import load as load_model_dir
+    """(model, tokenizers.Tokenizer, chat template or None) of ``--model`` (``model/loader.py load``)."""
+    from ..model.loader import load as load_model_dir
     return load_model_dir(options.model, options.device_target, options.compile_cache,
                           cache_days=getattr(options, "compile_cache_days", None),
                           cache_mb=getattr(options, "compile_cache_mb", None))

@@ -11,7 +11,7 @@ import sys
 from ..errors import ConfigError, GPTLocalError
 from ..training import stop
 from ..mf.logs import HeldLog, config_dump_to_log
-from ..preflight.checks import preflight
+from ..mf.run_yaml import preflight
 from ..mf.compat import mark_checked
 from .args import run_parser
 
@@ -51,7 +51,8 @@ def load_config(argv=None):
     """Parse flags and return the resolved MindFormerConfig (nothing is built yet)."""
     from .. import yaml_io
     from ..mf.symbols import MindFormerConfig, parse_value
-    from ..preflight.checks import is_gpt_local
+    from ..mf import symbols
+    from ..mf.compat import is_gpt_local
     from ..preflight.sections import check_sections
     args, rest = run_parser().parse_known_args(argv)
     rest = [piece for item in rest for piece in item.split("=", 1)]
@@ -69,7 +70,7 @@ def load_config(argv=None):
         raise ConfigError(f"--config {args.config}: the top level is not a mapping of keys; start from a file in "
                           f"model_configs/.")
     if is_gpt_local(raw):
-        check_sections(raw)  # before MindFormerConfig, which raises KeyError on a runner_config typo
+        check_sections(raw, symbols)  # before MindFormerConfig, which raises KeyError on a runner_config typo
     if args.register_path:
         os.environ["REGISTER_PATH"] = os.path.abspath(args.register_path)
         if os.environ["REGISTER_PATH"] not in sys.path:
@@ -132,12 +133,13 @@ def check_override_key(key, config):
     path (``--runner_config.stop_step 5``); its first part must be a top-level key MindFormers reads, so a
     mistyped flag (``--stepz 5``) is refused with the closest flags and keys instead of becoming a key."""
     import difflib
+    from ..mf import symbols
     from ..preflight.sections import known_top_level
     if not key.startswith("--"):
         raise ConfigError(f"custom config key {key!r} must start with --, e.g. --model.model_config.seq_length 128")
     name = key[2:]
     top = name.split(".", 1)[0]
-    if top in config or top in known_top_level():
+    if top in config or top in known_top_level(symbols):
         return
     flags = sorted(set(run_parser()._all_flags()) - {"--help"})  # pylint: disable=protected-access
     dotted = [f"--{section}.{leaf}" for section, value in config.items() if isinstance(value, dict)
@@ -148,7 +150,8 @@ def check_override_key(key, config):
                   if section != "general_config" for leaf in template.keys()]
     leaves = {candidate.rsplit(".", 1)[-1]: candidate for candidate in dotted}
     rest = name[len(top):]
-    close = ["--" + k + rest for k in difflib.get_close_matches(top, sorted(known_top_level()), n=1, cutoff=0.75)]
+    known = sorted(known_top_level(symbols))
+    close = ["--" + k + rest for k in difflib.get_close_matches(top, known, n=1, cutoff=0.75)]
     if not rest:
         close += [leaves[leaf] for leaf in difflib.get_close_matches(name, list(leaves), n=2, cutoff=0.55)]
         close += difflib.get_close_matches(key, flags, n=2, cutoff=0.6)

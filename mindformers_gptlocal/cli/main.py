@@ -60,7 +60,7 @@ def convert(argv):
     if options.direction in ("mf2ms", "ms2mf"):
         return convert_mindformers(options)
     from ..checkpoint import hf_models  # GPT-2, Llama/Qwen2, GPT-NeoX: the family from config.json
-    from ..runtime.loader import check_config_json
+    from ..model.loader import check_config_json
     overwrite = getattr(options, "overwrite", False)
     if options.direction == "hf2ms":
         from ..checkpoint.hub import resolve_hf_dir
@@ -143,7 +143,7 @@ def lora(argv):
 
 def quantize(argv):
     options = cli_args.quantize_parser().parse_args(argv)
-    from ..runtime.loader import check_config_json
+    from ..model.loader import check_config_json
     check_config_json(options.model, "--model")
     from ..quantize import quantize_model
     summary = quantize_model(options.model, options.out, options.dtype)

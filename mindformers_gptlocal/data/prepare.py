@@ -6,6 +6,7 @@ end, so a failed or interrupted run leaves no half-written output behind.
 import glob
 import json
 import os
+import struct
 import sys
 import sysconfig
 import time
@@ -263,13 +264,25 @@ def write_mindrecord(path, windows):
     writer.commit()
 
 
+MEGATRON_HEADER = b"MMIDIDX\x00\x00"  # Megatron's indexed dataset, version 1 (MindFormers' IndexedDataset reads it)
+MEGATRON_INT32 = 4  # the format's code of the token dtype
+
+
 def write_megatron(prefix, docs):
-    """Megatron ``.bin/.idx`` (one document per entry) with MindFormers' own IndexedDatasetBuilder."""
-    from ..mf.symbols import IndexedDatasetBuilder
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
-    for doc in docs:
-        builder.add_document(doc, [len(doc)])
-    builder.finalize(prefix + ".idx")
+    """Megatron ``.bin/.idx``, one document per entry, int32 tokens: the ``.bin`` the documents back to back; the
+    ``.idx`` the header, version 1, the dtype code, the counts, each entry's length (int32) and byte offset (int64),
+    the document boundaries (int64). What MindFormers' ``IndexedDatasetBuilder`` writes (``tests/data``: its
+    ``IndexedDataset`` reads ours), without importing MindFormers."""
+    lengths = np.array([len(doc) for doc in docs], np.int32)
+    with open(prefix + ".bin", "wb") as handle:
+        for doc in docs:
+            handle.write(np.asarray(doc, np.int32).tobytes(order="C"))
+    offsets = np.zeros(len(docs), np.int64)
+    offsets[1:] = np.cumsum(lengths[:-1].astype(np.int64) * 4)
+    with open(prefix + ".idx", "wb") as handle:
+        handle.write(MEGATRON_HEADER + struct.pack("<Q", 1) + struct.pack("<B", MEGATRON_INT32))
+        handle.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1))
+        handle.write(lengths.tobytes() + offsets.tobytes() + np.arange(len(docs) + 1, dtype=np.int64).tobytes())
 
 
 def prepare(inputs=None, out="data", seq_length=256, vocab_size=8192, tokenizer_path=None, vocab=None,

@@ -42,7 +42,7 @@ from ..host_memory import release_freed_heap
 from ..runtime.buckets import bucket_of, length_bucket, width_buckets
 from ..runtime.detokenizer import cut_at_stop, find_stop
 from ..runtime.generate import generate
-from ..runtime.loader import check_model_dir, load_model
+from ..model.loader import check_model_dir, load_model
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 GEN_OPTIONS = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}

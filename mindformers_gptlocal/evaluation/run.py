@@ -8,7 +8,7 @@ import sys
 import time
 
 from ..errors import ConfigError
-from ..runtime.loader import check_model_dir
+from ..model.loader import check_model_dir
 from ..safetensors_io import atomic_write
 
 

@@ -1,10 +1,9 @@
-"""What every kernel module's Cells share: the threads a kernel runs (``kernel_threads``), a kernel of the table as
-its AOT ``ops.Custom`` on CPU (``primitive``: shapes, dtypes, side effects and the bprop read from ``table.py``) or as
-a Cell (``KernelCell``), and the library for a float32 model; and the same C entry points and typed cores called
-directly on numpy arrays (``DirectCall``, ``call_core``: tests and benchmarks, outside MindSpore)."""
+"""What every kernel module's Cells share: the threads a kernel runs (``kernel_threads``, from ``threads.py``), a kernel
+of the table as its AOT ``ops.Custom`` on CPU (``primitive``: shapes, dtypes, side effects and the bprop read from
+``table.py``) or as a Cell (``KernelCell``), and the library for a float32 model; and the same C entry points and typed
+cores called directly on numpy arrays (``DirectCall``, ``call_core``: tests and benchmarks, outside MindSpore)."""
 import ctypes
 import linecache
-import os
 
 import numpy as np
 import mindspore as ms
@@ -13,13 +12,7 @@ from mindspore import nn, ops
 from . import build
 from .spec import DTYPES, Struct
 from .table import TABLE
-
-
-def kernel_threads():
-    """The threads a kernel runs: MindSpore's ``runtime_num_threads``, at most the CPUs this process may use."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    runtime = ms.get_context("runtime_num_threads") or available
-    return max(1, min(int(runtime), available))
+from .threads import kernel_threads  # noqa: F401  (the Cells' and callers' name for it)
 
 
 def custom_op(path, symbol, shape, dtype, bprop=None):

@@ -21,6 +21,7 @@ import ctypes
 import functools
 import sys
 
+import mindspore as ms
 from mindspore import nn, ops
 
 from . import build
@@ -59,7 +60,7 @@ def precision_code(library_path, precision, emulate=False):
 
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
-    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``provider.BF16MatMul``
+    ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``BF16MatMul`` (below)
     (x and w rounded to bfloat16; the gradients from dy rounded too); with ``bf16_weights`` w is bfloat16 and there
     is no backward."""
 
@@ -136,3 +137,29 @@ def linear_epilogue_kernel(form, dtype, **kwargs):
     """A ``CPULinearEpilogue`` for the GeLU ``form`` or None (after one warning) where it cannot run."""
     path = float32_library(dtype, _warn_once)
     return None if path is None else CPULinearEpilogue(path, form, **kwargs)
+
+
+def round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, kept float32: a Cast there and back."""
+    return ops.cast(ops.cast(x, ms.bfloat16), ms.float32)
+
+
+class BF16MatMul(nn.Cell):
+    """x W^T on a float32 graph with bfloat16 GEMM numerics (``KernelProvider.gemm_dtype`` bfloat16 where the GEMM
+    kernel is not used: ``cpu_kernels: plain`` or ``{linear: plain}``; ``KernelProvider.plain_matmul``): x and W
+    rounded to bfloat16, float32 MatMul; its backward rounds dy as well, dx = r(dy) r(W), dW = r(dy)^T r(x), as the
+    kernel's bf16 GEMMs compute them (``kernels/linear.py``, tested against this by value). Autodiff of the casts
+    alone would round dx and dW after an unrounded dy instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.dx_matmul = ops.MatMul()
+        self.dw_matmul = ops.MatMul(transpose_a=True)
+
+    def construct(self, x, weight):
+        return self.matmul(round_bf16(x), round_bf16(weight))
+
+    def bprop(self, x, weight, out, dout):
+        dy = round_bf16(dout)
+        return self.dx_matmul(dy, round_bf16(weight)), self.dw_matmul(dy, round_bf16(x))

@@ -6,8 +6,10 @@ it down) for its op when it is built and keeps what it gets (a kernel Cell, or N
 reference every kernel is tested against). Eligibility is decided here too: where it depends on the layer (its
 architecture, its Linears' classes, its dtypes, a prefix or an adapter), the layer passes those facts and the provider
 decides (``decode_layer_for``, ``fused_attention``, ``gemm_epilogue``, ``epilogue_residual``, ...); so are the train
-step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the runner's graphs (``fresh_prefill``,
-``greedy_steps``). The choice is made from
+step's kernels (``adamw_update``, ``grad_clip``) and whether a prefill runs the fused kernel (``fresh_prefill``). It
+holds kernel choices only: the runtime's choices are the runtime's (``runtime/runner.py`` ``runner_kind``,
+``buckets.greedy_steps``), the train step's overflow check the train step's (``training/grad_checks.py``), and what
+was measured to set a default is in docs/performance.md. The choice is made from
 
 - ``model_config.cpu_kernels`` (the same key in ``config.json`` and ``from_pretrained(..., cpu_kernels=...)``):
   ``auto`` (the default), ``plain``, ``kernel``, or a mapping ``{op: auto|kernel|plain}`` (ops left out: ``auto``;
@@ -19,9 +21,9 @@ step's forms (``adamw_update``, ``grad_clip``, ``isfinite_overflow``) and the ru
   config's ``compute_dtype``: on CPU, where MindSpore's kernels and gpt_local's compute in float32, a
   ``bfloat16`` model computes in float32 between ops (``graph_dtype``) and runs its GEMMs (every Linear, forward and
   both backward GEMMs, and the head) bf16 x bf16 with float32 accumulation (``gemm_dtype``: the GEMM kernel in
-  bf16 in every graph, or ``model/layers.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
+  bf16 in every graph, or ``kernels/linear.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
   kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do. A build
-  for inference (``inference``: ``runtime/loader.py`` ``load_model``, what generate, chat, serve and eval build)
+  for inference (``inference``: ``model/loader.py`` ``load_model``, what generate, chat, serve and eval build)
   with those bf16 GEMMs through the GEMM kernel holds the Linears', the head's and the token table's weights as
   bfloat16 once (``bf16_weights``; a tied head the table itself; the kernel takes them as they are), the same
   numbers as the float32 weights rounded at every GEMM (the token lookup reads the rounded rows); training builds
@@ -36,7 +38,7 @@ import sys
 import warnings
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import ops
 
 from ..errors import ConfigError
 from .table import TABLE
@@ -78,22 +80,16 @@ OPS = {op: text + TABLE.where(op) for op, text in {
                      "kernel only (auto: off, not measured faster yet)",
 }.items()}
 MODES = ("auto", "kernel", "plain")
-# The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel. Measured 2026-12-03, AMD EPYC,
-# 2 threads, quiet machine, benchmarks/generate_throughput.py --sides ours-bf16,ours-bf16-decode-kernel,
-# ours-plain-decode,ours,ct2-fp32 (decode tok/s, kernel / plain decode graph, medians of 2 rounds, tiny batch 1 / 8,
-# GPT-2 small batch 1 / 8): float32 1.46x / 1.25x / 1.06x / 1.23x (0.85-1.07x at GPT-2 small before the worker pool,
-# common.h); bf16 weights 1.38x / 1.71x / 1.31x / 1.53x; int8 (2026-12-02) 1.76x / 1.54x / 1.58x / 1.65x.
+# The weights under which cpu_kernels decode_layer: auto runs the decode-layer kernel (faster than the plain decode
+# graph at each of them: docs/performance.md "The CPU kernels", the decoder)
 DECODE_LAYER_AUTO = ("int8", "float32", "bfloat16")
 # From 16 rows of a graph's [T, in] input the GEMM kernel beat MatMul at all of GPT-2 small's Linear shapes and the
 # head, wall and CPU (MindSpore's CPU MatMul steps up there); below, its wall time was not reliably shorter
 # (docs/performance.md "Linear's GEMM kernel by row count"). ``linear: auto`` uses it from there in inference graphs.
 LINEAR_GEMM_ROWS = 16
 HEAD_GEMM_ROWS = 16
-# The head's GEMM (GPT-2 small's 768 -> 50,257) at one or two rows, since the worker pool (common.h): the kernel
-# 1.20-1.34x MatMul's wall time (min) and 1.68-1.95x its CPU time; at 4 and 8 rows 0.49-0.71x
-# (`benchmarks/kernels.py linear --shapes head --rows 1,2,4,8 --rounds 20 --threads 2`, 2026-12-03, AMD EPYC). In the
-# decode step at batch 1 a GPT-2-small-shaped generate took ~30 ms a token with the kernel on the head against ~40
-# with MatMul. So ``linear: auto`` runs the head's kernel in inference graphs of at most this many rows too.
+# The head's GEMM at one or two rows: the kernel faster than MatMul there (docs/performance.md "Linear's GEMM kernel
+# by row count"), so ``linear: auto`` runs the head's kernel in inference graphs of at most this many rows too.
 HEAD_GEMM_FEW_ROWS = 2
 
 
@@ -104,12 +100,6 @@ HEAD_GEMM_FEW_ROWS = 2
 EVERY_GRAPH = (0, 0)
 LINEAR_RULE = (LINEAR_GEMM_ROWS, 0)
 HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
-# The greedy graph (runtime/runner.py GreedySteps): decode steps unrolled in one compiled call, at most
-# GREEDY_STEPS_MAX, and steps x layers at most GREEDY_STEPS_BUDGET (more steps for shallow models, where a step is
-# mostly call overhead)
-GREEDY_STEPS_BUDGET = 32
-GREEDY_STEPS_MAX = 8
-
 # What ``KernelProvider.decode_layer_for`` and ``runner`` weigh of one built decoder layer (``model/gpt.py``
 # ``layer_facts`` gathers it): the layer's ``epsilon``, attention ``scale``, MLP ``form`` (``model/gpt.py``
 # ``mlp_form``: "tanh", "quick", "erf", "relu", "swiglu"), ``compute_dtype``; ``arch`` (the model's ``Arch``:
@@ -268,9 +258,6 @@ class KernelProvider:
             return False
         from . import build  # pylint: disable=import-outside-toplevel
         return build.library()[0] is not None
-
-    def mode(self, op):
-        return self.modes[op]
 
     def uses(self, op):
         """True where ``op``'s gpt_local form is chosen: on CPU, its mode not ``plain``, and (but for the ops that
@@ -463,7 +450,10 @@ class KernelProvider:
         """The plain x W^T of a Linear or the head (where the GEMM kernel does not run): ``BF16MatMul`` where the
         GEMMs run in bfloat16 on a float32 graph (``gemm_dtype``), else ``ops.MatMul(transpose_b=True)`` (the
         primitive a shard strategy attaches to)."""
-        return BF16MatMul() if self.gemm_dtype == "bfloat16" else ops.MatMul(transpose_b=True)
+        if self.gemm_dtype != "bfloat16":
+            return ops.MatMul(transpose_b=True)
+        from .linear import BF16MatMul  # pylint: disable=import-outside-toplevel
+        return BF16MatMul()
 
     def flash_attention(self, asked, prefix=False):
         """True where a model runs Ascend's FlashAttentionScore: ``asked`` (``use_flash_attention``), on Ascend, and
@@ -490,7 +480,7 @@ class KernelProvider:
         return self.attention(scale, dtype, dropout if dropout_rate > 0 else None)
 
     @staticmethod
-    def _layer_computes(facts):
+    def layer_computes(facts):
         """True where the decoder's C++ layer (``cpu_decoder.cc``) computes the layer of ``facts``: a form and a
         norm it has, float32 norms (weights and compute) and softmax, its Linears all base ones of one weight dtype or
         all an int8 model's, no prefix or adapter."""
@@ -500,35 +490,17 @@ class KernelProvider:
 
     def decode_layer_for(self, facts):
         """The decode-layer kernel for one built decoder layer (``facts``: a ``DecodeLayerFacts``), or None: the
-        layer's plain decode graph. Where the C++ layer computes it (``_layer_computes``: every layout the model
+        layer's plain decode graph. Where the C++ layer computes it (``layer_computes``: every layout the model
         builds, LayerNorm or RMSNorm, learned positions or rope, MHA or GQA, any biases, any MLP form, sequential or
         parallel residual; float32, bfloat16 or int8 Linears) and the layer has no LayerDrop (the compiled graph keeps
         its Cell); then as ``decode_layer`` decides for its precision."""
-        if not self._layer_computes(facts) or facts.layerdrop:
+        if not self.layer_computes(facts) or facts.layerdrop:
             return None
         arch = facts.arch
         return self.decode_layer(facts.epsilon, facts.scale, facts.form, facts.compute_dtype,
                                  int8=facts.linears == "int8", bf16_weights=facts.linears == "bfloat16",
                                  norm=facts.norm, rotary_dim=arch.rotary_dim, parallel_residual=arch.parallel_residual,
                                  qkv_bias=arch.qkv_bias, bias=arch.bias)
-
-    def runner(self, layers):
-        """Which runner ``generate``, ``chat``, ``serve`` and eval's generation run (``runtime/runner.py``
-        ``runner_for``): "native" (``runtime/native.py``: the forward as one C++ call a step, no graph) or "compiled"
-        (the compiled prefill / decode / greedy graphs). ``layers``: each built layer's ``DecodeLayerFacts``. Native
-        on CPU under ``runner: auto`` or ``kernel``, one rank, float32 compute, every layer one the C++ layer
-        computes (``_layer_computes``: LayerDrop is an identity there), its Linears holding the weights the provider
-        builds (bfloat16 where ``bf16_weights``; float32 or int8 otherwise) and the library built; else compiled
-        (``plain``: the reference; LoRA, adapters, prefix tuning, float16 models, other backends)."""
-        if not self.uses("runner") or not layers:
-            return "compiled"
-        held = ("bfloat16",) if self.bf16_weights else ("float32", "int8")
-        for facts in layers:
-            if self.graph_dtype(facts.compute_dtype) != "float32" or not self._layer_computes(facts) or \
-                    facts.linears not in held:
-                return "compiled"
-        from . import build  # pylint: disable=import-outside-toplevel
-        return "native" if build.library()[0] is not None else "compiled"
 
     def train_layer_for(self, facts):
         """The training-layer kernel for one built decoder layer (``facts``: a ``TrainLayerFacts``), or None: the
@@ -563,11 +535,6 @@ class KernelProvider:
         and there is no prefix-tuning ``prefix`` (whose rows come before the prompt)."""
         return bool(fused_layers) and not prefix
 
-    def greedy_steps(self, num_layers):
-        """How many greedy decode steps one compiled greedy graph unrolls (``runtime/runner.py`` ``GreedySteps``):
-        ``GREEDY_STEPS_BUDGET`` // layers, between 1 and ``GREEDY_STEPS_MAX``."""
-        return max(1, min(GREEDY_STEPS_MAX, GREEDY_STEPS_BUDGET // max(int(num_layers), 1)))
-
     def adamw_update(self, param_dtypes):
         """GPTLocalAdamW's per-parameter update: the AdamW kernel (``adamw``) where it runs, else MindSpore's
         in-place ``AdamWeightDecay`` (the same formula and inputs)."""
@@ -580,36 +547,6 @@ class KernelProvider:
         MindFormers' ClipGradNorm in the train step."""
         return self.composed_ops() or sum_of_squares is not None
 
-    def isfinite_overflow(self):
-        """True where the train step decides overflow from the gradients being finite (CPU and GPU); False on
-        Ascend, whose float-status kernels MindFormers' own check reads."""
-        return self.device_target != "Ascend"
-
-
-def round_bf16(x):
-    """x (float32) rounded to the nearest bfloat16, kept float32: a Cast there and back."""
-    return ops.cast(ops.cast(x, ms.bfloat16), ms.float32)
-
-
-class BF16MatMul(nn.Cell):
-    """x W^T on a float32 graph with bfloat16 GEMM numerics (``KernelProvider.gemm_dtype`` bfloat16 where the GEMM
-    kernel is not used: ``cpu_kernels: plain`` or ``{linear: plain}``; ``KernelProvider.plain_matmul``): x and W
-    rounded to bfloat16, float32 MatMul; its backward rounds dy as well, dx = r(dy) r(W), dW = r(dy)^T r(x), as the
-    kernel's bf16 GEMMs compute them (``kernels/linear.py``, tested against this by value). Autodiff of the casts
-    alone would round dx and dW after an unrounded dy instead."""
-
-    def __init__(self):
-        super().__init__()
-        self.matmul = ops.MatMul(transpose_b=True)
-        self.dx_matmul = ops.MatMul()
-        self.dw_matmul = ops.MatMul(transpose_a=True)
-
-    def construct(self, x, weight):
-        return self.matmul(round_bf16(x), round_bf16(weight))
-
-    def bprop(self, x, weight, out, dout):
-        dy = round_bf16(dout)
-        return self.dx_matmul(dy, round_bf16(weight)), self.dw_matmul(dy, round_bf16(x))
 
 
 def _warn_once(message):

@@ -27,6 +27,8 @@ import textwrap
 
 import numpy as np
 
+from .threads import kernel_threads
+
 # dtype in the table -> (MindSpore's name, the C type of its pointer, numpy's dtype for the same bytes)
 DTYPES = {"f32": ("float32", "float", np.float32), "bf16": ("bfloat16", "uint16_t", np.uint16),
           "i8": ("int8", "int8_t", np.int8), "i32": ("int32", "int32_t", np.int32)}
@@ -120,10 +122,10 @@ def _fields(name, fields, kinds):
 
 
 class Options:
-    """An options struct: ``fields`` "name: int, name: float, ..." (the C struct's fields, in order; ints for counts
-    and modes, floats for real values). ``Options(...)(threads=2, precision=0)`` is one value of it (a namedtuple:
-    ``.tensor()`` the int32 vector MindSpore hands the kernel, ``.array()`` the same as numpy, ``.struct()`` as a
-    ctypes Structure for a core called directly). A field named ``threads`` left None is ``aot.kernel_threads()``."""
+    """An options struct: ``fields`` "name: int, name: float, ..." (the C struct's fields, in order; ints for counts and
+    modes, floats for real values). ``Options(...)(threads=2, precision=0)`` is one value of it (a namedtuple:
+    ``.tensor()`` the int32 vector MindSpore hands the kernel, ``.array()`` the same as numpy, ``.struct()`` as a ctypes
+    Structure for a core called directly). A field named ``threads`` left None is ``threads.kernel_threads()``."""
 
     def __init__(self, name, fields, doc):
         self.name = name
@@ -149,7 +151,6 @@ def _options_value(options):
     def __new__(cls, *args, **kwargs):
         value = base.__new__(cls, *args, **kwargs)
         if "threads" in value._fields and value.threads is None:
-            from .aot import kernel_threads  # pylint: disable=import-outside-toplevel
             value = value._replace(threads=kernel_threads())
         missing = [field for field, given in zip(value._fields, value) if given is None]
         if missing:

@@ -22,8 +22,8 @@ others live where they are used, checked here like the rest:
 
 This module is the boundary's lowest floor: it imports only ``errors`` (and, in the patch bodies, MindFormers and
 MindSpore). What the patches call of the layers above it (the pre-flight, the resume check, the instruction handler,
-the prefix-tuning pet_types) is handed to ``apply`` by ``mf/registration.py`` (``Hooks``); the pre-flight calls this
-module (``require``, ``is_gpt_local``), never the reverse.
+the prefix-tuning pet_types) is handed to ``apply`` by ``mf/registration.py`` (``Hooks``); the pre-flight
+(``run_yaml.preflight``) calls this module (``require``, ``is_gpt_local``), never the reverse.
 """
 import functools
 import importlib
@@ -68,10 +68,10 @@ class Patch(namedtuple("Patch", "name where why targets required extra only", de
 
 Hooks = namedtuple("Hooks", "preflight steps_left instruct_handler prefix_types")
 Hooks.__doc__ = """What the patches call of the layers above this module, handed to ``apply`` by ``mf/registration.py``
-(which imports them): ``preflight(config)`` (``preflight/checks.py``), ``steps_left(runner_config, dataset_size,
-load_checkpoint)`` (``checkpoint/resume.py`` ``check_steps_left``), ``instruct_handler`` (the class MindFormers'
-HFDataLoader looks up by name, ``mf/data_handler.py``), ``prefix_types`` (the pet_types whose prefix the model builds
-itself, ``peft/prefix.py``)."""
+(which imports them): ``preflight(config)`` (``run_yaml.py``: ``preflight/checks.py`` and the trainer's keys),
+``steps_left(runner_config, dataset_size, load_checkpoint)`` (``checkpoint/resume.py`` ``check_steps_left``),
+``instruct_handler`` (the class MindFormers' HFDataLoader looks up by name, ``mf/data_handler.py``), ``prefix_types``
+(the pet_types whose prefix the model builds itself, ``peft/prefix.py``)."""
 
 
 def is_gpt_local(config):

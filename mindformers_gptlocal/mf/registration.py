@@ -29,7 +29,7 @@ import importlib
 from . import compat
 from ..checkpoint.resume import check_steps_left
 from ..peft.prefix import PREFIX_TYPES
-from ..preflight.checks import preflight
+from .run_yaml import preflight
 
 # modules whose classes MindFormers finds by name (YAML ``type:`` / ``model_type``), under mindformers_gptlocal
 REGISTERED_MODULES = ("mf.wrapper", "mf.registry", "mf.checkpoint_monitor", "mf.tokenizer", "mf.data_handler",

@@ -1,8 +1,10 @@
 """The keys the pre-flight sets in a gpt_local run's YAML for MindFormers' trainer, after every check passed.
 
-``rewrite_for_trainer`` is the one entry (called by ``preflight.checks.preflight``, once per run). Each rewrite works
-around what MindFormers' trainer does with the YAML; the ones that depend on MindFormers' code are listed with the
-run-time patches (``compat.PATCHES``: "callbacks told the resume step", "stop_step honoured") and checked
+``preflight`` is the pre-flight of a gpt_local run (``gptlocal run``, and MindFormers' ``build_context`` through
+``compat.apply``): the MindFormers patches it needs in place (``compat.require``), every check (``preflight/checks.py``
+``check_run``, handed MindFormers' names), then ``rewrite_for_trainer``, once per run. Each rewrite works around what
+MindFormers' trainer does with the YAML; the ones that depend on MindFormers' code are listed with the run-time patches
+(``compat.PATCHES``: "callbacks told the resume step", "stop_step honoured") and checked
 like them:
 - ``load_checkpoint`` / ``resume_training``: resolved to the newest complete checkpoint file (``checkpoint.resume``)
   and checked against the model, because single-card MindFormers refuses the ``rank_0`` folder its own
@@ -22,8 +24,22 @@ from ..model.weights import check_matches_config
 from ..parallel.layout import Layout
 from ..parallel.rules import global_batch_size as batch_formula
 from ..errors import ConfigError
-from ..preflight.inputs import OVERWRITE_KEY, check_safetensors_only, model_subdirs
-from ..safetensors_io import resolve_weights_file
+from ..preflight.checks import check_run
+from ..preflight.inputs import OVERWRITE_KEY, model_subdirs
+from ..safetensors_io import check_safetensors_only, resolve_weights_file
+from . import symbols
+from .compat import MODE_KEY, is_gpt_local, require
+
+
+def preflight(config, log=print):
+    """All checks for a gpt_local run, then the keys MindFormers' trainer needs set in its YAML
+    (``rewrite_for_trainer``); other models pass through untouched."""
+    if not is_gpt_local(config):
+        return
+    # a MindFormers patch whose target moved stops here, named (mf/compat.py), unless the YAML says warn
+    require(config.get(MODE_KEY) or "strict")
+    model_config = check_run(config, symbols, log)
+    rewrite_for_trainer(config, model_config, log)
 
 
 def rewrite_for_trainer(config, model_config, log=print):

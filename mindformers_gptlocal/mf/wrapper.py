@@ -13,7 +13,7 @@ from mindspore.ops import functional as F
 
 from ..host_memory import release_freed_heap
 from ..kernels.provider import provider_of
-from ..training.grad_checks import kernel_non_finite, kernel_square_sum, non_finite, square_sum
+from ..training.grad_checks import isfinite_overflow, kernel_non_finite, kernel_square_sum, non_finite, square_sum
 from .symbols import (ClipGradNorm, MFTrainOneStepCell, MFPipelineWithLossScaleCell, MindFormerRegister,
                       MindFormerModuleType, apply_global_norm)
 
@@ -55,15 +55,16 @@ class TrimAfterCompileMixin:
 
 
 class IsFiniteOverflowMixin:
-    """Overflow = some gradient is not finite; used on CPU and GPU. The gradients' sums of squares (the overflow
-    check's and the clip's) and a ``GPTLocalAdamW``'s update run the model's CPU kernels where its provider gives
-    them. The model's provider decides each (``provider_of``: ``isfinite_overflow``, ``square_sum``, ``grad_clip``,
-    ``adamw_update``), once here; the overflow check's form is bound here too (``overflow_status``)."""
+    """Overflow = some gradient is not finite; used on CPU and GPU. The gradients' sums of squares (the overflow check's
+    and the clip's) and a ``GPTLocalAdamW``'s update run the model's CPU kernels where its provider gives them. The
+    model's provider decides each kernel (``provider_of``: ``square_sum``, ``grad_clip``, ``adamw_update``) and
+    ``grad_checks.isfinite_overflow`` the check, once here; the overflow check's form is bound here too
+    (``overflow_status``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         provider = provider_of(self.network)
-        self.use_isfinite_check = provider.isfinite_overflow()
+        self.use_isfinite_check = isfinite_overflow(provider.device_target)
         # the gradients' sums of squares (overflow check, clip norm): the model's CPU kernel, else None (plain ops)
         self.sum_of_squares = provider.square_sum()
         if getattr(self, "use_clip_grad", False) and provider.grad_clip(self.sum_of_squares):

@@ -23,7 +23,7 @@ from ..parallel.sharding import is_parallel_build
 from .blockwise_attention import BlockwiseAttention
 from .dropout import dropout_site, make_dropout
 from .layers import Linear, residual_init_std, to_mstype
-from ..peft.prefix_cells import PrefixConcat, prefix_rows
+from .prefix_cells import PrefixConcat, prefix_rows
 
 MASK_VALUE = -1.0e9
 
@@ -40,15 +40,27 @@ def _plain_for_prefix(what):
                       f"(built for square masks; the prefix adds key rows in front).", stacklevel=3)
 
 
+def inverse_frequencies(rotary_dim, base):
+    """The rope's frequencies [rotary_dim / 2] float32: base ** -(2i / rotary_dim), as Hugging Face computes them."""
+    exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
+    return (np.float32(1.0) / (np.float32(base) ** exponent)).astype(np.float32)
+
+
+def rope_tables(rotary_dim, base, length):
+    """cos and sin float32 [length, rotary_dim] of positions 0..length-1: ``RotaryEmbedding``'s angles (each
+    frequency twice) in numpy, the tables the native runner reads (``describe.py``)."""
+    freqs = np.arange(length, dtype=np.int32).astype(np.float32)[:, None] * inverse_frequencies(rotary_dim, base)
+    angles = np.concatenate((freqs, freqs), -1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
 class RotaryEmbedding(nn.Cell):
     """cos and sin [B, 1, S, rotary_dim] of the positions [B, S] (each row its own positions, so ragged
     batches and packed rows rotate by their own offsets), computed in float32 as Hugging Face does."""
 
     def __init__(self, rotary_dim, base):
         super().__init__()
-        exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(rotary_dim)
-        inv_freq = (np.float32(1.0) / (np.float32(base) ** exponent)).astype(np.float32)
-        self.inv_freq = Tensor(inv_freq[None, None, :], ms.float32)
+        self.inv_freq = Tensor(inverse_frequencies(rotary_dim, base)[None, None, :], ms.float32)
 
     def construct(self, position_ids):
         freqs = ops.expand_dims(ops.cast(position_ids, ms.float32), -1) * self.inv_freq  # [B, S, rot/2]
@@ -110,7 +122,7 @@ class ParallelAttention(nn.Cell):
         # StridedSlices took 42 ms a layer for GPT-2 small at batch 2 x 256, Unstack 4 ms.
         self.split_qkv = ops.Unstack(axis=0)
         self.cast = ops.Cast()
-        # prefix tuning (peft/prefix_cells.py): prefix rows in front of the keys; only the plain core takes them
+        # prefix tuning (model/prefix_cells.py): prefix rows in front of the keys; only the plain core takes them
         self.prefix_concat = PrefixConcat() if config.prefix_spec() is not None else None
         dropout = make_dropout(config.attention_dropout, dropout_site(layer_number, "attention_probs"), config,
                                counter_dropout)

@@ -175,7 +175,7 @@ def counter_dropout_enabled(config):
 
 
 # Dropout sites, numbered once here: 0 the embedding's, then three per layer (layer_number counts from 1);
-# the prefix-tuning prefix's (peft/prefix_cells.py) is -1, below every layer's and LayerDrop's 10000+ at any depth
+# the prefix-tuning prefix's (model/prefix_cells.py) is -1, below every layer's and LayerDrop's 10000+ at any depth
 # (_offsets takes it modulo the table sizes)
 SITES_PER_LAYER = 3
 LAYER_SITES = {"attention_probs": 1, "attention_output": 2, "mlp_output": 3}

@@ -360,7 +360,7 @@ def make_train_layer(config, block, kernels, recomputed=False):
 # One decoder layer: norm -> ParallelAttention -> residual -> norm -> ParallelFeedForward -> residual; with
 # ``use_parallel_residual`` (GPT-NeoX/Pythia) x + attention(norm1(x)) + mlp(norm2(x)). The norm is LayerNorm or RMSNorm
 # (``normalization``), chosen when the block is built. Each part's residual update passes its bottleneck adapter
-# (``pet_type: adapter``, ``peft/adapter_cells.py``; built when the layer spec has one, else ``Unchanged``) and
+# (``pet_type: adapter``, ``model/adapter_cells.py``; built when the layer spec has one, else ``Unchanged``) and
 # LayerDrop's 0/1 (``model_config.layerdrop``, ``dropout.LayerDrop``; else ``Kept``). Its Linears and adapter sites
 # are built with the Cells the layer spec (``layer_spec.py``) picks: LoRA and adapters live outside these classes.
 # Where the layer runs (pipeline stage) and whether it recomputes are set on the Cell when it is built
@@ -392,7 +392,7 @@ class GPTLocalBlock(nn.Cell):
         self.mlp_output_dropout = make_dropout(config.hidden_dropout, dropout_site(layer_number, "mlp_output"), config,
                                                counter_dropout)
         self.add = ops.Add()
-        # pet_type: adapter's BottleneckAdapters (peft/adapter_cells.py) when the layer spec has them (the factory takes
+        # pet_type: adapter's BottleneckAdapters (model/adapter_cells.py) when the layer spec has them (the factory takes
         # the model's provider), else Unchanged; LayerDrop scales both updates by 0/1, else Kept
         self.has_adapters = "attention_adapter" in layer_spec or "mlp_adapter" in layer_spec
         self.attention_adapter = layer_spec["attention_adapter"](kernels=kernels) \
@@ -428,7 +428,7 @@ class GPTLocalBlock(nn.Cell):
     def construct(self, hidden, attention_bias, key_cache=None, value_cache=None, write_index=None,
                   seq_ends=None, dropout_step=None, rotary=None, prefix=None, fresh_prefill=False):
         """hidden [B, S, H]. The optional KV cache arguments are this layer's (see ParallelAttention);
-        ``prefix``: this layer's prefix (keys, values) with prefix tuning (``peft/prefix_cells.py``);
+        ``prefix``: this layer's prefix (keys, values) with prefix tuning (``model/prefix_cells.py``);
         ``seq_ends``: packed rows' document ends for flash attention's variable-length form;
         ``dropout_step``: the forward counter that picks the dropout masks (``dropout.py``);
         ``rotary``: (cos, sin) of the positions with rope (``attention.RotaryEmbedding``);
@@ -582,13 +582,13 @@ class DecodeKernelPath(nn.Cell):
 
 
 def prefix_encoder(config, counter_dropout=False):
-    """The PrefixEncoder of a prefix-tuning pet_config (``peft/prefix_cells.py``), or None. Under semi_auto/auto
+    """The PrefixEncoder of a prefix-tuning pet_config (``model/prefix_cells.py``), or None. Under semi_auto/auto
     parallel its tensors are replicated and each rank reads its key/value groups (``peft/prefix.py`` prefix_rules,
     PREFIX_BLOCK_RULES)."""
     spec = config.prefix_spec()
     if spec is None:
         return None
-    from ..peft.prefix_cells import PrefixEncoder
+    from .prefix_cells import PrefixEncoder
     dropout = None
     if spec.dropout > 0:  # counter-based when the build is (dropout.counter_dropout_enabled): resume is exact
         dropout = make_dropout(spec.dropout, dropout_site(part="prefix"), config, counter_dropout)
@@ -692,8 +692,7 @@ class GPTLocalModel(nn.Cell):
                                           self.prefix_encoder is not None)
 
     def runner_facts(self):
-        """Each layer's ``layer_facts``, what the provider's ``runner`` weighs (``runtime/runner.py`` asks it once per
-        model)."""
+        """Each layer's ``layer_facts``, what the runtime's ``runner_kind`` weighs (``describe.py``: once per model)."""
         config = graph_config(self.config, self.kernels)
         return tuple(layer_facts(config, layer) for layer in self.layers)
 
@@ -840,7 +839,7 @@ class GPTLocalForCausalLM(nn.Cell):
         layout = config.layout
         # which Cell each layer's Linears and adapter sites are built with (layer_spec.py): pet_config's LoRA or
         # adapters unless ``layer_spec`` is given (serve --lora's MultiLoRASpec); None: the base Cells.
-        # ``inference``: built for inference only (runtime/loader.py): a bf16 model's weights then bf16 on CPU
+        # ``inference``: built for inference only (model/loader.py): a bf16 model's weights then bf16 on CPU
         kernels = kernel_provider(config, inference=inference)
         graph = graph_config(config, kernels)  # the dtypes this device runs (GPTLocalModel's too: adapters, head)
         # an int8 model's QuantLinears (model_layer_spec)
@@ -928,9 +927,10 @@ class GPTLocalForCausalLM(nn.Cell):
         to a bucket), built once per shape and kept (the most recently used shapes): on CPU the native runner
         (``runtime/native.py``: the forward over a KV cache as one C++ call a step), else ``runtime/runner.py``'s
         ``ModelRunner`` (a KV cache and its compiled prefill / decode / greedy graphs, so no call recompiles); the
-        provider decides (``KernelProvider.runner``)."""
+        runtime decides (``runner_kind``) from what it reads of the model, its ``Description`` (``describe.py``)."""
         from ..runtime.runner import runner_for  # the runtime runs the model: imported when first asked
-        return runner_for(self, batch_size, needed_length)
+        from .describe import describe
+        return runner_for(self, batch_size, needed_length, describe)
 
     def generate(self, input_ids, generation_config=None, streamer=None, seed=None, stop_when=None, **kwargs):
         """MindFormers-style generate (its predict pipeline calls it on MindFormers' class): ``runtime/generate.py``

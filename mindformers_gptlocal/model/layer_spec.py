@@ -8,9 +8,12 @@ the factory takes ``Linear``'s arguments, e.g. ``LoRALinear`` with its spec boun
 (``attention_adapter``, ``mlp_adapter``: the factory takes only ``kernels=``). Every factory gets the model's
 ``KernelProvider`` as ``kernels``, never a provider of its own. A path the spec leaves out is built the base way
 (``Linear``; no adapter). The base Cells (``gpt.py``, ``attention.py``) only read the dict;
-``pet_layer_spec`` builds it from ``model_config.pet_config`` (its method's ``layer_spec``, ``peft/``); ``serve --lora``
-gives its own (``peft.lora_cells.MultiLoRASpec``) to ``GPTLocalForCausalLM(config, layer_spec=...)``.
+``pet_layer_spec`` builds it from ``model_config.pet_config`` (its method's Cells module, ``model/<method>_cells.py``
+``layer_spec``, named by its settings' ``PetSpec.cells``, ``peft/``); ``serve --lora``
+gives its own (``model.lora_cells.MultiLoRASpec``) to ``GPTLocalForCausalLM(config, layer_spec=...)``.
 """
+import importlib
+
 from ..errors import ConfigError
 from .params import is_weight
 from .quantization import read_quantization
@@ -24,8 +27,16 @@ def pet_layer_spec(config):
     """The layer spec of ``config``'s pet_config (``config.pet_spec()``): its method's Cells (LoRALinears on the
     targeted Linears, bottleneck adapters on the chosen sites), or None (no pet_config, or prefix tuning, which
     adds no Cell to a layer)."""
-    spec = config.pet_spec()
-    return None if spec is None else spec.layer_spec(config)
+    cells = method_cells(config.pet_spec())
+    return None if cells is None else cells.layer_spec(config.pet_spec(), config)
+
+
+def method_cells(spec):
+    """The module of this folder holding the layer Cells of ``spec``'s PEFT method (``PetSpec.cells``: the settings
+    in ``peft/`` name it, the model imports it), or None (no pet_config, or a method that adds no Cell to a layer)."""
+    if spec is None or spec.cells is None:
+        return None
+    return importlib.import_module(f".{spec.cells}", __package__)
 
 
 def model_layer_spec(config, given=None):
@@ -56,5 +67,8 @@ def freeze_pet(model, log=print):
         param.requires_grad = not spec.is_frozen(name)
     total = sum(p.size for p in params.values())
     trainable = sum(p.size for p in params.values() if p.requires_grad)
+    cells = method_cells(spec)
+    if cells is not None:
+        cells.check_built(spec, model)
     log(spec.summary(model, trainable, total))
     return trainable, total

@@ -1,15 +1,16 @@
 """PEFT methods (MindFormers' ``model_config.pet_config.pet_type``), each in one place, registered once here.
 
-A method is a pure-Python module (``lora.py``, ``adapter.py``, ``prefix.py``: its ``pet_config`` keys read and
-checked, its parameter shapes, freeze lists and sharding rules, as a settings object, a ``base.PetSpec``) and its
-MindSpore Cells beside it (``lora_cells.py``, ``adapter_cells.py``, ``prefix_cells.py``), imported only when a model
-is built, so ``gptlocal plan`` and ``convert`` run without MindSpore. ``METHODS`` lists them; the generic code asks
+A method is a pure-Python module (``lora.py``, ``adapter.py``, ``prefix.py``: its ``pet_config`` keys read and checked,
+its parameter shapes, freeze lists and sharding rules, as a settings object, a ``base.PetSpec``) and its MindSpore Cells
+in ``model/`` (``model/lora_cells.py``, ``adapter_cells.py``, ``prefix_cells.py``: the settings name their module,
+``PetSpec.cells``, and never import it), so ``gptlocal plan`` and ``convert`` run without MindSpore. ``METHODS`` lists
+them; the generic code asks
 the settings object (``GPTLocalConfig.pet_spec()``, ``read``) and never names a method: the layer spec
 (``model/layer_spec.py``), the parameter table (``model/params.py``), the sharding rules (``parallel/sharding.py``),
 freezing, the planner, the checkpoint checks (``model/weights.py``).
 
-A new method: ``<name>.py`` (a ``PetSpec`` namedtuple, ``read``, ``METHOD``) and ``<name>_cells.py`` (its Cells,
-built by ``PetSpec.layer_spec``), and its ``METHOD`` in ``METHODS`` below.
+A new method: ``<name>.py`` (a ``PetSpec`` namedtuple, ``read``, ``METHOD``, ``cells``) and ``model/<name>_cells.py``
+(its Cells, its ``layer_spec(spec, config)`` and ``check_built(spec, model)``), and its ``METHOD`` in ``METHODS``.
 """
 from ..errors import ConfigError
 from . import adapter, lora, prefix

@@ -7,7 +7,6 @@ names the type (PetType.ADAPTER) but defines no keys for it; the keys are mindpe
 (``bottleneck_size``, ``non_linearity``) and adapter-transformers' (``reduction_factor``, ``mh_adapter``,
 ``output_adapter``), ``layers_to_transform`` is PEFT's. The keys and defaults are documented in docs/finetune.md.
 """
-import functools
 from collections import namedtuple
 
 from ..errors import ConfigError
@@ -26,10 +25,7 @@ class AdapterSpec(namedtuple("AdapterSpec", "bottleneck_size reduction_factor no
     """pet_type: adapter, read by ``read``."""
     __slots__ = ()
     pet_type = "adapter"
-
-    def layer_spec(self, config):
-        from .adapter_cells import adapter_layer_spec  # pylint: disable=import-outside-toplevel  (MindSpore)
-        return functools.partial(adapter_layer_spec, self, config)
+    cells = "adapter_cells"
 
     def layer_rules(self, index, act, arch):
         return [rule for site in self.sites if index in self.layers for rule in adapter_rules(site, act)]
@@ -43,9 +39,7 @@ class AdapterSpec(namedtuple("AdapterSpec", "bottleneck_size reduction_factor no
         return "'*.attention_adapter.*' and '*.mlp_adapter.*'", "*adapter*"
 
     def summary(self, model, trainable, total):
-        from .adapter_cells import BottleneckAdapter  # pylint: disable=import-outside-toplevel  (MindSpore)
         paths = adapter_paths(self, len(model.model.layers))
-        assert paths == [name for name, cell in model.cells_and_names() if isinstance(cell, BottleneckAdapter)], paths
         return (f"[gptlocal] adapters: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
                 f"{total:,}), bottleneck {bottleneck_width(self, model.config.hidden_size)}, {self.non_linearity}, "
                 f"{len(paths)} adapters in {len(self.layers)} layers")

@@ -20,12 +20,9 @@ class PetSpec:
     the generic code asks of a method. Defaults: a method that adds nothing of that kind."""
     __slots__ = ()
     plan_part = "adapters"  # its line in the planner's per-stage parameter counts
-    adds_prefix = False  # prefix tuning: attention reads prefix rows (model/attention.py, peft/prefix_cells.py)
+    adds_prefix = False  # prefix tuning: attention reads prefix rows (model/attention.py, model/prefix_cells.py)
+    cells = None  # the module of model/ holding its layer Cells (``layer_spec``, ``check_built``); None: it adds none
     dropout_rate = 0.0  # a dropout of its own (counter-based when the build is: model/dropout.py)
-
-    def layer_spec(self, config):
-        """The layer spec (``model/layer_spec.py``): ``index -> {path in the block: Cell factory}``, or None."""
-        return None
 
     def layer_rules(self, index, act, arch):
         """Sharding rules (``parallel/sharding.py`` OpRule) of layer ``index``'s own ops, paths relative to the

@@ -21,7 +21,6 @@ as MindFormers' ``recursive_replace_dense_cell`` does; we also accept a full mat
 matched by both is left as it is, i.e. trainable). Everything here runs without MindSpore, so the
 pre-flight (through ``GPTLocalConfig.validate``), ``gptlocal plan`` and ``convert`` use it.
 """
-import functools
 import re
 from collections import namedtuple
 
@@ -40,14 +39,11 @@ class LoraSpec(namedtuple("LoraSpec", "rank alpha dropout target_modules exclude
     """pet_type: lora, read by ``read``."""
     __slots__ = ()
     pet_type = "lora"
+    cells = "lora_cells"
 
     @property
     def dropout_rate(self):
         return self.dropout
-
-    def layer_spec(self, config):
-        from .lora_cells import lora_layer_spec  # pylint: disable=import-outside-toplevel  (MindSpore)
-        return functools.partial(lora_layer_spec, self, dropout_seed=config.dropout_seed)
 
     def layer_rules(self, index, act, arch):
         return [rule for linear, split in LINEAR_SPLITS.items()
@@ -67,9 +63,7 @@ class LoraSpec(namedtuple("LoraSpec", "rank alpha dropout target_modules exclude
         return f"'*.{LORA_A}' and '*.{LORA_B}'", "*lora*"
 
     def summary(self, model, trainable, total):
-        from .lora_cells import LoRALinear  # pylint: disable=import-outside-toplevel  (MindSpore)
-        paths = sorted(name for name, cell in model.cells_and_names() if isinstance(cell, LoRALinear))
-        assert paths == sorted(targeted_paths(self, len(model.model.layers), model.config.arch.gated)), paths
+        paths = targeted_paths(self, len(model.model.layers), model.config.arch.gated)
         return (f"[gptlocal] LoRA: {trainable:,} trainable parameters ({100.0 * trainable / total:.2g}% of "
                 f"{_short(total)}), rank {self.rank}, alpha {self.alpha:g}, in {len(paths)} Linears")
 

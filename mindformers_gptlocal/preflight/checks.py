@@ -7,15 +7,14 @@ disagree, a tokenizer larger than the vocabulary, a checkpoint of another size,
 a damaged or pickle-based checkpoint, a checkpoint folder single-card
 MindFormers will not load, resume without a checkpoint, an unwritable output
 folder, an output folder that holds an earlier run. More checks live in ``inputs.py``; the checkpoint ones run
-while ``mf/run_yaml.py`` resolves the file to load (``preflight`` calls it after ``check_run``).
+while ``mf/run_yaml.py`` resolves the file to load (its ``preflight``: ``check_run``, then that). This package sits
+below ``mf/``: MindFormers' tables come in as ``names`` (``mf/symbols.py``).
 """
 import os
 
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..mf.compat import MODE_KEY as COMPAT_MODE, is_gpt_local, require as require_compat
-from ..mf.run_yaml import rewrite_for_trainer
 from ..parallel.rules import check_yaml_layout, launch_device_count, raise_if_bad
 from .inputs import (check_earlier_run, check_enough_rows, check_instruct_records, check_megatron_pair, check_mindrecord_schema, check_output_dir,
                            check_device, check_structure,
@@ -27,8 +26,8 @@ SCAN_ROWS = 20000
 
 
 def ensure_mcore(config, log=print):
-    """gpt_local lives on MindFormers' mcore path; a YAML without ``use_legacy: False`` is switched to it."""
-    if is_gpt_local(config) and config.get("use_legacy", True) is not False:
+    """gpt_local lives on MindFormers' mcore path; a gpt_local YAML without ``use_legacy: False`` is switched to it."""
+    if config.get("use_legacy", True) is not False:
         config.use_legacy = False
         log("[gptlocal] model_type gpt_local runs on MindFormers' mcore path: using use_legacy: False "
             "(add `use_legacy: False` to the YAML to silence this).")
@@ -122,9 +121,9 @@ def check_mindrecord(path, key, vocab_size, seq_length, columns=None, batch_size
         reader.close()
 
 
-def check_megatron(prefix, key, vocab_size):
+def check_megatron(prefix, key, vocab_size, names):
     require_data_files("megatron", prefix, key)
-    dtype = check_megatron_pair(prefix, key)
+    dtype = check_megatron_pair(prefix, key, names)
     tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
     if tokens.size == 0:
         raise DataError(f"{key}: {prefix}.bin is empty; prepare more text.")
@@ -147,7 +146,7 @@ def data_sections(config):
     return names
 
 
-def check_data(config, model_config):
+def check_data(config, model_config, names):
     for name in data_sections(config):
         section = config.get(name)
         if not section:
@@ -161,7 +160,7 @@ def check_data(config, model_config):
                 check_mindrecord(path, key, model_config.vocab_size, model_config.seq_length, columns,
                                  batch_size if section.get("drop_remainder", True) else None)
             else:
-                check_megatron(path, key, model_config.vocab_size)
+                check_megatron(path, key, model_config.vocab_size, names)
         check_instruct_records(section, name, model_config.seq_length)
 
 
@@ -199,23 +198,13 @@ def check_layout(config):
     raise_if_bad(check_yaml_layout(config, launch_device_count(config)))
 
 
-def preflight(config, log=print):
-    """All checks for a gpt_local run (``check_run``), then the keys MindFormers' trainer needs set in its YAML
-    (``mf.run_yaml.rewrite_for_trainer``); other models pass through untouched."""
-    if not is_gpt_local(config):
-        return
-    model_config = check_run(config, log)
-    rewrite_for_trainer(config, model_config, log)
-
-
-def check_run(config, log=print):
+def check_run(config, names, log=print):
     """Every check of a gpt_local run; writes nothing and changes no key but use_legacy (``ensure_mcore``).
-    Returns the model's GPTLocalConfig."""
-    # a MindFormers patch whose target moved stops here, named (mf/compat.py), unless the YAML says warn
-    require_compat(config.get(COMPAT_MODE) or "strict")
+    ``names``: MindFormers' (``mf/symbols.py``, handed down by ``mf/run_yaml.py`` ``preflight``: this package sits
+    below ``mf/``). Returns the model's GPTLocalConfig."""
     ensure_mcore(config, log)
     check_structure(config)
-    check_sections(config)  # top-level keys, runner, context, parallel, optimizer, lr_schedule, callbacks
+    check_sections(config, names)  # top-level keys, runner, context, parallel, optimizer, lr_schedule, callbacks
     check_device(config)
     model_config = model_config_of(config)
     check_layout(config)
@@ -224,7 +213,7 @@ def check_run(config, log=print):
     check_data_present(config)  # a missing file is named as missing, not by what lies beside it
     check_tokenizers(config, model_config)  # before the data: a wrong tokenizer is the root cause of bad ids
     check_tokenizer_identity(config, log)  # model, data and saved tokenizer: one tokenizer (tokenizers.py)
-    check_data(config, model_config)
+    check_data(config, model_config, names)
     check_not_int8_training(config, model_config)
     if config.run_mode == "predict" and config.get("pretrained_model_dir"):
         tokenizer = os.path.join(config.pretrained_model_dir, "tokenizer.json")

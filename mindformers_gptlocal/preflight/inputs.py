@@ -8,9 +8,7 @@ import tempfile
 
 import numpy as np
 
-from ..errors import CheckpointError, ConfigError, DataError
-
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".npy", ".npz")
+from ..errors import ConfigError, DataError
 
 
 def check_structure(config):
@@ -195,11 +193,11 @@ def check_enough_rows(rows, batch_size, path, key):
                         f"would run no step; prepare more text or lower batch_size.")
 
 
-def check_megatron_pair(prefix, key):
-    """The .idx parses as a Megatron index and the .bin is exactly as long as the index says."""
-    from ..mf.symbols import MegatronIndexReader
+def check_megatron_pair(prefix, key, names):
+    """The .idx parses as a Megatron index (MindFormers' reader, ``names.MegatronIndexReader``: ``mf/symbols.py``) and
+    the .bin is exactly as long as the index says."""
     try:
-        index = MegatronIndexReader(prefix + ".idx", multimodal=False)
+        index = names.MegatronIndexReader(prefix + ".idx", multimodal=False)
         dtype, sizes, pointers = index.dtype, index.sequence_lengths, index.sequence_pointers
     except Exception as err:  # the reader asserts on its magic header and raises struct/numpy errors
         raise DataError(f"{key}: {prefix}.idx is not a Megatron index ({err.__class__.__name__}: {err}); "
@@ -245,14 +243,6 @@ def check_tokenizers(config, model_config):
             raise DataError(f"{key}: {path} has {size} token ids but model_config.vocab_size is "
                             f"{model_config.vocab_size}; set vocab_size: {size} or use the tokenizer the data "
                             f"and model were made with.")
-
-
-def check_safetensors_only(path, key="load_checkpoint"):
-    """Weights load from safetensors only: pickle-based formats can run code when loaded."""
-    if path and os.path.isfile(path) and path.lower().endswith(PICKLE_SUFFIXES):
-        raise CheckpointError(f"{key} {path} is a pickle-based file; gpt_local loads safetensors only, because "
-                              f"unpickling a file can run arbitrary code. Convert it once with `gptlocal convert "
-                              f"hf2ms --allow-pickle` if you trust it.")
 
 
 def check_instruct_records(section, key, seq_length):

@@ -7,6 +7,9 @@ A key is refused outright where MindFormers itself would refuse it (runner_confi
 takes no ``**kwargs``) and where it is a near miss of a known key (``per_print_time`` for ``per_print_times``);
 an unknown key far from every known one passes where MindFormers passes extra keys on (``context``,
 ``parallel``, classes that take ``**kwargs``).
+
+MindFormers' tables come in as ``names`` (``mf/symbols.py``, handed down by the caller: ``preflight/`` sits below
+``mf/``, which calls it, and imports nothing of it).
 """
 import difflib
 import inspect
@@ -55,15 +58,16 @@ def _unknown(where, key, known, strict, listing=True):
         raise ConfigError(f"{where}: unknown key {key!r}{names}; remove it or fix its spelling.")
 
 
-def known_top_level():
-    from ..mf.symbols import CONFIG_NAME_TO_CLASS
-    keys = set(CONFIG_NAME_TO_CLASS) - {"general_config"}
-    return keys | set(CONFIG_NAME_TO_CLASS["general_config"].keys()) | set(EXTRA_TOP_LEVEL)
+def known_top_level(names):
+    """The top-level keys MindFormers (its config template, ``names``: ``mf/symbols.py``) or gpt_local reads."""
+    templates = names.CONFIG_NAME_TO_CLASS
+    keys = set(templates) - {"general_config"}
+    return keys | set(templates["general_config"].keys()) | set(EXTRA_TOP_LEVEL)
 
 
-def check_top_level(config):
+def check_top_level(config, names):
     """Every top-level key is one MindFormers or gpt_local reads (``runer_config:`` would train on defaults)."""
-    known = known_top_level()
+    known = known_top_level(names)
     for key in config:
         if key not in known:
             close = _suggest(key, known)
@@ -88,8 +92,8 @@ def _flag(where, value):
         raise ConfigError(f"{where} must be True or False, got {value!r}.")
 
 
-def check_runner(config):
-    from ..mf.symbols import RunnerConfig
+def check_runner(config, names):
+    RunnerConfig = names.RunnerConfig  # pylint: disable=invalid-name
     runner = config.get("runner_config") or {}
     for key in runner:
         if key not in RunnerConfig.keys():
@@ -102,9 +106,8 @@ def check_runner(config):
         _number("runner_config.stop_step", runner["stop_step"], 0, integer=True, allow_none=True)
 
 
-def _registered(kind):
-    from ..mf.symbols import MindFormerModuleType, MindFormerRegister
-    return MindFormerRegister.registry.get(getattr(MindFormerModuleType, kind), {})
+def _registered(kind, names):
+    return names.MindFormerRegister.registry.get(getattr(names.MindFormerModuleType, kind), {})
 
 
 def _parameters(cls):
@@ -126,9 +129,9 @@ def _parameters(cls):
     return named, open_ended
 
 
-def _check_typed(where, section, kind, what, skip=()):
+def _check_typed(where, section, kind, what, names, skip=()):
     """``section`` has a registered ``type`` (closest suggested) and keys its constructor takes."""
-    registry = _registered(kind)
+    registry = _registered(kind, names)
     kind_name = section.get("type")
     if not isinstance(kind_name, str) or not kind_name:
         raise ConfigError(f"{where}.type must name a MindFormers {what}, got {kind_name!r}.")
@@ -151,11 +154,11 @@ def _check_learning_rate(where, value):
     _number(where, value, 0, low_open=True)
 
 
-def check_optimizer(config):
+def check_optimizer(config, names):
     optimizer = config.get("optimizer")
     if not optimizer:
         return
-    _check_typed("optimizer", optimizer, "OPTIMIZER", "optimizer", skip=("params",))
+    _check_typed("optimizer", optimizer, "OPTIMIZER", "optimizer", names, skip=("params",))
     if "learning_rate" in optimizer:
         _check_learning_rate("optimizer.learning_rate", optimizer["learning_rate"])
     if "weight_decay" in optimizer:
@@ -172,11 +175,11 @@ def check_optimizer(config):
                 raise ConfigError(f"optimizer.betas must be a list of two numbers in [0, 1), got {betas!r}.")
 
 
-def check_lr_schedule(config):
+def check_lr_schedule(config, names):
     schedule = config.get("lr_schedule")
     if not schedule:
         return
-    _check_typed("lr_schedule", schedule, "LR", "learning-rate schedule")
+    _check_typed("lr_schedule", schedule, "LR", "learning-rate schedule", names)
     if "learning_rate" in schedule:
         _check_learning_rate("lr_schedule.learning_rate", schedule["learning_rate"])
     for key in ("lr_end", "warmup_lr_init"):
@@ -192,9 +195,9 @@ def check_lr_schedule(config):
         _number("lr_schedule.total_steps", schedule["total_steps"], 1, integer=True)
 
 
-def check_callbacks(config):
+def check_callbacks(config, names):
     for index, callback in enumerate(config.get("callbacks") or []):
-        name = _check_typed(f"callbacks[{index}]", callback, "CALLBACK", "callback")
+        name = _check_typed(f"callbacks[{index}]", callback, "CALLBACK", "callback", names)
         where = f"callbacks[{index}] ({name})"
         if "per_print_times" in callback:
             _number(f"{where}.per_print_times", callback["per_print_times"], 1, integer=True)
@@ -221,7 +224,7 @@ def check_context(config):
         raise ConfigError(f"context.max_device_memory must be a size like \"58GB\", got {memory!r}.")
 
 
-def check_parallel(config):
+def check_parallel(config, names):
     parallel = config.get("parallel") or {}
     try:
         from mindspore.parallel._auto_parallel_context import _set_auto_parallel_context_func_map as known
@@ -240,8 +243,7 @@ def check_parallel(config):
         if key in parallel:
             _flag(f"parallel.{key}", parallel[key])
     layout = config.get("parallel_config") or {}
-    from ..mf.symbols import TransformerOpParallelConfig
-    named, _ = _parameters(TransformerOpParallelConfig)
+    named, _ = _parameters(names.TransformerOpParallelConfig)
     for key in layout:
         if key not in named:
             _unknown("parallel_config", key, named, strict=False)
@@ -250,12 +252,12 @@ def check_parallel(config):
             _flag(f"parallel_config.{key}", layout[key])
 
 
-def check_sections(config):
-    """Every check above, in the order a reader meets the sections."""
-    check_top_level(config)
-    check_runner(config)
+def check_sections(config, names):
+    """Every check above, in the order a reader meets the sections; ``names``: MindFormers' (``mf/symbols.py``)."""
+    check_top_level(config, names)
+    check_runner(config, names)
     check_context(config)
-    check_parallel(config)
-    check_optimizer(config)
-    check_lr_schedule(config)
-    check_callbacks(config)
+    check_parallel(config, names)
+    check_optimizer(config, names)
+    check_lr_schedule(config, names)
+    check_callbacks(config, names)

@@ -1,11 +1,23 @@
-"""Shape buckets: the few widths (and batch sizes) compiled, so varied prompt lengths share graphs.
+"""Shape buckets: the few widths (and batch sizes) compiled, so varied prompt lengths share graphs; the greedy
+steps one call unrolls.
 
 Pure Python, one home for every user: ``runner.py`` (the runner's prefill widths: ``generate``),
 ``serve/scheduler.py`` (the server's prompt widths and batch sizes) and ``evaluation/harness.py`` (the scorer's
-widths, ``length_bucket``).
+widths, ``length_bucket``); ``greedy_steps`` (``runner.py`` ``GreedySteps``, ``native.py``).
 """
 
 SMALLEST_WIDTH = 16
+# The greedy graph (runner.py GreedySteps; the native runner's calls likewise): decode steps unrolled in one call, at
+# most GREEDY_STEPS_MAX, and steps x layers at most GREEDY_STEPS_BUDGET (more steps for shallow models, where a step
+# is mostly call overhead)
+GREEDY_STEPS_BUDGET = 32
+GREEDY_STEPS_MAX = 8
+
+
+def greedy_steps(num_layers):
+    """How many greedy decode steps one greedy call unrolls: ``GREEDY_STEPS_BUDGET`` // layers, between 1 and
+    ``GREEDY_STEPS_MAX``."""
+    return max(1, min(GREEDY_STEPS_MAX, GREEDY_STEPS_BUDGET // max(int(num_layers), 1)))
 
 
 def buckets(limit, start, factor, given=None, minimum=None):

@@ -4,10 +4,11 @@
 with slots and the logits column, ``compile`` (nothing to compile), ``batch_size``, ``max_length``, ``widths``,
 ``decode_steps``, the caches) and runs each call through ``gptlocal_decoder_step`` (``kernels/cpu_decoder.cc``:
 embedding, every layer of any layout the model builds, the final norm and the head of the asked rows, or only their
-argmax for greedy steps). The provider chooses it (``KernelProvider.runner``, op ``runner`` of ``cpu_kernels``) on
-CPU; the compiled graphs stay the reference it is tested against (``cpu_kernels: {runner: plain}``).
+argmax for greedy steps). ``runner.py`` ``runner_kind`` chooses it (op ``runner`` of ``cpu_kernels``) on CPU; the
+compiled graphs stay the reference it is tested against (``cpu_kernels: {runner: plain}``).
 
-What it holds: zero-copy numpy views of the model's Parameters (on CPU ``Parameter.asnumpy()`` shares the
+What it reads of the model: its ``Description`` (``model/describe.py``; nothing of ``model/`` is imported here). What
+it holds: zero-copy numpy views of the model's Parameters (on CPU ``Parameter.asnumpy()`` shares the
 Parameter's host buffer; bfloat16 ones viewed as their uint16 bits), taken when the runner is made and described to
 the library once (``DecoderModel``, one ``DecoderLayer`` a layer: ctypes structs of pointers, ``kernels/table.py``);
 its KV cache as two numpy arrays [layers, slots, G, max_length, D] float32 (each layer's [slots, G, L, D] block
@@ -29,8 +30,7 @@ from ..kernels.aot import kernel_threads
 from ..kernels.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
 from ..kernels.linear import precision_code
 from ..kernels.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel
-from ..model.gpt import mlp_form
-from .buckets import width_buckets
+from .buckets import greedy_steps, width_buckets
 
 PREFILL_ROWS = 512  # token rows a call at most: a longer prefill runs as several calls of its columns (chunks)
 
@@ -59,13 +59,13 @@ def _held(param):
 
 
 class NativeRunner:
-    """Prefill, one-token decode and greedy decode of ``causal_lm`` over a cache of ``batch_size`` slots x
-    ``max_length`` rows, as one library call a step; logits come back as numpy float32 [B, V]. ``layers``: each
-    layer's ``DecodeLayerFacts`` (what the provider chose this runner from)."""
+    """Prefill, one-token decode and greedy decode of the model ``description`` tells of (``model/describe.py``
+    ``Description``) over a cache of ``batch_size`` slots x ``max_length`` rows, as one library call a step; logits
+    come back as numpy float32 [B, V]."""
 
     fresh_kernel = False  # no separate prefill graph: every call attends over the cache (ModelRunner's attribute)
 
-    def __init__(self, causal_lm, batch_size, max_length, layers):
+    def __init__(self, description, batch_size, max_length):
         path, reason = build.library()
         if path is None:
             raise NativeError(f"the native runner needs the kernel library: {reason}")
@@ -74,17 +74,17 @@ class NativeRunner:
         self.lib.gptlocal_decoder_step.argtypes = [ctypes.c_void_p] * 4
         self.lib.gptlocal_decoder_workspace.restype = ctypes.c_int64
         self.lib.gptlocal_decoder_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        self.lm = causal_lm
+        self.description = description
         self.path = path
         self.batch_size = batch_size
         self.max_length = max_length
         self.widths = width_buckets(max_length)
-        arch = causal_lm.config.arch
-        self.arch = arch
-        self.num_groups = arch.groups
-        self.decode_steps = causal_lm.model.kernels.greedy_steps(arch.num_hidden_layers)
-        self.weights = layers[0].linears  # "float32", "bfloat16" or "int8": one kind (the provider's check)
-        shape = (arch.num_hidden_layers, batch_size, arch.groups, max_length, arch.head_dim)
+        self.num_groups = description.groups
+        self.vocab = description.vocab
+        self.decode_steps = greedy_steps(len(description.layers))
+        # "float32", "bfloat16" or "int8": one kind (runner.py runner_kind's check)
+        self.weights = description.layer_facts[0].linears
+        shape = (len(description.layers), batch_size, description.groups, max_length, description.head_dim)
         self.keys = np.zeros(shape, np.float32)  # calloc: pages mapped as rows are written
         self.values = np.zeros(shape, np.float32)
         self.rows = max(PREFILL_ROWS, batch_size)  # token rows a call at most
@@ -95,13 +95,15 @@ class NativeRunner:
                                   length=max_length)
         self.work = np.empty(self.lib.gptlocal_decoder_workspace(ctypes.byref(self.model), self.rows, batch_size),
                              np.uint8)
-        self.logits = np.empty((batch_size, arch.vocab_size), np.float32)
+        self.logits = np.empty((batch_size, self.vocab), np.float32)
         self.tokens = np.empty(batch_size, np.int32)
         self.failed_layer = np.full(1, -1, np.int32)  # where a failed call names its layer
 
     # --- what the library is told, once ------------------------------------------------------------
     def _view(self, param, want=None):
-        """The address of ``param``'s buffer (kept referenced here), checked to be of kind ``want``."""
+        """The address of ``param``'s buffer (kept referenced here), checked to be of kind ``want``; None for None."""
+        if param is None:
+            return None
         array, kind = _held(param)
         if want is not None and kind != want:
             raise NativeError(f"{param.name}: {kind}, the runner expects {want}")
@@ -110,70 +112,46 @@ class NativeRunner:
         return array.ctypes.data
 
     def _linear(self, linear):
-        """(weight, scales or None, bias or None) addresses of one Linear (an int8 model's QuantLinear: its scales)."""
-        weight = self._view(linear.weight, self.weights)
-        scale = self._view(linear.weight_scale, "float32") if self.weights == "int8" else None
-        bias = self._view(linear.bias, "float32") if linear.has_bias else None
-        return weight, scale, bias
+        """(weight, scales or None, bias or None) addresses of one Linear (``describe.LinearParams``)."""
+        return self._view(linear.weight, self.weights), self._view(linear.scale, "float32"), \
+            self._view(linear.bias, "float32")
 
     def _norm(self, norm):
-        return self._view(norm.weight, "float32"), (None if self.arch.rmsnorm else self._view(norm.bias, "float32"))
+        return self._view(norm.weight, "float32"), self._view(norm.bias, "float32")
 
     def _describe(self):
-        """The ``DecoderModel`` and ``DecoderLayer`` structs from the model's Parameters as they are now, and the rope
-        tables."""
-        lm, arch = self.lm, self.arch
+        """The ``DecoderModel`` and ``DecoderLayer`` structs from the model's Parameters as they are now (its
+        ``Description``), and the rope tables."""
+        d = self.description
         self._views, self._arrays = [], []
-        embedding = lm.model.embedding
-        words, words_kind = _held(embedding.word_embeddings)
-        words = self._view(embedding.word_embeddings)
-        words_scale = self._view(embedding.word_embeddings_scale, "float32") if words_kind == "int8" else None
-        positions = self._view(embedding.position_embeddings, "float32") if arch.learned_positions else None
-        if lm.untied:
-            head_param = lm.output_layer.weight
-            head_scale = self._view(lm.output_layer.weight_scale, "float32") if _held(head_param)[1] == "int8" \
-                else None
-        else:  # a tied head: the token table (int8 with its scales; bfloat16 in a bf16 inference build)
-            head_param = embedding.word_embeddings
-            head_scale = words_scale
-        head_kind = _held(head_param)[1]
-        head = self._view(head_param)
-        final_weight, final_bias = self._norm(lm.model.final_layernorm)
-        kernels = lm.model.kernels
-        if self.weights == "bfloat16" or (self.weights == "float32" and kernels.gemm_dtype == "bfloat16"):
+        words_kind, head_kind = _held(d.words)[1], _held(d.head)[1]
+        final_weight, final_bias = self._norm(d.final_norm)
+        if self.weights == "bfloat16" or (self.weights == "float32" and d.kernels.gemm_dtype == "bfloat16"):
             precision = precision_code(self.path, "bfloat16")
         else:
             precision = 0
         self.model = DecoderModel(
-            hidden=arch.hidden_size, heads=arch.num_attention_heads, groups=arch.groups, head_dim=arch.head_dim,
-            inter=arch.inter, vocab=arch.vocab_size, layers=arch.num_hidden_layers,
-            norm=NormKind.RMS_NORM if arch.rmsnorm else NormKind.LAYER_NORM, rotary_dim=arch.rotary_dim,
-            form=name_of(MlpForm, mlp_form(arch)), parallel_residual=int(arch.parallel_residual),
-            weights=name_of(WeightKind, self.weights), precision=precision, threads=kernel_threads(),
-            max_positions=arch.max_position_embeddings if arch.learned_positions else 0, words_kind=name_of(WeightKind, words_kind),
-            head_kind=name_of(WeightKind, head_kind), epsilon=lm.config.layernorm_epsilon, words=words, words_scale=words_scale,
-            positions=positions, final_weight=final_weight, final_bias=final_bias, head=head, head_scale=head_scale)
-        layers = DecoderLayer.array(arch.num_hidden_layers)
-        for struct, block in zip(layers, lm.model.layers):
-            attention, mlp = block.attention, block.mlp
-            struct.scale = attention.plain.scale
-            struct.norm1_weight, struct.norm1_bias = self._norm(block.input_layernorm)
-            struct.norm2_weight, struct.norm2_bias = self._norm(block.post_attention_layernorm)
-            struct.qkv, struct.qkv_scale, struct.qkv_bias = self._linear(attention.linear_qkv)
-            struct.proj, struct.proj_scale, struct.proj_bias = self._linear(attention.linear_proj)
-            struct.fc1, struct.fc1_scale, struct.fc1_bias = self._linear(mlp.linear_fc1)
-            if arch.gated:
-                struct.gate, struct.gate_scale, struct.gate_bias = self._linear(mlp.linear_gate)
-            struct.fc2, struct.fc2_scale, struct.fc2_bias = self._linear(mlp.linear_fc2)
+            hidden=d.hidden, heads=d.heads, groups=d.groups, head_dim=d.head_dim, inter=d.inter, vocab=d.vocab,
+            layers=len(d.layers), norm=NormKind.RMS_NORM if d.rmsnorm else NormKind.LAYER_NORM, rotary_dim=d.rotary_dim, form=name_of(MlpForm, d.mlp_form),
+            parallel_residual=int(d.parallel_residual), weights=name_of(WeightKind, self.weights), precision=precision,
+            threads=kernel_threads(), max_positions=d.max_positions, words_kind=name_of(WeightKind, words_kind),
+            head_kind=name_of(WeightKind, head_kind), epsilon=d.epsilon, words=self._view(d.words),
+            words_scale=self._view(d.words_scale, "float32"), positions=self._view(d.positions, "float32"),
+            final_weight=final_weight, final_bias=final_bias, head=self._view(d.head),
+            head_scale=self._view(d.head_scale, "float32"))
+        layers = DecoderLayer.array(len(d.layers))
+        for struct, layer in zip(layers, d.layers):
+            struct.scale = layer.scale
+            struct.norm1_weight, struct.norm1_bias = self._norm(layer.norm1)
+            struct.norm2_weight, struct.norm2_bias = self._norm(layer.norm2)
+            struct.qkv, struct.qkv_scale, struct.qkv_bias = self._linear(layer.qkv)
+            struct.proj, struct.proj_scale, struct.proj_bias = self._linear(layer.proj)
+            struct.fc1, struct.fc1_scale, struct.fc1_bias = self._linear(layer.fc1)
+            if layer.gate is not None:
+                struct.gate, struct.gate_scale, struct.gate_bias = self._linear(layer.gate)
+            struct.fc2, struct.fc2_scale, struct.fc2_bias = self._linear(layer.fc2)
         self.layer_structs = layers
-        self.cos = self.sin = None
-        if arch.rotary_dim:  # RotaryEmbedding's angles, in float32 as it computes them, by position
-            exponent = np.arange(0, arch.rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(
-                arch.rotary_dim)
-            inv_freq = (np.float32(1.0) / (np.float32(arch.rotary_base) ** exponent)).astype(np.float32)
-            freqs = np.arange(self.max_length, dtype=np.int32).astype(np.float32)[:, None] * inv_freq[None, :]
-            angles = np.concatenate((freqs, freqs), -1)
-            self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        self.cos, self.sin = d.rope(self.max_length)
 
     def _current(self):
         """True while every Parameter still holds the buffer the structs point at (``data_ptr``: ~0.3 us a
@@ -224,7 +202,7 @@ class NativeRunner:
         if width <= columns:
             self._call(ids, positions, slots, last)
             return self.logits[:batch].copy()
-        out = np.empty((batch, self.arch.vocab_size), np.float32)
+        out = np.empty((batch, self.vocab), np.float32)
         for start in range(0, width, columns):
             stop = min(width, start + columns)
             here = (last >= start) & (last < stop)
@@ -267,7 +245,7 @@ class NativeRunner:
         slots = np.arange(batch, dtype=np.int32)
         last = np.zeros(batch, np.int32)
         picks = np.empty((batch, self.decode_steps), np.int32)
-        seen = np.empty((batch, self.decode_steps, self.arch.vocab_size), np.float32) if with_logits else None
+        seen = np.empty((batch, self.decode_steps, self.vocab), np.float32) if with_logits else None
         ids = tokens[:, None].copy()
         for step in range(self.decode_steps):
             where = np.minimum(positions + step, self.max_length - 1).astype(np.int32)[:, None]

@@ -1,21 +1,25 @@
 """The model runner: the compiled graphs that run a causal LM over its KV cache, and their compile cache; which runner a
 model gets (``runner_for``: this compiled one, or the native one of ``native.py``).
 
-A ``ModelRunner`` holds one ``model/kv_cache.py`` ``KVCache`` (storage: ``batch_size`` slots x ``max_length``
-rows) and the two Cells compiled over it:
+What it reads of the model is its ``Description`` (``model/describe.py``; ``runtime/`` imports nothing of ``model/``),
+made once per model when ``GPTLocalForCausalLM.kv_cache`` first asks (``runner_for``), and the model's own forward
+(``CachedForward`` calls it).
+
+A ``ModelRunner`` holds one ``model/kv_cache.py`` ``KVCache`` (``Description.new_cache``; storage: ``batch_size`` slots
+x ``max_length`` rows) and the two Cells compiled over it:
 
 * ``CachedForward``: the model's one forward pass (``GPTLocalModel.construct``) with the cache, next-token logits
   [B, V] of one chosen position per row. Its inputs are the token ids, positions, the rows' cache slots and which
   position's logits to return: a prompt's prefill ([B, W], W a width bucket: ``buckets.width_buckets``, powers of
   two from 16 up to the cache length), a one-token decode step ([B, 1]), the server's prefill chunks and refills.
   A prefill into empty rows runs as a ``fresh_prefill`` call where every layer has the fused CPU attention kernel
-  (``GPTLocalModel.fused_prefill``, the provider's ``fresh_prefill``; ``KVCacheFusedPrefill``: causal attention over
+  (``Description.fresh_prefill``, the provider's ``fresh_prefill``; ``KVCacheFusedPrefill``: causal attention over
   the W prompt rows only); ``step`` is the plain path and the reference (attention over all L rows, rows past each
   position masked): the same logits.
   In a one-token step each GPT-2 layer runs as one CPU kernel node where the model built it
   (``GPTLocalBlock.decode_step``, ``kernels/decode_layer.py``): nothing here changes for it.
 * ``GreedySteps``: ``decode_steps`` greedy decode steps unrolled in ONE graph over the rows' slots (how many: the
-  model's provider, ``KernelProvider.greedy_steps``), the argmax on the device and only the [B, k] token ids coming
+  layers, ``buckets.greedy_steps``), the argmax on the device and only the [B, k] token ids coming
   back (``decode_greedy``, generate's greedy path).
 
 Every call goes through the model's compile cache where it has one (``graph_cache.cached_call``) and runs compiled
@@ -24,18 +28,17 @@ whatever MindSpore's global mode (``compiled``: a PyNative caller's, MindSpore's
 length): the cache length is rounded up to ``CACHE_BUCKET`` rows so nearby lengths share graphs, and
 ``RunnerPool`` keeps the runners of the ``kept`` most recently used shapes (``GPTLocalForCausalLM.kv_cache``).
 
-Which runner: the model's provider decides once per model (``KernelProvider.runner`` from each built layer's facts,
-``GPTLocalModel.runner_facts``; op ``runner`` of ``cpu_kernels``): on CPU the native runner (``native.py``: the
-forward as one C++ call a step, no graph) wherever its C++ layer computes the model's layers, else these compiled
-graphs (``cpu_kernels: {runner: plain}`` or ``plain``: the reference; LoRA, adapters, prefix tuning; other
-backends). ``RunnerPool.kind`` says which.
+Which runner: ``runner_kind``, once per model, from each built layer's facts (``Description.layer_facts``) and the
+model's provider (op ``runner`` of ``cpu_kernels``, the kernels it built, ``layer_computes``): on CPU the native runner
+(``native.py``: the forward as one C++ call a step, no graph) wherever its C++ layer computes the model's layers, else
+these compiled graphs (``cpu_kernels: {runner: plain}`` or ``plain``: the reference; LoRA, adapters, prefix tuning;
+other backends). ``RunnerPool.kind`` says which.
 """
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
-from ..model.kv_cache import KVCache
-from .buckets import bucket_of, width_buckets
+from .buckets import bucket_of, greedy_steps, width_buckets
 from .graph_cache import cached_call
 
 CACHE_BUCKET = 64
@@ -61,27 +64,47 @@ def cache_length(needed, limit, bucket=CACHE_BUCKET):
     return min(limit, -(-needed // bucket) * bucket)
 
 
-def runner_for(causal_lm, batch_size, needed_length):
+def runner_for(causal_lm, batch_size, needed_length, describe):
     """The model's runner (``ModelRunner``, or on CPU the native one: ``RunnerPool.kind``) for ``batch_size``
-    sequences of up to ``needed_length`` tokens (its pool, made on first use; ``GPTLocalForCausalLM.kv_cache`` calls
-    this)."""
+    sequences of up to ``needed_length`` tokens (its pool, made on first use with ``describe(causal_lm)``, the
+    model's ``Description``; ``GPTLocalForCausalLM.kv_cache`` calls this)."""
     pool = causal_lm.__dict__.get("_kv_caches")
     if pool is None:
-        pool = causal_lm._kv_caches = RunnerPool(causal_lm, KEPT)  # pylint: disable=protected-access
+        pool = RunnerPool(causal_lm, describe(causal_lm), KEPT)
+        causal_lm._kv_caches = pool  # pylint: disable=protected-access
     return pool.get(batch_size, needed_length)
+
+
+def runner_kind(kernels, layers):
+    """Which runner ``generate``, ``chat``, ``serve`` and eval's generation run: "native" (``native.py``: the forward
+    as one C++ call a step, no graph) or "compiled" (the compiled prefill / decode / greedy graphs). ``kernels``: the
+    model's ``KernelProvider``; ``layers``: each built layer's ``DecodeLayerFacts``. Native on CPU under ``runner:
+    auto`` or ``kernel`` (``cpu_kernels``), one rank, float32 compute, every layer one the C++ layer computes
+    (``KernelProvider.layer_computes``: LayerDrop is an identity there), its Linears holding the weights the provider
+    builds (bfloat16 where ``bf16_weights``; float32 or int8 otherwise) and the library built; else compiled
+    (``plain``: the reference; LoRA, adapters, prefix tuning, float16 models, other backends)."""
+    if not kernels.uses("runner") or not layers:
+        return "compiled"
+    held = ("bfloat16",) if kernels.bf16_weights else ("float32", "int8")
+    for facts in layers:
+        if kernels.graph_dtype(facts.compute_dtype) != "float32" or not kernels.layer_computes(facts) or \
+                facts.linears not in held:
+            return "compiled"
+    from ..kernels import build  # pylint: disable=import-outside-toplevel
+    return "native" if build.library()[0] is not None else "compiled"
 
 
 class RunnerPool:
     """The runners of one model, one per (batch size, cache length), the ``kept`` most recently used: each shape
-    compiles once and stays compiled while it is in use. ``kind``: "native" or "compiled", the provider's choice
-    (``KernelProvider.runner``), made once here."""
+    compiles once and stays compiled while it is in use. ``kind``: "native" or "compiled" (``runner_kind``), chosen
+    once here from the model's ``description``."""
 
-    def __init__(self, causal_lm, kept):
+    def __init__(self, causal_lm, description, kept):
         self.causal_lm = causal_lm
+        self.description = description
         self.kept = kept
         self.caches = {}  # (batch, length) -> ModelRunner or NativeRunner, least recently used first
-        self.layers = causal_lm.model.runner_facts()
-        self.kind = causal_lm.model.kernels.runner(self.layers)
+        self.kind = runner_kind(description.kernels, description.layer_facts)
 
     def get(self, batch_size, needed_length):
         """The runner for ``batch_size`` sequences of up to ``needed_length`` tokens (``cache_length``)."""
@@ -96,8 +119,8 @@ class RunnerPool:
     def _make(self, batch_size, max_length):
         if self.kind == "native":
             from .native import NativeRunner  # pylint: disable=import-outside-toplevel
-            return NativeRunner(self.causal_lm, batch_size, max_length, self.layers)
-        return ModelRunner(self.causal_lm, batch_size, max_length)
+            return NativeRunner(self.description, batch_size, max_length)
+        return ModelRunner(self.causal_lm, self.description, batch_size, max_length)
 
     def clear(self):
         self.caches.clear()
@@ -166,20 +189,19 @@ class ModelRunner:
     """Prefill, one-token decode and greedy multi-step decode of ``causal_lm`` over a cache of ``batch_size``
     slots x ``max_length`` rows, on host arrays; logits come back as numpy float32 [B, V]."""
 
-    def __init__(self, causal_lm, batch_size, max_length):
+    def __init__(self, causal_lm, description, batch_size, max_length):
         self.lm = causal_lm
-        self.cache = KVCache(causal_lm.config, batch_size, max_length, causal_lm.compute_dtype)
+        self.cache = description.new_cache(batch_size, max_length)
         self.forward = CachedForward(causal_lm, self.cache)
         self.batch_size = batch_size
         self.max_length = max_length
         self.widths = width_buckets(max_length)
-        kernels = causal_lm.model.kernels  # the model's provider: how many steps a greedy graph unrolls
-        self.decode_steps = kernels.greedy_steps(causal_lm.config.arch.num_hidden_layers)
+        self.decode_steps = greedy_steps(len(description.layers))  # how many steps a greedy graph unrolls
         self._greedy = {}  # with_logits -> GreedySteps
         # the prefill runs the fused CPU attention kernel over the prompt where the model built it in every layer
-        # (the kernel provider's choice, kernels/provider.py; never with prefix tuning): GPTLocalModel.fused_prefill;
+        # (the kernel provider's choice, kernels/provider.py; never with prefix tuning): Description.fresh_prefill;
         # the prefill's call is picked here
-        self.fresh_kernel = causal_lm.model.fused_prefill()
+        self.fresh_kernel = description.fresh_prefill
         self._prefill_call = self._prefill_fresh_graph if self.fresh_kernel else self._prefill_step
 
     # the storage, for callers that read it

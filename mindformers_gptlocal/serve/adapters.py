@@ -5,7 +5,7 @@ An adapter directory is what a LoRA finetune writes (a model directory whose con
 and whose model.safetensors holds ``*.lora_a`` / ``*.lora_b``), or a checkpoint of such a run: read by
 ``checkpoint/lora.py`` exactly as ``gptlocal lora merge`` reads it, so a served adapter computes what the
 merged model computes (W + alpha/r B A; only the adapter tensors are taken, the directory's other weights
-are not). Adapters may differ in rank, alpha and target Linears (``peft/lora_cells.py`` ``MultiLoRALinear`` pads
+are not). Adapters may differ in rank, alpha and target Linears (``model/lora_cells.py`` ``MultiLoRALinear`` pads
 ranks with zeros); they must fit the base: the same architecture keys in config.json, the same tokenizer,
 and every A/B pair the shape of the base Linear it updates. Each refusal is one ConfigError naming the
 adapter and what differs.

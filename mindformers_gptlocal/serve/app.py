@@ -102,8 +102,8 @@ def bind_port(host, port):
 
 
 def load_tokenizer(model_dir):
-    """(tokenizers.Tokenizer or None, chat template or None) from the model directory (``runtime/loader.py``)."""
-    from ..runtime.loader import read_tokenizer
+    """(tokenizers.Tokenizer or None, chat template or None) from the model directory (``model/loader.py``)."""
+    from ..model.loader import read_tokenizer
     return read_tokenizer(model_dir)
 
 
@@ -395,7 +395,7 @@ def serve(options):
     """``gptlocal serve``: start the engine (load + warm-up on its thread) and uvicorn; blocks until stopped."""
     import uvicorn
     from ..errors import ConfigError
-    from ..runtime.loader import check_model_dir
+    from ..model.loader import check_model_dir
     model_dir = options.model
     for key in ("max_batch_size", "max_queue", "max_request_bytes", "warmup_tokens"):
         if getattr(options, key) < 1:

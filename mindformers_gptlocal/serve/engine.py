@@ -3,7 +3,7 @@
 Each iteration is ONE compiled call: the scheduler (``serve/scheduler.py``) says which tokens of which requests
 it runs (a ``ScheduledCall``), the engine builds the call's arrays and runs it on the model's ``ModelRunner``
 (``runtime/runner.py``: the KV cache and its compiled graphs), and the scheduler takes the logits (sampling,
-detokenizing, finishing requests). The model comes from the runtime's one loader (``runtime/loader.py``).
+detokenizing, finishing requests). The model comes from the runtime's one loader (``model/loader.py``).
 
 Compiled shapes: the prefill (or refill) shapes x the batch buckets' decode width 1, one cache length
 (max_model_len: a sequence stays in its slot for its whole life, other lengths would mean copying caches between
@@ -58,7 +58,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.adapters = adapters or []  # [(name, {Linear path: (A, B)}, alpha / r)]: serve/adapters.py
         self.adapter_names = [name for name, _, _ in self.adapters]  # Request.adapter k is adapter_names[k - 1]
-        self.lora = None  # peft/lora_cells.py MultiLoRA once loaded with adapters
+        self.lora = None  # model/lora_cells.py MultiLoRA once loaded with adapters
         self.scheduler = Scheduler(max_batch_size, max_queue, self.batches,
                                    tokenizer.decode if tokenizer is not None else None)
         self.stats = self.scheduler.stats
@@ -115,11 +115,11 @@ class Engine:
             self.step()
 
     def _load(self):
-        from ..runtime.loader import load_model
+        from ..model.loader import load_model
         start = time.perf_counter()
         spec = None
         if self.adapters:  # MultiLoRALinears built with the model, on its own base weights
-            from ..peft.lora_cells import MultiLoRASpec
+            from ..model.lora_cells import MultiLoRASpec
             spec = MultiLoRASpec(self.adapters, self.max_batch_size)
         days, max_mb = self.compile_cache_bounds
         self.model = load_model(self.model_dir, self.device_target, self.compile_cache, cache_days=days,

@@ -1,16 +1,15 @@
-"""Training callbacks: tokens/s progress, eval progress, and a model directory at the end.
+"""Training callbacks: tokens/s progress and eval progress.
 
 MindSpore ``Callback``s, registered with MindFormers by ``mf/registry.py``; a YAML ``callbacks:`` list names them by
-``type``.
+``type``. The model directory at the end (``GPTLocalSaveModelDir``, which reads MindFormers' output folder and rank)
+is in ``mf/registry.py``.
 """
-import os
 import sys
 import time
 
 import numpy as np
 from mindspore.train.callback import Callback
 
-from ..model.weights import save_model_dir
 from . import stop
 
 
@@ -187,42 +186,3 @@ class GPTLocalEvalProgress(Callback):
             eta = f"  ETA {format_seconds((total - step) / rate)}" if rate and step < total else ""
             self.stream.write(f"[gptlocal] eval batch {step}/{total}{tokens}{eta}\n")
             self.stream.flush()
-
-
-class GPTLocalSaveModelDir(Callback):
-    """At the end of training, rank 0 writes ``<output_dir>/<subdir>``: config.json, model.safetensors and
-    the tokenizer files of ``tokenizer_dir``: a directory ``from_pretrained``, eval and predict load directly.
-
-    Single-card and data-parallel runs only: under pipeline or tensor parallel a rank holds a slice.
-    """
-
-    def __init__(self, subdir="model", tokenizer_dir=None):
-        super().__init__()
-        self.subdir = subdir
-        self.tokenizer_dir = tokenizer_dir
-
-    def on_train_end(self, run_context):
-        from ..mf.symbols import get_output_root_path, get_real_rank
-        if stop.stopped():
-            return  # stopped by a signal: the checkpoint resumes it; the model directory comes at the real end
-        if get_real_rank() != 0:
-            return  # data-parallel ranks hold the same weights; one writer avoids a race
-        import mindspore as ms
-        if ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel"):
-            print("[gptlocal] GPTLocalSaveModelDir skipped: under tensor/pipeline parallel each rank holds a "
-                  "slice; use the CheckpointMonitor output and MindFormers' checkpoint merge.", flush=True)
-            return
-        network = run_context.original_args().train_network
-        model = _find_causal_lm(network)
-        out = os.path.join(get_output_root_path(), self.subdir)
-        save_model_dir(model, out, self.tokenizer_dir)
-        print(f"[gptlocal] model directory written: {out}", flush=True)
-
-
-def _find_causal_lm(network):
-    # imported here, not at the top: mf/registration.py imports this module before model.gpt
-    from ..model.gpt import GPTLocalForCausalLM
-    for _, cell in network.cells_and_names():
-        if isinstance(cell, GPTLocalForCausalLM):
-            return cell
-    raise RuntimeError("no GPTLocalForCausalLM inside the train network")

@@ -17,6 +17,12 @@ _reduce_sum = ops.ReduceSum()
 _is_finite = ops.IsFinite()
 
 
+def isfinite_overflow(device_target):
+    """True where the train step decides overflow from the gradients being finite (CPU and GPU); False on Ascend,
+    whose float-status kernels MindFormers' own check reads."""
+    return device_target != "Ascend"
+
+
 def fp32(x):
     """``x`` in float32 (fp16 squares overflow above 256)."""
     if x.dtype != mstype.float32:

@@ -32,7 +32,7 @@ def _evil(path, marker):
 
 def test_training_routes_refuse_a_pickle_checkpoint(tmp_path, corpus):
     from mindformers_gptlocal.cli.launcher import load_config
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     marker = tmp_path / "pwned"
     model_dir = tmp_path / "model"
     model_dir.mkdir()

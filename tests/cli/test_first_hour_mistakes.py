@@ -101,7 +101,7 @@ def test_a_missing_dataset_file_is_named_missing(tmp_path, corpus, capsys, monke
 def test_config_json_check_reads_only_what_is_there(tmp_path):
     """The check passes a good config.json and a folder without one (the other checks name that)."""
     from mindformers_gptlocal.errors import ConfigError
-    from mindformers_gptlocal.runtime.loader import check_config_json
+    from mindformers_gptlocal.model.loader import check_config_json
     check_config_json(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_local"}))
     check_config_json(str(tmp_path))

@@ -225,7 +225,7 @@ def test_preflight_names_a_bad_record_and_a_seq_length_mismatch(corpus, tmp_path
     monkeypatch.chdir(tmp_path)  # the YAML's relative paths (./runs/quickstart/...) must not meet a local run
     from mindformers_gptlocal.cli.launcher import load_config
     from mindformers_gptlocal.errors import GPTLocalError
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     data = _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "a"},
                                                           {"role": "assistant", "content": "b"}]},
                                             {"messages": [{"role": "user", "content": "a"}]}])

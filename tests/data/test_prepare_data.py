@@ -211,3 +211,17 @@ def test_a_tokenizer_that_splits_otherwise_gets_whole_documents():
     changed = tokenizer()
     changed.add_special_tokens([AddedToken("<sep>", lstrip=True)])
     assert not splits_alike(changed)
+
+
+def test_megatron_files_equal_mindformers_builders(tmp_path):
+    """write_megatron (no MindFormers import) writes byte for byte what MindFormers' IndexedDatasetBuilder writes."""
+    from mindformers.dataset.blended_datasets.indexed_dataset import IndexedDatasetBuilder
+    from mindformers_gptlocal.data.prepare import write_megatron
+    docs = [np.arange(7, dtype=np.int32), np.array([5], np.int32), np.arange(300, 1301, dtype=np.int32)]
+    write_megatron(str(tmp_path / "ours"), docs)
+    builder = IndexedDatasetBuilder(str(tmp_path / "theirs.bin"), dtype=np.int32)
+    for doc in docs:
+        builder.add_document(doc, [len(doc)])
+    builder.finalize(str(tmp_path / "theirs.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours{suffix}").read_bytes() == (tmp_path / f"theirs{suffix}").read_bytes(), suffix

@@ -68,7 +68,7 @@ def _preflight(world, tmp_path, name, args=(), sources=None, **changes):
     Returns the log lines."""
     from mindformers_gptlocal import yaml_io
     from mindformers_gptlocal.cli.launcher import load_config
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     path = tiny_yaml(tmp_path, name, **changes)
     config = yaml_io.load_yaml(path)
     for section in ("train_dataset", "eval_dataset"):

@@ -102,7 +102,7 @@ def _mutate_text(text, how, rng):
 def _preflight(yaml_path):
     """What the launcher runs before set_output_path / build_context."""
     from mindformers_gptlocal.cli.launcher import load_config, check_model_section
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     config = load_config(["--config", yaml_path])
     check_model_section(config)
     preflight(config, log=lambda _: None)

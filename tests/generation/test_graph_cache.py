@@ -88,6 +88,7 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
     import mindspore as ms
     from mindformers_gptlocal.runtime import graph_cache
     from mindformers_gptlocal.runtime.graph_cache import GraphCache
+    from mindformers_gptlocal.model.describe import describe
     from mindformers_gptlocal.runtime.runner import ModelRunner, GreedySteps, prefill_inputs, step_inputs
     cache = GraphCache(tmp_path, salt="a")
     model, twin = tiny_model(), tiny_model()
@@ -99,7 +100,7 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
         return step_inputs(ids, positions, lengths - 1) + (fresh,)
 
     def forward(lm, batch, length):
-        return ModelRunner(lm, batch, length).forward
+        return ModelRunner(lm, describe(lm), batch, length).forward
 
     base = cache.key(forward(model, 2, 64), prefill_args(2))
     assert base == cache.key(forward(twin, 2, 64), prefill_args(2))  # an equal model, other weights: a hit
@@ -128,7 +129,7 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
     # is the salt)
     monkeypatch.setenv("GPTLOCAL_API_KEY", "not the graph's")
     assert cache.key(forward(model, 2, 64), prefill_args(2)) == base
-    runner = ModelRunner(model, 2, 64)
+    runner = ModelRunner(model, describe(model), 2, 64)
     tokens = (ms.Tensor(np.zeros((2, 1), np.int32)), ms.Tensor(np.zeros((2, 1), np.int32)),
               ms.Tensor(np.arange(2, dtype=np.int32)))
     steps = {n: cache.key(GreedySteps(runner.forward, n), tokens) for n in (4, 8)}

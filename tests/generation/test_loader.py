@@ -1,4 +1,4 @@
-"""runtime/loader.py, the one loader of generate, chat, eval and serve, and ``from_pretrained``: a model directory
+"""model/loader.py, the one loader of generate, chat, eval and serve, and ``from_pretrained``: a model directory
 without weights (prepare-data's model folder: a config and a tokenizer) is refused with one line naming the
 folder and what it lacks (on the CLI ``gptlocal COMMAND: error: ...``, exit 2); a random model is asked for
 explicitly (``random_init=True``)."""
@@ -52,7 +52,7 @@ def test_commands_refuse_a_folder_without_weights_in_one_line(dirs, command, cap
 
 def test_check_model_dir_names_the_folder_and_what_it_lacks(dirs, tmp_path):
     from mindformers_gptlocal.errors import ConfigError, DataError
-    from mindformers_gptlocal.runtime.loader import check_model_dir
+    from mindformers_gptlocal.model.loader import check_model_dir
     full, _ = dirs
     check_model_dir(full)
     with pytest.raises(ConfigError, match="--model .*nowhere does not exist, so it is not a model directory"):

@@ -192,7 +192,7 @@ def test_the_servers_calls(layout, graph_mode):  # pylint: disable=unused-argume
 
 def test_a_call_longer_than_its_rows_runs_as_column_chunks(graph_mode):  # pylint: disable=unused-argument
     native, _ = models("llama")
-    whole, chunked = native.kv_cache(2, 64), NativeRunner(native, 2, 64, native._kv_caches.layers)
+    whole, chunked = native.kv_cache(2, 64), NativeRunner(native._kv_caches.description, 2, 64)
     chunked.rows = 6  # 3 columns of 2 rows a call
     prompts = [list(range(3, 20)), list(range(40, 51))]
     close(chunked.prefill(prompts), whole.prefill(prompts), "prefill in chunks")

@@ -13,7 +13,7 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels import lora_dropout
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.dropout import CounterDropout, lora_dropout_site
-from mindformers_gptlocal.peft.lora_cells import LoRALinear
+from mindformers_gptlocal.model.lora_cells import LoRALinear
 from mindformers_gptlocal.peft.lora import LoraSpec
 from conftest import TINY
 

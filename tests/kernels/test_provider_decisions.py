@@ -1,7 +1,7 @@
-"""The provider decides each op's implementation, eligibility included (issue 50): the questions a layer, the train
-step or the runner asks it once at build (kernels/provider.py ``decode_layer_for``, ``fused_attention``,
-``bias_gelu`` / ``gemm_epilogue``, ``epilogue_residual``, ``flash_attention``, ``lora_dropout``, ``adamw_update``,
-``grad_clip``, ``isfinite_overflow``, ``fresh_prefill``, ``greedy_steps``, ``runner``, ``plain_matmul``), each answer
+"""The provider decides each op's implementation, eligibility included (issue 50): the questions a layer, the train step
+or the runner asks it once at build (kernels/provider.py ``decode_layer_for``, ``fused_attention``, ``bias_gelu`` /
+``gemm_epilogue``, ``epilogue_residual``, ``flash_attention``, ``lora_dropout``, ``adamw_update``, ``grad_clip``,
+``fresh_prefill``, ``plain_matmul``; and the runtime's ``runner_kind`` and ``greedy_steps`` over it), each answer
 against the rule it states, one fact changed at a time. The values of the Cells they give: the kernels' own tests."""
 import warnings
 
@@ -11,8 +11,11 @@ from mindspore import ops
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.kernels import provider
 from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer, CPUDecodeLayerInt8
-from mindformers_gptlocal.kernels.provider import BF16MatMul, DecodeLayerFacts, KernelProvider
+from mindformers_gptlocal.kernels.linear import BF16MatMul
+from mindformers_gptlocal.kernels.provider import DecodeLayerFacts, KernelProvider
 from mindformers_gptlocal.model.dropout import CounterDropout
+from mindformers_gptlocal.runtime.buckets import greedy_steps
+from mindformers_gptlocal.runtime.runner import runner_kind
 from conftest import TINY
 
 CPU = dict(device_target="CPU")
@@ -115,35 +118,34 @@ def test_train_step_choices(library):  # pylint: disable=unused-argument
     assert kernels.grad_clip(None)  # the composed two-stage norm
     assert KernelProvider({"composed_ops": "plain"}, **CPU).grad_clip(object())  # the square-sum kernel
     assert not KernelProvider("plain", **CPU).grad_clip(None)  # MindFormers' ClipGradNorm
-    assert kernels.isfinite_overflow() and KernelProvider(device_target="GPU").isfinite_overflow()
-    assert not KernelProvider(device_target="Ascend").isfinite_overflow()
 
 
 def test_runner_graphs():
     kernels = KernelProvider(**CPU)
     assert kernels.fresh_prefill(True) and not kernels.fresh_prefill(False)
     assert not kernels.fresh_prefill(True, prefix=True)
-    assert [kernels.greedy_steps(layers) for layers in (0, 1, 4, 5, 12, 32, 33)] == [8, 8, 8, 6, 2, 1, 1]
+    assert [greedy_steps(layers) for layers in (0, 1, 4, 5, 12, 32, 33)] == [8, 8, 8, 6, 2, 1, 1]
 
 
 def test_the_native_runner_where_the_cpp_layer_computes_every_layer(library):  # pylint: disable=unused-argument
-    """``runner``: native on CPU, one rank, float32 compute, every layer one the C++ layer computes (LayerDrop too: an
-    identity in inference), its Linears holding the weights the provider builds; compiled otherwise."""
+    """``runtime/runner.py`` ``runner_kind`` over the provider: native on CPU, one rank, float32 compute, every layer
+    one the C++ layer computes (LayerDrop too: an identity in inference), its Linears holding the weights the provider
+    builds; compiled otherwise."""
     kernels = KernelProvider(**CPU)
     layers = (_gpt2_facts(), _gpt2_facts(layerdrop=True))
-    assert kernels.runner(layers) == "native" and kernels.runner((_gpt2_facts(linears="int8"),)) == "native"
+    assert runner_kind(kernels, layers) == "native" and runner_kind(kernels, (_gpt2_facts(linears="int8"),)) == "native"
     for change in (dict(linears=None), dict(prefix=True), dict(adapters=True), dict(norm=None),
                    dict(compute_dtype=ms.float16), dict(linears="bfloat16")):
-        assert kernels.runner((_gpt2_facts(), _gpt2_facts(**change))) == "compiled", change
-    assert kernels.runner(()) == "compiled"
+        assert runner_kind(kernels, (_gpt2_facts(), _gpt2_facts(**change))) == "compiled", change
+    assert runner_kind(kernels, ()) == "compiled"
     for other in (KernelProvider({"runner": "plain"}, **CPU), KernelProvider("plain", **CPU),
                   KernelProvider(parallel=True, **CPU), KernelProvider(device_target="GPU")):
-        assert other.runner(layers) == "compiled"
+        assert runner_kind(other, layers) == "compiled"
     bf16 = KernelProvider(compute_dtype="bfloat16", inference=True, **CPU)  # bf16 weights: those only
-    assert bf16.runner((_gpt2_facts(linears="bfloat16"),)) == "native"
-    assert bf16.runner((_gpt2_facts(),)) == "compiled"
+    assert runner_kind(bf16, (_gpt2_facts(linears="bfloat16"),)) == "native"
+    assert runner_kind(bf16, (_gpt2_facts(),)) == "compiled"
     training = KernelProvider(compute_dtype="bfloat16", **CPU)  # float32 weights rounded at each GEMM
-    assert training.runner((_gpt2_facts(compute_dtype=ms.bfloat16),)) == "native"
+    assert runner_kind(training, (_gpt2_facts(compute_dtype=ms.bfloat16),)) == "native"
 
 
 def test_the_plain_gemm():

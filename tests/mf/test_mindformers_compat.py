@@ -195,7 +195,7 @@ def test_verify_warns_once_per_moved_patch_and_the_preflight_stops(moved_patch):
         compat.verify()
     assert not again
     from mindformers.tools.register import MindFormerConfig
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     from conftest import CONFIGS
     config = MindFormerConfig(f"{CONFIGS}/pretrain_gpt_local_tiny_cpu.yaml")
     with pytest.raises(CompatError, match="'finished run refused'.*set `gptlocal_compat: warn` at the run YAML"):

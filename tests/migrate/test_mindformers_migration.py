@@ -259,7 +259,7 @@ def test_rewrite_shifts_labels_counts_masked_positions_and_refuses_wrong_width(t
 def test_migrate_yaml_of_mindformers_yamls_passes_plan_and_preflight(name, seq, tmp_path, capsys):
     from mindformers_gptlocal.cli.launcher import check_model_section, load_config
     from mindformers_gptlocal.data.mf_mindrecord import rewrite
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     old = yaml_io.load_yaml(os.path.join(DATA, f"{name}.yaml"))
     old["train_dataset"]["data_loader"]["dataset_dir"] = write_mf_mindrecord(
         tmp_path / "old.mindrecord", *padded_rows(16, seq + 1, 50257), mask_column="attention_mask")

@@ -1,5 +1,5 @@
 """A bf16 model built for inference on CPU (``KernelProvider.bf16_weights``: ``from_pretrained(..., inference=True)``,
-what ``runtime/loader.py`` ``load_model`` builds for generate, chat, serve and eval) holds its Linears', its head's and
+what ``model/loader.py`` ``load_model`` builds for generate, chat, serve and eval) holds its Linears', its head's and
 its token table's weights as bfloat16 once, and the GEMM kernel takes them so (``cpu_linear.cc``
 ``gptlocal_linear_bf16w_fwd``; the lookup ``kernels/embedding.py``).
 
@@ -20,7 +20,7 @@ from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
 from mindformers_gptlocal.model.layers import Linear
 from mindformers_gptlocal.quantize import quantize_model
-from mindformers_gptlocal.runtime.loader import load_model
+from mindformers_gptlocal.model.loader import load_model
 from mindformers_gptlocal.safetensors_io import read_safetensors
 from conftest import save_tiny_base
 

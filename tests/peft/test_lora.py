@@ -15,7 +15,7 @@ from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model import GPTLocalBlock
 from references import causal_bias, rank_block
-from mindformers_gptlocal.peft.lora_cells import lora_layer_spec
+from mindformers_gptlocal.model.lora_cells import lora_layer_spec
 from mindformers_gptlocal.model.params import parameter_table
 from mindformers_gptlocal.parallel.layout import Layout
 from mindformers_gptlocal.parallel.sharding import block_rules, merge_slices, param_layouts, rank_slice, split_axis
@@ -143,7 +143,7 @@ def test_layer_spec_keeps_the_plain_models_names_and_builds_lora_as_a_linear():
     are the plain model's, in the same order, plus lora_a/lora_b on exactly the targeted Linears (a one-layer
     target included); each LoRALinear owns its base weight (no Parameter shared with another Cell)."""
     from mindformers_gptlocal.model.layers import Linear
-    from mindformers_gptlocal.peft.lora_cells import LoRALinear
+    from mindformers_gptlocal.model.lora_cells import LoRALinear
     plain = [n for n, _ in GPTLocalForCausalLM(GPTLocalConfig(**TINY)).parameters_and_names()]
     pet = dict(PET, target_modules="model.layers.1.mlp.linear_fc1|.*linear_qkv")
     model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=pet))
@@ -163,8 +163,8 @@ def test_recompute_reaches_the_lora_and_adapter_cells():
     """Built with the layer, the LoRA Linears and bottleneck adapters get their layer's recompute: full recompute
     marks them (they were put in after ``Cell.recompute`` before the layer spec, so it missed them), and a
     select_recompute pattern naming a Linear marks its LoRALinear."""
-    from mindformers_gptlocal.peft.adapter_cells import BottleneckAdapter
-    from mindformers_gptlocal.peft.lora_cells import LoRALinear
+    from mindformers_gptlocal.model.adapter_cells import BottleneckAdapter
+    from mindformers_gptlocal.model.lora_cells import LoRALinear
     for pet, kind in ((PET, LoRALinear), (dict(pet_type="adapter", bottleneck_size=8), BottleneckAdapter)):
         model = GPTLocalForCausalLM(GPTLocalConfig(**TINY, pet_config=pet,
                                                    parallel_config={"recompute": {"recompute": True}}))

@@ -272,7 +272,7 @@ def test_peft_export_loads_in_peft_with_equal_logits(tuned):
     mlp.save_pretrained(str(root / "mlp"))
     assert main(["convert", "ms2hf", "--ms-dir", str(root / "mlp"), "--out", str(root / "mlp_peft"), "--peft"]) == 0
     from safetensors.numpy import load_file
-    from mindformers_gptlocal.peft.prefix_cells import prefix_table
+    from mindformers_gptlocal.model.prefix_cells import prefix_table
     exported = load_file(str(root / "mlp_peft" / "adapter_model.safetensors"))["prompt_embeddings"]
     rows = prefix_table(mlp)  # [layers*2, G, P, D] -> peft's [P, layers*2*G*D]
     np.testing.assert_allclose(exported, rows.transpose(2, 0, 1, 3).reshape(rows.shape[2], -1), atol=1e-5, rtol=0)

@@ -106,7 +106,7 @@ def _preflight_error(tmp_path, corpus, *args, name="pretrain_gpt_local_tiny_cpu.
     """Run the launcher's config loading and pre-flight in this process; return the GPTLocalError's text."""
     from mindformers_gptlocal.errors import GPTLocalError
     from mindformers_gptlocal.cli.launcher import load_config
-    from mindformers_gptlocal.preflight.checks import preflight
+    from mindformers_gptlocal.mf.run_yaml import preflight
     yaml_path = tiny_yaml(tmp_path, name, corpus=corpus, **changes)
     with pytest.raises(GPTLocalError) as caught:
         preflight(load_config(["--config", yaml_path, *args]), log=lambda _: None)

@@ -110,12 +110,13 @@ def test_modal_type_and_adapter_id(refused, tmp_path, corpus):
 def test_every_shipped_yaml_passes_the_section_checks():
     from mindformers.tools.register import MindFormerConfig
     from mindformers_gptlocal import yaml_io
+    from mindformers_gptlocal.mf import symbols
     from mindformers_gptlocal.preflight.sections import check_sections
     paths = sorted(glob.glob(os.path.join(CONFIGS, "*.yaml")))
     assert len(paths) > 20
     for path in paths:
-        check_sections(yaml_io.load_yaml(path))
-        check_sections(MindFormerConfig(path))
+        check_sections(yaml_io.load_yaml(path), symbols)
+        check_sections(MindFormerConfig(path), symbols)
 
 
 def test_resume_of_a_finetune_looks_in_its_own_checkpoint_folder(tmp_path):

@@ -182,7 +182,7 @@ def test_multi_lora_linear_equals_per_row_merged_weights():
     from mindspore import Parameter, Tensor
     from mindformers_gptlocal.kernels.provider import KernelProvider
     from mindformers_gptlocal.model.layers import Linear
-    from mindformers_gptlocal.peft.lora_cells import MultiLoRA, MultiLoRALinear
+    from mindformers_gptlocal.model.lora_cells import MultiLoRA, MultiLoRALinear
     rng = np.random.default_rng(3)
     ms.set_context(mode=ms.GRAPH_MODE)
     try:

@@ -8,7 +8,7 @@ from mindspore import Tensor, nn, ops
 from mindformers.core.clip_grad import ClipGradNorm
 from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
 from mindformers_gptlocal.kernels.train_step import square_sum_kernel
-from mindformers_gptlocal.training.grad_checks import kernel_non_finite, non_finite
+from mindformers_gptlocal.training.grad_checks import isfinite_overflow, kernel_non_finite, non_finite
 
 # the grads below: odd sizes, and one large enough (300 x 160) for the kernel to split over two threads
 SHAPES = ((300, 160), (64,), (3, 5, 7))
@@ -62,3 +62,7 @@ def test_non_finite_flags_nan_and_inf_anywhere(kernel):
     assert flags(half)[0].asnumpy().item() == 0.0
     summed = (Tensor(np.full((300, 160), 2e17, np.float32)),)  # each square finite, their float32 total not
     assert flags(summed)[0].asnumpy().item() == 1.0
+
+
+def test_the_overflow_check_reads_the_gradients_but_on_ascend():
+    assert isfinite_overflow("CPU") and isfinite_overflow("GPU") and not isfinite_overflow("Ascend")

@@ -30,7 +30,7 @@ def check_model_dir(model_dir, flag="--model", tokenizer=True):
         raise ConfigError(f"{named} has no {CONFIG_NAME}, so it is not a model directory; {GIVE}.")
     check_config_json(model_dir, flag)
     if not os.path.isfile(os.path.join(model_dir, WEIGHTS_NAME)):  # the model's own line for it
-        from ..model.gpt import missing_weights
+        from .gpt import missing_weights
         raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{missing_weights(model_dir)}")
     if tokenizer and not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
         raise DataError(f"{named} has no tokenizer.json, so text cannot be turned into token ids; copy in the "
@@ -79,10 +79,10 @@ def load_model(model_dir, device_target="CPU", compile_cache="off", cache_flag="
     held as bfloat16 on CPU, ``KernelProvider.bf16_weights``), eval mode, the compile cache attached as
     ``compile_cache`` (the value of ``cache_flag``) says, within ``cache_days`` / ``cache_mb`` (None: its
     defaults)."""
-    from .graph_cache import attach, bounds
+    from ..runtime.graph_cache import attach, bounds
     bounds(cache_days, cache_mb)  # a bad bound: one line before anything is built
     import mindspore as ms
-    from ..model.gpt import GPTLocalForCausalLM
+    from .gpt import GPTLocalForCausalLM
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=str(device_target))
     model = GPTLocalForCausalLM.from_pretrained(model_dir, inference=True, **from_pretrained)
     model.set_train(False)

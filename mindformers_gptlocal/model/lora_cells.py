@@ -22,9 +22,9 @@ import mindspore as ms
 from mindspore import ops, Parameter, Tensor
 from mindspore.common.initializer import initializer, HeUniform
 
-from ..model.dropout import LORA_SITE, CounterDropout, KernelDropout, counter_dropout_build, lora_dropout_site
-from ..model.layers import Linear
-from .lora import LINEARS, LORA_A, LORA_B, is_target
+from .dropout import LORA_SITE, CounterDropout, KernelDropout, counter_dropout_build, lora_dropout_site
+from .layers import Linear
+from ..peft.lora import LINEARS, LORA_A, LORA_B, is_target, targeted_paths
 
 
 def _init(name):
@@ -64,6 +64,17 @@ class LoRALinear(Linear):
         low = self.lora_b_matmul(low, self.cast(self.lora_b, self.compute_dtype))
         y = self.lora_add(y, low)
         return ops.reshape(y, shape[:-1] + (self.out_features,))
+
+
+def layer_spec(spec, config):
+    """The layer spec of ``spec`` (a LoraSpec) for the model of ``config`` (``model/layer_spec.py``)."""
+    return functools.partial(lora_layer_spec, spec, dropout_seed=config.dropout_seed)
+
+
+def check_built(spec, model):
+    """The built model's LoRALinears are the Linears ``spec`` targets."""
+    paths = sorted(name for name, cell in model.cells_and_names() if isinstance(cell, LoRALinear))
+    assert paths == sorted(targeted_paths(spec, len(model.model.layers), model.config.arch.gated)), paths
 
 
 def lora_layer_spec(spec, index, dropout_seed=0):

@@ -23,7 +23,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, HeUniform, Normal, Uniform
 
-from .prefix import PREFIX_NAME, prefix_shapes
+from ..peft.prefix import PREFIX_NAME, prefix_shapes
 
 
 class PrefixEncoder(nn.Cell):

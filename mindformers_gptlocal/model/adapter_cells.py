@@ -19,8 +19,8 @@ import functools
 
 from mindspore import nn, ops
 
-from ..model.layers import Activation, Linear, SiLU, to_mstype
-from .adapter import bottleneck_width
+from .layers import Activation, Linear, SiLU, to_mstype
+from ..peft.adapter import adapter_paths, bottleneck_width
 
 
 class BottleneckAdapter(nn.Cell):
@@ -42,6 +42,17 @@ class BottleneckAdapter(nn.Cell):
     def construct(self, hidden):
         update = self.linear_up(self.activation(self.linear_down(hidden)))
         return self.add(hidden, ops.cast(update, hidden.dtype))
+
+
+def layer_spec(spec, config):
+    """The layer spec of ``spec`` (an AdapterSpec) for the model of ``config`` (``model/layer_spec.py``)."""
+    return functools.partial(adapter_layer_spec, spec, config)
+
+
+def check_built(spec, model):
+    """The built model's BottleneckAdapters are the sites ``spec`` names."""
+    paths = adapter_paths(spec, len(model.model.layers))
+    assert paths == [name for name, cell in model.cells_and_names() if isinstance(cell, BottleneckAdapter)], paths
 
 
 def adapter_layer_spec(spec, config, index):
