@@ -1,4 +1,5 @@
 """Shared fixtures: a small prepared corpus and a tiny model config, made once per session."""
+import hashlib
 import os
 import socket
 import re
@@ -217,6 +218,19 @@ def tiny_trained_run(corpus, tmp_path_factory):
 
 
 # --- shared by several test files (were imported from one test file by another) ---
+def snapshot(folder, skip=()):
+    """relative path -> sha256 of every file under ``folder``, but those under a top-level folder named in ``skip``
+    (e.g. MindFormers' ``log``): a folder's content by value, to show a refused run wrote nothing."""
+    result = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.relpath(path, folder).split(os.sep)[0] not in skip:
+                with open(path, "rb") as handle:
+                    result[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
+    return result
+
+
 def write_yaml(tmp_path, corpus, name="pretrain_gpt_local_tiny_cpu.yaml", monitor="GPTLocalCheckpointMonitor",
                keep=2, save_delay=0.0, **changes):
     """A tiny run printing every step and saving a checkpoint every step (keeping ``keep``) with ``monitor``;

@@ -4,7 +4,6 @@ One tiny run stopped at step N of 2N (saving every step) is made once; each test
 copy of it: a YAML that changed what the run is, a disk that fills up during a save (a file-size
 limit, RLIMIT_FSIZE, on the resumed process), and a run resumed after it already finished.
 """
-import hashlib
 import os
 import resource
 import shutil
@@ -15,20 +14,10 @@ import pytest
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from conftest import launch_in_process, run_launcher, step_losses
-from conftest import write_yaml
+from conftest import snapshot, write_yaml
 
 N = 3
 
-
-def _snapshot(folder):
-    """name -> sha256 of every file under ``folder``."""
-    result = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                result[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +52,7 @@ def _resume_refused(run, capsys, monkeypatch, *flags):
 
 def test_changed_batch_size_and_data_are_refused_naming_each_key(stopped_run, tmp_path, corpus, capsys, monkeypatch):
     run = _copy(stopped_run, tmp_path)
-    before = _snapshot(run / "output" / "checkpoint")
+    before = snapshot(run / "output" / "checkpoint")
     code, out = _resume_refused(run, capsys, monkeypatch, "--runner_config.batch_size", "2",
                                 "--train_dataset.batch_size", "2", "--train_dataset_dir", corpus["eval_mindrecord"])
     assert code == 2, out[-3000:]
@@ -71,7 +60,7 @@ def test_changed_batch_size_and_data_are_refused_naming_each_key(stopped_run, tm
     assert "runner_config.batch_size is 2 now but was 4" in out, out[-2000:]
     assert "train_dataset.data_loader.dataset_dir is" in out and "eval" in out
     assert "global batch size is 2 now but was 4" in out
-    assert _snapshot(run / "output" / "checkpoint") == before
+    assert snapshot(run / "output" / "checkpoint") == before
 
 
 def test_changed_model_size_is_refused_before_anything_is_built(stopped_run, tmp_path, capsys, monkeypatch):
@@ -108,9 +97,9 @@ def full_disk_then_resumed(stopped_run, tmp_path_factory):
     run = _copy(stopped_run, tmp_path_factory.mktemp("full_disk"))
     folder = run / "output" / "checkpoint"
     size = ckpt_manifest.read_manifest(str(folder))[-1]["bytes"]
-    before = _snapshot(folder)
+    before = snapshot(folder)
     limited = _run_limited(run, size // 2)
-    after_refusal = _snapshot(folder)
+    after_refusal = snapshot(folder)
     foreign = _foreign_checkpoints(folder)
     resumed = _resume(run)
     return {"run": run, "folder": folder, "size": size, "before": before, "limited": limited,
@@ -128,7 +117,7 @@ def _foreign_checkpoints(folder):
         os.utime(folder / name, (1, 1))
         if run_id:
             ckpt_manifest.record(str(folder), str(folder / name), 0, run_id=run_id)
-        foreign[name] = _snapshot(folder)[name]
+        foreign[name] = snapshot(folder)[name]
     return foreign
 
 
@@ -149,10 +138,10 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint_and_stops_clearly
     # keep_checkpoint_max (2) kept the run's newest two; the other runs' files are untouched
     entries = ckpt_manifest.read_manifest(str(folder))
     assert sorted(e["step"] for e in entries if e.get("run_id") != "another-run") == [2 * N - 1, 2 * N], entries
-    snapshot = _snapshot(folder)
-    assert {name: snapshot.get(name) for name in full_disk_then_resumed["foreign"]} == \
+    files = snapshot(folder)
+    assert {name: files.get(name) for name in full_disk_then_resumed["foreign"]} == \
         full_disk_then_resumed["foreign"]
-    assert len([name for name in snapshot if name.endswith(".safetensors")]) == 4, sorted(snapshot)
+    assert len([name for name in files if name.endswith(".safetensors")]) == 4, sorted(files)
 
 
 def test_full_disk_with_on_save_error_continue_trains_on(stopped_run, tmp_path):
@@ -163,12 +152,12 @@ def test_full_disk_with_on_save_error_continue_trains_on(stopped_run, tmp_path):
             callback["on_save_error"] = "continue"
     yaml_io.dump_yaml(config, str(run / "run.yaml"))
     folder = run / "output" / "checkpoint"
-    before = _snapshot(folder)
+    before = snapshot(folder)
     code, out = _run_limited(run, ckpt_manifest.read_manifest(str(folder))[-1]["bytes"] // 2)
     assert code == 0, out[-3000:]
     assert len(step_losses(out)) == N  # every remaining step trained
     assert out.count("on_save_error: continue") == N
-    assert _snapshot(folder) == before
+    assert snapshot(folder) == before
 
 
 def test_resuming_a_finished_run_is_one_clear_line(full_disk_then_resumed):
@@ -176,13 +165,13 @@ def test_resuming_a_finished_run_is_one_clear_line(full_disk_then_resumed):
     code, out = full_disk_then_resumed["resumed"]
     assert code == 0, out[-3000:]
     assert len(step_losses(out)) == N and f"step {2 * N}/{2 * N}" in out, out[-3000:]
-    before = _snapshot(run / "output")
+    before = snapshot(run / "output")
     code, out = _resume(run)
     assert code == 2, out[-3000:]
     assert "Traceback" not in out and "initial_epoch" not in out
     assert f"training already complete at step {2 * N} of {2 * N}" in out, out[-2000:]
     assert "raise runner_config.epochs or pass a new output_dir" in out
-    after = _snapshot(run / "output")
+    after = snapshot(run / "output")
     assert {k: v for k, v in after.items() if "log" not in k} == {k: v for k, v in before.items() if "log" not in k}
 
 

@@ -6,7 +6,6 @@ the shipped YAMLs do, so the checkpoint is the stop's own. Two-rank msrun runs: 
 The slip after a Ctrl-C, the same line again without --resume_training, is refused before its first step, the
 stopped run's files byte for byte as they were, and so is it on the finished run (both launchers);
 --overwrite_output_dir True then starts over (tests/preflight/test_earlier_run.py: the same on made-up files)."""
-import hashlib
 import os
 import re
 import shlex
@@ -17,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import Launch, launch_in_process, source_env, step_losses, tiny_yaml
+from conftest import Launch, launch_in_process, snapshot, source_env, step_losses, tiny_yaml
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 
@@ -76,17 +75,6 @@ def _interrupted(command, cwd, signum, again_after=None):
     return code, open(log_path).read(), time.time() - sent
 
 
-def _snapshot(folder):
-    """relative path -> sha256 of every file under ``folder`` but MindFormers' logs."""
-    result = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            if os.path.relpath(path, folder).split(os.sep)[0] != "log":
-                with open(path, "rb") as handle:
-                    result[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
-    return result
-
 
 REFUSED = "holds a training run: newest checkpoint "
 
@@ -123,12 +111,12 @@ def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, 
     assert step_losses(out) == losses[:step]
     output = tmp_path / "part" / "output"
     for state in ("stopped", "finished"):  # the same line again, without --resume_training: refused, nothing lost
-        before = _snapshot(output)
+        before = snapshot(output, skip=("log",))
         code, refused = launch_in_process(["--config", yaml_path], str(tmp_path / "part"), capsys, monkeypatch)
         assert code == 2 and refused.count("\n") == 1, (state, refused)
         newest = entries[0]["file"] if state == "stopped" else f"{entries[0]['file'].split('-')[0]}-1_{STEPS}."
         assert f"output_dir {output} {REFUSED}{output / 'checkpoint' / newest}" in refused, (state, refused)
-        assert _snapshot(output) == before, state
+        assert snapshot(output, skip=("log",)) == before, state
         if state == "stopped":
             words = shlex.split(resume)
             assert words[:2] == ["gptlocal", "run"]
@@ -138,7 +126,7 @@ def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, 
             print(f"\n[stop test] SIGINT after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
                   f"{losses[step:]}")
             assert step_losses(resumed) == losses[step:]
-            model = _snapshot(output / "model")
+            model = snapshot(output / "model")
 
     # starting over takes the word: the earlier run's checkpoints and model directory are replaced by the new run's
     code, again = Launch(["--config", yaml_path, "--overwrite_output_dir", "True", "--runner_config.stop_step", "2"],
@@ -150,7 +138,7 @@ def test_sigint_during_gptlocal_run_saves_exits_130_and_resumes_exactly(corpus, 
     entries = ckpt_manifest.read_manifest(str(output / "checkpoint"))
     assert [e["step"] for e in entries] == [2], entries
     assert [n for n in os.listdir(output / "checkpoint") if n.endswith(".safetensors")] == [entries[0]["file"]]
-    assert _snapshot(output / "model")["model.safetensors"] != model["model.safetensors"]
+    assert snapshot(output / "model")["model.safetensors"] != model["model.safetensors"]
 
 
 MINDFORMERS_LAUNCHER = """import sys
@@ -186,13 +174,13 @@ def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exac
     assert step_losses(out) == losses[:step]
     output = tmp_path / "part" / "output"
     for state in ("stopped", "finished"):  # the launch again without --resume_training: refused, nothing lost
-        before = _snapshot(output)
+        before = snapshot(output, skip=("log",))
         again = subprocess.run([sys.executable, str(script), yaml_path], cwd=str(tmp_path / "part"),
                                env=source_env(), capture_output=True, text=True, timeout=600)
         refused = again.stdout + again.stderr
         assert again.returncode != 0 and "TRAINED" not in refused, (state, refused[-3000:])
         assert f"output_dir {output} {REFUSED}" in refused and "[gptlocal] step 1/" not in refused, refused[-3000:]
-        assert _snapshot(output) == before, state
+        assert snapshot(output, skip=("log",)) == before, state
         if state == "stopped":
             second = subprocess.run([sys.executable, str(script), yaml_path, "--resume_training"],
                                     cwd=str(tmp_path / "part"), env=source_env(), capture_output=True, text=True,

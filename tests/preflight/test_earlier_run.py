@@ -2,28 +2,18 @@
 pre-flight refuses it, naming the newest checkpoint and step and the choices, and writes nothing; ``--resume_training
 True`` continues it; ``overwrite_output_dir: True`` removes the earlier run first (rank 0 all of it, every other rank
 its own folder). Made-up files here, no training: the launches that train are in tests/e2e/test_stop_signals.py."""
-import hashlib
 import os
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import launch_in_process, tiny_yaml
+from conftest import launch_in_process, snapshot, tiny_yaml
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from mindformers_gptlocal.checkpoint.resume import earlier_run
 from mindformers_gptlocal.mf.run_yaml import start_over
 
-
-def _snapshot(folder):
-    result = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                result[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
-    return result
 
 
 def _checkpoints(folder, steps, listed=True):
@@ -74,7 +64,7 @@ def earlier(corpus, tmp_path):
 
 def test_a_new_run_on_an_earlier_one_is_refused_naming_its_newest_checkpoint(earlier, tmp_path, capsys, monkeypatch):
     yaml_path, out = earlier
-    before = _snapshot(out)
+    before = snapshot(out)
     code, text = launch_in_process(["--config", yaml_path], str(tmp_path), capsys, monkeypatch)
     assert code == 2, text
     line = text.strip()
@@ -83,12 +73,12 @@ def test_a_new_run_on_an_earlier_one_is_refused_naming_its_newest_checkpoint(ear
                            f"{out / 'checkpoint' / 'gpt_local-1_6.safetensors'} (step 6), model directory "
                            f"{out / 'model'}"), line
     assert "--resume_training True" in line and "--overwrite_output_dir True" in line and "new --output_dir" in line
-    assert _snapshot(out) == before and sorted(os.listdir(out)) == ["checkpoint", "model"]  # nothing written
+    assert snapshot(out) == before and sorted(os.listdir(out)) == ["checkpoint", "model"]  # nothing written
 
 
 def test_overwrite_with_resume_loading_what_it_deletes_or_resuming_another_run_is_refused(earlier, tmp_path, capsys, monkeypatch):
     yaml_path, out = earlier
-    before = _snapshot(out)
+    before = snapshot(out)
     code, text = launch_in_process(["--config", yaml_path, "--overwrite_output_dir", "True", "--resume_training",
                                     "True"], str(tmp_path), capsys, monkeypatch)
     assert code == 2 and "resume_training and overwrite_output_dir are both set" in text, text
@@ -106,7 +96,7 @@ def test_overwrite_with_resume_loading_what_it_deletes_or_resuming_another_run_i
     yaml_io.dump_yaml(config, yaml_path)
     code, text = launch_in_process(["--config", yaml_path], str(tmp_path), capsys, monkeypatch)
     assert code == 2 and "overwrite_output_dir is 'yes'; use True" in text, text
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 class _Config(dict):
