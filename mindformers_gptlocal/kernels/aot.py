@@ -1,7 +1,7 @@
-"""What every kernel module's Cells share: the threads a kernel runs (``kernel_threads``, from ``threads.py``), a kernel
-of the table as its AOT ``ops.Custom`` on CPU (``primitive``: shapes, dtypes, side effects and the bprop read from
-``table.py``) or as a Cell (``KernelCell``), and the library for a float32 model; and the same C entry points and typed
-cores called directly on numpy arrays (``DirectCall``, ``call_core``: tests and benchmarks, outside MindSpore)."""
+"""What every kernel module's Cells share: a kernel of the table as its AOT ``ops.Custom`` on CPU (``primitive``:
+shapes, dtypes, side effects and the bprop read from ``table.py``) or as a Cell (``KernelCell``), and the library for a
+float32 model; and the same C entry points and typed cores called directly on numpy arrays (``DirectCall``,
+``call_core``: tests and benchmarks, outside MindSpore)."""
 import ctypes
 import linecache
 
@@ -12,7 +12,6 @@ from mindspore import nn, ops
 from . import build
 from .spec import DTYPES, Struct
 from .table import TABLE
-from .threads import kernel_threads  # noqa: F401  (the Cells' and callers' name for it)
 
 
 def custom_op(path, symbol, shape, dtype, bprop=None):

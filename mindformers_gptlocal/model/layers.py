@@ -10,8 +10,6 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter
 from mindspore.common.initializer import initializer, Normal, Zero, One
 
-# BF16MatMul and round_bf16: the provider's plain bf16 GEMM (kernels/linear.py), by their names here too
-from ..kernels.linear import BF16MatMul, round_bf16  # noqa: F401
 from ..kernels.provider import KernelProvider, use_gemm
 from ..parallel.sharding import is_parallel_build
 

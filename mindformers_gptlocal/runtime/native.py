@@ -26,7 +26,7 @@ import ctypes
 import numpy as np
 
 from ..kernels import build
-from ..kernels.aot import kernel_threads
+from ..kernels.threads import kernel_threads
 from ..kernels.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
 from ..kernels.linear import precision_code
 from ..kernels.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel

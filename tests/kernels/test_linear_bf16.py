@@ -10,7 +10,8 @@ from mindspore import Tensor, ops
 
 from mindformers_gptlocal.kernels import build, linear, provider
 from mindformers_gptlocal.kernels.provider import KernelProvider
-from mindformers_gptlocal.model.layers import BF16MatMul, Linear, plain_matmul
+from mindformers_gptlocal.kernels.linear import BF16MatMul
+from mindformers_gptlocal.model.layers import Linear, plain_matmul
 from references import assert_within_rounding
 
 SHAPES = [(1, 77, 109), (3, 77, 109), (17, 130, 70), (33, 77, 109)]  # K, N not multiples of 16; 33 x 109 x 77: 2 threads
