@@ -313,7 +313,7 @@ def isa_decision():
     tier its loops run, oneDNN's, the CPU's), read in a worker (the parent imports no MindSpore): "isa auto: loops
     avx2, oneDNN avx2 (CPU: avx2, oneDNN's avx2)"; "isa unknown (...)" where the worker fails."""
     if "isa" not in _MACHINE:
-        code = "from mindformers_gptlocal.kernels import build; print('ISA ' + build.describe_isa())"
+        code = "from mindformers_gptlocal.kernels.abi import build; print('ISA ' + build.describe_isa())"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False,
                              env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
         lines = [x[4:] for x in out.stdout.splitlines() if x.startswith("ISA ")]

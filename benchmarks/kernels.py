@@ -84,8 +84,8 @@ def direct_call(cell, inputs, output):
     """The kernel Cell's C entry point bound to numpy ``inputs`` (its construct's, in order), its config and
     ``output``: ``.call()`` runs it outside MindSpore (``kernels/aot.py`` ``DirectCall``) and returns its status."""
     import ctypes
-    from mindformers_gptlocal.kernels import build
-    from mindformers_gptlocal.kernels.aot import DirectCall
+    from mindformers_gptlocal.kernels.abi import build
+    from mindformers_gptlocal.kernels.abi.aot import DirectCall
     function = getattr(ctypes.CDLL(build.library()[0]), cell.symbol)
     return DirectCall(function, [*inputs, cell.config.asnumpy(), output])
 

@@ -314,7 +314,7 @@ def save_hf(path, seed=0, **overrides):
 @pytest.fixture(scope="session")
 def library():
     """gpt_local's CPU kernel library, compiled once per test session (or found in the user's cache)."""
-    from mindformers_gptlocal.kernels import build
+    from mindformers_gptlocal.kernels.abi import build
     path, reason = build.library()
     assert path is not None, reason
     return path
@@ -328,7 +328,7 @@ def isa_tier(request, library):
     """The kernel library capped at each ISA tier in turn (``model_config.cpu_kernels.isa``, ``build.apply_isa``),
     skipped above what this CPU has (its flags for our loops, oneDNN's own ISA above avx512); the cap lifted after.
     Yields the tier's name: every path of the library is tested by value on any machine that can run it."""
-    from mindformers_gptlocal.kernels import build
+    from mindformers_gptlocal.kernels.abi import build
     decision = build.isa_decision(library)
     best = max(build.ISAS.index(decision["cpu"]), build.ISAS.index(decision["onednn_cpu"]))
     if ISA_TIERS.index(request.param) > best:

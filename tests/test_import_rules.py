@@ -55,9 +55,13 @@ def test_runtime_imports_nothing_of_the_model_or_its_users():
 
 
 def test_generation_and_kernels_import_only_the_base():
+    """Each file of the folder and of its sub-folders (kernels/abi/, kernels/cells/)."""
     for folder in ("generation", "kernels"):
-        ours = {f[2] for f in imports(folder)} - {folder}
+        found = imports(folder)
+        ours = {f[2] for f in found} - {folder}
         assert ours <= BASE, (folder, ours)
+    read = {os.path.dirname(f[0]) for f in imports("kernels")}
+    assert {os.path.join("kernels", "abi"), os.path.join("kernels", "cells")} <= read, read  # the scan reads them
 
 
 def test_peft_is_pure_python_below_model():
@@ -217,23 +221,83 @@ def test_no_import_circle_between_folders():
         f"{a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
 
 
-def test_no_import_circle_between_the_kernels_modules():
-    """Inside ``kernels/`` too, module by module (the ABI machinery: spec, table, codegen, aot, build; the Cells; the
-    provider), every import counted: no circle."""
+KINDS = {"csrc", "abi", "cells", "provider", "__init__"}  # kernels/: the C++ cores, their ABI and build, the Cells, the
+# provider, the package's own __init__
+
+
+def kernels_graph(node):
+    """{node: {node it imports: [file:line, ...]}} over every import statement of ``kernels/`` and its sub-folders,
+    top-level or inside a function; ``node(parts)`` names a module of kernels/ given its path parts under it (such as
+    ``["abi", "table"]``, ``["provider"]``, ``["__init__"]``)."""
+    root = os.path.join(PACKAGE, "kernels")
     graph = {}
-    for name in sorted(os.listdir(os.path.join(PACKAGE, "kernels"))):
-        if name.endswith(".py"):
-            path = os.path.join(PACKAGE, "kernels", name)
-            tree = ast.parse(open(path, encoding="utf-8").read())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.level == 1:
-                    for target in ([node.module.split(".")[0]] if node.module else [a.name for a in node.names]):
-                        if target != name[:-3]:
-                            graph.setdefault(name[:-3], {}).setdefault(target, []).append(f"{name}:{node.lineno}")
-    assert {"spec", "table", "codegen", "aot", "build", "provider"} <= set(graph), sorted(graph)
+    for folder, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            parts = os.path.relpath(path, root)[:-3].split(os.sep)
+            package = parts[:-1]  # the file's package under kernels/ (a package's __init__ is in it too)
+            for item in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(item, ast.ImportFrom) and item.level:
+                    base = ["kernels", *package][:len(package) + 2 - item.level]
+                elif isinstance(item, ast.ImportFrom) and (item.module or "").startswith("mindformers_gptlocal."):
+                    base = []
+                else:
+                    continue
+                module = base + (item.module.split(".") if item.module else [])
+                if item.module and not item.level:
+                    module = module[1:]  # without the package's own name
+                if module[:1] != ["kernels"]:
+                    continue
+                for alias in item.names:  # ``from . import build``: the module build; ``from .table import X``: table
+                    target = module[1:] + [alias.name]
+                    if not os.path.isfile(os.path.join(root, *target) + ".py"):
+                        target = module[1:] or ["__init__"]
+                    if os.path.isdir(os.path.join(root, *target)):
+                        target = target + ["__init__"]
+                    source, target = node(parts), node(target)
+                    if target != source:
+                        graph.setdefault(source, {}).setdefault(target, []).append(
+                            f"{os.path.relpath(path, PACKAGE)}:{item.lineno}")
+    return graph
+
+
+def test_kernels_is_laid_out_by_kind():
+    """kernels/ holds its four kinds, each a sub-folder but the provider: the C++ cores (``csrc/``: only C++), the ABI
+    and build machinery (``abi/``), the Cells (``cells/``), ``provider.py``; nothing else at its top."""
+    root = os.path.join(PACKAGE, "kernels")
+    top = {name[:-3] if name.endswith(".py") else name for name in os.listdir(root) if name != "__pycache__"}
+    assert top == KINDS, sorted(top)
+    assert {os.path.splitext(name)[1] for name in os.listdir(os.path.join(root, "csrc"))} == {".cc", ".h"}
+    for folder in ("abi", "cells"):
+        names = set(os.listdir(os.path.join(root, folder))) - {"__pycache__"}
+        assert "__init__.py" in names and {os.path.splitext(name)[1] for name in names} == {".py"}, (folder, names)
+
+
+def test_no_import_circle_between_the_kernels_modules():
+    """Inside ``kernels/`` too, module by module through its sub-folders (the ABI machinery: spec, table, codegen,
+    aot, build; the Cells; the provider), every import counted: no circle."""
+    graph = kernels_graph("/".join)
+    assert {"abi/spec", "abi/table", "abi/codegen", "abi/aot", "abi/build", "cells/linear", "provider"} <= set(graph), \
+        sorted(graph)  # it reads the sub-folders
     cycle = find_cycle(graph)
     assert cycle is None, "an import circle in kernels/: " + " -> ".join(cycle) + "; the imports: " + "; ".join(
         f"{a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+
+
+def test_kernels_kinds_import_down():
+    """Between kernels/' kinds the imports point down: ``abi/`` imports nothing of ``cells/`` or the provider,
+    ``cells/`` nothing of the provider (which imports both: it chooses), the package's ``__init__`` nothing; no
+    circle."""
+    graph = kernels_graph(lambda parts: parts[0])
+    assert set(graph["provider"]) == {"abi", "cells"}, graph["provider"]  # it reads them
+    assert set(graph["cells"]) == {"abi"}, graph["cells"]
+    assert "abi" not in graph, graph["abi"]
+    assert "__init__" not in graph, graph.get("__init__")
+    cycle = find_cycle(graph)
+    assert cycle is None, "an import circle between kernels/' kinds: " + " -> ".join(cycle) + "; the imports: " + \
+        "; ".join(f"{a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
 
 
 def test_the_cycle_finder_finds_a_circle():

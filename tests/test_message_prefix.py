@@ -55,7 +55,7 @@ def test_the_scan_reads_fstrings_and_skips_docstrings(tmp_path):
 
 
 def test_a_kernel_off_is_one_gptlocal_line(capfd):
-    from mindformers_gptlocal.kernels import build
+    from mindformers_gptlocal.kernels.abi import build
     build.warn_once("test kernel off, plain ops used instead", "no compiler (a test)")
     build.warn_once("test kernel off, plain ops used instead", "no compiler (a test)")
     err = capfd.readouterr().err

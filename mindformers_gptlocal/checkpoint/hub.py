@@ -82,7 +82,7 @@ def resolve_hf_dir(value, flag="--hf-dir"):
 
 def converted_dir(repo_id, snapshot):
     """Where the gpt_local conversion of ``snapshot`` (a commit of ``repo_id``) lives."""
-    from ..kernels.build import user_cache
+    from ..kernels.abi.build import user_cache
     return os.path.join(user_cache("hub"), repo_id.replace("/", "--"), os.path.basename(os.path.normpath(snapshot)))
 
 

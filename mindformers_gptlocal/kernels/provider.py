@@ -41,7 +41,7 @@ import mindspore as ms
 from mindspore import ops
 
 from ..errors import ConfigError
-from .table import TABLE
+from .abi.table import TABLE
 
 # op -> what its kernel is (docs/configuration.md lists the same), then where its kernels are: the sources of the
 # kernel table's entries of that op (table.py: each entry's op)
@@ -172,7 +172,7 @@ def read_cpu_isa(value):
     default, or scalar, avx2, avx512, avx512_bf16, amx: at most that, and at most what the CPU has), as its name;
     one ConfigError for another value."""
     isa = value.get("isa", "auto") if hasattr(value, "items") else "auto"
-    from .build import ISAS  # pylint: disable=import-outside-toplevel
+    from .abi.build import ISAS  # pylint: disable=import-outside-toplevel
     if isa not in ISAS:
         raise ConfigError(f"model_config.cpu_kernels.isa is {isa!r}; set one of auto, {', '.join(ISAS[:-1])}.")
     return isa
@@ -217,7 +217,7 @@ class KernelProvider:
         """The library's ISA cap, ``isa`` (a process-wide setting of the library: the last model built sets it):
         applied where it is not auto or the library has another (``build.apply_isa``); an auto provider in a process
         that never capped loads nothing."""
-        from . import build  # pylint: disable=import-outside-toplevel
+        from .abi import build  # pylint: disable=import-outside-toplevel
         if self.isa != "auto" or any(applied != "auto" for applied in build.applied_isas()):
             build.apply_isa(self.isa)
 
@@ -256,7 +256,7 @@ class KernelProvider:
         which has no bfloat16 kernel there."""
         if not (self.inference and self.gemm_dtype == "bfloat16" and self.uses("linear")):
             return False
-        from . import build  # pylint: disable=import-outside-toplevel
+        from .abi import build  # pylint: disable=import-outside-toplevel
         return build.library()[0] is not None
 
     def uses(self, op):
@@ -273,7 +273,7 @@ class KernelProvider:
         ``CounterDropout`` when attention dropout is on (its tables and rule go into the kernel)."""
         if not self.uses("attention"):
             return None
-        from .attention import attention_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.attention import attention_kernel  # pylint: disable=import-outside-toplevel
         if dropout is None:
             return attention_kernel(scale, dtype)
         return attention_kernel(scale, dtype, (dropout.bits1, dropout.bits2), dropout.scale, dropout.keep_when_differ)
@@ -282,7 +282,7 @@ class KernelProvider:
         """LayerNorm's CPU kernel (float32 compute), or None."""
         if compute_dtype != ms.float32 or not self.uses("layer_norm"):
             return None
-        from .norm_gelu import layernorm_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.norm_gelu import layernorm_kernel  # pylint: disable=import-outside-toplevel
         return layernorm_kernel(eps, compute_dtype)
 
     def bias_gelu(self, form, compute_dtype, bias=True):
@@ -290,21 +290,21 @@ class KernelProvider:
         ReLU) of an MLP whose fc1 has a ``bias``, or None."""
         if form is None or not bias or not self.uses("bias_gelu"):
             return None
-        from .norm_gelu import bias_gelu_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.norm_gelu import bias_gelu_kernel  # pylint: disable=import-outside-toplevel
         return bias_gelu_kernel(form, compute_dtype)
 
     def rms_norm(self, eps, compute_dtype, params_dtype):
         """RMSNorm's CPU kernel (float32 compute and weight), or None."""
         if compute_dtype != ms.float32 or params_dtype != ms.float32 or not self.uses("rms_norm"):
             return None
-        from .rms_swiglu import rmsnorm_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.rms_swiglu import rmsnorm_kernel  # pylint: disable=import-outside-toplevel
         return rmsnorm_kernel(eps, compute_dtype)
 
     def swiglu(self, compute_dtype):
         """SwiGLU's silu(gate) * up kernel (float32 compute), or None."""
         if compute_dtype != ms.float32 or not self.uses("swiglu"):
             return None
-        from .rms_swiglu import swiglu_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.rms_swiglu import swiglu_kernel  # pylint: disable=import-outside-toplevel
         return swiglu_kernel(compute_dtype)
 
     def linear_gemm(self, compute_dtype, head=False, bf16_weights=False):
@@ -318,7 +318,7 @@ class KernelProvider:
         ``kernels/linear.py``)."""
         if compute_dtype != ms.float32 or not self.uses("linear"):
             return None, None
-        from .linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel
         gemm = linear_gemm_kernel(compute_dtype, precision=self.gemm_dtype or "float32", bf16_weights=bf16_weights)
         if gemm is None:
             return None, None
@@ -338,7 +338,7 @@ class KernelProvider:
                 form is None or not bias or \
                 not all(self.uses(op) for op in ("gemm_epilogue", "linear", "bias_gelu")):
             return None
-        from .linear import linear_epilogue_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.linear import linear_epilogue_kernel  # pylint: disable=import-outside-toplevel
         return linear_epilogue_kernel(form, compute_dtype, precision=self.gemm_dtype or "float32")
 
     def bf16_rows(self):
@@ -346,8 +346,8 @@ class KernelProvider:
         ``bf16_weights``), or None: the table stays float32 and MindSpore's Gather reads it."""
         if not self.bf16_weights:
             return None
-        from . import build  # pylint: disable=import-outside-toplevel
-        from .embedding import CPURowsBF16  # pylint: disable=import-outside-toplevel
+        from .abi import build  # pylint: disable=import-outside-toplevel
+        from .cells.embedding import CPURowsBF16  # pylint: disable=import-outside-toplevel
         return CPURowsBF16(build.library()[0])
 
     def lora_dropout(self, plain, compute_dtype):
@@ -355,13 +355,13 @@ class KernelProvider:
         parallel build, whose dropouts are MindSpore's (the kernel draws the counter dropout's masks)."""
         if self.parallel or not self.uses("lora_dropout"):
             return None
-        from .lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.lora_dropout import lora_dropout_kernel  # pylint: disable=import-outside-toplevel
         return lora_dropout_kernel(plain, compute_dtype)
 
     def kv_write(self):
         """The KV cache's write: the in-place kernel on CPU where it builds, else ``ops.ScatterNdUpdate``."""
         if self.uses("kv_write"):
-            from .kv_write import in_place_scatter_nd_update, kernel_library  # pylint: disable=import-outside-toplevel
+            from .cells.kv_write import in_place_scatter_nd_update, kernel_library  # pylint: disable=import-outside-toplevel
             library = kernel_library()
             if library is not None:
                 return in_place_scatter_nd_update(library)
@@ -388,7 +388,7 @@ class KernelProvider:
         kind = "int8" if int8 else ("bfloat16" if bf16 else "float32")
         if self.modes["decode_layer"] == "auto" and kind not in DECODE_LAYER_AUTO:
             return None
-        from .decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.decode_layer import decode_layer_kernel  # pylint: disable=import-outside-toplevel
         return decode_layer_kernel(epsilon, scale, form, ms.float32, int8=int8, precision=self.gemm_dtype or "float32",
                                    bf16_weights=bf16, **layout)
 
@@ -403,7 +403,7 @@ class KernelProvider:
         if self.inference or self.graph_dtype(compute_dtype) != "float32" or self.modes["train_layer"] != "kernel" or \
                 not self.uses("train_layer") or form not in TRAIN_LAYER_FORMS:
             return None
-        from .train_layer import layout_of, train_layer_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.train_layer import layout_of, train_layer_kernel  # pylint: disable=import-outside-toplevel
         return train_layer_kernel(layout_of(arch, form), epsilon, scale, ms.float32, dropouts=dropouts,
                                   precision=self.gemm_dtype or "float32", shared=bool(recomputed))
 
@@ -412,7 +412,7 @@ class KernelProvider:
         is float32 (``param_dtypes``), or None: MindSpore's ``AdamWeightDecay``."""
         if not self.uses("adamw") or any(dtype != ms.float32 for dtype in param_dtypes):
             return None
-        from .train_step import adamw_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.train_step import adamw_kernel  # pylint: disable=import-outside-toplevel
         return adamw_kernel()
 
     def square_sum(self):
@@ -420,7 +420,7 @@ class KernelProvider:
         overflow check and clip norm), or None: Square + ReduceSum (``training/grad_checks.py``)."""
         if not self.uses("square_sum"):
             return None
-        from .train_step import square_sum_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.train_step import square_sum_kernel  # pylint: disable=import-outside-toplevel
         return square_sum_kernel()
 
     def head_loss(self, compute_dtype, trains=True, weights="float32"):
@@ -433,7 +433,7 @@ class KernelProvider:
         if self.inference or compute_dtype != ms.float32 or self.gemm_dtype is not None or weights != "float32" or \
                 not trains or self.modes["head_loss"] != "kernel" or not self.uses("head_loss"):
             return None
-        from .head_loss import head_loss_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.head_loss import head_loss_kernel  # pylint: disable=import-outside-toplevel
         return head_loss_kernel()
 
     def int8_linear(self, compute_dtype):
@@ -442,7 +442,7 @@ class KernelProvider:
         runs it where chosen (inference only: an int8 model does not train)."""
         if compute_dtype != ms.float32 or not self.uses("int8_linear"):
             return None
-        from .linear_int8 import int8_linear_kernel  # pylint: disable=import-outside-toplevel
+        from .cells.linear_int8 import int8_linear_kernel  # pylint: disable=import-outside-toplevel
         return int8_linear_kernel(compute_dtype)
 
     # --- what a layer, the train step or the runner asks once at build: the decision, eligibility included ----------
@@ -452,7 +452,7 @@ class KernelProvider:
         primitive a shard strategy attaches to)."""
         if self.gemm_dtype != "bfloat16":
             return ops.MatMul(transpose_b=True)
-        from .linear import BF16MatMul  # pylint: disable=import-outside-toplevel
+        from .cells.linear import BF16MatMul  # pylint: disable=import-outside-toplevel
         return BF16MatMul()
 
     def flash_attention(self, asked, prefix=False):

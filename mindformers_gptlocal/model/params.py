@@ -11,7 +11,7 @@ Pure Python (no MindSpore): ``gptlocal plan`` and ``gptlocal convert`` use it wi
 """
 from collections import namedtuple
 
-from ..kernels.layer_table import LAYER, Norm, Tensor
+from ..kernels.abi.layer_table import LAYER, Norm, Tensor
 from ..parallel.layout import Layout, config_value
 from ..parallel.sharding import layout_of, model_rules, param_layouts, split_axis
 from .arch import Arch

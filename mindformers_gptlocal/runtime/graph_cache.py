@@ -64,7 +64,7 @@ _PROCESS = {}  # the one staging folder of this process, and the count of its ca
 def default_root():
     """The store's default folder: ``$XDG_CACHE_HOME/mindformers_gptlocal/compile`` (else ``~/.cache/...``),
     beside the kernels' builds."""
-    from ..kernels.build import user_cache
+    from ..kernels.abi.build import user_cache
     return user_cache("compile")
 
 

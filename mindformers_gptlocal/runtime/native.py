@@ -25,11 +25,11 @@ import ctypes
 
 import numpy as np
 
-from ..kernels import build
-from ..kernels.threads import kernel_threads
-from ..kernels.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
-from ..kernels.linear import precision_code
-from ..kernels.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel
+from ..kernels.abi import build
+from ..kernels.abi.threads import kernel_threads
+from ..kernels.abi.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
+from ..kernels.cells.linear import precision_code
+from ..kernels.abi.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel
 from .buckets import greedy_steps, width_buckets
 
 PREFILL_ROWS = 512  # token rows a call at most: a longer prefill runs as several calls of its columns (chunks)

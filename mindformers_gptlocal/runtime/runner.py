@@ -90,7 +90,7 @@ def runner_kind(kernels, layers):
         if kernels.graph_dtype(facts.compute_dtype) != "float32" or not kernels.layer_computes(facts) or \
                 facts.linears not in held:
             return "compiled"
-    from ..kernels import build  # pylint: disable=import-outside-toplevel
+    from ..kernels.abi import build  # pylint: disable=import-outside-toplevel
     return "native" if build.library()[0] is not None else "compiled"
 
 

@@ -17,8 +17,8 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import linear
-from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16, CPUDecodeLayerInt8
+from mindformers_gptlocal.kernels.cells import linear
+from mindformers_gptlocal.kernels.cells.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16, CPUDecodeLayerInt8
 from mindformers_gptlocal.model.quantization import QUANTIZATION
 from conftest import TINY
 from references import set_float_weights

@@ -147,7 +147,7 @@ def test_source_digest_changes_with_any_source_file_of_the_package(tmp_path):
     shutil.copytree(package_root(), copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
     assert source_digest(str(copy)) == source_digest()
     digests = {source_digest(str(copy))}
-    for name in ("runtime/runner.py", "kernels/kv_write.cc"):
+    for name in ("runtime/runner.py", "kernels/csrc/kv_write.cc"):
         edited = tmp_path / f"edit-{len(digests)}"
         shutil.copytree(copy, edited)
         path = edited / name

@@ -9,11 +9,11 @@ import re
 import numpy as np
 import pytest
 
-from mindformers_gptlocal.kernels import codegen, codes, table
-from mindformers_gptlocal.kernels.aot import call_core
-from mindformers_gptlocal.kernels.codes import MlpForm, NormKind, Status, WeightKind
+from mindformers_gptlocal.kernels.abi import build, codegen, codes, table
+from mindformers_gptlocal.kernels.abi.aot import call_core
+from mindformers_gptlocal.kernels.abi.codes import MlpForm, NormKind, Status, WeightKind
 
-KERNELS = os.path.dirname(codes.__file__)
+KERNELS = build.CSRC
 
 
 def test_cores_h_has_each_enum_with_pythons_values():

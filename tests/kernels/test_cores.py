@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from mindformers_gptlocal.kernels import table
-from mindformers_gptlocal.kernels.aot import call_core
+from mindformers_gptlocal.kernels.abi import table
+from mindformers_gptlocal.kernels.abi.aot import call_core
 from mindformers_gptlocal.safetensors_io import to_bfloat16_bits
 
 K = table.KERNELS

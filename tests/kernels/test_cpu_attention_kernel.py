@@ -12,7 +12,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import attention as kernel_attention, build
+from mindformers_gptlocal.kernels.abi import build
+from mindformers_gptlocal.kernels.cells import attention as kernel_attention
 from mindformers_gptlocal.model.attention import MASK_VALUE, BlockwiseCore, FusedCPUAttention
 from references import causal_bias, keep_reference, sum_error_bound, trains_like_plain
 from mindformers_gptlocal.model.dropout import CounterDropout
@@ -237,7 +238,7 @@ def test_fp16_and_plain_switch_keep_the_plain_path(monkeypatch, capfd):
 
 
 # ---------------------------------------------------------------------------------------- the build cache
-BUILD_SCRIPT = ("import sys, time; from mindformers_gptlocal.kernels import build; "
+BUILD_SCRIPT = ("import sys, time; from mindformers_gptlocal.kernels.abi import build; "
                 "path, reason = build.library(sys.argv[1]); print(reason, path, build._loads(path) if path else '')")
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal.kernels import build, table
-from mindformers_gptlocal.kernels.aot import call_core
+from mindformers_gptlocal.kernels.abi import build, table
+from mindformers_gptlocal.kernels.abi.aot import call_core
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.quantization import quantize_rows
 from conftest import ISA_TIERS, REPO, TINY, source_env
@@ -119,7 +119,7 @@ def test_onednn_itself_is_capped_in_a_fresh_process(library):
     oneDNN then reports the tier, and its sgemm (the decoder's Linear from 9 rows) is right there."""
     script = (
         "import numpy as np, ctypes\n"
-        "from mindformers_gptlocal.kernels import build\n"
+        "from mindformers_gptlocal.kernels.abi import build\n"
         f"decision = build.apply_isa('scalar', {library!r})\n"
         "assert decision['onednn_cpu'] == decision['onednn'] == decision['loops'] == 'scalar', decision\n"
         f"lib = ctypes.CDLL({library!r})\n"

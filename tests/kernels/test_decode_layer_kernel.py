@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor
 
-from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer
+from mindformers_gptlocal.kernels.cells.decode_layer import CPUDecodeLayer
 
 EPS = 1e-5
 # layout -> (heads, groups, hidden, the Cell's keywords)

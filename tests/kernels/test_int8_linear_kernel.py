@@ -7,7 +7,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-from mindformers_gptlocal.kernels import linear_int8
+from mindformers_gptlocal.kernels.cells import linear_int8
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.quant_cells import Int8MatMul, QuantLinear
 from mindformers_gptlocal.model.quantization import dequantize_rows, quantize_rows

@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels.kv_write import in_place_scatter_nd_update, kernel_library
+from mindformers_gptlocal.kernels.cells.kv_write import in_place_scatter_nd_update, kernel_library
 from conftest import TINY
 
 

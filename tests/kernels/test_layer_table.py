@@ -4,8 +4,8 @@ decode layer's and the training layer's tensors, the training layer's structs an
 import os
 import re
 
-from mindformers_gptlocal.kernels import codegen, layer_table, table
-from mindformers_gptlocal.kernels.layer_table import LAYER, Tensor
+from mindformers_gptlocal.kernels.abi import build, codegen, layer_table, table
+from mindformers_gptlocal.kernels.abi.layer_table import LAYER, Tensor
 from mindformers_gptlocal.model.arch import Arch
 from mindformers_gptlocal.model.params import layer_shapes
 
@@ -40,7 +40,7 @@ def test_the_cpp_takes_the_generated_structs():
     assert declaration.count(",") + 1 < 30
     for core in ("decode_layer_fwd", "decode_layer_int8_fwd", "decode_layer_bf16w_fwd"):
         assert f"int gptlocal_core_{core}(const float *hidden, const DecoderLayer &decoder_layer," in header
-    kernels = os.path.dirname(layer_table.__file__)
+    kernels = build.CSRC
     decoder_h = open(os.path.join(kernels, "cpu_decoder.h"), encoding="utf-8").read()
     assert "using LayerWeights = ::DecoderLayer;" in decoder_h
     train = open(os.path.join(kernels, "cpu_train_layer.cc"), encoding="utf-8").read()

@@ -8,9 +8,11 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindformers_gptlocal.kernels import build, linear, provider
+from mindformers_gptlocal.kernels import provider
+from mindformers_gptlocal.kernels.abi import build
+from mindformers_gptlocal.kernels.cells import linear
+from mindformers_gptlocal.kernels.cells.linear import BF16MatMul
 from mindformers_gptlocal.kernels.provider import KernelProvider
-from mindformers_gptlocal.kernels.linear import BF16MatMul
 from mindformers_gptlocal.model.layers import Linear, plain_matmul
 from references import assert_within_rounding
 

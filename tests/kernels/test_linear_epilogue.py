@@ -9,7 +9,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor
 
-from mindformers_gptlocal.kernels import linear, norm_gelu
+from mindformers_gptlocal.kernels.cells import linear, norm_gelu
 
 # (T, K, N): one row; seven rows, K = 3; N = 50 and 109 not multiples of 16; 64 x 40 x 130 runs on two threads
 # (common.h gemm_threads: from 2^18 multiply-adds)

@@ -9,7 +9,8 @@ from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.errors import ConfigError
-from mindformers_gptlocal.kernels import linear, provider
+from mindformers_gptlocal.kernels import provider
+from mindformers_gptlocal.kernels.cells import linear
 from mindformers_gptlocal.kernels.provider import KernelProvider, read_cpu_kernels
 from mindformers_gptlocal.model.layers import Linear, use_gemm
 from conftest import TINY

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import lora_dropout
+from mindformers_gptlocal.kernels.cells import lora_dropout
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.dropout import CounterDropout, lora_dropout_site
 from mindformers_gptlocal.model.lora_cells import LoRALinear

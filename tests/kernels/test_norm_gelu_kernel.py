@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import norm_gelu
+from mindformers_gptlocal.kernels.cells import norm_gelu
 from mindformers_gptlocal.model.layers import TanhGeLU
 from conftest import TINY
 from references import trains_like_plain

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import TINY, source_env
-from mindformers_gptlocal.kernels import build
+from mindformers_gptlocal.kernels.abi import build
 from mindformers_gptlocal.model import GPTLocalConfig, GPTLocalForCausalLM
 
 
@@ -57,7 +57,7 @@ def test_the_cache_key_covers_the_onednn_folders(monkeypatch, tmp_path):
 
 BIND = """
 import ctypes, json, os, sys
-from mindformers_gptlocal.kernels import build
+from mindformers_gptlocal.kernels.abi import build
 assert "mindspore" not in sys.modules
 path = sys.argv[1]
 assert build._loads(path)  # imports MindSpore first, then loads ours

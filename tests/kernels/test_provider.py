@@ -95,7 +95,8 @@ def test_model_code_reads_no_environment():
     """The layers ask the provider; no file of model/, of the kernels' Cells or the provider reads an environment
     variable (build.py reads where the cache goes)."""
     readers = []
-    for path in glob.glob(os.path.join(PACKAGE, "model", "*.py")) + glob.glob(os.path.join(PACKAGE, "kernels", "*.py")):
+    kernels = glob.glob(os.path.join(PACKAGE, "kernels", "**", "*.py"), recursive=True)  # its sub-folders too
+    for path in glob.glob(os.path.join(PACKAGE, "model", "*.py")) + kernels:
         if os.path.basename(path) == "build.py":
             continue
         text = open(path, encoding="utf-8").read()

@@ -10,8 +10,8 @@ from mindspore import ops
 
 from mindformers_gptlocal import GPTLocalConfig
 from mindformers_gptlocal.kernels import provider
-from mindformers_gptlocal.kernels.decode_layer import CPUDecodeLayer, CPUDecodeLayerInt8
-from mindformers_gptlocal.kernels.linear import BF16MatMul
+from mindformers_gptlocal.kernels.cells.decode_layer import CPUDecodeLayer, CPUDecodeLayerInt8
+from mindformers_gptlocal.kernels.cells.linear import BF16MatMul
 from mindformers_gptlocal.kernels.provider import DecodeLayerFacts, KernelProvider
 from mindformers_gptlocal.model.dropout import CounterDropout
 from mindformers_gptlocal.runtime.buckets import greedy_steps

@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import linear, rms_swiglu
+from mindformers_gptlocal.kernels.cells import linear, rms_swiglu
 from mindformers_gptlocal.model.layers import SiLU
 from conftest import TINY
 from references import trains_like_plain

@@ -11,8 +11,8 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalConfig
-from mindformers_gptlocal.kernels import table
-from mindformers_gptlocal.kernels.aot import KernelCell, call_core
+from mindformers_gptlocal.kernels.abi import table
+from mindformers_gptlocal.kernels.abi.aot import KernelCell, call_core
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.attention import ParallelAttention, RotaryEmbedding
 from conftest import TINY

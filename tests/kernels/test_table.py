@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindformers_gptlocal.kernels import build, codegen, linear, table
-from mindformers_gptlocal.kernels.aot import DirectCall
-from mindformers_gptlocal.kernels.spec import Kernel, Options, Table, tensors
+from mindformers_gptlocal.kernels.abi import build, codegen, table
+from mindformers_gptlocal.kernels.abi.aot import DirectCall
+from mindformers_gptlocal.kernels.abi.spec import Kernel, Options, Table, tensors
+from mindformers_gptlocal.kernels.cells import linear
 
-HERE = os.path.dirname(table.__file__)
+HERE = build.CSRC
 
 
 def test_an_options_value_is_its_structs_words():
@@ -153,14 +154,14 @@ def test_each_kernel_names_the_op_that_chooses_it():
     from mindformers_gptlocal.kernels.provider import OPS  # pylint: disable=import-outside-toplevel
     ops = {entry.op for entry in table.TABLE.entries} - {None}
     assert ops == set(OPS) - {"composed_ops"}
-    assert OPS["layer_norm"].endswith("(kernels/cpu_layernorm.cc)") and "kernels/" not in OPS["composed_ops"]
+    assert OPS["layer_norm"].endswith("(kernels/csrc/cpu_layernorm.cc)") and "kernels/" not in OPS["composed_ops"]
 
 
 def test_a_bprop_is_one_backward_call_written_out():
     """The bprop generated from the table calls the backward once on the tensors it names and returns each input's
     gradient, zeros for the options, with no loop: MindSpore compiles one per primitive instance, and a generic
     bprop made GPT-2 small's training graph ~8 s slower to compile."""
-    from mindformers_gptlocal.kernels import aot
+    from mindformers_gptlocal.kernels.abi import aot
     forward = table.TABLE.kernel("gptlocal_layernorm_fwd")
     source = aot.bprop_source(forward, table.TABLE.kernel(forward.backward))
     assert source.splitlines()[1:4] == [

@@ -9,8 +9,9 @@ import ctypes
 import numpy as np
 import pytest
 
-from mindformers_gptlocal.kernels import table, train_layer
-from mindformers_gptlocal.kernels.aot import call_core
+from mindformers_gptlocal.kernels.abi import table
+from mindformers_gptlocal.kernels.abi.aot import call_core
+from mindformers_gptlocal.kernels.cells import train_layer
 
 FORWARD, BACKWARD = table.KERNELS["gptlocal_train_layer_fwd"], table.KERNELS["gptlocal_train_layer_bwd"]
 B, S, H, N, G, I, R = 2, 7, 12, 3, 3, 11, 2

@@ -11,13 +11,13 @@ import threading
 import numpy as np
 import pytest
 
-from mindformers_gptlocal.kernels.aot import DirectCall
-from mindformers_gptlocal.kernels.table import LinearOptions
+from mindformers_gptlocal.kernels.abi.aot import DirectCall
+from mindformers_gptlocal.kernels.abi.table import LinearOptions
 
 
 @pytest.fixture(scope="module")
 def library():
-    from mindformers_gptlocal.kernels import build
+    from mindformers_gptlocal.kernels.abi import build
     path, why = build.library()
     if path is None:
         pytest.skip(why)

@@ -13,7 +13,7 @@ from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, GPTLocalTrainOneStepCell
 from mindformers_gptlocal.model import config as config_module
-from mindformers_gptlocal.kernels.linear import BF16MatMul
+from mindformers_gptlocal.kernels.cells.linear import BF16MatMul
 from conftest import TINY
 from references import LossOf, assert_errors_of_one_size, copy_weights
 

@@ -15,7 +15,7 @@ import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
-from mindformers_gptlocal.kernels import linear
+from mindformers_gptlocal.kernels.cells import linear
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
 from mindformers_gptlocal.model.layers import Linear

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels.head_loss import CPUHeadLoss
+from mindformers_gptlocal.kernels.cells.head_loss import CPUHeadLoss
 from mindformers_gptlocal.model.quantization import QUANTIZATION
 from test_train_layer import BASE, LAYOUTS, SEQ, loss_and_grads, models, worst
 

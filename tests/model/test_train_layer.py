@@ -17,7 +17,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels import train_layer
+from mindformers_gptlocal.kernels.cells import train_layer
 from references import LossOf
 
 SEQ = 13

@@ -7,7 +7,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor, Parameter
 
 from mindformers.core.optim import AdamW
-from mindformers_gptlocal.kernels.train_step import CPUAdamW
+from mindformers_gptlocal.kernels.cells.train_step import CPUAdamW
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.training.optim import GPTLocalAdamW
 

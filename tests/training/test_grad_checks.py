@@ -7,7 +7,7 @@ from mindspore import Tensor, nn, ops
 
 from mindformers.core.clip_grad import ClipGradNorm
 from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
-from mindformers_gptlocal.kernels.train_step import square_sum_kernel
+from mindformers_gptlocal.kernels.cells.train_step import square_sum_kernel
 from mindformers_gptlocal.training.grad_checks import isfinite_overflow, kernel_non_finite, non_finite
 
 # the grads below: odd sizes, and one large enough (300 x 160) for the kernel to split over two threads

@@ -5,8 +5,8 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindformers_gptlocal import GPTLocalForCausalLM, GPTLocalTrainOneStepCell
+from mindformers_gptlocal.kernels.cells.train_step import CPUSquareSum
 from mindformers_gptlocal.kernels.provider import OPS
-from mindformers_gptlocal.kernels.train_step import CPUSquareSum
 from references import LossOf
 
 

@@ -11,9 +11,9 @@ import functools
 import mindspore as ms
 from mindspore import ops
 
-from . import build
-from .aot import KernelCell, float32_library
-from .table import KERNELS
+from ..abi import build
+from ..abi.aot import KernelCell, float32_library
+from ..abi.table import KERNELS
 
 _warn = functools.partial(build.warn_once, "CPU head + loss kernel off, the head's GEMM and LogSoftmax used instead")
 

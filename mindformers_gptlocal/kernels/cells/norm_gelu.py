@@ -9,10 +9,10 @@ compiler...); the caller then keeps its plain MindSpore ops, which stay the refe
 """
 import functools
 
-from . import build
-from .aot import KernelCell, float32_library
-from .codes import MlpForm, name_of
-from .table import KERNELS
+from ..abi import build
+from ..abi.aot import KernelCell, float32_library
+from ..abi.codes import MlpForm, name_of
+from ..abi.table import KERNELS
 
 GELU_FORMS = (MlpForm.TANH, MlpForm.QUICK)  # the bias + GeLU kernels' forms
 _warn_once = functools.partial(build.warn_once,

@@ -29,12 +29,12 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from . import build
-from .aot import float32_library, primitive
+from ..abi import build
+from ..abi.aot import float32_library, primitive
 from .attention import KEY_BLOCK, QUERY_BLOCK
-from .codes import MlpForm, NormKind, name_of
+from ..abi.codes import MlpForm, NormKind, name_of
 from .linear import precision_code
-from .table import KERNELS, TrainLayerOptions
+from ..abi.table import KERNELS, TrainLayerOptions
 
 FORWARD = "gptlocal_train_layer_fwd"
 BACKWARD = "gptlocal_train_layer_bwd"

@@ -24,10 +24,10 @@ import sys
 import mindspore as ms
 from mindspore import nn, ops
 
-from . import build
-from .aot import float32_library, primitive
+from ..abi import build
+from ..abi.aot import float32_library, primitive
 from .norm_gelu import gelu_form
-from .table import KERNELS, LinearGeluOptions, LinearOptions
+from ..abi.table import KERNELS, LinearGeluOptions, LinearOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
 PRECISIONS = ("float32", "bfloat16")

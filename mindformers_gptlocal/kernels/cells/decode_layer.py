@@ -24,11 +24,11 @@ their scales (``CPUDecodeLayerInt8``: ``model/quant_cells.py`` ``QuantLinear``'s
 """
 import functools
 
-from . import build
-from .aot import KernelCell, float32_library
-from .codes import MlpForm, NormKind, name_of
+from ..abi import build
+from ..abi.aot import KernelCell, float32_library
+from ..abi.codes import MlpForm, NormKind, name_of
 from .linear import precision_code
-from .table import KERNELS
+from ..abi.table import KERNELS
 
 SYMBOL = "gptlocal_decode_layer_fwd"
 INT8_SYMBOL = "gptlocal_decode_layer_int8_fwd"

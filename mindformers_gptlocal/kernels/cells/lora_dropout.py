@@ -18,9 +18,9 @@ import functools
 
 import mindspore as ms
 
-from . import build
-from .aot import KernelCell, float32_library
-from .table import KERNELS
+from ..abi import build
+from ..abi.aot import KernelCell, float32_library
+from ..abi.table import KERNELS
 
 _warn_once = functools.partial(build.warn_once, "CPU LoRA dropout kernel off, gpt_local's counter dropout used instead")
 

@@ -21,7 +21,7 @@ import logging
 import mindspore as ms
 from mindspore import ops
 
-from . import build
+from ..abi import build
 
 log = logging.getLogger("gptlocal")
 SYMBOL = "InPlaceScatterNdUpdate"

@@ -15,9 +15,9 @@ import functools
 import mindspore as ms
 from mindspore import ops
 
-from . import build
-from .aot import KernelCell, float32_library
-from .table import KERNELS
+from ..abi import build
+from ..abi.aot import KernelCell, float32_library
+from ..abi.table import KERNELS
 
 _warn_adamw = functools.partial(build.warn_once, "CPU AdamW kernel off, MindSpore's AdamWeightDecay used instead")
 _warn_square_sum = functools.partial(build.warn_once, "CPU sum-of-squares kernel off, Square + ReduceSum used instead")

@@ -10,9 +10,9 @@ import functools
 
 from mindspore import nn
 
-from . import build
-from .aot import float32_library, primitive
-from .table import KERNELS, ThreadOptions
+from ..abi import build
+from ..abi.aot import float32_library, primitive
+from ..abi.table import KERNELS, ThreadOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU int8 Linear kernel off, MindSpore ops used instead")
 

@@ -5,8 +5,8 @@ Such a model (``KernelProvider.bf16_weights``) holds its token table once, as bf
 as held and the lookup reads it through this kernel (MindSpore's CPU Gather has no bfloat16). Inference only (no
 bprop); an id outside the table fails the call.
 """
-from .aot import KernelCell
-from .table import KERNELS
+from ..abi.aot import KernelCell
+from ..abi.table import KERNELS
 
 
 class CPURowsBF16(KernelCell):

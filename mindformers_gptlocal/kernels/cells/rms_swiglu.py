@@ -9,9 +9,9 @@ MindSpore ops (``model/layers.py`` RMSNorm, ``model/layers.py`` SiLU + Mul), the
 """
 import functools
 
-from . import build
-from .aot import KernelCell, float32_library
-from .table import KERNELS
+from ..abi import build
+from ..abi.aot import KernelCell, float32_library
+from ..abi.table import KERNELS
 
 _warn_once = functools.partial(build.warn_once, "CPU RMSNorm and SwiGLU kernels off, MindSpore's ops used instead")
 

@@ -440,7 +440,7 @@ class Table:
     def where(self, op):
         """Where the kernels of the ``cpu_kernels`` op ``op`` are: " (kernels/a.cc, kernels/b.cc)", or ""."""
         sources = dict.fromkeys(e.source for e in self.entries if e.op == op)
-        return f" ({', '.join('kernels/' + source for source in sources)})" if sources else ""
+        return f" ({', '.join('kernels/csrc/' + source for source in sources)})" if sources else ""
 
     @property
     def symbols(self):

@@ -12,9 +12,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from . import build
-from .aot import primitive
-from .table import KERNELS, AttentionOptions
+from ..abi import build
+from ..abi.aot import primitive
+from ..abi.table import KERNELS, AttentionOptions
 
 QUERY_BLOCK = 64
 KEY_BLOCK = 256

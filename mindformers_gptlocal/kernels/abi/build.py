@@ -58,10 +58,10 @@ from . import codegen
 from .codes import Status
 from .table import TABLE
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(HERE, name) for name in TABLE.sources)  # the kernels' cores, in the table's order
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")  # kernels/csrc/: the C++
+SOURCES = tuple(os.path.join(CSRC, name) for name in TABLE.sources)  # the kernels' cores, in the table's order
 # included: part of the cache key
-HEADERS = tuple(os.path.join(HERE, name) for name in ("common.h", "aot.h", "cpu_decoder.h"))
+HEADERS = tuple(os.path.join(CSRC, name) for name in ("common.h", "aot.h", "cpu_decoder.h"))
 LIBRARY_NAME = "libgptlocal_kernels.so"
 OBJECTS = "objects"  # the cache's compiled sources, by content (``_objects``)
 SYMBOLS = TABLE.symbols  # every entry point, export and typed core: a library without one of them is not ours
@@ -332,7 +332,7 @@ def _objects(cxx, version, store, generated, include):
             return None
         handle, temporary = tempfile.mkstemp(prefix=".object-", suffix=".o", dir=store)
         os.close(handle)
-        reason = _run(cxx, [cxx, *flags, "-c", "-I" + generated, "-I" + HERE, "-I" + include, source,
+        reason = _run(cxx, [cxx, *flags, "-c", "-I" + generated, "-I" + CSRC, "-I" + include, source,
                             "-o", temporary])
         if reason is None:
             os.replace(temporary, obj)  # atomic: another builder sees no object or the whole one
