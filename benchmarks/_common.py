@@ -309,7 +309,7 @@ def busy_line():
 
 
 def isa_decision():
-    """Our kernel library's CPU-ISA decision at ``cpu_kernels.isa: auto`` (``kernels/build.py`` ``describe_isa``: the
+    """Our kernel library's CPU-ISA decision at ``cpu_kernels.isa: auto`` (``kernels/abi/build.py`` ``describe_isa``: the
     tier its loops run, oneDNN's, the CPU's), read in a worker (the parent imports no MindSpore): "isa auto: loops
     avx2, oneDNN avx2 (CPU: avx2, oneDNN's avx2)"; "isa unknown (...)" where the worker fails."""
     if "isa" not in _MACHINE:

@@ -82,7 +82,7 @@ def linear_cell(inp, out, bias, mode):
 
 def direct_call(cell, inputs, output):
     """The kernel Cell's C entry point bound to numpy ``inputs`` (its construct's, in order), its config and
-    ``output``: ``.call()`` runs it outside MindSpore (``kernels/aot.py`` ``DirectCall``) and returns its status."""
+    ``output``: ``.call()`` runs it outside MindSpore (``kernels/abi/aot.py`` ``DirectCall``) and returns its status."""
     import ctypes
     from mindformers_gptlocal.kernels.abi import build
     from mindformers_gptlocal.kernels.abi.aot import DirectCall

@@ -39,7 +39,7 @@ bfloat16 sides (``python benchmarks/run.py train``):
   ours_bf16        ours with model_config.compute_dtype bfloat16 (``--ours-bf16``: the GEMMs in bf16, fp32 master
                    weights and optimizer state)
   ours_layer       ours with model_config.cpu_kernels {train_layer: kernel} (``--ours-train-layer``: each layer's
-                   training step one kernel node each way, kernels/cpu_train_layer.cc); ours_layer_bf16 the same
+                   training step one kernel node each way, kernels/csrc/cpu_train_layer.cc); ours_layer_bf16 the same
                    in bfloat16 (with ``--ours-bf16`` too)
   sdpa+fused-bf16  sdpa+fused with the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
   compile-bf16     compile, the same under autocast

@@ -6,7 +6,7 @@
 - ``dtype="int8"``: every 2-D weight but the position table (the Linears, the token table, an untied head) as int8
   plus ``<name>_scale`` float32, one scale per output channel (``model/quantization.py``: the scheme); norms, biases
   and the position table stay float32; ``config.json`` gains ``"quantization": QUANTIZATION`` (and computes in
-  float32: a Linear quantizes its input per row on the fly, ``kernels/cpu_linear_int8.cc``).
+  float32: a Linear quantizes its input per row on the fly, ``kernels/csrc/cpu_linear_int8.cc``).
 - ``dtype="bfloat16"``: every floating tensor as bfloat16 (rounded to nearest even), ``config.json``
   ``compute_dtype: "bfloat16"``; an inference build (generate, chat, serve, eval) reads the bits into its bfloat16
   Linear and untied-head weights as they are, every other tensor (and every tensor of a training build) is widened

@@ -320,7 +320,7 @@ def library():
     return path
 
 
-ISA_TIERS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")  # kernels/build.py ISAS but auto
+ISA_TIERS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")  # kernels/abi/build.py ISAS but auto
 
 
 @pytest.fixture(params=ISA_TIERS)

@@ -217,7 +217,7 @@ MUTATIONS = [
     Mutation("training from an int8 model not refused", PKG + "preflight/checks.py",
              "    check_not_int8_training(config, model_config)\n", "",
              ["tests/preflight/test_int8_training_refused.py"]),
-    # the training layer (kernels/cpu_train_layer.cc)
+    # the training layer (kernels/csrc/cpu_train_layer.cc)
     Mutation("the training layer's backward skips the attention output's dropout mask",
              PKG + "kernels/csrc/cpu_train_layer.cc",
              "    status = hidden_dropout(w.dattn, T * H, 1, d, in, o);\n", "    status = 0;\n",

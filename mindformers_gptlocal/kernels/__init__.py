@@ -1,14 +1,13 @@
-"""gpt_local's own CPU kernels: C++ sources shipped as package data, built at first use (``build.py``) and called
-through MindSpore's AOT ``ops.Custom``.
+"""gpt_local's own CPU kernels, laid out by kind (imports point down the list):
 
-Each kernel is one entry of the kernel table (``table.py``: its tensors' dtypes and dims, its options struct, its
-symbol, its source); its computation is a typed C++ core (``int gptlocal_core_<name>(const float *x, ...,
-int64_t sizes..., const Options &)``) in one ``.cc`` file per op or small family (``cpu_attention.cc``,
-``cpu_layernorm.cc``, ``cpu_linear.cc``...), sharing ``common.h`` (the worker pool, exp, GeLU, bf16 rounding, the
-counter dropout's mask). The build generates from the table (``codegen.py``) the cores' declarations and options
-structs (``cores.h``) and each MindSpore entry point, a thin adapter (``aot.h`` ``bind``); Python reads the same
-table for the options' values, the primitives' shapes, dtypes and bprops (``aot.py``) and the build's sources and
-symbols. Composite kernels (``cpu_decode_layer.cc``) call the other cores as C++ functions. The Cells
-(``attention.py``, ``norm_gelu.py``, ``rms_swiglu.py``, ``linear.py``, ``linear_int8.py``, ``lora_dropout.py``,
-``decode_layer.py``, ``train_step.py``, ``kv_write.py``) are what the model holds; which op runs which of them is
-decided in one place, ``provider.py``, from the model's ``model_config.cpu_kernels``."""
+- ``provider.py``: ``KernelProvider``, the one place each op's implementation is chosen, from the model's
+  ``model_config.cpu_kernels``;
+- ``cells/``: the MindSpore Cells and primitives the model holds, each wrapping a core (``attention.py``,
+  ``norm_gelu.py``, ``rms_swiglu.py``, ``linear.py``, ``linear_int8.py``, ``decode_layer.py``, ``train_layer.py``...);
+- ``abi/``: the ABI and build machinery: the kernel table (``spec.py``, ``table.py``: each kernel's tensors, dtypes,
+  dims, options struct, symbol and source; ``layer_table.py``: a decoder layer's parameters), the codes C++ shares
+  (``codes.py``), the generated ``cores.h`` and adapters (``codegen.py``), the build at first use (``build.py``), an
+  entry as a MindSpore AOT ``ops.Custom`` primitive (``aot.py``);
+- ``csrc/``: the typed C++ cores (``int gptlocal_core_<name>(const float *x, ..., int64_t sizes..., const Options
+  &)``), one ``.cc`` per op or small family, sharing ``common.h``; shipped as package data. Composite kernels
+  (``cpu_decode_layer.cc``) call the other cores as C++ functions."""

@@ -21,7 +21,7 @@ was measured to set a default is in docs/performance.md. The choice is made from
   config's ``compute_dtype``: on CPU, where MindSpore's kernels and gpt_local's compute in float32, a
   ``bfloat16`` model computes in float32 between ops (``graph_dtype``) and runs its GEMMs (every Linear, forward and
   both backward GEMMs, and the head) bf16 x bf16 with float32 accumulation (``gemm_dtype``: the GEMM kernel in
-  bf16 in every graph, or ``kernels/linear.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
+  bf16 in every graph, or ``kernels/cells/linear.py``'s ``BF16MatMul``, the same numbers from MindSpore's ops, where the
   kernel is not used); every other backend computes in the config's dtypes, as MindSpore's own kernels do. A build
   for inference (``inference``: ``model/loader.py`` ``load_model``, what generate, chat, serve and eval build)
   with those bf16 GEMMs through the GEMM kernel holds the Linears', the head's and the token table's weights as
@@ -46,37 +46,37 @@ from .abi.table import TABLE
 # op -> what its kernel is (docs/configuration.md lists the same), then where its kernels are: the sources of the
 # kernel table's entries of that op (table.py: each entry's op)
 OPS = {op: text + TABLE.where(op) for op, text in {
-    "attention": "fused causal attention of training, eval and a KV-cache prefill (Cell: kernels/attention.py)",
-    "layer_norm": "LayerNorm (Cell: kernels/norm_gelu.py)",
-    "bias_gelu": "the MLP's fc1 bias + tanh or quick GeLU (Cell: kernels/norm_gelu.py)",
-    "rms_norm": "RMSNorm (Cell: kernels/rms_swiglu.py)",
-    "swiglu": "SwiGLU's silu(gate) * up (Cell: kernels/rms_swiglu.py)",
+    "attention": "fused causal attention of training, eval and a KV-cache prefill (Cell: kernels/cells/attention.py)",
+    "layer_norm": "LayerNorm (Cell: kernels/cells/norm_gelu.py)",
+    "bias_gelu": "the MLP's fc1 bias + tanh or quick GeLU (Cell: kernels/cells/norm_gelu.py)",
+    "rms_norm": "RMSNorm (Cell: kernels/cells/rms_swiglu.py)",
+    "swiglu": "SwiGLU's silu(gate) * up (Cell: kernels/cells/rms_swiglu.py)",
     "linear": "the Linears' and the head's x W^T (+ b), oneDNN's sgemm, or its bf16 GEMM with compute_dtype "
-              "bfloat16 (Cell: kernels/linear.py)",
-    "lora_dropout": "LoRA's input dropout (Cell: kernels/lora_dropout.py)",
-    "kv_write": "the KV cache's in-place write (kernels/kv_write.py)",
+              "bfloat16 (Cell: kernels/cells/linear.py)",
+    "lora_dropout": "LoRA's input dropout (Cell: kernels/cells/lora_dropout.py)",
+    "kv_write": "the KV cache's in-place write (kernels/cells/kv_write.py)",
     "composed_ops": "faster forms of MindSpore ops: the tanh GeLU from sigmoid, explicit broadcasts before Add, "
                     "the two-stage gradient norm of clipping (training/grad_checks.py, mf/wrapper.py)",
     "decode_layer": "a layer of the decode step (one new token a row) as one kernel node in the compiled decode graph "
-                    "(Cell: kernels/decode_layer.py; every layout the model builds); float32, int8 and (built for "
+                    "(Cell: kernels/cells/decode_layer.py; every layout the model builds); float32, int8 and (built for "
                     "inference) bf16 models",
     "runner": "the inference runtime's runner on CPU: the native runner (runtime/native.py: the model's forward over "
               "its KV cache as one C++ call a step, no MindSpore graph) or the compiled graphs (runtime/runner.py)",
     "adamw": "GPTLocalAdamW's update of each float32 parameter and its moments in place, one pass (Cell: "
-             "kernels/train_step.py; AdamWeightDecay's formula), in gpt_local's train step (GPTLocalTrainOneStepCell)",
+             "kernels/cells/train_step.py; AdamWeightDecay's formula), in gpt_local's train step (GPTLocalTrainOneStepCell)",
     "square_sum": "each gradient's sum of squares, one read-only pass, for the train step's overflow check and the "
-                  "clip's global norm (Cell: kernels/train_step.py; GPTLocalTrainOneStepCell)",
+                  "clip's global norm (Cell: kernels/cells/train_step.py; GPTLocalTrainOneStepCell)",
     "head_loss": "the LM head and its cross-entropy in a training graph as one node each way, over chunks of rows "
-                 "(no [tokens, vocab] tensor kept; Cell: kernels/head_loss.py); float32 GEMMs, a head that trains; "
+                 "(no [tokens, vocab] tensor kept; Cell: kernels/cells/head_loss.py); float32 GEMMs, a head that trains; "
                  "kernel only (auto: off, measured leaner at long sequences only, not faster)",
     "int8_linear": "an int8 model's Linears and head: x quantized per row, oneDNN's s8 x s8 -> s32 GEMM (Cell: "
-                   "kernels/linear_int8.py)",
+                   "kernels/cells/linear_int8.py)",
     "train_layer": "a whole decoder layer of a training step as one node each way, forward and backward (norm, QKV, "
                    "rope, attention, projection, residual, norm, MLP, residual; its activations in buffers it owns, "
                    "bf16 under compute_dtype bfloat16) for every layout the model builds, in training graphs (Cell: "
-                   "kernels/train_layer.py); kernel only (auto: off, not measured faster yet)",
+                   "kernels/cells/train_layer.py); kernel only (auto: off, not measured faster yet)",
     "gemm_epilogue": "the MLP's GEMMs with what follows them fused in, where the linear and bias_gelu kernels run: "
-                     "fc1 + bias + GeLU, fc2 + bias + the residual (Cell: kernels/linear.py CPULinearEpilogue); "
+                     "fc1 + bias + GeLU, fc2 + bias + the residual (Cell: kernels/cells/linear.py CPULinearEpilogue); "
                      "kernel only (auto: off, not measured faster yet)",
 }.items()}
 MODES = ("auto", "kernel", "plain")
@@ -112,12 +112,12 @@ HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
 DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
     "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "norm", "norm_weights",
     "norm_dtype", "softmax_dtype", "prefix", "adapters", "layerdrop"))
-# The MLP forms and norms the decoder's C++ layer computes (kernels/codes.py MlpForm, NormKind)
+# The MLP forms and norms the decoder's C++ layer computes (kernels/abi/codes.py MlpForm, NormKind)
 LAYER_FORMS = ("tanh", "quick", "erf", "relu", "swiglu")
 LAYER_NORMS = ("LayerNorm", "RMSNorm")
 
 # What ``KernelProvider.train_layer_for`` weighs of one built decoder layer (``model/gpt.py`` ``make_train_layer``
-# gathers it): ``arch`` (the model's ``Arch``: its layout, ``kernels/train_layer.py`` ``layout_of``); ``epsilon``,
+# gathers it): ``arch`` (the model's ``Arch``: its layout, ``kernels/cells/train_layer.py`` ``layout_of``); ``epsilon``,
 # ``scale``: the norms' and attention's; ``form``: the MLP's activation as the kernel computes it ("tanh", "quick",
 # "swiglu"; None: another, the erf GeLU or ReLU); ``compute_dtype``: the config's; ``linears``: "float32" where every
 # Linear of the layer is the base Linear holding float32 weights, else None (LoRA, an int8 model's, bf16 weights);
@@ -269,7 +269,7 @@ class KernelProvider:
 
     # --- the ops -------------------------------------------------------------------------------------------
     def attention(self, scale, dtype, dropout=None):
-        """The fused CPU attention (``kernels/attention.py``) for one layer, or None. ``dropout``: the layer's
+        """The fused CPU attention (``kernels/cells/attention.py``) for one layer, or None. ``dropout``: the layer's
         ``CounterDropout`` when attention dropout is on (its tables and rule go into the kernel)."""
         if not self.uses("attention"):
             return None
@@ -315,7 +315,7 @@ class KernelProvider:
         ``gemm_dtype`` bfloat16 the kernel runs bf16 GEMMs, in every graph under ``auto`` too (MindSpore's CPU MatMul
         has no bf16; the emulation, ``BF16MatMul``, is slower). ``bf16_weights``: the caller's weight is held as
         bfloat16 (``self.bf16_weights``), so the Cell takes it so (the inference-only forward of
-        ``kernels/linear.py``)."""
+        ``kernels/cells/linear.py``)."""
         if compute_dtype != ms.float32 or not self.uses("linear"):
             return None, None
         from .cells.linear import linear_gemm_kernel  # pylint: disable=import-outside-toplevel
@@ -327,7 +327,7 @@ class KernelProvider:
         return gemm, HEAD_RULE if head else LINEAR_RULE
 
     def gemm_epilogue(self, form, compute_dtype, bias=True, plain_linears=True):
-        """The MLP's GEMM epilogues (``kernels/linear.py`` ``CPULinearEpilogue``: fc1 + bias + GeLU ``form``, fc2 +
+        """The MLP's GEMM epilogues (``kernels/cells/linear.py`` ``CPULinearEpilogue``: fc1 + bias + GeLU ``form``, fc2 +
         bias + the residual, in ``gemm_dtype``'s precision) or None: under ``kernel``, float32 compute, where the
         ``linear`` and ``bias_gelu`` kernels are chosen as well (``bias``, ``form``: as ``bias_gelu``), and only for
         ``plain_linears``: fc1 and fc2 both the base Linear (not LoRA's subclasses, whose update comes between the
@@ -342,7 +342,7 @@ class KernelProvider:
         return linear_epilogue_kernel(form, compute_dtype, precision=self.gemm_dtype or "float32")
 
     def bf16_rows(self):
-        """The token lookup of a table held as bfloat16 (``kernels/embedding.py``: a bf16 inference build's, where
+        """The token lookup of a table held as bfloat16 (``kernels/cells/embedding.py``: a bf16 inference build's, where
         ``bf16_weights``), or None: the table stays float32 and MindSpore's Gather reads it."""
         if not self.bf16_weights:
             return None
@@ -372,7 +372,7 @@ class KernelProvider:
         return self.uses("composed_ops")
 
     def decode_layer(self, epsilon, scale, form, compute_dtype, int8=False, bf16_weights=False, **layout):
-        """The decode step's layer kernel (``kernels/decode_layer.py``: norm .. MLP .. residual with the KV cache
+        """The decode step's layer kernel (``kernels/cells/decode_layer.py``: norm .. MLP .. residual with the KV cache
         written in place, one node a layer) for a layer ``decode_layer_for`` found it computes, with norm ``epsilon``,
         attention ``scale``, MLP ``form`` and ``layout`` (``CPUDecodeLayer``'s ``norm``, ``rotary_dim``,
         ``parallel_residual``, ``qkv_bias``, ``bias``), or None: the plain decode graph. Float32 and int8 models
@@ -393,7 +393,7 @@ class KernelProvider:
                                    bf16_weights=bf16, **layout)
 
     def train_layer(self, arch, form, epsilon, scale, compute_dtype, dropouts=(None, None, None), recomputed=False):
-        """The training layer's kernel (``kernels/train_layer.py`` ``CPUTrainLayer``: the whole layer forward and
+        """The training layer's kernel (``kernels/cells/train_layer.py`` ``CPUTrainLayer``: the whole layer forward and
         backward, one node each way) for a layer of ``arch``'s layout with MLP ``form`` ("tanh", "quick", "swiglu"),
         norm ``epsilon`` and attention ``scale``, or None: the layer's per-op graph. A float32 graph on CPU
         (``compute_dtype`` bfloat16: bf16 GEMMs, the GEMM operands saved as bf16), a training build (not
@@ -408,7 +408,7 @@ class KernelProvider:
                                   precision=self.gemm_dtype or "float32", shared=bool(recomputed))
 
     def adamw(self, param_dtypes):
-        """GPTLocalAdamW's update kernel (``kernels/train_step.py`` ``CPUAdamW``) where every parameter it updates
+        """GPTLocalAdamW's update kernel (``kernels/cells/train_step.py`` ``CPUAdamW``) where every parameter it updates
         is float32 (``param_dtypes``), or None: MindSpore's ``AdamWeightDecay``."""
         if not self.uses("adamw") or any(dtype != ms.float32 for dtype in param_dtypes):
             return None
@@ -416,7 +416,7 @@ class KernelProvider:
         return adamw_kernel()
 
     def square_sum(self):
-        """The gradients' sum-of-squares kernel (``kernels/train_step.py`` ``CPUSquareSum``: the train step's
+        """The gradients' sum-of-squares kernel (``kernels/cells/train_step.py`` ``CPUSquareSum``: the train step's
         overflow check and clip norm), or None: Square + ReduceSum (``training/grad_checks.py``)."""
         if not self.uses("square_sum"):
             return None
@@ -424,7 +424,7 @@ class KernelProvider:
         return square_sum_kernel()
 
     def head_loss(self, compute_dtype, trains=True, weights="float32"):
-        """The fused head + loss kernel (``kernels/head_loss.py`` ``CPUHeadLoss``) for a training build's loss, or
+        """The fused head + loss kernel (``kernels/cells/head_loss.py`` ``CPUHeadLoss``) for a training build's loss, or
         None: the head's GEMM, LogSoftmax and GatherD. A float32 graph whose GEMMs run in float32 (not
         ``gemm_dtype`` bfloat16) on a head table held as float32 (``weights``: "float32", "bfloat16" or "int8"),
         whose weight ``trains`` (a frozen head, under LoRA or prefix tuning, would have its gradient computed for
@@ -437,7 +437,7 @@ class KernelProvider:
         return head_loss_kernel()
 
     def int8_linear(self, compute_dtype):
-        """An int8 model's Linear kernel (``kernels/linear_int8.py``: float32 activations, int8 weights and their
+        """An int8 model's Linear kernel (``kernels/cells/linear_int8.py``: float32 activations, int8 weights and their
         per-channel scales), or None: the same scheme in MindSpore ops (``model/quant_cells.py``). Every graph
         runs it where chosen (inference only: an int8 model does not train)."""
         if compute_dtype != ms.float32 or not self.uses("int8_linear"):
@@ -471,7 +471,7 @@ class KernelProvider:
         if prefix:
             if self.uses("attention"):
                 _warn_once("gptlocal: pet_config prefix tuning uses the plain matmul + softmax attention, not the "
-                           "fused CPU attention kernel (kernels/attention.py) (built for square masks; the prefix "
+                           "fused CPU attention kernel (kernels/cells/attention.py) (built for square masks; the prefix "
                            "adds key rows in front).")
             return None
         if not self.uses("attention") or not 0.0 <= dropout_rate < 1.0 or (dropout_rate > 0 and not counter_dropout):

@@ -20,7 +20,7 @@ from .symbols import (ClipGradNorm, MFTrainOneStepCell, MFPipelineWithLossScaleC
 
 class GPTLocalClipGradNorm(ClipGradNorm):
     """MindFormers' ClipGradNorm (same norm, same clipping) with the fast square sums: ``sum_of_squares`` (the CPU
-    kernel, ``kernels/train_step.py``), else the two-stage reduction (``training/grad_checks.py``); which one is
+    kernel, ``kernels/cells/train_step.py``), else the two-stage reduction (``training/grad_checks.py``); which one is
     picked here (``square_sums``)."""
 
     def __init__(self, max_norm=1.0, sum_of_squares=None):

@@ -79,7 +79,7 @@ class ParallelAttention(nn.Cell):
     - ``MatmulSoftmaxAttention`` (``self.plain``): scores, softmax, dropout, context; always built: it is the
       reference, the path under tensor parallel (its primitives carry the ``shard`` strategies of
       ``parallel/sharding.py`` and the select_recompute marks) and the KV cache's read;
-    - ``FusedCPUAttention``: the C++ kernel (``kernels/attention.py``, no [B, N, S, S] buffer) where the provider
+    - ``FusedCPUAttention``: the C++ kernel (``kernels/cells/attention.py``, no [B, N, S, S] buffer) where the provider
       gives it (CPU, one rank, float32, no prefix, dropout only with the counter masks);
     - ``BlockwiseCore``: ``model_config.attention_block_size`` > 0 (query blocks, scores recomputed in the backward);
     - ``FlashCore``: Ascend's FlashAttentionScore (``use_flash_attention``), its variable-length form for packed
@@ -131,7 +131,7 @@ class ParallelAttention(nn.Cell):
         self.plain = MatmulSoftmaxAttention(self.group_size, scale, softmax_dtype, compute_dtype, dropout,
                                             kernels.composed_ops())
         self.core = self._choose_core(config, use_flash_attention, counter_dropout, kernels, scale, dropout)
-        write = kernels.kv_write()  # the KV-cache write: in place on CPU (kernels/kv_write.py)
+        write = kernels.kv_write()  # the KV-cache write: in place on CPU (kernels/cells/kv_write.py)
         if isinstance(self.core, FusedCPUAttention):
             self.cache = KVCacheFusedPrefill(self.plain, write, self.prefix_concat, self.core)
         else:
@@ -309,7 +309,7 @@ def merge_context(transpose, context):
 
 
 class FusedCPUAttention(nn.Cell):
-    """The fused CPU kernel (``kernels/attention.py`` ``CPUAttention``: forward and backward flash-style, no
+    """The fused CPU kernel (``kernels/cells/attention.py`` ``CPUAttention``: forward and backward flash-style, no
     [B, N, S, S] buffer); it reads each key/value group's head itself. ``dropout``: the layer's ``CounterDropout``
     when attention dropout is on (the kernel draws its masks from the same tables), else None."""
 

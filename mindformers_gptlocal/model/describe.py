@@ -64,7 +64,7 @@ class Description:  # pylint: disable=too-many-instance-attributes
     inter: int
     vocab: int
     rmsnorm: bool
-    mlp_form: str  # kernels/codes.py MlpForm's name (name_of)
+    mlp_form: str  # kernels/abi/codes.py MlpForm's name (name_of)
     parallel_residual: bool
     rotary_dim: int  # 0: learned positions
     rotary_base: float

@@ -103,7 +103,7 @@ class CounterDropout(nn.Cell):
 
     def offsets(self, step):
         """int32 [2]: (a, b) of this step and site, for a kernel that draws the same masks itself
-        (``kernels/cpu_attention.cc``)."""
+        (``kernels/csrc/cpu_attention.cc``)."""
         a, b = self._offsets(step)
         return ops.stack((ops.reshape(a, ()), ops.reshape(b, ())))
 

@@ -126,7 +126,7 @@ class TableWords(nn.Cell):
 
 
 class BF16Words(nn.Cell):
-    """A bfloat16 table's rows, widened to float32 (``kernels/embedding.py``)."""
+    """A bfloat16 table's rows, widened to float32 (``kernels/cells/embedding.py``)."""
 
     def construct(self, embedding, input_ids):
         return embedding.bf16_rows(embedding.word_embeddings, input_ids)
@@ -156,8 +156,8 @@ class NoPositions(nn.Cell):
 # The MLP. GPT-2's: fc1 (column-parallel) -> activation -> fc2 (row-parallel); with ``gated_linear_unit`` (SwiGLU,
 # Llama's) fc2(silu(gate(x)) * fc1(x)), the gate its own column-parallel Linear. ``make_mlp`` picks the class, i.e.
 # the forward, once at build from the model's ``KernelProvider``: the plain ops, or a CPU kernel for bias + GeLU
-# (``kernels/norm_gelu.py``) or silu(gate) * up (``kernels/rms_swiglu.py``), or with the bias + GeLU kernel the GEMM
-# epilogues (``kernels/linear.py`` CPULinearEpilogue: fc1's GEMM with the bias + GeLU, fc2's with the block's
+# (``kernels/cells/norm_gelu.py``) or silu(gate) * up (``kernels/cells/rms_swiglu.py``), or with the bias + GeLU kernel the GEMM
+# epilogues (``kernels/cells/linear.py`` CPULinearEpilogue: fc1's GEMM with the bias + GeLU, fc2's with the block's
 # residual) in the graphs where the Linears run the GEMM kernel.
 def make_mlp(config, layer_spec=None, *, kernels):
     """The MLP of one block: ``ParallelFeedForward`` (plain, not gated), ``GatedFeedForward``, or their kernel forms
@@ -189,7 +189,7 @@ def gelu_form(hidden_act):
 
 
 def mlp_form(arch):
-    """The MLP's form as the decoder's C++ layer names it (``kernels/codes.py`` ``MlpForm``, lower case): "swiglu" for
+    """The MLP's form as the decoder's C++ layer names it (``kernels/abi/codes.py`` ``MlpForm``, lower case): "swiglu" for
     the gated MLP, else ``Activation``'s reading of ``hidden_act``: "quick", "erf" (``gelu``), "relu" or "tanh"."""
     if arch.gated:
         return "swiglu"
@@ -289,7 +289,7 @@ class SwiGLUFeedForward(ParallelFeedForward):
 
 
 def make_decode_layer(config, block, kernels):
-    """The decode step's one-node CPU kernel for ``block`` (``kernels/decode_layer.py``), or None: the block's plain
+    """The decode step's one-node CPU kernel for ``block`` (``kernels/cells/decode_layer.py``), or None: the block's plain
     decode graph. The model's ``KernelProvider`` decides (``decode_layer_for``) from the built block's facts
     (``layer_facts``)."""
     return kernels.decode_layer_for(layer_facts(config, block))
@@ -332,7 +332,7 @@ ATTENTION_CORES = {MatmulSoftmaxAttention: "plain", FusedCPUAttention: "fused", 
 
 
 def make_train_layer(config, block, kernels, recomputed=False):
-    """The training step's one-node CPU kernel for ``block`` (``kernels/train_layer.py``: the whole layer forward and
+    """The training step's one-node CPU kernel for ``block`` (``kernels/cells/train_layer.py``: the whole layer forward and
     backward), or None: the block's per-op graph. The model's ``KernelProvider`` decides (``train_layer_for``) from
     the built block's facts (``TrainLayerFacts``): its layout, its Linears' and norms' classes and weight dtypes, its
     compute dtypes, its attention core, its dropouts, whether it has a prefix, an adapter or LayerDrop, and whether
@@ -501,8 +501,8 @@ class ParallelResiduals(nn.Cell):
 
 # The kernels' Parameters, in their argument order: (the sub-Cell under the block, its Parameter, the block's
 # placeholder where the layer has none: an absent bias, RMSNorm's shift, an int8 model's scales elsewhere, a GeLU
-# MLP's gate). The decode node's (``kernels/decode_layer.py``) takes a placeholder tensor there, the training layer's
-# (``kernels/train_layer.py``) None.
+# MLP's gate). The decode node's (``kernels/cells/decode_layer.py``) takes a placeholder tensor there, the training layer's
+# (``kernels/cells/train_layer.py``) None.
 DECODE_WEIGHTS = tuple(
     (cell, name, "decode_no_gate" if (cell, name) == ("mlp.linear_gate", "weight") else "decode_none")
     for cell, names in (("input_layernorm", ("weight", "bias")),
@@ -861,7 +861,7 @@ class GPTLocalForCausalLM(nn.Cell):
                                                                   bf16_weights=self.head_bf16)
         # an int8 model's head: the int8 GEMM over the int8 table (quant_cells.py), else None
         self.head_int8 = int8_matmul(kernels) if self.model.embedding.int8 else None
-        # the training loss's head + cross-entropy as one kernel (kernels/head_loss.py), or None: the head and lm_loss;
+        # the training loss's head + cross-entropy as one kernel (kernels/cells/head_loss.py), or None: the head and lm_loss;
         # not where the pet_config freezes the head's table (LoRA, adapters, prefix tuning: freeze_pet)
         held = "int8" if self.head_int8 is not None else ("bfloat16" if self.head_bf16 else "float32")
         spec = config.pet_spec()

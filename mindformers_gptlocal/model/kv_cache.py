@@ -6,7 +6,7 @@ parameter list, so they never reach a checkpoint. The model's forward (``GPTLoca
 them: each ``GPTLocalBlock`` writes the step's keys and values in place (``kv_write.py``: on CPU a kernel that
 copies only the new rows, O(new tokens); elsewhere ScatterNdUpdate) at ``write_index``, and attention reads the
 cache as stored, masked by ``attention_bias`` (a layer's one-token decode step does both inside its one kernel node,
-``kernels/decode_layer.py``, at the same addresses, reading rows 0..position). Sequence b's token at position
+``kernels/cells/decode_layer.py``, at the same addresses, reading rows 0..position). Sequence b's token at position
 p is written at row p of its slot, so every sequence keeps its own positions and right padding is overwritten by
 later tokens before anyone can attend to it. Both are built inside the graph from the call's positions and slots.
 

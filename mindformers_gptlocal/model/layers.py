@@ -66,7 +66,7 @@ class Linear(LeavesBias, nn.Cell):
     kernel adds it (gpt.py ParallelFeedForward), and one rank's part of a row-parallel Linear in the CPU proofs
     (tests/references.py ``rank_block``: the bias belongs after the sum over ranks). ``LoRALinear`` and
     ``MultiLoRALinear`` (lora.py) are subclasses built through this ``__init__`` (the layer spec picks them).
-    ``kernels``: the model's ``KernelProvider`` (required). Where it gives the GEMM kernel (``kernels/linear.py``,
+    ``kernels``: the model's ``KernelProvider`` (required). Where it gives the GEMM kernel (``kernels/cells/linear.py``,
     ``gemm``; CPU, float32 compute) x W^T (+ b, in the same node) runs it in the graphs its ``gemm_rule`` picks by
     static row count (``cpu_kernels.linear``: ``auto``, inference graphs of 16 rows or more; ``kernel``, every
     graph; ``use_gemm``), fixed when the graph compiles; else ``matmul``, the reference, which also carries the
@@ -215,7 +215,7 @@ class LayerNorm(nn.Cell):
 
 
 class KernelLayerNorm(LayerNorm):
-    """LayerNorm through gpt_local's C++ kernel (``kernels/norm_gelu.py``; MindSpore 2.7.2's CPU LayerNormGrad is
+    """LayerNorm through gpt_local's C++ kernel (``kernels/cells/norm_gelu.py``; MindSpore 2.7.2's CPU LayerNormGrad is
     the slow part), in float32."""
 
     def construct(self, x):
@@ -251,7 +251,7 @@ class RMSNorm(nn.Cell):
 
 
 class KernelRMSNorm(RMSNorm):
-    """RMSNorm through gpt_local's one-pass CPU kernel (``kernels/rms_swiglu.py``; float32 compute and weight)."""
+    """RMSNorm through gpt_local's one-pass CPU kernel (``kernels/cells/rms_swiglu.py``; float32 compute and weight)."""
 
     def construct(self, x):
         return self.cast(self.kernel(self.cast(x, ms.float32), self.weight), x.dtype)

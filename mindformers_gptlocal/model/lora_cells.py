@@ -91,7 +91,7 @@ def _lora_dropout(p, compute_dtype, site, seed, kernels):
     draws counter masks (``dropout.counter_dropout_build``: one rank or data parallel): gpt_local's counter dropout
     at ``site`` (``dropout.CounterDropout``, the plain path and reference: the mask a function of the model's forward
     counter, so resume is exact), or its kernel where ``kernels`` (the model's provider) gives it
-    (``KernelProvider.lora_dropout``: on CPU in float32, ``kernels/lora_dropout.py``: the same mask in one pass,
+    (``KernelProvider.lora_dropout``: on CPU in float32, ``kernels/cells/lora_dropout.py``: the same mask in one pass,
     drawn again in the backward, nothing of the input's size kept). Under semi-auto/auto parallel MindSpore's
     Dropout (``KernelDropout``, as the model's other dropouts there; its masks do not resume); for p = 0 the
     identity."""

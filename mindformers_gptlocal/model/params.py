@@ -69,7 +69,7 @@ def qkv_width(d):
 
 def layer_shapes(d):
     """One block's parameters, names relative to the block, in the block's attribute order: the parts of
-    ``kernels/layer_table.py`` ``LAYER`` this layout has (a norm's shift under LayerNorm, a bias where ``arch`` has
+    ``kernels/abi/layer_table.py`` ``LAYER`` this layout has (a norm's shift under LayerNorm, a bias where ``arch`` has
     it, SwiGLU's gate where gated)."""
     h, i = d["hidden"], d["inter"]
     arch = d.get("arch") or Arch()

@@ -1,6 +1,6 @@
 """The Cells of an int8 model (``quantization.py``: the scheme and the format): ``QuantLinear`` (a Linear of int8
 weights and per-channel scales; the layer spec picks it for every Linear path, ``layer_spec.py``), ``Int8MatMul``
-(x [T, K] float32 times an int8 [N, K] table's transpose with its scales: the CPU kernel ``kernels/linear_int8.py``
+(x [T, K] float32 times an int8 [N, K] table's transpose with its scales: the CPU kernel ``kernels/cells/linear_int8.py``
 where the provider gives it, else the same scheme in MindSpore ops, the reference) and the token table's lookup
 (``int8_lookup``). Inference only: an int8 model has no float weights to train (its Parameters do not require
 gradients, and a run or a checkpoint load that tries is refused before, with one line).

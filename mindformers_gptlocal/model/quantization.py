@@ -4,7 +4,7 @@ quantize`` and the loader use it without building a model; the Cells that run it
 The scheme (CTranslate2's int8): every 2-D weight but the position table (the Linears, the token table, an untied
 head) is stored int8 with one float32 scale per row, i.e. per output channel of a Linear and per token of the
 table: ``scale = max |row| / 127``, ``q = round(row / scale)`` (a row of zeros: scale 0, q 0). A Linear quantizes
-its input per row on the fly in the same way and multiplies in int32 (``kernels/cpu_linear_int8.cc``); the token
+its input per row on the fly in the same way and multiplies in int32 (``kernels/csrc/cpu_linear_int8.cc``); the token
 lookup is the int8 row times its scale; the tied head is the same int8 GEMM over the table (its rows are the head's
 output channels, so the same scales serve both). Norms, biases and the position table stay float32.
 

@@ -4,7 +4,7 @@
   compiled prefill / decode / greedy-steps graphs over it; ``RunnerPool``, the shapes a model keeps; ``runner_for``,
   which runner a model gets (``runner_kind``);
 * ``native.py`` -- ``NativeRunner``: the same interface on CPU with no graph: the forward over a numpy KV cache as one
-  C++ call a step (``kernels/cpu_decoder.cc``), on zero-copy views of the model's Parameters;
+  C++ call a step (``kernels/csrc/cpu_decoder.cc``), on zero-copy views of the model's Parameters;
 * ``generate.py`` -- ``generate`` (what ``GPTLocalForCausalLM.generate`` is): prompts -> token lists over a runner,
   with ``generation/``'s options, sampling and decode loop;
 * ``detokenizer.py`` -- tokens -> text incrementally, stop strings with a hold-back (OpenAI / vLLM behaviour);

@@ -2,7 +2,7 @@
 
 ``NativeRunner`` has ``ModelRunner``'s interface (``runner.py``: ``prefill``, ``decode``, ``decode_greedy``, ``step``
 with slots and the logits column, ``compile`` (nothing to compile), ``batch_size``, ``max_length``, ``widths``,
-``decode_steps``, the caches) and runs each call through ``gptlocal_decoder_step`` (``kernels/cpu_decoder.cc``:
+``decode_steps``, the caches) and runs each call through ``gptlocal_decoder_step`` (``kernels/csrc/cpu_decoder.cc``:
 embedding, every layer of any layout the model builds, the final norm and the head of the asked rows, or only their
 argmax for greedy steps). ``runner.py`` ``runner_kind`` chooses it (op ``runner`` of ``cpu_kernels``) on CPU; the
 compiled graphs stay the reference it is tested against (``cpu_kernels: {runner: plain}``).
@@ -10,7 +10,7 @@ compiled graphs stay the reference it is tested against (``cpu_kernels: {runner:
 What it reads of the model: its ``Description`` (``model/describe.py``; nothing of ``model/`` is imported here). What
 it holds: zero-copy numpy views of the model's Parameters (on CPU ``Parameter.asnumpy()`` shares the
 Parameter's host buffer; bfloat16 ones viewed as their uint16 bits), taken when the runner is made and described to
-the library once (``DecoderModel``, one ``DecoderLayer`` a layer: ctypes structs of pointers, ``kernels/table.py``);
+the library once (``DecoderModel``, one ``DecoderLayer`` a layer: ctypes structs of pointers, ``kernels/abi/table.py``);
 its KV cache as two numpy arrays [layers, slots, G, max_length, D] float32 (each layer's [slots, G, L, D] block
 the compiled runner's layout), zeros the allocator maps only as rows are written; the rope's cos and sin by position;
 one workspace for its largest call (``gptlocal_decoder_workspace``) and its input and logits buffers. Nothing else:
@@ -40,7 +40,7 @@ class NativeError(RuntimeError):
 
 
 def failure(status, layer, batch_size, max_length):
-    """The message of a step the library refused: its ``Status`` by name (``kernels/codes.py``), the layer whose part
+    """The message of a step the library refused: its ``Status`` by name (``kernels/abi/codes.py``), the layer whose part
     failed (``layer`` >= 0) and the cache's size."""
     where = f" in layer {layer}" if layer >= 0 else ""
     return (f"gptlocal_decoder_step failed{where}: {describe(status)} (this runner's cache: {batch_size} slots x "

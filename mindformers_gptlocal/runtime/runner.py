@@ -17,7 +17,7 @@ x ``max_length`` rows) and the two Cells compiled over it:
   the W prompt rows only); ``step`` is the plain path and the reference (attention over all L rows, rows past each
   position masked): the same logits.
   In a one-token step each GPT-2 layer runs as one CPU kernel node where the model built it
-  (``GPTLocalBlock.decode_step``, ``kernels/decode_layer.py``): nothing here changes for it.
+  (``GPTLocalBlock.decode_step``, ``kernels/cells/decode_layer.py``): nothing here changes for it.
 * ``GreedySteps``: ``decode_steps`` greedy decode steps unrolled in ONE graph over the rows' slots (how many: the
   layers, ``buckets.greedy_steps``), the argmax on the device and only the [B, k] token ids coming
   back (``decode_greedy``, generate's greedy path).

@@ -62,7 +62,7 @@ def _square_sum(grad):
     return ops.expand_dims(sum_all(F.square(fp32(grad))), 0)
 
 
-# The same two through a sum-of-squares kernel given as their first argument (kernels/train_step.py CPUSquareSum:
+# The same two through a sum-of-squares kernel given as their first argument (kernels/cells/train_step.py CPUSquareSum:
 # one read-only pass, no squared copy of the gradient): ops.partial(kernel_square_sum, kernel)
 kernel_non_finite = ops.MultitypeFuncGraph("gptlocal_kernel_non_finite")
 kernel_square_sum = ops.MultitypeFuncGraph("gptlocal_kernel_square_sum")

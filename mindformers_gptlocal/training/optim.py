@@ -15,7 +15,7 @@ Same constructor arguments and state names (``adam_m.*``, ``adam_v.*``) as MindF
 YAML switches with ``optimizer.type`` alone and checkpoints carry over.
 
 On CPU, in gpt_local's train step (``GPTLocalTrainOneStepCell``), the kernel is gpt_local's own
-(``kernels/train_step.py``: the same formula and inputs, one pass a parameter on the library's threads; the model's
+(``kernels/cells/train_step.py``: the same formula and inputs, one pass a parameter on the library's threads; the model's
 ``cpu_kernels`` op ``adamw``), as MindSpore's CPU ``AdamWeightDecay`` runs ~3x slower than the memory it touches.
 """
 

@@ -1,6 +1,6 @@
 """The tiny YAMLs (GPT-2's and the Llama-style one: RMSNorm, rope, GQA, SwiGLU, no biases) trained through MindFormers'
 trainer (its train step: clip, loss scale, gpt_local's fused AdamW) with every layer's training step one kernel node
-each way (``cpu_kernels.train_layer: kernel``; ``kernels/cpu_train_layer.cc``), dropout on: each step's loss within
+each way (``cpu_kernels.train_layer: kernel``; ``kernels/csrc/cpu_train_layer.cc``), dropout on: each step's loss within
 1e-4 relative of the plain graph's (``cpu_kernels: plain``), falling; and a run SIGKILLed after a complete checkpoint,
 then resumed, ends bit for bit like an uninterrupted one. Each YAML's model_config is checked to build the kernel in
 this process (the run's subprocess builds it from the same keys)."""

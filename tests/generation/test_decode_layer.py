@@ -1,4 +1,4 @@
-"""The decode step's layer kernel (``kernels/decode_layer.py``, ``cpu_decode_layer.cc``; ``GPTLocalBlock`` runs it in
+"""The decode step's layer kernel (``kernels/cells/decode_layer.py``, ``cpu_decode_layer.cc``; ``GPTLocalBlock`` runs it in
 its one-token KV-cache graphs of the compiled runner, ``cpu_kernels: {runner: plain}`` here) against the plain decode
 graph of the same weights (``cpu_kernels: {decode_layer: plain}``): the logits of every step of a greedy generation of
 24 tokens within 1e-5, one-token steps (``ModelRunner.decode``) and the unrolled greedy graph (``decode_greedy``,

@@ -1,4 +1,4 @@
-"""The native runner (``runtime/native.py``: the forward over the KV cache as one ``kernels/cpu_decoder.cc`` call a
+"""The native runner (``runtime/native.py``: the forward over the KV cache as one ``kernels/csrc/cpu_decoder.cc`` call a
 step) against the compiled plain runner of the same weights (``cpu_kernels: plain``: MindSpore's ops in compiled
 graphs, the reference), by value, for every layout the model builds and each precision:
 

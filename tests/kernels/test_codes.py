@@ -1,4 +1,4 @@
-"""The codes Python and C++ share (``kernels/codes.py``): the generated ``cores.h`` spells each enum with Python's
+"""The codes Python and C++ share (``kernels/abi/codes.py``): the generated ``cores.h`` spells each enum with Python's
 values, no C++ source builds or compares a bare code, and the library's statuses come back by name (the decoder
 step's failing layer beside its code, not folded into it)."""
 import ctypes

@@ -1,4 +1,4 @@
-"""The decode-layer kernel (``kernels/decode_layer.py``, ``cpu_decode_layer.cc`` over ``cpu_decoder.cc``'s layer
+"""The decode-layer kernel (``kernels/cells/decode_layer.py``, ``cpu_decode_layer.cc`` over ``cpu_decoder.cc``'s layer
 function) called on its own against a numpy float64 reference of the layer: odd shapes (hidden 40, 5 heads of 8; GQA
 6 heads in 2 groups), GPT-2's layout with both GeLU forms and a Llama-style one (RMSNorm, SwiGLU, rope on 4 of each
 head's 8 channels, biases on QKV only, NeoX's parallel residual), ragged positions, rows naming cache slots out of

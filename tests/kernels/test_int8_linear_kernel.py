@@ -1,4 +1,4 @@
-"""An int8 model's Linear (kernels/linear_int8.py, cpu_linear_int8.cc; model/quant_cells.py Int8MatMul): the kernel
+"""An int8 model's Linear (kernels/cells/linear_int8.py, cpu_linear_int8.cc; model/quant_cells.py Int8MatMul): the kernel
 against a numpy int64 reference of the same scheme (exact up to float32 rounding of the last multiply) and against
 the plain MindSpore path (model/quant_cells.py, the reference on other backends), on odd shapes, with and without
 bias, rows of zeros; the int8 result near the float product; the provider's choice."""

@@ -1,4 +1,4 @@
-"""The in-place KV-cache write (kernels/kv_write.py): ScatterNdUpdate's values, only the updated rows touched,
+"""The in-place KV-cache write (kernels/cells/kv_write.py): ScatterNdUpdate's values, only the updated rows touched,
 ordered before the reads that follow it; and a decode cache written up to its last row."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""A decoder layer's parameters written once (``kernels/layer_table.py`` ``LAYER``): the native runner's struct, the
+"""A decoder layer's parameters written once (``kernels/abi/layer_table.py`` ``LAYER``): the native runner's struct, the
 decode layer's and the training layer's tensors, the training layer's structs and the model's parameter table
 (``model/params.py`` ``layer_shapes``) all come from it, and a part added to it (a per-head gate) reaches each."""
 import os

@@ -1,5 +1,5 @@
 """Linear's GEMM epilogues (cpu_linear.cc ``gptlocal_linear_gelu_fwd``/``_bwd``, ``gptlocal_linear_residual_fwd``;
-kernels/linear.py ``CPULinearEpilogue``) against the unfused kernels they replace, by value: gelu(x W^T + b) against
+kernels/cells/linear.py ``CPULinearEpilogue``) against the unfused kernels they replace, by value: gelu(x W^T + b) against
 the GEMM kernel without the bias then the bias + GeLU kernel, r + x W^T + b against the GEMM kernel with the bias
 then an Add; the output and every gradient (dx, dW, db, d residual), float32 and bf16 (oneDNN's GEMM and its forced
 emulation), both GeLU forms, odd shapes (one row, seven rows, N not a multiple of 16, K = 3) and the two-thread

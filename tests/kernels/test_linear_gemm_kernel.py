@@ -1,4 +1,4 @@
-"""Linear's GEMM kernel with the bias inside (kernels/linear.py, cpu_linear.cc) against MindSpore's MatMul + Add (the
+"""Linear's GEMM kernel with the bias inside (kernels/cells/linear.py, cpu_linear.cc) against MindSpore's MatMul + Add (the
 plain path of model/layers.py Linear) and float64, forward and gradients, on odd shapes; Linear and the output head
 choosing it by their compiled graph's static row count (inference only with ``model_config.cpu_kernels``
 ``{linear: auto}``, the default; every graph with ``kernel``, never with ``plain``); the key's values."""

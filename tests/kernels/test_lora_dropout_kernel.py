@@ -1,4 +1,4 @@
-"""LoRA's CPU dropout kernel (mindformers_gptlocal/kernels/lora_dropout.py) and LoRALinear's construct: the kernel's
+"""LoRA's CPU dropout kernel (mindformers_gptlocal/kernels/cells/lora_dropout.py) and LoRALinear's construct: the kernel's
 mask is the counter dropout's (model/dropout.py CounterDropout, the plain path) bit for bit, forward and backward, at
 any step and for either table rule, and a new step draws a new mask; a LoRALinear with the kernel gives the float64
 reference's output and gradients (x, A, B) for that mask, and one without dropout the reference's too (odd shapes);

@@ -1,4 +1,4 @@
-"""The CPU LayerNorm and bias + GeLU kernels (mindformers_gptlocal/kernels/norm_gelu.py): outputs and every gradient
+"""The CPU LayerNorm and bias + GeLU kernels (mindformers_gptlocal/kernels/cells/norm_gelu.py): outputs and every gradient
 against MindSpore's ops (the plain path) and a float64 reference, on odd shapes and on the multi-threaded path; a
 tiny model (tanh and quick GeLU, LoRA on fc1) trains with the plain path's losses step for step; the switches keep
 the plain path."""

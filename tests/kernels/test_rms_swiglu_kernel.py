@@ -1,5 +1,5 @@
-"""The CPU RMSNorm and SwiGLU kernels (mindformers_gptlocal/kernels/rms_swiglu.py) and Linear's GEMM kernel
-(kernels/linear.py): outputs and every gradient against MindSpore's ops (the plain path of model/layers.py RMSNorm
+"""The CPU RMSNorm and SwiGLU kernels (mindformers_gptlocal/kernels/cells/rms_swiglu.py) and Linear's GEMM kernel
+(kernels/cells/linear.py): outputs and every gradient against MindSpore's ops (the plain path of model/layers.py RMSNorm
 and Linear, model/layers.py SiLU + Mul) and a float64 reference, on odd shapes and the multi-threaded path; a
 tiny Llama-style model's logits, losses and gradients with the kernels equal the plain path's; the switches keep
 the plain path."""

@@ -1,4 +1,4 @@
-"""The kernel table (kernels/table.py, spec.py) and what the build generates from it (codegen.py, aot.h): an options
+"""The kernel table (kernels/abi/table.py, spec.py) and what the build generates from it (codegen.py, aot.h): an options
 value packs into the int32 words of its C struct (floats as their float32 bits); the generated entry points accept
 exactly the calls the table describes and fail the others (a parameter count, a dtype, a rank, the options' length or
 dtype: 1; a dim that disagrees with another use of its name or a fixed length: 2), as ``Kernel.bind`` says in Python;

@@ -1,7 +1,7 @@
 """A bf16 model built for inference on CPU (``KernelProvider.bf16_weights``: ``from_pretrained(..., inference=True)``,
 what ``model/loader.py`` ``load_model`` builds for generate, chat, serve and eval) holds its Linears', its head's and
 its token table's weights as bfloat16 once, and the GEMM kernel takes them so (``cpu_linear.cc``
-``gptlocal_linear_bf16w_fwd``; the lookup ``kernels/embedding.py``).
+``gptlocal_linear_bf16w_fwd``; the lookup ``kernels/cells/embedding.py``).
 
 Checked by value against today's bf16 path (float32 weights rounded at every GEMM, precision 1 and 2): the kernel
 alone on odd shapes (T 1, 7, 33; N, K not multiples of 16), with and without the bias; a tiny bf16 model directory

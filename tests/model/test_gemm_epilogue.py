@@ -1,5 +1,5 @@
 """The MLP's GEMM epilogues in a model (``cpu_kernels.gemm_epilogue``; ``model/gpt.py`` ``EpilogueFeedForward``,
-``kernels/linear.py`` ``CPULinearEpilogue``): which builds run them (``kernel``, with the linear and bias_gelu
+``kernels/cells/linear.py`` ``CPULinearEpilogue``): which builds run them (``kernel``, with the linear and bias_gelu
 kernels; ``auto`` and ``plain`` give the unfused MLP), and a tiny model's compiled training step (GRAPH mode: the
 AdamW steps' losses and every first-step gradient) and inference logits with them equal to ``gemm_epilogue:
 plain``'s within float32's tolerance, float32 and bf16 GEMMs, tanh and quick GeLU; graphs below the GEMM kernel's

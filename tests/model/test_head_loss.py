@@ -1,5 +1,5 @@
 """The head and its loss as one kernel node each way in training graphs (``cpu_kernels.head_loss``;
-``kernels/cpu_head_loss.cc``, ``kernels/head_loss.py`` ``CPUHeadLoss``, ``model/gpt.py`` ``_fused_loss``): the loss
+``kernels/csrc/cpu_head_loss.cc``, ``kernels/cells/head_loss.py`` ``CPUHeadLoss``, ``model/gpt.py`` ``_fused_loss``): the loss
 and every parameter's gradient against the plain head + LogSoftmax (``{head_loss: plain}``) on odd shapes (vocab 97,
 13 tokens), with ignored labels and a loss mask, a tied head (GPT-2's) and an untied one (Llama's); the loss's
 incoming gradient (a loss scale) reaching the head and the layers below; and which builds run the kernel (``kernel``

@@ -1,5 +1,5 @@
-"""The training layer as one kernel node each way (``cpu_kernels.train_layer``; ``kernels/cpu_train_layer.cc``,
-``kernels/train_layer.py`` ``CPUTrainLayer``, ``model/gpt.py`` ``GPTLocalBlock.train_kernel``): a compiled training
+"""The training layer as one kernel node each way (``cpu_kernels.train_layer``; ``kernels/csrc/cpu_train_layer.cc``,
+``kernels/cells/train_layer.py`` ``CPUTrainLayer``, ``model/gpt.py`` ``GPTLocalBlock.train_kernel``): a compiled training
 step's loss and every parameter's gradient against the plain graph (``cpu_kernels: plain``) and today's per-op kernel
 path, on odd shapes (hidden 40 / 60, 5 or 6 heads of 8 or 10 channels, 2 or 3 key/value groups, intermediate 37,
 13 tokens) with dropout on (the counter masks, attention and hidden), for every layout the model builds: GPT-2's,

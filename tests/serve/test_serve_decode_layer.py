@@ -1,4 +1,4 @@
-"""The server's batched decode steps through the decode-layer kernel (``kernels/decode_layer.py``) give the tokens
+"""The server's batched decode steps through the decode-layer kernel (``kernels/cells/decode_layer.py``) give the tokens
 of the same model served with the plain decode graph (``cpu_kernels: {decode_layer: plain}``), in this process:
 five requests of odd prompt lengths (one waits for a slot), prefill calls, decode steps at the full batch and at a
 smaller batch bucket whose rows name their cache slots, greedy and a seeded sampled request."""

@@ -1,6 +1,6 @@
 """GPTLocalAdamW's fused AdamWeightDecay step against MindFormers' AdamW on the same clipped gradients (the train
 step clips them first), and with the CPU AdamW kernel the train step gives it (``use_kernels``,
-``kernels/train_step.py``) against both."""
+``kernels/cells/train_step.py``) against both."""
 import numpy as np
 import pytest
 import mindspore as ms

@@ -1,5 +1,5 @@
 """The fast gradient reductions give MindFormers' clipping and catch every NaN/Inf and norm overflow: the two-stage
-ops and the CPU sum-of-squares kernel (``kernels/train_step.py``) alike."""
+ops and the CPU sum-of-squares kernel (``kernels/cells/train_step.py``) alike."""
 import numpy as np
 import pytest
 import mindspore as ms

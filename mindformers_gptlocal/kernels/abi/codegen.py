@@ -8,7 +8,7 @@ sources of the package (``build.py`` compiles them together and hashes them into
   kernel's tensors (dtypes, ranks, named dims) and its options vector's length, then the core is called with typed
   pointers, the sizes and the options struct.
 
-``python -m mindformers_gptlocal.kernels.codegen [folder]`` prints both (or writes them into ``folder``).
+``python -m mindformers_gptlocal.kernels.abi.codegen [folder]`` prints both (or writes them into ``folder``).
 """
 import sys
 
@@ -23,7 +23,7 @@ _KINDS = {"size": "kSize", "leading": "kLeading", "fixed": "kFixed", "any": "kAn
 
 def header(table=TABLE):
     """``cores.h``'s text."""
-    lines = ["// Generated from mindformers_gptlocal/kernels/table.py by codegen.py: the options structs and the typed",
+    lines = ["// Generated from mindformers_gptlocal/kernels/abi/table.py by codegen.py: the options structs and the typed",
              "// cores' declarations (each core defined in its kernel's .cc). Do not edit: edit the table.",
              "#pragma once", "", "#include <cstdint>", ""]
     for cls in ENUMS:
@@ -96,7 +96,7 @@ def adapter(kernel):
 
 def entries(table=TABLE):
     """``entries.cc``'s text."""
-    lines = ["// Generated from mindformers_gptlocal/kernels/table.py by codegen.py: each kernel's AOT entry point,",
+    lines = ["// Generated from mindformers_gptlocal/kernels/abi/table.py by codegen.py: each kernel's AOT entry point,",
              "// which checks the call (aot.h bind) and calls the kernel's typed core. Do not edit: edit the table.",
              "#include <cstdint>", "#include <cstring>", "", '#include "aot.h"', f'#include "{HEADER}"', "",
              "using gptlocal::aot::Call;", "using gptlocal::aot::Signature;", "using gptlocal::aot::Tensor;",

@@ -438,7 +438,7 @@ class Table:
         return tuple(first.values())
 
     def where(self, op):
-        """Where the kernels of the ``cpu_kernels`` op ``op`` are: " (kernels/a.cc, kernels/b.cc)", or ""."""
+        """Where the kernels of the ``cpu_kernels`` op ``op`` are: " (kernels/csrc/a.cc, kernels/csrc/b.cc)", or ""."""
         sources = dict.fromkeys(e.source for e in self.entries if e.op == op)
         return f" ({', '.join('kernels/csrc/' + source for source in sources)})" if sources else ""
 

@@ -6,7 +6,7 @@ declarations and the options structs (the generated ``cores.h``), the options' P
 ``build.py``'s sources and symbols. A new kernel: its core in a ``.cc`` file (``int gptlocal_core_<name>(...)``, the
 signature ``cores.h`` declares from its entry) and its entry here; ``aot.KernelCell(path, KERNEL, **options)`` is
 then its Cell (or a class of its own where the model calls it otherwise), and ``provider.py`` a method where the
-model uses it. ``python -m mindformers_gptlocal.kernels.codegen`` prints what the build generates.
+model uses it. ``python -m mindformers_gptlocal.kernels.abi.codegen`` prints what the build generates.
 """
 from .layer_table import decode_layer_parameters, decoder_layer_fields, train_layer_parameters
 from .spec import Export, Kernel, Options, Struct, Table

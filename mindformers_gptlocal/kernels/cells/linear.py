@@ -148,7 +148,7 @@ class BF16MatMul(nn.Cell):
     """x W^T on a float32 graph with bfloat16 GEMM numerics (``KernelProvider.gemm_dtype`` bfloat16 where the GEMM
     kernel is not used: ``cpu_kernels: plain`` or ``{linear: plain}``; ``KernelProvider.plain_matmul``): x and W
     rounded to bfloat16, float32 MatMul; its backward rounds dy as well, dx = r(dy) r(W), dW = r(dy)^T r(x), as the
-    kernel's bf16 GEMMs compute them (``kernels/linear.py``, tested against this by value). Autodiff of the casts
+    kernel's bf16 GEMMs compute them (``kernels/cells/linear.py``, tested against this by value). Autodiff of the casts
     alone would round dx and dW after an unrounded dy instead."""
 
     def __init__(self):

@@ -1,6 +1,6 @@
 // MindSpore's AOT call (nparam, params, ndims, shapes, dtypes) checked against a kernel's tensors and turned into its
 // typed core's arguments: the one prologue of every generated entry point (codegen.py writes each kernel's tensors
-// as a Signature from kernels/table.py, calls bind, then the core, then finish). bind returns Status::kOk, or
+// as a Signature from kernels/abi/table.py, calls bind, then the core, then finish). bind returns Status::kOk, or
 // kBadCall where the call does not fit (the parameter count, a dtype, a rank, the options vector's length) and
 // kBadShape where a dim disagrees with another use of its name or with a fixed length; the kernel then fails the call
 // with nothing computed.

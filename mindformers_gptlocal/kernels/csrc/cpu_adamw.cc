@@ -1,5 +1,5 @@
 // AdamW's update of one float32 parameter in place for CPU: the typed core of gptlocal_adamw_fwd (gpt_local,
-// kernels/table.py; kernels/train_step.py CPUAdamW; training/optim.py GPTLocalAdamW). One pass over memory, split
+// kernels/abi/table.py; kernels/cells/train_step.py CPUAdamW; training/optim.py GPTLocalAdamW). One pass over memory, split
 // into contiguous chunks over the library's worker threads (common.h run_chunks), the loop vectorized.
 //
 // Why: in a GPT-2 small training step (bf16 GEMMs, 2 x 256 tokens, 2 threads: `benchmarks/op_profile.py

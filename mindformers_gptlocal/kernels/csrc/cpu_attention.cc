@@ -1,8 +1,8 @@
 // Fused causal attention for CPU, forward and backward (FlashAttention-2's scheme), as MindSpore AOT kernels.
 //
-// Built by mindformers_gptlocal/kernels/build.py with the system g++ (-O3 -fPIC -shared -fopenmp), called
-// through ops.Custom("lib.so:gptlocal_attention_fwd", ..., func_type="aot", bprop=...) (kernels/attention.py); the
-// entry points are generated from kernels/table.py and call the typed cores here.
+// Built by mindformers_gptlocal/kernels/abi/build.py with the system g++ (-O3 -fPIC -shared -fopenmp), called
+// through ops.Custom("lib.so:gptlocal_attention_fwd", ..., func_type="aot", bprop=...) (kernels/cells/attention.py); the
+// entry points are generated from kernels/abi/table.py and call the typed cores here.
 //
 // Query blocks x key blocks with an online softmax: the forward keeps only the output and the row logsumexp
 // (no [B, N, S, S] buffer); the backward recomputes each block's probabilities from the logsumexp. Blocks past

@@ -1,5 +1,5 @@
-// Bias + GeLU for CPU, forward and backward: the typed cores of gptlocal_bias_gelu_fwd / _bwd (kernels/table.py;
-// kernels/norm_gelu.py CPUBiasGeLU; the decode layer's MLP, cpu_decode_layer.cc).
+// Bias + GeLU for CPU, forward and backward: the typed cores of gptlocal_bias_gelu_fwd / _bwd (kernels/abi/table.py;
+// kernels/cells/norm_gelu.py CPUBiasGeLU; the decode layer's MLP, cpu_decode_layer.cc).
 //
 // Why: the tanh GeLU composed from Sigmoid/Mul/Add plus the bias BroadcastTo + Add are a dozen passes over the
 // [T, 4H] activations of the MLP (`python benchmarks/op_profile.py train`); here each way is one pass.

@@ -1,6 +1,6 @@
 // One decoder layer of a decode step (one new token per row) in one MindSpore node, for every layout the model
-// builds: the typed cores of gptlocal_decode_layer_fwd, _int8_fwd and _bf16w_fwd (gpt_local, kernels/table.py;
-// kernels/decode_layer.py; model/gpt.py GPTLocalBlock). A thin caller of the native runner's layer function
+// builds: the typed cores of gptlocal_decode_layer_fwd, _int8_fwd and _bf16w_fwd (gpt_local, kernels/abi/table.py;
+// kernels/cells/decode_layer.py; model/gpt.py GPTLocalBlock). A thin caller of the native runner's layer function
 // (cpu_decoder.cc layer_forward: norms, GEMMs, rope, the in-place cache write, attention over each row's cached
 // positions, the residuals, the MLP), so the compiled decode graph and the native runner compute a layer one way.
 //
@@ -8,7 +8,7 @@
 // dispatch than in arithmetic. The runtime's compiled runner (runtime/runner.py) runs this node in its decode graphs;
 // the native runner (runtime/native.py) calls the layer function directly.
 //
-// The tensors (kernels/table.py decode_layer_inputs; the parameters, from kernels/layer_table.py, reach the core as one
+// The tensors (kernels/abi/table.py decode_layer_inputs; the parameters, from kernels/abi/layer_table.py, reach the core as one
 // DecoderLayer): hidden [B, 1, H]; norm1 weight [H] and bias (LayerNorm; else a
 // placeholder); each Linear's weight [out, in] (float32, bfloat16 bits or int8), its float32 scales (int8; else a
 // placeholder) and its bias (where the options say the layer has one; else a placeholder): qkv [Q, H]
@@ -44,7 +44,7 @@ bool precision_fits(int weights, int precision) {
 }
 
 // The layer's core: its Parameters as the tensors hand them (cores.h's DecoderLayer, generated from
-// kernels/layer_table.py, the placeholders dropped here by the options), the caches, the rows' write index.
+// kernels/abi/layer_table.py, the placeholders dropped here by the options), the caches, the rows' write index.
 int decode_layer(int weights, const float *hidden, const DecoderLayer &given, float *key_cache, float *value_cache,
                  const int32_t *index, const float *attention_bias, const float *cos, const float *sin, float *out,
                  int64_t B, int64_t H, int64_t Q, int64_t ND, int64_t I, int64_t Bc, int64_t G, int64_t L, int64_t D,

@@ -1,7 +1,7 @@
 // The decoder of a gpt_local model over its KV cache, for CPU inference: every layer layout the model builds, one
-// call per step (gpt_local, kernels/table.py: gptlocal_decoder_step, gptlocal_decoder_workspace; runtime/native.py
+// call per step (gpt_local, kernels/abi/table.py: gptlocal_decoder_step, gptlocal_decoder_workspace; runtime/native.py
 // NativeRunner calls them through ctypes), and the one layer function the graph's decode-layer node calls too
-// (cpu_decode_layer.cc, kernels/decode_layer.py).
+// (cpu_decode_layer.cc, kernels/cells/decode_layer.py).
 //
 // Why: a MindSpore graph costs ~50-200 us a node call and a Llama-style layer is ~20-30 ops, so a decode step of a
 // 124M model spent more in dispatch than in streaming its weights. Here the whole step is one C++ call composed from

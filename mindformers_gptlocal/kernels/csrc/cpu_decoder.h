@@ -17,7 +17,7 @@ struct LayerShape {
   float epsilon;
 };
 
-// A layer's attention scale and Parameters: cores.h's DecoderLayer, generated from kernels/layer_table.py LAYER (each
+// A layer's attention scale and Parameters: cores.h's DecoderLayer, generated from kernels/abi/layer_table.py LAYER (each
 // Linear's weight of the shape's dtype, its int8 scales (or null) and its bias (or null); the norms' weights and
 // (LayerNorm) biases; gate: SwiGLU's gate Linear (MlpForm::kSwiglu), else null).
 using LayerWeights = ::DecoderLayer;

@@ -1,5 +1,5 @@
 // The LM head and its cross-entropy loss fused, for CPU training: the typed cores of gptlocal_head_loss_fwd / _bwd
-// (kernels/table.py; kernels/head_loss.py CPUHeadLoss; model/gpt.py's training loss).
+// (kernels/abi/table.py; kernels/cells/head_loss.py CPUHeadLoss; model/gpt.py's training loss).
 //
 // Why: the plain path's head + loss (x w^T, LogSoftmax, GatherD, and their gradients) keeps [T, V] float32 tensors
 // across the step (the logits, the log-probabilities the backward reads, their gradient: each 103 MB at GPT-2's

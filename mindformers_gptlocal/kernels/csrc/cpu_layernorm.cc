@@ -1,5 +1,5 @@
 // LayerNorm over the last axis for CPU, forward and backward: the typed cores of gptlocal_layernorm_fwd / _bwd
-// (kernels/table.py; kernels/norm_gelu.py CPULayerNorm; the decode layer's norms, cpu_decode_layer.cc).
+// (kernels/abi/table.py; kernels/cells/norm_gelu.py CPULayerNorm; the decode layer's norms, cpu_decode_layer.cc).
 //
 // Why: in a profiled training step (`python benchmarks/op_profile.py train`) MindSpore 2.7.2's CPU
 // LayerNormGrad takes 5-9 ms on [1024, 256]; here the forward is one pass over the rows, the backward two (its row

@@ -1,21 +1,21 @@
 // Linear's GEMM for CPU, y = x W^T with W stored [out, in], forward and backward: the typed cores of the
-// gptlocal_linear_* kernels (gpt_local, kernels/table.py; kernels/linear.py; model/layers.py Linear; the decode
+// gptlocal_linear_* kernels (gpt_local, kernels/abi/table.py; kernels/cells/linear.py; model/layers.py Linear; the decode
 // layer's GEMMs, cpu_decode_layer.cc).
 //
-// Built with the other sources into one library by mindformers_gptlocal/kernels/build.py. Why: in a profiled
+// Built with the other sources into one library by mindformers_gptlocal/kernels/abi/build.py. Why: in a profiled
 // Llama-style 124M forward (`python benchmarks/op_profile.py llama`) MindSpore 2.7.2's CPU MatMul is 85% of the op
 // time, and oneDNN's sgemm (the MindSpore wheel's libdnnl.so.2, sequential when called like this) on the same shapes
 // was faster per call. The work is split into `threads` contiguous column blocks, one thread each (common.h
 // fork_join), each one dnnl_sgemm call writing its own block: no sum crosses threads, so results depend only on the
 // thread count.
 //
-// The typed cores (kernels/table.py has each entry point's tensors; LinearOptions: threads, precision):
+// The typed cores (kernels/abi/table.py has each entry point's tensors; LinearOptions: threads, precision):
 // linear_fwd: x [T, K], w [N, K], b [N] or null -> y [T, N] = x w^T (+ b): each thread writes b into its column
 //   block's rows, then its sgemm adds x w^T to them (beta 1), so the bias costs no node and no pass of its own
 //   (Linear's bias inside); the entry points gptlocal_linear_fwd (with or without b) and gptlocal_linear_fwd_bias
 // linear_bwd: x, w, dy [T, N] -> dx [T, K] = dy w, dw [N, K] = dy^T x
 //
-// GEMM epilogues (kernels/linear.py CPULinearEpilogue; cpu_kernels.gemm_epilogue), the bias written as above:
+// GEMM epilogues (kernels/cells/linear.py CPULinearEpilogue; cpu_kernels.gemm_epilogue), the bias written as above:
 // linear_gelu_fwd: x, w, b (LinearGeluOptions: threads, precision, form) -> y = gelu(h), h = x w^T + b [T, N] (the
 //   GeLU of common.h applied to each column block right after its GEMM); linear_gelu_bwd: x, w, h, dy -> dx, dw, db
 //   from dh = dy * gelu'(h) (and dh [T, N] itself: its scratch output)
@@ -279,7 +279,7 @@ int gptlocal_core_linear_gelu_bwd(const float *x, const float *w, const float *h
 
 // The residual epilogue: y = residual + x w^T + b (each column block of residual + b written first, then the GEMM
 // with beta 1). Its backward is gptlocal_linear_bwd's dx and dw; d residual = dy and db = dy's column sums are the
-// Cell's (kernels/linear.py).
+// Cell's (kernels/cells/linear.py).
 int gptlocal_core_linear_residual_fwd(const float *x, const float *w, const float *b, const float *residual, float *y,
                                       int64_t T, int64_t K, int64_t N, const LinearOptions &options) {
   const auto residual_rows = [&](int64_t n0, int64_t n1) {

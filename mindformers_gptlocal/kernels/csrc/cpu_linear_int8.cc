@@ -1,6 +1,6 @@
 // An int8 model's Linear for CPU, y = x W^T (+ b) with W stored int8 [out, in] and one float32 scale per output
 // channel, inference only, and its exact int8 x int8 -> int32 product: the typed cores of gptlocal_int8_linear_fwd
-// and gptlocal_int8_matmul_fwd (gpt_local, kernels/table.py; kernels/linear_int8.py; model/quant_cells.py; the int8
+// and gptlocal_int8_matmul_fwd (gpt_local, kernels/abi/table.py; kernels/cells/linear_int8.py; model/quant_cells.py; the int8
 // decode layer's GEMMs, cpu_decode_layer.cc).
 //
 // The scheme (CTranslate2's int8): the weight is quantized once (`gptlocal quantize`: symmetric per output channel,

@@ -1,5 +1,5 @@
 // RMSNorm over the last axis for CPU, forward and backward: the typed cores of gptlocal_rmsnorm_fwd / _bwd
-// (kernels/table.py; kernels/rms_swiglu.py CPURMSNorm): the Llama-style block's norm.
+// (kernels/abi/table.py; kernels/cells/rms_swiglu.py CPURMSNorm): the Llama-style block's norm.
 //
 // Why: MindSpore's RMSNorm from Square, ReduceMean, Add, Rsqrt, Mul, Mul is six passes over [T, H] (and more in its
 // backward); here the forward is one pass, the backward two (its row sum, then dx and the weight-gradient sum).

@@ -1,5 +1,5 @@
 // Rotary position embedding for CPU, forward and backward: the typed cores of gptlocal_rope_fwd / _bwd (gpt_local,
-// kernels/table.py; what model/attention.py ParallelAttention._rotate computes, Hugging Face's rotate_half form).
+// kernels/abi/table.py; what model/attention.py ParallelAttention._rotate computes, Hugging Face's rotate_half form).
 //
 // x [B, N, S, D] (queries or keys, N heads), cos and sin [Bc, 1, S, R] (RotaryEmbedding: each row's positions; Bc 1
 // or B) -> y [B, N, S, D]: the first R channels of each head turned, h = R / 2,

@@ -1,5 +1,5 @@
-// A gradient's sum of squares for CPU: the typed core of gptlocal_square_sum_fwd (gpt_local, kernels/table.py;
-// kernels/train_step.py CPUSquareSum): the train step's overflow check and the clip's global norm (mf/wrapper.py).
+// A gradient's sum of squares for CPU: the typed core of gptlocal_square_sum_fwd (gpt_local, kernels/abi/table.py;
+// kernels/cells/train_step.py CPUSquareSum): the train step's overflow check and the clip's global norm (mf/wrapper.py).
 // One read-only pass, split into contiguous chunks over the library's worker threads (common.h run_chunks).
 //
 // Why: in a GPT-2 small training step (bf16 GEMMs, 2 x 256 tokens, 2 threads: `benchmarks/op_profile.py

@@ -1,5 +1,5 @@
 // SwiGLU's silu(gate) * up for CPU, forward and backward: the typed cores of gptlocal_swiglu_fwd / _bwd
-// (kernels/table.py; kernels/rms_swiglu.py CPUSwiGLU): the Llama-style MLP's gate.
+// (kernels/abi/table.py; kernels/cells/rms_swiglu.py CPUSwiGLU): the Llama-style MLP's gate.
 //
 // Why: SiLU(gate) * up from Sigmoid, Mul, Mul is three passes over [T, F] plus their gradients; here each way is
 // one pass, the backward recomputing the sigmoid from gate (nothing else is kept).

@@ -1,5 +1,5 @@
 // One whole decoder layer of a training step for CPU, forward and backward: the typed cores of
-// gptlocal_train_layer_fwd / _bwd (gpt_local, kernels/table.py; kernels/train_layer.py CPUTrainLayer; model/gpt.py
+// gptlocal_train_layer_fwd / _bwd (gpt_local, kernels/abi/table.py; kernels/cells/train_layer.py CPUTrainLayer; model/gpt.py
 // GPTLocalBlock in training graphs where cpu_kernels.train_layer chooses it).
 //
 // Why: the training step is otherwise MindSpore's graph of per-op kernels with every activation between them a float32
@@ -65,7 +65,7 @@ struct Dims {
 };
 
 // The parameters and the gradients: cores.h's TrainLayerParams, TrainLayerGrads (generated from
-// kernels/layer_table.py LAYER: each parameter, then, of the gradients, the layer input's).
+// kernels/abi/layer_table.py LAYER: each parameter, then, of the gradients, the layer input's).
 using Params = TrainLayerParams;
 using Grads = TrainLayerGrads;
 

@@ -1,4 +1,4 @@
-// In-place ScatterNdUpdate for the decode KV cache on CPU (gpt_local, kernels/kv_write.py).
+// In-place ScatterNdUpdate for the decode KV cache on CPU (gpt_local, kernels/cells/kv_write.py).
 //
 // inputs:  cache [d0, d1, ..., dn-1] (a Parameter, written IN PLACE), index [..., K] int32/int64 (K <= n:
 //          positions over the cache's first K axes), updates [..., d_K, ..., dn-1]

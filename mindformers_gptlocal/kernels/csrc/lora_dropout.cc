@@ -1,5 +1,5 @@
 // LoRA's input dropout for CPU, forward and backward: the typed core of gptlocal_lora_dropout_fwd / _bwd (gpt_local,
-// kernels/table.py; kernels/lora_dropout.py).
+// kernels/abi/table.py; kernels/cells/lora_dropout.py).
 //
 // Why: in a profiled LoRA training step (`benchmarks/op_profile.py train --lora`) MindSpore 2.7.2's CPU Dropout kernel
 // drawing lora_dropout's masks for the inputs of the adapted Linears was the largest cost the LoRA branch adds
