@@ -11,7 +11,9 @@ launcher imports it), imports only the base; ``preflight/`` sits below ``mf/`` (
 and imports nothing of it.
 
 No circle between the package's folders: the graph of every import (the folders, the top-level modules and the
-package's own ``__init__`` as nodes) has no cycle (``test_no_import_circle_between_folders``)."""
+package's own ``__init__`` as nodes) has no cycle (``test_no_import_circle_between_folders``); nor has ``kernels/``,
+module by module, and its kinds import down: ``abi/`` nothing of ``cells/`` or the provider, ``cells/`` nothing of the
+provider."""
 import ast
 import os
 

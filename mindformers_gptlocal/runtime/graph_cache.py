@@ -257,7 +257,7 @@ def dependency_hash():
 class GraphCache:
     """Compiled graphs of one model through MindSpore's compile cache, a stored graph per key (module doc).
 
-    ``root``: the store (``kernels/build.user_cache("compile")`` for ``gptlocal eval``); ``salt``: anything else
+    ``root``: the store (``kernels/abi/build.user_cache("compile")`` for ``gptlocal eval``); ``salt``: anything else
     the caller knows shapes the graphs (JSON-able; the eval's: its config.json digest). ``call(cell, args)`` runs
     one call; only a call whose (Cell, argument signature) this process has not run yet goes through the cache."""
 
