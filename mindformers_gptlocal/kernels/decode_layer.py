@@ -37,9 +37,11 @@ _warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, th
 
 
 class CPUDecodeLayer(KernelCell):
-    """``construct(hidden [B, 1, H], norm1 (weight, bias), qkv (weight, scale, bias), proj (...), norm2 (weight, bias),
-    fc1 (...), gate (...), fc2 (...), key_cache, value_cache, write_index [B, G, 1, 3], attention_bias [B or 1, 1, 1,
-    L], cos, sin [B, 1, 1, R])`` -> the layer's output hidden [B, 1, H]; the caches written in place. ``form``: an
+    """``construct(hidden [B, 1, H], *parameters, key_cache, value_cache, write_index [B, G, 1, 3], attention_bias
+    [B or 1, 1, 1, L], cos, sin [B, 1, 1, R])`` (``KernelCell``'s, the table's inputs in order) -> the layer's output
+    hidden [B, 1, H]; the caches written in place. ``parameters``: the layer's in ``kernels/layer_table.py``
+    ``LAYER``'s order (``decode_layer_parameters``: a norm's weight, bias; a Linear's weight, scales, bias), a
+    placeholder where the layer has none. ``form``: an
     ``MlpForm``'s name (``model/gpt.py`` ``mlp_form``); ``norm``: a ``NormKind``'s ("LayerNorm", "RMSNorm");
     ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
     biases (else their bias arguments are placeholders)."""
@@ -55,16 +57,6 @@ class CPUDecodeLayer(KernelCell):
                          norm=name_of(NormKind, norm), rotary_dim=int(rotary_dim),
                          parallel_residual=int(bool(parallel_residual)),
                          qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)))
-
-    # pylint: disable-next=too-many-arguments
-    def construct(self, hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight, proj_scale,
-                  proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias, gate_weight, gate_scale,
-                  gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache, value_cache, write_index, attention_bias, cos,
-                  sin):
-        return self.op(hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight, proj_scale,
-                       proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias, gate_weight, gate_scale,
-                       gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache, value_cache, write_index, attention_bias,
-                       cos, sin, self.config)
 
 
 class CPUDecodeLayerInt8(CPUDecodeLayer):

@@ -12,7 +12,10 @@ What is generated from it (``table.py``; the C++ through ``codegen.py`` into ``c
   bias (its cores take them as one ``DecoderLayer``);
 - the training layer's parameters (``TRAIN_LAYER_PARAMETERS``, its inputs) and gradients (its backward's outputs),
   and the C++ structs its cores take them in (``TrainLayerParams``, ``TrainLayerGrads``);
-- ``cells(block)``: (part, the block's sub-Cell) in this order, what the model and the runners iterate.
+- ``cells(block)``: (part, the block's sub-Cell) in this order, what the model and the runners iterate;
+  ``parameter_slots``: (part, sub-Cell path, attribute) of each tensor the kernels take, what ``model/gpt.py``'s
+  kernel paths hand them (``DECODE_WEIGHTS``, ``TRAIN_WEIGHTS``) and ``model/describe.py`` names for the native
+  runner.
 
 A new parameter of every layer (say a per-head gate on attention's output: ``Tensor("head_gate",
 "attention.head_gate", ("N",), "head_gate", ("Nh",))``) is a part here (``tests/kernels/test_layer_table.py`` shows
@@ -57,6 +60,22 @@ def cells(block, layer=LAYER):
             cell = getattr(cell, name, None)
         found.append((part, cell))
     return found
+
+
+def parameter_slots(layer=LAYER, scales=False):
+    """(part, the path of the sub-Cell under the block that holds it, its attribute) of each tensor a layer kernel
+    takes, in ``layer``'s order: a norm's ``weight``, ``bias``; a Linear's ``weight``, an int8 model's
+    ``weight_scale`` (with ``scales``: the decode layer's), ``bias``; another tensor's Parameter (its ``cell``'s last
+    name, on the Cell before it)."""
+    found = []
+    for part in layer:
+        if isinstance(part, Tensor):
+            owner, _, name = part.cell.rpartition(".")
+            found.append((part, owner, name))
+            continue
+        names = ("weight", "bias") if isinstance(part, Norm) or not scales else ("weight", "weight_scale", "bias")
+        found += [(part, part.cell, name) for name in names]
+    return tuple(found)
 
 
 def decoder_layer_fields(layer=LAYER):

@@ -34,6 +34,7 @@ from .dropout import (CounterDropout, DropoutCounter, counter_dropout_enabled, d
 from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
                      kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm)
 from ..kernels.provider import DecodeLayerFacts, TrainLayerFacts, dtype_name
+from ..kernels.layer_table import Linear as LayerLinear, parameter_slots
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -421,7 +422,7 @@ class GPTLocalBlock(nn.Cell):
             TrainKernelPath(weight_paths(self, TRAIN_WEIGHTS))
         if self.decode_kernel is not None:
             self.decode_none = Tensor(np.zeros((1,), np.float32))
-            self.decode_no_gate = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
+            self.decode_no_weight = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
             self.decode_no_rotary = Tensor(np.zeros((1, 1, 1, 1), np.float32))
             self.layer = DecodeKernelPath(weight_paths(self, DECODE_WEIGHTS), self.layer)
 
@@ -499,24 +500,15 @@ class ParallelResiduals(nn.Cell):
         return block.add(hidden, block.mlp_update(mlp, dropout_step, dtype))
 
 
-# The kernels' Parameters, in their argument order: (the sub-Cell under the block, its Parameter, the block's
-# placeholder where the layer has none: an absent bias, RMSNorm's shift, an int8 model's scales elsewhere, a GeLU
-# MLP's gate). The decode node's (``kernels/decode_layer.py``) takes a placeholder tensor there, the training layer's
-# (``kernels/train_layer.py``) None.
+# The kernels' Parameters, in their argument order (``kernels/layer_table.py`` ``LAYER``, ``parameter_slots``): (the
+# sub-Cell under the block, its Parameter, the block's placeholder where the layer has none: an absent bias, RMSNorm's
+# shift, an int8 model's scales elsewhere, an optional Linear's weight such as a GeLU MLP's gate). The decode node's
+# (``kernels/decode_layer.py``) takes a placeholder tensor there, the training layer's (``kernels/train_layer.py``)
+# None (it puts its own stand-in).
 DECODE_WEIGHTS = tuple(
-    (cell, name, "decode_no_gate" if (cell, name) == ("mlp.linear_gate", "weight") else "decode_none")
-    for cell, names in (("input_layernorm", ("weight", "bias")),
-                        ("attention.linear_qkv", ("weight", "weight_scale", "bias")),
-                        ("attention.linear_proj", ("weight", "weight_scale", "bias")),
-                        ("post_attention_layernorm", ("weight", "bias")),
-                        ("mlp.linear_fc1", ("weight", "weight_scale", "bias")),
-                        ("mlp.linear_gate", ("weight", "weight_scale", "bias")),
-                        ("mlp.linear_fc2", ("weight", "weight_scale", "bias")))
-    for name in names)
-TRAIN_WEIGHTS = tuple((cell, name, "no_parameter")
-                      for cell in ("input_layernorm", "attention.linear_qkv", "attention.linear_proj",
-                                   "post_attention_layernorm", "mlp.linear_fc1", "mlp.linear_gate", "mlp.linear_fc2")
-                      for name in ("weight", "bias"))
+    (cell, name, "decode_no_weight" if isinstance(part, LayerLinear) and part.when and name == "weight"
+     else "decode_none") for part, cell, name in parameter_slots(scales=True))
+TRAIN_WEIGHTS = tuple((cell, name, "no_parameter") for _, cell, name in parameter_slots())
 
 
 def weight_paths(block, slots):
