@@ -8,8 +8,9 @@ copying anything:
 - the layout: sizes, the norm (LayerNorm / RMSNorm), the MLP form as the C++ decoder names it, the rope, the
   residual, the learned positions' table length;
 - the Parameters, per layer (``LayerParams``: each part of ``kernels/layer_table.py`` ``LAYER`` by name, its norms,
-  its Linears with an int8 model's scales and the biases it has, None where it has none) and around the layers (the token and position tables, the final norm, the head: the token
-  table where tied), as the model holds them (the runner takes its views of their buffers, again after a ``set_data``);
+  its Linears with an int8 model's scales and the biases it has, None where it has none) and around the layers (the
+  token and position tables, the final norm, the head: the token table where tied), as the model holds them (the
+  runner takes its views of their buffers, again after a ``set_data``);
 - the model's choices the runtime reads: its ``KernelProvider`` (``kernels``), each layer's ``DecodeLayerFacts``
   (``layer_facts``, what the runner choice weighs), whether a prefill into empty rows runs the fused kernel
   (``fresh_prefill``), the KV cache's storage (``new_cache(batch, length)``, ``kv_cache.py``) and the rope's cos and

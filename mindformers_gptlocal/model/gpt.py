@@ -34,7 +34,7 @@ from .dropout import (CounterDropout, DropoutCounter, counter_dropout_enabled, d
 from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
                      kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm)
 from ..kernels.provider import DecodeLayerFacts, TrainLayerFacts, dtype_name
-from ..kernels.layer_table import Linear as LayerLinear, parameter_slots
+from ..kernels.layer_table import LINEARS, Linear as LayerLinear, cells, parameter_slots
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -304,9 +304,9 @@ def layer_facts(config, block):
     ``decode_layer_for``, and the native runner, ``runner``): its architecture and MLP form, its Linears' classes
     and weight dtypes (the gate's too: SwiGLU), its norms' classes and weight dtypes, its compute dtypes, and whether
     it has a prefix, an adapter or LayerDrop. ``config``: the config the block was built from (``graph_config``'s)."""
-    attention, mlp = block.attention, block.mlp
-    linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
-    linears += (mlp.linear_gate,) if config.arch.gated else ()
+    attention = block.attention
+    linears = tuple(cell for part, cell in cells(block, LINEARS)  # layer_table.py's Linears this layout has
+                    if part.when is None or getattr(config.arch, part.when))
     norms = (block.input_layernorm, block.post_attention_layernorm)
     weights = {linear.weight.dtype for linear in linears}
     if all(type(linear) is QuantLinear for linear in linears):
