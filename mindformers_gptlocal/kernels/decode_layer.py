@@ -44,19 +44,21 @@ class CPUDecodeLayer(KernelCell):
     placeholder where the layer has none. ``form``: an
     ``MlpForm``'s name (``model/gpt.py`` ``mlp_form``); ``norm``: a ``NormKind``'s ("LayerNorm", "RMSNorm");
     ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
-    biases (else their bias arguments are placeholders)."""
+    biases (else their bias arguments are placeholders); ``absent``: the parameters handed a placeholder, as
+    ``table.py`` ``DecoderLayer.pointer_mask`` gives them (the model's: ``model/gpt.py`` ``layer_facts``), which the
+    kernel nulls (cores.h ``drop_absent``) whatever the part."""
 
     symbol = SYMBOL
 
     # pylint: disable-next=too-many-arguments
     def __init__(self, library_path, epsilon, scale, form="tanh", threads=None, precision="float32", emulate=False,
-                 norm="LayerNorm", rotary_dim=0, parallel_residual=False, qkv_bias=True, bias=True):
+                 norm="LayerNorm", rotary_dim=0, parallel_residual=False, qkv_bias=True, bias=True, absent=0):
         # side_effect_mem (the table's inout caches): MindSpore keeps every later use of the caches after it
         super().__init__(library_path, KERNELS[self.symbol], epsilon=epsilon, scale=scale, form=name_of(MlpForm, form),
                          threads=threads, precision=precision_code(library_path, precision, emulate),
                          norm=name_of(NormKind, norm), rotary_dim=int(rotary_dim),
                          parallel_residual=int(bool(parallel_residual)),
-                         qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)))
+                         qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)), absent=int(absent))
 
 
 class CPUDecodeLayerInt8(CPUDecodeLayer):

@@ -34,7 +34,8 @@ from .dropout import (CounterDropout, DropoutCounter, counter_dropout_enabled, d
 from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
                      kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm)
 from ..kernels.provider import DecodeLayerFacts, TrainLayerFacts, dtype_name
-from ..kernels.layer_table import LINEARS, Linear as LayerLinear, cells, parameter_slots
+from ..kernels.layer_table import LINEARS, Linear as LayerLinear, cells, parameter_slots, pointer_fields
+from ..kernels.table import DecoderLayer
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -324,7 +325,8 @@ def layer_facts(config, block):
         norm_weights=next(iter(norm_weights)) if len(norm_weights) == 1 else None,
         norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
         prefix=attention.prefix_concat is not None,
-        adapters=block.has_adapters, layerdrop=block.has_layerdrop)
+        adapters=block.has_adapters, layerdrop=block.has_layerdrop, absent=DecoderLayer.pointer_mask(
+            [field for field, path in zip(pointer_fields(), weight_paths(block, DECODE_WEIGHTS)) if len(path) == 1]))
 
 
 # the attention core a layer built (ParallelAttention._choose_core), as TrainLayerFacts names it
