@@ -111,7 +111,7 @@ HEAD_RULE = (HEAD_GEMM_ROWS, HEAD_GEMM_FEW_ROWS)
 # has a prefix-tuning prefix, a bottleneck adapter, LayerDrop.
 DecodeLayerFacts = collections.namedtuple("DecodeLayerFacts", (
     "epsilon", "scale", "form", "compute_dtype", "arch", "linears", "norm", "norm_weights",
-    "norm_dtype", "softmax_dtype", "prefix", "adapters", "layerdrop"))
+    "norm_dtype", "softmax_dtype", "prefix", "adapters", "layerdrop", "absent"), defaults=(0,))
 # The MLP forms and norms the decoder's C++ layer computes (kernels/abi/codes.py MlpForm, NormKind)
 LAYER_FORMS = ("tanh", "quick", "erf", "relu", "swiglu")
 LAYER_NORMS = ("LayerNorm", "RMSNorm")
@@ -500,7 +500,7 @@ class KernelProvider:
         return self.decode_layer(facts.epsilon, facts.scale, facts.form, facts.compute_dtype,
                                  int8=facts.linears == "int8", bf16_weights=facts.linears == "bfloat16",
                                  norm=facts.norm, rotary_dim=arch.rotary_dim, parallel_residual=arch.parallel_residual,
-                                 qkv_bias=arch.qkv_bias, bias=arch.bias)
+                                 qkv_bias=arch.qkv_bias, bias=arch.bias, absent=facts.absent)
 
     def train_layer_for(self, facts):
         """The training-layer kernel for one built decoder layer (``facts``: a ``TrainLayerFacts``), or None: the

@@ -7,9 +7,10 @@ copying anything:
 
 - the layout: sizes, the norm (LayerNorm / RMSNorm), the MLP form as the C++ decoder names it, the rope, the
   residual, the learned positions' table length;
-- the Parameters, per layer (``LayerParams``: its two norms, its Linears with an int8 model's scales and the biases it
-  has, None where it has none) and around the layers (the token and position tables, the final norm, the head: the token
-  table where tied), as the model holds them (the runner takes its views of their buffers, again after a ``set_data``);
+- the Parameters, per layer (``LayerParams``: each part of ``kernels/layer_table.py`` ``LAYER`` by name, its norms,
+  its Linears with an int8 model's scales and the biases it has, None where it has none) and around the layers (the
+  token and position tables, the final norm, the head: the token table where tied), as the model holds them (the
+  runner takes its views of their buffers, again after a ``set_data``);
 - the model's choices the runtime reads: its ``KernelProvider`` (``kernels``), each layer's ``DecodeLayerFacts``
   (``layer_facts``, what the runner choice weighs), whether a prefill into empty rows runs the fused kernel
   (``fresh_prefill``), the KV cache's storage (``new_cache(batch, length)``, ``kv_cache.py``) and the rope's cos and
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import mindspore as ms
 
+from ..kernels.abi.layer_table import Linear, Norm, cells
 from .attention import rope_tables
 from .gpt import mlp_form
 from .kv_cache import KVCache
@@ -43,14 +45,10 @@ class NormParams:
 
 @dataclass(frozen=True)
 class LayerParams:
-    """One decoder layer: its norms, Linears (``gate``: None unless the MLP is gated) and attention's score scale."""
-    norm1: NormParams
-    norm2: NormParams
-    qkv: LinearParams
-    proj: LinearParams
-    fc1: LinearParams
-    gate: object
-    fc2: LinearParams
+    """One decoder layer: ``parts``, each part of ``kernels/layer_table.py`` ``LAYER`` by name (a norm's
+    ``NormParams``, a Linear's ``LinearParams``, another tensor's Parameter; None where the layer has none, e.g. a
+    GeLU MLP's gate), and attention's score scale."""
+    parts: dict
     scale: float
 
 
@@ -95,6 +93,15 @@ def _norm(norm, rmsnorm):
     return NormParams(norm.weight, None if rmsnorm else norm.bias)
 
 
+def _part(part, cell, arch, int8):
+    """The Parameters of one part of ``LAYER`` (``cell``: the block's sub-Cell, or the Parameter, holding it)."""
+    if part.when and not getattr(arch, part.when):
+        return None
+    if isinstance(part, Norm):
+        return _norm(cell, arch.rmsnorm)
+    return _linear(cell, int8) if isinstance(part, Linear) else cell
+
+
 def describe(causal_lm):
     """The ``Description`` of ``causal_lm`` (a ``GPTLocalForCausalLM``) as built now."""
     model, arch = causal_lm.model, causal_lm.config.arch
@@ -108,14 +115,8 @@ def describe(causal_lm):
         head_scale = causal_lm.output_layer.weight_scale if head.dtype == ms.int8 else None
     else:  # a tied head: the token table (int8 with its scales; bfloat16 in a bf16 inference build)
         head, head_scale = words, words_scale
-    layers = tuple(
-        LayerParams(norm1=_norm(block.input_layernorm, arch.rmsnorm),
-              norm2=_norm(block.post_attention_layernorm, arch.rmsnorm),
-              qkv=_linear(block.attention.linear_qkv, int8), proj=_linear(block.attention.linear_proj, int8),
-              fc1=_linear(block.mlp.linear_fc1, int8),
-              gate=_linear(block.mlp.linear_gate, int8) if arch.gated else None,
-              fc2=_linear(block.mlp.linear_fc2, int8), scale=block.attention.plain.scale)
-        for block in model.layers)
+    layers = tuple(LayerParams({part.name: _part(part, cell, arch, int8) for part, cell in cells(block)},
+                               block.attention.plain.scale) for block in model.layers)
     return Description(
         hidden=arch.hidden_size, heads=arch.num_attention_heads, groups=arch.groups, head_dim=arch.head_dim,
         inter=arch.inter, vocab=arch.vocab_size, rmsnorm=bool(arch.rmsnorm), mlp_form=mlp_form(arch),

@@ -34,6 +34,8 @@ from .dropout import (CounterDropout, DropoutCounter, counter_dropout_enabled, d
 from .layers import (Activation, KernelLayerNorm, KernelRMSNorm, LayerNorm, Linear, RMSNorm, SiLU, bf16_parameter,
                      kernel_provider, make_norm, residual_init_std, to_mstype, use_gemm)
 from ..kernels.provider import DecodeLayerFacts, TrainLayerFacts, dtype_name
+from ..kernels.abi.layer_table import LINEARS, Linear as LayerLinear, cells, parameter_slots, pointer_fields
+from ..kernels.abi.table import DecoderLayer
 from .layer_spec import freeze_pet, model_layer_spec
 from .quant_cells import QuantLinear, int8_lookup, int8_matmul, int8_parameter, scale_parameter
 from .quantization import read_quantization
@@ -303,9 +305,9 @@ def layer_facts(config, block):
     ``decode_layer_for``, and the native runner, ``runner``): its architecture and MLP form, its Linears' classes
     and weight dtypes (the gate's too: SwiGLU), its norms' classes and weight dtypes, its compute dtypes, and whether
     it has a prefix, an adapter or LayerDrop. ``config``: the config the block was built from (``graph_config``'s)."""
-    attention, mlp = block.attention, block.mlp
-    linears = (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2)
-    linears += (mlp.linear_gate,) if config.arch.gated else ()
+    attention = block.attention
+    linears = tuple(cell for part, cell in cells(block, LINEARS)  # layer_table.py's Linears this layout has
+                    if part.when is None or getattr(config.arch, part.when))
     norms = (block.input_layernorm, block.post_attention_layernorm)
     weights = {linear.weight.dtype for linear in linears}
     if all(type(linear) is QuantLinear for linear in linears):
@@ -323,7 +325,8 @@ def layer_facts(config, block):
         norm_weights=next(iter(norm_weights)) if len(norm_weights) == 1 else None,
         norm_dtype=to_mstype(config.layernorm_compute_dtype), softmax_dtype=attention.plain.softmax_dtype,
         prefix=attention.prefix_concat is not None,
-        adapters=block.has_adapters, layerdrop=block.has_layerdrop)
+        adapters=block.has_adapters, layerdrop=block.has_layerdrop, absent=DecoderLayer.pointer_mask(
+            [field for field, path in zip(pointer_fields(), weight_paths(block, DECODE_WEIGHTS)) if len(path) == 1]))
 
 
 # the attention core a layer built (ParallelAttention._choose_core), as TrainLayerFacts names it
@@ -421,7 +424,7 @@ class GPTLocalBlock(nn.Cell):
             TrainKernelPath(weight_paths(self, TRAIN_WEIGHTS))
         if self.decode_kernel is not None:
             self.decode_none = Tensor(np.zeros((1,), np.float32))
-            self.decode_no_gate = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
+            self.decode_no_weight = Tensor(np.zeros((1, 1), np.float32), self.mlp.linear_fc1.weight.dtype)
             self.decode_no_rotary = Tensor(np.zeros((1, 1, 1, 1), np.float32))
             self.layer = DecodeKernelPath(weight_paths(self, DECODE_WEIGHTS), self.layer)
 
@@ -499,24 +502,15 @@ class ParallelResiduals(nn.Cell):
         return block.add(hidden, block.mlp_update(mlp, dropout_step, dtype))
 
 
-# The kernels' Parameters, in their argument order: (the sub-Cell under the block, its Parameter, the block's
-# placeholder where the layer has none: an absent bias, RMSNorm's shift, an int8 model's scales elsewhere, a GeLU
-# MLP's gate). The decode node's (``kernels/cells/decode_layer.py``) takes a placeholder tensor there, the training layer's
-# (``kernels/cells/train_layer.py``) None.
+# The kernels' Parameters, in their argument order (``kernels/abi/layer_table.py`` ``LAYER``, ``parameter_slots``): (the
+# sub-Cell under the block, its Parameter, the block's placeholder where the layer has none: an absent bias, RMSNorm's
+# shift, an int8 model's scales elsewhere, an optional Linear's weight such as a GeLU MLP's gate). The decode node's
+# (``kernels/cells/decode_layer.py``) takes a placeholder tensor there, the training layer's (``kernels/cells/train_layer.py``)
+# None (it puts its own stand-in).
 DECODE_WEIGHTS = tuple(
-    (cell, name, "decode_no_gate" if (cell, name) == ("mlp.linear_gate", "weight") else "decode_none")
-    for cell, names in (("input_layernorm", ("weight", "bias")),
-                        ("attention.linear_qkv", ("weight", "weight_scale", "bias")),
-                        ("attention.linear_proj", ("weight", "weight_scale", "bias")),
-                        ("post_attention_layernorm", ("weight", "bias")),
-                        ("mlp.linear_fc1", ("weight", "weight_scale", "bias")),
-                        ("mlp.linear_gate", ("weight", "weight_scale", "bias")),
-                        ("mlp.linear_fc2", ("weight", "weight_scale", "bias")))
-    for name in names)
-TRAIN_WEIGHTS = tuple((cell, name, "no_parameter")
-                      for cell in ("input_layernorm", "attention.linear_qkv", "attention.linear_proj",
-                                   "post_attention_layernorm", "mlp.linear_fc1", "mlp.linear_gate", "mlp.linear_fc2")
-                      for name in ("weight", "bias"))
+    (cell, name, "decode_no_weight" if isinstance(part, LayerLinear) and part.when and name == "weight"
+     else "decode_none") for part, cell, name in parameter_slots(scales=True))
+TRAIN_WEIGHTS = tuple((cell, name, "no_parameter") for _, cell, name in parameter_slots())
 
 
 def weight_paths(block, slots):

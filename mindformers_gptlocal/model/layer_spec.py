@@ -15,12 +15,12 @@ gives its own (``model.lora_cells.MultiLoRASpec``) to ``GPTLocalForCausalLM(conf
 import importlib
 
 from ..errors import ConfigError
+from ..kernels.abi.layer_table import LINEARS
 from .params import is_weight
 from .quantization import read_quantization
 
 # the paths of a block's Linears (the factories take Linear's arguments)
-LINEAR_PATHS = ("attention.linear_qkv", "attention.linear_proj", "mlp.linear_fc1", "mlp.linear_gate",
-                "mlp.linear_fc2")
+LINEAR_PATHS = tuple(part.cell for part in LINEARS)  # kernels/layer_table.py's Linears
 
 
 def pet_layer_spec(config):

@@ -28,6 +28,7 @@ import numpy as np
 from ..kernels.abi import build
 from ..kernels.abi.threads import kernel_threads
 from ..kernels.abi.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
+from ..kernels.abi.layer_table import LAYER, Linear, Norm
 from ..kernels.cells.linear import precision_code
 from ..kernels.abi.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel
 from .buckets import greedy_steps, width_buckets
@@ -142,14 +143,18 @@ class NativeRunner:
         layers = DecoderLayer.array(len(d.layers))
         for struct, layer in zip(layers, d.layers):
             struct.scale = layer.scale
-            struct.norm1_weight, struct.norm1_bias = self._norm(layer.norm1)
-            struct.norm2_weight, struct.norm2_bias = self._norm(layer.norm2)
-            struct.qkv, struct.qkv_scale, struct.qkv_bias = self._linear(layer.qkv)
-            struct.proj, struct.proj_scale, struct.proj_bias = self._linear(layer.proj)
-            struct.fc1, struct.fc1_scale, struct.fc1_bias = self._linear(layer.fc1)
-            if layer.gate is not None:
-                struct.gate, struct.gate_scale, struct.gate_bias = self._linear(layer.gate)
-            struct.fc2, struct.fc2_scale, struct.fc2_bias = self._linear(layer.fc2)
+            for part in LAYER:  # DecoderLayer's fields (layer_table.py decoder_layer_fields), null where absent
+                params = layer.parts[part.name]
+                if params is None:
+                    continue
+                if isinstance(part, Norm):
+                    fields, values = (f"{part.name}_weight", f"{part.name}_bias"), self._norm(params)
+                elif isinstance(part, Linear):
+                    fields, values = (part.name, f"{part.name}_scale", f"{part.name}_bias"), self._linear(params)
+                else:
+                    fields, values = (part.name,), (self._view(params, "float32"),)
+                for field, value in zip(fields, values):
+                    setattr(struct, field, value)
         self.layer_structs = layers
         self.cos, self.sin = d.rope(self.max_length)
 

@@ -17,6 +17,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
+from mindformers_gptlocal.kernels.abi import table
 from mindformers_gptlocal.kernels.cells import linear
 from mindformers_gptlocal.kernels.cells.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16, CPUDecodeLayerInt8
 from mindformers_gptlocal.model.quantization import QUANTIZATION
@@ -219,6 +220,26 @@ def test_every_layout_gets_the_kernel(changes):
     on the llama, neox and qwen2-int8 shapes)."""
     model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, cpu_kernels={"decode_layer": "kernel"}, **changes)))
     assert all(type(layer.decode_kernel) is CPUDecodeLayer for layer in model.model.layers)  # noqa: E721
+
+
+SCALES = {f"{name}_scale" for name in ("qkv", "proj", "fc1", "gate", "fc2")}
+
+
+@pytest.mark.parametrize("changes,absent", [
+    ({}, SCALES | {"gate", "gate_bias"}),
+    (dict(normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False),
+     SCALES | {"norm1_bias", "norm2_bias", "qkv_bias", "proj_bias", "fc1_bias", "gate_bias", "fc2_bias"}),
+    (dict(quantization=dict(QUANTIZATION), add_bias_linear=False, add_qkv_bias=True),
+     {"gate", "gate_scale", "gate_bias", "proj_bias", "fc1_bias", "fc2_bias"}),
+], ids=["gpt2", "llama", "int8-qkv-bias-only"])
+def test_the_node_is_told_which_parameters_are_placeholders(changes, absent):
+    """The decode node's ``absent`` option names exactly the DecoderLayer fields the block hands a placeholder (the
+    kernel nulls them: cores.h drop_absent), read from the layer table, not from one option per part."""
+    model = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, cpu_kernels={"decode_layer": "kernel"}, **changes)),
+                                inference=True)
+    words = table.DecodeLayerOptions.fields.index(("absent", "int"))
+    for layer in model.model.layers:
+        assert int(layer.decode_kernel.config.asnumpy()[words]) == table.DecoderLayer.pointer_mask(absent)
 
 
 @pytest.mark.parametrize("kind", ["float32", "int8", "bf16"])

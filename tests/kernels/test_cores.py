@@ -235,13 +235,15 @@ def int8_matmul(lib, x, w, method, threads=2):
     return acc
 
 
+@pytest.mark.parametrize("low", [-128, -127], ids=["full_range", "scheme_range"])
 @pytest.mark.parametrize("rows,inner,outer,threads", GEMMS + [(1, 3072, 770, 2), (6, 1031, 67, 2), (70, 33, 129, 3)])
-def test_int8_matmul_core_dot_loop_is_exact(lib, rows, inner, outer, threads):
-    """The dot loop (method 1): xq w^T equal to the int64 product for any int8 operands (-128 too), on row counts
-    that are and are not multiples of its four-row groups and weight counts not multiples of its four-weight ones;
-    the CPU's choice (method 0) gives the same."""
-    x = RNG.integers(-128, 128, (rows, inner)).astype(np.int8)
-    w = RNG.integers(-128, 128, (outer, inner)).astype(np.int8)
+def test_int8_matmul_core_dot_loop_is_exact(lib, rows, inner, outer, threads, low):
+    """Method 1 (the decoder's int8 GEMM, cpu_decoder.h int8_sums): xq w^T equal to the int64 product for any int8
+    operands (-128 too: the plain loops) and for the scheme's [-127, 127] (AVX2's tiles where the CPU has them), on
+    row counts that are and are not multiples of its four-row tiles and inner sizes not multiples of its 32-byte
+    steps; the CPU's choice (method 0) gives the same."""
+    x = RNG.integers(low, 128, (rows, inner)).astype(np.int8)
+    w = RNG.integers(low, 128, (outer, inner)).astype(np.int8)
     want = x.astype(np.int64) @ w.T.astype(np.int64)
     np.testing.assert_array_equal(int8_matmul(lib, x, w, 1, threads), want)
     np.testing.assert_array_equal(int8_matmul(lib, x, w, 0, threads), want)

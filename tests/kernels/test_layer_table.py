@@ -24,8 +24,9 @@ def test_every_kernel_takes_the_parts_in_the_tables_order():
     assert [f for f, _ in table.TrainLayerParams.fields] == parameters
     assert [f for f, _ in table.TrainLayerGrads.fields] == ["d" + n for n in parameters] + ["dhidden"]
     fields = [f for f, _ in table.DecoderLayer.fields]
-    assert fields[0] == "scale" and list(dict.fromkeys(f.split("_")[0] for f in fields[1:])) == [
-        part.name for part in LAYER]
+    owners = [next(p.name for p in LAYER if f == p.name or f.startswith(p.name + "_")) for f in fields[1:]]
+    assert fields[0] == "scale" and list(dict.fromkeys(owners)) == [part.name for part in LAYER]
+    assert layer_table.pointer_fields() == fields[1:]
     for symbol in ("gptlocal_decode_layer_fwd", "gptlocal_decode_layer_int8_fwd", "gptlocal_decode_layer_bf16w_fwd"):
         assert _names(symbol)[1:len(fields)] == fields[1:]  # the decode layer's tensors are DecoderLayer's fields
 
@@ -65,6 +66,16 @@ def test_a_new_part_reaches_every_generated_list():
     assert "head_gate: f32[_]" in layer_table.decode_layer_parameters("f32", layer)
     assert ("head_gate", "Nh") in layer_table.train_layer_parameters(layer)
     assert "head_gate" not in layer_table.decoder_layer_fields()
+
+
+def test_the_decode_layer_nulls_what_the_mask_names():
+    """``drop_absent`` (cores.h, generated) nulls each DecoderLayer pointer whose bit ``pointer_mask`` sets, for
+    whatever part: a new part's placeholder needs no option of its own."""
+    header = codegen.header()
+    fields = layer_table.pointer_fields()
+    for i, field in enumerate(fields):
+        assert f"if (absent & (1 << {i})) s.{field} = nullptr;" in header
+    assert table.DecoderLayer.pointer_mask(["qkv_bias", fields[-1]]) == (1 << 4) | (1 << (len(fields) - 1))
 
 
 def test_cells_pairs_each_part_with_the_blocks_cell():

@@ -9,15 +9,24 @@ What is generated from it (``table.py``; the C++ through ``codegen.py`` into ``c
 - ``DecoderLayer`` (the native runner's struct, ``cpu_decoder.h``'s ``LayerWeights``): the attention scale, then each
   norm's weight and bias, each Linear's weight, int8 scales and bias (null where the layer has none);
 - the decode layer's tensors (``decode_layer_inputs``): the same order and names, each Linear as weight, scales,
-  bias (its cores take them as one ``DecoderLayer``);
+  bias (its cores take them as one ``DecoderLayer``; ``pointer_fields``), and the mask of those handed a placeholder
+  (``DecoderLayer.pointer_mask``, the model's ``layer_facts``) that the node nulls (``drop_absent`` in ``cores.h``);
 - the training layer's parameters (``TRAIN_LAYER_PARAMETERS``, its inputs) and gradients (its backward's outputs),
   and the C++ structs its cores take them in (``TrainLayerParams``, ``TrainLayerGrads``);
-- ``cells(block)``: (part, the block's sub-Cell) in this order, what the model and the runners iterate.
+- ``cells(block)``: (part, the block's sub-Cell) in this order, what the model and the runners iterate;
+  ``parameter_slots``: (part, sub-Cell path, attribute) of each tensor the kernels take, what ``model/gpt.py``'s
+  kernel paths hand them (``DECODE_WEIGHTS``, ``TRAIN_WEIGHTS``) and ``model/describe.py`` names for the native
+  runner.
+
+The Cells take the parameters in this order (``decode_layer.py``, ``train_layer.py``: ``*parameters``; the training
+layer's stand-ins built from ``train_layer_parameters``), as ``model/gpt.py``'s kernel paths hand them
+(``DECODE_WEIGHTS``, ``TRAIN_WEIGHTS``).
 
 A new parameter of every layer (say a per-head gate on attention's output: ``Tensor("head_gate",
 "attention.head_gate", ("N",), "head_gate", ("Nh",))``) is a part here (``tests/kernels/test_layer_table.py`` shows
-where it lands); its C++ use in the cores (``cpu_decoder.cc`` ``layer_forward``, ``cpu_train_layer.cc``) and the
-Cell that owns it (``model/gpt.py``, and its layout flag in ``model/arch.py``) are the other places.
+where it lands); its C++ use in the cores (``cpu_decoder.cc`` ``layer_forward``, ``cpu_train_layer.cc``: a new size
+name such as ``Nh`` is one more argument of the training cores) and the Cell that owns it (``model/attention.py`` /
+``model/gpt.py``, and its layout flag in ``model/fields.py``) are the other places.
 """
 import collections
 
@@ -59,6 +68,22 @@ def cells(block, layer=LAYER):
     return found
 
 
+def parameter_slots(layer=LAYER, scales=False):
+    """(part, the path of the sub-Cell under the block that holds it, its attribute) of each tensor a layer kernel
+    takes, in ``layer``'s order: a norm's ``weight``, ``bias``; a Linear's ``weight``, an int8 model's
+    ``weight_scale`` (with ``scales``: the decode layer's), ``bias``; another tensor's Parameter (its ``cell``'s last
+    name, on the Cell before it)."""
+    found = []
+    for part in layer:
+        if isinstance(part, Tensor):
+            owner, _, name = part.cell.rpartition(".")
+            found.append((part, owner, name))
+            continue
+        names = ("weight", "bias") if isinstance(part, Norm) or not scales else ("weight", "weight_scale", "bias")
+        found += [(part, part.cell, name) for name in names]
+    return tuple(found)
+
+
 def decoder_layer_fields(layer=LAYER):
     """``DecoderLayer``'s fields (``spec.Struct`` text): the attention scale, then the parts' pointers."""
     fields = ["scale: float"]
@@ -70,6 +95,12 @@ def decoder_layer_fields(layer=LAYER):
         else:
             fields += [f"{part.name}: void*", f"{part.name}_scale: f32*", f"{part.name}_bias: f32*"]
     return ", ".join(fields)
+
+
+def pointer_fields(layer=LAYER):
+    """``DecoderLayer``'s pointer fields, in order: the decode layer's parameter tensors' names (``parameter_slots``
+    with scales gives the model's Parameter of each)."""
+    return [field.split(":")[0] for field in decoder_layer_fields(layer).split(", ")[1:]]
 
 
 def decode_layer_parameters(weight, layer=LAYER):

@@ -349,9 +349,10 @@ class Struct:
     (``cores.h``); ``ctypes`` its ``ctypes.Structure``, whose pointer fields take an address (an int, e.g. a numpy
     array's ``ctypes.data``) or None."""
 
-    def __init__(self, name, fields, doc):
+    def __init__(self, name, fields, doc, drop=None):
         self.name = name
         self.doc = doc
+        self.drop = drop  # the name of a generated function that nulls the pointers a mask names (``c_struct``)
         self.fields = _fields(name, fields, STRUCT_FIELDS)
         self.ctypes = type(name, (ctypes.Structure,), {
             "_fields_": [(f, STRUCT_FIELDS[k][1]) for f, k in self.fields], "__doc__": doc})
@@ -375,7 +376,19 @@ class Struct:
                   for field, kind in self.fields]
         lines += ["};", f"static_assert(sizeof({self.name}) == {ctypes.sizeof(self.ctypes)}, \"{self.name}: the "
                   "layout ctypes gives it\");"]
+        if self.drop:  # bit i of `absent`: the i-th pointer field is null (``pointer_mask``)
+            pointers = [field for field, kind in self.fields if kind.endswith("*")]
+            lines += [f"inline void {self.drop}({self.name} &s, int32_t absent) {{"]
+            lines += [f"  if (absent & (1 << {i})) s.{field} = nullptr;" for i, field in enumerate(pointers)]
+            lines += ["}"]
         return "\n".join(lines)
+
+    def pointer_mask(self, absent):
+        """The int32 mask ``drop`` reads: a bit for each pointer field named in ``absent``, in field order."""
+        pointers = [field for field, kind in self.fields if kind.endswith("*")]
+        if len(pointers) > 31:
+            raise ValueError(f"{self.name}: {len(pointers)} pointers, more than an int32 mask holds")
+        return sum(1 << i for i, field in enumerate(pointers) if field in absent)
 
 
 class Export:

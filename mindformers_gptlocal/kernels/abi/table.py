@@ -47,11 +47,12 @@ TrainLayerOptions = Options(
     "layer's slot (its saved activations; 0 shared by recomputed layers).")
 DecodeLayerOptions = Options("DecodeLayerOptions", "epsilon: float, scale: float, form: int, threads: int, "
                              "precision: int, norm: int, rotary_dim: int, parallel_residual: int, qkv_bias: int, "
-                             "bias: int", "The decode step's layer (cpu_decoder.h LayerShape's choices): the norms' "
-                             "epsilon, attention's scale, the MLP's form (an MlpForm), the GEMMs' precision "
+                             "bias: int, absent: int", "The decode step's layer (cpu_decoder.h LayerShape's "
+                             "choices): the norms' epsilon, attention's scale, the MLP's form (an MlpForm), the GEMMs' precision "
                              "(LinearOptions'), norm (a NormKind), the rope's "
                              "channels (0: none), NeoX's parallel residual, whether qkv and the other Linears have "
-                             "biases.")
+                             "biases, the DecoderLayer fields handed a placeholder (drop_absent's mask: "
+                             "DecoderLayer.pointer_mask).")
 # the native runner's structs (cpu_decoder.cc; runtime/native.py fills them once per runner)
 DecoderModel = Struct(
     "DecoderModel", "hidden: int, heads: int, groups: int, head_dim: int, inter: int, vocab: int, layers: int, "
@@ -64,7 +65,7 @@ DecoderModel = Struct(
 DecoderLayer = Struct(
     "DecoderLayer", decoder_layer_fields(), "One layer's attention scale and Parameters (layer_table.py LAYER; "
     "cpu_decoder.h LayerWeights): null where the layer has none (a bias, an int8 weight's scales, a LayerNorm's bias, "
-    "SwiGLU's gate).")
+    "SwiGLU's gate).", drop="drop_absent")
 DecoderCache = Struct(
     "DecoderCache", "keys: mut f32*, values: mut f32*, cos: f32*, sin: f32*, slots: int, length: int",
     "A runner's KV cache: keys and values [layers, slots, G, length, D] float32, written in place; the rope's cos and "

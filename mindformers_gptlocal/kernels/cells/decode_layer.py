@@ -37,34 +37,28 @@ _warn_once = functools.partial(build.warn_once, "CPU decode-layer kernel off, th
 
 
 class CPUDecodeLayer(KernelCell):
-    """``construct(hidden [B, 1, H], norm1 (weight, bias), qkv (weight, scale, bias), proj (...), norm2 (weight, bias),
-    fc1 (...), gate (...), fc2 (...), key_cache, value_cache, write_index [B, G, 1, 3], attention_bias [B or 1, 1, 1,
-    L], cos, sin [B, 1, 1, R])`` -> the layer's output hidden [B, 1, H]; the caches written in place. ``form``: an
+    """``construct(hidden [B, 1, H], *parameters, key_cache, value_cache, write_index [B, G, 1, 3], attention_bias
+    [B or 1, 1, 1, L], cos, sin [B, 1, 1, R])`` (``KernelCell``'s, the table's inputs in order) -> the layer's output
+    hidden [B, 1, H]; the caches written in place. ``parameters``: the layer's in ``kernels/layer_table.py``
+    ``LAYER``'s order (``decode_layer_parameters``: a norm's weight, bias; a Linear's weight, scales, bias), a
+    placeholder where the layer has none. ``form``: an
     ``MlpForm``'s name (``model/gpt.py`` ``mlp_form``); ``norm``: a ``NormKind``'s ("LayerNorm", "RMSNorm");
     ``qkv_bias``, ``bias``: whether qkv and the other Linears add their
-    biases (else their bias arguments are placeholders)."""
+    biases (else their bias arguments are placeholders); ``absent``: the parameters handed a placeholder, as
+    ``table.py`` ``DecoderLayer.pointer_mask`` gives them (the model's: ``model/gpt.py`` ``layer_facts``), which the
+    kernel nulls (cores.h ``drop_absent``) whatever the part."""
 
     symbol = SYMBOL
 
     # pylint: disable-next=too-many-arguments
     def __init__(self, library_path, epsilon, scale, form="tanh", threads=None, precision="float32", emulate=False,
-                 norm="LayerNorm", rotary_dim=0, parallel_residual=False, qkv_bias=True, bias=True):
+                 norm="LayerNorm", rotary_dim=0, parallel_residual=False, qkv_bias=True, bias=True, absent=0):
         # side_effect_mem (the table's inout caches): MindSpore keeps every later use of the caches after it
         super().__init__(library_path, KERNELS[self.symbol], epsilon=epsilon, scale=scale, form=name_of(MlpForm, form),
                          threads=threads, precision=precision_code(library_path, precision, emulate),
                          norm=name_of(NormKind, norm), rotary_dim=int(rotary_dim),
                          parallel_residual=int(bool(parallel_residual)),
-                         qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)))
-
-    # pylint: disable-next=too-many-arguments
-    def construct(self, hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight, proj_scale,
-                  proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias, gate_weight, gate_scale,
-                  gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache, value_cache, write_index, attention_bias, cos,
-                  sin):
-        return self.op(hidden, norm1_weight, norm1_bias, qkv_weight, qkv_scale, qkv_bias, proj_weight, proj_scale,
-                       proj_bias, norm2_weight, norm2_bias, fc1_weight, fc1_scale, fc1_bias, gate_weight, gate_scale,
-                       gate_bias, fc2_weight, fc2_scale, fc2_bias, key_cache, value_cache, write_index, attention_bias,
-                       cos, sin, self.config)
+                         qkv_bias=int(bool(qkv_bias)), bias=int(bool(bias)), absent=int(absent))
 
 
 class CPUDecodeLayerInt8(CPUDecodeLayer):

@@ -34,10 +34,10 @@ from ..abi.aot import float32_library, primitive
 from .attention import KEY_BLOCK, QUERY_BLOCK
 from ..abi.codes import MlpForm, NormKind, name_of
 from .linear import precision_code
+from ..abi.layer_table import train_layer_parameters
 from ..abi.table import KERNELS, TrainLayerOptions
 
 FORWARD = "gptlocal_train_layer_fwd"
-BACKWARD = "gptlocal_train_layer_bwd"
 STATS = ("forwards", "backwards", "recomputed", "slot_bytes", "workspace_bytes", "slots")
 SHARED_SLOT = 0
 _SLOTS = itertools.count(1)  # each layer's own slot; 0 is the shared one
@@ -72,13 +72,16 @@ def _release(library_path, slot):
 
 
 class CPUTrainLayer(nn.Cell):
-    """``construct(hidden [B, S, H], mask [1 or B, 1, S, S], dropout_step, rotary, norm1_w, norm1_b, qkv_w, qkv_b,
-    proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, gate_w, gate_b, fc2_w, fc2_b)`` -> the layer's output [B, S, H],
-    float32. ``rotary``: (cos, sin) [B or 1, 1, S, rotary_dim] with rope, else None; ``dropout_step``: the model's
-    forward counter (None: no dropout); a parameter the layer has not (RMSNorm's shift, an absent bias, a GeLU MLP's
-    gate) is None. ``dropouts``: the layer's ``CounterDropout`` s (attention probabilities, attention output, MLP
-    output; None where the model draws none); ``precision``/``emulate`` as ``CPULinearGEMM``'s (bfloat16: bf16 GEMMs,
-    and the GEMM operands saved as bf16); ``shared``: the layer is recomputed by MindSpore (the shared slot)."""
+    """``construct(hidden [B, S, H], mask [1 or B, 1, S, S], dropout_step, rotary, *parameters)`` -> the layer's
+    output [B, S, H], float32. ``parameters``: the layer's, in ``kernels/layer_table.py`` ``LAYER``'s order
+    (``table.py`` ``TRAIN_LAYER_PARAMETERS``: norm1_w, norm1_b, qkv_w, qkv_b, ...); one the layer has not (RMSNorm's
+    shift, an absent bias, a GeLU MLP's gate) is None, and the kernel gets its stand-in (``stand_ins``, built here
+    from the table). ``rotary``: (cos, sin) [B or 1, 1, S, rotary_dim] with rope, else None; ``dropout_step``: the
+    model's forward counter (None: no dropout). ``dropouts``: the layer's ``CounterDropout`` s (attention
+    probabilities, attention output, MLP output; None where the model draws none); ``precision``/``emulate`` as
+    ``CPULinearGEMM``'s (bfloat16: bf16 GEMMs, and the GEMM operands saved as bf16); ``shared``: the layer is
+    recomputed by MindSpore (the shared slot). The backward is the table's generated bprop (``aot.py``
+    ``gradient``: one call of the backward kernel)."""
 
     def __init__(self, library_path, layout, epsilon, scale, dropouts=(None, None, None), threads=None,
                  precision="float32", emulate=False, shared=False, query_block=QUERY_BLOCK, key_block=KEY_BLOCK):
@@ -107,27 +110,22 @@ class CPUTrainLayer(nn.Cell):
         self.no_offsets = Tensor(np.zeros((6,), np.int32))
         # the offsets of a step: the three sites' (a, b), or none without the counter dropouts; chosen here once
         self.step_offsets = self._no_step_offsets if self.dropouts is None else self._site_offsets
-        self.no_vector = Tensor(np.zeros((1,), np.float32))  # an absent shift or bias
-        self.no_gate = Tensor(np.zeros((1, layout.hidden), np.float32))  # a GeLU MLP's gate weight
+        self.stand_ins = stand_ins(layout)
         self.no_angle = Tensor(np.zeros((1, 1, 1, 2), np.float32))  # rope's cos and sin without rope
-        self.backward = primitive(library_path, KERNELS[BACKWARD])
-        self.forward = primitive(library_path, KERNELS[FORWARD], bprop=self._bprop)
+        self.forward = primitive(library_path, KERNELS[FORWARD])  # its bprop: the table's (the backward kernel)
         if not shared:
             weakref.finalize(self, _release, library_path, self.slot)
 
-    # pylint: disable-next=too-many-arguments
-    def construct(self, hidden, mask, dropout_step, rotary, norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w,
-                  norm2_b, fc1_w, fc1_b, gate_w, gate_b, fc2_w, fc2_b):
+    def construct(self, hidden, mask, dropout_step, rotary, *parameters):
         cos, sin = self._angles(rotary)
         offsets, config = self.no_offsets, self.config_plain
         if dropout_step is not None:
             offsets, config = self.step_offsets(dropout_step), self.config_dropout
-        vector = self.no_vector
+        given = ()
+        for index in range(len(self.stand_ins)):
+            given = given + (_or(parameters[index], self.stand_ins[index]),)
         out = self.forward(hidden, ops.cast(mask, ms.float32), cos, sin, self.attention_t1, self.attention_t2,
-                           self.hidden_t1, self.hidden_t2, offsets, norm1_w, _or(norm1_b, vector), qkv_w,
-                           _or(qkv_b, vector), proj_w, _or(proj_b, vector), norm2_w, _or(norm2_b, vector), fc1_w,
-                           _or(fc1_b, vector), _or(gate_w, self.no_gate), _or(gate_b, vector), fc2_w,
-                           _or(fc2_b, vector), config)
+                           self.hidden_t1, self.hidden_t2, offsets, *given, config)
         return out[0]
 
     def _angles(self, rotary):
@@ -143,25 +141,22 @@ class CPUTrainLayer(nn.Cell):
         return ops.concat((self.dropouts[0].offsets(dropout_step), self.dropouts[1].offsets(dropout_step),
                            self.dropouts[2].offsets(dropout_step)))
 
-    # pylint: disable-next=too-many-arguments
-    def _bprop(self, hidden, mask, cos, sin, attention_t1, attention_t2, hidden_t1, hidden_t2, offsets, norm1_w,
-               norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, gate_w, gate_b, fc2_w, fc2_b,
-               config, out, dout):
-        grads = self.backward(hidden, mask, cos, sin, attention_t1, attention_t2, hidden_t1, hidden_t2, offsets,
-                              norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, gate_w,
-                              gate_b, fc2_w, fc2_b, out[1], dout[0], config)
-        zeros = ops.zeros_like
-        return (grads[0], zeros(mask), zeros(cos), zeros(sin), zeros(attention_t1), zeros(attention_t2),
-                zeros(hidden_t1), zeros(hidden_t2), zeros(offsets), grads[1], grads[2], grads[3], grads[4], grads[5],
-                grads[6], grads[7], grads[8], grads[9], grads[10], grads[11], grads[12], grads[13], grads[14],
-                zeros(config))
-
 
 def _or(value, stand_in):
     """``value``, or ``stand_in`` where the layer has no such parameter (None)."""
     if value is None:
         return stand_in
     return value
+
+
+def stand_ins(layout):
+    """What the kernel gets for each parameter of ``TRAIN_LAYER_PARAMETERS`` the layer has not (``construct``'s
+    None), in that order: zeros of the parameter's shape in the table (``layer_table.py`` ``train_layer_parameters``),
+    each size name a stand-in may take one (``Hn``, ``Qb``, ``Ig``, ...) 1, the layer's width ``H`` itself (a GeLU
+    MLP's gate weight [1, H])."""
+    sizes = {"H": layout.hidden}
+    return tuple(Tensor(np.zeros(tuple(sizes.get(d, 1) for d in dims.split(", ")), np.float32))
+                 for _, dims in train_layer_parameters())
 
 
 def layout_of(arch, form):

@@ -88,6 +88,7 @@ int decode_layer(int weights, const float *hidden, const DecoderLayer &given, fl
   w.gate_bias = bias(given.gate_bias, gated && o.bias);
   w.fc2_scale = scales(given.fc2_scale);
   w.fc2_bias = bias(given.fc2_bias, o.bias != 0);
+  drop_absent(w, o.absent);  // every parameter the model handed a placeholder (layer_table.py LAYER's, by name)
   const Rows rows{B, 1, slot.data(), pos.data(), L, attention_bias, Bb == 1 ? 0 : L};
   Arena counting(nullptr, 0);
   const int64_t bytes = gptlocal::decoder::layer_workspace(shape, B, &counting);

@@ -208,30 +208,28 @@ void quantize_row(const float *x, int64_t K, int8_t *q, int8_t *aq, float *scale
   for (int64_t k = 0; k < K; ++k) aq[k] = static_cast<int8_t>(q[k] < 0 ? -q[k] : q[k]);
 }
 
-// The scheme's output of one int32 sum: cpu_linear_int8.cc's expression.
-inline float int8_output(int32_t acc, float x_scale, float w_scale, const float *b, int64_t n) {
-  const float value = static_cast<float>(acc) * (x_scale * w_scale);
-  return b != nullptr ? value + b[n] : value;
-}
-
-void int8_rows_plain(const int8_t *q, const float *xs, const int8_t *w, const float *ws, const float *b, float *y,
-                     int64_t T, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+// The int8 GEMM's tiers (int8_gemm below): each exact int32 sum q[t] . w[n] for columns n0..n1 handed to
+// out(t, n, sum). The plain loops, for any int8 operands:
+template <class Out>
+void int8_rows_plain(const int8_t *q, const int8_t *w, int64_t T, int64_t K, int64_t n0, int64_t n1,
+                     const Out &out) {
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t *wr = w + n * K;
     for (int64_t t = 0; t < T; ++t) {
       const int8_t *x = q + t * K;
       int32_t acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += static_cast<int32_t>(x[k]) * static_cast<int32_t>(wr[k]);
-      y[t * N + n] = int8_output(acc, xs[t], ws[n], b, n);
+      out(t, n, acc);
     }
   }
 }
 
 #if defined(__x86_64__)
-template <int R>
-__attribute__((target("avx2,fma"))) void int8_tile(const int8_t *q, const int8_t *aq, const float *xs,
-                                                   const int8_t *wr, const float *ws, const float *b, float *y,
-                                                   int64_t K, int64_t N, int64_t n) {
+// AVX2's, for operands in [-127, 127] (the scheme's: quantize_row's rows, `gptlocal quantize`'s weights): R rows
+// (1..4) of q (aq: their |q|) against weight row n.
+template <int R, class Out>
+__attribute__((target("avx2,fma"))) void int8_tile(const int8_t *q, const int8_t *aq, const int8_t *wr, int64_t K,
+                                                   int64_t t, int64_t n, const Out &out) {
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
   const __m256i ones = _mm256_set1_epi16(1);
@@ -249,13 +247,14 @@ __attribute__((target("avx2,fma"))) void int8_tile(const int8_t *q, const int8_t
   for (int r = 0; r < R; ++r) {
     int32_t sum = hsum8i(acc[r]);
     for (int64_t k = K32; k < K; ++k) sum += static_cast<int32_t>(q[r * K + k]) * static_cast<int32_t>(wr[k]);
-    y[r * N + n] = int8_output(sum, xs[r], ws[n], b, n);
+    out(t + r, n, sum);
   }
 }
 
-__attribute__((target("avx2,fma"))) void int8_rows_avx2(const int8_t *q, const int8_t *aq, const float *xs,
-                                                       const int8_t *w, const float *ws, const float *b, float *y,
-                                                       int64_t T, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <class Out>
+__attribute__((target("avx2,fma"))) void int8_rows_avx2(const int8_t *q, const int8_t *aq, const int8_t *w,
+                                                       int64_t T, int64_t K, int64_t n0, int64_t n1,
+                                                       const Out &out) {
   for (int64_t block = n0; block < n1; block += kColumnBlock) {
     const int64_t end = std::min(n1, block + kColumnBlock);
     for (int64_t t = 0; t < T; t += 4) {
@@ -263,16 +262,26 @@ __attribute__((target("avx2,fma"))) void int8_rows_avx2(const int8_t *q, const i
       for (int64_t n = block; n < end; ++n) {
         const int8_t *wr = w + n * K;
         switch (rows) {
-          case 4: int8_tile<4>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
-          case 3: int8_tile<3>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
-          case 2: int8_tile<2>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
-          default: int8_tile<1>(q + o, aq + o, xs + t, wr, ws, b, y + t * N, K, N, n); break;
+          case 4: int8_tile<4>(q + o, aq + o, wr, K, t, n, out); break;
+          case 3: int8_tile<3>(q + o, aq + o, wr, K, t, n, out); break;
+          case 2: int8_tile<2>(q + o, aq + o, wr, K, t, n, out); break;
+          default: int8_tile<1>(q + o, aq + o, wr, K, t, n, out); break;
         }
       }
     }
   }
 }
 #endif
+
+// The tier a call runs: AVX2's where the ISA decision allows it and the operands are the scheme's, else the plain.
+template <class Out>
+void int8_rows(const int8_t *q, const int8_t *aq, const int8_t *w, int64_t T, int64_t K, int64_t n0, int64_t n1,
+               bool scheme_range, const Out &out) {
+#if defined(__x86_64__)
+  if (scheme_range && has_avx2()) return int8_rows_avx2(q, aq, w, T, K, n0, n1, out);
+#endif
+  int8_rows_plain(q, w, T, K, n0, n1, out);
+}
 
 // ------------------------------------------------------------------------------------------------ one Linear
 // The step's conversion buffers (x rounded to bf16; x quantized to int8, |q|, the rows' scales), [rows, widest K].
@@ -312,12 +321,7 @@ int linear(int kind, int precision, int threads, const void *w, const float *sca
   run_chunks(threads_for(threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) quantize_row(x + t * K, K, c.q + t * K, c.aq + t * K, c.scales + t);
   });
-  column_blocks(count, N, [&](int64_t n0, int64_t n1) {
-#if defined(__x86_64__)
-    if (has_avx2()) return int8_rows_avx2(c.q, c.aq, c.scales, wq, scale, b, y, T, K, N, n0, n1);
-#endif
-    int8_rows_plain(c.q, c.scales, wq, scale, b, y, T, K, N, n0, n1);
-  });
+  gptlocal::decoder::int8_gemm(count, c.q, c.aq, c.scales, wq, scale, b, y, T, K, N);
   return 0;
 }
 
@@ -462,6 +466,22 @@ int normalize(const LayerShape &m, const float *weight, const float *bias, const
 
 namespace gptlocal {
 namespace decoder {
+
+void int8_gemm(int threads, const int8_t *q, const int8_t *aq, const float *xs, const int8_t *w, const float *ws,
+               const float *b, float *y, int64_t T, int64_t K, int64_t N) {
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+    int8_rows(q, aq, w, T, K, n0, n1, true,
+              [&](int64_t t, int64_t n, int32_t sum) { y[t * N + n] = int8_output(sum, xs[t], ws[n], b, n); });
+  });
+}
+
+void int8_sums(int threads, const int8_t *q, const int8_t *aq, const int8_t *w, int32_t *acc, int64_t T, int64_t K,
+               int64_t N, bool scheme_range) {
+  column_blocks(threads, N, [&](int64_t n0, int64_t n1) {
+    int8_rows(q, aq, w, T, K, n0, n1, scheme_range,
+              [&](int64_t t, int64_t n, int32_t sum) { acc[t * N + n] = sum; });
+  });
+}
 
 int64_t layer_workspace(const LayerShape &m, int64_t T, Arena *arena) {
   const int64_t H = m.hidden, N = m.heads, G = m.groups, D = m.head_dim, I = m.inter;

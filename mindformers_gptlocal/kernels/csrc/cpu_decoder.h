@@ -61,6 +61,22 @@ class Arena {
   bool overflow_ = false;
 };
 
+// The one int8 GEMM (the decoder's Linears here, cpu_linear_int8.cc's Linear and exact product): q [T, K] int8 (aq:
+// its |q|) times w [N, K]^T exactly in int32, on `threads` column blocks (common.h column_blocks), AVX2's
+// maddubs/madd where the ISA decision allows it (operands in [-127, 127]) else the plain loops. int8_gemm: the int8
+// scheme's y [T, N] = acc xs[t] ws[n] (+ b[n]) (q a quantize_row's rows); int8_sums: acc [T, N] itself,
+// scheme_range false (an operand may be -128) the plain loops.
+// The int8 scheme's output of one exact int32 sum: y = acc x_scale w_scale (+ b[n]).
+inline float int8_output(int32_t acc, float x_scale, float w_scale, const float *b, int64_t n) {
+  const float value = static_cast<float>(acc) * (x_scale * w_scale);
+  return b != nullptr ? value + b[n] : value;
+}
+
+void int8_gemm(int threads, const int8_t *q, const int8_t *aq, const float *xs, const int8_t *w, const float *ws,
+               const float *b, float *y, int64_t T, int64_t K, int64_t N);
+void int8_sums(int threads, const int8_t *q, const int8_t *aq, const int8_t *w, int32_t *acc, int64_t T, int64_t K,
+               int64_t N, bool scheme_range);
+
 // The bytes layer_forward carves for T rows (added to what `arena` has counted; returns the total).
 int64_t layer_workspace(const LayerShape &shape, int64_t T, Arena *arena);
 

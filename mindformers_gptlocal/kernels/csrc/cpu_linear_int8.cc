@@ -15,17 +15,12 @@
 // 2 oneDNN's dnnl_gemm_s8s8s32, where oneDNN has VNNI (common.h s8_gemm_exact, checked once by value at the
 //   extremes): fast and exact there. Without VNNI (AVX2, AVX-512 before VNNI) it sums product pairs in int16 with
 //   saturation and is wrong on full-range operands, so it is never chosen there.
-// 1 the dot loop, everywhere else, for any number of rows: x widened to int16 once per call; each weight row
-//   multiplied with four rows of x at a time (the last rows, a decode step's one, with four weight rows at a time),
-//   int16 pairs summed into int32: GCC vectorises `int32 += int16 * int16` to vpmovsxbw + vpmaddwd in the AVX2 /
-//   AVX-512 clones, and a pair sum is at most 2 * 128 * 128, so nothing saturates; over chunks of weight rows small
-//   enough to stay in L2 while the groups of rows pass over them. Measured roughly here (Zen 3, one thread, a busy
-//   machine; K x N 768 x 3072 and 3072 x 768): faster than widening the weight to float32 for oneDNN's sgemm at
-//   every row count tried (1.4-1.7x at 64-256 rows, ~55 against ~33 GMAC/s; 3-6x at 1-4 rows), and at one row
-//   ~1.6x the time a memory copy takes per byte of the weight (~26 GB/s), the weight then in L3.
+// 1 the int8 GEMM of the native decoder (cpu_decoder.h int8_gemm / int8_sums, the one the decoder's Linears run),
+//   everywhere else: AVX2's maddubs/madd tiles of 4 rows by 16-column blocks where the ISA decision allows it, else
+//   the plain loops (the plain loops too for an exact product whose operands hold -128, outside the scheme's range).
 //
 // x [T, K] float32, w [N, K] int8, scale [N] float32, b [N] float32 or null (ThreadOptions) -> y [T, N] float32
-// int8_matmul: xq [T, K] int8, w [N, K] int8 (Int8Options) -> acc [T, N] int32 = xq w^T, exact in int32 (the dot loop
+// int8_matmul: xq [T, K] int8, w [N, K] int8 (Int8Options) -> acc [T, N] int32 = xq w^T, exact in int32 (method 1
 //   for any int8 operands and K below 2^31 / 2^14; oneDNN's on its range)
 #include <algorithm>
 #include <cmath>
@@ -35,12 +30,11 @@
 #include <vector>
 
 #include "common.h"
+#include "cpu_decoder.h"
 
 namespace {
 
 enum Int8Method { kChoose = 0, kDotLoop = 1, kOneDNN = 2 };
-
-constexpr int64_t kChunkBytes = 1 << 17;  // weight bytes a chunk of rows takes (kept in L2 by the dot loop)
 
 // True where oneDNN's s8 x s8 GEMM is exact here: its ISA has VNNI (common.h s8_gemm_exact) and x = +-127 times
 // w = 127 over K = 64 gives +-64 * 127 * 127 (the saturating kernels give 8160; that probe once per process).
@@ -67,96 +61,22 @@ int int8_method(int asked) {
   return onednn_s8_exact() ? kOneDNN : kDotLoop;
 }
 
-VEC_FN(void, widen_to_int16, (const int8_t *in, int64_t n, int16_t *out), (in, n, out)) {
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
-}
-
-// The dot loop's kernels: sum_k x[k] w[k] in int32 for one row of x (int16) and four. Plain loops, no `omp simd`:
-// GCC vectorises these int32 reductions of int16 x int8 products to vpmovsxbw + vpmaddwd on its own (with the
-// pragma GCC 12 takes vpmullw / vpmulhw and unpacks, twice the work).
-VEC_FN(int32_t, dot_one, (const int16_t *__restrict x, const int8_t *__restrict w, int64_t K), (x, w, K)) {
-  int32_t s = 0;
-  for (int64_t k = 0; k < K; ++k) s += int32_t(x[k]) * int32_t(w[k]);
-  return s;
-}
-
-VEC_FN(void, dot_four, (const int16_t *__restrict x, int64_t ldx, const int8_t *__restrict w, int64_t K,
-                        int32_t *__restrict out, int64_t ldo),
-       (x, ldx, w, K, out, ldo)) {
-  const int16_t *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-  int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const int32_t v = w[k];
-    s0 += int32_t(x0[k]) * v;
-    s1 += int32_t(x1[k]) * v;
-    s2 += int32_t(x2[k]) * v;
-    s3 += int32_t(x3[k]) * v;
-  }
-  out[0] = s0;
-  out[ldo] = s1;
-  out[2 * ldo] = s2;
-  out[3 * ldo] = s3;
-}
-
-VEC_FN(void, dot_four_weights, (const int16_t *__restrict x, const int8_t *__restrict w, int64_t K,
-                                int32_t *__restrict out),
-       (x, w, K, out)) {
-  const int8_t *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
-  int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const int32_t v = x[k];
-    s0 += v * int32_t(w0[k]);
-    s1 += v * int32_t(w1[k]);
-    s2 += v * int32_t(w2[k]);
-    s3 += v * int32_t(w3[k]);
-  }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
-}
-
-// Weight rows a chunk takes: about kChunkBytes of them, at least 16.
-int64_t chunk_rows(int64_t K) { return std::max<int64_t>(16, kChunkBytes / std::max<int64_t>(K, 1)); }
-
-// acc[t, n] (row stride ldc) = x16[t] . w[n] for every row t and n0 <= n < n1, by the dot loop.
-void dot_block(const int16_t *x16, int64_t T, int64_t K, const int8_t *w, int64_t n0, int64_t n1, int32_t *acc,
-               int64_t ldc) {
-  const int64_t step = chunk_rows(K);
-  for (int64_t c0 = n0; c0 < n1; c0 += step) {
-    const int64_t c1 = std::min(n1, c0 + step);
-    int64_t t = 0;
-    for (; t + 4 <= T; t += 4) {
-      for (int64_t n = c0; n < c1; ++n) dot_four(x16 + t * K, K, w + n * K, K, acc + t * ldc + n, ldc);
-    }
-    for (; t < T; ++t) {  // the last rows (a decode step's one): four weight rows at a time
-      int64_t n = c0;
-      for (; n + 4 <= c1; n += 4) dot_four_weights(x16 + t * K, w + n * K, K, acc + t * ldc + n);
-      for (; n < c1; ++n) acc[t * ldc + n] = dot_one(x16 + t * K, w + n * K, K);
-    }
-  }
-}
-
-// xq [T, K] int8 times w [N, K]^T into acc [T, N] int32 by `method` (int8_method's), on column blocks; then
+// xq [T, K] int8 times w [N, K]^T into acc [T, N] int32 by oneDNN's s8s8s32 on column blocks; then
 // `epilogue(n0, n1)` on each block, by the thread that wrote it.
 template <class Epilogue>
-void int8_product(int method, int threads, const int8_t *xq, int64_t T, int64_t K, const int8_t *w, int64_t N,
-                  int32_t *acc, const Epilogue &epilogue) {
-  std::vector<int16_t> x16;
-  if (method == kDotLoop) {
-    x16.resize(static_cast<size_t>(T * K));
-    widen_to_int16(xq, T * K, x16.data());
-  }
+void onednn_product(int threads, const int8_t *xq, int64_t T, int64_t K, const int8_t *w, int64_t N, int32_t *acc,
+                    const Epilogue &epilogue) {
   const int32_t no_offset = 0;
   column_blocks(gemm_threads(threads, T * N * K), N, [&](int64_t n0, int64_t n1) {
-    if (method == kDotLoop) {
-      dot_block(x16.data(), T, K, w, n0, n1, acc, N);
-    } else {
-      dnnl_gemm_s8s8s32('N', 'T', 'F', T, n1 - n0, K, 1.0f, xq, K, 0, w + n0 * K, K, 0, 0.0f, acc + n0, N,
-                        &no_offset);
-    }
+    dnnl_gemm_s8s8s32('N', 'T', 'F', T, n1 - n0, K, 1.0f, xq, K, 0, w + n0 * K, K, 0, 0.0f, acc + n0, N,
+                      &no_offset);
     epilogue(n0, n1);
   });
+}
+
+// |q| of n int8 values (the AVX2 tier's operand; -128 stays -128, read as 128 unsigned).
+void magnitudes(const int8_t *q, int64_t n, int8_t *aq) {
+  for (int64_t i = 0; i < n; ++i) aq[i] = static_cast<int8_t>(q[i] < 0 ? -q[i] : q[i]);
 }
 
 }  // namespace
@@ -170,29 +90,31 @@ int gptlocal_core_int8_linear_fwd(const float *x, const int8_t *w, const float *
     }
     return 0;
   }
-  std::vector<int8_t> xq(static_cast<size_t>(T * K));
+  std::vector<int8_t> xq(static_cast<size_t>(T * K)), aq(static_cast<size_t>(T * K));
   std::vector<float> x_scale(static_cast<size_t>(T));
   run_chunks(threads_for(options.threads, T * K), T, [&](int, int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) quantize_row(x + t * K, K, xq.data() + t * K, x_scale.data() + t);
+    for (int64_t t = t0; t < t1; ++t) {
+      quantize_row(x + t * K, K, xq.data() + t * K, x_scale.data() + t);
+      magnitudes(xq.data() + t * K, K, aq.data() + t * K);
+    }
   });
+  if (int8_method(kChoose) == kDotLoop) {
+    gptlocal::decoder::int8_gemm(gemm_threads(options.threads, T * N * K), xq.data(), aq.data(), x_scale.data(), w,
+                                 w_scale, b, y, T, K, N);
+    return 0;
+  }
   std::vector<int32_t> acc(static_cast<size_t>(T * N));
-  int8_product(int8_method(kChoose), options.threads, xq.data(), T, K, w, N, acc.data(),
-               [&](int64_t n0, int64_t n1) {
-                 for (int64_t t = 0; t < T; ++t) {
-                   const float xs = x_scale[t];
-                   const int32_t *a = acc.data() + t * N;
-                   float *out = y + t * N;
-                   for (int64_t n = n0; n < n1; ++n) {
-                     const float value = static_cast<float>(a[n]) * (xs * w_scale[n]);
-                     out[n] = b != nullptr ? value + b[n] : value;
-                   }
-                 }
-               });
+  onednn_product(options.threads, xq.data(), T, K, w, N, acc.data(), [&](int64_t n0, int64_t n1) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t n = n0; n < n1; ++n) y[t * N + n] = gptlocal::decoder::int8_output(acc[t * N + n], x_scale[t],
+                                                                                       w_scale[n], b, n);
+    }
+  });
   return 0;
 }
 
-// The exact product alone (a fused layer's GEMMs call it with its own quantized rows; tests give each method).
-// method 2 where oneDNN is not exact here runs it all the same (tests show its saturation); another value fails.
+// The exact product alone (tests give each method). method 2 where oneDNN is not exact here runs it all the same
+// (tests show its saturation); another value fails.
 int gptlocal_core_int8_matmul(const int8_t *x, const int8_t *w, int32_t *acc, int64_t T, int64_t K, int64_t N,
                               const Int8Options &options) {
   if (options.method < kChoose || options.method > kOneDNN) return Status::kBadCall;
@@ -201,7 +123,15 @@ int gptlocal_core_int8_matmul(const int8_t *x, const int8_t *w, int32_t *acc, in
     std::fill(acc, acc + T * N, 0);
     return 0;
   }
-  int8_product(int8_method(options.method), options.threads, x, T, K, w, N, acc, [](int64_t, int64_t) {});
+  if (int8_method(options.method) == kOneDNN) {
+    onednn_product(options.threads, x, T, K, w, N, acc, [](int64_t, int64_t) {});
+    return 0;
+  }
+  const auto full = [](const int8_t *v, int64_t n) { return std::find(v, v + n, int8_t(-128)) != v + n; };
+  std::vector<int8_t> aq(static_cast<size_t>(T * K));
+  magnitudes(x, T * K, aq.data());
+  gptlocal::decoder::int8_sums(gemm_threads(options.threads, T * N * K), x, aq.data(), w, acc, T, K, N,
+                               !full(x, T * K) && !full(w, N * K));
   return 0;
 }
 
