@@ -110,7 +110,17 @@ def load_weights(model, path):
         target = param.asnumpy() if param.dtype in (ms.float32, ms.float16, ms.float64, ms.int8) else None
         if target is None or not reader.read_into(name, target):
             param.set_data(ms.Tensor(reader.get(name), param.dtype))
+        if param.dtype == ms.int8:
+            check_int8_range(path, name, param.asnumpy())
     return path
+
+
+def check_int8_range(path, name, values):
+    """Refuse an int8 weight holding -128: the scheme is symmetric, [-127, 127] (``quantization.quantize_rows``),
+    and the int8 GEMM's AVX2 tiles (``maddubs``) are exact only inside it."""
+    if values.size and int(values.min()) == -128:
+        raise CheckpointError(f"{path}: int8 tensor {name} holds -128, outside gpt_local's symmetric int8 range "
+                              f"[-127, 127]; make the directory with `gptlocal quantize --dtype int8`.")
 
 
 def save_weights(model, path):
