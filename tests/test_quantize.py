@@ -15,7 +15,7 @@ from mindformers_gptlocal.errors import CheckpointError, ConfigError
 from mindformers_gptlocal.model.gpt import GPTLocalForCausalLM
 from mindformers_gptlocal.model.quantization import QUANTIZATION, dequantize_rows
 from mindformers_gptlocal.quantize import quantize_model
-from mindformers_gptlocal.safetensors_io import SafetensorsReader, read_safetensors, to_bfloat16_bits
+from mindformers_gptlocal.safetensors_io import SafetensorsReader, read_safetensors, to_bfloat16_bits, write_safetensors
 from conftest import save_tiny_base
 
 WIDER = dict(vocab_size=2048, hidden_size=128)  # the token table ~40% of the weights (GPT-2 small: 31%)
@@ -191,6 +191,22 @@ def test_an_int8_file_is_refused_by_a_float_model_and_the_reverse(dirs):
     int8_model = GPTLocalForCausalLM(GPTLocalConfig.from_model_dir(dirs["int8"]))
     with pytest.raises(CheckpointError, match="holds float weights but the model is int8"):
         int8_model.load_weights(dirs["fp32"])
+
+
+def test_an_int8_weight_holding_minus_128_is_refused_naming_it(dirs, tmp_path):
+    """The scheme is symmetric ([-127, 127]); a file with -128 (not made by quantize) would compute wrong products
+    in the AVX2 int8 tiles: refused at load, naming the tensor."""
+    import shutil
+    folder = tmp_path / "edited"
+    shutil.copytree(dirs["int8"], folder)
+    tensors = read_safetensors(str(folder / "model.safetensors"))
+    name = next(n for n, v in sorted(tensors.items()) if v.dtype == np.int8 and "linear_fc2" in n)
+    tensors[name] = tensors[name].copy()
+    tensors[name][1, 2] = -128
+    write_safetensors(str(folder / "model.safetensors"), tensors)
+    with pytest.raises(CheckpointError, match=f"int8 tensor {name} holds -128.*gptlocal quantize --dtype int8"):
+        GPTLocalForCausalLM.from_pretrained(str(folder))
+    GPTLocalForCausalLM.from_pretrained(dirs["int8"])  # quantize's own directory loads
 
 
 def test_quantization_key_is_checked():
