@@ -239,3 +239,40 @@ def int8_linear_reference(x, quantized, scale, bias=None):
     x_scale = (amax / np.float32(127)).astype(np.float32)
     y = acc * (x_scale[:, None] * np.asarray(scale, np.float32)[None, :])
     return y if bias is None else (y + np.asarray(bias, np.float32)[None, :]).astype(np.float32)
+
+
+# --- elementwise functions' rounding (issue 60): what their float32 evaluations' errors scale with ---
+# For a fixed chain of m roundings (no sum of many terms) the same rule holds with K = m, the magnitude then being
+# each element's chain on absolute values with each intermediate's condition folded in (Higham 3.1; the exp of a
+# rounded argument z carries z's error times |z|). The counts below are counted on the kernels' common.h forms (the
+# plain path's model/layers.py TanhGeLU / SiLU are the same sigmoid forms), exp taken as 4 roundings (common.h
+# exp_neg is ~2 ulp), every propagated term bounded by the magnitude it is folded into.
+GELU_Z = {"tanh": (1.5957691216057308, 0.044715), "quick": (1.702, 0.0), "silu": (1.0, 0.0)}  # z = a (u + k u^3)
+UNDERFLOW = 2.0 ** -100  # exp's flush to 0 below float32's normal range (2^-126), over any gamma_K here: s's floor
+GELU_ROUNDINGS = 8  # y = u * sigmoid(z): z 5 (+3 for u's own rounding, u = x + b), the sigmoid 4 (exp, 1 +, /), * u 1
+GELU_GRAD_ROUNDINGS = 26  # s + u s (1 - s) z': the sigmoid's error times (1 + |u z'|) 12, the products and z' 10,
+# * dy 1, u's rounding times u gelu''(u) (|u gelu''| <= 7 times the magnitude below) ... counted as 26 in all
+# MindSpore's Sigmoid (the plain path's) is an approximation, not a rounding of exp: relative error measured on a
+# 2e5-point grid of [-70, 70] at most 39 + 4.3 |z| units of float32's u; allowed (48, 5) (a + b |z|) on its side
+MINDSPORE_SIGMOID_ULPS = (48.0, 5.0)
+NORM_ROUNDINGS = 16  # a norm's roundings outside its row's sums: mean, centring, variance, + eps, sqrt, 1/, * rstd,
+# * gamma, + beta (9); the backward's g = dy gamma, g xhat, the two means, the products, differences and * rstd (7)
+
+
+def gelu_float64(u, form, sigmoid_ulps=(0.0, 0.0)):
+    """(gelu(u), gelu'(u), bound of gelu's, bound of gelu''s float32 error) in float64 for the sigmoid forms (and
+    SiLU, u sigmoid(u), as the form "silu"), the
+    bounds in units of gamma_1 (pass them with length 1): GELU_ROUNDINGS times |u| s (1 + (1 - s) |z|) and
+    GELU_GRAD_ROUNDINGS times s (1 + (1 - s) |z|) (1 + |u z'|) (z's error moves s by s (1 - s) dz; (1 - s) of a
+    rounded s carries s's error; s at least UNDERFLOW), plus ``sigmoid_ulps`` (a, b): a sigmoid whose own error
+    is (a + b |z|) u beyond the 4 counted, carried the same way."""
+    a, k = GELU_Z[form]
+    u = np.asarray(u, np.float64)
+    z, zabs, slope = a * (u + k * u ** 3), a * (np.abs(u) + k * np.abs(u) ** 3), a * (1 + 3 * k * u * u)
+    e = np.exp(-np.abs(z))
+    s = np.where(z >= 0, 1 / (1 + e), e / (1 + e))  # the sigmoid without overflow
+    condition = s * (1 + (1 - s) * zabs) + UNDERFLOW
+    spread = 1 + np.abs(u * slope)
+    excess = s * (sigmoid_ulps[0] + sigmoid_ulps[1] * zabs)
+    return (u * s, s + u * s * (1 - s) * slope, np.abs(u) * (GELU_ROUNDINGS * condition + excess),
+            (GELU_GRAD_ROUNDINGS * condition + excess) * spread)
