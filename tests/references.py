@@ -276,3 +276,32 @@ def gelu_float64(u, form, sigmoid_ulps=(0.0, 0.0)):
     excess = s * (sigmoid_ulps[0] + sigmoid_ulps[1] * zabs)
     return (u * s, s + u * s * (1 - s) * slope, np.abs(u) * (GELU_ROUNDINGS * condition + excess),
             (GELU_GRAD_ROUNDINGS * condition + excess) * spread)
+
+
+def gelu_second_float64(u, form):
+    """|gelu''(u)| in float64 for the sigmoid forms: s (1 - s) (2 |z'| + |u| z'^2 |1 - 2 s| + |u z''|), how far an
+    error in u moves gelu'(u) (to first order)."""
+    a, k = GELU_Z[form]
+    u = np.asarray(u, np.float64)
+    z, slope, curve = a * (u + k * u ** 3), a * (1 + 3 * k * u * u), a * 6 * k * u
+    e = np.exp(-np.abs(z))
+    s = np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+    return s * (1 - s) * (2 * np.abs(slope) + np.abs(u) * slope ** 2 * np.abs(1 - 2 * s) + np.abs(u * curve))
+
+
+def round_bf16(a):
+    """float32 -> nearest bfloat16 (ties to even), as float32 (bit arithmetic; common.h bf16_bits)."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def bf16_spread(value, error):
+    """How far apart bfloat16 roundings of any two values within ``error`` of ``value`` can be (0 where the whole
+    interval rounds to one bfloat16, else the distance of its ends' roundings, which are monotone): an operand
+    computed in float32 then rounded to bfloat16 is known to within this, whatever order its sums ran in."""
+    value, error = np.asarray(value, np.float64), np.asarray(error, np.float64)
+    widen = 2.0 ** -22 * np.abs(value)  # the float64 -> float32 step's own rounding of the ends
+    low = round_bf16((value - error - widen).astype(np.float32)).astype(np.float64)
+    high = round_bf16((value + error + widen).astype(np.float32)).astype(np.float64)
+    return high - low
