@@ -253,7 +253,8 @@ GELU_ROUNDINGS = 8  # y = u * sigmoid(z): z 5 (+3 for u's own rounding, u = x + 
 GELU_GRAD_ROUNDINGS = 26  # s + u s (1 - s) z': the sigmoid's error times (1 + |u z'|) 12, the products and z' 10,
 # * dy 1, u's rounding times u gelu''(u) (|u gelu''| <= 7 times the magnitude below) ... counted as 26 in all
 # MindSpore's Sigmoid (the plain path's) is an approximation, not a rounding of exp: relative error measured on a
-# 2e5-point grid of [-70, 70] at most 39 + 4.3 |z| units of float32's u; allowed (48, 5) (a + b |z|) on its side
+# 2e5-point grid of [-70, 70] at most 39 + 4.3 |z| units of float32's u for z < 0 (its exp's, growing with |z|),
+# 23 for z > 0; allowed (a + b |z| (1 - s)) u, (a, b) = (48, 5), on its side
 MINDSPORE_SIGMOID_ULPS = (48.0, 5.0)
 NORM_ROUNDINGS = 16  # a norm's roundings outside its row's sums: mean, centring, variance, + eps, sqrt, 1/, * rstd,
 # * gamma, + beta (9); the backward's g = dy gamma, g xhat, the two means, the products, differences and * rstd (7)
@@ -264,8 +265,8 @@ def gelu_float64(u, form, sigmoid_ulps=(0.0, 0.0)):
     SiLU, u sigmoid(u), as the form "silu"), the
     bounds in units of gamma_1 (pass them with length 1): GELU_ROUNDINGS times |u| s (1 + (1 - s) |z|) and
     GELU_GRAD_ROUNDINGS times s (1 + (1 - s) |z|) (1 + |u z'|) (z's error moves s by s (1 - s) dz; (1 - s) of a
-    rounded s carries s's error; s at least UNDERFLOW), plus ``sigmoid_ulps`` (a, b): a sigmoid whose own error
-    is (a + b |z|) u beyond the 4 counted, carried the same way."""
+    rounded s carries s's error; s at least UNDERFLOW), plus ``sigmoid_ulps`` (a, b): a sigmoid whose own relative
+    error is (a + b |z| (1 - s)) u beyond the 4 counted, carried the same way."""
     a, k = GELU_Z[form]
     u = np.asarray(u, np.float64)
     z, zabs, slope = a * (u + k * u ** 3), a * (np.abs(u) + k * np.abs(u) ** 3), a * (1 + 3 * k * u * u)
@@ -273,7 +274,7 @@ def gelu_float64(u, form, sigmoid_ulps=(0.0, 0.0)):
     s = np.where(z >= 0, 1 / (1 + e), e / (1 + e))  # the sigmoid without overflow
     condition = s * (1 + (1 - s) * zabs) + UNDERFLOW
     spread = 1 + np.abs(u * slope)
-    excess = s * (sigmoid_ulps[0] + sigmoid_ulps[1] * zabs)
+    excess = s * (sigmoid_ulps[0] + sigmoid_ulps[1] * zabs * (1 - s))
     return (u * s, s + u * s * (1 - s) * slope, np.abs(u) * (GELU_ROUNDINGS * condition + excess),
             (GELU_GRAD_ROUNDINGS * condition + excess) * spread)
 
