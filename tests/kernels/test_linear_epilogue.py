@@ -1,7 +1,8 @@
 """Linear's GEMM epilogues (cpu_linear.cc ``gptlocal_linear_gelu_fwd``/``_bwd``, ``gptlocal_linear_residual_fwd``;
 kernels/cells/linear.py ``CPULinearEpilogue``) against the unfused kernels they replace, by value: gelu(x W^T + b) against
 the GEMM kernel without the bias then the bias + GeLU kernel, r + x W^T + b against the GEMM kernel with the bias
-then an Add; the output and every gradient (dx, dW, db, d residual), float32 and bf16 (oneDNN's GEMM and its forced
+then an Add, both held to float64 within float32's rounding (bounds from the computation, whatever order each ISA
+sums in); the output and every gradient (dx, dW, db, d residual), float32 and bf16 (oneDNN's GEMM and its forced
 emulation), both GeLU forms, odd shapes (one row, seven rows, N not a multiple of 16, K = 3) and the two-thread
 path. The model's use of them (cpu_kernels.gemm_epilogue): tests/model/test_gemm_epilogue.py."""
 import numpy as np

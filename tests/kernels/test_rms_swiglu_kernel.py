@@ -65,7 +65,8 @@ def test_rmsnorm_matches_mindspore_and_float64(library, pynative_mode, shape, th
     rstd = 1.0 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps)
     xhat = x64 * rstd
     g = g64 * w64
-    exact = [xhat * w64, rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)), (g64 * xhat).sum(tuple(range(x.ndim - 1)))]
+    exact = [xhat * w64, rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)),
+             (g64 * xhat).sum(tuple(range(x.ndim - 1)))]
     # the mean of squares sums positive terms: rstd's relative error is gamma of the row's length and the roundings
     # after it; each value's magnitude is its chain on absolute values
     ag, axhat = np.abs(g), np.abs(xhat)
