@@ -306,3 +306,99 @@ def bf16_spread(value, error):
     low = round_bf16((value - error - widen).astype(np.float32)).astype(np.float64)
     high = round_bf16((value + error + widen).astype(np.float32)).astype(np.float64)
     return high - low
+
+
+# --- a float64 reference of the tiny GPT-2 layout (issue 60): the float32 paths' errors measured, not guessed ---
+# A whole model cannot be bounded elementwise from outside, so a fast path is held to the float64 model of the same
+# weights by the plain path's own error against it: the two are float32 evaluations of one model in their own orders.
+def _gpt_float64(p, ids, config, lora_scale):
+    """torch float64 logits [B, S, V] of GPTLocalForCausalLM's GPT-2 layout from ``p`` (name -> tensor): learned
+    positions, pre-LayerNorm blocks, fused QKV [S, N, 3, D] per head, tanh or quick GeLU, LoRA where a Linear has
+    ``lora_a`` / ``lora_b`` (``lora_scale`` = alpha / rank), the word embeddings as the head."""
+    import torch
+    fn = torch.nn.functional
+    heads, eps = config.num_attention_heads, config.layernorm_epsilon
+    width = p["model.embedding.word_embeddings"].shape[1]
+    dim = width // heads
+    layers = sorted({int(name.split(".")[2]) for name in p if name.startswith("model.layers.")})
+    act = {"gelu_new": lambda u: fn.gelu(u, approximate="tanh"), "quick_gelu": lambda u: u * torch.sigmoid(1.702 * u)}
+
+    def linear(path, x):
+        y = fn.linear(x, p[path + ".weight"], p.get(path + ".bias"))
+        if path + ".lora_a" in p:
+            y = y + lora_scale * fn.linear(fn.linear(x, p[path + ".lora_a"]), p[path + ".lora_b"])
+        return y
+
+    batch, seq = ids.shape
+    h = p["model.embedding.word_embeddings"][ids] + p["model.embedding.position_embeddings"][:seq]
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
+    for i in layers:
+        at = f"model.layers.{i}."
+        x = fn.layer_norm(h, (width,), p[at + "input_layernorm.weight"], p[at + "input_layernorm.bias"], eps)
+        qkv = linear(at + "attention.linear_qkv", x).reshape(batch, seq, heads, 3, dim)
+        q, k, v = (qkv[:, :, :, j].transpose(1, 2) for j in range(3))
+        scores = (q @ k.transpose(-1, -2) / dim ** 0.5).masked_fill(mask, float("-inf"))
+        context = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(batch, seq, width)
+        h = h + linear(at + "attention.linear_proj", context)
+        x = fn.layer_norm(h, (width,), p[at + "post_attention_layernorm.weight"], p[at + "post_attention_layernorm.bias"],
+                          eps)
+        h = h + linear(at + "mlp.linear_fc2", act[config.hidden_act](linear(at + "mlp.linear_fc1", x)))
+    x = fn.layer_norm(h, (width,), p["model.final_layernorm.weight"], p["model.final_layernorm.bias"], eps)
+    return x @ p["model.embedding.word_embeddings"].T
+
+
+def _int64(tensor):
+    import torch
+    return torch.tensor(np.asarray(tensor.asnumpy() if hasattr(tensor, "asnumpy") else tensor, np.int64))
+
+
+def float64_weights(model):
+    """name (as ``parameters_and_names`` gives it before ``train_steps`` wraps the model) -> float64 array."""
+    return {name: param.asnumpy().astype(np.float64) for name, param in model.parameters_and_names()}
+
+
+def gpt_float64_logits(weights, ids, config, lora_scale=1.0):
+    """The float64 logits [B, S, V] of the tiny GPT-2 layout (``_gpt_float64``) from ``weights`` (float64_weights)."""
+    import torch
+    p = {name: torch.tensor(value) for name, value in weights.items()}
+    return _gpt_float64(p, _int64(ids), config, lora_scale).numpy()
+
+
+def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_scale=1.0, trainable=None):
+    """``train_steps`` in float64 (torch autograd) for the tiny GPT-2 layout (``_gpt_float64``, mean token
+    cross-entropy) with MindSpore's AdamWeightDecay (no bias correction, eps 1e-6, no decay) from ``weights``
+    (float64_weights) on ``batch`` (ids, labels): the ``steps`` losses and the first step's gradients of ``trainable``
+    (names; every weight if None), named as ``train_steps`` names them (its LossOf wrapper's ``model.`` prefix)."""
+    import torch
+    p = {name: torch.tensor(value, requires_grad=True) for name, value in weights.items()}
+    trainable = list(p) if trainable is None else list(trainable)
+    ids, labels = (_int64(t) for t in batch)
+    moments = {name: (torch.zeros_like(p[name]), torch.zeros_like(p[name])) for name in trainable}
+    losses, first = [], None
+    for _ in range(steps):
+        logits = _gpt_float64(p, ids, config, lora_scale)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        grads = torch.autograd.grad(loss, [p[name] for name in trainable])
+        losses.append(loss.item())
+        if first is None:
+            first = {"model." + name: g.numpy() for name, g in zip(trainable, grads)}
+        with torch.no_grad():
+            for name, g in zip(trainable, grads):
+                m, v = moments[name]
+                m.mul_(0.9).add_(0.1 * g)
+                v.mul_(0.999).add_(0.001 * g * g)
+                p[name] -= learning_rate * m / (1e-6 + v.sqrt())
+    return losses, first
+
+
+def assert_error_of_plain_size(fast, plain, reference, name="", factor=8.0, floor=4.0):
+    """max |fast - reference| <= ``factor`` max |plain - reference| + ``floor`` u max |reference| (float32's u): a
+    fast path's error against the float64 model of the same weights of the plain path's size (two float32
+    evaluations of one model in their own orders: their largest errors are two draws, 0.5-1.8x apart on AVX2 here,
+    8x covers any other order's; the floor a plain path that happens to land near the reference). Returns the plain
+    path's largest error."""
+    fast, plain, reference = (np.asarray(a, np.float64) for a in (fast, plain, reference))
+    error, plain_error = np.abs(fast - reference).max(), np.abs(plain - reference).max()
+    allowed = factor * plain_error + floor * UNIT_ROUNDOFF["float32"] * np.abs(reference).max()
+    assert error <= allowed, (name, "error", float(error), "plain's", float(plain_error), "allowed", float(allowed))
+    return float(plain_error)
