@@ -169,12 +169,21 @@ def train_steps(model, batches, steps=3, learning_rate=1e-3):
     return losses, first
 
 
-def trains_like_plain(fast, plain, batches, learning_rate):
-    """A fast path's training against the plain path's (``train_steps`` each): the losses equal step for step
-    (within 1e-5) and falling; returns both first-step gradients by name, for the caller's own comparison."""
+def trains_like_plain(fast, plain, batches, learning_rate, reference=None):
+    """A fast path's training against the plain path's (``train_steps`` each): with ``reference`` (the float64 model's
+    losses and first-step gradients, ``gpt_float64_steps``) every first-step gradient and the losses with errors
+    against it of the plain path's size (``assert_error_of_plain_size``); without one (layouts that have no float64
+    model here) the losses within 1e-5; falling either way. Returns both first-step gradients by name."""
     losses, grads = train_steps(fast, batches, learning_rate=learning_rate)
     plain_losses, plain_grads = train_steps(plain, batches, learning_rate=learning_rate)
-    np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
+    if reference is None:
+        np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
+    else:
+        exact_losses, exact_grads = reference
+        assert sorted(exact_grads) == sorted(plain_grads) == sorted(grads)
+        for name in plain_grads:
+            assert_error_of_plain_size(grads[name], plain_grads[name], exact_grads[name], name)
+        assert_error_of_plain_size(losses, plain_losses, exact_losses, "losses")
     assert losses[-1] < losses[0]  # it trains
     return grads, plain_grads
 
@@ -340,8 +349,8 @@ def _gpt_float64(p, ids, config, lora_scale):
         scores = (q @ k.transpose(-1, -2) / dim ** 0.5).masked_fill(mask, float("-inf"))
         context = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(batch, seq, width)
         h = h + linear(at + "attention.linear_proj", context)
-        x = fn.layer_norm(h, (width,), p[at + "post_attention_layernorm.weight"], p[at + "post_attention_layernorm.bias"],
-                          eps)
+        norm = at + "post_attention_layernorm."
+        x = fn.layer_norm(h, (width,), p[norm + "weight"], p[norm + "bias"], eps)
         h = h + linear(at + "mlp.linear_fc2", act[config.hidden_act](linear(at + "mlp.linear_fc1", x)))
     x = fn.layer_norm(h, (width,), p["model.final_layernorm.weight"], p["model.final_layernorm.bias"], eps)
     return x @ p["model.embedding.word_embeddings"].T

@@ -1,7 +1,7 @@
 """The CPU LayerNorm and bias + GeLU kernels (mindformers_gptlocal/kernels/cells/norm_gelu.py): outputs and every gradient
 against MindSpore's ops (the plain path) and a float64 reference, on odd shapes and on the multi-threaded path; a
-tiny model (tanh and quick GeLU, LoRA on fc1) trains with the plain path's losses step for step; the switches keep
-the plain path."""
+tiny model (tanh and quick GeLU, LoRA on fc1) trains with errors against its float64 model of the plain path's size;
+the switches keep the plain path."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -11,7 +11,8 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels.cells import norm_gelu
 from mindformers_gptlocal.model.layers import TanhGeLU
 from conftest import TINY
-from references import MINDSPORE_SIGMOID_ULPS, NORM_ROUNDINGS, assert_within_rounding, gelu_float64, trains_like_plain
+from references import (MINDSPORE_SIGMOID_ULPS, NORM_ROUNDINGS, assert_within_rounding, float64_weights, gelu_float64,
+                        gpt_float64_steps, trains_like_plain)
 
 # T * H >= 32768 runs on several threads (common.h threads_for); 3 threads split 131 rows unevenly
 SHAPES = [(3, 7, 77), (131, 257)]
@@ -22,13 +23,6 @@ def _grads(fn, args, weight):
     value = fn(*args)
     grads = ms.grad(lambda *a: (fn(*a) * weight).sum(), tuple(range(len(args))))(*args)
     return value.asnumpy(), [g.asnumpy() for g in grads]
-
-
-def _close(actual, expected, name):
-    """Within 1e-5 of the reference, relative to its largest value where that is above 1 (the parameter
-    gradients are sums over up to 131 rows, whose order differs)."""
-    scale = max(1.0, float(np.abs(expected).max()))
-    np.testing.assert_allclose(actual, expected, atol=1e-5 * scale, rtol=0, err_msg=name)
 
 
 def _data(shape, seed=0):
@@ -149,14 +143,18 @@ def _model_pair(lora=False, **changes):
 
 @pytest.mark.parametrize("case", [dict(), dict(hidden_act="quick_gelu", lora=True)], ids=["tanh", "quick_lora"])
 def test_tiny_training_matches_plain_path(library, graph_mode, case):
-    """Losses step for step (3 AdamW steps) and every parameter's first-step gradient within 1e-5 of the plain
-    path; the quick_gelu case with LoRA on fc1 and fc2 (fc1's low-rank update passes through the fused bias)."""
+    """3 AdamW steps: every trained parameter's first-step gradient and the losses (falling) with errors against the
+    float64 model of the same weights (torch, same AdamW) within 8x the plain path's + 4 u of the value
+    (``trains_like_plain``); the quick_gelu case with LoRA on fc1 and fc2 (fc1's low-rank update passes through the
+    fused bias)."""
     fused, plain = _model_pair(**case)
     ids = Tensor(np.random.default_rng(0).integers(1, TINY["vocab_size"], (2, SEQ + 1)).astype(np.int32))
     batch = (ids[:, :-1], ids[:, 1:])
-    grads, plain_grads = trains_like_plain(fused, plain, [batch], 1e-2)
-    for name in plain_grads:
-        _close(grads[name], plain_grads[name], name)
+    trainable = [param.name for param in plain.trainable_params()]
+    reference = gpt_float64_steps(float64_weights(plain), batch, plain.config, 3, 1e-2, lora_scale=8 / 4,
+                                  trainable=trainable)
+    grads, _ = trains_like_plain(fused, plain, [batch], 1e-2, reference)
+    assert any("mlp.linear_fc1" in name and np.abs(g).max() > 0 for name, g in grads.items())
 
 
 def test_switches_and_dtypes_keep_the_plain_path(capfd):
