@@ -317,18 +317,20 @@ def bf16_spread(value, error):
     return high - low
 
 
-# --- a float64 reference of the tiny GPT-2 layout (issue 60): the float32 paths' errors measured, not guessed ---
+# --- a float64 reference of the tests' tiny models (issue 60): the float32 paths' errors measured, not guessed ---
 # A whole model cannot be bounded elementwise from outside, so a fast path is held to the float64 model of the same
 # weights by the plain path's own error against it: the two are float32 evaluations of one model in their own orders.
 def _gpt_float64(p, ids, config, lora_scale):
-    """torch float64 logits [B, S, V] of GPTLocalForCausalLM's GPT-2 layout from ``p`` (name -> tensor): learned
-    positions, pre-LayerNorm blocks, fused QKV [S, N, 3, D] per head, tanh or quick GeLU, LoRA where a Linear has
-    ``lora_a`` / ``lora_b`` (``lora_scale`` = alpha / rank), the word embeddings as the head."""
+    """torch float64 logits [B, S, V] of GPTLocalForCausalLM from ``p`` (name -> tensor), the layouts the tests
+    build: learned positions or rope (rotate_half on the first rotary_dim channels, float64 angles), pre-LayerNorm
+    or RMSNorm blocks, fused QKV [S, G, group + 2, D] (each group's query heads, its key, its value), tanh or quick
+    GeLU or SwiGLU (silu(gate) * fc1), LoRA where a Linear has ``lora_a`` / ``lora_b`` (``lora_scale`` = alpha /
+    rank), the word embeddings or ``output_layer`` as the head."""
     import torch
     fn = torch.nn.functional
-    heads, eps = config.num_attention_heads, config.layernorm_epsilon
-    width = p["model.embedding.word_embeddings"].shape[1]
-    dim = width // heads
+    arch, eps = config.arch, config.layernorm_epsilon
+    heads, groups, dim, width = arch.num_attention_heads, arch.groups, arch.head_dim, arch.hidden_size
+    size = heads // groups
     layers = sorted({int(name.split(".")[2]) for name in p if name.startswith("model.layers.")})
     act = {"gelu_new": lambda u: fn.gelu(u, approximate="tanh"), "quick_gelu": lambda u: u * torch.sigmoid(1.702 * u)}
 
@@ -338,22 +340,45 @@ def _gpt_float64(p, ids, config, lora_scale):
             y = y + lora_scale * fn.linear(fn.linear(x, p[path + ".lora_a"]), p[path + ".lora_b"])
         return y
 
+    def norm(path, h):
+        if arch.rmsnorm:
+            return h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps) * p[path + ".weight"]
+        return fn.layer_norm(h, (width,), p[path + ".weight"], p[path + ".bias"], eps)
+
     batch, seq = ids.shape
-    h = p["model.embedding.word_embeddings"][ids] + p["model.embedding.position_embeddings"][:seq]
+    half = arch.rotary_dim // 2
+    angles = torch.arange(seq, dtype=torch.float64)[:, None] * arch.rotary_base ** (
+        -torch.arange(0, arch.rotary_dim, 2, dtype=torch.float64) / arch.rotary_dim)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+
+    def rope(x):
+        if not arch.rope:
+            return x
+        part = x[..., :arch.rotary_dim]
+        rotated = torch.cat((-part[..., half:], part[..., :half]), -1)
+        return torch.cat((part * cos + rotated * sin, x[..., arch.rotary_dim:]), -1)
+
+    h = p["model.embedding.word_embeddings"][ids]
+    if arch.learned_positions:
+        h = h + p["model.embedding.position_embeddings"][:seq]
     mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
     for i in layers:
         at = f"model.layers.{i}."
-        x = fn.layer_norm(h, (width,), p[at + "input_layernorm.weight"], p[at + "input_layernorm.bias"], eps)
-        qkv = linear(at + "attention.linear_qkv", x).reshape(batch, seq, heads, 3, dim)
-        q, k, v = (qkv[:, :, :, j].transpose(1, 2) for j in range(3))
-        scores = (q @ k.transpose(-1, -2) / dim ** 0.5).masked_fill(mask, float("-inf"))
+        qkv = linear(at + "attention.linear_qkv", norm(at + "input_layernorm", h))
+        qkv = qkv.reshape(batch, seq, groups, size + 2, dim)
+        q = rope(qkv[:, :, :, :size].reshape(batch, seq, heads, dim).transpose(1, 2))
+        k, v = (qkv[:, :, :, j].transpose(1, 2).repeat_interleave(size, 1) for j in (size, size + 1))
+        scores = (q @ rope(k).transpose(-1, -2) / dim ** 0.5).masked_fill(mask, float("-inf"))
         context = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(batch, seq, width)
         h = h + linear(at + "attention.linear_proj", context)
-        norm = at + "post_attention_layernorm."
-        x = fn.layer_norm(h, (width,), p[norm + "weight"], p[norm + "bias"], eps)
-        h = h + linear(at + "mlp.linear_fc2", act[config.hidden_act](linear(at + "mlp.linear_fc1", x)))
-    x = fn.layer_norm(h, (width,), p["model.final_layernorm.weight"], p["model.final_layernorm.bias"], eps)
-    return x @ p["model.embedding.word_embeddings"].T
+        x = norm(at + "post_attention_layernorm", h)
+        if arch.gated:
+            inner = fn.silu(linear(at + "mlp.linear_gate", x)) * linear(at + "mlp.linear_fc1", x)
+        else:
+            inner = act[config.hidden_act](linear(at + "mlp.linear_fc1", x))
+        h = h + linear(at + "mlp.linear_fc2", inner)
+    head = p["output_layer.weight"] if arch.untied else p["model.embedding.word_embeddings"]
+    return norm("model.final_layernorm", h) @ head.T
 
 
 def _int64(tensor):
@@ -367,14 +392,14 @@ def float64_weights(model):
 
 
 def gpt_float64_logits(weights, ids, config, lora_scale=1.0):
-    """The float64 logits [B, S, V] of the tiny GPT-2 layout (``_gpt_float64``) from ``weights`` (float64_weights)."""
+    """The float64 logits [B, S, V] of the tiny model (``_gpt_float64``) from ``weights`` (float64_weights)."""
     import torch
     p = {name: torch.tensor(value) for name, value in weights.items()}
     return _gpt_float64(p, _int64(ids), config, lora_scale).numpy()
 
 
 def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_scale=1.0, trainable=None):
-    """``train_steps`` in float64 (torch autograd) for the tiny GPT-2 layout (``_gpt_float64``, mean token
+    """``train_steps`` in float64 (torch autograd) for the tiny model (``_gpt_float64``, mean token
     cross-entropy) with MindSpore's AdamWeightDecay (no bias correction, eps 1e-6, no decay) from ``weights``
     (float64_weights) on ``batch`` (ids, labels): the ``steps`` losses and the first step's gradients of ``trainable``
     (names; every weight if None), named as ``train_steps`` names them (its LossOf wrapper's ``model.`` prefix)."""
@@ -404,10 +429,14 @@ def assert_error_of_plain_size(fast, plain, reference, name="", factor=8.0, floo
     """max |fast - reference| <= ``factor`` max |plain - reference| + ``floor`` u max |reference| (float32's u): a
     fast path's error against the float64 model of the same weights of the plain path's size (two float32
     evaluations of one model in their own orders: their largest errors are two draws, 0.5-1.8x apart on AVX2 here,
-    8x covers any other order's; the floor a plain path that happens to land near the reference). Returns the plain
-    path's largest error."""
+    8x covers any other order's; the floor a plain path that happens to land near the reference). The plain path
+    within sqrt(u) of the values first (measured 2-42 u): a reference of another model would make the bound vacuous.
+    Returns the plain path's largest error."""
     fast, plain, reference = (np.asarray(a, np.float64) for a in (fast, plain, reference))
     error, plain_error = np.abs(fast - reference).max(), np.abs(plain - reference).max()
-    allowed = factor * plain_error + floor * UNIT_ROUNDOFF["float32"] * np.abs(reference).max()
+    scale = np.abs(reference).max()
+    allowed = factor * plain_error + floor * UNIT_ROUNDOFF["float32"] * scale
+    assert plain_error <= UNIT_ROUNDOFF["float32"] ** 0.5 * scale, (
+        name, "the reference is another model: plain's error", float(plain_error), "of", float(scale))
     assert error <= allowed, (name, "error", float(error), "plain's", float(plain_error), "allowed", float(allowed))
     return float(plain_error)
