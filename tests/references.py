@@ -14,7 +14,8 @@ from mindspore import nn, Tensor
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import MASK_VALUE
-from mindformers_gptlocal.model.dropout import SITE_MULTIPLIERS, STEP_MULTIPLIERS, TABLE_SIZES, bit_probability
+from mindformers_gptlocal.model.dropout import (SITE_MULTIPLIERS, STEP_MULTIPLIERS, TABLE_SIZES, bit_probability,
+                                                dropout_site)
 from mindformers_gptlocal.model.layers import Linear, residual_init_std, to_mstype
 from mindformers_gptlocal.parallel.sharding import check_divisible
 
@@ -320,12 +321,15 @@ def bf16_spread(value, error):
 # --- a float64 reference of the tests' tiny models (issue 60): the float32 paths' errors measured, not guessed ---
 # A whole model cannot be bounded elementwise from outside, so a fast path is held to the float64 model of the same
 # weights by the plain path's own error against it: the two are float32 evaluations of one model in their own orders.
-def _gpt_float64(p, ids, config, lora_scale):
+def _gpt_float64(p, ids, config, lora_scale, step=None, ends=None):
     """torch float64 logits [B, S, V] of GPTLocalForCausalLM from ``p`` (name -> tensor), the layouts the tests
     build: learned positions or rope (rotate_half on the first rotary_dim channels, float64 angles), pre-LayerNorm
     or RMSNorm blocks, fused QKV [S, G, group + 2, D] (each group's query heads, its key, its value), tanh or quick
     GeLU or SwiGLU (silu(gate) * fc1), LoRA where a Linear has ``lora_a`` / ``lora_b`` (``lora_scale`` = alpha /
-    rank), the word embeddings or ``output_layer`` as the head."""
+    rank), the word embeddings or ``output_layer`` as the head; NeoX's parallel residual,
+    scale_attn_by_inverse_layer_idx; the counter dropout of forward ``step`` (``keep_reference``'s masks; None:
+    none); packed rows where ``ends`` [B, k] (actual_seq_len) is given (each document attends to itself, its
+    positions from 0)."""
     import torch
     fn = torch.nn.functional
     arch, eps = config.arch, config.layernorm_epsilon
@@ -346,10 +350,20 @@ def _gpt_float64(p, ids, config, lora_scale):
         return fn.layer_norm(h, (width,), p[path + ".weight"], p[path + ".bias"], eps)
 
     batch, seq = ids.shape
+    index = torch.arange(seq)
+    if ends is None:
+        document, positions = torch.zeros(batch, seq, dtype=torch.int64), index.repeat(batch, 1)
+    else:
+        ends = _int64(ends)
+        document = (ends[:, None, :] <= index[None, :, None]).sum(-1)  # [B, S]: the documents ended before t
+        starts = torch.cat((torch.zeros(batch, 1, dtype=torch.int64), ends), 1).gather(1, document)
+        positions = index[None, :] - starts
+    mask = (index[None, :, None] < index[None, None, :]) | (document[:, :, None] != document[:, None, :])
+    mask = mask[:, None]  # [B, 1, S, S]: True where a token may not attend
     half = arch.rotary_dim // 2
-    angles = torch.arange(seq, dtype=torch.float64)[:, None] * arch.rotary_base ** (
+    angles = positions[..., None].double() * arch.rotary_base ** (
         -torch.arange(0, arch.rotary_dim, 2, dtype=torch.float64) / arch.rotary_dim)
-    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    cos, sin = (f(torch.cat((angles, angles), -1))[:, None] for f in (torch.cos, torch.sin))  # [B, 1, S, rotary]
 
     def rope(x):
         if not arch.rope:
@@ -358,25 +372,36 @@ def _gpt_float64(p, ids, config, lora_scale):
         rotated = torch.cat((-part[..., half:], part[..., :half]), -1)
         return torch.cat((part * cos + rotated * sin, x[..., arch.rotary_dim:]), -1)
 
+    def drop(x, rate, layer=0, part="embedding"):  # CounterDropout's mask of forward ``step`` (None: eval)
+        if step is None or not rate:
+            return x
+        keep = keep_reference(tuple(x.shape), step, dropout_site(layer, part), config.dropout_seed, rate)
+        return x * torch.tensor(keep.astype(np.float64)) / (1.0 - rate)
+
     h = p["model.embedding.word_embeddings"][ids]
     if arch.learned_positions:
-        h = h + p["model.embedding.position_embeddings"][:seq]
-    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
+        h = h + p["model.embedding.position_embeddings"][positions]
+    h = drop(h, config.embedding_dropout)
     for i in layers:
-        at = f"model.layers.{i}."
+        at, number = f"model.layers.{i}.", i + 1
         qkv = linear(at + "attention.linear_qkv", norm(at + "input_layernorm", h))
         qkv = qkv.reshape(batch, seq, groups, size + 2, dim)
         q = rope(qkv[:, :, :, :size].reshape(batch, seq, heads, dim).transpose(1, 2))
         k, v = (qkv[:, :, :, j].transpose(1, 2).repeat_interleave(size, 1) for j in (size, size + 1))
-        scores = (q @ rope(k).transpose(-1, -2) / dim ** 0.5).masked_fill(mask, float("-inf"))
-        context = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(batch, seq, width)
-        h = h + linear(at + "attention.linear_proj", context)
-        x = norm(at + "post_attention_layernorm", h)
+        scale = dim ** -0.5 / (number if config.scale_attn_by_inverse_layer_idx else 1)
+        scores = (q @ rope(k).transpose(-1, -2) * scale).masked_fill(mask, float("-inf"))
+        probs = drop(torch.softmax(scores, -1), config.attention_dropout, number, "attention_probs")
+        context = (probs @ v).transpose(1, 2).reshape(batch, seq, width)
+        attended = drop(linear(at + "attention.linear_proj", context), config.hidden_dropout, number,
+                        "attention_output")
+        h, x = (h, norm(at + "post_attention_layernorm", h)) if arch.parallel_residual else (
+            h + attended, norm(at + "post_attention_layernorm", h + attended))
         if arch.gated:
             inner = fn.silu(linear(at + "mlp.linear_gate", x)) * linear(at + "mlp.linear_fc1", x)
         else:
             inner = act[config.hidden_act](linear(at + "mlp.linear_fc1", x))
-        h = h + linear(at + "mlp.linear_fc2", inner)
+        h = h + (attended if arch.parallel_residual else 0) + drop(linear(at + "mlp.linear_fc2", inner),
+                                                                    config.hidden_dropout, number, "mlp_output")
     head = p["output_layer.weight"] if arch.untied else p["model.embedding.word_embeddings"]
     return norm("model.final_layernorm", h) @ head.T
 
@@ -387,8 +412,10 @@ def _int64(tensor):
 
 
 def float64_weights(model):
-    """name (as ``parameters_and_names`` gives it before ``train_steps`` wraps the model) -> float64 array."""
-    return {name: param.asnumpy().astype(np.float64) for name, param in model.parameters_and_names()}
+    """name (as ``parameters_and_names`` gives it before ``train_steps`` wraps the model) -> float64 array of every
+    float32 Parameter (not the dropout counter)."""
+    return {name: param.asnumpy().astype(np.float64) for name, param in model.parameters_and_names()
+            if param.dtype == ms.float32}
 
 
 def gpt_float64_logits(weights, ids, config, lora_scale=1.0):
@@ -398,20 +425,21 @@ def gpt_float64_logits(weights, ids, config, lora_scale=1.0):
     return _gpt_float64(p, _int64(ids), config, lora_scale).numpy()
 
 
-def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_scale=1.0, trainable=None):
-    """``train_steps`` in float64 (torch autograd) for the tiny model (``_gpt_float64``, mean token
-    cross-entropy) with MindSpore's AdamWeightDecay (no bias correction, eps 1e-6, no decay) from ``weights``
-    (float64_weights) on ``batch`` (ids, labels): the ``steps`` losses and the first step's gradients of ``trainable``
-    (names; every weight if None), named as ``train_steps`` names them (its LossOf wrapper's ``model.`` prefix)."""
+def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_scale=1.0, trainable=None,
+                      dropout=False, eval_ids=None):
+    """``train_steps`` in float64 (torch autograd) for the tiny model (``_gpt_float64``, mean token cross-entropy)
+    with MindSpore's AdamWeightDecay (no bias correction, eps 1e-6, no decay) from ``weights`` (float64_weights) on
+    ``batch`` (ids, labels): the ``steps`` losses and the first step's gradients of ``trainable`` (names; every
+    weight if None), named as ``train_steps`` names them (its LossOf wrapper's ``model.`` prefix). ``dropout``: step
+    k's forward draws counter k's masks. ``eval_ids``: then also the logits of ``eval_ids`` after each step."""
     import torch
     p = {name: torch.tensor(value, requires_grad=True) for name, value in weights.items()}
     trainable = list(p) if trainable is None else list(trainable)
     ids, labels = (_int64(t) for t in batch)
     moments = {name: (torch.zeros_like(p[name]), torch.zeros_like(p[name])) for name in trainable}
-    losses, first = [], None
-    for _ in range(steps):
-        logits = _gpt_float64(p, ids, config, lora_scale)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    losses, first, logits = [], None, []
+    for step in range(steps):
+        loss = _loss(p, ids, labels, config, lora_scale, step if dropout else None)
         grads = torch.autograd.grad(loss, [p[name] for name in trainable])
         losses.append(loss.item())
         if first is None:
@@ -422,7 +450,28 @@ def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_s
                 m.mul_(0.9).add_(0.1 * g)
                 v.mul_(0.999).add_(0.001 * g * g)
                 p[name] -= learning_rate * m / (1e-6 + v.sqrt())
-    return losses, first
+            if eval_ids is not None:
+                logits.append(_gpt_float64(p, _int64(eval_ids), config, lora_scale).numpy())
+    return (losses, first) if eval_ids is None else (losses, first, logits)
+
+
+def _loss(p, ids, labels, config, lora_scale=1.0, step=None, ends=None):
+    import torch
+    logits = _gpt_float64(p, ids, config, lora_scale, step, ends)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def gpt_float64_grads(weights, config, terms, trainable):
+    """The float64 loss sum(c * loss(ids[:, :-1] -> ids[:, 1:], dropout step, packed ends)) over ``terms`` (c, ids
+    [B, S + 1], step or None, ends or None) and its gradients of ``trainable`` named as ``train_steps`` names them."""
+    import torch
+    p = {name: torch.tensor(value, requires_grad=True) for name, value in weights.items()}
+    total = 0.0
+    for coefficient, ids, step, ends in terms:
+        ids = _int64(ids)
+        total = total + coefficient * _loss(p, ids[:, :-1], ids[:, 1:], config, step=step, ends=ends)
+    grads = torch.autograd.grad(total, [p[name] for name in trainable])
+    return total.item(), {"model." + name: g.numpy() for name, g in zip(trainable, grads)}
 
 
 def assert_error_of_plain_size(fast, plain, reference, name="", factor=8.0, floor=4.0):
