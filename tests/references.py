@@ -170,21 +170,18 @@ def train_steps(model, batches, steps=3, learning_rate=1e-3):
     return losses, first
 
 
-def trains_like_plain(fast, plain, batches, learning_rate, reference=None):
-    """A fast path's training against the plain path's (``train_steps`` each): with ``reference`` (the float64 model's
-    losses and first-step gradients, ``gpt_float64_steps``) every first-step gradient and the losses with errors
-    against it of the plain path's size (``assert_error_of_plain_size``); without one (layouts that have no float64
-    model here) the losses within 1e-5; falling either way. Returns both first-step gradients by name."""
+def trains_like_plain(fast, plain, batches, learning_rate, reference):
+    """A fast path's training against the plain path's (``train_steps`` each) and the float64 model's
+    (``reference``: its losses and first-step gradients, ``gpt_float64_steps``): every first-step gradient and the
+    losses with errors against it of the plain path's size (``assert_error_of_plain_size``), falling. Returns both
+    first-step gradients by name."""
     losses, grads = train_steps(fast, batches, learning_rate=learning_rate)
     plain_losses, plain_grads = train_steps(plain, batches, learning_rate=learning_rate)
-    if reference is None:
-        np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
-    else:
-        exact_losses, exact_grads = reference
-        assert sorted(exact_grads) == sorted(plain_grads) == sorted(grads)
-        for name in plain_grads:
-            assert_error_of_plain_size(grads[name], plain_grads[name], exact_grads[name], name)
-        assert_error_of_plain_size(losses, plain_losses, exact_losses, "losses")
+    exact_losses, exact_grads = reference
+    assert sorted(exact_grads) == sorted(plain_grads) == sorted(grads)
+    for name in plain_grads:
+        assert_error_of_plain_size(grads[name], plain_grads[name], exact_grads[name], name)
+    assert_error_of_plain_size(losses, plain_losses, exact_losses, "losses")
     assert losses[-1] < losses[0]  # it trains
     return grads, plain_grads
 
@@ -426,12 +423,13 @@ def gpt_float64_logits(weights, ids, config, lora_scale=1.0):
 
 
 def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_scale=1.0, trainable=None,
-                      dropout=False, eval_ids=None):
+                      dropout=False, eval_ids=None, ends=None):
     """``train_steps`` in float64 (torch autograd) for the tiny model (``_gpt_float64``, mean token cross-entropy)
     with MindSpore's AdamWeightDecay (no bias correction, eps 1e-6, no decay) from ``weights`` (float64_weights) on
     ``batch`` (ids, labels): the ``steps`` losses and the first step's gradients of ``trainable`` (names; every
     weight if None), named as ``train_steps`` names them (its LossOf wrapper's ``model.`` prefix). ``dropout``: step
-    k's forward draws counter k's masks. ``eval_ids``: then also the logits of ``eval_ids`` after each step."""
+    k's forward draws counter k's masks. ``eval_ids``: then also the logits of ``eval_ids`` after each step.
+    ``ends``: packed rows (actual_seq_len)."""
     import torch
     p = {name: torch.tensor(value, requires_grad=True) for name, value in weights.items()}
     trainable = list(p) if trainable is None else list(trainable)
@@ -439,7 +437,7 @@ def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_s
     moments = {name: (torch.zeros_like(p[name]), torch.zeros_like(p[name])) for name in trainable}
     losses, first, logits = [], None, []
     for step in range(steps):
-        loss = _loss(p, ids, labels, config, lora_scale, step if dropout else None)
+        loss = _loss(p, ids, labels, config, lora_scale, step if dropout else None, ends)
         grads = torch.autograd.grad(loss, [p[name] for name in trainable])
         losses.append(loss.item())
         if first is None:
