@@ -14,7 +14,8 @@ from mindspore import nn, Tensor
 from mindformers_gptlocal.kernels.provider import KernelProvider
 from mindformers_gptlocal.model import GPTLocalBlock
 from mindformers_gptlocal.model.attention import MASK_VALUE
-from mindformers_gptlocal.model.dropout import SITE_MULTIPLIERS, STEP_MULTIPLIERS, TABLE_SIZES, bit_probability
+from mindformers_gptlocal.model.dropout import (SITE_MULTIPLIERS, STEP_MULTIPLIERS, TABLE_SIZES, bit_probability,
+                                                dropout_site)
 from mindformers_gptlocal.model.layers import Linear, residual_init_std, to_mstype
 from mindformers_gptlocal.parallel.sharding import check_divisible
 
@@ -169,12 +170,18 @@ def train_steps(model, batches, steps=3, learning_rate=1e-3):
     return losses, first
 
 
-def trains_like_plain(fast, plain, batches, learning_rate):
-    """A fast path's training against the plain path's (``train_steps`` each): the losses equal step for step
-    (within 1e-5) and falling; returns both first-step gradients by name, for the caller's own comparison."""
+def trains_like_plain(fast, plain, batches, learning_rate, reference):
+    """A fast path's training against the plain path's (``train_steps`` each) and the float64 model's
+    (``reference``: its losses and first-step gradients, ``gpt_float64_steps``): every first-step gradient and the
+    losses with errors against it of the plain path's size (``assert_error_of_plain_size``), falling. Returns both
+    first-step gradients by name."""
     losses, grads = train_steps(fast, batches, learning_rate=learning_rate)
     plain_losses, plain_grads = train_steps(plain, batches, learning_rate=learning_rate)
-    np.testing.assert_allclose(losses, plain_losses, atol=1e-5, rtol=0)
+    exact_losses, exact_grads = reference
+    assert sorted(exact_grads) == sorted(plain_grads) == sorted(grads)
+    for name in plain_grads:
+        assert_error_of_plain_size(grads[name], plain_grads[name], exact_grads[name], name)
+    assert_error_of_plain_size(losses, plain_losses, exact_losses, "losses")
     assert losses[-1] < losses[0]  # it trains
     return grads, plain_grads
 
@@ -239,3 +246,244 @@ def int8_linear_reference(x, quantized, scale, bias=None):
     x_scale = (amax / np.float32(127)).astype(np.float32)
     y = acc * (x_scale[:, None] * np.asarray(scale, np.float32)[None, :])
     return y if bias is None else (y + np.asarray(bias, np.float32)[None, :]).astype(np.float32)
+
+
+# --- elementwise functions' rounding (issue 60): what their float32 evaluations' errors scale with ---
+# For a fixed chain of m roundings (no sum of many terms) the same rule holds with K = m, the magnitude then being
+# each element's chain on absolute values with each intermediate's condition folded in (Higham 3.1; the exp of a
+# rounded argument z carries z's error times |z|). The counts below are counted on the kernels' common.h forms (the
+# plain path's model/layers.py TanhGeLU / SiLU are the same sigmoid forms), exp taken as 4 roundings (common.h
+# exp_neg is ~2 ulp), every propagated term bounded by the magnitude it is folded into.
+GELU_Z = {"tanh": (1.5957691216057308, 0.044715), "quick": (1.702, 0.0), "silu": (1.0, 0.0)}  # z = a (u + k u^3)
+UNDERFLOW = 2.0 ** -100  # exp's flush to 0 below float32's normal range (2^-126), over any gamma_K here: s's floor
+GELU_ROUNDINGS = 8  # y = u * sigmoid(z): z 5 (+3 for u's own rounding, u = x + b), the sigmoid 4 (exp, 1 +, /), * u 1
+GELU_GRAD_ROUNDINGS = 26  # s + u s (1 - s) z': the sigmoid's error times (1 + |u z'|) 12, the products and z' 10,
+# * dy 1, u's rounding times u gelu''(u) (|u gelu''| <= 7 times the magnitude below) ... counted as 26 in all
+# MindSpore's Sigmoid (the plain path's) is an approximation, not a rounding of exp: relative error measured on a
+# 2e5-point grid of [-70, 70] at most 39 + 4.3 |z| units of float32's u for z < 0 (its exp's, growing with |z|),
+# 23 for z > 0; allowed (a + b |z| (1 - s)) u, (a, b) = (48, 5), on its side
+MINDSPORE_SIGMOID_ULPS = (48.0, 5.0)
+NORM_ROUNDINGS = 16  # a norm's roundings outside its row's sums: mean, centring, variance, + eps, sqrt, 1/, * rstd,
+# * gamma, + beta (9); the backward's g = dy gamma, g xhat, the two means, the products, differences and * rstd (7)
+
+
+def gelu_float64(u, form, sigmoid_ulps=(0.0, 0.0)):
+    """(gelu(u), gelu'(u), bound of gelu's, bound of gelu''s float32 error) in float64 for the sigmoid forms (and
+    SiLU, u sigmoid(u), as the form "silu"), the
+    bounds in units of gamma_1 (pass them with length 1): GELU_ROUNDINGS times |u| s (1 + (1 - s) |z|) and
+    GELU_GRAD_ROUNDINGS times s (1 + (1 - s) |z|) (1 + |u z'|) (z's error moves s by s (1 - s) dz; (1 - s) of a
+    rounded s carries s's error; s at least UNDERFLOW), plus ``sigmoid_ulps`` (a, b): a sigmoid whose own relative
+    error is (a + b |z| (1 - s)) u beyond the 4 counted, carried the same way."""
+    a, k = GELU_Z[form]
+    u = np.asarray(u, np.float64)
+    z, zabs, slope = a * (u + k * u ** 3), a * (np.abs(u) + k * np.abs(u) ** 3), a * (1 + 3 * k * u * u)
+    e = np.exp(-np.abs(z))
+    s = np.where(z >= 0, 1 / (1 + e), e / (1 + e))  # the sigmoid without overflow
+    condition = s * (1 + (1 - s) * zabs) + UNDERFLOW
+    spread = 1 + np.abs(u * slope)
+    excess = s * (sigmoid_ulps[0] + sigmoid_ulps[1] * zabs * (1 - s))
+    return (u * s, s + u * s * (1 - s) * slope, np.abs(u) * (GELU_ROUNDINGS * condition + excess),
+            (GELU_GRAD_ROUNDINGS * condition + excess) * spread)
+
+
+def gelu_second_float64(u, form):
+    """|gelu''(u)| in float64 for the sigmoid forms: s (1 - s) (2 |z'| + |u| z'^2 |1 - 2 s| + |u z''|), how far an
+    error in u moves gelu'(u) (to first order)."""
+    a, k = GELU_Z[form]
+    u = np.asarray(u, np.float64)
+    z, slope, curve = a * (u + k * u ** 3), a * (1 + 3 * k * u * u), a * 6 * k * u
+    e = np.exp(-np.abs(z))
+    s = np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+    return s * (1 - s) * (2 * np.abs(slope) + np.abs(u) * slope ** 2 * np.abs(1 - 2 * s) + np.abs(u * curve))
+
+
+def round_bf16(a):
+    """float32 -> nearest bfloat16 (ties to even), as float32 (bit arithmetic; common.h bf16_bits)."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def bf16_spread(value, error):
+    """How far apart bfloat16 roundings of any two values within ``error`` of ``value`` can be (0 where the whole
+    interval rounds to one bfloat16, else the distance of its ends' roundings, which are monotone): an operand
+    computed in float32 then rounded to bfloat16 is known to within this, whatever order its sums ran in."""
+    value, error = np.asarray(value, np.float64), np.asarray(error, np.float64)
+    widen = 2.0 ** -22 * np.abs(value)  # the float64 -> float32 step's own rounding of the ends
+    low = round_bf16((value - error - widen).astype(np.float32)).astype(np.float64)
+    high = round_bf16((value + error + widen).astype(np.float32)).astype(np.float64)
+    return high - low
+
+
+# --- a float64 reference of the tests' tiny models (issue 60): the float32 paths' errors measured, not guessed ---
+# A whole model cannot be bounded elementwise from outside, so a fast path is held to the float64 model of the same
+# weights by the plain path's own error against it: the two are float32 evaluations of one model in their own orders.
+def _gpt_float64(p, ids, config, lora_scale, step=None, ends=None):
+    """torch float64 logits [B, S, V] of GPTLocalForCausalLM from ``p`` (name -> tensor), the layouts the tests
+    build: learned positions or rope (rotate_half on the first rotary_dim channels, float64 angles), pre-LayerNorm
+    or RMSNorm blocks, fused QKV [S, G, group + 2, D] (each group's query heads, its key, its value), tanh or quick
+    GeLU or SwiGLU (silu(gate) * fc1), LoRA where a Linear has ``lora_a`` / ``lora_b`` (``lora_scale`` = alpha /
+    rank), the word embeddings or ``output_layer`` as the head; NeoX's parallel residual,
+    scale_attn_by_inverse_layer_idx; the counter dropout of forward ``step`` (``keep_reference``'s masks; None:
+    none); packed rows where ``ends`` [B, k] (actual_seq_len) is given (each document attends to itself, its
+    positions from 0)."""
+    import torch
+    fn = torch.nn.functional
+    arch, eps = config.arch, config.layernorm_epsilon
+    heads, groups, dim, width = arch.num_attention_heads, arch.groups, arch.head_dim, arch.hidden_size
+    size = heads // groups
+    layers = sorted({int(name.split(".")[2]) for name in p if name.startswith("model.layers.")})
+    act = {"gelu_new": lambda u: fn.gelu(u, approximate="tanh"), "quick_gelu": lambda u: u * torch.sigmoid(1.702 * u)}
+
+    def linear(path, x):
+        y = fn.linear(x, p[path + ".weight"], p.get(path + ".bias"))
+        if path + ".lora_a" in p:
+            y = y + lora_scale * fn.linear(fn.linear(x, p[path + ".lora_a"]), p[path + ".lora_b"])
+        return y
+
+    def norm(path, h):
+        if arch.rmsnorm:
+            return h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps) * p[path + ".weight"]
+        return fn.layer_norm(h, (width,), p[path + ".weight"], p[path + ".bias"], eps)
+
+    batch, seq = ids.shape
+    index = torch.arange(seq)
+    if ends is None:
+        document, positions = torch.zeros(batch, seq, dtype=torch.int64), index.repeat(batch, 1)
+    else:
+        ends = _int64(ends)
+        document = (ends[:, None, :] <= index[None, :, None]).sum(-1)  # [B, S]: the documents ended before t
+        starts = torch.cat((torch.zeros(batch, 1, dtype=torch.int64), ends), 1).gather(1, document)
+        positions = index[None, :] - starts
+    mask = (index[None, :, None] < index[None, None, :]) | (document[:, :, None] != document[:, None, :])
+    mask = mask[:, None]  # [B, 1, S, S]: True where a token may not attend
+    half = arch.rotary_dim // 2
+    angles = positions[..., None].double() * arch.rotary_base ** (
+        -torch.arange(0, arch.rotary_dim, 2, dtype=torch.float64) / arch.rotary_dim)
+    cos, sin = (f(torch.cat((angles, angles), -1))[:, None] for f in (torch.cos, torch.sin))  # [B, 1, S, rotary]
+
+    def rope(x):
+        if not arch.rope:
+            return x
+        part = x[..., :arch.rotary_dim]
+        rotated = torch.cat((-part[..., half:], part[..., :half]), -1)
+        return torch.cat((part * cos + rotated * sin, x[..., arch.rotary_dim:]), -1)
+
+    def drop(x, rate, layer=0, part="embedding"):  # CounterDropout's mask of forward ``step`` (None: eval)
+        if step is None or not rate:
+            return x
+        keep = keep_reference(tuple(x.shape), step, dropout_site(layer, part), config.dropout_seed, rate)
+        return x * torch.tensor(keep.astype(np.float64)) / (1.0 - rate)
+
+    h = p["model.embedding.word_embeddings"][ids]
+    if arch.learned_positions:
+        h = h + p["model.embedding.position_embeddings"][positions]
+    h = drop(h, config.embedding_dropout)
+    for i in layers:
+        at, number = f"model.layers.{i}.", i + 1
+        qkv = linear(at + "attention.linear_qkv", norm(at + "input_layernorm", h))
+        qkv = qkv.reshape(batch, seq, groups, size + 2, dim)
+        q = rope(qkv[:, :, :, :size].reshape(batch, seq, heads, dim).transpose(1, 2))
+        k, v = (qkv[:, :, :, j].transpose(1, 2).repeat_interleave(size, 1) for j in (size, size + 1))
+        scale = dim ** -0.5 / (number if config.scale_attn_by_inverse_layer_idx else 1)
+        scores = (q @ rope(k).transpose(-1, -2) * scale).masked_fill(mask, float("-inf"))
+        probs = drop(torch.softmax(scores, -1), config.attention_dropout, number, "attention_probs")
+        context = (probs @ v).transpose(1, 2).reshape(batch, seq, width)
+        attended = drop(linear(at + "attention.linear_proj", context), config.hidden_dropout, number,
+                        "attention_output")
+        h, x = (h, norm(at + "post_attention_layernorm", h)) if arch.parallel_residual else (
+            h + attended, norm(at + "post_attention_layernorm", h + attended))
+        if arch.gated:
+            inner = fn.silu(linear(at + "mlp.linear_gate", x)) * linear(at + "mlp.linear_fc1", x)
+        else:
+            inner = act[config.hidden_act](linear(at + "mlp.linear_fc1", x))
+        h = h + (attended if arch.parallel_residual else 0) + drop(linear(at + "mlp.linear_fc2", inner),
+                                                                    config.hidden_dropout, number, "mlp_output")
+    head = p["output_layer.weight"] if arch.untied else p["model.embedding.word_embeddings"]
+    return norm("model.final_layernorm", h) @ head.T
+
+
+def _int64(tensor):
+    import torch
+    return torch.tensor(np.asarray(tensor.asnumpy() if hasattr(tensor, "asnumpy") else tensor, np.int64))
+
+
+def float64_weights(model):
+    """name (as ``parameters_and_names`` gives it before ``train_steps`` wraps the model) -> float64 array of every
+    float32 Parameter (not the dropout counter)."""
+    return {name: param.asnumpy().astype(np.float64) for name, param in model.parameters_and_names()
+            if param.dtype == ms.float32}
+
+
+def gpt_float64_logits(weights, ids, config, lora_scale=1.0):
+    """The float64 logits [B, S, V] of the tiny model (``_gpt_float64``) from ``weights`` (float64_weights)."""
+    import torch
+    p = {name: torch.tensor(value) for name, value in weights.items()}
+    return _gpt_float64(p, _int64(ids), config, lora_scale).numpy()
+
+
+def gpt_float64_steps(weights, batch, config, steps=1, learning_rate=0.0, lora_scale=1.0, trainable=None,
+                      dropout=False, eval_ids=None, ends=None):
+    """``train_steps`` in float64 (torch autograd) for the tiny model (``_gpt_float64``, mean token cross-entropy)
+    with MindSpore's AdamWeightDecay (no bias correction, eps 1e-6, no decay) from ``weights`` (float64_weights) on
+    ``batch`` (ids, labels): the ``steps`` losses and the first step's gradients of ``trainable`` (names; every
+    weight if None), named as ``train_steps`` names them (its LossOf wrapper's ``model.`` prefix). ``dropout``: step
+    k's forward draws counter k's masks. ``eval_ids``: then also the logits of ``eval_ids`` after each step.
+    ``ends``: packed rows (actual_seq_len)."""
+    import torch
+    p = {name: torch.tensor(value, requires_grad=True) for name, value in weights.items()}
+    trainable = list(p) if trainable is None else list(trainable)
+    ids, labels = (_int64(t) for t in batch)
+    moments = {name: (torch.zeros_like(p[name]), torch.zeros_like(p[name])) for name in trainable}
+    losses, first, logits = [], None, []
+    for step in range(steps):
+        loss = _loss(p, ids, labels, config, lora_scale, step if dropout else None, ends)
+        grads = torch.autograd.grad(loss, [p[name] for name in trainable])
+        losses.append(loss.item())
+        if first is None:
+            first = {"model." + name: g.numpy() for name, g in zip(trainable, grads)}
+        with torch.no_grad():
+            for name, g in zip(trainable, grads):
+                m, v = moments[name]
+                m.mul_(0.9).add_(0.1 * g)
+                v.mul_(0.999).add_(0.001 * g * g)
+                p[name] -= learning_rate * m / (1e-6 + v.sqrt())
+            if eval_ids is not None:
+                logits.append(_gpt_float64(p, _int64(eval_ids), config, lora_scale).numpy())
+    return (losses, first) if eval_ids is None else (losses, first, logits)
+
+
+def _loss(p, ids, labels, config, lora_scale=1.0, step=None, ends=None):
+    import torch
+    logits = _gpt_float64(p, ids, config, lora_scale, step, ends)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def gpt_float64_grads(weights, config, terms, trainable):
+    """The float64 loss sum(c * loss(ids[:, :-1] -> ids[:, 1:], dropout step, packed ends)) over ``terms`` (c, ids
+    [B, S + 1], step or None, ends or None) and its gradients of ``trainable`` named as ``train_steps`` names them."""
+    import torch
+    p = {name: torch.tensor(value, requires_grad=True) for name, value in weights.items()}
+    total = 0.0
+    for coefficient, ids, step, ends in terms:
+        ids = _int64(ids)
+        total = total + coefficient * _loss(p, ids[:, :-1], ids[:, 1:], config, step=step, ends=ends)
+    grads = torch.autograd.grad(total, [p[name] for name in trainable])
+    return total.item(), {"model." + name: g.numpy() for name, g in zip(trainable, grads)}
+
+
+def assert_error_of_plain_size(fast, plain, reference, name="", factor=8.0, floor=4.0):
+    """max |fast - reference| <= ``factor`` max |plain - reference| + ``floor`` u max |reference| (float32's u): a
+    fast path's error against the float64 model of the same weights of the plain path's size (two float32
+    evaluations of one model in their own orders: their largest errors are two draws, 0.5-1.8x apart on AVX2 here,
+    8x covers any other order's; the floor a plain path that happens to land near the reference). The plain path
+    within sqrt(u) of the values first (measured 2-42 u): a reference of another model would make the bound vacuous.
+    Returns the plain path's largest error."""
+    fast, plain, reference = (np.asarray(a, np.float64) for a in (fast, plain, reference))
+    error, plain_error = np.abs(fast - reference).max(), np.abs(plain - reference).max()
+    scale = np.abs(reference).max()
+    allowed = factor * plain_error + floor * UNIT_ROUNDOFF["float32"] * scale
+    assert plain_error <= UNIT_ROUNDOFF["float32"] ** 0.5 * scale, (
+        name, "the reference is another model: plain's error", float(plain_error), "of", float(scale))
+    assert error <= allowed, (name, "error", float(error), "plain's", float(plain_error), "allowed", float(allowed))
+    return float(plain_error)
