@@ -29,7 +29,7 @@ from ..kernels.abi import build
 from ..kernels.abi.threads import kernel_threads
 from ..kernels.abi.codes import MlpForm, NormKind, Status, WeightKind, describe, name_of
 from ..kernels.abi.layer_table import LAYER, Linear, Norm
-from ..kernels.cells.linear import precision_code
+from ..kernels.abi.precision import precision_code
 from ..kernels.abi.table import DecoderCache, DecoderCall, DecoderLayer, DecoderModel
 from .buckets import greedy_steps, width_buckets
 

@@ -17,8 +17,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels.abi import table
-from mindformers_gptlocal.kernels.cells import linear
+from mindformers_gptlocal.kernels.abi import precision, table
 from mindformers_gptlocal.kernels.cells.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16, CPUDecodeLayerInt8
 from mindformers_gptlocal.model.quantization import QUANTIZATION
 from conftest import TINY
@@ -68,7 +67,7 @@ def built(shape):
     ms.set_context(mode=ms.GRAPH_MODE)
     with pytest.MonkeyPatch.context() as patch:
         if shape == "bf16-emulated":  # every bf16 GEMM of both models (chosen at build) emulated
-            patch.setattr(linear, "bf16_native", lambda path: False)
+            patch.setattr(precision, "bf16_native", lambda path: False)
         fast, plain = pair(SHAPES[shape], inference=shape in BF16)
     kind = CPUDecodeLayerBF16 if shape in BF16 else CPUDecodeLayerInt8 if "int8" in shape else CPUDecodeLayer
     assert all(type(layer.decode_kernel) is kind for layer in fast.model.layers)  # noqa: E721

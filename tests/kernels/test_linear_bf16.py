@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindformers_gptlocal.kernels import provider
-from mindformers_gptlocal.kernels.abi import build
+from mindformers_gptlocal.kernels.abi import build, precision
 from mindformers_gptlocal.kernels.cells import linear
 from mindformers_gptlocal.kernels.cells.linear import BF16MatMul
 from mindformers_gptlocal.kernels.provider import KernelProvider
@@ -124,7 +124,7 @@ def test_provider_dtype_rule():
 def test_emulated_cpu_says_so_once(library, monkeypatch, capsys):
     """Where oneDNN has no fast bf16 GEMM (below AVX-512, or the library capped there: ``cpu_kernels.isa``;
     test_cpu_isa.py has the rule) the kernel runs the emulation (precision 2) and one line per process says so."""
-    monkeypatch.setattr(linear, "_EMULATED", set())
+    monkeypatch.setattr(precision, "_EMULATED", set())
     build.apply_isa("avx2", library)
     try:
         first = linear.CPULinearGEMM(library, threads=1, precision="bfloat16")

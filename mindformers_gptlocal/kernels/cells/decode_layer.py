@@ -27,7 +27,7 @@ import functools
 from ..abi import build
 from ..abi.aot import KernelCell, float32_library
 from ..abi.codes import MlpForm, NormKind, name_of
-from .linear import precision_code
+from ..abi.precision import precision_code
 from ..abi.table import KERNELS
 
 SYMBOL = "gptlocal_decode_layer_fwd"

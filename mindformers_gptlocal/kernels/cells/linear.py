@@ -7,7 +7,7 @@ inside the compiled GRAPH-mode model (and in PYNATIVE) and in training.
 line per process where the library cannot be built; ``model/layers.py`` Linear then keeps ``ops.MatMul``, the
 reference.
 
-``precision`` (``PRECISIONS``): "float32", or "bfloat16" (``compute_dtype: bfloat16`` on CPU: every GEMM, forward
+``precision`` (``abi/precision.py`` ``PRECISIONS``): "float32", or "bfloat16" (``compute_dtype: bfloat16`` on CPU: every GEMM, forward
 and both backward, bf16 x bf16 with float32 accumulation and output, oneDNN's ``dnnl_gemm_bf16bf16f32``; where
 oneDNN has no fast bf16 GEMM for this CPU (below AVX-512: the library decides by the ISA oneDNN sees,
 ``cpu_linear.cc``) the kernel emulates it, the same rounding and float32 sums, and ``bf16_native`` says so in one
@@ -17,47 +17,18 @@ line per process); ``emulate=True`` forces the emulation (tests).
 inference build of a bf16 model, ``KernelProvider.bf16_weights``), and runs ``gptlocal_linear_bf16w_fwd``: the same
 forward numbers without converting the weight at every call; inference only (no bprop).
 """
-import ctypes
 import functools
-import sys
 
 import mindspore as ms
 from mindspore import nn, ops
 
 from ..abi import build
 from ..abi.aot import float32_library, primitive
+from ..abi.precision import precision_code
 from .norm_gelu import gelu_form
 from ..abi.table import KERNELS, LinearGeluOptions, LinearOptions
 
 _warn_once = functools.partial(build.warn_once, "CPU Linear GEMM kernel off, MindSpore's MatMul used instead")
-PRECISIONS = ("float32", "bfloat16")
-_EMULATED = set()  # library paths whose emulation was said
-
-
-def bf16_native(library_path):
-    """True where the library's bf16 GEMM runs oneDNN's (oneDNN's ISA here, under the library's ISA cap
-    ``cpu_kernels.isa``, runs its bf16 kernels: avx512_core on); False where it emulates it, after one stderr line
-    per process saying so."""
-    native = bool(ctypes.CDLL(library_path).gptlocal_linear_bf16_native())
-    if not native and library_path not in _EMULATED:
-        _EMULATED.add(library_path)
-        sys.stderr.write("gptlocal: oneDNN has no fast bfloat16 GEMM for this CPU (it needs AVX-512) or under "
-                         "cpu_kernels.isa; compute_dtype bfloat16 is emulated (the same bf16 rounding, float32 "
-                         "arithmetic: the same results, slower than a native bf16 GEMM).\n")
-        sys.stderr.flush()
-    return native
-
-
-def precision_code(library_path, precision, emulate=False):
-    """``LinearOptions.precision`` for ``precision`` ("float32" or "bfloat16"): 0, 1 (oneDNN's bf16 GEMM) or 2 (its
-    emulation: forced by ``emulate``, or this CPU has no bf16 GEMM)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"CPULinearGEMM precision {precision!r}: one of {', '.join(PRECISIONS)}")
-    if precision == "bfloat16":
-        return 2 if emulate or not bf16_native(library_path) else 1
-    return 0
-
-
 class CPULinearGEMM(nn.Cell):
     """``construct(x [T, K], w [N, K], b [N] or None)`` -> x w^T (+ b) [T, N], float32, as
     ``ops.MatMul(transpose_b=True)`` (then ``ops.Add``); with ``precision="bfloat16"`` as ``BF16MatMul`` (below)

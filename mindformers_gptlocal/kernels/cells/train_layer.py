@@ -33,7 +33,7 @@ from ..abi import build
 from ..abi.aot import float32_library, primitive
 from .attention import KEY_BLOCK, QUERY_BLOCK
 from ..abi.codes import MlpForm, NormKind, name_of
-from .linear import precision_code
+from ..abi.precision import precision_code
 from ..abi.layer_table import train_layer_parameters
 from ..abi.table import KERNELS, TrainLayerOptions
 
