@@ -218,6 +218,15 @@ def assert_within_rounding(actual, expected, magnitude, length, dtype="float32",
     assert (gap <= bound).all(), (name, "gap", float(gap[worst]), "bound", float(bound[worst]), "at", worst)
 
 
+
+def assert_kernel_and_plain_within_rounding(actual, expected, exact, magnitudes, lengths, names):
+    """Each of ``actual`` (the kernel) and ``expected`` (MindSpore's ops) within float32's rounding of the float64
+    ``exact`` (``assert_within_rounding``, sides 1): both compute the same sums in their own orders (per ISA), so
+    each is held to the float64 value, neither to the other's rounding."""
+    for name, got, want, precise, magnitude, length in zip(names, actual, expected, exact, magnitudes, lengths):
+        assert_within_rounding(got, precise, magnitude, length, sides=1, name=name + " kernel vs float64")
+        assert_within_rounding(want, precise, magnitude, length, sides=1, name=name + " MindSpore vs float64")
+
 def assert_errors_of_one_size(fast, plain, reference, name="", length=1, factor=2.0):
     """The fast path's error against a more precise ``reference`` within ``factor`` of the plain path's either way,
     in the Frobenius norm, give or take float32's rounding of the reference itself (gamma_K of float32 times its

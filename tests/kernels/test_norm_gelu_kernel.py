@@ -11,8 +11,8 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels.cells import norm_gelu
 from mindformers_gptlocal.model.layers import TanhGeLU
 from conftest import TINY
-from references import (MINDSPORE_SIGMOID_ULPS, NORM_ROUNDINGS, assert_within_rounding, float64_weights, gelu_float64,
-                        gpt_float64_steps, trains_like_plain)
+from references import (MINDSPORE_SIGMOID_ULPS, NORM_ROUNDINGS, assert_kernel_and_plain_within_rounding,
+                        assert_within_rounding, float64_weights, gelu_float64, gpt_float64_steps, trains_like_plain)
 
 # T * H >= 32768 runs on several threads (common.h threads_for); 3 threads split 131 rows unevenly
 SHAPES = [(3, 7, 77), (131, 257)]
@@ -31,15 +31,6 @@ def _data(shape, seed=0):
     x = (rng.standard_normal(shape) * 2.5 + 0.5).astype(np.float32)
     return (x, rng.standard_normal(width).astype(np.float32), rng.standard_normal(width).astype(np.float32),
             rng.standard_normal(shape).astype(np.float32))
-
-
-def _bounded(actual, expected, exact, magnitudes, lengths, names):
-    """Each of ``actual`` (the kernel) and ``expected`` (MindSpore's ops) within float32's rounding of the float64
-    ``exact`` (``assert_within_rounding``, sides 1): both compute the same sums in their own orders (per ISA), so
-    each is held to the float64 value, neither to the other's rounding."""
-    for name, got, want, precise, magnitude, length in zip(names, actual, expected, exact, magnitudes, lengths):
-        assert_within_rounding(got, precise, magnitude, length, sides=1, name=name + " kernel vs float64")
-        assert_within_rounding(want, precise, magnitude, length, sides=1, name=name + " MindSpore vs float64")
 
 
 def _layernorm64(x, gamma, beta, weight, eps=1e-5):
@@ -75,7 +66,7 @@ def test_layernorm_matches_mindspore_and_float64(library, pynative_mode, shape, 
     got, got_grads = _grads(kernel, args, Tensor(weight))
     want, want_grads = _grads(lambda *a: plain(*a)[0], args, Tensor(weight))
     exact, magnitudes, lengths = _layernorm64(x, gamma, beta, weight)
-    _bounded([got] + got_grads, [want] + want_grads, exact, magnitudes, lengths, ("y", "dx", "dgamma", "dbeta"))
+    assert_kernel_and_plain_within_rounding([got] + got_grads, [want] + want_grads, exact, magnitudes, lengths, ("y", "dx", "dgamma", "dbeta"))
 
 
 @pytest.mark.parametrize("shape", SHAPES)

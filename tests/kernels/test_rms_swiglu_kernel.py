@@ -12,8 +12,9 @@ from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
 from mindformers_gptlocal.kernels.cells import linear, rms_swiglu
 from mindformers_gptlocal.model.layers import SiLU
 from conftest import TINY
-from references import (MINDSPORE_SIGMOID_ULPS, NORM_ROUNDINGS, assert_error_of_plain_size, assert_within_rounding,
-                        float64_weights, gelu_float64, gpt_float64_logits, gpt_float64_steps, trains_like_plain)
+from references import (MINDSPORE_SIGMOID_ULPS, NORM_ROUNDINGS, assert_error_of_plain_size,
+                        assert_kernel_and_plain_within_rounding, assert_within_rounding, float64_weights,
+                        gelu_float64, gpt_float64_logits, gpt_float64_steps, trains_like_plain)
 
 # T * H >= 32768 runs on several threads (common.h threads_for); 3 threads split 131 rows unevenly
 SHAPES = [(3, 7, 77), (131, 257)]
@@ -26,15 +27,6 @@ def _grads(fn, args, weight):
     value = fn(*args)
     grads = ms.grad(lambda *a: (fn(*a) * weight).sum(), tuple(range(len(args))))(*args)
     return value.asnumpy(), [g.asnumpy() for g in grads]
-
-
-def _bounded(actual, expected, exact, magnitudes, lengths, names):
-    """Each of ``actual`` (the kernel) and ``expected`` (MindSpore's ops) within float32's rounding of the float64
-    ``exact`` (``assert_within_rounding``, sides 1): both compute the same sums in their own orders (per ISA), so
-    each is held to the float64 value, neither to the other's rounding."""
-    for name, got, want, precise, magnitude, length in zip(names, actual, expected, exact, magnitudes, lengths):
-        assert_within_rounding(got, precise, magnitude, length, sides=1, name=name + " kernel vs float64")
-        assert_within_rounding(want, precise, magnitude, length, sides=1, name=name + " MindSpore vs float64")
 
 
 def _plain_rmsnorm(eps):
@@ -66,7 +58,7 @@ def test_rmsnorm_matches_mindspore_and_float64(library, pynative_mode, shape, th
     magnitudes = [np.abs(exact[0]), rstd * (ag + axhat * (ag * axhat).mean(-1, keepdims=True)),
                   (np.abs(g64) * axhat).sum(tuple(range(x.ndim - 1)))]
     row = shape[-1] + NORM_ROUNDINGS
-    _bounded([got] + got_grads, [want] + want_grads, exact, magnitudes, [row, row, x.size // shape[-1] + row],
+    assert_kernel_and_plain_within_rounding([got] + got_grads, [want] + want_grads, exact, magnitudes, [row, row, x.size // shape[-1] + row],
              ("y", "dx", "dweight"))
 
 
@@ -105,7 +97,7 @@ def test_linear_gemm_matches_matmul_and_float64(library, pynative_mode, rows, in
     want, want_grads = _grads(ops.MatMul(transpose_b=True), args, Tensor(weight))
     x64, w64, g64 = (a.astype(np.float64) for a in (x, w, weight))
     ax, aw, ag = np.abs(x64), np.abs(w64), np.abs(g64)
-    _bounded([got] + got_grads, [want] + want_grads, [x64 @ w64.T, g64 @ w64, g64.T @ x64],
+    assert_kernel_and_plain_within_rounding([got] + got_grads, [want] + want_grads, [x64 @ w64.T, g64 @ w64, g64.T @ x64],
              [ax @ aw.T, ag @ aw, ag.T @ ax], [inner, out, rows], ("y", "dx", "dw"))
 
 
