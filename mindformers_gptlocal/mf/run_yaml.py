@@ -12,6 +12,8 @@ like them:
 - the resume step and the global batch handed to gpt_local's callbacks, which the trainer tells only callbacks typed
   exactly ``CheckpointMonitor``, and what the run is, stored with each checkpoint;
 - ``runner_config.stop_step`` turned into the callback that stops (MindFormers 1.8 reads it and never stops);
+- ``runner_wrapper.compile_cache`` ``on`` for a one-process run that leaves it out (the step graph stored and loaded
+  by the next run of the same graph: ``mf/wrapper.py``);
 - ``overwrite_output_dir: True``: the earlier run's checkpoint folder and model directories removed (``start_over``),
   so a later resume cannot take its checkpoints for this run's.
 """
@@ -49,6 +51,7 @@ def rewrite_for_trainer(config, model_config, log=print):
     if config.get("load_checkpoint") and not config.get("use_parallel"):
         check_matches_config(config.load_checkpoint, model_config)
     configure_checkpoint_monitor(config, model_config)
+    configure_compile_cache(config)
     honor_stop_step(config)
     start_over(config, log)
 
@@ -181,6 +184,31 @@ def configure_checkpoint_monitor(config, model_config):
             if callback.get("global_batch_size") is None:
                 callback["global_batch_size"] = global_batch_size(config)
             callback["run_record"] = this_run(config, model_config)
+
+
+STEP_WRAPPERS = ("GPTLocalTrainOneStepCell", "GPTLocalPipelineWithLossScaleCell")  # mf/wrapper.py
+
+
+def configure_compile_cache(config):
+    """``runner_wrapper.compile_cache`` of a gpt_local step wrapper: ``on`` where the YAML leaves it out and the run
+    is one process (``use_parallel`` off), so a run whose step graph was stored before loads it (``mf/wrapper.py``
+    ``step_cache``); ``off`` or a folder as written. A value naming a file stops the run here."""
+    wrapper = config.get("runner_wrapper")
+    if not wrapper or wrapper.get("type") not in STEP_WRAPPERS:
+        return
+    value = wrapper.get("compile_cache")
+    if value is None:
+        if not config.get("use_parallel"):
+            wrapper["compile_cache"] = "on"
+        return
+    if isinstance(value, bool):
+        wrapper["compile_cache"] = "on" if value else "off"
+    elif not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"runner_wrapper.compile_cache is {value!r}; give on, off or a folder for the stored step "
+                          f"graphs.")
+    elif os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):
+        raise ConfigError(f"runner_wrapper.compile_cache {value!r} is a file; give on, off or a folder for the "
+                          f"stored step graphs.")
 
 
 def global_batch_size(config):

@@ -43,15 +43,44 @@ class GPTLocalClipGradNorm(ClipGradNorm):
 
 
 class TrimAfterCompileMixin:
-    """After the step's first graph compile, the heap the compile freed goes back to the system
+    """The step's graph through the compile cache (``runner_wrapper.compile_cache``: ``off``, the default here;
+    ``on``: ``runtime.graph_cache.default_root()``; or a folder), which the pre-flight turns ``on`` for a
+    single-process gpt_local run (``mf/run_yaml.py`` ``configure_compile_cache``): a run of a step graph stored before
+    loads it instead of compiling (``runtime/graph_cache.py``: keyed by everything that shapes the graph). Then,
+    after the step's first graph compile, the heap the compile freed goes back to the system
     (``host_memory.release_freed_heap``), so the first step's memory does not grow on top of it."""
 
+    def __init__(self, *args, compile_cache="off", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.graph_cache = step_cache(compile_cache)
+
     def compile(self, *args, **kwargs):
-        compiled = super().compile(*args, **kwargs)
+        cache = getattr(self, "graph_cache", None)
+        if cache is None:
+            compiled = super().compile(*args, **kwargs)
+        else:
+            compile_graph = super().compile
+            compiled = cache.call(self, args, run=lambda: compile_graph(*args, **kwargs))[0]
         if not getattr(self, "_heap_released", False):
             self._heap_released = True
             release_freed_heap()
         return compiled
+
+
+def step_cache(setting):
+    """The ``GraphCache`` of a training step as ``runner_wrapper.compile_cache`` says, or None: ``off``; or not one
+    GRAPH-mode process (PyNative compiles no step graph; under msrun each rank's graph is its own: MindSpore's cache
+    folder is per rank, and ours stages rank 0's). Salted with MindFormers' version (its Cells are keyed by their code
+    too: ``graph_cache.class_sources``)."""
+    from importlib.metadata import version
+    import mindspore as ms
+    from mindspore.communication import GlobalComm
+    from ..runtime.graph_cache import OFF, default_root, GraphCache
+    text = "off" if setting is None else str(setting)
+    if text.lower() in OFF or ms.get_context("mode") != ms.GRAPH_MODE or GlobalComm.INITED:
+        return None
+    root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
+    return GraphCache(root, {"mindformers": version("mindformers")}, flag="runner_wrapper.compile_cache")
 
 
 class IsFiniteOverflowMixin:

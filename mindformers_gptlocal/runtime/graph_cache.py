@@ -207,8 +207,9 @@ def _describe(value):
 
 def cell_description(cell):
     """Everything of a Cell tree that shapes its graph, as JSON-able data: per sub-Cell its class, plain
-    attributes, constant Tensors (shape, dtype, content digest), primitives (name and attributes); every Parameter
-    by name, shape and dtype (weights are bound by name at load, not baked in)."""
+    attributes (``add_flags`` and ``recompute()`` set theirs there), constant Tensors (shape, dtype, content digest),
+    primitives (name and attributes); every Parameter by name, shape, dtype and whether it trains (weights are bound
+    by name at load, not baked in); the code of its classes outside gpt_local (``class_sources``)."""
     from mindspore import Parameter, Tensor
     from mindspore.ops import Primitive
     cells = []
@@ -232,8 +233,33 @@ def cell_description(cell):
             elif getattr(value, "__self__", None) is sub and hasattr(value, "__func__"):
                 plain[attr] = ["method", value.__func__.__name__]  # a step the build bound (ParallelAttention.rotate)
         cells.append([name, type(sub).__module__ + "." + type(sub).__qualname__, plain, consts, prims])
-    params = [[p.name, list(p.shape), str(p.dtype)] for p in cell.get_parameters()]
-    return {"cells": cells, "parameters": params}
+    params = [[p.name, list(p.shape), str(p.dtype), p.requires_grad] for p in cell.get_parameters()]
+    return {"cells": cells, "parameters": params, "classes": class_sources(cell)}
+
+
+def class_sources(cell):
+    """sha256 over the source files of every class of ``cell``'s tree and their bases outside gpt_local (whose
+    sources ``source_digest`` covers): MindFormers' and MindSpore's Cells (a training step's wrapper, optimizer,
+    learning-rate schedule) are keyed by their code, not only their version. Each file hashed once a process."""
+    memo = _PROCESS.setdefault("class_files", {})
+    ours = package_root()
+    files = set()
+    for _, sub in cell.cells_and_names():
+        for klass in type(sub).__mro__:
+            module = sys.modules.get(klass.__module__)
+            path = getattr(module, "__file__", None)
+            if path and not os.path.abspath(path).startswith(ours + os.sep):
+                files.add(os.path.abspath(path))
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        if path not in memo:
+            try:
+                with open(path, "rb") as handle:
+                    memo[path] = hashlib.sha256(handle.read()).hexdigest()
+            except OSError:
+                memo[path] = "unreadable"
+        digest.update(f"{path}:{memo[path]}\n".encode())
+    return digest.hexdigest()
 
 
 def dependency_hash():
@@ -285,30 +311,32 @@ class GraphCache:
         kind = type(cell).__name__.lower()
         return f"{kind}-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def call(self, cell, args):
+    def call(self, cell, args, run=None):
         """(``cell(*args)``, the seconds this graph's first-ever call took, kept in its folder, or None where the
         call was not a new graph through the cache). A loaded graph's first call is fast, so callers that plan by
-        compile costs (``WidthPlan``) are given the kept first call instead."""
+        compile costs (``WidthPlan``) are given the kept first call instead. ``run``: what compiles ``cell`` for
+        ``args`` if not ``cell(*args)`` (a training step's wrapper passes its own ``compile``)."""
+        run = run or (lambda: cell(*args))
         signature = json.dumps(_describe(list(args)))
         seen = self._seen.setdefault(cell, set())
         if signature in seen:
-            return cell(*args), None
+            return run(), None
         seen.add(signature)
         if _why_not():
-            return cell(*args), None
-        return self._through_cache(cell, args)
+            return run(), None
+        return self._through_cache(cell, args, run)
 
     @property
     def disabled(self):
         """Why caching stopped in this process, or None."""
         return _PROCESS.get("why")
 
-    def _through_cache(self, cell, args):
+    def _through_cache(self, cell, args, run):
         _staging(self.root)
         if _PROCESS.get("why"):
-            return cell(*args), None
+            return run(), None
         folder = os.path.join(self.root, self.key(cell, args))
-        result, seconds, hit = _cached_compile(cell, args, folder)
+        result, seconds, hit = _cached_compile(cell, args, folder, run)
         if seconds is None:  # not a compile of ours (or caching just stopped)
             return result, None
         if hit:
@@ -318,18 +346,19 @@ class GraphCache:
         return result, seconds
 
 
-def _cached_compile(cell, args, folder):
+def _cached_compile(cell, args, folder, run=None):
     """``cell(*args)`` as the process's next cached compile k: the graph stored in ``folder`` copied in as file
     k first, or (a miss) the file MindSpore writes moved into ``folder`` after. Returns (result, the call's
     seconds or None where it compiled nothing or caching stopped, whether MindSpore loaded the stored graph: the
     copy is dated 1970 and a compile rewrites it)."""
     import mindspore as ms
+    run = run or (lambda: cell(*args))
     index = _PROCESS["count"]
     graphs = os.path.join(_PROCESS["staging"], "rank_0", "graph_cache")
     staged = os.path.join(graphs, f"compile_cache_{index}.mindir")
     if os.path.exists(staged):  # a cached compile this process did not make through here: stop trusting k
         _disable(f"{staged} exists before compile {index}")
-        return cell(*args), None, False
+        return run(), None, False
     stored = os.path.join(folder, STORED)
     copied = os.path.isfile(stored)
     if copied:
@@ -344,7 +373,7 @@ def _cached_compile(cell, args, folder):
     _set_cache(ms, True, _PROCESS["staging"])
     started = time.perf_counter()
     try:
-        result = cell(*args)
+        result = run()
     finally:
         _set_cache(ms, False, ".")
     seconds = time.perf_counter() - started

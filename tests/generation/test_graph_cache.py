@@ -125,6 +125,19 @@ def test_key_follows_what_shapes_the_graph(monkeypatch, tmp_path):
                         {graph_cache.package_root(): "another version of the package"})
     changed["sources"] = cache.key(forward(model, 2, 64), prefill_args(2))
     monkeypatch.undo()
+    # a layer set to recompute (its flags), a frozen parameter, another version of a Cell class's file outside
+    # gpt_local (MindSpore's or MindFormers' code: class_sources)
+    recomputed, flagged, frozen = tiny_model(), tiny_model(), tiny_model()
+    recomputed.model.layers[0].recompute()
+    flagged.model.layers[0].add_flags(output_recompute=True)  # a Cell flag alone (what recompute() sets on its own)
+    next(iter(frozen.get_parameters())).requires_grad = False
+    changed["recompute"] = cache.key(forward(recomputed, 2, 64), prefill_args(2))
+    changed["flag"] = cache.key(forward(flagged, 2, 64), prefill_args(2))
+    changed["frozen"] = cache.key(forward(frozen, 2, 64), prefill_args(2))
+    files = graph_cache._PROCESS["class_files"]  # pylint: disable=protected-access
+    monkeypatch.setitem(files, next(path for path in sorted(files) if "mindspore" in path), "another version")
+    changed["class sources"] = cache.key(forward(model, 2, 64), prefill_args(2))
+    monkeypatch.undo()
     # the environment beyond MindSpore's MS_* switches is not the graph's (kernels are chosen by config: config.json
     # is the salt)
     monkeypatch.setenv("GPTLOCAL_API_KEY", "not the graph's")

@@ -202,6 +202,7 @@ def test_cpu_estimate_is_within_25_percent_of_peak_rss(name, corpus256, tmp_path
                                                   num_samples=STEPS * shape["batch"])
     config["train_dataset_task"]["dataset_config"] = config["train_dataset"]
     config["callbacks"] = [{"type": "GPTLocalThroughputMonitor", "per_print_times": 1}]
+    config["runner_wrapper"]["compile_cache"] = "off"  # the estimate is a compiling run's (a stored graph's is lower)
     config["output_dir"] = str(tmp_path / "output")
     path = yaml_io.dump_yaml(config, str(tmp_path / "run.yaml"))
     result = plan(yaml_io.load_yaml(path))
