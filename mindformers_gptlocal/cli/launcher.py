@@ -170,9 +170,10 @@ def run(config, held=None, verbose=False):
     if held is not None:
         held.release(verbose)
     out = os.path.abspath(config.output_dir or "./output")
+    cached = str((config.get("runner_wrapper") or {}).get("compile_cache", "off")).lower() not in ("off", "false")
     print(f"[gptlocal] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
           f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
-          f"the graph", flush=True)
+          f"the graph{' (or loads it from the compile cache)' if cached else ''}", flush=True)
     if (config.get("context") or {}).get("device_target", "CPU") == "CPU":
         # MindFormers sets MS_ALLOC_CONF=enable_vmm:False for eval/predict (an Ascend memory option) unless it is set,
         # and MindSpore then prints "[MS_ALLOC_CONF] config: ..." on stdout; on CPU it chooses nothing
