@@ -1,7 +1,8 @@
 """Break the code on purpose and check the tests notice: realistic one-line mutations, each run against the
-tests that cover its code. Run it before a release (not in CI; ~15-25 minutes on 2 cores):
+tests that cover its code. Run it before a release (not in CI; well over an hour on 2 cores, two jobs at once):
 
     python tools/mutation_check.py                  # all mutations, prints caught / missed
+    python tools/mutation_check.py --jobs 1         # one at a time (each job has its own scratch copy)
     python tools/mutation_check.py --only wrapper   # the mutations whose name contains "wrapper"
     python tools/mutation_check.py --list
     python tools/mutation_check.py --check-stale    # only: does every snippet still match? (no tests; CI runs it)
@@ -16,7 +17,9 @@ mutation as caught). Own code rather than mutmut: mutmut mutates every line and 
 per mutant (hours here); these are the bugs a person would write, each with its few relevant tests.
 """
 import argparse
+import concurrent.futures
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -588,15 +591,35 @@ def pytest(tests, root, timeout):
         return 124
 
 
-def baseline(mutations, root, timeout):
-    """Each distinct test selection must pass on the unmutated copy, or no verdict means anything."""
+def baseline(mutations, roots, timeout):
+    """Each distinct test selection must pass on the unmutated copies, or no verdict means anything (run on the
+    jobs' copies at once)."""
+    selections = list(dict.fromkeys(tuple(m.tests) for m in mutations))
+    codes = in_jobs(roots, selections, lambda tests, root: pytest(list(tests), root, timeout))
     failing = []
-    for tests in dict.fromkeys(tuple(m.tests) for m in mutations):
-        code = pytest(list(tests), root, timeout)
+    for tests, code in zip(selections, codes):
         print(f"baseline {'ok' if code == 0 else f'FAILS ({code})'}: {' '.join(tests)}", flush=True)
         if code != 0:
             failing.append(tests)
     return failing
+
+
+def in_jobs(roots, items, work):
+    """[work(item, root)] for each item, in order, as many at once as there are scratch copies (``roots``): a job
+    takes a free copy, so no two jobs share one."""
+    free = queue.Queue()
+    for root in roots:
+        free.put(root)
+
+    def one(item):
+        root = free.get()
+        try:
+            return work(item, root)
+        finally:
+            free.put(root)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(roots)) as pool:
+        return list(pool.map(one, items))
 
 
 def stale_snippets(mutations, root=REPO):
@@ -651,6 +674,8 @@ def main(argv=None):
     parser.add_argument("--only", help="run the mutations whose name contains this text")
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutation")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="mutations tested at once, each in its own scratch copy (default 2)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the first pass that runs each test selection unmutated (must pass)")
     parser.add_argument("--check-stale", action="store_true",
@@ -665,19 +690,25 @@ def main(argv=None):
     if args.check_stale or stale:
         print(f"{len(chosen)} mutations, {stale} stale" + (": update their snippets to today's code" if stale else ""))
         return 3 if stale else 0
-    root = scratch_copy()
+    roots = [scratch_copy() for _ in range(max(1, args.jobs))]
     counts = {"caught": 0, "missed": 0, "stale": 0}
+    done = []
+
+    def judge(mutation, root):
+        verdict, seconds = run(mutation, root, args.timeout)
+        counts[verdict] += 1
+        done.append(mutation)
+        print(f"[{len(done):2}/{len(chosen)}] {verdict.upper():6} {seconds:6.0f} s  {mutation.name}  "
+              f"({mutation.path})", flush=True)
+
     try:
-        if not args.no_baseline and baseline(chosen, root, args.timeout):
+        if not args.no_baseline and baseline(chosen, roots, args.timeout):
             print("the tests fail without any mutation: fix them first")
             return 2
-        for index, mutation in enumerate(chosen, 1):
-            verdict, seconds = run(mutation, root, args.timeout)
-            counts[verdict] += 1
-            print(f"[{index:2}/{len(chosen)}] {verdict.upper():6} {seconds:6.0f} s  {mutation.name}  "
-                  f"({mutation.path})", flush=True)
+        in_jobs(roots, chosen, judge)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
     judged = counts["caught"] + counts["missed"]
     rate = 100.0 * counts["caught"] / judged if judged else 0.0
     print(f"{counts['caught']} caught, {counts['missed']} missed, {counts['stale']} stale: {rate:.0f}% caught")
