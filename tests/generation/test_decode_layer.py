@@ -1,16 +1,16 @@
 """The decode step's layer kernel (``kernels/cells/decode_layer.py``, ``cpu_decode_layer.cc``; ``GPTLocalBlock`` runs it in
 its one-token KV-cache graphs of the compiled runner, ``cpu_kernels: {runner: plain}`` here) against the plain decode
 graph of the same weights (``cpu_kernels: {decode_layer: plain}``): the logits of every step of a greedy generation of
-24 tokens within 1e-5, one-token steps (``ModelRunner.decode``) and the unrolled greedy graph (``decode_greedy``,
-generate's greedy path), batch 3 with ragged prompts (right padding) on every model and batch 1 on GPT-2's,
-the caches equal afterwards (and, on the tiny shape, ``generate`` and a row subset of the cache's slots: serve's
-smaller batch buckets). The layouts: GPT-2's tiny shape, Llama-style (RMSNorm, SwiGLU, rope, GQA, no biases,
-untied head), NeoX-style (parallel residual, partial rotary, erf GeLU); the precisions: an int8 Qwen2-style model (QKV
-biases only; ``gptlocal quantize``'s scheme: the int8 decode kernel, exact in int32, against the plain int8 decode
-graph), a
-Llama-style bf16 model built for inference (bfloat16 weights, the bf16-weight decode kernel against the plain bf16
-decode graph, whose Linears run the same bf16 GEMM kernel) and GPT-2's with the emulated bf16 GEMM. Also: the decode
-graph really calls the kernel, every layout gets it, and the layers it cannot compute keep the plain graph."""
+24 tokens within 1e-5, one-token steps (``ModelRunner.decode``), then the kernel's unrolled greedy graph
+(``decode_greedy``, generate's greedy path) against the plain one-token steps, batch 3 with ragged prompts (right
+padding) on every model and batch 1 on GPT-2's, the caches equal afterwards (and, on the tiny shape, ``generate`` and a
+row subset of the cache's slots: serve's smaller batch buckets). The layouts: GPT-2's tiny shape, Llama-style (RMSNorm,
+SwiGLU, rope, GQA, no biases, untied head), NeoX-style (parallel residual, partial rotary, erf GeLU); the precisions: an
+int8 Qwen2-style model (QKV biases only; ``gptlocal quantize``'s scheme: the int8 decode kernel, exact in int32, against
+the plain int8 decode graph), a Llama-style bf16 model built for inference (bfloat16 weights, the bf16-weight decode
+kernel against the plain bf16 decode graph, whose Linears run the same bf16 GEMM kernel) and GPT-2's with the emulated
+bf16 GEMM. Also: the decode graph really calls the kernel, every layout gets it, and the layers it cannot compute keep
+the plain graph."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -146,13 +146,21 @@ def steps_equal(fast, plain, prompts):
         close(*logits, f"decode step {step}", tol)
     for index, (a, b) in enumerate(zip(caches(runners[0]), caches(runners[1]))):
         close(a, b, f"cache tensor {index} after the steps", tol)
-    # the unrolled greedy graph from here on: the same tokens and logits
+    # the kernel's unrolled greedy graph from here on: the tokens and logits of the plain model's one-token steps
+    # fed its own picks (the plain greedy graph gives those too, to 1e-5: test_generation.py's
+    # test_greedy_steps_on_the_device_have_the_tokens_and_logits_of_one_step_decode_and_transformers[compiled-*];
+    # so the plain model compiles no greedy graph here)
     start = positions + STEPS
     tokens = logits[1].argmax(-1)
-    (picked_fast, seen_fast), (picked_plain, seen_plain) = [r.decode_greedy(tokens, start, with_logits=True)
-                                                            for r in runners]
-    np.testing.assert_array_equal(picked_fast, picked_plain)
-    close(seen_fast, seen_plain, "greedy graph logits", tol)
+    picked_fast, seen_fast = runners[0].decode_greedy(tokens, start, with_logits=True)
+    picked_plain, seen_plain = [], []
+    for step in range(runners[0].decode_steps):
+        seen_plain.append(runners[1].decode(tokens, start + step))
+        tokens = seen_plain[-1].argmax(-1)
+        picked_plain.append(tokens)
+    assert runners[0].decode_steps > 1
+    np.testing.assert_array_equal(picked_fast, np.stack(picked_plain, 1))
+    close(seen_fast, np.stack(seen_plain, 1), "greedy graph logits", tol)
     for index, (a, b) in enumerate(zip(caches(runners[0]), caches(runners[1]))):
         close(a, b, f"cache tensor {index} after the greedy graph", tol)
 
@@ -163,12 +171,14 @@ def test_generate_and_a_row_subset_of_the_slots(models):
     bucket: rows name their slots) writes and reads only those slots. On the tiny shape: the way from ``generate``
     and the slots to the kernel is the same for every weight layout, which the step tests check by value."""
     fast, plain = models
-    prompts = [[7, 3, 9, 1], list(range(40, 53))]
+    # 3 rows, the longest prompt 18 (width bucket 32) and a 64-row cache: the runners and prefill graphs of
+    # test_every_step_equals_the_plain_decode_graph[tiny] (RAGGED), compiled once
+    prompts = [[7, 3, 9, 1], list(range(40, 58)), [2, 5]]
     assert fast.generate(prompts, max_new_tokens=20, do_sample=False) == \
         plain.generate(prompts, max_new_tokens=20, do_sample=False)
     runners = [m.kv_cache(3, 40) for m in (fast, plain)]
     for r in runners:
-        r.prefill([[4, 5, 6], [9] * 11, [2, 8]])
+        r.prefill([[4, 5, 6], [9] * 17, [2, 8]])
     slots, positions = np.array([2, 0]), np.array([[2], [3]])
     for step in range(3):
         got = [r.step([[11 + step], [13 + step]], positions + step, [0, 0], slots) for r in runners]
@@ -180,7 +190,8 @@ def test_generate_and_a_row_subset_of_the_slots(models):
 def test_the_decode_graph_calls_the_kernel(graph_mode):
     """An argument vector of the wrong length fails the kernel's call: the decode graph fails, the prefill graph
     and a multi-token step over the cache (serve's prefill chunks), which do not run the kernel, do not."""
-    fast, _ = pair({})
+    fast = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, cpu_kernels={"decode_layer": "kernel", "runner": "plain"})))
+    fast.set_train(False)
     for layer in fast.model.layers:
         layer.decode_kernel.config = Tensor(np.ones(2, np.float32))
     runner = fast.kv_cache(1, 30)

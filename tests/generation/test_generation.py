@@ -1,6 +1,8 @@
 """Generation with the explicit KV cache: equal to recomputation, equal to transformers, bad input; through both
 runners (``RUNNERS``: the native one, generate's default on CPU, ``runtime/native.py``; the compiled graphs,
 ``cpu_kernels: {runner: plain}``, ``runtime/runner.py``)."""
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,34 @@ from conftest import TINY
 
 PROMPTS = [[5, 17, 42, 7, 99, 3, 11], [8, 1], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310], [77]]
 RUNNERS = {"native": {}, "compiled": dict(cpu_kernels={"runner": "plain"})}  # model_config keys of each runner
+# The references without the cache (the whole sequence through the model's forward each token, and transformers'),
+# computed once for both runners: their models hold the same weights (the digest is in the key) and differ only in
+# ``cpu_kernels: {runner}``, which picks how the cached path runs, not the forward these references run
+REFERENCES = {}
+
+
+def digest(model):
+    """sha256 over the model's weights, in parameter order."""
+    hashed = hashlib.sha256()
+    for name, param in model.parameters_and_names():
+        hashed.update(name.encode())
+        hashed.update(param.asnumpy().tobytes())
+    return hashed.hexdigest()
+
+
+def shared(key, compute):
+    """``REFERENCES[key]``, computed by ``compute()`` the first time."""
+    if key not in REFERENCES:
+        REFERENCES[key] = compute()
+    return REFERENCES[key]
+
+
+def recomputed(model, prompts, max_new, label="", **kwargs):
+    """``generate(prompts, max_new_tokens=max_new, do_sample=False, use_past=False, **kwargs)``: greedy tokens
+    recomputing the whole sequence each step, the cache's reference (``label`` names ``kwargs`` in the key)."""
+    key = ("recomputed", digest(model), repr(prompts), max_new, label)
+    return shared(key, lambda: model.generate(prompts, max_new_tokens=max_new, do_sample=False, use_past=False,
+                                              **kwargs))
 
 
 @pytest.fixture(scope="module", params=sorted(RUNNERS))
@@ -29,7 +59,7 @@ def model(request):
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch4-ragged"])
 def test_cache_gives_the_same_greedy_tokens_as_recomputation(model, prompts):
     cached = model.generate(prompts, max_new_tokens=12, do_sample=False, use_past=True)
-    plain = model.generate(prompts, max_new_tokens=12, do_sample=False, use_past=False)
+    plain = recomputed(model, prompts, 12)
     assert cached == plain
     assert [len(c) for c in cached] == [len(p) + 12 for p in prompts]
 
@@ -87,16 +117,22 @@ def test_bad_input(model, prompts, kwargs, error, pattern):
         model.generate(prompts, **kwargs)
 
 
-@pytest.fixture(scope="module", params=sorted(RUNNERS))
-def hf_and_ours(tmp_path_factory, request):
-    """A random HF GPT-2 (non-trivial biases and norms) and the same weights as gpt_local (each runner), in graph
-    mode."""
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory):
+    """A random HF GPT-2 (non-trivial biases and norms) and its gpt_local conversion's folder."""
     from conftest import save_hf
-    ms.set_context(mode=ms.GRAPH_MODE)
     path = tmp_path_factory.mktemp("values")
     hf = save_hf(path / "hf", seed=3, vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     hf_to_ms(str(path / "hf"), str(path / "ms"))
-    ours = GPTLocalForCausalLM.from_pretrained(str(path / "ms"), **RUNNERS[request.param])
+    return hf, str(path / "ms")
+
+
+@pytest.fixture(scope="module", params=sorted(RUNNERS))
+def hf_and_ours(hf_checkpoint, request):
+    """The HF GPT-2 and the same weights as gpt_local (each runner), in graph mode."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    hf, path = hf_checkpoint
+    ours = GPTLocalForCausalLM.from_pretrained(path, **RUNNERS[request.param])
     ours.set_train(False)
     yield hf, ours
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -110,6 +146,7 @@ def test_every_cached_step_has_the_logits_of_the_full_forward_and_of_transformer
     The decoded tokens are random, so every cache row and position is exercised."""
     hf, ours = hf_and_ours
     steps, width = 6, 64
+    weights = digest(ours)
     cache = ours.kv_cache(len(prompts), max(len(p) for p in prompts) + steps)
     logits = cache.prefill(prompts)
     sequences = [list(p) for p in prompts]
@@ -118,10 +155,10 @@ def test_every_cached_step_has_the_logits_of_the_full_forward_and_of_transformer
         block = np.zeros((len(sequences), width), np.int32)  # right padding: causal attention never sees it
         for row, seq in enumerate(sequences):
             block[row, :len(seq)] = seq
-        full = ours(ms.Tensor(block, ms.int32)).asnumpy()
+        full = shared(("full", weights, block.tobytes(), block.shape),
+                      lambda: ours(ms.Tensor(block, ms.int32)).asnumpy())  # noqa: B023 (called here)
         for row, seq in enumerate(sequences):
-            with torch.no_grad():
-                reference = hf(torch.tensor([seq])).logits[0, -1].numpy()
+            reference = shared(("hf", repr(seq)), lambda: hf_logits(hf, seq)[-1])  # noqa: B023 (called here)
             np.testing.assert_allclose(logits[row], full[row, len(seq) - 1], rtol=1e-4, atol=1e-4,
                                        err_msg=f"step {step}, row {row}: cache vs full forward")
             np.testing.assert_allclose(logits[row], reference, rtol=1e-4, atol=1e-4,
@@ -158,9 +195,14 @@ def test_greedy_steps_on_the_device_have_the_tokens_and_logits_of_one_step_decod
         assert picks[:, step].tolist() == tokens.tolist()
     for row, prompt in enumerate(prompts):
         sequence = list(prompt) + [int(first[row])] + picks[row, :-1].tolist()
-        with torch.no_grad():
-            reference = hf(torch.tensor([sequence])).logits[0, len(prompt):].numpy()
+        reference = hf_logits(hf, sequence)[len(prompt):]
         np.testing.assert_allclose(logits[row], reference, rtol=1e-4, atol=1e-4, err_msg=f"row {row}")
+
+
+def hf_logits(hf, sequence):
+    """transformers' logits [len(sequence), V] over the whole sequence."""
+    with torch.no_grad():
+        return hf(torch.tensor([sequence])).logits[0].numpy()
 
 
 def _one_step_generate(model, prompts, max_new, **kwargs):
@@ -180,7 +222,8 @@ def _one_step_generate(model, prompts, max_new, **kwargs):
     (PROMPTS, 10, dict(stop_when="second")),  # a stop rule ends rows inside a chunk
 ], ids=["chunks", "last-row", "eos", "stop_when"])
 def test_multi_step_greedy_generate_equals_one_step_and_recomputation(model, prompts, max_new, kwargs):
-    reference = model.generate(prompts, max_new_tokens=max_new, do_sample=False, use_past=False)
+    reference = recomputed(model, prompts, max_new)
+    label = repr(kwargs)
     if kwargs.get("eos_token_id") == "third":
         kwargs = dict(eos_token_id=reference[0][len(prompts[0]) + 2])
     if kwargs.get("stop_when") == "second":
@@ -188,7 +231,7 @@ def test_multi_step_greedy_generate_equals_one_step_and_recomputation(model, pro
             return [len(g) >= 2 + row for row, g in zip(rows, generated)]
         kwargs = dict(stop_when=stop)
     if kwargs:
-        reference = model.generate(prompts, max_new_tokens=max_new, do_sample=False, use_past=False, **kwargs)
+        reference = recomputed(model, prompts, max_new, label, **kwargs)
     multi = model.generate(prompts, max_new_tokens=max_new, do_sample=False, **kwargs)
     assert multi == _one_step_generate(model, prompts, max_new, do_sample=False, **kwargs) == reference
     assert model.kv_cache(len(prompts), max(len(p) for p in prompts) + max_new).decode_steps == 8

@@ -56,11 +56,26 @@ BF16_TOLERANCE = 3e-3
 INT8_TOLERANCE = 5e-3
 
 
+BUILT = {}  # (layout name, precision) -> models(): built once per process, shared by the tests of one layout
+
+
 def models(layout, precision="float32", seed=3):
     """(the native-runner model, the compiled plain one) on the same weights, in inference mode (``layout``: a name of
     ``LAYOUTS`` or the config changes themselves): a float model's made
     from ``seed``, quantized as ``gptlocal quantize`` does for int8, the native one built for inference (bf16: its
-    weights then bfloat16)."""
+    weights then bfloat16). A named layout's pair is built once (``BUILT``) and shared by every test of it: each
+    test's runners are its own (each a batch size and cache length of the models' runner pools, or its own
+    ``NativeRunner``), only the weights and the plain model's compiled graphs of a shape are shared."""
+    key = (layout, precision, seed) if isinstance(layout, str) else None
+    if key is not None and key in BUILT:
+        return BUILT[key]
+    built = _build(layout, precision, seed)
+    if key is not None:
+        BUILT[key] = built
+    return built
+
+
+def _build(layout, precision, seed):
     changes = dict(TINY, **(LAYOUTS[layout] if isinstance(layout, str) else layout))
     ms.set_seed(seed)
     source = GPTLocalForCausalLM(GPTLocalConfig(**changes))
@@ -201,11 +216,13 @@ def test_a_call_longer_than_its_rows_runs_as_column_chunks(graph_mode):  # pylin
 
 def test_generate_gives_the_compiled_runners_tokens(graph_mode):  # pylint: disable=unused-argument
     native, plain = models("llama")
-    prompts = [[7, 3, 9, 1], list(range(40, 53))]
+    # 3 rows, the longest prompt 18 (width bucket 32), a 64-row cache: the compiled runner and its prefill and
+    # one-token graphs of test_every_step_equals_the_compiled_plain_runner[llama-float32] (the same models)
+    prompts = [[7, 3, 9, 1], list(range(40, 58)), [2, 5]]
     for options in (dict(do_sample=False), dict(do_sample=True, temperature=1.3, top_k=40, seed=5)):
         assert native.generate(prompts, max_new_tokens=20, **options) == \
             plain.generate(prompts, max_new_tokens=20, **options), options
-    assert type(native.kv_cache(2, 33)) is NativeRunner  # noqa: E721
+    assert type(native.kv_cache(3, 38)) is NativeRunner  # noqa: E721
 
 
 @pytest.mark.parametrize("changes,kind", [
