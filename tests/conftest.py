@@ -217,6 +217,79 @@ def tiny_trained_run(corpus, tmp_path_factory):
     return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(tmp), "output", "model")}
 
 
+# --- uninterrupted reference runs, one per YAML content for the whole session (every xdist worker) --------------
+def _corpus_fingerprint(folder):
+    """sha256 of the prepared corpus's files (but meta.json, which holds its paths and timing): prepare-data writes
+    the same bytes in every worker, so the same fingerprint names the same data wherever it is."""
+    digest = hashlib.sha256()
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            if name != "meta.json":
+                with open(os.path.join(root, name), "rb") as handle:
+                    digest.update(os.path.relpath(os.path.join(root, name), folder).encode() + b"\0")
+                    digest.update(hashlib.sha256(handle.read()).digest())
+    return digest.hexdigest()
+
+
+def _reference_key(config, corpus_folder):
+    """The run's identity: the YAML without output_dir and without its checkpoint monitors (where and whether
+    checkpoints are saved changes no loss), the corpus named by its content rather than its path."""
+    import json
+    config = dict(config)
+    config.pop("output_dir", None)
+    config["callbacks"] = [c for c in config.get("callbacks") or [] if not c["type"].endswith("CheckpointMonitor")]
+    fingerprint = _corpus_fingerprint(corpus_folder)
+
+    def named(value):
+        if isinstance(value, dict):
+            return {key: named(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [named(item) for item in value]
+        if isinstance(value, str) and value.startswith(corpus_folder + os.sep):
+            return f"<corpus {fingerprint}>" + value[len(corpus_folder):]
+        return value
+    return hashlib.sha256(json.dumps(named(config), sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+# The tiny CPU YAML with dropout on (hidden and attention 0.1) for SHARED_STEPS steps: the run that
+# test_stop_signals, test_crash_safe and test_resume (MindRecord) stop, kill and resume, so its uninterrupted
+# losses are run once for the three (uninterrupted_run).
+SHARED_STEPS = 40
+SHARED_CHANGES = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
+                      train_dataset__data_loader__num_samples=4 * SHARED_STEPS)
+
+
+def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
+    """(exit code, output) of ``gptlocal run --config YAML`` run once per session for every test that compares
+    against the same YAML's uninterrupted losses: the YAML's content (checkpoint monitors and output_dir left out,
+    ``_reference_key``) keys a store on disk shared by the xdist workers (loadfile: separate processes), a file lock
+    making the first asker run it and the others wait for its result. The run saves no checkpoint."""
+    import json
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "uninterrupted_runs"
+    store.mkdir(exist_ok=True)
+    config = yaml_io.load_yaml(str(yaml_path))
+    key = _reference_key(config, os.path.dirname(corpus["train_mindrecord"]))
+    result = store / f"{key}.json"
+    with FileLock(str(store / f"{key}.lock"), timeout=1200):
+        if not result.exists():
+            folder = store / key
+            folder.mkdir(exist_ok=True)
+            config["output_dir"] = str(folder / "output")
+            config["callbacks"] = [c for c in config.get("callbacks") or []
+                                   if not c["type"].endswith("CheckpointMonitor")]
+            path = yaml_io.dump_yaml(config, str(folder / "run.yaml"))
+            code, out = run_launcher(["--config", path], cwd=str(folder))
+            with open(str(result) + ".tmp", "w", encoding="utf-8") as handle:
+                json.dump({"code": code, "out": out}, handle)
+            os.replace(str(result) + ".tmp", result)
+    with open(result, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    return saved["code"], saved["out"]
+
+
 # --- shared by several test files (were imported from one test file by another) ---
 def snapshot(folder, skip=()):
     """relative path -> sha256 of every file under ``folder``, but those under a top-level folder named in ``skip``
