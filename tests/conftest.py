@@ -218,17 +218,19 @@ def tiny_trained_run(corpus, tmp_path_factory):
 
 
 # --- uninterrupted reference runs, one per YAML content for the whole session (every xdist worker) --------------
+CORPUS_FILES = ("train.mindrecord", "train.mindrecord.db", "eval.mindrecord", "eval.mindrecord.db",
+                "megatron/train_text_document.bin", "megatron/train_text_document.idx", "model/config.json",
+                "model/tokenizer.json", "model/tokenizer_config.json", "model/tokenizer_id")
+
+
 def _corpus_fingerprint(folder):
-    """sha256 of the prepared corpus's files (but meta.json, which holds its paths and timing): prepare-data writes
-    the same bytes in every worker, so the same fingerprint names the same data wherever it is."""
+    """sha256 of the prepared corpus's files (CORPUS_FILES: not meta.json, which holds its paths and timing, nor
+    the index caches a Megatron run writes beside them later): prepare-data writes the same bytes in every worker,
+    so the same fingerprint names the same data wherever it is."""
     digest = hashlib.sha256()
-    for root, dirs, names in os.walk(folder):
-        dirs.sort()
-        for name in sorted(names):
-            if name != "meta.json":
-                with open(os.path.join(root, name), "rb") as handle:
-                    digest.update(os.path.relpath(os.path.join(root, name), folder).encode() + b"\0")
-                    digest.update(hashlib.sha256(handle.read()).digest())
+    for name in CORPUS_FILES:
+        with open(os.path.join(folder, name), "rb") as handle:
+            digest.update(name.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
     return digest.hexdigest()
 
 
@@ -258,6 +260,19 @@ def _reference_key(config, corpus_folder):
 SHARED_STEPS = 40
 SHARED_CHANGES = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
                       train_dataset__data_loader__num_samples=4 * SHARED_STEPS)
+
+
+def megatron_changes(corpus, steps):
+    """The tiny Megatron YAML's changes (``tiny_yaml``) for a ``steps``-step run on the corpus's .bin/.idx, dropout
+    on and a dynamic loss scale (4096, doubling every 3 clean steps): test_resume's exact resume, whose
+    uninterrupted run test_launcher_runs' Megatron run is (uninterrupted_run)."""
+    prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
+    return dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
+                train_dataset__data_loader__sizes=[4 * steps, 0, 0],
+                train_dataset__data_loader__config__seq_length=64,
+                train_dataset__data_loader__config__data_path=["1", prefix],
+                runner_wrapper__scale_sense={"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096,
+                                             "scale_factor": 2, "scale_window": 3})
 
 
 def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
