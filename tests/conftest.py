@@ -199,10 +199,11 @@ TRAINED_STEPS = 20
 
 @pytest.fixture(scope="session")
 def tiny_trained_run(corpus, tmp_path_factory):
-    """The shipped tiny CPU YAML (GPTLocalAdamW, its own callbacks) trained TRAINED_STEPS steps at lr 3e-3 through
-    the launcher, printing every step: {"out": launcher output, "losses": step losses, "model_dir": the model
-    directory its GPTLocalSaveModelDir wrote}. One launch serves test_launcher_runs (eval, predict, finetune from
-    it) and test_optim (the fast side of the fast-vs-plain loss curve)."""
+    """The shipped tiny CPU YAML (GPTLocalAdamW, its own callbacks but the checkpoint monitor) trained TRAINED_STEPS
+    steps at lr 3e-3 through the launcher, printing every step: {"out": launcher output, "losses": step losses,
+    "model_dir": the model directory its GPTLocalSaveModelDir wrote}. One launch (conftest's uninterrupted_run, so
+    one for both xdist workers) serves test_launcher_runs (eval, predict, finetune from it), test_optim (the fast
+    side of the fast-vs-plain loss curve) and test_bf16_training (the float32 side)."""
     tmp = tmp_path_factory.mktemp("tiny_trained")
     yaml_path = tiny_yaml(tmp, corpus=corpus, train_dataset__data_loader__num_samples=TRAINED_STEPS * 4,
                           lr_schedule__learning_rate=3e-3)
@@ -212,9 +213,9 @@ def tiny_trained_run(corpus, tmp_path_factory):
         if callback["type"] == "GPTLocalThroughputMonitor":
             callback["per_print_times"] = 1
     yaml_io.dump_yaml(config, yaml_path)
-    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp))
+    code, out, folder = _stored_run(tmp_path_factory, corpus, yaml_path)
     assert code == 0, out[-3000:]
-    return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(tmp), "output", "model")}
+    return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(folder), "output", "model")}
 
 
 # --- uninterrupted reference runs, one per YAML content for the whole session (every xdist worker) --------------
@@ -280,6 +281,11 @@ def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
     against the same YAML's uninterrupted losses: the YAML's content (checkpoint monitors and output_dir left out,
     ``_reference_key``) keys a store on disk shared by the xdist workers (loadfile: separate processes), a file lock
     making the first asker run it and the others wait for its result. The run saves no checkpoint."""
+    return _stored_run(tmp_path_factory, corpus, yaml_path)[:2]
+
+
+def _stored_run(tmp_path_factory, corpus, yaml_path):
+    """uninterrupted_run's (exit code, output, the folder it ran in: its output_dir is folder/output)."""
     import json
     from filelock import FileLock
     base = tmp_path_factory.getbasetemp()
@@ -287,10 +293,9 @@ def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
     store.mkdir(exist_ok=True)
     config = yaml_io.load_yaml(str(yaml_path))
     key = _reference_key(config, os.path.dirname(corpus["train_mindrecord"]))
-    result = store / f"{key}.json"
+    result, folder = store / f"{key}.json", store / key
     with FileLock(str(store / f"{key}.lock"), timeout=1200):
         if not result.exists():
-            folder = store / key
             folder.mkdir(exist_ok=True)
             config["output_dir"] = str(folder / "output")
             config["callbacks"] = [c for c in config.get("callbacks") or []
@@ -302,7 +307,7 @@ def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
             os.replace(str(result) + ".tmp", result)
     with open(result, encoding="utf-8") as handle:
         saved = json.load(handle)
-    return saved["code"], saved["out"]
+    return saved["code"], saved["out"], folder
 
 
 # --- shared by several test files (were imported from one test file by another) ---
