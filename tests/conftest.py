@@ -199,10 +199,11 @@ TRAINED_STEPS = 20
 
 @pytest.fixture(scope="session")
 def tiny_trained_run(corpus, tmp_path_factory):
-    """The shipped tiny CPU YAML (GPTLocalAdamW, its own callbacks) trained TRAINED_STEPS steps at lr 3e-3 through
-    the launcher, printing every step: {"out": launcher output, "losses": step losses, "model_dir": the model
-    directory its GPTLocalSaveModelDir wrote}. One launch serves test_launcher_runs (eval, predict, finetune from
-    it) and test_optim (the fast side of the fast-vs-plain loss curve)."""
+    """The shipped tiny CPU YAML (GPTLocalAdamW, its own callbacks but the checkpoint monitor) trained TRAINED_STEPS
+    steps at lr 3e-3 through the launcher, printing every step: {"out": launcher output, "losses": step losses,
+    "model_dir": the model directory its GPTLocalSaveModelDir wrote}. One launch (conftest's uninterrupted_run, so
+    one for both xdist workers) serves test_launcher_runs (eval, predict, finetune from it), test_optim (the fast
+    side of the fast-vs-plain loss curve) and test_bf16_training (the float32 side)."""
     tmp = tmp_path_factory.mktemp("tiny_trained")
     yaml_path = tiny_yaml(tmp, corpus=corpus, train_dataset__data_loader__num_samples=TRAINED_STEPS * 4,
                           lr_schedule__learning_rate=3e-3)
@@ -212,9 +213,101 @@ def tiny_trained_run(corpus, tmp_path_factory):
         if callback["type"] == "GPTLocalThroughputMonitor":
             callback["per_print_times"] = 1
     yaml_io.dump_yaml(config, yaml_path)
-    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp))
+    code, out, folder = _stored_run(tmp_path_factory, corpus, yaml_path)
     assert code == 0, out[-3000:]
-    return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(tmp), "output", "model")}
+    return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(folder), "output", "model")}
+
+
+# --- uninterrupted reference runs, one per YAML content for the whole session (every xdist worker) --------------
+CORPUS_FILES = ("train.mindrecord", "train.mindrecord.db", "eval.mindrecord", "eval.mindrecord.db",
+                "megatron/train_text_document.bin", "megatron/train_text_document.idx", "model/config.json",
+                "model/tokenizer.json", "model/tokenizer_config.json", "model/tokenizer_id")
+
+
+def _corpus_fingerprint(folder):
+    """sha256 of the prepared corpus's files (CORPUS_FILES: not meta.json, which holds its paths and timing, nor
+    the index caches a Megatron run writes beside them later): prepare-data writes the same bytes in every worker,
+    so the same fingerprint names the same data wherever it is."""
+    digest = hashlib.sha256()
+    for name in CORPUS_FILES:
+        with open(os.path.join(folder, name), "rb") as handle:
+            digest.update(name.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+    return digest.hexdigest()
+
+
+def _reference_key(config, corpus_folder):
+    """The run's identity: the YAML without output_dir and without its checkpoint monitors (where and whether
+    checkpoints are saved changes no loss), the corpus named by its content rather than its path."""
+    import json
+    config = dict(config)
+    config.pop("output_dir", None)
+    config["callbacks"] = [c for c in config.get("callbacks") or [] if not c["type"].endswith("CheckpointMonitor")]
+    fingerprint = _corpus_fingerprint(corpus_folder)
+
+    def named(value):
+        if isinstance(value, dict):
+            return {key: named(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [named(item) for item in value]
+        if isinstance(value, str) and value.startswith(corpus_folder + os.sep):
+            return f"<corpus {fingerprint}>" + value[len(corpus_folder):]
+        return value
+    return hashlib.sha256(json.dumps(named(config), sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+# The tiny CPU YAML with dropout on (hidden and attention 0.1) for SHARED_STEPS steps: the run that
+# test_stop_signals, test_crash_safe and test_resume (MindRecord) stop, kill and resume, so its uninterrupted
+# losses are run once for the three (uninterrupted_run).
+SHARED_STEPS = 40
+SHARED_CHANGES = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
+                      train_dataset__data_loader__num_samples=4 * SHARED_STEPS)
+
+
+def megatron_changes(corpus, steps):
+    """The tiny Megatron YAML's changes (``tiny_yaml``) for a ``steps``-step run on the corpus's .bin/.idx, dropout
+    on and a dynamic loss scale (4096, doubling every 3 clean steps): test_resume's exact resume, whose
+    uninterrupted run test_launcher_runs' Megatron run is (uninterrupted_run)."""
+    prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
+    return dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
+                train_dataset__data_loader__sizes=[4 * steps, 0, 0],
+                train_dataset__data_loader__config__seq_length=64,
+                train_dataset__data_loader__config__data_path=["1", prefix],
+                runner_wrapper__scale_sense={"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096,
+                                             "scale_factor": 2, "scale_window": 3})
+
+
+def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
+    """(exit code, output) of ``gptlocal run --config YAML`` run once per session for every test that compares
+    against the same YAML's uninterrupted losses: the YAML's content (checkpoint monitors and output_dir left out,
+    ``_reference_key``) keys a store on disk shared by the xdist workers (loadfile: separate processes), a file lock
+    making the first asker run it and the others wait for its result. The run saves no checkpoint."""
+    return _stored_run(tmp_path_factory, corpus, yaml_path)[:2]
+
+
+def _stored_run(tmp_path_factory, corpus, yaml_path):
+    """uninterrupted_run's (exit code, output, the folder it ran in: its output_dir is folder/output)."""
+    import json
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "uninterrupted_runs"
+    store.mkdir(exist_ok=True)
+    config = yaml_io.load_yaml(str(yaml_path))
+    key = _reference_key(config, os.path.dirname(corpus["train_mindrecord"]))
+    result, folder = store / f"{key}.json", store / key
+    with FileLock(str(store / f"{key}.lock"), timeout=1200):
+        if not result.exists():
+            folder.mkdir(exist_ok=True)
+            config["output_dir"] = str(folder / "output")
+            config["callbacks"] = [c for c in config.get("callbacks") or []
+                                   if not c["type"].endswith("CheckpointMonitor")]
+            path = yaml_io.dump_yaml(config, str(folder / "run.yaml"))
+            code, out = run_launcher(["--config", path], cwd=str(folder))
+            with open(str(result) + ".tmp", "w", encoding="utf-8") as handle:
+                json.dump({"code": code, "out": out}, handle)
+            os.replace(str(result) + ".tmp", result)
+    with open(result, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    return saved["code"], saved["out"], folder
 
 
 # --- shared by several test files (were imported from one test file by another) ---

@@ -18,10 +18,10 @@ import pytest
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from mindformers_gptlocal.errors import CheckpointError
 from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint, resume_info
-from conftest import Launch, source_env, step_losses
+from conftest import SHARED_CHANGES, SHARED_STEPS, run_launcher, source_env, step_losses, uninterrupted_run
 from conftest import write_yaml
 
-STEPS = 40
+STEPS = SHARED_STEPS  # dropout on: conftest's shared YAML, whose uninterrupted losses test_stop_signals uses too
 KILLS = 4
 BUDGET_S = 150
 
@@ -50,7 +50,7 @@ def _wait_for_training(proc, log_path, deadline):
 def killed_run(corpus, tmp_path_factory):
     """Train with repeated SIGKILLs; returns (yaml, cwd, output checkpoint dir, kill records)."""
     tmp = tmp_path_factory.mktemp("crash")
-    yaml_path = write_yaml(tmp, corpus, save_delay=0.15, train_dataset__data_loader__num_samples=4 * STEPS)
+    yaml_path = write_yaml(tmp, corpus, save_delay=0.15, **SHARED_CHANGES)
     ckpt_dir = str(tmp / "output" / "checkpoint")
     rng = random.Random(7)
     records, start = [], time.time()
@@ -89,19 +89,17 @@ def test_each_kill_leaves_a_complete_checkpoint(killed_run):
             assert ckpt_manifest.verify(ckpt_dir, entry) is None
 
 
-def test_resume_after_kills_finishes_like_an_uninterrupted_run(killed_run, corpus, tmp_path):
+def test_resume_after_kills_finishes_like_an_uninterrupted_run(killed_run, corpus, tmp_path, tmp_path_factory):
     yaml_path, cwd, _, records = killed_run
-    reference_yaml = write_yaml(tmp_path, corpus, train_dataset__data_loader__num_samples=4 * STEPS)
-    resume = Launch(["--config", yaml_path, "--resume_training", "True"], cwd=cwd)
-    reference = Launch(["--config", reference_yaml], cwd=str(tmp_path))  # independent of the resume: they overlap
-    code, out = resume.result()
+    code, out = run_launcher(["--config", yaml_path, "--resume_training", "True"], cwd=cwd)
     assert code == 0, out[-3000:]
     resumed = step_losses(out)
     assert resumed and f"step {STEPS}/{STEPS}" in out, out[-3000:]
 
-    code, ref = reference.result()
+    code, ref = uninterrupted_run(tmp_path_factory, corpus, yaml_path)  # (its checkpoint monitor left out)
     assert code == 0, ref[-3000:]
-    assert resumed == step_losses(ref)[-len(resumed):]
+    reference = step_losses(ref)
+    assert len(reference) == STEPS and resumed == reference[-len(resumed):], (resumed, reference)
 
 
 def test_truncated_and_temp_files_are_never_resumed(killed_run, tmp_path):

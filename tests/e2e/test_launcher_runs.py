@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from conftest import REPO, TRAINED_STEPS, Launch, run_launcher, source_env, step_losses, tiny_yaml
+from conftest import REPO, TRAINED_STEPS, Launch, megatron_changes, run_launcher, source_env, step_losses, tiny_yaml
+from conftest import uninterrupted_run, write_yaml
 
 STEPS = TRAINED_STEPS  # conftest.tiny_trained_run: one 20-step launch shared with test_optim
 
@@ -77,16 +78,14 @@ def test_predict_returns_text(from_trained):
     assert len(texts) == 1 and texts[0].startswith("def main(") and len(texts[0]) > len("def main(")
 
 
-def test_train_from_megatron_bin_idx(corpus, tmp_path):
-    prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
-    yaml_path = tiny_yaml(tmp_path, "pretrain_gpt_local_tiny_cpu_megatron.yaml", corpus=corpus,
-                          train_dataset__data_loader__sizes=[24, 0, 0],
-                          train_dataset__data_loader__config__seq_length=64,
-                          train_dataset__data_loader__config__data_path=["1", prefix])
-    _set_print_every_step(yaml_path)
-    code, out = run_launcher(["--config", yaml_path], cwd=str(tmp_path))
+def test_train_from_megatron_bin_idx(corpus, tmp_path, tmp_path_factory):
+    """The tiny Megatron YAML trains on the corpus's .bin/.idx: test_resume's Megatron run (dropout on, a dynamic
+    loss scale), run once for both (conftest's uninterrupted_run)."""
+    yaml_path = write_yaml(tmp_path, corpus, "pretrain_gpt_local_tiny_cpu_megatron.yaml",
+                           **megatron_changes(corpus, 8))
+    code, out = uninterrupted_run(tmp_path_factory, corpus, yaml_path)
     assert code == 0, out[-3000:]
-    assert len(step_losses(out)) == 6
+    assert len(step_losses(out)) == 8
 
 
 def test_register_path_route_without_autoregistration(corpus, tmp_path):

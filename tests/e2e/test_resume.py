@@ -1,4 +1,4 @@
-"""Exact resume: N steps, stop, ``--resume_training True``; steps N+1..2N equal an uninterrupted run bit for bit,
+"""Exact resume: N steps, stop, ``--resume_training True``; the steps after N equal an uninterrupted run bit for bit,
 with dropout on (hidden and attention 0.1: counter-based masks, model/dropout.py).
 
 Covers shuffled MindRecord with a fixed loss scale (saved by MindFormers' stock CheckpointMonitor), and
@@ -7,23 +7,25 @@ resume too; saved by GPTLocalCheckpointMonitor). Single card, fp32 on CPU.
 """
 import os
 
-from conftest import TINY, Launch, launch_in_process, run_launcher, step_losses, write_yaml
+from conftest import SHARED_CHANGES, SHARED_STEPS, Launch, launch_in_process, run_launcher, step_losses
+from conftest import megatron_changes, uninterrupted_run, write_yaml
 
 N = 4
 
 
-def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonitor", **changes):
-    changes = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1, **changes)
-    full = write_yaml(tmp_path / "full", corpus, name, **changes)
+def assert_exact_resume(tmp_path, tmp_path_factory, corpus, name, steps, monitor="GPTLocalCheckpointMonitor",
+                        **changes):
+    """A run of ``steps`` steps stopped after N (``runner_config.stop_step``), resumed: the uninterrupted losses bit
+    for bit (those from conftest's uninterrupted_run, shared by every test of the same YAML)."""
+    assert changes["model__model_config__hidden_dropout"] == changes["model__model_config__attention_dropout"] == 0.1
     part = write_yaml(tmp_path / "part", corpus, name, monitor, **changes)
-    uninterrupted = Launch(["--config", full], cwd=str(tmp_path / "full"))
-    if "megatron" in name:  # both would write the same GPTDataset index cache next to the corpus: one at a time
-        uninterrupted.result()
     stopped = Launch(["--config", part, "--runner_config.stop_step", str(N)], cwd=str(tmp_path / "part"))
-    code, out = uninterrupted.result()  # (MindRecord: the two independent runs overlap)
+    if "megatron" in name:  # both would write the same GPTDataset index cache next to the corpus: one at a time
+        stopped.result()
+    code, out = uninterrupted_run(tmp_path_factory, corpus, part)  # (its checkpoint monitor left out)
     assert code == 0, out[-3000:]
     reference = step_losses(out)
-    assert len(reference) == 2 * N, out[-3000:]
+    assert len(reference) == steps, out[-3000:]
 
     code, first = stopped.result()
     assert code == 0, first[-3000:]
@@ -40,21 +42,18 @@ def assert_exact_resume(tmp_path, corpus, name, monitor="GPTLocalCheckpointMonit
     return out, second
 
 
-def test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout(tmp_path, corpus):
+def test_resume_mindrecord_shuffled_is_exact_from_stock_rank0_layout(tmp_path, tmp_path_factory, corpus):
     """The interrupted run saves with MindFormers' own CheckpointMonitor (checkpoint/rank_0/, which single-card
-    MindFormers refuses to resume from): the pre-flight resolves it to the newest whole file."""
-    assert_exact_resume(tmp_path, corpus, "pretrain_gpt_local_tiny_cpu.yaml", monitor="CheckpointMonitor",
-                        train_dataset__data_loader__num_samples=8 * N, lr_schedule__warmup_ratio=0.3)
+    MindFormers refuses to resume from): the pre-flight resolves it to the newest whole file. conftest's shared
+    YAML (SHARED_STEPS steps, dropout on), whose uninterrupted losses test_stop_signals and test_crash_safe use too."""
+    assert_exact_resume(tmp_path, tmp_path_factory, corpus, "pretrain_gpt_local_tiny_cpu.yaml", SHARED_STEPS,
+                        monitor="CheckpointMonitor", **SHARED_CHANGES)
     assert os.path.isdir(tmp_path / "part" / "output" / "checkpoint" / "rank_0")
 
 
-def test_resume_megatron_dynamic_loss_scale_is_exact(tmp_path, corpus):
-    prefix = os.path.join(os.path.dirname(corpus["train_mindrecord"]), "megatron", "train_text_document")
-    scale = {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096, "scale_factor": 2, "scale_window": 3}
-    full, resumed = assert_exact_resume(
-        tmp_path, corpus, "pretrain_gpt_local_tiny_cpu_megatron.yaml",
-        train_dataset__data_loader__sizes=[8 * N, 0, 0], train_dataset__data_loader__config__seq_length=64,
-        train_dataset__data_loader__config__data_path=["1", prefix], runner_wrapper__scale_sense=scale)
+def test_resume_megatron_dynamic_loss_scale_is_exact(tmp_path, tmp_path_factory, corpus):
+    full, resumed = assert_exact_resume(tmp_path, tmp_path_factory, corpus, "pretrain_gpt_local_tiny_cpu_megatron.yaml",
+                                        2 * N, **megatron_changes(corpus, 2 * N))
     assert "loss scale raised 4096 -> 8192" in full
     assert "step 6: loss scale raised 8192 -> 16384" in full
     assert "step 6: loss scale raised 8192 -> 16384" in resumed  # scale and window count carried over the stop

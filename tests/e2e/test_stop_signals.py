@@ -16,18 +16,18 @@ import time
 
 import pytest
 
-from conftest import Launch, launch_in_process, snapshot, source_env, step_losses, tiny_yaml
+from conftest import SHARED_CHANGES, SHARED_STEPS, Launch, launch_in_process, snapshot, source_env, step_losses
+from conftest import tiny_yaml, uninterrupted_run
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 
-STEPS = 16
+STEPS = SHARED_STEPS
 SIGNAL_AFTER = 4  # the signal is sent once this step's line is out
 
 
 def _yaml(folder, corpus, save_delay=0.0):
     folder.mkdir(exist_ok=True)
-    path = tiny_yaml(folder, corpus=corpus, train_dataset__data_loader__num_samples=4 * STEPS,
-                     model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1)
+    path = tiny_yaml(folder, corpus=corpus, **SHARED_CHANGES)
     config = yaml_io.load_yaml(path)
     for callback in config["callbacks"]:
         if callback["type"] == "GPTLocalThroughputMonitor":
@@ -41,13 +41,14 @@ def _yaml(folder, corpus, save_delay=0.0):
 
 @pytest.fixture(scope="module")
 def uninterrupted(corpus, tmp_path_factory):
-    """The run the stopped ones are compared with, started once for the module (in the background: ``Launch``)."""
+    """The run the stopped ones are compared with: conftest's uninterrupted_run, once for the session (the same YAML
+    as test_crash_safe's and test_resume's MindRecord run)."""
     folder = tmp_path_factory.mktemp("stop") / "full"
-    return Launch(["--config", _yaml(folder, corpus)], cwd=str(folder))
+    return uninterrupted_run(tmp_path_factory, corpus, _yaml(folder, corpus))
 
 
 def _reference_losses(uninterrupted):
-    code, full = uninterrupted.result()
+    code, full = uninterrupted
     assert code == 0, full[-3000:]
     losses = step_losses(full)
     assert len(losses) == STEPS

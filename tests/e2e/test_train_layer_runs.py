@@ -15,29 +15,33 @@ import pytest
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, yaml_io
 from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint
 from mindformers_gptlocal.errors import CheckpointError
-from conftest import Launch, run_launcher, source_env, step_losses, write_yaml
+from conftest import Launch, run_launcher, source_env, step_losses, uninterrupted_run, write_yaml
 
-STEPS = 4
 KERNEL = {"train_layer": "kernel"}
+KILL_STEPS = 12
 
 
-@pytest.mark.parametrize("name", ["pretrain_gpt_local_tiny_cpu.yaml", "pretrain_llama_style_tiny_cpu.yaml"],
-                         ids=["gpt2", "llama"])
-def test_tiny_yaml_trains_with_the_layer_kernel_like_the_plain_graph(tmp_path, corpus, name):
-    changes = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
-                   train_dataset__data_loader__num_samples=4 * STEPS, lr_schedule__warmup_ratio=0.3)
-    runs = {}
-    for side, kernels in (("kernel", KERNEL), ("plain", "plain")):
-        path = write_yaml(tmp_path / side, corpus, name, model__model_config__cpu_kernels=kernels, **changes)
-        if side == "kernel":
-            builds_the_kernel(path)
-        runs[side] = Launch(["--config", path], cwd=str(tmp_path / side))
+def _changes(steps, kernels):
+    return dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
+                model__model_config__cpu_kernels=kernels, train_dataset__data_loader__num_samples=4 * steps,
+                lr_schedule__warmup_ratio=0.3)
+
+
+# GPT-2's runs KILL_STEPS steps: its kernel run (conftest's uninterrupted_run) is the SIGKILL test's reference too.
+@pytest.mark.parametrize("name,steps", [("pretrain_gpt_local_tiny_cpu.yaml", KILL_STEPS),
+                                        ("pretrain_llama_style_tiny_cpu.yaml", 4)], ids=["gpt2", "llama"])
+def test_tiny_yaml_trains_with_the_layer_kernel_like_the_plain_graph(tmp_path, tmp_path_factory, corpus, name,
+                                                                      steps):
+    plain = Launch(["--config", write_yaml(tmp_path / "plain", corpus, name, **_changes(steps, "plain"))],
+                   cwd=str(tmp_path / "plain"))
+    kernel = write_yaml(tmp_path / "kernel", corpus, name, **_changes(steps, KERNEL))
+    builds_the_kernel(kernel)
     losses = {}
-    for side, run in runs.items():
-        code, out = run.result()
+    for side, (code, out) in (("kernel", uninterrupted_run(tmp_path_factory, corpus, kernel)),
+                              ("plain", plain.result())):
         assert code == 0, out[-3000:]
         losses[side] = step_losses(out)
-        assert len(losses[side]) == STEPS, out[-3000:]
+        assert len(losses[side]) == steps, out[-3000:]
     for got, want in zip(losses["kernel"], losses["plain"]):
         assert abs(got - want) <= 1e-4 * abs(want), losses
     assert losses["kernel"][-1] < losses["kernel"][0], losses
@@ -51,18 +55,11 @@ def builds_the_kernel(yaml_path):
     assert all(type(layer.train_kernel).__name__ == "CPUTrainLayer" for layer in layers)
 
 
-KILL_STEPS = 12
-
-
-def test_sigkill_then_resume_with_the_layer_kernel_is_exact(tmp_path, corpus):
+def test_sigkill_then_resume_with_the_layer_kernel_is_exact(tmp_path, tmp_path_factory, corpus):
     """Dropout on (hidden and attention 0.1), the kernel on: a run SIGKILLed once a complete checkpoint of step 3 or
     later exists, then resumed (``--resume_training True``), gives the uninterrupted run's losses bit for bit."""
-    changes = dict(model__model_config__hidden_dropout=0.1, model__model_config__attention_dropout=0.1,
-                   model__model_config__cpu_kernels=KERNEL, train_dataset__data_loader__num_samples=4 * KILL_STEPS,
-                   lr_schedule__warmup_ratio=0.3)
-    killed = write_yaml(tmp_path / "killed", corpus, **changes)
+    killed = write_yaml(tmp_path / "killed", corpus, **_changes(KILL_STEPS, KERNEL))
     builds_the_kernel(killed)
-    reference = Launch(["--config", write_yaml(tmp_path / "full", corpus, **changes)], cwd=str(tmp_path / "full"))
     checkpoints = str(tmp_path / "killed" / "output" / "checkpoint")
     with open(tmp_path / "killed.log", "w", encoding="utf-8") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", killed],
@@ -80,7 +77,7 @@ def test_sigkill_then_resume_with_the_layer_kernel_is_exact(tmp_path, corpus):
     assert 3 <= step < KILL_STEPS
     code, resumed = run_launcher(["--config", killed, "--resume_training", "True"], cwd=str(tmp_path / "killed"))
     assert code == 0, resumed[-3000:]
-    code, full = reference.result()
+    code, full = uninterrupted_run(tmp_path_factory, corpus, killed)  # the gpt2 test's kernel run (checkpoints aside)
     assert code == 0, full[-3000:]
     losses, want = step_losses(resumed), step_losses(full)
     assert len(want) == KILL_STEPS and 0 < len(losses) < KILL_STEPS, (losses, want)
