@@ -71,10 +71,10 @@ def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_co
     assert not bool(overflow) and scales[-1] < 2.0 ** 127  # scale came down until steps went through
 
 
-@pytest.mark.parametrize("max_norm", [0.3, 5.0])
-def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, max_norm):
+def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context):
     """One step with plain SGD (lr 1) moves every weight by exactly the clipped gradient: the gradients of
-    the same batch through GPTLocalClipGradNorm(max_norm), computed apart from the wrapper."""
+    the same batch through GPTLocalClipGradNorm(max_norm), computed apart from the wrapper, at max_norm 0.3 and 5.0
+    (one model, its gradients taken once; each step cell from the same starting weights)."""
     from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
     ms.set_seed(0)
     model = GPTLocalForCausalLM(tiny_config)
@@ -83,13 +83,17 @@ def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, 
     before = [p.asnumpy().copy() for p in params]
     batch = _batch()
     grads = ms.grad(LossOf(model), grad_position=None, weights=params)(*batch)
-    clipped, norm = GPTLocalClipGradNorm(max_norm=max_norm)(grads)
-    assert 1.0 < float(norm) < 5.0  # so clipping at 0.3 clips, at 5.0 does not, and a fixed 1.0 would differ
-    cell = GPTLocalTrainOneStepCell(model, nn.SGD(params, learning_rate=1.0), use_clip_grad=True,
-                                    max_grad_norm=max_norm, scale_sense=1.0)
-    cell.set_train(True)
-    _, overflow, _, _, global_norm = cell(*batch)
-    assert not bool(overflow)
-    np.testing.assert_allclose(float(global_norm), float(norm), rtol=1e-5)
-    for param, start, grad in zip(params, before, clipped):
-        np.testing.assert_allclose(param.asnumpy(), start - grad.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=param.name)
+    for max_norm in (0.3, 5.0):
+        for param, start in zip(params, before):
+            param.set_data(Tensor(start))
+        clipped, norm = GPTLocalClipGradNorm(max_norm=max_norm)(grads)
+        assert 1.0 < float(norm) < 5.0  # so clipping at 0.3 clips, at 5.0 does not, and a fixed 1.0 would differ
+        cell = GPTLocalTrainOneStepCell(model, nn.SGD(params, learning_rate=1.0), use_clip_grad=True,
+                                        max_grad_norm=max_norm, scale_sense=1.0)
+        cell.set_train(True)
+        _, overflow, _, _, global_norm = cell(*batch)
+        assert not bool(overflow)
+        np.testing.assert_allclose(float(global_norm), float(norm), rtol=1e-5)
+        for param, start, grad in zip(params, before, clipped):
+            np.testing.assert_allclose(param.asnumpy(), start - grad.asnumpy(), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{param.name} at max_norm {max_norm}")
