@@ -27,16 +27,22 @@ from conftest import save_tiny_base
 ODD = dict(hidden_size=72, intermediate_size=200)  # qkv 216, fc1 200, fc2 / proj 72: no multiple of 16
 
 
-class _Held(nn.Cell):
-    """The bf16-weight kernel on a bf16 Parameter, as a Linear holds it."""
+class _Sides(nn.Cell):
+    """The float32 GEMM, today's bf16 kernels (precision 1 and 2) on the float32 weight and the bf16-weight kernels
+    on the weight held as a bf16 Parameter, as a Linear holds it: one graph (one compile) for the five."""
 
-    def __init__(self, kernel, weight):
+    def __init__(self, library, weight):
         super().__init__()
-        self.kernel = kernel
+        self.full = linear.CPULinearGEMM(library, threads=2)
+        self.today = nn.CellList([linear.CPULinearGEMM(library, threads=2, precision="bfloat16", emulate=emulate)
+                                  for emulate in (False, True)])
+        self.held = nn.CellList([linear.CPULinearGEMM(library, threads=2, precision="bfloat16", emulate=emulate,
+                                                      bf16_weights=True) for emulate in (False, True)])
         self.weight = Parameter(Tensor(weight, ms.bfloat16), name="weight", requires_grad=False)
 
-    def construct(self, x, bias=None):
-        return self.kernel(x, self.weight, bias)
+    def construct(self, x, w, bias=None):
+        return (self.full(x, w, bias), self.today[0](x, w, bias), self.today[1](x, w, bias),
+                self.held[0](x, self.weight, bias), self.held[1](x, self.weight, bias))
 
 
 @pytest.mark.parametrize("shape", [(1, 77, 109), (7, 77, 109), (33, 130, 70)])
@@ -47,13 +53,8 @@ def test_bf16_weight_kernel_equals_precision_1_and_2(library, graph_mode, shape,
     rows, k, n = shape
     rng = np.random.default_rng(rows + k)
     x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((rows, k), (n, k), (n,)))
-    args = (Tensor(x), Tensor(b)) if bias else (Tensor(x),)
-    full = linear.CPULinearGEMM(library, threads=2)(Tensor(x), Tensor(w), *args[1:]).asnumpy()
-    for emulate in (False, True):
-        today = linear.CPULinearGEMM(library, threads=2, precision="bfloat16", emulate=emulate)
-        held = linear.CPULinearGEMM(library, threads=2, precision="bfloat16", emulate=emulate, bf16_weights=True)
-        want = today(Tensor(x), Tensor(w), *args[1:]).asnumpy()
-        got = _Held(held, w)(*args).asnumpy()
+    full, *outs = (out.asnumpy() for out in _Sides(library, w)(Tensor(x), Tensor(w), *((Tensor(b),) if bias else ())))
+    for emulate, want, got in ((False, outs[0], outs[2]), (True, outs[1], outs[3])):
         np.testing.assert_array_equal(got, want, err_msg=f"emulate={emulate}")
         assert np.abs(got - full).max() > 0
     with pytest.raises(ValueError, match="bf16_weights"):

@@ -95,32 +95,39 @@ def counts(library):
     return train_layer.stats(library)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+def check_float32_step(library, built, step, reference):
+    """The loss and every gradient of the fused side's first step (``step(name)``: (loss, gradients) of side
+    ``name``, the fused side's called first) with errors against the float64 model's ``reference`` (same weights,
+    same dropout masks; ``float64_of`` the plain side) within 8x the plain graph's + 4 u, and each other side's; each layer's backward paired with its forward
+    (no forward run again)."""
+    assert all(type(layer.train_kernel).__name__ == "CPUTrainLayer" for layer in built["fused"].model.layers)
+    assert all(layer.train_kernel is None for name in built if name != "fused" for layer in built[name].model.layers)
+    before = counts(library)
+    loss, grads = step("fused")
+    after = counts(library)
+    assert (after["forwards"] - before["forwards"], after["backwards"] - before["backwards"]) == (2, 2)
+    assert after["recomputed"] == before["recomputed"]
+    for name in built:
+        if name == "fused":
+            continue
+        other_loss, other_grads = step(name)
+        of_plain_size(loss, grads, other_loss, other_grads, reference, name)
+    assert any("linear_qkv.weight" in name and np.abs(grad).max() > 0 for name, grad in grads.items())
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "llama"])  # Llama's: with the AdamW steps
 def test_float32_step_matches_the_plain_graph_and_todays_kernels(library, graph_mode, layout):
-    """The loss and every gradient with errors against the float64 model (same weights, same dropout masks) within
-    8x the plain graph's + 4 u (and, for GPT-2's and Llama's layers, compiled, today's per-op kernels' errors; the
-    other layouts, which differ inside the kernel only, in PYNATIVE: quicker); each layer's backward paired with its
-    forward (no forward run again)."""
+    """``check_float32_step``, and for GPT-2's layers, compiled, today's per-op kernels' errors too (the other
+    layouts, which differ inside the kernel only, in PYNATIVE: quicker; Llama's in the AdamW steps' test below, on
+    the graphs those steps compile)."""
     sides = {"fused": FUSED, "plain": "plain"}
-    if layout in ("gpt2", "llama"):
+    if layout == "gpt2":
         sides["kernels"] = "auto"
     else:
         ms.set_context(mode=ms.PYNATIVE_MODE)  # the fixture sets the mode before the test back afterwards
     built = models(layout, sides)
-    assert all(type(layer.train_kernel).__name__ == "CPUTrainLayer" for layer in built["fused"].model.layers)
-    assert all(layer.train_kernel is None for name in sides if name != "fused" for layer in built[name].model.layers)
-    reference = float64_of(built["plain"], (1.0, batch(), 0, None))
-    before = counts(library)
-    loss, grads = loss_and_grads(built["fused"], batch())
-    after = counts(library)
-    assert (after["forwards"] - before["forwards"], after["backwards"] - before["backwards"]) == (2, 2)
-    assert after["recomputed"] == before["recomputed"]
-    for name in sides:
-        if name == "fused":
-            continue
-        other_loss, other_grads = loss_and_grads(built[name], batch())
-        of_plain_size(loss, grads, other_loss, other_grads, reference, name)
-    assert any("linear_qkv.weight" in name and np.abs(grad).max() > 0 for name, grad in grads.items())
+    check_float32_step(library, built, lambda name: loss_and_grads(built[name], batch()),
+                       float64_of(built["plain"], (1.0, batch(), 0, None)))
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
@@ -139,25 +146,42 @@ def test_bf16_step_within_bf16_rounding(library, pynative_mode, layout):
     assert worst(grads, reference) <= 1.5 * worst(plain_grads, reference)
 
 
-def test_steps_with_an_eval_forward_between_them_train_like_the_plain_graph(library, graph_mode):
-    """Three AdamW steps, an eval forward (the per-op graph, train flag off) after each: the losses (falling) and the
-    eval logits with errors against the float64 model's (same weights, masks and AdamW steps) within 8x the plain
-    graph's + 4 u; every backward paired with its own forward."""
-    built = models("llama", {"fused": FUSED, "plain": "plain"})
+def test_float32_llama_step_and_steps_with_an_eval_forward_between_them_train_like_the_plain_graph(library,
+                                                                                                   graph_mode):
+    """Llama's layers, compiled: ``check_float32_step`` on the first step of each side (today's per-op kernels'
+    errors too), then three AdamW steps, an eval forward (the per-op graph, train flag off) after each: the losses
+    (falling) and the eval logits with errors against the float64 model's (same weights, masks and AdamW steps)
+    within 8x the plain graph's + 4 u; every backward paired with its own forward."""
+    built = models("llama", {"fused": FUSED, "plain": "plain", "kernels": "auto"})
     plain = built["plain"]
     exact_losses, _, exact_logits = gpt_float64_steps(
         float64_weights(plain), (batch()[:, :-1], batch()[:, 1:]), plain.config, 3, 1e-2,
         trainable=[param.name for param in plain.trainable_params()], dropout=True, eval_ids=batch(7)[:, :-1])
-    results = {}
+    reference = float64_of(plain, (1.0, batch(), 0, None))  # (before a LossOf holds the model: its names)
+    steps = {}
     for name, model in built.items():
         weights = model.trainable_params()
-        step = ms.jit(ms.value_and_grad(LossOf(model), None, weights=weights))
+        steps[name] = weights, ms.jit(ms.value_and_grad(LossOf(model), None, weights=weights))
+    firsts = {}
+
+    def first_step(name):  # the compiled step the AdamW steps below go on with, before any update
+        built[name].set_train(True)
+        weights, step = steps[name]
+        loss, grads = step(batch())
+        firsts[name] = loss, grads
+        return float(loss.asnumpy()), {param.name: grad.asnumpy() for param, grad in zip(weights, grads)}
+
+    check_float32_step(library, built, first_step, reference)
+    results = {}
+    for name in ("fused", "plain"):
+        model = built[name]
+        weights, step = steps[name]
         optimizer = nn.AdamWeightDecay(weights, learning_rate=1e-2)
         losses, logits = [], []
         before = counts(library)
-        for _ in range(3):
+        for index in range(3):
             model.set_train(True)
-            loss, grads = step(batch())
+            loss, grads = firsts.pop(name) if index == 0 else step(batch())
             optimizer(grads)
             losses.append(float(loss.asnumpy()))
             model.set_train(False)
@@ -165,8 +189,8 @@ def test_steps_with_an_eval_forward_between_them_train_like_the_plain_graph(libr
         after = counts(library)
         results[name] = losses, logits, after["recomputed"] - before["recomputed"]
     losses, logits, recomputed = results["fused"]
-    for step, (got, want, exact) in enumerate(zip(logits, results["plain"][1], exact_logits)):
-        assert_error_of_plain_size(got, want, exact, ("logits after step", step + 1))
+    for index, (got, want, exact) in enumerate(zip(logits, results["plain"][1], exact_logits)):
+        assert_error_of_plain_size(got, want, exact, ("logits after step", index + 1))
     assert_error_of_plain_size(losses, results["plain"][0], exact_losses, "losses")
     assert losses[-1] < losses[0] and recomputed == 0
 

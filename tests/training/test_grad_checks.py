@@ -56,12 +56,11 @@ def test_non_finite_flags_nan_and_inf_anywhere(kernel):
             grads[which][index] = bad
             got = [f.asnumpy().item() for f in flags(tuple(Tensor(g) for g in grads))]
             assert got == [float(i == which) for i in range(3)], (bad, which, got)
-    huge = (Tensor(np.full((4, 4), 1e20, np.float32)),)  # finite, but its squared norm overflows fp32
-    assert flags(huge)[0].asnumpy().item() == 1.0
-    half = (Tensor(np.full((1000, 64), 60000.0, np.float16)),)  # the fp16 sum would overflow; fp32 does not
-    assert flags(half)[0].asnumpy().item() == 0.0
-    summed = (Tensor(np.full((300, 160), 2e17, np.float32)),)  # each square finite, their float32 total not
-    assert flags(summed)[0].asnumpy().item() == 1.0
+    # one call (one compile) for three gradients, each flagged alone:
+    huge = Tensor(np.full((4, 4), 1e20, np.float32))  # finite, but its squared norm overflows fp32
+    half = Tensor(np.full((1000, 64), 60000.0, np.float16))  # the fp16 sum would overflow; fp32 does not
+    summed = Tensor(np.full((300, 160), 2e17, np.float32))  # each square finite, their float32 total not
+    assert [f.asnumpy().item() for f in flags((huge, half, summed))] == [1.0, 0.0, 1.0]
 
 
 def test_the_overflow_check_reads_the_gradients_but_on_ascend():

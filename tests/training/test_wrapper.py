@@ -27,7 +27,13 @@ def _step_cell(tiny_config, scale_sense, seed=0):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_steps_update_weights_and_lower_loss(tiny_config, mcore_context, seed):
+def test_steps_update_weights_and_lower_loss(tiny_config, mcore_context, monkeypatch, seed):
+    """Eight steps lower the loss and move the weights; the step cell hands the heap its graph compile freed back to
+    the system after its first compile, and only then (host_memory.release_freed_heap; the steps after it run as
+    before)."""
+    import mindformers_gptlocal.mf.wrapper as wrapper
+    calls = []
+    monkeypatch.setattr(wrapper, "release_freed_heap", lambda: calls.append(1) or True)
     model, cell = _step_cell(tiny_config, 1.0, seed)
     before = model.model.layers[0].mlp.linear_fc1.weight.asnumpy().copy()
     losses = []
@@ -36,6 +42,7 @@ def test_steps_update_weights_and_lower_loss(tiny_config, mcore_context, seed):
         losses.append(float(loss))
         assert not bool(overflow) and np.isfinite(float(global_norm))
     assert losses[-1] < losses[0] - 0.5, losses
+    assert calls == [1]
     assert not np.array_equal(before, model.model.layers[0].mlp.linear_fc1.weight.asnumpy())
 
 
@@ -64,10 +71,10 @@ def test_overflow_skips_update_and_dynamic_scale_backs_off(tiny_config, mcore_co
     assert not bool(overflow) and scales[-1] < 2.0 ** 127  # scale came down until steps went through
 
 
-@pytest.mark.parametrize("max_norm", [0.3, 5.0])
-def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, max_norm):
+def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context):
     """One step with plain SGD (lr 1) moves every weight by exactly the clipped gradient: the gradients of
-    the same batch through GPTLocalClipGradNorm(max_norm), computed apart from the wrapper."""
+    the same batch through GPTLocalClipGradNorm(max_norm), computed apart from the wrapper, at max_norm 0.3 and 5.0
+    (one model, its gradients taken once; each step cell from the same starting weights)."""
     from mindformers_gptlocal.mf.wrapper import GPTLocalClipGradNorm
     ms.set_seed(0)
     model = GPTLocalForCausalLM(tiny_config)
@@ -76,25 +83,17 @@ def test_clipping_uses_the_configured_max_grad_norm(tiny_config, mcore_context, 
     before = [p.asnumpy().copy() for p in params]
     batch = _batch()
     grads = ms.grad(LossOf(model), grad_position=None, weights=params)(*batch)
-    clipped, norm = GPTLocalClipGradNorm(max_norm=max_norm)(grads)
-    assert 1.0 < float(norm) < 5.0  # so clipping at 0.3 clips, at 5.0 does not, and a fixed 1.0 would differ
-    cell = GPTLocalTrainOneStepCell(model, nn.SGD(params, learning_rate=1.0), use_clip_grad=True,
-                                    max_grad_norm=max_norm, scale_sense=1.0)
-    cell.set_train(True)
-    _, overflow, _, _, global_norm = cell(*batch)
-    assert not bool(overflow)
-    np.testing.assert_allclose(float(global_norm), float(norm), rtol=1e-5)
-    for param, start, grad in zip(params, before, clipped):
-        np.testing.assert_allclose(param.asnumpy(), start - grad.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=param.name)
-
-
-def test_the_first_compile_releases_the_freed_heap_once(tiny_config, mcore_context, monkeypatch):
-    """The step cell hands the heap its graph compile freed back to the system after its first compile,
-    and only then (host_memory.release_freed_heap; the steps after it run as before)."""
-    import mindformers_gptlocal.mf.wrapper as wrapper
-    calls = []
-    monkeypatch.setattr(wrapper, "release_freed_heap", lambda: calls.append(1) or True)
-    _, cell = _step_cell(tiny_config, 1.0)
-    for _ in range(3):
-        cell(*_batch())
-    assert calls == [1]
+    for max_norm in (0.3, 5.0):
+        for param, start in zip(params, before):
+            param.set_data(Tensor(start))
+        clipped, norm = GPTLocalClipGradNorm(max_norm=max_norm)(grads)
+        assert 1.0 < float(norm) < 5.0  # so clipping at 0.3 clips, at 5.0 does not, and a fixed 1.0 would differ
+        cell = GPTLocalTrainOneStepCell(model, nn.SGD(params, learning_rate=1.0), use_clip_grad=True,
+                                        max_grad_norm=max_norm, scale_sense=1.0)
+        cell.set_train(True)
+        _, overflow, _, _, global_norm = cell(*batch)
+        assert not bool(overflow)
+        np.testing.assert_allclose(float(global_norm), float(norm), rtol=1e-5)
+        for param, start, grad in zip(params, before, clipped):
+            np.testing.assert_allclose(param.asnumpy(), start - grad.asnumpy(), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{param.name} at max_norm {max_norm}")
