@@ -13,6 +13,7 @@ from ..training import stop
 from ..mf.logs import HeldLog, config_dump_to_log
 from ..mf.run_yaml import preflight
 from ..mf.compat import mark_checked
+from ..runtime.graph_cache import store_root
 from .args import run_parser
 
 RUN_MODES = ("train", "finetune", "eval", "predict", "predict_with_train_model")
@@ -170,7 +171,7 @@ def run(config, held=None, verbose=False):
     if held is not None:
         held.release(verbose)
     out = os.path.abspath(config.output_dir or "./output")
-    cached = str((config.get("runner_wrapper") or {}).get("compile_cache", "off")).lower() not in ("off", "false")
+    cached = store_root((config.get("runner_wrapper") or {}).get("compile_cache")) is not None
     print(f"[gptlocal] {config.run_mode}: checks passed; output in {out}, MindFormers' log in "
           f"{os.path.join(out, 'log')}{'' if verbose else ' (--verbose: also here)'}; the first step compiles "
           f"the graph{' (or loads it from the compile cache)' if cached else ''}", flush=True)

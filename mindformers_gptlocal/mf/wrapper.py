@@ -75,11 +75,10 @@ def step_cache(setting):
     from importlib.metadata import version
     import mindspore as ms
     from mindspore.communication import GlobalComm
-    from ..runtime.graph_cache import OFF, default_root, GraphCache
-    text = "off" if setting is None else str(setting)
-    if text.lower() in OFF or ms.get_context("mode") != ms.GRAPH_MODE or GlobalComm.INITED:
+    from ..runtime.graph_cache import GraphCache, store_root
+    root = store_root(setting)
+    if root is None or ms.get_context("mode") != ms.GRAPH_MODE or GlobalComm.INITED:
         return None
-    root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
     return GraphCache(root, {"mindformers": version("mindformers")}, flag="runner_wrapper.compile_cache")
 
 

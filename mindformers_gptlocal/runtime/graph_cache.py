@@ -76,15 +76,24 @@ def staging_base():
 OFF = ("off", "false", "0", "no", "none", "")
 
 
+def store_root(setting):
+    """The store a compile-cache setting names: None for ``off`` (and None, false, 0, no, none, empty),
+    ``default_root()`` for ``on`` (true, 1, yes), else the setting as a folder. Every setting of it reads it here
+    (``--compile-cache``, ``runner_wrapper.compile_cache``)."""
+    text = "off" if setting is None else str(setting)
+    if text.lower() in OFF:
+        return None
+    return default_root() if text.lower() in ("on", "true", "1", "yes") else text
+
+
 def attach(model, setting, model_dir, flag="--compile-cache", days=None, max_mb=None):
     """Put a ``GraphCache`` on ``model`` as a ``--compile-cache`` value says (``off``: none; ``on``:
     ``default_root()``; else a folder), salted with the digest of ``model_dir``'s config.json, kept within ``days``
     / ``max_mb`` (``--compile-cache-days`` / ``--compile-cache-mb``; None: the defaults); returns it (or None).
     Every ``gptlocal`` command that takes the flags reads them here."""
-    text = "off" if setting is None else str(setting)
     cache = None
-    if text.lower() not in OFF:
-        root = default_root() if text.lower() in ("on", "true", "1", "yes") else text
+    root = store_root(setting)
+    if root is not None:
         with open(os.path.join(model_dir, "config.json"), "rb") as handle:
             cache = GraphCache(root, {"config.json": hashlib.sha256(handle.read()).hexdigest()}, flag=flag,
                                days=days, max_mb=max_mb)
