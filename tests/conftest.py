@@ -1,11 +1,14 @@
 """Shared fixtures: a small prepared corpus and a tiny model config, made once per session."""
 import hashlib
+import json
 import os
+import signal
 import socket
 import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -144,12 +147,21 @@ class Launch:
     """``gptlocal run ARGS`` (or another ``command`` line) started now in a subprocess; ``result()`` waits and returns
     (exit code, its stdout then its stderr), and sets ``returncode``, ``stdout`` and ``stderr`` as
     ``subprocess.run`` would. Start two independent runs before asking for either result and they overlap: a tiny
-    run spends most of its ~10 s importing MindFormers and compiling, on about one core, and the machine has two.
+    run spends most of its time importing MindFormers and compiling, on about one core, and the machine has two.
     The output goes to temporary files, not pipes, so a run is never held up waiting for its output to be read.
-    ``result()`` may be called again: the same answer."""
+    ``result()`` may be called again: the same answer.
 
-    def __init__(self, args, cwd, env=None, command=None):
+    A ``gptlocal run`` without ``env`` changes is a child forked from this pytest process's zygote
+    (tests/forked_launch.py), which has imported MindSpore and MindFormers once: ~6 s less a run. ``fresh=True``
+    starts a new interpreter instead, as a user's shell does, for the checks that are about the process's start
+    (what its console shows before the first gpt_local line, its memory from zero, signals held before MindSpore
+    is imported: tests/e2e/test_stop_signals.py starts its own)."""
+
+    def __init__(self, args, cwd, env=None, command=None, fresh=False):
         self._files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") for _ in range(2)]
+        if command is None and not env and not fresh:
+            self.proc = _Zygote.launch(["run", *args], cwd, self._files)
+            return
         self.proc = subprocess.Popen(command or [sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args],
                                      cwd=cwd, env=source_env(**(env or {})), stdout=self._files[0],
                                      stderr=self._files[1])
@@ -171,9 +183,69 @@ class Launch:
         return self.returncode, self.stdout + self.stderr
 
 
-def run_launcher(args, cwd, env=None, timeout=600):
-    """``gptlocal run ARGS`` in a subprocess; returns (exit code, combined output)."""
-    return Launch(args, cwd, env).result(timeout)
+class _Forked:
+    """The part of ``subprocess.Popen`` ``Launch`` uses, for a child of the zygote (tests/forked_launch.py)."""
+
+    def __init__(self, pid, status):
+        self.pid, self._status, self.returncode = pid, status, None
+
+    def poll(self):
+        if self.returncode is None and os.path.exists(self._status):
+            with open(self._status) as handle:
+                self.returncode = int(handle.read())
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("gptlocal run (forked)", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+class _Zygote:
+    """One zygote per pytest process, started at the first ``Launch`` that can use it."""
+    proc = None
+
+    @classmethod
+    def launch(cls, argv, cwd, files):
+        if cls.proc is None or cls.proc.poll() is not None:
+            home = tempfile.mkdtemp(prefix="gptlocal-zygote-")
+            cls.proc = subprocess.Popen(
+                [sys.executable, os.path.join(REPO, "tests", "forked_launch.py"),
+                 os.path.join(REPO, "mindformers_gptlocal", "cli", "__main__.py")],
+                cwd=home, env=source_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=open(os.path.join(home, "zygote.log"), "w"), text=True)
+            ready = cls.proc.stdout.readline()
+            if ready != "ready\n":
+                with open(os.path.join(home, "zygote.log")) as log:
+                    raise AssertionError(f"the zygote did not start: {ready!r}\n{log.read()[-3000:]}")
+        status = tempfile.mktemp(prefix="gptlocal-status-")
+        paths = [f"/proc/{os.getpid()}/fd/{handle.fileno()}" for handle in files]
+        cls.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "cwd": os.path.abspath(cwd or os.getcwd()),
+                                         "out": paths[0], "err": paths[1], "status": status}) + "\n")
+        cls.proc.stdin.flush()
+        return _Forked(int(cls.proc.stdout.readline()), status)
+
+
+def run_launcher(args, cwd, env=None, timeout=600, fresh=False):
+    """``gptlocal run ARGS`` in a subprocess (a fresh interpreter with ``fresh``, or with ``env`` changes; else a
+    zygote's child); returns (exit code, combined output)."""
+    return Launch(args, cwd, env, fresh=fresh).result(timeout)
+
+
+def start_run(args, cwd, log):
+    """``gptlocal run ARGS`` started in a zygote's child (see Launch), stdout and stderr appended to the open file
+    ``log``; returns an object with ``subprocess.Popen``'s pid, poll, wait, send_signal and kill."""
+    return _Zygote.launch(["run", *args], cwd, [log, log])
 
 
 def launch_in_process(args, cwd, capsys, monkeypatch):
@@ -213,7 +285,7 @@ def tiny_trained_run(corpus, tmp_path_factory):
         if callback["type"] == "GPTLocalThroughputMonitor":
             callback["per_print_times"] = 1
     yaml_io.dump_yaml(config, yaml_path)
-    code, out, folder = _stored_run(tmp_path_factory, corpus, yaml_path)
+    code, out, folder = _stored_run(tmp_path_factory, corpus, yaml_path, fresh=True)
     assert code == 0, out[-3000:]
     return {"out": out, "losses": step_losses(out), "model_dir": os.path.join(str(folder), "output", "model")}
 
@@ -284,8 +356,9 @@ def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
     return _stored_run(tmp_path_factory, corpus, yaml_path)[:2]
 
 
-def _stored_run(tmp_path_factory, corpus, yaml_path):
-    """uninterrupted_run's (exit code, output, the folder it ran in: its output_dir is folder/output)."""
+def _stored_run(tmp_path_factory, corpus, yaml_path, fresh=False):
+    """uninterrupted_run's (exit code, output, the folder it ran in: its output_dir is folder/output); ``fresh``: in a
+    new interpreter (Launch)."""
     import json
     from filelock import FileLock
     base = tmp_path_factory.getbasetemp()
@@ -301,7 +374,7 @@ def _stored_run(tmp_path_factory, corpus, yaml_path):
             config["callbacks"] = [c for c in config.get("callbacks") or []
                                    if not c["type"].endswith("CheckpointMonitor")]
             path = yaml_io.dump_yaml(config, str(folder / "run.yaml"))
-            code, out = run_launcher(["--config", path], cwd=str(folder))
+            code, out = run_launcher(["--config", path], cwd=str(folder), fresh=fresh)
             with open(str(result) + ".tmp", "w", encoding="utf-8") as handle:
                 json.dump({"code": code, "out": out}, handle)
             os.replace(str(result) + ".tmp", result)

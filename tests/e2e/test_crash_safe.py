@@ -9,8 +9,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
 from mindformers_gptlocal.errors import CheckpointError
 from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint, resume_info
-from conftest import SHARED_CHANGES, SHARED_STEPS, run_launcher, source_env, step_losses, uninterrupted_run
+from conftest import SHARED_CHANGES, SHARED_STEPS, run_launcher, start_run, step_losses, uninterrupted_run
 from conftest import write_yaml
 
 STEPS = SHARED_STEPS  # dropout on: conftest's shared YAML, whose uninterrupted losses test_stop_signals uses too
@@ -27,13 +25,11 @@ BUDGET_S = 150
 
 
 def _start(yaml_path, cwd, resume, log_path):
-    args = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", yaml_path]
+    args = ["--config", yaml_path]
     if resume:
         args += ["--resume_training", "True"]
     log = open(log_path, "w")
-    proc = subprocess.Popen(args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                            env=source_env())
-    return proc, log
+    return start_run(args, cwd, log), log
 
 
 def _wait_for_training(proc, log_path, deadline):

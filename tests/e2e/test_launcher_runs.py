@@ -27,7 +27,10 @@ def _set_print_every_step(yaml_path):
 
 
 def test_train_loss_decreases_and_writes_model_dir(trained):
+    """Also: the console of a fresh `gptlocal run` process (conftest.tiny_trained_run starts a new interpreter)
+    holds gpt_local's lines only, none that importing MindSpore or MindFormers prints."""
     out, model_dir = trained
+    assert [line for line in out.splitlines() if line.strip() and not line.startswith("[gptlocal]")] == [], out
     losses = step_losses(out)
     assert len(losses) == STEPS
     assert sum(losses[-5:]) / 5 < losses[0] - 0.5, losses

@@ -6,8 +6,6 @@ then resumed, ends bit for bit like an uninterrupted one. Each YAML's model_conf
 this process (the run's subprocess builds it from the same keys)."""
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM, yaml_io
 from mindformers_gptlocal.checkpoint.resume import find_resume_checkpoint
 from mindformers_gptlocal.errors import CheckpointError
-from conftest import Launch, run_launcher, source_env, step_losses, uninterrupted_run, write_yaml
+from conftest import Launch, run_launcher, start_run, step_losses, uninterrupted_run, write_yaml
 
 KERNEL = {"train_layer": "kernel"}
 KILL_STEPS = 12
@@ -62,8 +60,7 @@ def test_sigkill_then_resume_with_the_layer_kernel_is_exact(tmp_path, tmp_path_f
     builds_the_kernel(killed)
     checkpoints = str(tmp_path / "killed" / "output" / "checkpoint")
     with open(tmp_path / "killed.log", "w", encoding="utf-8") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", killed],
-                                cwd=str(tmp_path / "killed"), stdout=log, stderr=subprocess.STDOUT, env=source_env())
+        proc = start_run(["--config", killed], str(tmp_path / "killed"), log)
         deadline, step = time.time() + 300, 0
         while time.time() < deadline and proc.poll() is None and step < 3:
             try:
