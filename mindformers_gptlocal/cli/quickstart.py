@@ -95,7 +95,7 @@ _CONSOLE = threading.Lock()  # the relays' lines and the titles, one at a time
 def together(*runs):
     """``[(title, yaml_path, log_path, extra), ...]`` started at once (each step of the pair independent of the other:
     the two CPU cores each run one), shown in this order: the first's lines as they come, the next's held until the
-    one before it ended. Returns the Runs. A Ctrl-C (SIGTERM) is passed on to every run still going: each stops
+    one before it ended. Returns the Runs. A Ctrl-C (or SIGTERM) is passed on to every run still going: each stops
     safely on its own (training saves a checkpoint), their last lines are still shown, and the quickstart ends with
     130 (143; no traceback). A run that fails stops the others the same way (SIGTERM), then the quickstart ends
     naming it."""
@@ -127,8 +127,8 @@ def together(*runs):
     if stopped is not None:
         signum = stopped.signum if isinstance(stopped, Interrupted) else signal.SIGINT
         logs = ", ".join(run.log_path for run in started)
-        raise Interrupted(signum, f"`gptlocal quickstart` starts over (its log{'s' if len(started) > 1 else ''}: "
-                                  f"{logs})")
+        raise Interrupted(signum, "`gptlocal quickstart` starts over" + (
+            f" (its log{'s' if len(started) > 1 else ''}: {logs})" if started else ""))
     for run in [failed] + started if failed else started:
         if run.process.returncode:
             raise SystemExit(f"quickstart: `{' '.join(run.command)}` failed (exit {run.process.returncode}); see "
