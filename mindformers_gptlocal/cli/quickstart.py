@@ -7,14 +7,19 @@
 5. generate a sample through MindFormers' predict path.
 
 Each run goes through ``gptlocal run`` (our run_mindformer.py) in a fresh
-process, with the YAML it used written next to its output.
+process, with the YAML it used written next to its output. Steps 2 and 3 run at
+once (the untrained model's eval needs nothing of training), and so do 4 and 5
+(both read the trained model): one process per CPU core where most of each
+run is importing and compiling; the console shows the steps in order.
 """
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from .. import yaml_io
@@ -31,45 +36,113 @@ def load_yaml(name):
     return yaml_io.load_yaml(config_path(name))
 
 
-def launch(yaml_path, log_path, extra=()):
-    """``gptlocal run --config yaml`` in a subprocess; our lines go to the console, everything to log_path. A Ctrl-C
-    reaches the run too (passed on): it stops safely on its own, its last lines are still shown, and the
-    quickstart ends with 130 (143 for SIGTERM; no traceback)."""
-    command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config", os.path.abspath(yaml_path),
-               *extra]
+class Run:
+    """``gptlocal run --config yaml`` in a subprocess, started at once: everything it prints goes to ``log_path``, and
+    gpt_local's own lines (and the eval table under them) to the console, held until ``show()`` (two runs at once
+    print one after the other, as run one by one). Its own session: a Ctrl-C reaches it once, passed on by
+    cli/interrupt.py (``together`` registers it), and a second one at once."""
+
+    def __init__(self, title, yaml_path, log_path, extra=()):
+        self.title, self.log_path = title, log_path
+        self.command = [sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config",
+                        os.path.abspath(yaml_path), *extra]
+        self.shown = []  # our lines so far
+        self.printed = None  # how many of them are on the console (None: held)
+        self.log = open(log_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with  (closed at EOF)
+        # in the run's own folder: MindFormers' predict writes text_generation_result.txt to the working directory
+        self.process = subprocess.Popen(self.command, cwd=os.path.dirname(os.path.abspath(log_path)),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
+        self.reader = threading.Thread(target=self._relay, name="quickstart-relay", daemon=True)
+        self.reader.start()
+
+    def _relay(self):
+        table = False  # the rows under "[gptlocal] eval results" (launcher.eval_table) are ours too
+        with self.log:
+            for line in self.process.stdout:
+                self.log.write(line)
+                table = line.startswith("[gptlocal] eval results") or (table and line.startswith("  "))
+                if line.startswith("[gptlocal]") or table or "error" in line.lower() and "gptlocal" in line:
+                    with _CONSOLE:
+                        self.shown.append(line)
+                        self._print()
+
+    def show(self):
+        """The title, the lines held so far, and from now on each line as it comes."""
+        with _CONSOLE:
+            if self.printed is None:
+                print(self.title, flush=True)
+                self.printed = 0
+                self._print()
+
+    def _print(self):
+        if self.printed is not None:
+            for line in self.shown[self.printed:]:
+                print("   " + line.rstrip(), flush=True)
+            self.printed = len(self.shown)
+
+    def ended(self):
+        """Whether the run exited and its output is all read (its log closed)."""
+        return self.process.poll() is not None and not self.reader.is_alive()
+
+    def output(self):
+        return "".join(self.shown)
+
+
+_CONSOLE = threading.Lock()  # the relays' lines and the titles, one at a time
+
+
+def together(*runs):
+    """``[(title, yaml_path, log_path, extra), ...]`` started at once (each step of the pair independent of the other:
+    the two CPU cores each run one), shown in this order: the first's lines as they come, the next's held until the
+    one before it ended. Returns the Runs. A Ctrl-C (or SIGTERM) is passed on to every run still going: each stops
+    safely on its own (training saves a checkpoint), their last lines are still shown, and the quickstart ends with
+    130 (143; no traceback). A run that fails stops the others the same way (SIGTERM), then the quickstart ends
+    naming it."""
     from .interrupt import Interrupted, waiting_for
-    shown = []
-    with open(log_path, "w", encoding="utf-8") as log:
-        # in the run's own folder: MindFormers' predict writes text_generation_result.txt to the working directory;
-        # a session of its own: a Ctrl-C reaches it once, passed on by cli/interrupt.py (a second one: at once)
-        process = subprocess.Popen(command, cwd=os.path.dirname(os.path.abspath(log_path)), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        stopped = None
-        with waiting_for(process):
-            while True:
-                try:
-                    _relay(process, log, shown)
+    started, stopped, failed = [], None, None
+    with contextlib.ExitStack() as children:
+        try:
+            for title, yaml_path, log_path, extra in runs:
+                run = Run(title, yaml_path, log_path, extra)
+                children.enter_context(waiting_for(run.process))
+                started.append(run)
+        except KeyboardInterrupt as err:  # the runs started got it too (passed on); the others do not start
+            stopped = err
+        while True:
+            try:
+                for run in started:  # each shown once the ones before it ended
+                    run.show()
+                    if not run.ended():
+                        break
+                if all(run.ended() for run in started):
                     break
-                except KeyboardInterrupt as err:  # the run stops safely on its own; keep reading its end
-                    stopped = err
-            code = process.wait()
+                if failed is None and stopped is None:
+                    failed = next((run for run in started if run.process.poll()), None)
+                    if failed is not None:
+                        _signal(started, signal.SIGTERM)
+                time.sleep(0.05)
+            except KeyboardInterrupt as err:  # each run stops safely on its own; keep reading their ends
+                stopped = stopped or err
     if stopped is not None:
         signum = stopped.signum if isinstance(stopped, Interrupted) else signal.SIGINT
-        raise Interrupted(signum, f"`gptlocal quickstart` starts over (its log: {log_path})")
-    if code:
-        raise SystemExit(f"quickstart: `{' '.join(command)}` failed (exit {code}); see {log_path}")
-    return "".join(shown)
+        logs = ", ".join(run.log_path for run in started)
+        raise Interrupted(signum, "`gptlocal quickstart` starts over" + (
+            f" (its log{'s' if len(started) > 1 else ''}: {logs})" if started else ""))
+    for run in [failed] + started if failed else started:
+        if run.process.returncode:
+            raise SystemExit(f"quickstart: `{' '.join(run.command)}` failed (exit {run.process.returncode}); see "
+                             f"{run.log_path}")
+    return started
 
 
-def _relay(process, log, shown):
-    """The run's output into ``log``; gpt_local's own lines (and the eval table under them) also on the console."""
-    table = False  # the rows under "[gptlocal] eval results" (launcher.eval_table) are ours too
-    for line in process.stdout:
-        log.write(line)
-        table = line.startswith("[gptlocal] eval results") or (table and line.startswith("  "))
-        if line.startswith("[gptlocal]") or table or "error" in line.lower() and "gptlocal" in line:
-            print("   " + line.rstrip(), flush=True)
-            shown.append(line)
+def _signal(runs, signum):
+    for run in runs:
+        if run.process.poll() is None:
+            try:
+                run.process.send_signal(signum)
+            except OSError:
+                pass
 
 
 def perplexity(output):
@@ -111,25 +184,28 @@ def main(args):
     eval_cfg["eval_dataset_task"]["dataset_config"] = eval_cfg["eval_dataset"]
     eval_yaml = yaml_io.dump_yaml(eval_cfg, os.path.join(work, "eval.yaml"))
 
-    print("== 2/5 eval perplexity before training (random init)", flush=True)
-    before = perplexity(launch(eval_yaml, os.path.join(work, "eval_before.log")))
-
-    print(f"== 3/5 train {args.steps} steps on CPU through MindFormers' trainer", flush=True)
-    launch(train_yaml, os.path.join(work, "train.log"))
+    # steps 2 and 3 at once (the eval reads the untrained model, not training's), so are 4 and 5 (both read the
+    # trained model): shown in order, each step's lines once the one before it ended
+    eval_before, _ = together(
+        ("== 2/5 eval perplexity before training (random init)", eval_yaml, os.path.join(work, "eval_before.log"),
+         ()),
+        (f"== 3/5 train {args.steps} steps on CPU through MindFormers' trainer", train_yaml,
+         os.path.join(work, "train.log"), ()))
+    before = perplexity(eval_before.output())
     model_dir = os.path.join(work, "train", "model")
 
-    print("== 4/5 eval perplexity after training", flush=True)
-    after = perplexity(launch(eval_yaml, os.path.join(work, "eval_after.log"), ["--load_checkpoint", model_dir]))
-
-    print("== 5/5 generate", flush=True)
     predict_cfg = load_yaml("predict_gpt_local_tiny_cpu.yaml")
     predict_cfg["output_dir"] = os.path.join(work, "predict")
     predict_cfg["pretrained_model_dir"] = model_dir
     predict_cfg["generation_config"].update(max_new_tokens=48, do_sample=True, top_k=40, top_p=0.95,
                                             temperature=0.8, repetition_penalty=1.1)
     predict_yaml = yaml_io.dump_yaml(predict_cfg, os.path.join(work, "predict.yaml"))
-    launch(predict_yaml, os.path.join(work, "predict.log"),
-           ["--load_checkpoint", model_dir, "--predict_data", args.prompt])
+    eval_after, _ = together(
+        ("== 4/5 eval perplexity after training", eval_yaml, os.path.join(work, "eval_after.log"),
+         ["--load_checkpoint", model_dir]),
+        ("== 5/5 generate", predict_yaml, os.path.join(work, "predict.log"),
+         ["--load_checkpoint", model_dir, "--predict_data", args.prompt]))
+    after = perplexity(eval_after.output())
     sample = _read_sample(os.path.join(work, "predict.log"))
 
     result = {"perplexity_before": before, "perplexity_after": after, "sample": sample,

@@ -1,7 +1,10 @@
-"""README's tour, line by line, as written and in README's order, in a fresh folder holding what a clone has
-(model_configs/, run_scripts/) after the set-up command (its quickstart, made short here). The test only adds flags
-that make each line short (fewer bytes, steps and tokens); it never changes a line. Each line must exit 0 and make
-what it says, and write no folder the tour does not name."""
+"""README's tour, line by line, as written, in a fresh folder holding what a clone has (model_configs/, run_scripts/)
+after the set-up command (its quickstart, made short here). Each line runs after every line README puts before it
+that writes what it reads or writes (its flags and its YAML say which: ``paths``); lines independent of each other
+run at the same time, two at once (the machine's two cores). The test only adds flags that make each line short
+(fewer bytes, steps and tokens); it never changes a line. Each line must exit 0 and make what it says, and write no
+folder the tour does not name."""
+import concurrent.futures
 import json
 import os
 import re
@@ -119,14 +122,20 @@ def clone(tmp_path_factory):
     shutil.rmtree(root, ignore_errors=True)  # ~500 MB of checkpoints; the suite's disk stays small
 
 
+def _checked(quickstart):
+    return getattr(quickstart, "checked", False)
+
+
 def _wait(quickstart, root):
-    if quickstart.returncode is not None:
+    """The quickstart waited for (once) and what it made checked."""
+    if _checked(quickstart):
         return
     out, _ = quickstart.communicate(timeout=600)
     assert quickstart.returncode == 0, out[-3000:]
     before, after = map(float, re.search(r"perplexity: (\S+) before -> (\S+) after", out).groups())
     assert before > 0 and after > 0, out[-3000:]  # read from the eval runs' table (not nan)
     assert os.path.isfile(root / "runs" / "quickstart" / "train" / "model" / "model.safetensors")
+    quickstart.checked = True
 
 
 def test_the_heading_counts_the_lines_and_data_is_git_ignored():
@@ -140,50 +149,132 @@ def test_the_heading_counts_the_lines_and_data_is_git_ignored():
         assert ignored.stdout.split() == ["data/gptlocal/train.mindrecord", "output/x"], ignored.stdout
 
 
+LANES = 2  # lines running at once, the quickstart counted while it runs: one per core (a tiny line is mostly
+# importing MindFormers and compiling, on about one core)
+
+
+def paths(line, root):
+    """(what the line reads, what it writes): folders and files relative to the clone, from its flags, its YAML's
+    data and checkpoint keys (base_config merged) and prepare-data's default output folder."""
+    from mindformers_gptlocal import yaml_io
+    reads, writes = set(), set()
+    for part in _without_comment(line).replace(" | ", " && ").split(" && "):
+        words = part.split()
+        flags = dict(zip(words, words[1:]))
+        for flag in ("--model", "--ms-dir", "--hf-dir", "--tokenizer", "--load_checkpoint", "--config"):
+            if flag in flags:
+                reads.add(flags[flag])
+        for flag in ("--output_dir", "--out"):
+            if flag in flags:
+                writes.add(flags[flag])
+        if words[:2] == ["gptlocal", "prepare-data"] and "--out" not in flags:
+            writes.add("data/gptlocal")  # prepare-data's default --out
+        if "--resume_training" in flags:
+            reads.add(flags["--output_dir"])
+        if words[0] == "bash" and words[1].endswith("run_msrun.sh"):
+            with open(root / words[1], encoding="utf-8") as handle:  # each rank's log: the script's LOG_DIR default
+                writes.add(re.search(r"LOG_DIR:-([^}]+)", handle.read()).group(1))
+        config = flags.get("--config") or (words[3] if words[0] == "bash" and len(words) > 3 else None)
+        if config:
+            reads.add(config)
+            yaml = yaml_io.load_yaml(str(root / config))
+            found = [yaml.get("load_checkpoint"), yaml.get("pretrained_model_dir")]
+            found += [(yaml.get(section) or {}).get("data_loader", {}).get("dataset_dir")
+                      for section in ("train_dataset", "eval_dataset")]
+            found += [callback.get("tokenizer_dir") for callback in yaml.get("callbacks") or []]
+            reads.update(path for path in found if isinstance(path, str) and path)
+    return {os.path.normpath(path) for path in reads}, {os.path.normpath(path) for path in writes}
+
+
+def _overlaps(one, other):
+    return any(a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep) for a in one for b in other)
+
+
+def conflict(first, second):
+    """Whether two lines' (reads, writes) touch: one writes what the other reads or writes."""
+    return _overlaps(first[1], second[0] | second[1]) or _overlaps(second[1], first[0])
+
+
 def test_every_line_runs_as_written_in_order(clone):
-    """Every line in README's order; the quickstart (started with the clone) is waited for by the first line that
-    reads its model. Afterwards every folder under data/ and output/ is one the tour names."""
+    """Every line as written, each started once every earlier line it depends on (one writes what the other reads or
+    writes: ``paths``) has ended, in README's order otherwise; independent lines overlap, LANES at a time, the
+    quickstart (started with the clone) counted until the first line reading its model waits for it. So every
+    line still runs after each line README puts before it that makes what it reads. Afterwards every folder under
+    data/ and output/ is one the tour names."""
     root, env, quickstart = clone
     lines = tour_lines()
     assert len(lines) >= 10 and all(line.split()[0] in ("gptlocal", "printf", "pip", "curl", "bash") for line in lines)
     folders = [m for line in lines if "--resume_training" not in line for m in re.findall(r"--output_dir (\S+)", line)]
     assert len(set(folders)) == len(folders) >= 4, folders  # each line its own output folder
-    server = None
-    try:
-        for index, line in enumerate(lines):
-            if "runs/quickstart" in line:
+    steps = []  # (the line's index, what it does, (reads, writes)) in README's order
+    for index, line in enumerate(lines):
+        if line.startswith("pip install"):
+            import fastapi  # noqa: F401  (the test environment has the [serve] extra already)
+            import uvicorn  # noqa: F401
+            assert "[serve]" in line
+        elif line.startswith("gptlocal serve"):
+            assert "/health" in line and '"ready"' in line, line  # the line says to wait for it
+            assert lines[index + 1].startswith("curl"), lines[index + 1]  # the next line asks it, from another shell
+            steps.append((index, lambda line=line, index=index: _serve_and_ask(line, lines[index + 1], root, env),
+                          paths(line, root)))
+        elif not line.startswith("curl"):
+            steps.append((index, lambda line=line, index=index: _line(line, lines[:index], root, env),
+                          paths(line, root)))
+    assert any(_overlaps({os.path.normpath("runs/quickstart")}, reads) for _, _, (reads, _) in steps)
+    quickstart_paths = (set(), {os.path.normpath("runs/quickstart")})
+    order = []  # the lines' indexes as they started
+    with concurrent.futures.ThreadPoolExecutor(LANES) as pool:
+        running = {}  # future -> step
+        waiting = list(steps)
+        while waiting or running:
+            if not _checked(quickstart) and quickstart.poll() is not None:
                 _wait(quickstart, root)
-            if line.startswith("pip install"):
-                import fastapi  # noqa: F401  (the test environment has the [serve] extra already)
-                import uvicorn  # noqa: F401
-                assert "[serve]" in line
+            for step in list(waiting):
+                if len(running) + (not _checked(quickstart)) >= LANES:
+                    break
+                earlier = [other for other in steps if other[0] < step[0]
+                           and (other in waiting or other in running.values())]
+                if any(conflict(other[2], step[2]) for other in earlier) or \
+                        not _checked(quickstart) and conflict(quickstart_paths, step[2]):
+                    continue
+                waiting.remove(step)
+                order.append(step[0])
+                running[pool.submit(step[1])] = step
+            if not running:  # every line left reads the quickstart's model
+                _wait(quickstart, root)
                 continue
-            if line.startswith("gptlocal serve"):
-                assert "/health" in line and '"ready"' in line, line  # the line says to wait for it
-                port = int(re.search(r"--port (\d+)", line).group(1))
-                server = _start_server(shortened(line).replace(f"--port {port}", f"--port {free_port()}"), root,
-                                       env)
-                continue
-            if line.startswith("curl"):
-                assert server is not None
-                out = _run(_without_comment(line).replace("localhost:8000", f"localhost:{server[1]}"), root, env)
-                assert json.loads(out)["choices"][0]["text"] is not None
-                server[0].send_signal(signal.SIGTERM)
-                server[0].wait(60)
-                server = None
-                continue
-            started = time.time()
-            _check(line, _run(shortened(line, lines[:index]), root, env), root)
-            print(f"\n[tour] {time.time() - started:5.1f} s  {line[:90]}")
-    finally:
-        if server is not None:
-            server[0].kill()
-            server[0].wait()
+            done, _ = concurrent.futures.wait(running, timeout=None if _checked(quickstart) else 1,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                running.pop(future)
+                future.result()  # a failed line fails the test here, with its own message
+    print(f"\n[tour] lines in the order started: {order}")
     tour = "\n".join(lines)
     assert sorted(os.listdir(root)) == ["data", "model_configs", "output", "run_scripts", "runs"], os.listdir(root)
     for top in ("data", "output"):
         for name in os.listdir(root / top):
             assert f"{top}/{name}" in tour, f"{top}/{name} is written by a tour line but not named by one"
+
+
+def _line(line, earlier, root, env):
+    started = time.time()
+    _check(line, _run(shortened(line, earlier), root, env), root)
+    print(f"\n[tour] {time.time() - started:5.1f} s  {line[:90]}")
+
+
+def _serve_and_ask(line, curl, root, env):
+    """The server started and ready, then asked by the curl line (from another shell), then stopped."""
+    port = int(re.search(r"--port (\d+)", line).group(1))
+    server = _start_server(shortened(line).replace(f"--port {port}", f"--port {free_port()}"), root, env)
+    try:
+        out = _run(_without_comment(curl).replace("localhost:8000", f"localhost:{server[1]}"), root, env)
+        assert json.loads(out)["choices"][0]["text"] is not None
+        server[0].send_signal(signal.SIGTERM)
+        server[0].wait(60)
+    finally:
+        if server[0].poll() is None:
+            server[0].kill()
+            server[0].wait()
 
 
 def _check(line, out, root):
