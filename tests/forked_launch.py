@@ -75,6 +75,9 @@ def serve():
     from mindformers_gptlocal.cli.main import main
     from mindformers_gptlocal.mf import run_yaml  # noqa: F401
     CLI_MAIN = main
+    import gc
+    gc.collect()
+    gc.freeze()  # what the imports made, out of every child's collections (MindSpore's before each compile)
     signal.signal(signal.SIGCHLD, reap)
     answers.write("ready\n")
     answers.flush()
