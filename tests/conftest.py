@@ -1,10 +1,12 @@
 """Shared fixtures: a small prepared corpus and a tiny model config, made once per session."""
+import atexit
 import hashlib
 import json
 import os
 import signal
 import socket
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -204,6 +206,7 @@ class _Forked:
         if self.returncode is None and os.path.exists(self._status):
             with open(self._status) as handle:
                 self.returncode = int(handle.read())
+            os.remove(self._status)
         return self.returncode
 
     def wait(self, timeout=None):
@@ -230,6 +233,7 @@ class _Zygote:
     def launch(cls, argv, cwd, files):
         if cls.proc is None or cls.proc.poll() is not None:
             home = tempfile.mkdtemp(prefix="gptlocal-zygote-")
+            atexit.register(cls._end, home)
             cls.proc = subprocess.Popen(
                 [sys.executable, os.path.join(REPO, "tests", "forked_launch.py"),
                  os.path.join(REPO, "mindformers_gptlocal", "cli", "__main__.py")],
@@ -245,6 +249,17 @@ class _Zygote:
                                          "out": paths[0], "err": paths[1], "status": status}) + "\n")
         cls.proc.stdin.flush()
         return _Forked(int(cls.proc.stdout.readline()), status)
+
+    @classmethod
+    def _end(cls, home):
+        """At the pytest process's exit: the zygote ends at the end of its input; its folder goes."""
+        if cls.proc is not None and cls.proc.poll() is None:
+            cls.proc.stdin.close()
+            try:
+                cls.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                cls.proc.kill()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def run_launcher(args, cwd, env=None, timeout=600, fresh=False):

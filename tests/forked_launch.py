@@ -35,6 +35,7 @@ def _child(request):
     code = 1
     try:
         code = CLI_MAIN(request["argv"])
+        code = 0 if code is None else code  # as __main__.py's sys.exit(main()) exits
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:  # what an uncaught exception does to a process: the traceback, then exit 1
