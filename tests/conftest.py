@@ -336,7 +336,6 @@ def _corpus_fingerprint(folder):
 def _reference_key(config, corpus_folder):
     """The run's identity: the YAML without output_dir and without its checkpoint monitors (where and whether
     checkpoints are saved changes no loss), the corpus named by its content rather than its path."""
-    import json
     config = dict(config)
     config.pop("output_dir", None)
     config["callbacks"] = [c for c in config.get("callbacks") or [] if not c["type"].endswith("CheckpointMonitor")]
@@ -385,7 +384,6 @@ def uninterrupted_run(tmp_path_factory, corpus, yaml_path):
 def _stored_run(tmp_path_factory, corpus, yaml_path, fresh=False):
     """uninterrupted_run's (exit code, output, the folder it ran in: its output_dir is folder/output); ``fresh``: in a
     new interpreter (Launch)."""
-    import json
     from filelock import FileLock
     base = tmp_path_factory.getbasetemp()
     store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "uninterrupted_runs"
