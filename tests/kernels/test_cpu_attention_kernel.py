@@ -3,6 +3,7 @@ matmul + softmax path (fp32; their errors against float64, ``_compare``) for the
 a tiny model trains with the plain path's losses step for step; the build cache reuses, rebuilds and falls
 back as documented."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-from mindformers_gptlocal.kernels.abi import build
+from mindformers_gptlocal.kernels.abi import build, codegen
 from mindformers_gptlocal.kernels.cells import attention as kernel_attention
 from mindformers_gptlocal.model.attention import MASK_VALUE, BlockwiseCore, FusedCPUAttention
 from references import (causal_bias, float64_weights, gpt_float64_steps, keep_reference, sum_error_bound,
@@ -256,32 +257,57 @@ def _build_in_process(cache, count=1, env=None):
     return lines
 
 
-def test_cache_concurrent_builds_reuse_and_stale_rebuild(tmp_path):
+def _seed_objects(library, generated, store):
+    """The suite's own build's objects (the user's cache, the ``library`` fixture's) copied into ``store``, but the
+    smallest source's: a build into a new cache then compiles that one source and links, as after a one-kernel
+    change, instead of compiling every kernel again. Returns the object the build must compile."""
+    generated.mkdir()
+    for name, text in codegen.generated().items():
+        (generated / name).write_text(text, encoding="utf-8")
+    cxx = build.compiler()
+    found, _ = build._objects(cxx, build._compiler_version(cxx), os.path.join(os.path.dirname(os.path.dirname(
+        library)), build.OBJECTS), str(generated), build.onednn()[1])
+    smallest = min(build.SOURCES, key=os.path.getsize)
+    prefix = os.path.basename(smallest)[:-len(".cc")] + "-"
+    store.mkdir(parents=True)
+    for obj in found:  # copies, not links: the test spoils one object of its own store
+        if not os.path.basename(obj).startswith(prefix):
+            shutil.copyfile(obj, store / os.path.basename(obj))
+    assert len(os.listdir(store)) == len(found) - 1
+    return next(os.path.basename(obj) for obj in found if os.path.basename(obj).startswith(prefix))
+
+
+def test_cache_concurrent_builds_reuse_and_stale_rebuild(tmp_path, library):
     """Two processes building at once both load a whole library (one builds, the other waits on the lock and
-    finds it); a later process reuses it; a truncated library is rebuilt, linked from the objects the first build
-    kept (none compiled again); nothing half-written is left."""
+    finds it); a later lookup (this process's, past the per-process memo, as a new process looks) reuses it; a
+    truncated library is rebuilt, linked from the objects the first build kept (none compiled again); nothing
+    half-written is left. The first build compiles one source (the others' objects are the suite's own build's,
+    ``_seed_objects``)."""
     cache = tmp_path / "cache"
+    store = cache / build.OBJECTS
+    compiled = _seed_objects(library, tmp_path / "generated", store)
     first = _build_in_process(cache, count=2)
     assert sorted(line[0] for line in first) == ["built", "cached"], first
     assert first[0][1] == first[1][1] and all(line[2] == "True" for line in first)
     path = first[0][1]
     stamp = os.stat(path).st_mtime_ns
-    store = cache / build.OBJECTS
     objects = {name: os.stat(store / name).st_mtime_ns for name in os.listdir(store)}
     assert len(objects) == len(build.SOURCES) + 1 and all(name.endswith(".o") for name in objects), objects
-    assert _build_in_process(cache)[0][:2] == ["cached", path]
-    assert os.stat(path).st_mtime_ns == stamp
+    assert compiled in objects
+    cxx = build.compiler()
+    assert list(build._find_or_build(str(cache), cxx)) == [path, "cached"]  # found without loading it: this
+    assert os.stat(path).st_mtime_ns == stamp  # process never maps the file truncated next
     with open(path, "r+b") as handle:  # a crash mid-copy, a full disk: a file that does not load
         handle.truncate(1000)
-    rebuilt = _build_in_process(cache)[0]
-    assert rebuilt == ["built", path, "True"]
+    rebuilt = build._find_or_build(str(cache), cxx)
+    assert list(rebuilt) == [path, "built"] and build._loads(path)
     assert {name: os.stat(store / name).st_mtime_ns for name in os.listdir(store)} == objects
     leftovers = [name for name in os.listdir(os.path.dirname(path))
                  if name not in (build.LIBRARY_NAME, build.LIBRARY_NAME + ".sha256", ".lock")]
     assert leftovers == []
     (store / sorted(objects)[0]).write_bytes(b"not an object")  # a kept object gone bad: no library, and the
     os.unlink(path)  # objects are dropped, so the next build compiles every source again
-    assert _build_in_process(cache)[0][0] != "built"
+    assert build._find_or_build(str(cache), cxx)[1] != "built"
     assert os.listdir(store) == [] and not os.path.exists(path)
 
 
