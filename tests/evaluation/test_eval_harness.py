@@ -218,9 +218,15 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
 
 
 def test_lm_eval_finds_gptlocal_by_name_and_import_stays_light():
+    """A fresh interpreter: importing the package loads neither torch nor MindSpore; lm-eval then finds ``gptlocal``
+    by name, and its own models are registered too (``hf`` still lm-eval's lazy entry: the plugin registered after
+    lm-eval filled its registry, which lm-eval does only when it is empty). The entry is compared, not imported:
+    HFLM's module would import torch and transformers (~9 s of CPU) for a name lm-eval wrote there itself."""
     code = ("import sys, mindformers_gptlocal; heavy = [m for m in ('torch', 'mindspore') if m in sys.modules]; "
-            "import lm_eval; from lm_eval.api.registry import get_model; "
-            "print(heavy, get_model('gptlocal').__name__, get_model('hf').__name__)")
+            "import lm_eval; from lm_eval.api.registry import get_model, model_registry; "
+            "name = get_model('gptlocal').__name__; hf = dict(model_registry.items()).get('hf'); "
+            "from lm_eval.models import MODEL_MAPPING; "  # lm-eval's own table, read after the lookups
+            "print(heavy, name, 'HFLM' if hf == MODEL_MAPPING['hf'] == 'lm_eval.models.huggingface:HFLM' else hf)")
     out = subprocess.run([sys.executable, "-c", code], env=source_env(), capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "[] GPTLocalLM HFLM", out.stdout + out.stderr
 
