@@ -77,13 +77,22 @@ def tiny(tmp_path_factory, corpus):
 
 
 def evaluate_both(ms_dir, ref_dir, task_manager, tasks, limit, batch_size=4, max_length=None):
+    """Both backends through ``simple_evaluate``. lm-eval's environment report (``add_env_info``: torch's
+    ``collect_env``, which runs ``pip list`` and a dozen probes, ~1 s of CPU a call) is left out of these runs: no test
+    here reads it (``gptlocal eval``'s own, torch-free one is test_cli_prints_table_and_writes_json's)."""
+    import lm_eval.evaluator
     from mindformers_gptlocal.evaluation.harness import GPTLocalLM
     extra = f",max_length={max_length}" if max_length else ""
-    ours = lm_eval.simple_evaluate(model=GPTLocalLM(pretrained=ms_dir, batch_size=batch_size, max_length=max_length),
-                                   tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
-    ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={ref_dir},batch_size={batch_size},device=cpu,"
-                                                         f"dtype=float32{extra}",
-                                  tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+    report, lm_eval.evaluator.add_env_info = lm_eval.evaluator.add_env_info, lambda storage: None
+    try:
+        ours = lm_eval.simple_evaluate(model=GPTLocalLM(pretrained=ms_dir, batch_size=batch_size,
+                                                        max_length=max_length),
+                                       tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+        ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={ref_dir},batch_size={batch_size},"
+                                                             f"device=cpu,dtype=float32{extra}",
+                                      tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+    finally:
+        lm_eval.evaluator.add_env_info = report
     return ours, ref
 
 
