@@ -77,13 +77,22 @@ def tiny(tmp_path_factory, corpus):
 
 
 def evaluate_both(ms_dir, ref_dir, task_manager, tasks, limit, batch_size=4, max_length=None):
+    """Both backends through ``simple_evaluate``. lm-eval's environment report (``add_env_info``: torch's
+    ``collect_env``, which runs ``pip list`` and a dozen probes, ~1 s of CPU a call) is left out of these runs: no test
+    here reads it (``gptlocal eval``'s own, torch-free one is test_cli_prints_table_and_writes_json's)."""
+    import lm_eval.evaluator
     from mindformers_gptlocal.evaluation.harness import GPTLocalLM
     extra = f",max_length={max_length}" if max_length else ""
-    ours = lm_eval.simple_evaluate(model=GPTLocalLM(pretrained=ms_dir, batch_size=batch_size, max_length=max_length),
-                                   tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
-    ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={ref_dir},batch_size={batch_size},device=cpu,"
-                                                         f"dtype=float32{extra}",
-                                  tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+    report, lm_eval.evaluator.add_env_info = lm_eval.evaluator.add_env_info, lambda storage: None
+    try:
+        ours = lm_eval.simple_evaluate(model=GPTLocalLM(pretrained=ms_dir, batch_size=batch_size,
+                                                        max_length=max_length),
+                                       tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+        ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={ref_dir},batch_size={batch_size},"
+                                                             f"device=cpu,dtype=float32{extra}",
+                                      tasks=tasks, task_manager=task_manager, limit=limit, log_samples=True)
+    finally:
+        lm_eval.evaluator.add_env_info = report
     return ours, ref
 
 
@@ -218,9 +227,15 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
 
 
 def test_lm_eval_finds_gptlocal_by_name_and_import_stays_light():
+    """A fresh interpreter: importing the package loads neither torch nor MindSpore; lm-eval then finds ``gptlocal``
+    by name, and its own models are registered too (``hf`` still lm-eval's lazy entry: the plugin registered after
+    lm-eval filled its registry, which lm-eval does only when it is empty). The entry is compared, not imported:
+    HFLM's module would import torch and transformers (~9 s of CPU) for a name lm-eval wrote there itself."""
     code = ("import sys, mindformers_gptlocal; heavy = [m for m in ('torch', 'mindspore') if m in sys.modules]; "
-            "import lm_eval; from lm_eval.api.registry import get_model; "
-            "print(heavy, get_model('gptlocal').__name__, get_model('hf').__name__)")
+            "import lm_eval; from lm_eval.api.registry import get_model, model_registry; "
+            "name = get_model('gptlocal').__name__; hf = dict(model_registry.items()).get('hf'); "
+            "from lm_eval.models import MODEL_MAPPING; "  # lm-eval's own table, read after the lookups
+            "print(heavy, name, 'HFLM' if hf == MODEL_MAPPING['hf'] == 'lm_eval.models.huggingface:HFLM' else hf)")
     out = subprocess.run([sys.executable, "-c", code], env=source_env(), capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "[] GPTLocalLM HFLM", out.stdout + out.stderr
 

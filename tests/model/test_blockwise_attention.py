@@ -39,14 +39,23 @@ def _loss_and_grads(model, *inputs):
     return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(weights, grads)}
 
 
-def _assert_same(plain, blockwise, *inputs):
-    loss, grads = _loss_and_grads(plain, *inputs)
+def _assert_same(plain, blockwise, *inputs, reference=None):
+    """``blockwise``'s loss and gradients against ``plain``'s (or ``reference``: plain's, computed already)."""
+    loss, grads = reference or _loss_and_grads(plain, *inputs)
     loss_b, grads_b = _loss_and_grads(blockwise, *inputs)
     assert abs(loss - loss_b) <= 1e-5, (loss, loss_b)
     worst = max(float(np.abs(grads[name] - grads_b[name]).max()) for name in grads)
     assert worst <= 1e-5, worst
     assert max(float(np.abs(g).max()) for g in grads.values()) > 1e-3  # the gradients are not all ~0
-    return grads
+    return loss, grads
+
+
+def _set_weights(models, weights):
+    """Every Parameter of ``models`` but their own dropout counter set to ``weights``' value of the same name."""
+    for model in models:
+        for name, param in model.parameters_and_names():
+            if name != "dropout_step":
+                param.set_data(Tensor(weights[name].asnumpy()))
 
 
 def _ids(batch=2):
@@ -80,24 +89,26 @@ def test_attention_cell_matches_autodiff_of_the_plain_formula(pynative_mode):
 def test_training_dropout_and_recompute_match_plain(graph_mode):
     """Causal mask, batch 2: loss and every parameter's gradient (graph mode, as training compiles it); then counter
     dropout on the attention probabilities (and the hidden dropouts) on the same weights: the blockwise path drops
-    the same elements; then with every layer recomputed too."""
+    the same elements; then with every layer recomputed too, against the same plain graph without recompute (whose
+    loss and gradients recompute must not change: a recomputed forward drawing other masks would show)."""
     plain, blockwise = _pair()
-    grads = _assert_same(plain, blockwise, _ids())
-    no_dropout = plain
-    plain, blockwise = _pair(attention_dropout=0.2, hidden_dropout=0.1)
+    _, grads = _assert_same(plain, blockwise, _ids())
+    weights = dict(plain.parameters_and_names())
+    dropout = dict(attention_dropout=0.2, hidden_dropout=0.1)
+    plain, blockwise = _pair(**dropout)
     assert blockwise.model.counter_dropout
-    weights = dict(no_dropout.parameters_and_names())
-    for model in (plain, blockwise):  # the same weights (and the dropout models' own counter)
-        for name, param in model.parameters_and_names():
-            if name != "dropout_step":
-                param.set_data(Tensor(weights[name].asnumpy()))
-    grads_dropout = _assert_same(plain, blockwise, _ids())
+    _set_weights((plain, blockwise), weights)  # the same weights (and the dropout models' own counter)
+    reference = _loss_and_grads(plain, _ids())  # the first step of a fresh counter, as each blockwise model's below
+    grads_dropout = _assert_same(plain, blockwise, _ids(), reference=reference)[1]
     largest = max(float(np.abs(g).max()) for g in grads.values())  # dropout did act: the gradients differ (the
     assert max(float(np.abs(grads[n] - grads_dropout[n]).max()) for n in grads) > 0.05 * largest  # loss barely moves)
     parallel = {"recompute": {"recompute": True}}
-    plain, blockwise = _pair(attention_dropout=0.2, parallel_config=parallel)
-    assert [layer.recompute_mode for layer in blockwise.model.layers] == ["full", "full"]
-    _assert_same(plain, blockwise, _ids())
+    values = dict(TINY, max_position_embeddings=SEQ, seq_length=SEQ, attention_block_size=16, **dropout)
+    recomputed = GPTLocalForCausalLM(GPTLocalConfig(**values, parallel_config=parallel))
+    assert [layer.recompute_mode for layer in recomputed.model.layers] == ["full", "full"]
+    assert type(recomputed.model.layers[0].attention.core).__name__ == "BlockwiseCore"
+    _set_weights((recomputed,), weights)
+    _assert_same(None, recomputed, _ids(), reference=reference)
 
 
 def test_packed_documents_match_plain(graph_mode):

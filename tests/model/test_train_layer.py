@@ -115,17 +115,43 @@ def check_float32_step(library, built, step, reference):
     assert any("linear_qkv.weight" in name and np.abs(grad).max() > 0 for name, grad in grads.items())
 
 
+@pytest.fixture(scope="module")
+def gpt2_plain_step():
+    """GPT-2's plain graph, compiled, and its first training step on ``batch()`` (a fresh dropout counter), with the
+    float64 model's of the same weights and masks: (model, (loss, gradients), float64 reference). Shared by the
+    float32 step's test and the recomputed layers' (one compile of the plain graph for both)."""
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        plain = models("gpt2", {"plain": "plain"})["plain"]
+        reference = float64_of(plain, (1.0, batch(), 0, None))  # (before a LossOf holds the model: its names)
+        return plain, loss_and_grads(plain, batch()), reference
+    finally:
+        ms.set_context(mode=before)
+
+
+def same_weights(model, other):
+    """``model``'s float32 Parameters equal ``other``'s of the same name (a shared reference's weights)."""
+    values = dict(other.parameters_and_names())
+    assert all(np.array_equal(param.asnumpy(), values[name].asnumpy())
+               for name, param in model.parameters_and_names() if param.dtype == ms.float32)
+
+
 @pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "llama"])  # Llama's: with the AdamW steps
-def test_float32_step_matches_the_plain_graph_and_todays_kernels(library, graph_mode, layout):
+def test_float32_step_matches_the_plain_graph_and_todays_kernels(library, graph_mode, gpt2_plain_step, layout):
     """``check_float32_step``, and for GPT-2's layers, compiled, today's per-op kernels' errors too (the other
     layouts, which differ inside the kernel only, in PYNATIVE: quicker; Llama's in the AdamW steps' test below, on
     the graphs those steps compile)."""
-    sides = {"fused": FUSED, "plain": "plain"}
-    if layout == "gpt2":
-        sides["kernels"] = "auto"
-    else:
-        ms.set_context(mode=ms.PYNATIVE_MODE)  # the fixture sets the mode before the test back afterwards
-    built = models(layout, sides)
+    if layout == "gpt2":  # the plain side's step: gpt2_plain_step's (the same weights, batch and masks)
+        plain, plain_step, reference = gpt2_plain_step
+        built = dict(models(layout, {"fused": FUSED, "kernels": "auto"}), plain=plain)
+        same_weights(built["fused"], plain)
+        check_float32_step(library, built,
+                           lambda name: plain_step if name == "plain" else loss_and_grads(built[name], batch()),
+                           reference)
+        return
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # the fixture sets the mode before the test back afterwards
+    built = models(layout, {"fused": FUSED, "plain": "plain"})
     check_float32_step(library, built, lambda name: loss_and_grads(built[name], batch()),
                        float64_of(built["plain"], (1.0, batch(), 0, None)))
 
@@ -222,11 +248,12 @@ class TwoForwards(nn.Cell):
         return self.model(first)[0] + 2.0 * self.model(second)[0]
 
 
-def test_a_backward_whose_slot_holds_another_forward_runs_its_forward_again(library, graph_mode):
+def test_a_backward_whose_slot_holds_another_forward_runs_its_forward_again(library, graph_mode, gpt2_plain_step):
     """Two forwards of each layer before their backwards (each layer's slot then holds the second's activations), and
-    every layer recomputed by MindSpore (one slot for all): the gradients are the plain graph's, and the backwards
-    that found another forward's activations ran their own forward again (counted). The losses and gradients with
-    errors against the float64 model's (forwards 0 and 1's masks) within 8x the plain graph's + 4 u."""
+    every layer recomputed by MindSpore (one slot for all): the gradients are the plain graph's (for the recomputed
+    layers the plain graph's step without recompute, ``gpt2_plain_step``: recompute changes no value), and the
+    backwards that found another forward's activations ran their own forward again (counted). The losses and
+    gradients with errors against the float64 model's (forwards 0 and 1's masks) within 8x the plain graph's + 4 u."""
     sides = {"fused": FUSED, "plain": "plain"}
     built = models("gpt2", sides)
     reference = float64_of(built["plain"], (1.0, batch(1), 0, None), (2.0, batch(2), 1, None))
@@ -236,13 +263,13 @@ def test_a_backward_whose_slot_holds_another_forward_runs_its_forward_again(libr
     plain_loss, plain = loss_and_grads(built["plain"], batch(1), batch(2), net=TwoForwards(built["plain"]))
     of_plain_size(loss, grads, plain_loss, plain, reference, "two forwards")
     assert twice["forwards"] - before["forwards"] >= 4 and twice["recomputed"] > before["recomputed"]
-    recomputed = models("gpt2", sides, parallel_config={"recompute": {"recompute": True}})
-    layers = recomputed["fused"].model.layers
+    recomputed = models("gpt2", {"fused": FUSED}, parallel_config={"recompute": {"recompute": True}})["fused"]
+    layers = recomputed.model.layers
     assert [layer.recompute_mode for layer in layers] == ["full", "full"]
     assert [layer.train_kernel.slot for layer in layers] == [train_layer.SHARED_SLOT] * 2
-    reference = float64_of(recomputed["plain"], (1.0, batch(1), 0, None))
-    loss, grads = loss_and_grads(recomputed["fused"], batch(1))
-    plain_loss, plain = loss_and_grads(recomputed["plain"], batch(1))
+    plain_model, (plain_loss, plain), reference = gpt2_plain_step
+    same_weights(recomputed, plain_model)
+    loss, grads = loss_and_grads(recomputed, batch())
     of_plain_size(loss, grads, plain_loss, plain, reference, "recomputed")
     assert counts(library)["backwards"] - twice["backwards"] == 2
 
