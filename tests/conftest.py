@@ -168,12 +168,13 @@ class Launch:
     (tests/forked_launch.py), which has imported MindSpore and MindFormers once: ~6 s less a run. ``fresh=True``
     starts a new interpreter instead, as a user's shell does, for the checks that are about the process's start
     (what its console shows before the first gpt_local line, its memory from zero, signals held before MindSpore
-    is imported: tests/e2e/test_stop_signals.py starts its own)."""
+    is imported: tests/e2e/test_stop_signals.py starts its own). ``script``: ``python SCRIPT ARGS`` instead (e.g.
+    MindFormers' own launcher), forked from the zygote as well."""
 
-    def __init__(self, args, cwd, env=None, command=None, fresh=False):
+    def __init__(self, args, cwd, env=None, command=None, fresh=False, script=None):
         self._files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") for _ in range(2)]
         if command is None and not env and not fresh:
-            self.proc = _Zygote.launch(["run", *args], cwd, self._files)
+            self.proc = _Zygote.launch(list(args) if script else ["run", *args], cwd, self._files, script)
             return
         self.proc = subprocess.Popen(command or [sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args],
                                      cwd=cwd, env=source_env(**(env or {})), stdout=self._files[0],
@@ -230,7 +231,7 @@ class _Zygote:
     proc = None
 
     @classmethod
-    def launch(cls, argv, cwd, files):
+    def launch(cls, argv, cwd, files, script=None):
         if cls.proc is None or cls.proc.poll() is not None:
             home = tempfile.mkdtemp(prefix="gptlocal-zygote-")
             atexit.register(cls._end, home)
@@ -246,7 +247,8 @@ class _Zygote:
         status = tempfile.mktemp(prefix="gptlocal-status-")
         paths = [f"/proc/{os.getpid()}/fd/{handle.fileno()}" for handle in files]
         cls.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "cwd": os.path.abspath(cwd or os.getcwd()),
-                                         "out": paths[0], "err": paths[1], "status": status}) + "\n")
+                                         "out": paths[0], "err": paths[1], "status": status,
+                                         "script": script and str(script)}) + "\n")
         cls.proc.stdin.flush()
         return _Forked(int(cls.proc.stdout.readline()), status)
 

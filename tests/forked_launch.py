@@ -9,8 +9,9 @@ stdout / stderr at the caller's files and runs the CLI's ``main`` as ``__main__.
 process running the real launcher from its first gpt_local line; what it skips is the import it shares.
 
 Run this file to start a zygote: it reads one JSON request a line on stdin (``argv``, ``cwd``, ``out``, ``err``,
-``status``), answers each with the child's pid on stdout, and when a child ends writes its exit status (as
-``subprocess`` reports it: negative for a signal) to the request's ``status`` file. End of stdin ends it.
+``status``; ``script``: run that Python file with ``argv`` as ``python SCRIPT ARGV...`` would, not the CLI),
+answers each with the child's pid on stdout, and when a child ends writes its exit status (as ``subprocess``
+reports it: negative for a signal) to the request's ``status`` file. End of stdin ends it.
 """
 import json
 import os
@@ -34,8 +35,15 @@ def _child(request):
     os.close(devnull)
     code = 1
     try:
-        code = CLI_MAIN(request["argv"])
-        code = 0 if code is None else code  # as __main__.py's sys.exit(main()) exits
+        if request.get("script"):  # `python SCRIPT ARGV...`: the script as __main__, its folder first on sys.path
+            import runpy
+            sys.argv[:] = [request["script"], *request["argv"]]
+            sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+            runpy.run_path(request["script"], run_name="__main__")
+            code = 0
+        else:
+            code = CLI_MAIN(request["argv"])
+            code = 0 if code is None else code  # as __main__.py's sys.exit(main()) exits
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:  # what an uncaught exception does to a process: the traceback, then exit 1
