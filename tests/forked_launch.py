@@ -9,7 +9,8 @@ stdout / stderr at the caller's files and runs the CLI's ``main`` as ``__main__.
 process running the real launcher from its first gpt_local line; what it skips is the import it shares.
 
 Run this file to start a zygote: it reads one JSON request a line on stdin (``argv``, ``cwd``, ``out``, ``err``,
-``status``; ``script``: run that Python file with ``argv`` as ``python SCRIPT ARGV...`` would, not the CLI),
+``status``; ``script``: run that Python file with ``argv`` as ``python SCRIPT ARGV...`` would, not the CLI;
+``file_size_limit``: the child's RLIMIT_FSIZE, SIGXFSZ ignored),
 answers each with the child's pid on stdout, and when a child ends writes its exit status (as ``subprocess``
 reports it: negative for a signal) to the request's ``status`` file. End of stdin ends it.
 """
@@ -30,6 +31,10 @@ def _child(request):
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(handle, fd)
         os.close(handle)
+    if request.get("file_size_limit"):  # a disk that fills up: EFBIG from write() instead of a killed process
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"],) * 2)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
