@@ -168,13 +168,17 @@ class Launch:
     (tests/forked_launch.py), which has imported MindSpore and MindFormers once: ~6 s less a run. ``fresh=True``
     starts a new interpreter instead, as a user's shell does, for the checks that are about the process's start
     (what its console shows before the first gpt_local line, its memory from zero, signals held before MindSpore
-    is imported: tests/e2e/test_stop_signals.py starts its own)."""
+    is imported: tests/e2e/test_stop_signals.py starts its own). ``script``: ``python SCRIPT ARGS`` instead (e.g.
+    MindFormers' own launcher), forked from the zygote as well. ``file_size_limit``: the forked child's RLIMIT_FSIZE
+    (bytes; SIGXFSZ ignored, so a write past it fails with EFBIG: a full disk)."""
 
-    def __init__(self, args, cwd, env=None, command=None, fresh=False):
+    def __init__(self, args, cwd, env=None, command=None, fresh=False, script=None, file_size_limit=None):
         self._files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") for _ in range(2)]
         if command is None and not env and not fresh:
-            self.proc = _Zygote.launch(["run", *args], cwd, self._files)
+            self.proc = _Zygote.launch(list(args) if script else ["run", *args], cwd, self._files, script,
+                                       file_size_limit)
             return
+        assert file_size_limit is None, "file_size_limit: forked launches only"
         self.proc = subprocess.Popen(command or [sys.executable, "-m", "mindformers_gptlocal.cli", "run", *args],
                                      cwd=cwd, env=source_env(**(env or {})), stdout=self._files[0],
                                      stderr=self._files[1])
@@ -230,7 +234,7 @@ class _Zygote:
     proc = None
 
     @classmethod
-    def launch(cls, argv, cwd, files):
+    def launch(cls, argv, cwd, files, script=None, file_size_limit=None):
         if cls.proc is None or cls.proc.poll() is not None:
             home = tempfile.mkdtemp(prefix="gptlocal-zygote-")
             atexit.register(cls._end, home)
@@ -246,7 +250,9 @@ class _Zygote:
         status = tempfile.mktemp(prefix="gptlocal-status-")
         paths = [f"/proc/{os.getpid()}/fd/{handle.fileno()}" for handle in files]
         cls.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "cwd": os.path.abspath(cwd or os.getcwd()),
-                                         "out": paths[0], "err": paths[1], "status": status}) + "\n")
+                                         "out": paths[0], "err": paths[1], "status": status,
+                                         "script": script and str(script),
+                                         "file_size_limit": file_size_limit}) + "\n")
         cls.proc.stdin.flush()
         return _Forked(int(cls.proc.stdout.readline()), status)
 

@@ -9,8 +9,10 @@ stdout / stderr at the caller's files and runs the CLI's ``main`` as ``__main__.
 process running the real launcher from its first gpt_local line; what it skips is the import it shares.
 
 Run this file to start a zygote: it reads one JSON request a line on stdin (``argv``, ``cwd``, ``out``, ``err``,
-``status``), answers each with the child's pid on stdout, and when a child ends writes its exit status (as
-``subprocess`` reports it: negative for a signal) to the request's ``status`` file. End of stdin ends it.
+``status``; ``script``: run that Python file with ``argv`` as ``python SCRIPT ARGV...`` would, not the CLI;
+``file_size_limit``: the child's RLIMIT_FSIZE, SIGXFSZ ignored),
+answers each with the child's pid on stdout, and when a child ends writes its exit status (as ``subprocess``
+reports it: negative for a signal) to the request's ``status`` file. End of stdin ends it.
 """
 import json
 import os
@@ -29,13 +31,24 @@ def _child(request):
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(handle, fd)
         os.close(handle)
+    if request.get("file_size_limit"):  # a disk that fills up: EFBIG from write() instead of a killed process
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"],) * 2)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     code = 1
     try:
-        code = CLI_MAIN(request["argv"])
-        code = 0 if code is None else code  # as __main__.py's sys.exit(main()) exits
+        if request.get("script"):  # `python SCRIPT ARGV...`: the script as __main__, its folder first on sys.path
+            import runpy
+            sys.argv[:] = [request["script"], *request["argv"]]
+            sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+            runpy.run_path(request["script"], run_name="__main__")
+            code = 0
+        else:
+            code = CLI_MAIN(request["argv"])
+            code = 0 if code is None else code  # as __main__.py's sys.exit(main()) exits
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:  # what an uncaught exception does to a process: the traceback, then exit 1

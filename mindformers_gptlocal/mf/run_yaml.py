@@ -192,7 +192,8 @@ STEP_WRAPPERS = ("GPTLocalTrainOneStepCell", "GPTLocalPipelineWithLossScaleCell"
 def configure_compile_cache(config):
     """``runner_wrapper.compile_cache`` of a gpt_local step wrapper: ``on`` where the YAML leaves it out and the run
     is one process (``use_parallel`` off), so a run whose step graph was stored before loads it (``mf/wrapper.py``
-    ``step_cache``); ``off`` or a folder as written. A value naming a file stops the run here."""
+    ``step_cache``); ``off``, ``on`` or a folder as written (under msrun too: each rank its own graph). A value naming
+    a file stops the run here."""
     wrapper = config.get("runner_wrapper")
     if not wrapper or wrapper.get("type") not in STEP_WRAPPERS:
         return

@@ -68,18 +68,28 @@ class TrimAfterCompileMixin:
 
 
 def step_cache(setting):
-    """The ``GraphCache`` of a training step as ``runner_wrapper.compile_cache`` says, or None: ``off``; or not one
-    GRAPH-mode process (PyNative compiles no step graph; under msrun each rank's graph is its own: MindSpore's cache
-    folder is per rank, and ours stages rank 0's). Salted with MindFormers' version (its Cells are keyed by their code
-    too: ``graph_cache.class_sources``)."""
+    """The ``GraphCache`` of a training step as ``runner_wrapper.compile_cache`` says, or None: ``off``; or not a
+    GRAPH-mode process (PyNative compiles no step graph). Salted with MindFormers' version (its Cells are keyed by
+    their code too: ``graph_cache.class_sources``) and, under msrun, the rank and the parallel context: each rank
+    stores and loads its own step graph."""
     from importlib.metadata import version
     import mindspore as ms
     from mindspore.communication import GlobalComm
     from ..runtime.graph_cache import GraphCache, store_root
     root = store_root(setting)
-    if root is None or ms.get_context("mode") != ms.GRAPH_MODE or GlobalComm.INITED:
+    if root is None or ms.get_context("mode") != ms.GRAPH_MODE:
         return None
-    return GraphCache(root, {"mindformers": version("mindformers")}, flag="runner_wrapper.compile_cache")
+    salt = {"mindformers": version("mindformers")}
+    if GlobalComm.INITED:
+        from mindspore.communication import get_group_size, get_rank
+        salt.update(rank=get_rank(), ranks=get_group_size(),
+                    parallel={key: repr(ms.get_auto_parallel_context(key)) for key in PARALLEL_CONTEXT})
+    return GraphCache(root, salt, flag="runner_wrapper.compile_cache")
+
+
+# the auto-parallel context that shapes a rank's step graph beside its Cells (a step cached under msrun)
+PARALLEL_CONTEXT = ("parallel_mode", "device_num", "global_rank", "gradients_mean", "full_batch", "pipeline_stages",
+                    "enable_parallel_optimizer", "search_mode", "dataset_strategy", "strategy_ckpt_load_file")
 
 
 class IsFiniteOverflowMixin:

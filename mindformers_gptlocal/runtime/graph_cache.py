@@ -11,7 +11,9 @@ heap the compile leaves behind (docs/performance.md "What holds a compiled graph
 What MindSpore 2.7.2 does on CPU, as observed (``tests/generation/test_graph_cache.py`` runs a second process on
 the stored graphs): with ``enable_compile_cache`` on, the graph of each compile is written to (or loaded from)
 ``<path>/rank_0/graph_cache/compile_cache_<k>.mindir``, where ``k`` counts the process's compiles with the cache
-on (loads included), and ``<path>`` is read at the process's first such compile and never again. A load is
+on (loads included), and ``<path>`` is read at the process's first such compile and never again (an msrun worker
+of rank r: ``<path>/rank_<r>/graph_cache/MS_WORKERcompile_cache_<k>.mindir``, measured with MindSpore 2.9:
+``rank_folder``, ``_file_prefix``). A load is
 checked only against ``compile_dependency.hash`` (written at ``k`` = 0: a sha256 over the entry script and its
 imports outside site-packages), never against the graph it stands for: a process caching graphs in another
 order than the one that wrote the folder loads another graph's file (seen: nan, or a shape error). So MindSpore's folder is used here only as a per-process staging folder, and the graphs live in a
@@ -58,6 +60,8 @@ _PRUNED = set()  # roots pruned in this process
 # Cell attributes MindSpore sets per compile or per call (phase names, argument keys): not the graph's
 VOLATILE = frozenset(("arguments_key", "phase", "compile_phase", "current_phase", "cell_init_args", "phase_cache",
                       "exist_names", "exist_objs", "is_top_cell", "create_time", "total_instance_count"))
+# MindSpore's switches that are not a graph's: where msrun's scheduler listens (a free port per launch)
+CLUSTER_ADDRESS = frozenset(("MS_SCHED_HOST", "MS_SCHED_PORT"))
 _PROCESS = {}  # the one staging folder of this process, and the count of its cached compiles
 
 
@@ -313,7 +317,7 @@ class GraphCache:
         """The key of ``cell(*args)``'s graph: a folder name under ``root``."""
         import mindspore as ms
         switches = {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith("MS_") and not k.startswith("MS_COMPILER_CACHE")}  # MindSpore's, not ours
+                    if k.startswith("MS_") and not k.startswith("MS_COMPILER_CACHE") and k not in CLUSTER_ADDRESS}
         text = json.dumps({"source": source_digest(), "mindspore": ms.__version__, "mode": ms.get_context("mode"),
                            "device": ms.get_context("device_target"), "switches": switches, "salt": self.salt,
                            "cell": cell_description(cell), "args": _describe(list(args))}, sort_keys=True)
@@ -363,8 +367,8 @@ def _cached_compile(cell, args, folder, run=None):
     import mindspore as ms
     run = run or (lambda: cell(*args))
     index = _PROCESS["count"]
-    graphs = os.path.join(_PROCESS["staging"], "rank_0", "graph_cache")
-    staged = os.path.join(graphs, f"compile_cache_{index}.mindir")
+    graphs = _PROCESS["graphs"]
+    staged = os.path.join(graphs, f"{_PROCESS['prefix']}compile_cache_{index}.mindir")
     if os.path.exists(staged):  # a cached compile this process did not make through here: stop trusting k
         _disable(f"{staged} exists before compile {index}")
         return run(), None, False
@@ -454,14 +458,28 @@ def _staging(root):
         base = staging_base()
         os.makedirs(base, exist_ok=True)
         folder = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base)
-        graphs = os.path.join(folder, "rank_0", "graph_cache")
+        graphs, prefix = os.path.join(folder, rank_folder(), "graph_cache"), _file_prefix()
         os.makedirs(graphs)
-        with open(os.path.join(graphs, "compile_dependency.hash"), "w", encoding="ascii") as handle:
+        with open(os.path.join(graphs, f"{prefix}compile_dependency.hash"), "w", encoding="ascii") as handle:
             handle.write(_PROCESS["hash"])
-        _PROCESS["staging"], _PROCESS["count"] = folder, 0
+        _PROCESS.update(staging=folder, graphs=graphs, prefix=prefix, count=0)
         atexit.register(shutil.rmtree, folder, True)
         _anchor(root)
     return _PROCESS["staging"]
+
+
+def rank_folder():
+    """The folder MindSpore writes this process's graphs to under its cache path: ``rank_<its rank>``, ``rank_0``
+    without a communication group (one process)."""
+    from mindspore.communication import GlobalComm, get_rank
+    return f"rank_{get_rank()}" if GlobalComm.INITED else "rank_0"
+
+
+def _file_prefix():
+    """What MindSpore puts before its file names in that folder: under msrun the process's role (measured with
+    MindSpore 2.9: ``MS_WORKERcompile_cache_0.mindir``), else nothing."""
+    from mindspore.communication import GlobalComm
+    return os.environ.get("MS_ROLE", "") if GlobalComm.INITED else ""
 
 
 def _anchor(root):
@@ -477,15 +495,17 @@ def _anchor(root):
         def construct(self, x):
             return x + 1
 
-    key = json.dumps({"mindspore": ms.__version__, "mode": ms.get_context("mode"),
-                      "device": ms.get_context("device_target")}, sort_keys=True)
+    key = {"mindspore": ms.__version__, "mode": ms.get_context("mode"), "device": ms.get_context("device_target")}
+    if _PROCESS["prefix"]:  # a rank of an msrun job: its own anchor (its folder, its parallel context)
+        key.update(rank=rank_folder(), parallel=ms.get_auto_parallel_context("parallel_mode"))
+    key = json.dumps(key, sort_keys=True)
     folder = os.path.join(root, "anchor-" + hashlib.sha256(key.encode()).hexdigest()[:32])
     _cached_compile(Anchor(), (ms.Tensor(np.zeros(1, np.float32)),), folder)
 
 
 def _written_hash(graphs):
     try:
-        with open(os.path.join(graphs, "compile_dependency.hash"), encoding="ascii") as handle:
+        with open(os.path.join(graphs, f"{_PROCESS['prefix']}compile_dependency.hash"), encoding="ascii") as handle:
             return handle.read().strip()
     except OSError:
         return None

@@ -5,15 +5,13 @@ copy of it: a YAML that changed what the run is, a disk that fills up during a s
 limit, RLIMIT_FSIZE, on the resumed process), and a run resumed after it already finished.
 """
 import os
-import resource
 import shutil
-import signal
 
 import pytest
 
 from mindformers_gptlocal import yaml_io
 from mindformers_gptlocal.checkpoint import manifest as ckpt_manifest
-from conftest import launch_in_process, run_launcher, step_losses
+from conftest import Launch, launch_in_process, run_launcher, step_losses
 from conftest import snapshot, write_yaml
 
 N = 3
@@ -70,22 +68,10 @@ def test_changed_model_size_is_refused_before_anything_is_built(stopped_run, tmp
     assert "model.model_config.num_hidden_layers is 3 now but was 2" in out, out[-2000:]
 
 
-def _limit_file_size(limit):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write() instead of a killed process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
-
-
 def _run_limited(run, limit, *flags):
-    import subprocess
-    import sys
-    from conftest import source_env
-    proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "run", "--config",
-                           str(run / "run.yaml"), "--resume_training", "True", *flags], cwd=str(run),
-                          env=source_env(), capture_output=True, text=True, timeout=600,
-                          preexec_fn=_limit_file_size(limit))
-    return proc.returncode, proc.stdout + proc.stderr
+    """The resume in a process whose files may not grow past ``limit`` bytes (RLIMIT_FSIZE: a full disk)."""
+    return Launch(["--config", str(run / "run.yaml"), "--resume_training", "True", *flags], cwd=str(run),
+                  file_size_limit=limit).result()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ workers' losses must follow the single-process loss curve step by step.
 Stopping, resume and crash safety with two processes, in one chain of launches: a run stopped by Ctrl-C
 is resumed, that resumed run has its worker 1 SIGKILLed (during a save, which is slowed down), and the run
 resumed after the kill finishes; every stretch has each worker's losses equal to the uninterrupted
-two-process run's, bit for bit.
+two-process run's, bit for bit. Each rank's step graph is compiled once, by the uninterrupted run, and stored
+(``runner_wrapper.compile_cache`` set to a folder of this module's); the chain's launches load it.
 """
 import glob
 import os
@@ -34,10 +35,10 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def _yaml(tmp_path, name, corpus, per_card_batch, samples):
+def _yaml(tmp_path, name, corpus, per_card_batch, samples, **changes):
     path = tiny_yaml(tmp_path, name, corpus=corpus, train_dataset__data_loader__num_samples=samples,
                      train_dataset__data_loader__shuffle=False, train_dataset__batch_size=per_card_batch,
-                     runner_config__batch_size=per_card_batch, lr_schedule__learning_rate=3e-3)
+                     runner_config__batch_size=per_card_batch, lr_schedule__learning_rate=3e-3, **changes)
     config = yaml_io.load_yaml(path)
     for callback in config["callbacks"]:
         if callback["type"] == "GPTLocalThroughputMonitor":
@@ -47,9 +48,18 @@ def _yaml(tmp_path, name, corpus, per_card_batch, samples):
     return yaml_io.dump_yaml(config, path)
 
 
-def _dp_yaml(folder, corpus):
+def _dp_yaml(folder, corpus, store):
+    """The two-process YAML, its step graphs kept in ``store`` (each rank its own)."""
     folder.mkdir(exist_ok=True)
-    return _yaml(folder, "pretrain_gpt_local_tiny_cpu_dp2.yaml", corpus, GLOBAL_BATCH // 2, STEPS * GLOBAL_BATCH // 2)
+    return _yaml(folder, "pretrain_gpt_local_tiny_cpu_dp2.yaml", corpus, GLOBAL_BATCH // 2, STEPS * GLOBAL_BATCH // 2,
+                 runner_wrapper__compile_cache=str(store))
+
+
+def _step_graphs(store):
+    """{stored step graph folder: (inode, mtime) of its graph} in ``store`` (a store rewrites the file)."""
+    return {name: (os.stat(path).st_ino, os.stat(path).st_mtime_ns)
+            for name in sorted(os.listdir(store)) if name.startswith("gptlocaltrainonestepcell-")
+            for path in [os.path.join(store, name, "graph.mindir")] if os.path.isfile(path)}
 
 
 def _msrun_env(folder, run, **extra):
@@ -68,20 +78,24 @@ def _msrun(folder, yaml_path, run, *flags, **env):
                           timeout=600)
     logs = "".join(open(p).read()[-1500:] for p in glob.glob(str(folder / f"msrun_log_{run}" / "*.log")))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
+    for log in glob.glob(str(folder / f"msrun_log_{run}" / "worker_*.log")):
+        assert "compile cache off" not in open(log).read(), log  # each rank's step graph through its store
     return _worker_losses(folder, run)
 
 
 @pytest.fixture(scope="module")
 def dp_reference(corpus, tmp_path_factory):
-    """The uninterrupted two-process run: (folder, each worker's STEPS losses)."""
-    folder = tmp_path_factory.mktemp("dp2")
-    worker_losses = _msrun(folder, _dp_yaml(folder, corpus), "full")
+    """The uninterrupted two-process run: (folder, each worker's STEPS losses, the store of its step graphs: one
+    per rank, compiled here)."""
+    folder, store = tmp_path_factory.mktemp("dp2"), tmp_path_factory.mktemp("dp2_step_graphs")
+    worker_losses = _msrun(folder, _dp_yaml(folder, corpus, store), "full")
     assert len(worker_losses) == 2 and all(len(losses) == STEPS for losses in worker_losses), worker_losses
-    return folder, worker_losses
+    assert len(_step_graphs(store)) == 2, os.listdir(store)  # each rank stored its own
+    return folder, worker_losses, store
 
 
 def test_two_process_data_parallel_matches_single_process_and_exports(corpus, tmp_path, dp_reference):
-    dp_dir, worker_losses = dp_reference
+    dp_dir, worker_losses, _ = dp_reference
     single_dir = tmp_path / "single"
     single_dir.mkdir()
     assert worker_losses[0] != worker_losses[1]  # each worker really saw its own shard
@@ -151,11 +165,13 @@ def test_ctrl_c_resume_kill_during_a_save_resume_continues_both_ranks_exactly(co
     Ctrl-C to run_msrun.sh (it passes SIGINT to both workers, which agree on the step by an all-reduce at each step
     end, save it and end; the script exits 130, its terminal showing rank 0 only and no MindSpore warning); the resume
     (announced on each rank at that step) has worker 1 SIGKILLed during a slowed-down save; the run resumed after the
-    kill (from the newest step both ranks share) finishes like the reference."""
+    kill (from the newest step both ranks share) finishes like the reference. Every launch of the chain loads each
+    rank's step graph the reference stored (none compiled and stored again)."""
     from mindformers_gptlocal.checkpoint import manifest
     from mindformers_gptlocal.checkpoint.resume import common_rank_checkpoint
-    _, reference = dp_reference
-    yaml_path = _dp_yaml(tmp_path, corpus)
+    _, reference, store = dp_reference
+    stored = _step_graphs(store)
+    yaml_path = _dp_yaml(tmp_path, corpus, store)
     code, shown, took = _sigint_after_step_2(tmp_path, yaml_path)
     assert code == 130, shown[-3000:]
     assert took < 20, took  # the workers saved and ended; msrun's scheduler (~30 s heartbeat timeout) not waited for
@@ -212,3 +228,7 @@ def test_ctrl_c_resume_kill_during_a_save_resume_continues_both_ranks_exactly(co
     assert stop < step < STEPS, step
     resumed = _msrun(tmp_path, yaml_path, "resumed", "--resume_training", "True")
     assert resumed == [losses[step:] for losses in reference], (step, resumed, reference)
+    assert _step_graphs(store) == stored  # loaded by every launch, not compiled and stored again
+    for run in ("stopped", "killed"):
+        for log in glob.glob(str(tmp_path / f"msrun_log_{run}" / "worker_*.log")):
+            assert "compile cache off" not in open(log).read(), log

@@ -176,18 +176,14 @@ def test_sigterm_under_mindformers_own_launcher_saves_exits_143_and_resumes_exac
     output = tmp_path / "part" / "output"
     for state in ("stopped", "finished"):  # the launch again without --resume_training: refused, nothing lost
         before = snapshot(output, skip=("log",))
-        again = subprocess.run([sys.executable, str(script), yaml_path], cwd=str(tmp_path / "part"),
-                               env=source_env(), capture_output=True, text=True, timeout=600)
-        refused = again.stdout + again.stderr
-        assert again.returncode != 0 and "TRAINED" not in refused, (state, refused[-3000:])
+        code, refused = Launch([yaml_path], cwd=str(tmp_path / "part"), script=script).result()
+        assert code != 0 and "TRAINED" not in refused, (state, refused[-3000:])
         assert f"output_dir {output} {REFUSED}" in refused and "[gptlocal] step 1/" not in refused, refused[-3000:]
         assert snapshot(output, skip=("log",)) == before, state
         if state == "stopped":
-            second = subprocess.run([sys.executable, str(script), yaml_path, "--resume_training"],
-                                    cwd=str(tmp_path / "part"), env=source_env(), capture_output=True, text=True,
-                                    timeout=600)
-            resumed = second.stdout + second.stderr
-            assert second.returncode == 0 and "TRAINED" in resumed, resumed[-3000:]
+            code, resumed = Launch([yaml_path, "--resume_training"], cwd=str(tmp_path / "part"),
+                                   script=script).result()
+            assert code == 0 and "TRAINED" in resumed, resumed[-3000:]
             print(f"\n[stop test] SIGTERM after step {step}: resumed losses {step_losses(resumed)} == uninterrupted "
                   f"{losses[step:]}")
             assert step_losses(resumed) == losses[step:]
