@@ -72,7 +72,7 @@ def test_the_default_and_each_value(tmp_path):
             configured({"type": "GPTLocalTrainOneStepCell", "compile_cache": bad})
 
 
-def test_the_step_cache_is_made_only_for_one_graph_mode_process(tmp_path):
+def test_the_step_cache_is_made_only_in_graph_mode(tmp_path):
     import mindspore as ms
     from mindformers_gptlocal.mf.wrapper import step_cache
     ms.set_context(mode=ms.GRAPH_MODE)
