@@ -2,8 +2,9 @@
 its one-token KV-cache graphs of the compiled runner, ``cpu_kernels: {runner: plain}`` here) against the plain decode
 graph of the same weights (``cpu_kernels: {decode_layer: plain}``): the logits of every step of a greedy generation of
 24 tokens within 1e-5, one-token steps (``ModelRunner.decode``), then the kernel's unrolled greedy graph
-(``decode_greedy``, generate's greedy path) against the plain one-token steps, batch 3 with ragged prompts (right
-padding) on every model and batch 1 on GPT-2's, the caches equal afterwards (and, on the tiny shape, ``generate`` and a
+(``decode_greedy``, generate's greedy path; ``GREEDY_UNROLLED`` steps unrolled, generate's own count on the tiny
+shape) against the plain one-token steps, batch 3 with ragged prompts (right padding) on every model and batch 1 on
+GPT-2's, the caches equal afterwards (and, on the tiny shape, ``generate`` and a
 row subset of the cache's slots: serve's smaller batch buckets). The layouts: GPT-2's tiny shape, Llama-style (RMSNorm,
 SwiGLU, rope, GQA, no biases, untied head), NeoX-style (parallel residual, partial rotary, erf GeLU); the precisions: an
 int8 Qwen2-style model (QKV biases only; ``gptlocal quantize``'s scheme: the int8 decode kernel, exact in int32, against
@@ -21,6 +22,7 @@ from mindformers_gptlocal.kernels.abi import precision, table
 from mindformers_gptlocal.kernels.cells.decode_layer import CPUDecodeLayer, CPUDecodeLayerBF16, CPUDecodeLayerInt8
 from mindformers_gptlocal.model.quantization import QUANTIZATION
 from conftest import TINY
+from one_step import generate_one_step, unrolled
 from references import set_float_weights
 
 LLAMA = dict(normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False, position_embedding_type="rope",
@@ -42,6 +44,10 @@ SHAPES = {"tiny": {},
           "bf16-emulated": dict(compute_dtype="bfloat16", cpu_kernels={"linear": "kernel"})}
 BF16 = ("bf16", "bf16-emulated")
 STEPS = 24
+# steps the kernel's greedy graph unrolls in steps_equal (its compile costs about one one-token graph a step): the
+# third reads cache rows the two before it wrote in the same graph; generate's own count (8 at 2 layers) runs in
+# test_generate_and_a_row_subset_of_the_slots, the plain greedy graph's in test_generation.py
+GREEDY_UNROLLED = 3
 
 
 def pair(changes, inference=False):
@@ -152,13 +158,14 @@ def steps_equal(fast, plain, prompts):
     # so the plain model compiles no greedy graph here)
     start = positions + STEPS
     tokens = logits[1].argmax(-1)
-    picked_fast, seen_fast = runners[0].decode_greedy(tokens, start, with_logits=True)
+    with unrolled(runners[0], GREEDY_UNROLLED):
+        picked_fast, seen_fast = runners[0].decode_greedy(tokens, start, with_logits=True)
+    assert picked_fast.shape == (len(prompts), GREEDY_UNROLLED)
     picked_plain, seen_plain = [], []
-    for step in range(runners[0].decode_steps):
+    for step in range(GREEDY_UNROLLED):
         seen_plain.append(runners[1].decode(tokens, start + step))
         tokens = seen_plain[-1].argmax(-1)
         picked_plain.append(tokens)
-    assert runners[0].decode_steps > 1
     np.testing.assert_array_equal(picked_fast, np.stack(picked_plain, 1))
     close(seen_fast, np.stack(seen_plain, 1), "greedy graph logits", tol)
     for index, (a, b) in enumerate(zip(caches(runners[0]), caches(runners[1]))):
@@ -167,16 +174,22 @@ def steps_equal(fast, plain, prompts):
 
 @pytest.mark.parametrize("models", ["tiny"], indirect=True, scope="module")
 def test_generate_and_a_row_subset_of_the_slots(models):
-    """``generate`` (its greedy graph) gives the plain tokens; a step over 2 of 3 slots (serve's smaller batch
-    bucket: rows name their slots) writes and reads only those slots. On the tiny shape: the way from ``generate``
-    and the slots to the kernel is the same for every weight layout, which the step tests check by value."""
+    """``generate`` (its greedy graph, generate's own step count) gives the plain tokens (the plain one-token steps:
+    ``generate_one_step``); a step over 2 of 3 slots (serve's smaller batch bucket: rows name their slots) writes and
+    reads only those slots. On the tiny shape: the way from ``generate`` and the slots to the kernel is the same for
+    every weight layout, which the step tests check by value."""
     fast, plain = models
-    # 3 rows, the longest prompt 18 (width bucket 32) and a 64-row cache: the runners and prefill graphs of
-    # test_every_step_equals_the_plain_decode_graph[tiny] (RAGGED), compiled once
+    # 3 rows, the longest prompt 18 (width bucket 32) and a 64-row cache: the runners and the prefill and one-token
+    # graphs of test_every_step_equals_the_plain_decode_graph[tiny] (RAGGED), compiled once
     prompts = [[7, 3, 9, 1], list(range(40, 58)), [2, 5]]
+    assert fast.kv_cache(3, 38).decode_steps > GREEDY_UNROLLED  # generate unrolls its own count
     assert fast.generate(prompts, max_new_tokens=20, do_sample=False) == \
-        plain.generate(prompts, max_new_tokens=20, do_sample=False)
+        generate_one_step(plain, prompts, max_new_tokens=20, do_sample=False)
     runners = [m.kv_cache(3, 40) for m in (fast, plain)]
+    # the same stale rows in both (generate's: the kernel's greedy graph also writes the rows of the steps it
+    # discards, the plain one-token steps do not), then the subset calls over them
+    for stale, cache in zip(caches(runners[0]), (*runners[1].key_caches, *runners[1].value_caches)):
+        cache.set_data(Tensor(stale))
     for r in runners:
         r.prefill([[4, 5, 6], [9] * 17, [2, 8]])
     slots, positions = np.array([2, 0]), np.array([[2], [3]])

@@ -13,8 +13,9 @@ from mindformers_gptlocal.runtime.buckets import bucket_of
 from mindformers_gptlocal.runtime.runner import prefill_inputs
 from conftest import TINY
 
-# (architecture, mode): the graph the generate path compiles for GPT-2; GQA + rope in PyNative (the same Cells and
-# kernel, nothing to compile: keeps the suite's time)
+# (architecture, mode): GPT-2 from a GRAPH-mode caller (as ``gptlocal generate``); GQA + rope from a PyNative one
+# (MindSpore's default: the runner compiles its graphs whatever the caller's mode, runtime/runner.py compiled_call,
+# so both compile the same three graphs: the fused prefill, the plain step and the one-token step)
 # (the compiled runner's prefill graphs: cpu_kernels {runner: plain}; on CPU generate's default is the native runner)
 COMPILED = {"runner": "plain"}
 ARCHS = {"gpt2-graph": (dict(cpu_kernels=COMPILED), ms.GRAPH_MODE),
@@ -69,8 +70,8 @@ def test_kernel_prefill_equals_the_plain_cached_prefill(model):
 
 
 def test_prefix_tuning_keeps_the_plain_prefill():
-    """The prefix rows come before the prompt, so the prefill is not fresh causal attention: plain path (PyNative:
-    nothing to compile)."""
+    """The prefix rows come before the prompt, so the prefill is not fresh causal attention: plain path (one graph: the
+    prefill runs the plain step's)."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
     lm = GPTLocalForCausalLM(GPTLocalConfig(**dict(TINY, seq_length=48), pet_config=dict(

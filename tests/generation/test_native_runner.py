@@ -28,6 +28,7 @@ from mindformers_gptlocal.model.quantization import QUANTIZATION
 from mindformers_gptlocal.runtime.native import NativeRunner
 from mindformers_gptlocal.runtime.runner import ModelRunner
 from conftest import TINY
+from one_step import generate_one_step
 from references import set_float_weights
 
 LLAMA = dict(normalization="RMSNorm", hidden_act="swiglu", add_bias_linear=False, position_embedding_type="rope",
@@ -217,11 +218,14 @@ def test_a_call_longer_than_its_rows_runs_as_column_chunks(graph_mode):  # pylin
 def test_generate_gives_the_compiled_runners_tokens(graph_mode):  # pylint: disable=unused-argument
     native, plain = models("llama")
     # 3 rows, the longest prompt 18 (width bucket 32), a 64-row cache: the compiled runner and its prefill and
-    # one-token graphs of test_every_step_equals_the_compiled_plain_runner[llama-float32] (the same models)
+    # one-token graphs of test_every_step_equals_the_compiled_plain_runner[llama-float32] (the same models); the
+    # compiled runner's greedy tokens from those one-token steps (generate_one_step: its greedy graph's tokens)
     prompts = [[7, 3, 9, 1], list(range(40, 58)), [2, 5]]
-    for options in (dict(do_sample=False), dict(do_sample=True, temperature=1.3, top_k=40, seed=5)):
-        assert native.generate(prompts, max_new_tokens=20, **options) == \
-            plain.generate(prompts, max_new_tokens=20, **options), options
+    assert native.generate(prompts, max_new_tokens=20, do_sample=False) == \
+        generate_one_step(plain, prompts, max_new_tokens=20, do_sample=False)
+    options = dict(do_sample=True, temperature=1.3, top_k=40, seed=5)
+    assert native.generate(prompts, max_new_tokens=20, **options) == \
+        plain.generate(prompts, max_new_tokens=20, **options)
     assert type(native.kv_cache(3, 38)) is NativeRunner  # noqa: E721
 
 
