@@ -132,11 +132,12 @@ class LossOf(nn.Cell):
         return self.model(*inputs)[0]
 
 
-def copy_weights(source, target):
-    """Every Parameter of ``target`` set to the value of ``source``'s of the same name."""
+def copy_weights(source, target, keep=()):
+    """Every Parameter of ``target`` but those named in ``keep`` set to the value of ``source``'s of the same name."""
     values = dict(source.parameters_and_names())
     for name, param in target.parameters_and_names():
-        param.set_data(Tensor(values[name].asnumpy()))
+        if name not in keep:
+            param.set_data(Tensor(values[name].asnumpy()))
 
 
 def set_float_weights(model, weights):

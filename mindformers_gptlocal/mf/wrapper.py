@@ -67,6 +67,11 @@ class TrimAfterCompileMixin:
         return compiled
 
 
+# the auto-parallel context that shapes a rank's step graph beside its Cells (a step cached under msrun)
+PARALLEL_CONTEXT = ("parallel_mode", "device_num", "global_rank", "gradients_mean", "full_batch", "pipeline_stages",
+                    "enable_parallel_optimizer", "search_mode", "dataset_strategy", "strategy_ckpt_load_file")
+
+
 def step_cache(setting):
     """The ``GraphCache`` of a training step as ``runner_wrapper.compile_cache`` says, or None: ``off``; or not a
     GRAPH-mode process (PyNative compiles no step graph). Salted with MindFormers' version (its Cells are keyed by
@@ -85,11 +90,6 @@ def step_cache(setting):
         salt.update(rank=get_rank(), ranks=get_group_size(),
                     parallel={key: repr(ms.get_auto_parallel_context(key)) for key in PARALLEL_CONTEXT})
     return GraphCache(root, salt, flag="runner_wrapper.compile_cache")
-
-
-# the auto-parallel context that shapes a rank's step graph beside its Cells (a step cached under msrun)
-PARALLEL_CONTEXT = ("parallel_mode", "device_num", "global_rank", "gradients_mean", "full_batch", "pipeline_stages",
-                    "enable_parallel_optimizer", "search_mode", "dataset_strategy", "strategy_ckpt_load_file")
 
 
 class IsFiniteOverflowMixin:

@@ -13,7 +13,7 @@ the stored graphs): with ``enable_compile_cache`` on, the graph of each compile 
 ``<path>/rank_0/graph_cache/compile_cache_<k>.mindir``, where ``k`` counts the process's compiles with the cache
 on (loads included), and ``<path>`` is read at the process's first such compile and never again (an msrun worker
 of rank r: ``<path>/rank_<r>/graph_cache/MS_WORKERcompile_cache_<k>.mindir``, measured with MindSpore 2.9:
-``rank_folder``, ``_file_prefix``). A load is
+``_rank_folder``, ``_file_prefix``). A load is
 checked only against ``compile_dependency.hash`` (written at ``k`` = 0: a sha256 over the entry script and its
 imports outside site-packages), never against the graph it stands for: a process caching graphs in another
 order than the one that wrote the folder loads another graph's file (seen: nan, or a shape error). So MindSpore's folder is used here only as a per-process staging folder, and the graphs live in a
@@ -458,7 +458,7 @@ def _staging(root):
         base = staging_base()
         os.makedirs(base, exist_ok=True)
         folder = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base)
-        graphs, prefix = os.path.join(folder, rank_folder(), "graph_cache"), _file_prefix()
+        graphs, prefix = os.path.join(folder, _rank_folder(), "graph_cache"), _file_prefix()
         os.makedirs(graphs)
         with open(os.path.join(graphs, f"{prefix}compile_dependency.hash"), "w", encoding="ascii") as handle:
             handle.write(_PROCESS["hash"])
@@ -468,7 +468,7 @@ def _staging(root):
     return _PROCESS["staging"]
 
 
-def rank_folder():
+def _rank_folder():
     """The folder MindSpore writes this process's graphs to under its cache path: ``rank_<its rank>``, ``rank_0``
     without a communication group (one process)."""
     from mindspore.communication import GlobalComm, get_rank
@@ -497,7 +497,7 @@ def _anchor(root):
 
     key = {"mindspore": ms.__version__, "mode": ms.get_context("mode"), "device": ms.get_context("device_target")}
     if _PROCESS["prefix"]:  # a rank of an msrun job: its own anchor (its folder, its parallel context)
-        key.update(rank=rank_folder(), parallel=ms.get_auto_parallel_context("parallel_mode"))
+        key.update(rank=_rank_folder(), parallel=ms.get_auto_parallel_context("parallel_mode"))
     key = json.dumps(key, sort_keys=True)
     folder = os.path.join(root, "anchor-" + hashlib.sha256(key.encode()).hexdigest()[:32])
     _cached_compile(Anchor(), (ms.Tensor(np.zeros(1, np.float32)),), folder)
