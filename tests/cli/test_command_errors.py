@@ -131,10 +131,17 @@ def test_chat_output_never_has_two_empty_lines_in_a_row():
 
 
 def test_eval_offline_task_is_one_line_at_once(tmp_path, tiny_model):
+    """A built-in task whose data set is not cached, the Hub unreachable: one line at once. With --include-path
+    naming a folder of other tasks: the built-in task is still found (the folder alone is indexed only when it holds
+    every task asked for)."""
     pytest.importorskip("lm_eval")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mine.yaml").write_text("task: mine\ndataset_path: json\noutput_type: loglikelihood\n")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "eval", "--model", tiny_model, "--tasks",
-                           "hellaswag", "--limit", "2"], cwd=str(tmp_path), capture_output=True, text=True,
+                           "hellaswag", "--include-path", str(tasks), "--limit", "2"], cwd=str(tmp_path),
+                          capture_output=True, text=True,
                           timeout=300, env=source_env(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf")))
     seconds = time.monotonic() - start
     line = _one_line(proc, "eval")

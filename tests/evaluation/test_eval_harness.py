@@ -42,8 +42,8 @@ def task_manager(tmp_path_factory):
     from lm_eval.tasks import TaskManager
     folder = tmp_path_factory.mktemp("tasks")
     write_tasks(str(folder))
-    # the local tasks only: indexing lm-eval's ~10k built-in task YAMLs costs ~15 s and no test here uses one
-    # (`gptlocal eval`, in test_cli_prints_table_and_writes_json, indexes them as it always does)
+    # the local tasks only, as `gptlocal eval` indexes them when it is asked for local tasks only
+    # (test_local_tasks_are_indexed_without_lm_evals_own): lm-eval's ~13,000 built-in task YAMLs cost ~10-15 s
     return TaskManager(include_path=str(folder), include_defaults=False), str(folder)
 
 
@@ -224,6 +224,18 @@ def test_cli_prints_table_and_writes_json(tiny, tiny_runs, task_manager, tmp_pat
     assert main(["eval", "--model", str(tmp_path / "missing"), "--tasks", "gl_choice",
                  "--include_path", task_manager[1]]) == 2
     assert "not a model directory" in capsys.readouterr().err
+
+
+def test_local_tasks_are_indexed_without_lm_evals_own(task_manager):
+    """``gptlocal eval --include_path DIR`` whose tasks are all DIR's tasks indexes DIR alone (lm-eval's ~13,000
+    built-in task YAMLs cost ~10-15 s of CPU to index). Any other name (a built-in task, or a group or tag of DIR's,
+    which may list built-in tasks) takes the built-in index with DIR's: test_command_errors' offline eval of a
+    built-in task with --include-path."""
+    from lm_eval.tasks import TaskManager
+    from mindformers_gptlocal.evaluation.run import task_manager as index_for
+    local = index_for(TaskManager, task_manager[1], ["gl_choice", "gl_rolling"])
+    assert sorted(local.all_tasks) == sorted(task_manager[0].all_tasks)  # DIR's, no built-in one
+    assert {"gl_choice", "gl_rolling"} <= set(local.all_subtasks) and "hellaswag" not in local.all_tasks
 
 
 def test_lm_eval_finds_gptlocal_by_name_and_import_stays_light():
