@@ -560,6 +560,12 @@ MUTATIONS = [
     Mutation("i63: losses lose their trailing zeros", PKG + "training/callbacks.py",
              'return f"{loss:#.{digits}g}"', 'return f"{loss:.{digits}g}"',
              ["tests/training/test_progress.py", "-k", "significant"]),
+    Mutation("i60: local tasks index lm-eval's built-in tasks too", PKG + "evaluation/run.py",
+             "        if set(tasks) <= set(local.all_subtasks):\n            return local\n", "",
+             ["tests/evaluation/test_eval_harness.py", "-k", "local_tasks_are_indexed"]),
+    Mutation("i60: any task list indexes the --include-path folder alone", PKG + "evaluation/run.py",
+             "if set(tasks) <= set(local.all_subtasks):", "if True:",
+             ["tests/cli/test_command_errors.py", "-k", "eval_offline_task"]),
     # planner
     Mutation("1F1B holds one micro-batch fewer", PKG + "plan/memory.py",
              "return max(1, min(stages - stage, micro_batch_num))",
