@@ -8,6 +8,7 @@ accumulation and pipeline micro-batches) and, off Ascend, decide overflow with
 an ``isfinite`` reduction over the gradients (and their squared norms), all-reduced across
 data-parallel ranks. An overflowing step is skipped: weights and optimizer state stay as they were.
 """
+import time
 
 from mindspore.ops import functional as F
 
@@ -48,20 +49,25 @@ class TrimAfterCompileMixin:
     single-process gpt_local run (``mf/run_yaml.py`` ``configure_compile_cache``): a run of a step graph stored before
     loads it instead of compiling (``runtime/graph_cache.py``: keyed by everything that shapes the graph). Then,
     after the step's first graph compile, the heap the compile freed goes back to the system
-    (``host_memory.release_freed_heap``), so the first step's memory does not grow on top of it."""
+    (``host_memory.release_freed_heap``), so the first step's memory does not grow on top of it. ``first_compile``:
+    that first compile's (seconds, whether the graph was loaded from the cache), for the progress line to show (None
+    before it)."""
 
     def __init__(self, *args, compile_cache="off", **kwargs):
         super().__init__(*args, **kwargs)
         self.graph_cache = step_cache(compile_cache)
+        self.first_compile = None
 
     def compile(self, *args, **kwargs):
         cache = getattr(self, "graph_cache", None)
+        started, hits = time.perf_counter(), cache.hits if cache is not None else 0
         if cache is None:
             compiled = super().compile(*args, **kwargs)
         else:
             compile_graph = super().compile
             compiled = cache.call(self, args, run=lambda: compile_graph(*args, **kwargs))[0]
         if not getattr(self, "_heap_released", False):
+            self.first_compile = (time.perf_counter() - started, cache is not None and cache.hits > hits)
             self._heap_released = True
             release_freed_heap()
         return compiled

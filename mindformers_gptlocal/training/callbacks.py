@@ -40,7 +40,9 @@ def _overflow_and_scale(outputs):
 
 
 class GPTLocalThroughputMonitor(Callback):
-    """Prints step, loss, tokens/s and step time every ``per_print_times`` steps (first step includes compile).
+    """Prints step, loss, tokens/s and step time every ``per_print_times`` steps (first step includes compile: its
+    line says how long the step graph took to compile or to load from the compile cache, as the step wrapper timed
+    it, ``mf/wrapper.py`` ``first_compile``).
 
     Tokens per step are read from the train dataset's batch shape unless given. Steps the wrapper
     skipped because the loss or gradients were not finite are counted (``skipped N``), and loss-scale
@@ -67,6 +69,7 @@ class GPTLocalThroughputMonitor(Callback):
         self.tokens = 0
         self.step_seconds = None  # the latest window's seconds a step, without the first (compile) step
         self.last_step = self.run_steps = None  # the newest step; the run's steps (the dataset's)
+        self.compile_told = False  # this launch's first line says what the step graph's compile took
 
     def on_train_begin(self, run_context):
         if self.tokens_per_step is None:
@@ -109,10 +112,20 @@ class GPTLocalThroughputMonitor(Callback):
             self.stream.write(f"[gptlocal] step {step}/{total}  loss {format_loss(loss, self.loss_digits)}  "
                               f"{rate:,.0f} tokens/s  "
                               f"{1000 * seconds / self.window_steps:.0f} ms/step  skipped {self.skipped}"
-                              f"{'' if scale is None else f'  scale {scale:g}'}{eta}\n")
+                              f"{'' if scale is None else f'  scale {scale:g}'}{eta}{self._compile_note(params)}\n")
             self.stream.flush()
             self.window_start = time.time()
             self.window_steps = 0
+
+    def _compile_note(self, params):
+        """On this launch's first line: how long the step graph's compile (or its load from the compile cache) took,
+        where the training wrapper timed it; else nothing."""
+        timed = getattr(getattr(params, "train_network", None), "first_compile", None)
+        if self.compile_told or timed is None:
+            return ""
+        self.compile_told = True
+        seconds, loaded = timed
+        return f"  (step graph {'loaded from the compile cache' if loaded else 'compiled'} in {seconds:.1f} s)"
 
     def stop_at(self, params):
         """The step this launch ends at: the dataset's steps, or runner_config.stop_step's (TrainCallBack, which

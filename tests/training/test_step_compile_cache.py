@@ -1,8 +1,10 @@
 """A training run's step graph through the compile cache (``runner_wrapper.compile_cache``, ``mf/wrapper.py``
 ``step_cache``, on by default for a one-process gpt_local run: ``mf/run_yaml.py`` ``configure_compile_cache``): the
-second run of the same YAML loads the graph the first stored and trains to the very same losses; a run of another
+second run of the same YAML loads the graph the first stored and trains to the very same losses (each run's first
+progress line says whether its step graph was compiled or loaded, and how long that took); a run of another
 model stores its own graph; a run with the cache off stores nothing; bad values stop the run before it is built."""
 import os
+import re
 
 import pytest
 
@@ -41,10 +43,14 @@ def test_a_second_run_loads_the_stored_step_graph_and_trains_the_same(corpus, tm
     assert code == 0, out[-3000:]
     stored = _graphs(store)
     assert len(stored) == 1, os.listdir(store)
+    assert re.search(r"\[gptlocal\] step 1/\d+ .*  \(step graph compiled in \d+\.\d s\)\n", out), out[-3000:]
 
     code, again = Launch(["--config", _yaml(tmp_path / "again", corpus, store)], cwd=str(tmp_path / "again")).result()
     assert code == 0, again[-3000:]
     assert "compile cache off" not in again, again[-3000:]
+    assert re.search(r"\[gptlocal\] step 1/\d+ .*  \(step graph loaded from the compile cache in \d+\.\d s\)\n",
+                     again), again[-3000:]  # said on the launch's first line only
+    assert again.count("(step graph ") == 1, again[-3000:]
     assert _graphs(store) == stored  # loaded, not compiled and stored again (a store rewrites the file)
     assert step_losses(again) == step_losses(out) and len(step_losses(out)) == STEPS  # bit for bit
 
