@@ -566,6 +566,9 @@ MUTATIONS = [
     Mutation("i60: any task list indexes the --include-path folder alone", PKG + "evaluation/run.py",
              "if set(tasks) <= set(local.all_subtasks):", "if True:",
              ["tests/cli/test_command_errors.py", "-k", "eval_offline_task"]),
+    Mutation("i60: a loaded step graph said to be compiled", PKG + "mf/wrapper.py",
+             "cache is not None and cache.hits > hits)", "False)",
+             ["tests/training/test_step_compile_cache.py", "-k", "second_run"]),
     # planner
     Mutation("1F1B holds one micro-batch fewer", PKG + "plan/memory.py",
              "return max(1, min(stages - stage, micro_batch_num))",
