@@ -568,6 +568,14 @@ def ms_step_times(text):
     return steps, (int(found.group(1).replace(",", "")) if found else None)
 
 
+def ms_graph_compile_seconds(text):
+    """The step graph's compile seconds as the run's first progress line gives them (``(step graph compiled in X
+    s)``), or None (loaded from the compile cache, or no such line)."""
+    import re
+    found = re.search(r"\(step graph compiled in ([0-9.]+) s\)", text)
+    return float(found.group(1)) if found else None
+
+
 # ---------------------------------------------------------------------------------------------- PyTorch side
 TORCH_VARIANTS = {
     # name: (attention implementation, fused AdamW, torch.compile)

@@ -49,7 +49,6 @@ stays against the fp32 GEMM peak (a bf16 side can pass 100%).
 import argparse
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -108,8 +107,7 @@ def measure(side, s, steps, corpus, windows, workdir, threads, name, model_extra
         if "failed" in report:
             return report
         report["step_times"] = C.ms_step_times(text)[0][:steps]  # (short data is read again: more steps)
-        graph = re.search(r"\(step graph compiled in ([0-9.]+) s\)", text)  # the run's own timing of the compile
-        report["graph_compile_s"] = float(graph.group(1)) if graph else None
+        report["graph_compile_s"] = C.ms_graph_compile_seconds(text)  # the run's own timing of the compile
         if len(report["step_times"]) != steps:
             raise SystemExit(f"ours: {len(report['step_times'])} step lines, expected {steps}:\n{text[-3000:]}")
     else:

@@ -66,9 +66,8 @@ class TrimAfterCompileMixin:
         else:
             compile_graph = super().compile
             compiled = cache.call(self, args, run=lambda: compile_graph(*args, **kwargs))[0]
-        if not getattr(self, "_heap_released", False):
+        if getattr(self, "first_compile", None) is None:  # the step's first compile
             self.first_compile = (time.perf_counter() - started, cache is not None and cache.hits > hits)
-            self._heap_released = True
             release_freed_heap()
         return compiled
 

@@ -141,8 +141,8 @@ def test_eval_offline_task_is_one_line_at_once(tmp_path, tiny_model):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mindformers_gptlocal.cli", "eval", "--model", tiny_model, "--tasks",
                            "hellaswag", "--include-path", str(tasks), "--limit", "2"], cwd=str(tmp_path),
-                          capture_output=True, text=True,
-                          timeout=300, env=source_env(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf")))
+                          capture_output=True, text=True, timeout=300,
+                          env=source_env(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf")))
     seconds = time.monotonic() - start
     line = _one_line(proc, "eval")
     assert "not in the local Hugging Face cache" in line and "127.0.0.1:9 cannot be reached" in line
