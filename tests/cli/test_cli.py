@@ -13,7 +13,7 @@ import pytest
 from mindformers_gptlocal.cli import args as cli_args
 from mindformers_gptlocal.cli.main import main
 from mindformers_gptlocal.errors import ConfigError, GPTLocalError
-from conftest import TINY, source_env
+from conftest import TINY, save_tiny_base, source_env
 
 HEAVY = ("mindspore", "mindformers", "torch", "transformers", "lm_eval", "fastapi", "tokenizers")
 
@@ -147,10 +147,10 @@ def test_optimizer_and_handler_errors_are_gptlocal_errors():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, corpus):
-    from mindformers_gptlocal import GPTLocalConfig, GPTLocalForCausalLM
-    out = str(tmp_path_factory.mktemp("cli_model") / "model")
-    GPTLocalForCausalLM(GPTLocalConfig(**TINY)).save_pretrained(out, tokenizer_dir=corpus["model_dir"])
-    return out
+    """The tiny model's directory, its weights from a fixed seed: the same model whatever ran before in this worker
+    (test_generate_num_samples_stop_and_repetition_penalty needs one whose greedy text the penalty changes; unseeded,
+    one worker order under -n 3 gave a model where it did not)."""
+    return save_tiny_base(tmp_path_factory.mktemp("cli_model") / "model", corpus, seed=0)
 
 
 def _reference(model_dir, ids, max_new, stop=None, **options):
